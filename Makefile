@@ -1,0 +1,40 @@
+# The two commands a newcomer needs: `make bench` and `make test`. Everything else is here for
+# those who work on keel. Each target installs missing Debian packages first (scripts/deps.sh).
+#
+#   make test                               build release, run every test (ctest)
+#   make build                              build the release preset (build/release/bin/keel)
+#   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
+#   make format                             reformat the tree with clang-format
+#   make clean
+
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps build test  format clean test-asan test-tsan test-debug
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+
+test: build
+	ctest --preset release
+
+# Implicit rules are never searched for phony targets, hence one explicit rule per preset.
+define preset_test
+test-$(1): deps
+	cmake --preset $(1) >/dev/null
+	cmake --build --preset $(1) -j $$(JOBS)
+	ctest --preset $(1)
+endef
+$(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
+
+
+format:
+	find include src tests bench tools -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+
+clean:
+	rm -rf build

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs the Debian packages keel needs when any is missing. Non-interactive and
+# idempotent: it runs `apt-get update` only when something must be installed, and does
+# nothing at all on a machine that already has everything.
+#
+# Usage: scripts/deps.sh            library, tests, tools and benchmarks
+#        scripts/deps.sh --check    list what is missing, install nothing (exit 1 if any)
+set -euo pipefail
+
+packages=(
+  # build
+  cmake ninja-build g++ pkg-config git
+  # library
+  liburing-dev   # io_uring engine of keel::aio
+  libxxhash-dev  # hashing and checksums
+  # tests, tools, benchmarks
+  libgtest-dev libgmock-dev  # unit and process tests
+  libbenchmark-dev           # micro-benchmarks
+  libcli11-dev               # command-line parsing of keel's programs
+  nlohmann-json3-dev         # machine-readable results
+  libfmt-dev                 # formatting of tables and messages
+  gnuplot-nox                # plots of the benchmark report
+  clang-format               # the formatting check that runs as a test
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "missing: ${missing[*]}"
+  exit 1
+fi
+
+echo "deps: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q >&2
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >&2

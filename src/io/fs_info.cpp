@@ -1,0 +1,123 @@
+#include "keel/io/fs_info.hpp"
+
+#include <linux/magic.h>
+#include <sys/statfs.h>
+
+namespace keel::io {
+namespace {
+
+// Magics linux/magic.h does not carry (they live in out-of-tree or filesystem headers).
+constexpr std::uint64_t zfs_magic = 0x2fc12fc1;
+constexpr std::uint64_t bcachefs_magic = 0xca451a4e;
+constexpr std::uint64_t gfs2_magic = 0x01161970;
+
+struct known {
+  std::uint64_t magic;
+  fs_type type;
+  bool local;
+};
+
+constexpr known known_filesystems[] = {
+    {TMPFS_MAGIC, fs_type::tmpfs, true},
+    {RAMFS_MAGIC, fs_type::ramfs, true},
+    {EXT4_SUPER_MAGIC, fs_type::ext4, true},
+    {XFS_SUPER_MAGIC, fs_type::xfs, true},
+    {BTRFS_SUPER_MAGIC, fs_type::btrfs, true},
+    {F2FS_SUPER_MAGIC, fs_type::f2fs, true},
+    {zfs_magic, fs_type::zfs, true},
+    {bcachefs_magic, fs_type::bcachefs, true},
+    {OVERLAYFS_SUPER_MAGIC, fs_type::overlay, true},
+    {FUSE_SUPER_MAGIC, fs_type::fuse, false},
+    {NFS_SUPER_MAGIC, fs_type::nfs, false},
+    {SMB_SUPER_MAGIC, fs_type::cifs, false},
+    {CIFS_SUPER_MAGIC, fs_type::cifs, false},
+    {SMB2_SUPER_MAGIC, fs_type::cifs, false},
+    {CEPH_SUPER_MAGIC, fs_type::ceph, false},
+    {gfs2_magic, fs_type::gfs2, false},
+    {OCFS2_SUPER_MAGIC, fs_type::ocfs2, false},
+    {PROC_SUPER_MAGIC, fs_type::proc, true},
+    {SYSFS_MAGIC, fs_type::sysfs, true},
+};
+
+fs_info from_statfs(const struct statfs& s) noexcept {
+  fs_info info;
+  // f_type is a signed word; magics with the top bit set (CIFS) must not sign-extend.
+  info.magic = static_cast<std::uint32_t>(s.f_type);
+  for (const known& k : known_filesystems) {
+    if (k.magic == info.magic) {
+      info.type = k.type;
+      info.is_local = k.local;
+      break;
+    }
+  }
+  info.block_size = static_cast<std::uint64_t>(s.f_bsize);
+  const auto unit = static_cast<std::uint64_t>(s.f_frsize != 0 ? s.f_frsize : s.f_bsize);
+  info.total_bytes = static_cast<std::uint64_t>(s.f_blocks) * unit;
+  info.free_bytes = static_cast<std::uint64_t>(s.f_bfree) * unit;
+  info.available_bytes = static_cast<std::uint64_t>(s.f_bavail) * unit;
+  info.max_name_length = static_cast<std::uint64_t>(s.f_namelen);
+  return info;
+}
+
+}  // namespace
+
+std::string_view to_string(fs_type type) noexcept {
+  switch (type) {
+    case fs_type::unknown:
+      return "unknown";
+    case fs_type::tmpfs:
+      return "tmpfs";
+    case fs_type::ramfs:
+      return "ramfs";
+    case fs_type::ext4:
+      return "ext4";
+    case fs_type::xfs:
+      return "xfs";
+    case fs_type::btrfs:
+      return "btrfs";
+    case fs_type::f2fs:
+      return "f2fs";
+    case fs_type::zfs:
+      return "zfs";
+    case fs_type::bcachefs:
+      return "bcachefs";
+    case fs_type::overlay:
+      return "overlay";
+    case fs_type::fuse:
+      return "fuse";
+    case fs_type::nfs:
+      return "nfs";
+    case fs_type::cifs:
+      return "cifs";
+    case fs_type::ceph:
+      return "ceph";
+    case fs_type::gfs2:
+      return "gfs2";
+    case fs_type::ocfs2:
+      return "ocfs2";
+    case fs_type::proc:
+      return "proc";
+    case fs_type::sysfs:
+      return "sysfs";
+  }
+  return "unknown";
+}
+
+std::string_view fs_info::type_name() const noexcept {
+  return to_string(type);
+}
+
+result<fs_info> stat_fs(const char* path) noexcept {
+  if (path == nullptr) return errc_error(std::errc::invalid_argument);
+  struct statfs s {};
+  if (::statfs(path, &s) != 0) return last_errno_error();
+  return from_statfs(s);
+}
+
+result<fs_info> stat_fs(const file_handle& file) noexcept {
+  struct statfs s {};
+  if (::fstatfs(file.fd(), &s) != 0) return last_errno_error();
+  return from_statfs(s);
+}
+
+}  // namespace keel::io

@@ -1,0 +1,201 @@
+#include "keel/io/mapped_file.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/process.hpp"
+
+namespace keel::io {
+
+using keel::test::temp_dir;
+
+namespace {
+
+file_handle open_rw(const std::string& path) {
+  auto f = file_handle::open(path.c_str(), open_flags::read_write | open_flags::create);
+  if (!f) std::abort();
+  return std::move(*f);
+}
+
+void fill(const file_handle& f, std::size_t size, char c) {
+  std::vector<std::byte> data(size, std::byte(c));
+  if (!f.write_at(0, data)) std::abort();
+}
+
+constexpr int sigbus_seen = 42;
+
+// Allocates page after page until the filesystem says it is full.
+void fill_up(const std::string& path) {
+  file_handle filler = open_rw(path);
+  const auto page = static_cast<off_t>(page_size());
+  for (off_t at = 0; filler.allocate(at, page); at += page) {
+  }
+}
+
+}  // namespace
+
+TEST(MappedFile, ReadOnlySeesTheFile) {
+  temp_dir dir;
+  file_handle f = open_rw(dir.file("a"));
+  fill(f, 10'000, 'r');
+  auto m = mapped_file::map(f, map_access::read_only);
+  ASSERT_TRUE(m) << m.error().message();
+  ASSERT_EQ(m->size(), 10'000u);
+  EXPECT_EQ(m->bytes()[9'999], std::byte{'r'});
+  // Later writes through the file show through a shared map.
+  const std::byte z{'z'};
+  ASSERT_TRUE(f.write_at(5, std::span(&z, 1)));
+  EXPECT_EQ(m->bytes()[5], z);
+}
+
+TEST(MappedFile, ReadWriteReachesTheFileCopyOnWriteDoesNot) {
+  temp_dir dir;
+  file_handle f = open_rw(dir.file("a"));
+  fill(f, 3 * page_size(), 'a');
+  {
+    auto shared = mapped_file::map(f, map_access::read_write);
+    ASSERT_TRUE(shared);
+    std::memcpy(shared->data() + 100, "shared", 6);
+    ASSERT_TRUE(shared->sync(100, 6));
+    ASSERT_TRUE(shared->sync());
+    ASSERT_TRUE(shared->sync(0, 0, false));
+  }
+  {
+    auto priv = mapped_file::map(f, map_access::copy_on_write);
+    ASSERT_TRUE(priv);
+    std::memcpy(priv->data() + 200, "private", 7);
+    EXPECT_EQ(std::memcmp(priv->data() + 100, "shared", 6), 0);
+  }
+  std::vector<std::byte> back(7);
+  ASSERT_TRUE(f.read_at(100, back));
+  EXPECT_EQ(std::memcmp(back.data(), "shared", 6), 0);
+  ASSERT_TRUE(f.read_at(200, back));
+  EXPECT_EQ(back, std::vector<std::byte>(7, std::byte{'a'}));
+}
+
+TEST(MappedFile, OffsetAndLengthAndEmptyFiles) {
+  temp_dir dir;
+  file_handle f = open_rw(dir.file("a"));
+  auto empty = mapped_file::map(f, map_access::read_only);
+  ASSERT_TRUE(empty);
+  EXPECT_EQ(empty->size(), 0u);
+  EXPECT_TRUE(empty->bytes().empty());
+  fill(f, 4 * page_size(), 'x');
+  std::byte marker{'m'};
+  ASSERT_TRUE(f.write_at(static_cast<off_t>(2 * page_size()), std::span(&marker, 1)));
+  auto part =
+      mapped_file::map(f, map_access::read_only, page_size(), static_cast<off_t>(2 * page_size()));
+  ASSERT_TRUE(part);
+  EXPECT_EQ(part->size(), page_size());
+  EXPECT_EQ(part->bytes()[0], marker);
+  EXPECT_EQ(mapped_file::map(f, map_access::read_only, 0, 100).error(),
+            std::errc::invalid_argument);
+  EXPECT_EQ(mapped_file::map(f, map_access::read_only, 0, -4096).error(),
+            std::errc::invalid_argument);
+  EXPECT_FALSE(mapped_file::map(file_handle{}, map_access::read_only));
+}
+
+TEST(MappedFile, WritableMapOfReadOnlyDescriptorIsRefused) {
+  temp_dir dir;
+  fill(open_rw(dir.file("a")), 4096, 'a');
+  auto ro = file_handle::open(dir.file("a").c_str(), open_flags::read);
+  ASSERT_TRUE(ro);
+  auto m = mapped_file::map(*ro, map_access::read_write);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), std::errc::permission_denied);
+  EXPECT_TRUE(mapped_file::map(*ro, map_access::copy_on_write));  // private writes are fine
+}
+
+TEST(MappedFile, GrowAndRemapKeepsContent) {
+  temp_dir dir;
+  file_handle f = open_rw(dir.file("a"));
+  auto m = allocate_and_map(f, page_size());
+  ASSERT_TRUE(m) << m.error().message();
+  std::memcpy(m->data(), "keep me", 7);
+  ASSERT_TRUE(allocate_and_remap(f, *m, 64 * page_size()));
+  EXPECT_EQ(m->size(), 64 * page_size());
+  EXPECT_EQ(f.size().value(), static_cast<off_t>(64 * page_size()));
+  EXPECT_EQ(std::memcmp(m->data(), "keep me", 7), 0);
+  m->data()[64 * page_size() - 1] = std::byte{'!'};  // the new last page is writable
+  ASSERT_TRUE(m->remap(page_size()));                // shrinking works too
+  EXPECT_EQ(m->size(), page_size());
+  EXPECT_EQ(allocate_and_map(f, 0).error(), std::errc::invalid_argument);
+
+  mapped_file none;
+  EXPECT_EQ(none.remap(4096).error(), std::errc::invalid_argument);
+  ASSERT_TRUE(allocate_and_remap(f, none, 2 * page_size()));  // maps afresh
+  EXPECT_EQ(std::memcmp(none.data(), "keep me", 7), 0);
+}
+
+TEST(MappedFile, SubRangesAreChecked) {
+  temp_dir dir;
+  file_handle f = open_rw(dir.file("a"));
+  auto m = allocate_and_map(f, 2 * page_size());
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->advise(map_advice::random));
+  EXPECT_TRUE(m->advise(map_advice::will_need, 10, 100));
+  EXPECT_EQ(m->advise(map_advice::normal, 3 * page_size()).error(), std::errc::invalid_argument);
+  EXPECT_EQ(m->sync(page_size(), 2 * page_size()).error(), std::errc::invalid_argument);
+  EXPECT_TRUE(m->unmap());
+  EXPECT_EQ(m->size(), 0u);
+  EXPECT_TRUE(m->unmap());  // twice is harmless
+}
+
+TEST(MappedFile, MoveTransfersTheMap) {
+  temp_dir dir;
+  file_handle f = open_rw(dir.file("a"));
+  auto m = allocate_and_map(f, page_size());
+  ASSERT_TRUE(m);
+  std::byte* p = m->data();
+  mapped_file other = std::move(*m);
+  EXPECT_EQ(other.data(), p);
+  EXPECT_EQ(m->data(), nullptr);
+  mapped_file third;
+  third = std::move(other);
+  EXPECT_EQ(third.data(), p);
+  third.data()[0] = std::byte{1};
+}
+
+// On a full filesystem: allocate_and_map reports no space as an error; a plain map of a
+// hole raises SIGBUS on the first store, which is the pitfall the header documents.
+TEST(MappedFile, FullFilesystemIsAnErrorNotASignal) {
+  temp_dir dir;
+  const std::string mnt = dir.path().string();
+  const std::size_t fs_size = 64 * page_size();
+
+  const pid_t child = keel::test::fork_child([&] {
+    if (!keel::test::mount_private_tmpfs(mnt, fs_size)) return keel::test::cannot_set_up;
+    fill_up(mnt + "/filler");
+    file_handle f = open_rw(mnt + "/map");
+    auto m = allocate_and_map(f, 8 * page_size());
+    if (m) return 1;
+    if (m.error() != std::errc::no_space_on_device) return 2;
+    return 0;
+  });
+  const int code = keel::test::wait_exit(child);
+  if (code == keel::test::cannot_set_up) {
+    GTEST_SKIP() << "cannot mount a private tmpfs here (needs CAP_SYS_ADMIN and unshare)";
+  }
+  EXPECT_EQ(code, 0);
+
+  const pid_t pitfall = keel::test::fork_child([&] {
+    if (!keel::test::mount_private_tmpfs(mnt, fs_size)) return keel::test::cannot_set_up;
+    fill_up(mnt + "/filler");
+    file_handle f = open_rw(mnt + "/map");
+    if (!f.truncate(static_cast<off_t>(8 * page_size()))) return 3;  // a hole, no blocks
+    auto m = mapped_file::map(f, map_access::read_write);
+    if (!m) return 4;
+    // Report the signal as an exit code (sanitizers would otherwise turn it into a report).
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { ::_exit(sigbus_seen); };
+    ::sigaction(SIGBUS, &sa, nullptr);
+    m->data()[0] = std::byte{1};  // no block can back this page
+    return 5;
+  });
+  EXPECT_EQ(keel::test::wait_exit(pitfall), sigbus_seen);
+}
+
+}  // namespace keel::io

@@ -1,0 +1,121 @@
+#pragma once
+// Helpers for tests that need real processes: a private temporary directory, forked children
+// with a pipe to talk to them, and their exit status.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+namespace keel::test {
+
+//! A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
+class temp_dir {
+ public:
+  explicit temp_dir(const char* base = nullptr) {
+    std::string tmpl = base != nullptr                    ? base
+                       : std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR")
+                                                          : "/tmp";
+    tmpl += "/keel-test.XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  [[nodiscard]] std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+//! A one-way pipe for "I'm ready" / "go on" between a parent and a forked child.
+class signal_pipe {
+ public:
+  signal_pipe() {
+    if (::pipe2(fds_, O_CLOEXEC) != 0) std::abort();
+  }
+  signal_pipe(const signal_pipe&) = delete;
+  signal_pipe& operator=(const signal_pipe&) = delete;
+  ~signal_pipe() {
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  void notify(char c = '!') const {
+    if (::write(fds_[1], &c, 1) != 1) std::abort();
+  }
+  //! Waits for one byte; returns it, or 0 when the writer closed the pipe (e.g. was killed).
+  [[nodiscard]] char wait() const {
+    char c = 0;
+    for (;;) {
+      const ssize_t n = ::read(fds_[0], &c, 1);
+      if (n == 1) return c;
+      if (n == 0) return 0;
+      if (errno != EINTR) std::abort();
+    }
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+//! Runs `body` in a forked child, which exits with the int it returns (or is killed).
+template <class F>
+pid_t fork_child(F&& body) {
+  const pid_t pid = ::fork();
+  if (pid < 0) std::abort();
+  if (pid == 0) {
+    int code = 99;
+    code = std::forward<F>(body)();
+    ::_exit(code);
+  }
+  return pid;
+}
+
+//! The raw wait status of `pid`.
+inline int wait_status(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) std::abort();
+  }
+  return status;
+}
+
+//! The exit code of `pid`, or 128 + signal if it was killed.
+inline int wait_exit(pid_t pid) {
+  const int status = wait_status(pid);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace keel::test
+
+#include <sched.h>
+#include <sys/mount.h>
+
+namespace keel::test {
+
+//! Exit code of a child that could not set up what a test needs (reported as a skip).
+constexpr int cannot_set_up = 77;
+
+//! In a forked child only: mounts a private tmpfs of `bytes` on `dir`, in a mount namespace
+//! of the child's own, so it vanishes with the child and nothing outside ever sees it.
+//! Returns false where the kernel or privileges do not allow it.
+inline bool mount_private_tmpfs(const std::string& dir, std::size_t bytes) {
+  if (::unshare(CLONE_NEWNS) != 0) return false;
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return false;
+  const std::string options = "size=" + std::to_string(bytes);
+  return ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0;
+}
+
+}  // namespace keel::test

@@ -1,0 +1,49 @@
+// keel: the command-line face of the library. Subcommands are added as the layers grow.
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+
+#include "keel/io/fs_info.hpp"
+#include "keel/version.hpp"
+
+namespace {
+
+int run_fsinfo(const std::string& path) {
+  auto info = keel::io::stat_fs(path.c_str());
+  if (!info) {
+    fmt::print(stderr, "keel fsinfo: {}: {}\n", path, info.error().message());
+    return 1;
+  }
+  fmt::print("path       {}\n", path);
+  fmt::print("type       {} (magic 0x{:x})\n", info->type_name(), info->magic);
+  fmt::print("local      {}\n", info->is_local ? "yes" : "no");
+  fmt::print("block size {}\n", info->block_size);
+  fmt::print("total      {}\n", info->total_bytes);
+  fmt::print("free       {}\n", info->free_bytes);
+  fmt::print("available  {}\n", info->available_bytes);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"keel: a safe, fast filesystem for coordinating processes and keeping data"};
+  app.set_version_flag("--version", "keel " KEEL_VERSION_STRING);
+  app.require_subcommand(0, 1);
+
+  std::string path;
+  auto* fsinfo = app.add_subcommand("fsinfo", "Show what keel sees of the filesystem at a path");
+  fsinfo->add_option("PATH", path, "A file or directory on the filesystem")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    // Usage errors exit 2, like the shell's built-ins; --help and --version exit 0.
+    return code == 0 ? 0 : 2;
+  }
+  if (*fsinfo) return run_fsinfo(path);
+  fmt::print("{}", app.help());
+  return 0;
+}
