@@ -4,12 +4,14 @@
 #   make test                               build release, run every test (ctest)
 #   make build                              build the release preset (build/release/bin/keel)
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
+#   make install [PREFIX=/usr/local]        install headers, libraries, CMake and pkg-config files
 #   make format                             reformat the tree with clang-format
 #   make clean
 
+PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test  format clean test-asan test-tsan test-debug
+.PHONY: all deps build test install  format clean test-asan test-tsan test-debug
 
 all: build
 
@@ -32,6 +34,9 @@ test-$(1): deps
 endef
 $(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
 
+
+install: build
+	cmake --install build/release --prefix $(PREFIX)
 
 format:
 	find include src tests bench tools -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
