@@ -1,6 +1,7 @@
 # The two commands a newcomer needs: `make bench` and `make test`. Everything else is here for
 # those who work on keel. Each target installs missing Debian packages first (scripts/deps.sh).
 #
+#   make bench [QUICK=1] [BENCH_DIR=PATH]   build release, run the benchmarks, write build/report/
 #   make test                               build release, run every test (ctest)
 #   make build                              build the release preset (build/release/bin/keel)
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
@@ -11,7 +12,7 @@
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test install  format clean test-asan test-tsan test-debug
+.PHONY: all deps build test bench install format clean test-asan test-tsan test-debug
 
 all: build
 
@@ -34,6 +35,8 @@ test-$(1): deps
 endef
 $(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
 
+bench: build
+	QUICK=$(QUICK) BENCH_DIR=$(BENCH_DIR) scripts/bench.sh
 
 install: build
 	cmake --install build/release --prefix $(PREFIX)

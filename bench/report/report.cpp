@@ -1,0 +1,377 @@
+// keel_report: renders build/report/ from the benchmark programs' JSON output.
+//
+// Reads Google Benchmark JSON files and bench/targets.json (which pairs each keel benchmark with
+// the peer it is compared against, and the target ratio), then writes:
+//   OUT/results.json   machine, every comparison (keel and peer times, ratio, target, met),
+//                      every measurement, and the median of every benchmark run
+//   OUT/index.html     the machine, the tables and the plots
+//   OUT/*.png          plots, drawn by gnuplot
+// and prints the summary table on stdout. ratio = peer time / keel time, from the medians of
+// the repetitions, so 1.0 means keel is as fast as the peer in this very run.
+
+#include <sys/utsname.h>
+
+#include <fmt/format.h>
+#include <fmt/os.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/io/fs_info.hpp"
+#include "keel/version.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+struct samples {
+  std::vector<double> ns;  // one per repetition, nanoseconds per iteration
+  [[nodiscard]] double median() const {
+    std::vector<double> v = ns;
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
+  [[nodiscard]] double min() const { return *std::min_element(ns.begin(), ns.end()); }
+  [[nodiscard]] double max() const { return *std::max_element(ns.begin(), ns.end()); }
+};
+
+double to_ns(double value, const std::string& unit) {
+  if (unit == "us") return value * 1e3;
+  if (unit == "ms") return value * 1e6;
+  if (unit == "s") return value * 1e9;
+  return value;
+}
+
+// What one benchmark measured across its repetitions: time per iteration, and for a paired
+// benchmark the keel and peer times per call (counters keel_ns and peer_ns).
+struct runs_of {
+  samples time;
+  samples keel;
+  samples peer;
+};
+
+// Every plain run (not an aggregate) of every benchmark, by name.
+std::map<std::string, runs_of> load_runs(const std::vector<std::string>& files, json& contexts) {
+  std::map<std::string, runs_of> runs;
+  for (const auto& file : files) {
+    std::ifstream in(file);
+    if (!in) throw std::runtime_error("cannot read " + file);
+    const json doc = json::parse(in);
+    contexts.push_back(doc.value("context", json::object()));
+    for (const auto& b : doc.at("benchmarks")) {
+      if (b.value("run_type", "iteration") != "iteration") continue;
+      if (b.contains("error_occurred") && b["error_occurred"].get<bool>()) {
+        throw std::runtime_error(fmt::format("{}: {} failed: {}", file, b.value("name", "?"),
+                                             b.value("error_message", "?")));
+      }
+      runs_of& r = runs[b.value("run_name", b.value("name", ""))];
+      r.time.ns.push_back(to_ns(b.at("real_time").get<double>(), b.value("time_unit", "ns")));
+      if (b.contains("keel_ns") && b.contains("peer_ns")) {
+        r.keel.ns.push_back(b["keel_ns"].get<double>());
+        r.peer.ns.push_back(b["peer_ns"].get<double>());
+      }
+    }
+  }
+  return runs;
+}
+
+std::string read_first_line_with(const char* path, const char* key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        auto v = line.substr(colon + 1);
+        v.erase(0, v.find_first_not_of(" \t"));
+        return v;
+      }
+    }
+  }
+  return "unknown";
+}
+
+json machine_info(const std::string& dir) {
+  json m;
+  m["cpu"] = read_first_line_with("/proc/cpuinfo", "model name");
+  m["cores"] = std::thread::hardware_concurrency();
+  utsname u{};
+  if (::uname(&u) == 0) m["kernel"] = fmt::format("{} {} {}", u.sysname, u.release, u.machine);
+  if (!dir.empty()) {
+    m["bench_dir"] = dir;
+    if (auto fs = keel::io::stat_fs(dir.c_str())) m["filesystem"] = std::string(fs->type_name());
+  }
+  m["keel_version"] = KEEL_VERSION_STRING;
+  m["build_type"] = KEEL_BUILD_TYPE;
+  m["compiler"] = __VERSION__;
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  m["date"] = stamp;
+  return m;
+}
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string format_ns(double ns) {
+  if (ns >= 1e6) return fmt::format("{:.2f} ms", ns / 1e6);
+  if (ns >= 1e3) return fmt::format("{:.2f} µs", ns / 1e3);
+  return fmt::format("{:.1f} ns", ns);
+}
+
+// Draws the section's two plots: time per operation (keel and peer, with the spread of the
+// repetitions) and ratio against target. Returns the PNG names written.
+std::vector<std::string> plot_section(const std::string& out, const std::string& id,
+                                      const json& comparisons) {
+  if (comparisons.empty()) return {};
+  const std::string dat = fmt::format("{}/{}.dat", out, id);
+  {
+    auto f = fmt::output_file(dat);
+    f.print("# name keel_median keel_min keel_max peer_median peer_min peer_max ratio target\n");
+    for (const auto& c : comparisons) {
+      f.print("\"{}\" {} {} {} {} {} {} {} {}\n", c["name"].get<std::string>(),
+              c["keel_ns"].get<double>(), c["keel_min_ns"].get<double>(),
+              c["keel_max_ns"].get<double>(), c["peer_ns"].get<double>(),
+              c["peer_min_ns"].get<double>(), c["peer_max_ns"].get<double>(),
+              c["ratio"].get<double>(), c["target"].get<double>());
+    }
+  }
+  const std::string times_png = id + "-times.png";
+  const std::string ratio_png = id + "-ratios.png";
+  const std::string gp = fmt::format("{}/{}.gp", out, id);
+  {
+    auto f = fmt::output_file(gp);
+    f.print(R"gp(set terminal pngcairo size 900,480 font "sans,10"
+set datafile separator " "
+set style data histograms
+set style histogram errorbars gap 2 lw 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key top left
+set xtics noenhanced
+set ylabel "nanoseconds per operation (median, bars: min-max of repetitions)"
+set yrange [0:*]
+set output "{out}/{times}"
+set title "Time per operation: keel against its peer (lower is better)"
+plot "{dat}" using 2:3:4:xtic(1) title "keel" lc rgb "#1f77b4", \
+     "" using 5:6:7 title "peer" lc rgb "#aaaaaa"
+set style data boxes
+set style histogram clustered
+set boxwidth 0.5
+set ylabel "peer time / keel time"
+set yrange [0:*]
+set output "{out}/{ratios}"
+set title "Ratio to peer (above the dashed target line: target met)"
+plot "{dat}" using 0:8:xtic(1) with boxes title "ratio" lc rgb "#2ca02c", \
+     "" using 0:9 with linespoints dt 2 lw 2 pt 7 lc rgb "#d62728" title "target"
+)gp",
+            fmt::arg("out", out), fmt::arg("times", times_png), fmt::arg("ratios", ratio_png),
+            fmt::arg("dat", dat));
+  }
+  const std::string cmd = fmt::format("gnuplot '{}'", gp);
+  if (std::system(cmd.c_str()) != 0) {
+    throw std::runtime_error("gnuplot failed on " + gp + " (is gnuplot-nox installed?)");
+  }
+  return {times_png, ratio_png};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"keel_report: render the benchmark report (tables, plots, results.json)"};
+  std::string out = "build/report";
+  std::string targets_path;
+  std::string dir;
+  std::vector<std::string> inputs;
+  app.add_option("--out", out, "Directory to write the report into")->capture_default_str();
+  app.add_option("--targets", targets_path, "The comparisons and targets (bench/targets.json)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--dir", dir, "The directory the benchmarks ran in (its filesystem is reported)");
+  app.add_option("inputs", inputs, "Google Benchmark JSON files")
+      ->required()
+      ->check(CLI::ExistingFile);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+
+  try {
+    json contexts = json::array();
+    const auto runs = load_runs(inputs, contexts);
+    std::ifstream tin(targets_path);
+    const json targets = json::parse(tin);
+
+    json results;
+    results["machine"] = machine_info(dir);
+    results["benchmark_context"] = contexts;
+    results["sections"] = json::array();
+    int missed = 0;
+    int absent = 0;
+
+    std::string html_sections;
+    for (const auto& section : targets.at("sections")) {
+      const std::string id = section.at("id");
+      json sec = {{"id", id},
+                  {"title", section.at("title")},
+                  {"comparisons", json::array()},
+                  {"measurements", json::array()}};
+      fmt::print("\n{}\n", section.at("title").get<std::string>());
+      fmt::print("{:<28} {:>12} {:>12} {:>8} {:>8}  {}\n", "comparison", "keel", "peer", "ratio",
+                 "target", "");
+      for (const auto& c : section.value("comparisons", json::array())) {
+        const std::string bname = c.at("bench");
+        if (!runs.contains(bname) || runs.at(bname).keel.ns.empty()) {
+          fmt::print("{:<28} not run ({} missing)\n", c.at("name").get<std::string>(), bname);
+          ++absent;
+          continue;
+        }
+        const samples& k = runs.at(bname).keel;
+        const samples& p = runs.at(bname).peer;
+        const double ratio = p.median() / k.median();
+        const double target = c.at("target");
+        const bool met = ratio >= target;
+        if (!met) ++missed;
+        sec["comparisons"].push_back({{"name", c.at("name")},
+                                      {"bench", bname},
+                                      {"peer_name", c.value("peer_name", "peer")},
+                                      {"keel_ns", k.median()},
+                                      {"keel_min_ns", k.min()},
+                                      {"keel_max_ns", k.max()},
+                                      {"peer_ns", p.median()},
+                                      {"peer_min_ns", p.min()},
+                                      {"peer_max_ns", p.max()},
+                                      {"repetitions", k.ns.size()},
+                                      {"ratio", ratio},
+                                      {"target", target},
+                                      {"met", met}});
+        fmt::print("{:<28} {:>12} {:>12} {:>7.3f}x {:>7.2f}x  {}\n",
+                   c.at("name").get<std::string>(), format_ns(k.median()), format_ns(p.median()),
+                   ratio, target, met ? "met" : "MISSED");
+      }
+      for (const auto& m : section.value("measurements", json::array())) {
+        const std::string bname = m.at("bench");
+        if (!runs.contains(bname)) continue;
+        const samples& s = runs.at(bname).time;
+        sec["measurements"].push_back({{"name", m.at("name")},
+                                       {"bench", bname},
+                                       {"median_ns", s.median()},
+                                       {"min_ns", s.min()},
+                                       {"max_ns", s.max()}});
+        fmt::print("{}: {} (min {}, max {})\n", m.at("name").get<std::string>(),
+                   format_ns(s.median()), format_ns(s.min()), format_ns(s.max()));
+      }
+
+      const auto pngs = plot_section(out, id, sec["comparisons"]);
+      std::string rows;
+      for (const auto& c : sec["comparisons"]) {
+        rows += fmt::format(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3f}×</td><td>{:.2f}×</td>"
+            "<td class=\"{}\">{}</td></tr>\n",
+            html_escape(c["name"]), format_ns(c["keel_ns"]), html_escape(c["peer_name"]),
+            format_ns(c["peer_ns"]), c["ratio"].get<double>(), c["target"].get<double>(),
+            c["met"].get<bool>() ? "met" : "missed", c["met"].get<bool>() ? "met" : "missed");
+      }
+      std::string mrows;
+      for (const auto& m : sec["measurements"]) {
+        mrows +=
+            fmt::format("<tr><td>{}</td><td>{}</td><td>{} – {}</td></tr>\n", html_escape(m["name"]),
+                        format_ns(m["median_ns"]), format_ns(m["min_ns"]), format_ns(m["max_ns"]));
+      }
+      std::string imgs;
+      for (const auto& png : pngs)
+        imgs += fmt::format("<img src=\"{}\" alt=\"{}\">\n", png, png);
+      html_sections += fmt::format(
+          "<h2>{}</h2>\n<table><tr><th>comparison</th><th>keel</th><th>peer</th><th>peer "
+          "time</th><th>ratio</th><th>target</th><th></th></tr>\n{}</table>\n{}{}\n",
+          html_escape(section.at("title")), rows,
+          mrows.empty() ? ""
+                        : "<table><tr><th>measurement</th><th>median</th><th>range</th></tr>\n" +
+                              mrows + "</table>\n",
+          imgs);
+      results["sections"].push_back(sec);
+    }
+
+    results["benchmarks"] = json::object();
+    for (const auto& [name, r] : runs) {
+      json& b = results["benchmarks"][name];
+      b = {{"median_ns", r.time.median()}, {"runs_ns", r.time.ns}};
+      if (!r.keel.ns.empty()) {
+        b["keel_ns"] = r.keel.ns;
+        b["peer_ns"] = r.peer.ns;
+      }
+    }
+    results["missed_targets"] = missed;
+    {
+      std::ofstream rj(out + "/results.json");
+      rj << results.dump(2) << '\n';
+    }
+
+    std::string machine_rows;
+    for (const auto& [k, v] : results["machine"].items()) {
+      machine_rows += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(k),
+                                  html_escape(v.is_string() ? v.get<std::string>() : v.dump()));
+    }
+    std::ofstream html(out + "/index.html");
+    html << fmt::format(R"(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>keel benchmark report</title>
+<style>
+body {{ font-family: sans-serif; max-width: 1000px; margin: 2em auto; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+th, td {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; }}
+td.met {{ background: #d8f0d8; }} td.missed {{ background: #f6d5d5; font-weight: bold; }}
+img {{ max-width: 100%; display: block; margin: 1em 0; }}
+</style></head><body>
+<h1>keel benchmark report</h1>
+<p>Ratios are peer time / keel time from the same run (medians of the repetitions): 1.0 means
+keel matches the peer, above 1 it is faster. {missed} target(s) missed. Raw numbers:
+<a href="results.json">results.json</a>.</p>
+<h2>Machine</h2><table>{machine}</table>
+{sections}
+</body></html>
+)",
+                        fmt::arg("missed", missed), fmt::arg("machine", machine_rows),
+                        fmt::arg("sections", html_sections));
+    fmt::print("\nreport: {}/index.html ({} target(s) missed{})\n", out, missed,
+               absent != 0 ? fmt::format(", {} comparison(s) not run", absent) : "");
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "keel_report: {}\n", e.what());
+    return 1;
+  }
+}
