@@ -1,0 +1,48 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "keel/lock/shared_fs_mutex.hpp"
+
+namespace keel::lock {
+
+//! A directory holding one file per locked entity, named by its value in 16 hex digits and
+//! created exclusively: the file exists exactly while someone holds the entity.
+//!
+//! - **Shared locks are treated as exclusive**: an O_EXCL file has one owner. Use another
+//!   algorithm where readers must coexist.
+//! - **Cost per lock**: one anonymous temporary file holding the owner record, then one
+//!   link(2) per entity (the names are hard links to it, so each appears complete, with its
+//!   owner, at once); one unlink per entity to unlock. Slow (metadata operations), but it
+//!   works on any filesystem that has atomic link, network ones included.
+//! - **Waiting**: on contention everything is released, the contended entity goes first, the
+//!   rest are reshuffled, and the thread sleeps with an exponential backoff (up to 2 ms; it
+//!   only spins if asked). No deadlock in any order; no fairness at all.
+//! - **Crash**: the files of a dead holder stay. A waiter that finds a file whose owner
+//!   (pid, process start time, boot id, host name) is provably dead on this machine removes
+//!   it, under a byte-range lock that serialises breakers, so a live owner's lock is never
+//!   broken. It checks at most every `stale_check_interval` (10 ms by default). An owner on
+//!   another machine is never judged dead: its files stay until removed by hand.
+//! - **Network filesystems**: safe where link(2) is atomic (NFSv3+); crash recovery then only
+//!   covers owners of this machine. All users must share a pid namespace.
+class lock_files final : public shared_fs_mutex {
+ public:
+  //! Opens (creating if needed) the lock directory `dir`.
+  [[nodiscard]] static result<std::unique_ptr<lock_files>> open(const std::string& dir) noexcept;
+  ~lock_files() override;
+  [[nodiscard]] std::string_view algorithm() const noexcept override { return "lock_files"; }
+
+  std::chrono::milliseconds stale_check_interval{10};
+
+ private:
+  struct impl;
+  lock_files(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept;
+  result<std::uint64_t> do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                bool spin_not_sleep) noexcept override;
+  result<void> do_unlock(std::span<const entity> sorted, std::uint64_t token) noexcept override;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace keel::lock

@@ -1,0 +1,46 @@
+#include "keel/lock/algorithms.hpp"
+
+#include <array>
+
+#include "keel/lock/baselines.hpp"
+#include "keel/lock/byte_ranges.hpp"
+#include "keel/lock/lock_files.hpp"
+
+namespace keel::lock {
+namespace {
+
+constexpr std::array<std::string_view, 5> names = {"lock_files", "byte_ranges", "flock", "fcntl",
+                                                   "sysv"};
+
+template <class T>
+result<std::unique_ptr<shared_fs_mutex>> up(result<std::unique_ptr<T>> r) noexcept {
+  if (!r) return std::unexpected(r.error());
+  return std::unique_ptr<shared_fs_mutex>(std::move(*r));
+}
+
+}  // namespace
+
+std::span<const std::string_view> algorithm_names() noexcept {
+  return names;
+}
+
+bool uses_directory(std::string_view algorithm) noexcept {
+  return algorithm == "lock_files" || algorithm == "flock";
+}
+
+result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
+                                                    const std::string& path) noexcept {
+  if (algorithm == "lock_files") return up(lock_files::open(path));
+  if (algorithm == "byte_ranges") return up(byte_ranges::open(path));
+  if (algorithm == "flock") return up(flock_files::open(path));
+  if (algorithm == "fcntl") return up(fcntl_ofd::open(path));
+  if (algorithm == "sysv") return up(sysv::open(path));
+  return errc_error(std::errc::invalid_argument);
+}
+
+result<void> remove_mutex_resources(std::string_view algorithm, const std::string& path) noexcept {
+  if (algorithm == "sysv") return sysv::remove(path);
+  return {};
+}
+
+}  // namespace keel::lock

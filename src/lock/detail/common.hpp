@@ -1,0 +1,80 @@
+#pragma once
+// Small pieces every algorithm uses.
+
+#include <sys/stat.h>
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "keel/io/deadline.hpp"
+#include "keel/io/file_handle.hpp"
+#include "keel/lock/shared_fs_mutex.hpp"
+#include "process.hpp"
+
+namespace keel::lock::detail {
+
+//! The rest of a countdown as a deadline for a nested wait.
+inline io::deadline rest_of(const io::countdown& cd) noexcept {
+  if (cd.is_infinite()) return io::deadline::never();
+  if (cd.is_zero()) return io::deadline::zero();
+  return io::deadline(cd.expiry());
+}
+
+//! The error for giving up on contention: would_block for a try, timed_out otherwise.
+inline std::unexpected<std::error_code> contention_error(const io::countdown& cd) noexcept {
+  return errc_error(cd.is_zero() ? std::errc::operation_would_block : std::errc::timed_out);
+}
+
+//! Whether an error means "someone else holds it" rather than a real failure.
+inline bool is_contention(const std::error_code& ec) noexcept {
+  return ec == std::errc::operation_would_block || ec == std::errc::timed_out;
+}
+
+//! The order to try entities in after contention at position `contended`: the contended one
+//! first (so the next wait sleeps on it), the rest reshuffled (so two lockers of overlapping
+//! sets do not keep colliding in the same place).
+inline void contended_first(std::span<std::uint32_t> order, std::size_t contended) noexcept {
+  std::swap(order[0], order[contended]);
+  if (order.size() > 2) std::shuffle(order.begin() + 1, order.end(), thread_rng());
+}
+
+//! The byte offset an entity is locked at (the largest value would overflow by one byte).
+inline off_t entity_offset(entity e) noexcept {
+  return static_cast<off_t>(std::min<std::uint64_t>(e.value, entity::max_value - 1));
+}
+
+struct file_id {
+  std::uint64_t dev = 0;
+  std::uint64_t ino = 0;
+};
+
+inline result<file_id> identify(const io::file_handle& f) noexcept {
+  struct stat st {};
+  if (::fstat(f.fd(), &st) != 0) return last_errno_error();
+  return file_id{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+
+}  // namespace keel::lock::detail
+
+#include <string>
+
+#include "per_thread.hpp"
+
+namespace keel::lock::detail {
+
+//! The identity of the lock file at `path`, created (mode 0644) if missing.
+result<file_id> identify_lock_file(const std::string& path) noexcept;
+//! The identity of the lock directory `dir`, created (mode 0755) if missing.
+result<file_id> identify_lock_directory(const std::string& dir) noexcept;
+
+//! A thread's own descriptor of a lock file (see per_thread.hpp for why).
+struct thread_file final : thread_state {
+  io::file_handle file;
+};
+//! This thread's descriptor of `path`, opened read-write on first use.
+result<thread_file*> thread_file_of(per_thread_states& threads, const std::string& path) noexcept;
+
+//! Unlocks the byte of every entity of `set` through `file`; the first error, if any.
+result<void> unlock_entity_bytes(const io::file_handle& file, std::span<const entity> set) noexcept;
+
+}  // namespace keel::lock::detail

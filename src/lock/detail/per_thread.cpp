@@ -1,0 +1,87 @@
+#include "per_thread.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace keel::lock::detail {
+namespace {
+
+std::atomic<std::uint64_t> next_instance_id{1};
+std::atomic<std::uint64_t> forks{0};
+
+struct cache_entry {
+  std::uint64_t id;
+  std::weak_ptr<thread_state_registry> registry;
+  thread_state* state;
+};
+
+struct thread_cache {
+  std::vector<cache_entry> entries;
+  std::uint64_t generation = 0;
+
+  ~thread_cache() {
+    for (auto& e : entries) {
+      if (auto r = e.registry.lock()) {
+        const std::scoped_lock lock(r->mutex);
+        if (r->dead) continue;
+        auto it = std::find(r->live.begin(), r->live.end(), e.state);
+        if (it != r->live.end()) {
+          r->live.erase(it);
+          delete e.state;
+        }
+      }
+    }
+  }
+};
+
+thread_local thread_cache cache;
+
+}  // namespace
+
+std::uint64_t fork_generation() noexcept {
+  static const bool registered = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); });
+    return true;
+  }();
+  (void)registered;
+  return forks.load(std::memory_order_relaxed);
+}
+
+per_thread_states::per_thread_states()
+    : id_(next_instance_id.fetch_add(1)), registry_(std::make_shared<thread_state_registry>()) {
+  (void)fork_generation();  // registers the fork handler before any state exists
+}
+
+per_thread_states::~per_thread_states() {
+  const std::scoped_lock lock(registry_->mutex);
+  registry_->dead = true;
+  for (thread_state* s : registry_->live)
+    delete s;
+  registry_->live.clear();
+}
+
+thread_state* per_thread_states::find() noexcept {
+  const std::uint64_t gen = forks.load(std::memory_order_relaxed);
+  if (cache.generation != gen) {
+    // A forked child: what the cache holds is the parent's (its descriptors share the
+    // parent's locks). The registry still owns those states and frees them in time.
+    cache.entries.clear();
+    cache.generation = gen;
+  }
+  for (const auto& e : cache.entries) {
+    if (e.id == id_) return e.state;
+  }
+  return nullptr;
+}
+
+void per_thread_states::add(thread_state* s) noexcept {
+  {
+    const std::scoped_lock lock(registry_->mutex);
+    registry_->live.push_back(s);
+  }
+  cache.entries.push_back({id_, registry_, s});
+}
+
+}  // namespace keel::lock::detail

@@ -1,0 +1,62 @@
+#pragma once
+// Per-thread, per-instance state (an open file description of the thread's own, say).
+//
+// Why: OFD and flock locks belong to an open file description, so two threads locking
+// through one descriptor would not exclude each other. Each thread therefore gets its own
+// descriptor per mutex instance, found through a thread-local cache without any lock on the
+// hot path. The instance owns the states; a thread's state is destroyed when the thread exits
+// or the instance is destroyed, whichever comes first. After fork() the child starts afresh:
+// descriptors inherited from the parent share the parent's locks and must not be reused.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "keel/result.hpp"
+
+namespace keel::lock::detail {
+
+struct thread_state {
+  thread_state() = default;
+  thread_state(const thread_state&) = delete;
+  thread_state& operator=(const thread_state&) = delete;
+  virtual ~thread_state() = default;
+};
+
+struct thread_state_registry {
+  std::mutex mutex;
+  std::vector<thread_state*> live;  // owned
+  bool dead = false;
+};
+
+//! Incremented in the child after every fork(): cached per-thread state from before is stale.
+std::uint64_t fork_generation() noexcept;
+
+class per_thread_states {
+ public:
+  per_thread_states();
+  per_thread_states(const per_thread_states&) = delete;
+  per_thread_states& operator=(const per_thread_states&) = delete;
+  ~per_thread_states();
+
+  //! This thread's state, made by `make()` (returning result<std::unique_ptr<T>>) on first use.
+  template <class T, class Make>
+  result<T*> get(Make&& make) noexcept {
+    if (thread_state* s = find()) return static_cast<T*>(s);
+    auto made = make();
+    if (!made) return std::unexpected(made.error());
+    T* raw = made->release();
+    add(raw);
+    return raw;
+  }
+
+ private:
+  thread_state* find() noexcept;
+  void add(thread_state* s) noexcept;
+
+  std::uint64_t id_;
+  std::shared_ptr<thread_state_registry> registry_;
+};
+
+}  // namespace keel::lock::detail

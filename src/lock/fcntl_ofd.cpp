@@ -1,0 +1,69 @@
+#include "detail/common.hpp"
+#include "keel/io/byte_lock.hpp"
+#include "keel/lock/baselines.hpp"
+
+namespace keel::lock {
+namespace {
+
+struct thread_file final : detail::thread_state {
+  io::file_handle file;
+};
+
+}  // namespace
+
+struct fcntl_ofd::impl {
+  std::string path;
+  detail::per_thread_states threads;
+
+  result<thread_file*> mine() noexcept {
+    return threads.get<thread_file>([&]() -> result<std::unique_ptr<thread_file>> {
+      auto f =
+          io::file_handle::open(path.c_str(), io::open_flags::read_write | io::open_flags::create);
+      if (!f) return std::unexpected(f.error());
+      auto s = std::make_unique<thread_file>();
+      s->file = std::move(*f);
+      return s;
+    });
+  }
+};
+
+fcntl_ofd::fcntl_ofd(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
+    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
+
+fcntl_ofd::~fcntl_ofd() = default;
+
+result<std::unique_ptr<fcntl_ofd>> fcntl_ofd::open(const std::string& path) noexcept {
+  auto id = detail::identify_lock_file(path);
+  if (!id) return std::unexpected(id.error());
+  auto p = std::make_unique<impl>();
+  p->path = path;
+  return std::unique_ptr<fcntl_ofd>(new fcntl_ofd(id->dev, id->ino, std::move(p)));
+}
+
+result<std::uint64_t> fcntl_ofd::do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                         bool) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  const io::file_handle& f = (*state)->file;
+  for (std::size_t k = 0; k < sorted.size(); ++k) {
+    const entity e = sorted[k];
+    auto g = io::lock_extent(f, detail::entity_offset(e), 1,
+                             e.is_exclusive() ? io::lock_kind::exclusive : io::lock_kind::shared,
+                             detail::rest_of(cd));
+    if (g) {
+      g->release();
+      continue;
+    }
+    (void)detail::unlock_entity_bytes(f, sorted.first(k));
+    return std::unexpected(g.error());
+  }
+  return 0;
+}
+
+result<void> fcntl_ofd::do_unlock(std::span<const entity> sorted, std::uint64_t) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  return detail::unlock_entity_bytes((*state)->file, sorted);
+}
+
+}  // namespace keel::lock

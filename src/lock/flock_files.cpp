@@ -1,0 +1,118 @@
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <unordered_map>
+
+#include "detail/common.hpp"
+#include "detail/per_thread.hpp"
+#include "keel/lock/baselines.hpp"
+
+namespace keel::lock {
+namespace {
+
+struct thread_files final : detail::thread_state {
+  io::file_handle dir;
+  std::unordered_map<std::uint64_t, io::file_handle> files;  // kept open: flock is per open
+};
+
+}  // namespace
+
+struct flock_files::impl {
+  std::string dir;
+  detail::per_thread_states threads;
+
+  result<thread_files*> mine() noexcept {
+    return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
+      auto d = io::file_handle::open_directory(dir.c_str());
+      if (!d) return std::unexpected(d.error());
+      auto s = std::make_unique<thread_files>();
+      s->dir = std::move(*d);
+      return s;
+    });
+  }
+};
+
+namespace {
+
+result<int> file_of(thread_files& t, entity e) noexcept {
+  const std::uint64_t value = e.value;
+  auto it = t.files.find(value);
+  if (it != t.files.end()) return it->second.fd();
+  char name[17];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
+  auto f =
+      io::file_handle::open_at(t.dir, name, io::open_flags::read_write | io::open_flags::create);
+  if (!f) return std::unexpected(f.error());
+  const int fd = f->fd();
+  t.files.emplace(value, std::move(*f));
+  return fd;
+}
+
+void unlock_fd(int fd) noexcept {
+  (void)::flock(fd, LOCK_UN);
+}
+
+}  // namespace
+
+flock_files::flock_files(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
+    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
+
+flock_files::~flock_files() = default;
+
+result<std::unique_ptr<flock_files>> flock_files::open(const std::string& dir) noexcept {
+  auto id = detail::identify_lock_directory(dir);
+  if (!id) return std::unexpected(id.error());
+  auto p = std::make_unique<impl>();
+  p->dir = dir;
+  return std::unique_ptr<flock_files>(new flock_files(id->dev, id->ino, std::move(p)));
+}
+
+result<std::uint64_t> flock_files::do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                           bool spin) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  std::size_t taken = 0;
+  const auto fail = [&](std::unexpected<std::error_code> e) -> result<std::uint64_t> {
+    for (std::size_t j = 0; j < taken; ++j)
+      unlock_fd(*file_of(**state, sorted[j]));
+    return e;
+  };
+  for (; taken < sorted.size(); ++taken) {
+    const entity e = sorted[taken];
+    auto fd = file_of(**state, e);
+    if (!fd) return fail(std::unexpected(fd.error()));
+    const int op = e.is_exclusive() ? LOCK_EX : LOCK_SH;
+    if (cd.is_infinite() && !spin) {
+      while (::flock(*fd, op) != 0) {
+        if (errno != EINTR) return fail(last_errno_error());
+      }
+      continue;
+    }
+    detail::backoff pause(spin);
+    for (;;) {
+      if (::flock(*fd, op | LOCK_NB) == 0) break;
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK) return fail(last_errno_error());
+      if (!pause.pause(cd)) return fail(detail::contention_error(cd));
+    }
+  }
+  return 0;
+}
+
+result<void> flock_files::do_unlock(std::span<const entity> sorted, std::uint64_t) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  result<void> r;
+  for (const entity e : sorted) {
+    auto fd = file_of(**state, e);
+    if (!fd) {
+      if (r) r = std::unexpected(fd.error());
+      continue;
+    }
+    if (::flock(*fd, LOCK_UN) != 0 && r) r = last_errno_error();
+  }
+  return r;
+}
+
+}  // namespace keel::lock

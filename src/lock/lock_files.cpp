@@ -1,0 +1,254 @@
+#include "keel/lock/lock_files.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "detail/common.hpp"
+#include "detail/per_thread.hpp"
+#include "keel/io/byte_lock.hpp"
+
+namespace keel::lock {
+namespace {
+
+// The owner record every lock file holds (doc/lock-formats.md).
+struct owner_record {
+  char magic[8];  // "KEELLF01"
+  std::uint32_t pid;
+  std::uint32_t reserved;
+  std::uint64_t start_time;
+  std::uint8_t boot_id[16];
+  char host[64];
+};
+static_assert(sizeof(owner_record) == 104);
+constexpr char record_magic[8] = {'K', 'E', 'E', 'L', 'L', 'F', '0', '1'};
+constexpr const char* breaker_name = ".keel-break";
+
+owner_record my_record() noexcept {
+  owner_record r{};
+  std::memcpy(r.magic, record_magic, sizeof r.magic);
+  const auto& me = detail::self();
+  r.pid = me.pid;
+  r.start_time = me.start_time;
+  std::memcpy(r.boot_id, me.boot_id.data(), sizeof r.boot_id);
+  ::gethostname(r.host, sizeof r.host - 1);
+  return r;
+}
+
+void name_of(entity e, char (&name)[17]) noexcept {
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
+}
+
+struct thread_files final : detail::thread_state {
+  io::file_handle dir;
+  io::file_handle breaker;  // byte v locked exclusively while breaking entity v's stale file
+};
+
+}  // namespace
+
+struct lock_files::impl {
+  std::string dir;
+  detail::per_thread_states threads;
+
+  result<thread_files*> mine() noexcept {
+    return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
+      auto d = io::file_handle::open_directory(dir.c_str());
+      if (!d) return std::unexpected(d.error());
+      auto b = io::file_handle::open_at(*d, breaker_name,
+                                        io::open_flags::read_write | io::open_flags::create);
+      if (!b) return std::unexpected(b.error());
+      auto s = std::make_unique<thread_files>();
+      s->dir = std::move(*d);
+      s->breaker = std::move(*b);
+      return s;
+    });
+  }
+};
+
+lock_files::lock_files(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
+    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
+
+lock_files::~lock_files() = default;
+
+result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir) noexcept {
+  auto id = detail::identify_lock_directory(dir);
+  if (!id) return std::unexpected(id.error());
+  auto p = std::make_unique<impl>();
+  p->dir = dir;
+  return std::unique_ptr<lock_files>(new lock_files(id->dev, id->ino, std::move(p)));
+}
+
+namespace {
+
+// A file holding this thread's owner record, to be hard-linked under each entity's name.
+// Anonymous (O_TMPFILE) where the filesystem allows, else a named temporary removed later.
+struct owner_file {
+  io::file_handle file;
+  std::string temp_name;  // empty for an anonymous file
+};
+
+result<owner_file> make_owner_file(const io::file_handle& dir) noexcept {
+  owner_file of;
+  const owner_record rec = my_record();
+  const int fd = ::openat(dir.fd(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    of.file = io::file_handle(fd);
+  } else {
+    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) return last_errno_error();
+    char name[64];
+    std::snprintf(name, sizeof name, ".keel-owner.%u.%08x", detail::self().pid,
+                  static_cast<unsigned>(detail::thread_rng()()));
+    auto f = io::file_handle::open_at(
+        dir, name, io::open_flags::write | io::open_flags::create | io::open_flags::exclusive);
+    if (!f) return std::unexpected(f.error());
+    of.file = std::move(*f);
+    of.temp_name = name;
+  }
+  if (auto w = of.file.write_at(0, std::as_bytes(std::span(&rec, 1))); !w) {
+    if (!of.temp_name.empty()) (void)io::unlink_at(dir, of.temp_name.c_str());
+    return std::unexpected(w.error());
+  }
+  return of;
+}
+
+result<void> link_name(const owner_file& of, const io::file_handle& dir,
+                       const char* name) noexcept {
+  if (of.temp_name.empty()) return of.file.link_at(dir, name);
+  if (::linkat(dir.fd(), of.temp_name.c_str(), dir.fd(), name, 0) != 0) return last_errno_error();
+  return {};
+}
+
+// Removes `name` if its owner is provably dead. Returns true if it was removed (or is gone).
+result<bool> break_if_stale(thread_files& t, entity e, const char* name) noexcept {
+  // Breakers of one entity take turns, so the file judged stale is the file removed: nobody
+  // else unlinks a dead owner's file, and nobody can create the name while it exists.
+  auto turn = io::try_lock_extent(t.breaker, detail::entity_offset(e), 1, io::lock_kind::exclusive);
+  if (!turn) {
+    if (detail::is_contention(turn.error())) return false;  // someone else is on it
+    return std::unexpected(turn.error());
+  }
+  auto f = io::file_handle::open_at(t.dir, name, io::open_flags::read);
+  if (!f) {
+    if (f.error() == std::errc::no_such_file_or_directory) return true;
+    return std::unexpected(f.error());
+  }
+  owner_record rec{};
+  auto n = f->read_at(0, std::as_writable_bytes(std::span(&rec, 1)));
+  if (!n) return std::unexpected(n.error());
+  if (*n != sizeof rec || std::memcmp(rec.magic, record_magic, sizeof rec.magic) != 0) {
+    return false;  // not a record we understand: never guess
+  }
+  detail::process_identity who;
+  who.pid = rec.pid;
+  who.start_time = rec.start_time;
+  std::memcpy(who.boot_id.data(), rec.boot_id, sizeof rec.boot_id);
+  const auto state = detail::check(who);
+  if (state != detail::liveness::dead) {
+    // Not of this boot: if the record names this host, it was left by a previous boot.
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
+    const bool this_host = std::strncmp(host, rec.host, sizeof host) == 0;
+    if (state == detail::liveness::alive || !this_host) return false;
+  }
+  if (auto u = io::unlink_at(t.dir, name);
+      !u && u.error() != std::errc::no_such_file_or_directory) {
+    return std::unexpected(u.error());
+  }
+  return true;
+}
+
+}  // namespace
+
+result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                          bool spin) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  thread_files& t = **state;
+  auto of = make_owner_file(t.dir);
+  if (!of) return std::unexpected(of.error());
+  const auto done = [&] {
+    if (!of->temp_name.empty()) (void)io::unlink_at(t.dir, of->temp_name.c_str());
+  };
+
+  std::vector<std::uint32_t> order(sorted.size());
+  std::iota(order.begin(), order.end(), 0u);
+  detail::backoff pause(spin);
+  auto last_stale_check = std::chrono::steady_clock::time_point{};
+  for (;;) {
+    std::size_t taken = 0;
+    std::size_t contended = sorted.size();
+    char name[17];
+    for (; taken < sorted.size(); ++taken) {
+      name_of(sorted[order[taken]], name);
+      auto r = link_name(*of, t.dir, name);
+      if (r) continue;
+      if (r.error() != std::errc::file_exists) {
+        for (std::size_t j = 0; j < taken; ++j) {
+          char n2[17];
+          name_of(sorted[order[j]], n2);
+          (void)io::unlink_at(t.dir, n2);
+        }
+        done();
+        return std::unexpected(r.error());
+      }
+      contended = taken;
+      break;
+    }
+    if (contended == sorted.size()) {
+      done();
+      return 0;
+    }
+    for (std::size_t j = 0; j < taken; ++j) {
+      char n2[17];
+      name_of(sorted[order[j]], n2);
+      (void)io::unlink_at(t.dir, n2);
+    }
+    if (taken > 0 && of->temp_name.empty()) {
+      // An anonymous file that was linked and then unlinked again cannot be linked anew
+      // (the kernel allows relinking only files that never had a name): take a fresh one.
+      auto fresh = make_owner_file(t.dir);
+      if (!fresh) return std::unexpected(fresh.error());
+      *of = std::move(*fresh);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_stale_check >= stale_check_interval) {
+      last_stale_check = now;
+      auto broken = break_if_stale(t, sorted[order[contended]], name);
+      if (!broken) {
+        done();
+        return std::unexpected(broken.error());
+      }
+      if (*broken) continue;  // try again at once
+    }
+    if (cd.is_zero()) {
+      done();
+      return errc_error(std::errc::operation_would_block);
+    }
+    detail::contended_first(order, contended);
+    if (!pause.pause(cd)) {
+      done();
+      return detail::contention_error(cd);
+    }
+  }
+}
+
+result<void> lock_files::do_unlock(std::span<const entity> sorted, std::uint64_t) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  result<void> r;
+  char name[17];
+  for (const entity e : sorted) {
+    name_of(e, name);
+    auto u = io::unlink_at((*state)->dir, name);
+    if (!u && r) r = u;
+  }
+  return r;
+}
+
+}  // namespace keel::lock

@@ -1,0 +1,139 @@
+#include "keel/lock/shared_fs_mutex.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace keel::lock {
+namespace {
+
+// The entities this thread holds, by lock path: what makes a relock a deadlock. A guard is
+// unlocked on the thread that locked it (documented), so no synchronisation is needed.
+struct held_entry {
+  std::uint64_t dev;
+  std::uint64_t ino;
+  std::uint64_t value;
+};
+thread_local std::vector<held_entry> held_by_this_thread;
+
+bool held(std::uint64_t dev, std::uint64_t ino, std::uint64_t value) noexcept {
+  for (const auto& h : held_by_this_thread) {
+    if (h.value == value && h.ino == ino && h.dev == dev) return true;
+  }
+  return false;
+}
+
+void forget(std::uint64_t dev, std::uint64_t ino, std::span<const entity> set) noexcept {
+  auto& v = held_by_this_thread;
+  for (const entity e : set) {
+    for (std::size_t i = v.size(); i-- > 0;) {
+      if (v[i].value == e.value && v[i].ino == ino && v[i].dev == dev) {
+        v[i] = v.back();
+        v.pop_back();
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+entity entity::from_bytes(std::span<const std::byte> bytes, bool exclusive) noexcept {
+  return entity(XXH3_64bits(bytes.data(), bytes.size()) & max_value, exclusive);
+}
+
+entity entity::from_string(std::string_view name, bool exclusive) noexcept {
+  return from_bytes(std::as_bytes(std::span(name.data(), name.size())), exclusive);
+}
+
+entities_guard::entities_guard(entities_guard&& other) noexcept {
+  *this = std::move(other);
+}
+
+entities_guard& entities_guard::operator=(entities_guard&& other) noexcept {
+  if (this != &other) {
+    (void)unlock();
+    mutex_ = other.mutex_;
+    size_ = other.size_;
+    token_ = other.token_;
+    heap_ = std::move(other.heap_);
+    std::copy(other.inline_, other.inline_ + inline_capacity, inline_);
+    other.mutex_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+std::span<const entity> entities_guard::entities() const noexcept {
+  return {heap_ ? heap_.get() : inline_, size_};
+}
+
+void entities_guard::assign(std::span<const entity> sorted) {
+  size_ = sorted.size();
+  if (size_ > inline_capacity) heap_ = std::make_unique<entity[]>(size_);
+  std::copy(sorted.begin(), sorted.end(), data());
+}
+
+void entities_guard::reset() noexcept {
+  mutex_ = nullptr;
+  size_ = 0;
+  heap_.reset();
+}
+
+result<void> entities_guard::unlock() noexcept {
+  if (mutex_ == nullptr) return {};
+  shared_fs_mutex* m = mutex_;
+  const auto set = entities();
+  forget(m->dev_, m->ino_, set);
+  auto r = m->do_unlock(set, token_);
+  reset();
+  return r;
+}
+
+void entities_guard::release() noexcept {
+  if (mutex_ != nullptr) forget(mutex_->dev_, mutex_->ino_, entities());
+  reset();
+}
+
+shared_fs_mutex::shared_fs_mutex(std::uint64_t dev, std::uint64_t ino) noexcept
+    : dev_(dev), ino_(ino) {}
+
+shared_fs_mutex::~shared_fs_mutex() = default;
+
+result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadline d,
+                                             bool spin_not_sleep) noexcept {
+  entities_guard g;
+  if (set.empty()) return g;
+  g.assign(set);
+  // Sort by value and merge duplicates (exclusive wins): every algorithm sees a canonical set.
+  entity* first = g.data();
+  entity* last = first + g.size_;
+  std::sort(first, last, [](entity a, entity b) { return a.value < b.value; });
+  entity* out = first;
+  for (entity* it = first + 1; it < last; ++it) {
+    if (it->value == out->value) {
+      out->exclusive |= it->exclusive;
+    } else {
+      *++out = *it;
+    }
+  }
+  g.size_ = static_cast<std::size_t>(out - first) + 1;
+  const auto sorted = g.entities();
+  for (const entity e : sorted) {
+    if (held(dev_, ino_, e.value)) return errc_error(std::errc::resource_deadlock_would_occur);
+  }
+  const io::countdown cd = d.start();
+  auto token = do_lock(sorted, cd, spin_not_sleep);
+  if (!token) {
+    g.reset();
+    return std::unexpected(token.error());
+  }
+  for (const entity e : sorted)
+    held_by_this_thread.push_back({dev_, ino_, e.value});
+  g.mutex_ = this;
+  g.token_ = *token;
+  return g;
+}
+
+}  // namespace keel::lock

@@ -1,0 +1,122 @@
+#include <sys/ipc.h>
+#include <sys/sem.h>
+
+#include <vector>
+
+#include "detail/common.hpp"
+#include "keel/lock/baselines.hpp"
+
+namespace keel::lock {
+namespace {
+
+// Semaphores 2i (writer: 0 or 1) and 2i + 1 (readers: a count) guard slot i.
+result<key_t> key_of(const std::string& path) noexcept {
+  auto id = detail::identify_lock_file(path);
+  if (!id) return std::unexpected(id.error());
+  // ftok keeps only 8 bits of the device and 16 of the inode; mix all of both instead.
+  std::uint64_t h = id->dev * 0x9e3779b97f4a7c15ULL ^ id->ino * 0xc2b2ae3d27d4eb4fULL;
+  h ^= h >> 29;
+  auto key = static_cast<key_t>(h & 0x7fffffff);
+  return key == IPC_PRIVATE ? key_t{1} : key;
+}
+
+struct slot_op {
+  unsigned short slot;
+  bool exclusive;
+};
+
+// The slots of a set, each once (exclusive wins when two entities share a slot): one semop
+// must not both wait for a semaphore to be zero and raise it twice.
+std::vector<slot_op> slots_of(std::span<const entity> sorted, int slots) {
+  std::vector<slot_op> out;
+  out.reserve(sorted.size());
+  for (const entity e : sorted) {
+    const auto s = static_cast<unsigned short>(e.value % static_cast<std::uint64_t>(slots));
+    bool merged = false;
+    for (auto& o : out) {
+      if (o.slot == s) {
+        o.exclusive |= e.is_exclusive();
+        merged = true;
+      }
+    }
+    if (!merged) out.push_back({s, e.is_exclusive()});
+  }
+  return out;
+}
+
+}  // namespace
+
+sysv::sysv(std::uint64_t dev, std::uint64_t ino, int semid, int slots) noexcept
+    : shared_fs_mutex(dev, ino), semid_(semid), slots_(slots) {}
+
+sysv::~sysv() = default;
+
+result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots) noexcept {
+  if (slots <= 0 || slots > 16000) return errc_error(std::errc::invalid_argument);
+  auto key = key_of(path);
+  if (!key) return std::unexpected(key.error());
+  // Linux creates the semaphores zeroed, which is "free" here.
+  const int semid = ::semget(*key, 2 * slots, IPC_CREAT | 0600);
+  if (semid < 0) return last_errno_error();
+  auto id = detail::identify_lock_file(path);
+  if (!id) return std::unexpected(id.error());
+  return std::unique_ptr<sysv>(new sysv(id->dev, id->ino, semid, slots));
+}
+
+result<void> sysv::remove(const std::string& path) noexcept {
+  auto key = key_of(path);
+  if (!key) return std::unexpected(key.error());
+  const int semid = ::semget(*key, 0, 0);
+  if (semid < 0) return last_errno_error();
+  if (::semctl(semid, 0, IPC_RMID) != 0) return last_errno_error();
+  return {};
+}
+
+result<std::uint64_t> sysv::do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                    bool) noexcept {
+  const auto slots = slots_of(sorted, slots_);
+  std::vector<sembuf> ops;
+  ops.reserve(slots.size() * 3);
+  const short flags = SEM_UNDO | (cd.is_zero() ? IPC_NOWAIT : 0);
+  for (const auto& s : slots) {
+    const auto w = static_cast<unsigned short>(2 * s.slot);
+    const auto r = static_cast<unsigned short>(2 * s.slot + 1);
+    ops.push_back({w, 0, flags});  // no writer
+    if (s.exclusive) {
+      ops.push_back({r, 0, flags});  // no readers
+      ops.push_back({w, 1, flags});
+    } else {
+      ops.push_back({r, 1, flags});
+    }
+  }
+  for (;;) {
+    int rc = 0;
+    if (cd.is_infinite() || cd.is_zero()) {
+      rc = ::semop(semid_, ops.data(), ops.size());
+    } else {
+      const timespec left = cd.remaining_timespec();
+      if (left.tv_sec == 0 && left.tv_nsec == 0) return errc_error(std::errc::timed_out);
+      rc = ::semtimedop(semid_, ops.data(), ops.size(), &left);
+    }
+    if (rc == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) return detail::contention_error(cd);
+    return last_errno_error();
+  }
+}
+
+result<void> sysv::do_unlock(std::span<const entity> sorted, std::uint64_t) noexcept {
+  const auto slots = slots_of(sorted, slots_);
+  std::vector<sembuf> ops;
+  ops.reserve(slots.size());
+  for (const auto& s : slots) {
+    const auto sem = static_cast<unsigned short>(s.exclusive ? 2 * s.slot : 2 * s.slot + 1);
+    ops.push_back({sem, -1, SEM_UNDO});
+  }
+  while (::semop(semid_, ops.data(), ops.size()) != 0) {
+    if (errno != EINTR) return last_errno_error();
+  }
+  return {};
+}
+
+}  // namespace keel::lock

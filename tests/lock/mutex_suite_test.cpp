@@ -1,0 +1,472 @@
+// The correctness suite every shared_fs_mutex runs: one list (algorithm_names()) drives it,
+// so an algorithm cannot be added without being tested. Concurrency claims are tested with
+// forked processes and SIGKILL, and again with threads.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/io/file_handle.hpp"
+#include "keel/lock/algorithms.hpp"
+#include "support/process.hpp"
+
+namespace keel::lock {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+using test::fork_child;
+using test::signal_pipe;
+using test::temp_dir;
+using test::wait_exit;
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+class MutexSuite : public ::testing::TestWithParam<std::string_view> {
+ protected:
+  void TearDown() override { (void)remove_mutex_resources(algo(), lock_path()); }
+
+  [[nodiscard]] std::string algo() const { return std::string(GetParam()); }
+  [[nodiscard]] std::string lock_path() const { return dir_.file("lock"); }
+  [[nodiscard]] bool shared_is_exclusive() const { return algo() == "lock_files"; }
+
+  [[nodiscard]] std::unique_ptr<shared_fs_mutex> open() const {
+    auto m = open_mutex(algo(), lock_path());
+    if (!m) {
+      ADD_FAILURE() << "open_mutex(" << algo() << "): " << m.error().message();
+      std::abort();
+    }
+    return std::move(*m);
+  }
+
+  // A counter file the critical sections increment with a read, a yield and a write: any
+  // break of exclusion loses updates.
+  [[nodiscard]] io::file_handle counter_file() const {
+    auto f = io::file_handle::open(dir_.file("counters").c_str(),
+                                   io::open_flags::read_write | io::open_flags::create);
+    if (!f) std::abort();
+    return std::move(*f);
+  }
+  static void increment(const io::file_handle& f, std::size_t slot) {
+    std::uint64_t v = 0;
+    const auto at = static_cast<off_t>(slot * sizeof v);
+    (void)f.read_at(at, std::as_writable_bytes(std::span(&v, 1)));
+    std::this_thread::yield();
+    ++v;
+    if (!f.write_at(at, std::as_bytes(std::span(&v, 1)))) std::abort();
+  }
+  static std::uint64_t read_counter(const io::file_handle& f, std::size_t slot) {
+    std::uint64_t v = 0;
+    (void)f.read_at(static_cast<off_t>(slot * sizeof v), std::as_writable_bytes(std::span(&v, 1)));
+    return v;
+  }
+
+  // A child that holds `set` until told to go (or is killed).
+  pid_t hold_in_child(std::vector<entity> set, signal_pipe& ready, signal_pipe& go) const {
+    const pid_t pid = fork_child([&, set] {
+      auto m = open();
+      auto g = m->lock(set, 10s);
+      if (!g) return 1;
+      ready.notify();
+      (void)go.wait();
+      return 0;
+    });
+    EXPECT_EQ(ready.wait(), '!');
+    return pid;
+  }
+
+  temp_dir dir_;
+};
+
+TEST_P(MutexSuite, ProcessesCountExactly) {
+  constexpr int processes = 8;
+  constexpr int increments = 150;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < processes; ++p) {
+    pids.push_back(fork_child([&] {
+      auto m = open();
+      auto f = counter_file();
+      for (int i = 0; i < increments; ++i) {
+        auto g = m->lock({entity(1)}, 30s);
+        if (!g) return 2;
+        increment(f, 0);
+      }
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids)
+    EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(read_counter(counter_file(), 0), std::uint64_t{processes * increments});
+}
+
+// Instances opened before fork() and used in the children: descriptors inherited from the
+// parent must not make the children share one lock owner.
+TEST_P(MutexSuite, InstanceOpenedBeforeForkStillExcludes) {
+  constexpr int processes = 4;
+  constexpr int increments = 100;
+  auto m = open();
+  {
+    auto warm = m->lock({entity(1)});
+    ASSERT_TRUE(warm);
+  }  // per-thread state now exists
+  std::vector<pid_t> pids;
+  for (int p = 0; p < processes; ++p) {
+    pids.push_back(fork_child([&] {
+      auto f = counter_file();
+      for (int i = 0; i < increments; ++i) {
+        auto g = m->lock({entity(1)}, 30s);
+        if (!g) return 2;
+        increment(f, 0);
+      }
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids)
+    EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(read_counter(counter_file(), 0), std::uint64_t{processes * increments});
+}
+
+TEST_P(MutexSuite, RandomMultiEntitySetsCountExactly) {
+  constexpr int processes = 8;
+  constexpr int rounds = 60;
+  constexpr std::size_t entities = 16;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < processes; ++p) {
+    pids.push_back(fork_child([&, p] {
+      auto m = open();
+      auto f = counter_file();
+      std::mt19937 rng(static_cast<unsigned>(p * 7919 + 1));
+      std::vector<std::uint64_t> mine(entities, 0);
+      for (int r = 0; r < rounds; ++r) {
+        std::vector<entity> set;
+        const std::size_t n = 1 + rng() % 4;
+        for (std::size_t k = 0; k < n; ++k)
+          set.push_back(entity(100 + rng() % entities));
+        auto g = m->lock(set, 30s);
+        if (!g) return 2;
+        for (const entity e : g->entities()) {
+          increment(f, e.value - 100);
+          ++mine[e.value - 100];
+        }
+      }
+      auto out = io::file_handle::open(dir_.file("tally." + std::to_string(p)).c_str(),
+                                       io::open_flags::write | io::open_flags::create);
+      if (!out || !out->write_at(0, std::as_bytes(std::span(mine)))) return 3;
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids)
+    EXPECT_EQ(wait_exit(pid), 0);
+  std::vector<std::uint64_t> expected(entities, 0);
+  for (int p = 0; p < processes; ++p) {
+    auto in = io::file_handle::open(dir_.file("tally." + std::to_string(p)).c_str(),
+                                    io::open_flags::read);
+    ASSERT_TRUE(in);
+    std::vector<std::uint64_t> t(entities);
+    ASSERT_EQ(in->read_at(0, std::as_writable_bytes(std::span(t))).value(),
+              entities * sizeof(std::uint64_t));
+    for (std::size_t i = 0; i < entities; ++i)
+      expected[i] += t[i];
+  }
+  auto f = counter_file();
+  for (std::size_t i = 0; i < entities; ++i)
+    EXPECT_EQ(read_counter(f, i), expected[i]) << i;
+}
+
+TEST_P(MutexSuite, SharedHoldersCoexistExclusiveExcludes) {
+  signal_pipe ready, go;
+  const pid_t holder = hold_in_child({entity(5, false)}, ready, go);
+  auto m = open();
+  auto shared = m->try_lock({entity(5, false)});
+  if (shared_is_exclusive()) {
+    // Documented: this algorithm treats shared as exclusive.
+    ASSERT_FALSE(shared);
+    EXPECT_EQ(shared.error(), std::errc::operation_would_block);
+  } else {
+    ASSERT_TRUE(shared) << shared.error().message();
+  }
+  auto excl = m->try_lock({entity(5, true)});
+  if (!shared_is_exclusive()) {
+    // This thread holds entity 5 shared already: relocking is a deadlock, not contention.
+    ASSERT_FALSE(excl);
+    EXPECT_EQ(excl.error(), std::errc::resource_deadlock_would_occur);
+    shared = entities_guard{};
+    auto other = m->try_lock({entity(5, true)});
+    ASSERT_FALSE(other);
+    EXPECT_EQ(other.error(), std::errc::operation_would_block);
+  }
+  go.notify();
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_TRUE(m->try_lock({entity(5, true)}));
+}
+
+TEST_P(MutexSuite, ExclusiveExcludesShared) {
+  signal_pipe ready, go;
+  const pid_t holder = hold_in_child({entity(6, true)}, ready, go);
+  auto m = open();
+  auto r = m->try_lock({entity(6, false)});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), std::errc::operation_would_block);
+  EXPECT_TRUE(m->try_lock({entity(7, true)}));  // other entities are free
+  go.notify();
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+TEST_P(MutexSuite, OppositeOrdersNeverDeadlock) {
+  constexpr int rounds = 150;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 4; ++p) {
+    pids.push_back(fork_child([&, p] {
+      auto m = open();
+      std::vector<entity> set = {entity(1), entity(2), entity(3), entity(4)};
+      if (p % 2 == 1) std::reverse(set.begin(), set.end());
+      for (int r = 0; r < rounds; ++r) {
+        auto g = m->lock(set, 20s);  // a deadlock would end here with timed_out
+        if (!g) return 2;
+      }
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids)
+    EXPECT_EQ(wait_exit(pid), 0);
+}
+
+TEST_P(MutexSuite, DeadlinesAreHonoured) {
+  signal_pipe ready, go;
+  const pid_t holder = hold_in_child({entity(9)}, ready, go);
+  auto m = open();
+
+  auto t0 = clock_type::now();
+  auto zero = m->lock({entity(9)}, deadline::zero());
+  ASSERT_FALSE(zero);
+  EXPECT_EQ(zero.error(), std::errc::operation_would_block);
+  EXPECT_LT(ms_since(t0), 50.0);
+
+  t0 = clock_type::now();
+  auto finite = m->lock({entity(9)}, 100ms);
+  const double took = ms_since(t0);
+  ASSERT_FALSE(finite);
+  EXPECT_EQ(finite.error(), std::errc::timed_out);
+  EXPECT_GE(took, 100.0);
+  EXPECT_LT(took, 150.0);
+
+  t0 = clock_type::now();
+  auto past = m->lock({entity(9)}, deadline(clock_type::now() - 1s));
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error(), std::errc::timed_out);
+  EXPECT_LT(ms_since(t0), 50.0);
+
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(200ms);
+    go.notify();
+  });
+  t0 = clock_type::now();
+  auto forever = m->lock({entity(9)});
+  ASSERT_TRUE(forever) << forever.error().message();
+  EXPECT_GE(ms_since(t0), 150.0);
+  releaser.join();
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+TEST_P(MutexSuite, KilledHolderReleases) {
+  signal_pipe ready, go;
+  const pid_t holder = hold_in_child({entity(11), entity(12, false)}, ready, go);
+  auto m = open();
+  EXPECT_FALSE(m->try_lock({entity(11)}));
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  const auto t0 = clock_type::now();
+  auto g = m->lock({entity(11), entity(12)}, 5s);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_LT(ms_since(t0), 2000.0);
+}
+
+// Processes that open and close the lock in a loop while others hold it: catches a
+// first-user/last-user protocol that resets a lock in use.
+TEST_P(MutexSuite, OpenCloseChurnKeepsExclusion) {
+  constexpr int churners = 8;
+  constexpr int rounds = 40;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < churners; ++p) {
+    pids.push_back(fork_child([&] {
+      auto f = counter_file();
+      for (int i = 0; i < rounds; ++i) {
+        auto m = open();
+        auto g = m->lock({entity(1)}, 30s);
+        if (!g) return 2;
+        increment(f, 0);
+      }
+      return 0;
+    }));
+  }
+  {
+    auto m = open();
+    auto f = counter_file();
+    for (int i = 0; i < rounds; ++i) {
+      auto g = m->lock({entity(1)}, 30s);
+      ASSERT_TRUE(g) << g.error().message();
+      increment(f, 0);
+    }
+  }
+  for (pid_t pid : pids)
+    EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(read_counter(counter_file(), 0), std::uint64_t{(churners + 1) * rounds});
+}
+
+TEST_P(MutexSuite, ThreadsSharingOneInstanceCountExactly) {
+  constexpr int threads = 8;
+  constexpr int increments = 150;
+  auto m = open();
+  auto f = counter_file();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&] {
+      for (int i = 0; i < increments; ++i) {
+        auto g = m->lock({entity(1)}, 30s);
+        if (!g) {
+          ++failures;
+          return;
+        }
+        increment(f, 0);
+      }
+    });
+  }
+  for (auto& t : ts)
+    t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(read_counter(f, 0), std::uint64_t{threads * increments});
+}
+
+TEST_P(MutexSuite, ThreadsWithTheirOwnInstancesCountExactly) {
+  constexpr int threads = 8;
+  constexpr int increments = 100;
+  auto f = counter_file();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      auto m = open();
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int i = 0; i < increments; ++i) {
+        std::vector<entity> set = {entity(1), entity(2 + rng() % 3)};
+        if (rng() % 2 == 0) std::swap(set[0], set[1]);
+        auto g = m->lock(set, 30s);
+        if (!g) {
+          ++failures;
+          return;
+        }
+        increment(f, 0);
+      }
+    });
+  }
+  for (auto& t : ts)
+    t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(read_counter(f, 0), std::uint64_t{threads * increments});
+}
+
+TEST_P(MutexSuite, ThreadsSeeEachOthersLocks) {
+  auto m = open();
+  auto g = m->lock({entity(20)});
+  ASSERT_TRUE(g);
+  std::error_code seen;
+  std::thread other([&] {
+    auto r = m->try_lock({entity(20)});
+    seen = r ? std::error_code{} : r.error();
+  });
+  other.join();
+  EXPECT_EQ(seen, std::errc::operation_would_block);
+  auto second = open();
+  std::thread third([&] {
+    auto r = second->lock({entity(20)}, 50ms);
+    seen = r ? std::error_code{} : r.error();
+  });
+  third.join();
+  EXPECT_EQ(seen, std::errc::timed_out);
+}
+
+TEST_P(MutexSuite, RelockingIsADeadlockNotAWait) {
+  auto m = open();
+  auto g = m->lock({entity(30), entity(31)});
+  ASSERT_TRUE(g);
+  const auto t0 = clock_type::now();
+  auto again = m->lock({entity(31)});  // an infinite deadline: must not hang
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error(), std::errc::resource_deadlock_would_occur);
+  auto via_other = open()->lock({entity(30)});
+  ASSERT_FALSE(via_other);
+  EXPECT_EQ(via_other.error(), std::errc::resource_deadlock_would_occur);
+  EXPECT_LT(ms_since(t0), 100.0);
+  ASSERT_TRUE(g->unlock());
+  EXPECT_TRUE(m->lock({entity(31)}));
+}
+
+TEST_P(MutexSuite, SetsAreCanonical) {
+  auto m = open();
+  auto empty = m->lock(std::span<const entity>{});
+  ASSERT_TRUE(empty);
+  EXPECT_TRUE(empty->entities().empty());
+  std::vector<entity> many;
+  for (int i = 40; i > 20; --i)
+    many.push_back(entity(static_cast<std::uint64_t>(i), i % 2 == 0));
+  many.push_back(entity(25, true));  // a duplicate: held once, exclusive
+  many.push_back(entity(25, false));
+  auto g = m->lock(many);
+  ASSERT_TRUE(g) << g.error().message();
+  ASSERT_EQ(g->entities().size(), 20u);
+  for (std::size_t i = 0; i + 1 < g->entities().size(); ++i) {
+    EXPECT_LT(g->entities()[i].value, g->entities()[i + 1].value);
+  }
+  EXPECT_TRUE(g->entities()[4].is_exclusive());  // entity 25
+  g->release();
+  EXPECT_FALSE(g->owns_lock());
+}
+
+TEST_P(MutexSuite, GuardMoves) {
+  auto m = open();
+  entities_guard kept;
+  {
+    auto g = m->lock({entity(50)});
+    ASSERT_TRUE(g);
+    kept = std::move(*g);
+  }
+  EXPECT_TRUE(kept.owns_lock());
+  EXPECT_EQ(kept.mutex(), m.get());
+  std::thread([&] { EXPECT_FALSE(open()->try_lock({entity(50)})); }).join();
+  ASSERT_TRUE(kept.unlock());
+  std::thread([&] { EXPECT_TRUE(open()->try_lock({entity(50)})); }).join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, MutexSuite, ::testing::ValuesIn(algorithm_names()),
+                         [](const auto& param_info) { return std::string(param_info.param); });
+
+TEST(Entity, HashesNamesInto63Bits) {
+  const entity a = entity::from_string("alpha");
+  const entity b = entity::from_string("beta", false);
+  EXPECT_NE(a.value, b.value);
+  EXPECT_TRUE(a.is_exclusive());
+  EXPECT_FALSE(b.is_exclusive());
+  EXPECT_EQ(entity::from_string("alpha").value, a.value);
+  EXPECT_EQ(entity(~std::uint64_t{0}).value, entity::max_value);
+  EXPECT_EQ(a.shared(), entity(a.value, false));
+}
+
+TEST(Algorithms, UnknownNameIsAnError) {
+  temp_dir dir;
+  auto m = open_mutex("nonesuch", dir.file("x"));
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), std::errc::invalid_argument);
+  EXPECT_FALSE(open_mutex("byte_ranges", dir.file("missing/dir/lock")));
+}
+
+}  // namespace
+}  // namespace keel::lock
