@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "keel/lock/atomic_append.hpp"
 #include "keel/lock/baselines.hpp"
 #include "keel/lock/byte_ranges.hpp"
 #include "keel/lock/lock_files.hpp"
@@ -9,8 +10,8 @@
 namespace keel::lock {
 namespace {
 
-constexpr std::array<std::string_view, 5> names = {"lock_files", "byte_ranges", "flock", "fcntl",
-                                                   "sysv"};
+constexpr std::array<std::string_view, 6> names = {"lock_files", "byte_ranges", "atomic_append",
+                                                   "flock",      "fcntl",       "sysv"};
 
 template <class T>
 result<std::unique_ptr<shared_fs_mutex>> up(result<std::unique_ptr<T>> r) noexcept {
@@ -32,6 +33,7 @@ result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
                                                     const std::string& path) noexcept {
   if (algorithm == "lock_files") return up(lock_files::open(path));
   if (algorithm == "byte_ranges") return up(byte_ranges::open(path));
+  if (algorithm == "atomic_append") return up(atomic_append::open(path));
   if (algorithm == "flock") return up(flock_files::open(path));
   if (algorithm == "fcntl") return up(fcntl_ofd::open(path));
   if (algorithm == "sysv") return up(sysv::open(path));

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include "detail/per_thread.hpp"
+
 #include <algorithm>
 #include <vector>
 
@@ -10,22 +12,39 @@ namespace {
 
 // The entities this thread holds, by lock path: what makes a relock a deadlock. A guard is
 // unlocked on the thread that locked it (documented), so no synchronisation is needed.
+// The fork generation check costs a relaxed load; detail::fork_generation registers the
+// atfork handler on first use.
 struct held_entry {
   std::uint64_t dev;
   std::uint64_t ino;
   std::uint64_t value;
 };
-thread_local std::vector<held_entry> held_by_this_thread;
+struct held_set {
+  std::vector<held_entry> entries;
+  std::uint64_t generation = 0;
+};
+thread_local held_set held_by_this_thread_storage;
+
+// A forked child holds none of its parent's locks: its copy of the set is dropped.
+std::vector<held_entry>& held_by_this_thread_now() noexcept {
+  auto& s = held_by_this_thread_storage;
+  const std::uint64_t gen = detail::fork_generation();
+  if (s.generation != gen) {
+    s.entries.clear();
+    s.generation = gen;
+  }
+  return s.entries;
+}
 
 bool held(std::uint64_t dev, std::uint64_t ino, std::uint64_t value) noexcept {
-  for (const auto& h : held_by_this_thread) {
+  for (const auto& h : held_by_this_thread_now()) {
     if (h.value == value && h.ino == ino && h.dev == dev) return true;
   }
   return false;
 }
 
 void forget(std::uint64_t dev, std::uint64_t ino, std::span<const entity> set) noexcept {
-  auto& v = held_by_this_thread;
+  auto& v = held_by_this_thread_now();
   for (const entity e : set) {
     for (std::size_t i = v.size(); i-- > 0;) {
       if (v[i].value == e.value && v[i].ino == ino && v[i].dev == dev) {
@@ -129,8 +148,9 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
     g.reset();
     return std::unexpected(token.error());
   }
+  auto& held_now = held_by_this_thread_now();
   for (const entity e : sorted)
-    held_by_this_thread.push_back({dev_, ino_, e.value});
+    held_now.push_back({dev_, ino_, e.value});
   g.mutex_ = this;
   g.token_ = *token;
   return g;

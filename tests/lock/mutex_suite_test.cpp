@@ -431,6 +431,24 @@ TEST_P(MutexSuite, SetsAreCanonical) {
   EXPECT_FALSE(g->owns_lock());
 }
 
+TEST_P(MutexSuite, LargeSetsAreAllOrNothing) {
+  std::vector<entity> big;
+  for (std::uint64_t v = 1000; v < 1100; ++v)
+    big.push_back(entity(v, v % 3 != 0));
+  signal_pipe ready, go;
+  const pid_t holder = hold_in_child(big, ready, go);
+  auto m = open();
+  EXPECT_FALSE(m->try_lock({entity(1050)}));
+  EXPECT_FALSE(m->try_lock({entity(500, true), entity(1099, true)}));
+  // Nothing stays held after a failed try (values chosen not to share a sysv slot with big).
+  EXPECT_TRUE(m->try_lock({entity(500, true), entity(600, true)}));
+  go.notify();
+  EXPECT_EQ(wait_exit(holder), 0);
+  auto g = m->lock(big, 5s);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_EQ(g->entities().size(), 100u);
+}
+
 TEST_P(MutexSuite, GuardMoves) {
   auto m = open();
   entities_guard kept;

@@ -1,0 +1,446 @@
+#include "keel/lock/atomic_append.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "detail/common.hpp"
+#include "keel/io/byte_lock.hpp"
+#include "keel/io/mapped_file.hpp"
+
+namespace keel::lock {
+namespace {
+
+// On-disk layout (doc/lock-formats.md). The header is one page; records follow, 256 bytes.
+constexpr char header_magic[8] = {'K', 'E', 'E', 'L', 'A', 'A', 'L', 'G'};
+constexpr std::uint32_t format_version = 1;
+constexpr off_t header_size = 4096;
+constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: truncating
+constexpr std::size_t first_live_at = 64;  // atomic u64: no live record before this offset
+constexpr off_t truncate_above = 256 * 1024;
+constexpr std::uint32_t record_magic = 0x3152414b;  // "KAR1"
+constexpr off_t punch_every = 1 << 20;
+constexpr std::uint64_t stale_after_ns = 1'000'000'000;
+
+struct header {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t record_size;
+};
+
+struct record {
+  std::uint32_t magic;
+  std::uint16_t index;  // within its chunk (the records one lock call appended)
+  std::uint16_t count;  // records in the chunk
+  std::uint32_t pid;
+  std::uint32_t entities_here;
+  std::uint64_t start_time;
+  std::uint64_t time_ns;
+  std::uint8_t boot_id[16];
+  std::uint64_t checksum;  // XXH3 of the record with checksum and released zeroed
+  std::uint32_t released;  // set by the owner on unlock (or by anyone who finds it dead)
+  std::uint32_t reserved;
+  std::uint64_t entities[atomic_append::entities_per_record];  // value | exclusive << 63
+};
+static_assert(sizeof(record) == 256);
+constexpr off_t record_size = sizeof(record);
+constexpr off_t released_at = offsetof(record, released);
+
+std::uint64_t checksum_of(record r) noexcept {
+  r.checksum = 0;
+  r.released = 0;
+  return XXH3_64bits(&r, sizeof r);
+}
+
+std::uint64_t pack(entity e) noexcept {
+  return e.value | (static_cast<std::uint64_t>(e.exclusive) << 63);
+}
+
+// Whether a chunk's entities (sorted) and a request's (sorted) share an entity that either
+// side wants exclusively.
+bool conflicts(const std::vector<std::uint64_t>& theirs, std::span<const entity> mine) noexcept {
+  std::size_t i = 0;
+  std::size_t j = 0;
+  constexpr std::uint64_t excl_bit = std::uint64_t{1} << 63;
+  while (i < theirs.size() && j < mine.size()) {
+    const std::uint64_t tv = theirs[i] & ~excl_bit;
+    if (tv < mine[j].value) {
+      ++i;
+    } else if (tv > mine[j].value) {
+      ++j;
+    } else {
+      if ((theirs[i] & excl_bit) != 0 || mine[j].is_exclusive()) return true;
+      ++i;
+      ++j;
+    }
+  }
+  return false;
+}
+
+struct thread_log final : detail::thread_state {
+  io::file_handle append;  // O_APPEND: records go here
+  io::file_handle rw;      // reads, released flags and record locks (pwrite ignores the
+                           // offset on an O_APPEND descriptor, hence two)
+};
+
+}  // namespace
+
+struct atomic_append::impl {
+  std::string path;
+  io::file_handle file;  // owns the header map's descriptor
+  io::mapped_file header_map;
+  detail::per_thread_states threads;
+
+  std::atomic_ref<std::uint64_t> first_live() noexcept {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(header_map.data() + first_live_at));
+  }
+
+  result<thread_log*> mine() noexcept {
+    return threads.get<thread_log>([&]() -> result<std::unique_ptr<thread_log>> {
+      auto a = io::file_handle::open(path.c_str(), io::open_flags::write | io::open_flags::append);
+      if (!a) return std::unexpected(a.error());
+      auto rw = io::file_handle::open(path.c_str(), io::open_flags::read_write);
+      if (!rw) return std::unexpected(rw.error());
+      auto s = std::make_unique<thread_log>();
+      s->append = std::move(*a);
+      s->rw = std::move(*rw);
+      return s;
+    });
+  }
+};
+
+atomic_append::atomic_append(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
+    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
+
+atomic_append::~atomic_append() = default;
+
+result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& path) noexcept {
+  auto f = io::file_handle::open(path.c_str(), io::open_flags::read_write | io::open_flags::create);
+  if (!f) return std::unexpected(f.error());
+  auto id = detail::identify(*f);
+  if (!id) return std::unexpected(id.error());
+  auto size = f->size();
+  if (!size) return std::unexpected(size.error());
+  if (*size < header_size) {
+    // Initialise once: the header lock excludes appenders and other initialisers.
+    auto g = io::lock_extent(*f, header_lock_byte, 1, io::lock_kind::exclusive);
+    if (!g) return std::unexpected(g.error());
+    size = f->size();
+    if (!size) return std::unexpected(size.error());
+    if (*size == 0) {
+      std::vector<std::byte> page(header_size);
+      header h{};
+      std::memcpy(h.magic, header_magic, sizeof h.magic);
+      h.version = format_version;
+      h.record_size = record_size;
+      std::memcpy(page.data(), &h, sizeof h);
+      const std::uint64_t first = header_size;
+      std::memcpy(page.data() + first_live_at, &first, sizeof first);
+      if (auto w = f->write_at(0, page); !w) return std::unexpected(w.error());
+    } else if (*size < header_size) {
+      return errc_error(std::errc::bad_message);
+    }
+  }
+  header h{};
+  auto n = f->read_at(0, std::as_writable_bytes(std::span(&h, 1)));
+  if (!n) return std::unexpected(n.error());
+  if (*n != sizeof h || std::memcmp(h.magic, header_magic, sizeof h.magic) != 0) {
+    return errc_error(std::errc::bad_message);
+  }
+  if (h.version != format_version || h.record_size != record_size) {
+    return errc_error(std::errc::protocol_not_supported);
+  }
+  auto map = io::mapped_file::map(*f, io::map_access::read_write, header_size, 0);
+  if (!map) return std::unexpected(map.error());
+  auto p = std::make_unique<impl>();
+  p->path = path;
+  p->file = std::move(*f);
+  p->header_map = std::move(*map);
+  return std::unique_ptr<atomic_append>(new atomic_append(id->dev, id->ino, std::move(p)));
+}
+
+namespace {
+
+// One chunk as read back from the log.
+struct chunk_view {
+  off_t offset = 0;
+  off_t length = 0;
+  std::uint64_t time_ns = 0;
+  bool released = false;
+  detail::process_identity owner;
+  std::vector<std::uint64_t> entities;  // sorted, as written
+};
+
+// Reads the chunk starting at `offset`; `records` holds what was read from there on.
+result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) noexcept {
+  if (records.empty()) return errc_error(std::errc::bad_message);
+  const record& first = records[0];
+  if (first.magic != record_magic || first.index != 0 || first.count == 0 ||
+      first.count > records.size()) {
+    return errc_error(std::errc::bad_message);
+  }
+  chunk_view c;
+  c.offset = offset;
+  c.length = static_cast<off_t>(first.count) * record_size;
+  c.time_ns = first.time_ns;
+  c.released = std::atomic_ref<const std::uint32_t>(first.released).load() != 0;
+  c.owner.pid = first.pid;
+  c.owner.start_time = first.start_time;
+  std::memcpy(c.owner.boot_id.data(), first.boot_id, sizeof first.boot_id);
+  for (std::size_t k = 0; k < first.count; ++k) {
+    const record& r = records[k];
+    if (r.magic != record_magic || r.index != k || r.count != first.count ||
+        r.entities_here > atomic_append::entities_per_record || r.checksum != checksum_of(r)) {
+      return errc_error(std::errc::bad_message);
+    }
+    c.entities.insert(c.entities.end(), r.entities, r.entities + r.entities_here);
+  }
+  return c;
+}
+
+result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
+  const std::uint32_t one = 1;
+  return rw.write_at(chunk + released_at, std::as_bytes(std::span(&one, 1)));
+}
+
+// Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
+// stops early when `visit` returns false. Returns the offset it stopped at.
+template <class Visit>
+result<off_t> scan(const io::file_handle& rw, off_t from, off_t to, Visit&& visit) {
+  std::vector<record> buf;
+  off_t at = from;
+  while (at < to) {
+    const auto want = static_cast<std::size_t>(std::min<off_t>(to - at, 64 * record_size));
+    buf.resize(want / record_size);
+    auto n = rw.read_at(at, std::as_writable_bytes(std::span(buf)));
+    if (!n) return std::unexpected(n.error());
+    if (*n < static_cast<std::size_t>(record_size)) return errc_error(std::errc::bad_message);
+    std::size_t have = *n / record_size;
+    std::size_t k = 0;
+    while (k < have) {
+      if (buf[k].count > have - k) {
+        if (k == 0) {
+          // A chunk larger than the buffer: read it whole.
+          buf.resize(buf[0].count);
+          auto m = rw.read_at(at, std::as_writable_bytes(std::span(buf)));
+          if (!m) return std::unexpected(m.error());
+          have = *m / record_size;
+          if (buf[0].count > have) return errc_error(std::errc::bad_message);
+          continue;
+        }
+        break;
+      }
+      auto c = parse_chunk(at, std::span(buf).subspan(k, have - k));
+      if (!c) return std::unexpected(c.error());
+      const off_t len = static_cast<off_t>(buf[k].count) * record_size;
+      auto go_on = visit(*c);
+      if (!go_on) return std::unexpected(go_on.error());
+      if (!*go_on) return at;
+      k += buf[k].count;
+      at += len;
+    }
+  }
+  return at;
+}
+
+bool owner_is_dead(const detail::process_identity& who) noexcept {
+  return detail::check(who) == detail::liveness::dead;
+}
+
+}  // namespace
+
+result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
+                                             const io::countdown& cd, bool spin) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  thread_log& t = **state;
+
+  // Build the chunk: ceil(n / 24) records, entities in sorted order.
+  const std::size_t n_records = (sorted.size() + entities_per_record - 1) / entities_per_record;
+  if (n_records > 0xffff) return errc_error(std::errc::argument_list_too_long);
+  std::vector<record> chunk(n_records);
+  const auto& me = detail::self();
+  const auto now_ns =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+  for (std::size_t k = 0; k < n_records; ++k) {
+    record& r = chunk[k];
+    r.magic = record_magic;
+    r.index = static_cast<std::uint16_t>(k);
+    r.count = static_cast<std::uint16_t>(n_records);
+    r.pid = me.pid;
+    r.start_time = me.start_time;
+    r.time_ns = now_ns;
+    std::memcpy(r.boot_id, me.boot_id.data(), sizeof r.boot_id);
+    const std::size_t first = k * entities_per_record;
+    r.entities_here =
+        static_cast<std::uint32_t>(std::min(entities_per_record, sorted.size() - first));
+    for (std::size_t j = 0; j < r.entities_here; ++j)
+      r.entities[j] = pack(sorted[first + j]);
+    r.checksum = checksum_of(r);
+  }
+  const std::size_t bytes = chunk.size() * sizeof(record);
+
+  // Append under the shared header lock, so a truncation cannot drop a record that is not
+  // yet locked; then lock the record and let truncators in again.
+  off_t mine_at = 0;
+  {
+    auto h = io::lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::shared);
+    if (!h) return std::unexpected(h.error());
+    const ssize_t w = ::write(t.append.fd(), chunk.data(), bytes);
+    if (w < 0) return last_errno_error();
+    const off_t end = ::lseek(t.append.fd(), 0, SEEK_CUR);
+    if (end < 0) return last_errno_error();
+    mine_at = end - static_cast<off_t>(w);
+    if (static_cast<std::size_t>(w) != bytes) {
+      // The filesystem took part of the chunk (full disk): make what landed harmless.
+      if (w >= static_cast<ssize_t>(sizeof(record))) (void)mark_released(t.rw, mine_at);
+      return errc_error(std::errc::no_space_on_device);
+    }
+    // A waiter may hold our record's byte shared for an instant while it finds the record
+    // not yet locked: retry until ours.
+    for (;;) {
+      auto g = io::try_lock_extent(t.rw, mine_at, 1, io::lock_kind::exclusive);
+      if (g) {
+        g->release();
+        break;
+      }
+      if (!detail::is_contention(g.error())) {
+        (void)mark_released(t.rw, mine_at);
+        return std::unexpected(g.error());
+      }
+      std::this_thread::yield();
+    }
+  }
+  const auto withdraw = [&](std::error_code ec) -> result<std::uint64_t> {
+    (void)mark_released(t.rw, mine_at);
+    (void)io::unlock_extent(t.rw, mine_at, 1);
+    return std::unexpected(ec);
+  };
+
+  // Wait for every earlier live chunk that conflicts with ours, in log order.
+  auto first_live = impl_->first_live();
+  const off_t from = static_cast<off_t>(first_live.load(std::memory_order_acquire));
+  bool all_released = true;
+  off_t released_prefix = from;
+  std::error_code failure;
+  auto scanned =
+      scan(t.rw, std::max(from, header_size), mine_at, [&](const chunk_view& c) -> result<bool> {
+        bool released = c.released;
+        if (!released && conflicts(c.entities, sorted)) {
+          for (;;) {
+            if (cd.is_zero() || (spin && cd.expired())) {
+              failure = detail::contention_error(cd).error();
+              return false;
+            }
+            const io::deadline d = spin ? io::deadline::zero() : detail::rest_of(cd);
+            auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
+            if (!g) {
+              if (!detail::is_contention(g.error())) {
+                failure = g.error();
+                return false;
+              }
+              if (!spin || cd.expired()) {
+                failure = detail::contention_error(cd).error();
+                return false;
+              }
+              std::this_thread::yield();
+              continue;
+            }
+            (void)g->unlock();
+            // Its lock was free: released, dead, or its owner is between append and lock.
+            std::uint32_t flag = 0;
+            auto rd =
+                t.rw.read_at(c.offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
+            if (!rd) {
+              failure = rd.error();
+              return false;
+            }
+            if (flag != 0) break;
+            if (owner_is_dead(c.owner)) {
+              (void)mark_released(t.rw, c.offset);  // spare the next reader the check
+              break;
+            }
+            std::this_thread::yield();
+          }
+          released = true;
+        } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns) {
+          // An old live record holds back the hint: if its owner died, it is released. (Only
+          // old ones are checked: reading /proc for every live record would cost too much.)
+          auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+          if (probe && owner_is_dead(c.owner)) {
+            (void)mark_released(t.rw, c.offset);
+            released = true;
+          }
+        }
+        if (all_released && released) {
+          released_prefix = c.offset + c.length;
+        } else {
+          all_released = false;
+        }
+        return true;
+      });
+  if (!scanned) return withdraw(scanned.error());
+  if (failure) return withdraw(failure);
+
+  // Everything before `released_prefix` is released for good: later scans may skip it.
+  auto expected = first_live.load(std::memory_order_relaxed);
+  while (expected < static_cast<std::uint64_t>(released_prefix)) {
+    if (first_live.compare_exchange_weak(expected, static_cast<std::uint64_t>(released_prefix),
+                                         std::memory_order_acq_rel)) {
+      // Give back the space of the released prefix now and then (the log only shrinks for
+      // real when it is truncated in a quiet moment).
+      const off_t old_mib = static_cast<off_t>(expected) / punch_every;
+      const off_t new_mib = released_prefix / punch_every;
+      if (new_mib > old_mib && new_mib * punch_every > header_size) {
+        (void)::fallocate(t.rw.fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, header_size,
+                          new_mib * punch_every - header_size);
+      }
+      break;
+    }
+  }
+  return static_cast<std::uint64_t>(mine_at);
+}
+
+result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t token) noexcept {
+  auto state = impl_->mine();
+  if (!state) return std::unexpected(state.error());
+  thread_log& t = **state;
+  const auto at = static_cast<off_t>(token);
+  // Released first, then the lock: a waiter woken by the unlock already sees the flag.
+  auto r = mark_released(t.rw, at);
+  auto u = io::unlock_extent(t.rw, at, 1);
+  if (!r) return r;
+  if (!u) return u;
+
+  // Reset the log when it has grown and nobody holds or waits: under the exclusive header
+  // lock no append is in flight, and every record found released stays released.
+  auto size = t.rw.size();
+  if (!size || *size < truncate_above) return {};
+  auto h = io::try_lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::exclusive);
+  if (!h) return {};  // appenders at work: someone else will do it later
+  const off_t from = std::max<off_t>(header_size, static_cast<off_t>(impl_->first_live().load()));
+  bool all_released = true;
+  auto scanned = scan(t.rw, from, *size, [&](const chunk_view& c) -> result<bool> {
+    if (c.released) return true;
+    auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+    if (probe && owner_is_dead(c.owner)) return true;
+    all_released = false;
+    return false;
+  });
+  if (scanned && all_released) {
+    if (auto tr = t.rw.truncate(header_size); !tr) return tr;
+    impl_->first_live().store(header_size, std::memory_order_release);
+  }
+  return {};
+}
+
+}  // namespace keel::lock

@@ -1,0 +1,117 @@
+// What only atomic_append has: a log file with a format, FIFO order, and a reset.
+
+#include "keel/lock/atomic_append.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "keel/io/file_handle.hpp"
+#include "support/process.hpp"
+
+namespace keel::lock {
+namespace {
+
+using namespace std::chrono_literals;
+using test::temp_dir;
+
+TEST(AtomicAppend, LogIsResetWhenEverythingIsReleased) {
+  temp_dir dir;
+  auto m = atomic_append::open(dir.file("log"));
+  ASSERT_TRUE(m);
+  std::uintmax_t largest = 0;
+  for (int i = 0; i < 3000; ++i) {
+    auto g = (*m)->lock({entity(static_cast<std::uint64_t>(i % 7))});
+    ASSERT_TRUE(g);
+    largest = std::max(largest, std::filesystem::file_size(dir.file("log")));
+  }
+  // 3000 records of 256 bytes would be 750 KiB; the log was truncated along the way.
+  EXPECT_GT(largest, 4096u);
+  EXPECT_LE(largest, 300u * 1024u);
+  EXPECT_LT(std::filesystem::file_size(dir.file("log")), 300u * 1024u);
+}
+
+TEST(AtomicAppend, NotALockLogIsRefused) {
+  temp_dir dir;
+  {
+    auto f = io::file_handle::open(dir.file("junk").c_str(),
+                                   io::open_flags::write | io::open_flags::create);
+    ASSERT_TRUE(f);
+    std::vector<std::byte> junk(8192, std::byte{'j'});
+    ASSERT_TRUE(f->write_at(0, junk));
+  }
+  auto m = atomic_append::open(dir.file("junk"));
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), std::errc::bad_message);
+}
+
+TEST(AtomicAppend, CorruptRecordIsAnErrorNotAWait) {
+  temp_dir dir;
+  auto m = atomic_append::open(dir.file("log"));
+  ASSERT_TRUE(m);
+  // A holder in this process so the record stays live, then its bytes are damaged.
+  auto other = atomic_append::open(dir.file("log"));
+  ASSERT_TRUE(other);
+  std::thread holder_thread;
+  auto g = (*other)->lock({entity(1)});
+  ASSERT_TRUE(g);
+  {
+    auto f = io::file_handle::open(dir.file("log").c_str(), io::open_flags::write);
+    ASSERT_TRUE(f);
+    const std::byte bad[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+    ASSERT_TRUE(f->write_at(4096 + 100, bad));  // inside the entity list of record 0
+  }
+  std::error_code seen;
+  std::thread([&] {
+    auto r = (*m)->lock({entity(1)}, 2s);
+    seen = r ? std::error_code{} : r.error();
+  }).join();
+  EXPECT_EQ(seen, std::errc::bad_message);
+}
+
+TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto first = (*m)->lock({entity(1)});
+  ASSERT_TRUE(first);
+  // Children queue up one after the other; each appends its id to a file when it gets in.
+  auto order = io::file_handle::open(dir.file("order").c_str(), io::open_flags::write |
+                                                                    io::open_flags::create |
+                                                                    io::open_flags::append);
+  ASSERT_TRUE(order);
+  std::vector<pid_t> pids;
+  for (int c = 0; c < 5; ++c) {
+    test::signal_pipe queued;
+    pids.push_back(test::fork_child([&, c] {
+      auto mm = atomic_append::open(path);
+      if (!mm) return 1;
+      std::thread tell([&] {
+        std::this_thread::sleep_for(100ms);  // long enough for the append to have happened
+        queued.notify();
+      });
+      auto g = (*mm)->lock({entity(1)}, 20s);
+      tell.join();
+      if (!g) return 2;
+      const char id = static_cast<char>('0' + c);
+      if (::write(order->fd(), &id, 1) != 1) return 3;
+      std::this_thread::sleep_for(5ms);
+      return 0;
+    }));
+    ASSERT_EQ(queued.wait(), '!');
+  }
+  ASSERT_TRUE(first->unlock());
+  for (pid_t p : pids)
+    EXPECT_EQ(test::wait_exit(p), 0);
+  char got[6] = {};
+  auto in = io::file_handle::open(dir.file("order").c_str(), io::open_flags::read);
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->read_at(0, std::as_writable_bytes(std::span(got, 5))).value(), 5u);
+  EXPECT_STREQ(got, "01234");
+}
+
+}  // namespace
+}  // namespace keel::lock
