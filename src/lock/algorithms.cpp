@@ -6,12 +6,13 @@
 #include "keel/lock/baselines.hpp"
 #include "keel/lock/byte_ranges.hpp"
 #include "keel/lock/lock_files.hpp"
+#include "keel/lock/memory_map.hpp"
 
 namespace keel::lock {
 namespace {
 
-constexpr std::array<std::string_view, 6> names = {"lock_files", "byte_ranges", "atomic_append",
-                                                   "flock",      "fcntl",       "sysv"};
+constexpr std::array<std::string_view, 7> names = {
+    "lock_files", "byte_ranges", "atomic_append", "memory_map", "flock", "fcntl", "sysv"};
 
 template <class T>
 result<std::unique_ptr<shared_fs_mutex>> up(result<std::unique_ptr<T>> r) noexcept {
@@ -34,6 +35,7 @@ result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
   if (algorithm == "lock_files") return up(lock_files::open(path));
   if (algorithm == "byte_ranges") return up(byte_ranges::open(path));
   if (algorithm == "atomic_append") return up(atomic_append::open(path));
+  if (algorithm == "memory_map") return up(memory_map::open(path));
   if (algorithm == "flock") return up(flock_files::open(path));
   if (algorithm == "fcntl") return up(fcntl_ofd::open(path));
   if (algorithm == "sysv") return up(sysv::open(path));

@@ -1,0 +1,74 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "keel/lock/shared_fs_mutex.hpp"
+
+namespace keel::lock {
+
+//! A table of shared/exclusive spinlocks in shared memory (a file on /dev/shm whose path the
+//! lock file records), indexed by a hash of the entity: the fast path is a compare-and-swap
+//! in memory, no syscall (formats and protocols: doc/lock-formats.md).
+//!
+//! - **Cost per lock**: an atomic read-modify-write and one or two cache lines read per
+//!   entity, plus bookkeeping: tens of nanoseconds uncontended.
+//! - **Waiting**: on contention everything taken is released, the contended entity goes
+//!   first, the rest are reshuffled; the waiter spins briefly, then yields, then sleeps
+//!   with an exponential backoff up to 1 ms (it never sleeps with `spin_not_sleep`). Not
+//!   FIFO: a waiter can lose races repeatedly. Two entities with the same hash index share
+//!   a spinlock (4096 slots).
+//! - **Users**: every (thread, instance) registers as a user (up to 1024 at once per lock),
+//!   holding an OFD lock on its own byte of the map file while it lives.
+//! - **Crash**: slots record which user holds them (the writer's index, a bit per reader);
+//!   a waiter that is kept out finds the holder's byte lock released (its process died) and
+//!   clears what the dead user held, so the others go on within milliseconds.
+//! - **First and last user**: the lock file carries byte-range markers held by a descriptor
+//!   used for nothing else, so no unlock of ours can drop them: the first user creates the
+//!   map, the last one removes it, one at a time under an init lock.
+//! - **Safe degrade**: a user that cannot share the memory (the lock file is on a network
+//!   filesystem, the map is not visible to it, or it asks with `force_fallback`) marks the
+//!   lock degraded; every user then moves to a byte_ranges lock on `<path>.fallback`. Nobody
+//!   uses the fallback before every user has left the map (an exclusive byte lock proves
+//!   it), so two exclusive holders never coexist; lock calls made during the switch wait
+//!   (within their deadline) for the map's holders to unlock. The lock stays degraded until
+//!   its last user closes it.
+//! - **Network filesystems**: degrades to byte_ranges (see above), which then decides.
+//! - **Caveats**: anti-social under contention (spinning burns CPU before it sleeps); a
+//!   process that dies while it *registers* or *recovers* may leave a user slot to the
+//!   next registrant, which clears it.
+class memory_map final : public shared_fs_mutex {
+ public:
+  struct options {
+    //! Use the fallback lock, and make every other user move to it.
+    bool force_fallback = false;
+    //! Where the map file is created (must be tmpfs shared by all local users).
+    std::string map_directory = "/dev/shm";
+  };
+  //! Opens (creating the lock file, and the map if this is the first user) `path`.
+  //! Errors: those of open/mmap/fallocate; bad_message for a lock file that is not keel's;
+  //! too_many_users (EUSERS) is returned by `lock` when 1024 users are registered.
+  [[nodiscard]] static result<std::unique_ptr<memory_map>> open(const std::string& path,
+                                                                options opts) noexcept;
+  [[nodiscard]] static result<std::unique_ptr<memory_map>> open(const std::string& path) noexcept {
+    return open(path, options{});
+  }
+  ~memory_map() override;
+  [[nodiscard]] std::string_view algorithm() const noexcept override { return "memory_map"; }
+
+  //! Whether this instance has moved to the fallback lock.
+  [[nodiscard]] bool is_degraded() const noexcept;
+
+  static constexpr std::size_t slots = 4096;
+  static constexpr std::size_t max_users = 1024;
+
+ private:
+  struct impl;
+  memory_map(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept;
+  result<std::uint64_t> do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                bool spin_not_sleep) noexcept override;
+  result<void> do_unlock(std::span<const entity> sorted, std::uint64_t token) noexcept override;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace keel::lock
