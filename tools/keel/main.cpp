@@ -4,8 +4,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string_view>
+
 #include "keel/io/fs_info.hpp"
 #include "keel/version.hpp"
+#include "lock_command.hpp"
 
 namespace {
 
@@ -28,9 +31,16 @@ int run_fsinfo(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `keel lock` splits its own arguments at "--" (the command follows), so it parses them.
+  if (argc >= 2 && std::string_view(argv[1]) == "lock") {
+    return keel::tools::run_lock_command(argc - 1, argv + 1);
+  }
   CLI::App app{"keel: a safe, fast filesystem for coordinating processes and keeping data"};
   app.set_version_flag("--version", "keel " KEEL_VERSION_STRING);
   app.require_subcommand(0, 1);
+
+  // Listed for --help; argv is handed to run_lock_command before parsing reaches it.
+  app.add_subcommand("lock", keel::tools::lock_command_summary)->allow_extras();
 
   std::string path;
   auto* fsinfo = app.add_subcommand("fsinfo", "Show what keel sees of the filesystem at a path");

@@ -1,0 +1,158 @@
+// `keel lock`, run as a user would: exit codes, messages, status passthrough, and the lock
+// released when keel lock is killed while its command goes on.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/lock/algorithms.hpp"
+#include "support/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+struct outcome {
+  int code = -1;
+  std::string err;
+};
+
+// Starts the keel binary with `args`; stderr goes to `err_file`.
+pid_t start(const std::vector<std::string>& args, const std::string& err_file) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(KEEL_BINARY));
+    for (const auto& a : args)
+      argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(KEEL_BINARY, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::string slurp(const std::string& path) {
+  std::string s;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
+      s.append(buf, n);
+    std::fclose(f);
+  }
+  return s;
+}
+
+class KeelLock : public ::testing::TestWithParam<std::string_view> {
+ protected:
+  void TearDown() override { (void)keel::lock::remove_mutex_resources(GetParam(), lock_path()); }
+  [[nodiscard]] std::string lock_path() const { return dir_.file("lock"); }
+
+  outcome run(std::vector<std::string> args) {
+    args.insert(args.begin(), {"lock", "--algo", std::string(GetParam())});
+    const std::string err = dir_.file("stderr." + std::to_string(runs_++));
+    outcome o;
+    o.code = keel::test::wait_exit(start(args, err));
+    o.err = slurp(err);
+    return o;
+  }
+
+  // A background `keel lock` holding NAME until killed; returns once it holds it.
+  pid_t hold(const std::string& name, bool shared = false) {
+    const std::string ready = dir_.file("ready." + std::to_string(runs_));
+    std::vector<std::string> args = {"lock", "--algo", std::string(GetParam())};
+    if (shared) args.push_back("--shared");
+    args.insert(args.end(), {lock_path(), name, "--", "sh", "-c",
+                             "echo $$ > '" + ready + ".tmp'; mv '" + ready + ".tmp' '" + ready +
+                                 "'; exec sleep 30"});
+    const pid_t pid = start(args, dir_.file("holder.err." + std::to_string(runs_++)));
+    const auto t0 = clock_type::now();
+    while (!std::filesystem::exists(ready) && clock_type::now() - t0 < 10s) {
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_TRUE(std::filesystem::exists(ready)) << "the holder never got the lock";
+    command_pid_ = std::atoi(slurp(ready).c_str());  // the shell execs sleep: same pid
+    return pid;
+  }
+
+  keel::test::temp_dir dir_;
+  int runs_ = 0;
+  pid_t command_pid_ = 0;
+};
+
+TEST_P(KeelLock, PassesTheCommandsStatusThrough) {
+  EXPECT_EQ(run({lock_path(), "a", "--", "true"}).code, 0);
+  EXPECT_EQ(run({lock_path(), "a", "b", "--", "sh", "-c", "exit 7"}).code, 7);
+  EXPECT_EQ(run({lock_path(), "a", "--", "sh", "-c", "kill -TERM $$"}).code, 128 + SIGTERM);
+  const auto missing = run({lock_path(), "a", "--", "/no/such/command"});
+  EXPECT_EQ(missing.code, 127);
+  EXPECT_NE(missing.err.find("cannot run"), std::string::npos) << missing.err;
+}
+
+TEST_P(KeelLock, UsageErrorsExitTwo) {
+  EXPECT_EQ(run({lock_path(), "a"}).code, 2);           // no command
+  EXPECT_EQ(run({lock_path(), "--", "true"}).code, 2);  // no names
+  EXPECT_EQ(run({"--timeout", "-1", lock_path(), "a", "--", "true"}).code, 2);
+  EXPECT_EQ(run({"--timeout", "1", "--nonblock", lock_path(), "a", "--", "true"}).code, 2);
+  EXPECT_EQ(run({"--bogus", lock_path(), "a", "--", "true"}).code, 2);
+}
+
+TEST_P(KeelLock, NonblockAndTimeoutExitOneWithAMessage) {
+  const pid_t holder = hold("a");
+  const auto nb = run({"--nonblock", lock_path(), "a", "--", "true"});
+  EXPECT_EQ(nb.code, 1);
+  EXPECT_NE(nb.err.find("is locked"), std::string::npos) << nb.err;
+  EXPECT_EQ(std::count(nb.err.begin(), nb.err.end(), '\n'), 1) << nb.err;
+
+  const auto t0 = clock_type::now();
+  const auto to = run({"--timeout", "0.3", lock_path(), "a", "--", "true"});
+  const auto took = clock_type::now() - t0;
+  EXPECT_EQ(to.code, 1);
+  EXPECT_NE(to.err.find("timed out"), std::string::npos) << to.err;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ(run({"--nonblock", lock_path(), "other", "--", "true"}).code, 0);
+  ::kill(holder, SIGTERM);  // passed on to the command; both end
+  EXPECT_EQ(keel::test::wait_exit(holder), 128 + SIGTERM);
+  EXPECT_EQ(run({"--nonblock", lock_path(), "a", "--", "true"}).code, 0);
+}
+
+TEST_P(KeelLock, SharedHoldersCoexist) {
+  const pid_t holder = hold("s", true);
+  const bool shared_is_exclusive = GetParam() == "lock_files";
+  EXPECT_EQ(run({"--shared", "--nonblock", lock_path(), "s", "--", "true"}).code,
+            shared_is_exclusive ? 1 : 0);
+  EXPECT_EQ(run({"--nonblock", lock_path(), "s", "--", "true"}).code, 1);
+  ::kill(holder, SIGTERM);
+  (void)keel::test::wait_exit(holder);
+}
+
+// The command keeps running after keel lock is killed; the lock must not have gone with it.
+TEST_P(KeelLock, KillingKeelLockReleasesTheLock) {
+  const pid_t holder = hold("k");
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(keel::test::wait_exit(holder), 128 + SIGKILL);
+  const auto t0 = clock_type::now();
+  const auto after = run({"--timeout", "5", lock_path(), "k", "--", "true"});
+  EXPECT_EQ(after.code, 0) << after.err;
+  EXPECT_LT(clock_type::now() - t0, 2s);
+  if (command_pid_ > 0) ::kill(command_pid_, SIGKILL);  // the orphaned command
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, KeelLock, ::testing::ValuesIn(keel::lock::algorithm_names()),
+                         [](const auto& param_info) { return std::string(param_info.param); });
+
+}  // namespace
