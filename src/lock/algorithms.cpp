@@ -44,6 +44,12 @@ result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
 
 result<void> remove_mutex_resources(std::string_view algorithm, const std::string& path) noexcept {
   if (algorithm == "sysv") return sysv::remove(path);
+  if (algorithm == "memory_map") {
+    // Users killed instead of closed leave their map: a first user removes it, and the last
+    // user removes its own. Opening and closing once does both.
+    auto m = memory_map::open(path);
+    if (!m) return std::unexpected(m.error());
+  }
   return {};
 }
 

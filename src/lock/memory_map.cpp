@@ -382,7 +382,19 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
     if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
     if (first) {
       first->release();
-      // Nobody uses this lock: set it up afresh.
+      // Nobody uses this lock. If its last users died instead of closing, their map is
+      // still named in the header and belongs to nobody: remove it, then start afresh.
+      lockfile_header old{};
+      auto got = p->marker.read_at(0, std::as_writable_bytes(std::span(&old, 1)));
+      if (got && *got == sizeof old &&
+          std::memcmp(old.magic, lockfile_magic, sizeof old.magic) == 0 &&
+          std::memcmp(old.boot_id, detail::self().boot_id.data(), sizeof old.boot_id) == 0) {
+        old.map_path[sizeof old.map_path - 1] = '\0';
+        if (std::strncmp(old.map_path, (opts.map_directory + "/keel-mm-").c_str(),
+                         opts.map_directory.size() + 9) == 0) {
+          (void)io::unlink(old.map_path);
+        }
+      }
       lockfile_header h{};
       std::memcpy(h.magic, lockfile_magic, sizeof h.magic);
       h.version = format_version;

@@ -59,6 +59,34 @@ TEST(MemoryMap, FirstUserCreatesTheMapLastUserRemovesIt) {
   EXPECT_EQ(maps_in(o.map_directory), 0u);
 }
 
+// Users that die instead of closing leave their map behind; the next first user removes it.
+TEST(MemoryMap, MapOfKilledUsersIsRemovedByTheNextFirstUser) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  memory_map::options o;
+  o.map_directory = maps.path().string();
+  test::signal_pipe ready;
+  const pid_t child = fork_child([&] {
+    auto m = memory_map::open(dir.file("lock"), o);
+    if (!m) return 1;
+    auto g = (*m)->lock({entity(1)});
+    ready.notify();
+    std::this_thread::sleep_for(30s);
+    return 0;
+  });
+  ASSERT_EQ(ready.wait(), '!');
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
+  EXPECT_EQ(maps_in(o.map_directory), 1u);
+  {
+    auto m = memory_map::open(dir.file("lock"), o);
+    ASSERT_TRUE(m);
+    EXPECT_TRUE((*m)->try_lock({entity(1)}));  // a fresh map: the dead holder is gone too
+    EXPECT_EQ(maps_in(o.map_directory), 1u);
+  }
+  EXPECT_EQ(maps_in(o.map_directory), 0u);
+}
+
 TEST(MemoryMap, ForcedFallbackAloneUsesNoMap) {
   temp_dir dir;
   temp_dir maps("/dev/shm");

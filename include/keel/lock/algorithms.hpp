@@ -24,8 +24,8 @@ namespace keel::lock {
 [[nodiscard]] result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
                                                                   const std::string& path) noexcept;
 
-//! Removes what a mutex leaves outside `path` once nobody uses it (the SysV semaphore set
-//! of sysv); nothing for the others.
+//! Removes what a mutex leaves outside `path` once nobody uses it: the SysV semaphore set of
+//! sysv, the shared-memory map of memory_map users that were killed; nothing for the others.
 [[nodiscard]] result<void> remove_mutex_resources(std::string_view algorithm,
                                                   const std::string& path) noexcept;
 
