@@ -1,7 +1,6 @@
 // `keel lock`, run as a user would: exit codes, messages, status passthrough, and the lock
 // released when keel lock is killed while its command goes on.
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,58 +15,21 @@
 
 #include "keel/lock/algorithms.hpp"
 #include "support/process.hpp"
+#include "support/run_program.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
-struct outcome {
-  int code = -1;
-  std::string err;
-};
-
-// Starts the keel binary with `args`; stderr goes to `err_file`.
-pid_t start(const std::vector<std::string>& args, const std::string& err_file) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(KEEL_BINARY));
-    for (const auto& a : args)
-      argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(KEEL_BINARY, argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-std::string slurp(const std::string& path) {
-  std::string s;
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    char buf[4096];
-    std::size_t n = 0;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
-      s.append(buf, n);
-    std::fclose(f);
-  }
-  return s;
-}
-
 class KeelLock : public ::testing::TestWithParam<std::string_view> {
  protected:
   void TearDown() override { (void)keel::lock::remove_mutex_resources(GetParam(), lock_path()); }
   [[nodiscard]] std::string lock_path() const { return dir_.file("lock"); }
 
-  outcome run(std::vector<std::string> args) {
+  keel::test::program_outcome run(std::vector<std::string> args) {
     args.insert(args.begin(), {"lock", "--algo", std::string(GetParam())});
-    const std::string err = dir_.file("stderr." + std::to_string(runs_++));
-    outcome o;
-    o.code = keel::test::wait_exit(start(args, err));
-    o.err = slurp(err);
-    return o;
+    return keel::test::run_program(KEEL_BINARY, args, dir_.path().string());
   }
 
   // A background `keel lock` holding NAME until killed; returns once it holds it.
@@ -78,13 +40,14 @@ class KeelLock : public ::testing::TestWithParam<std::string_view> {
     args.insert(args.end(), {lock_path(), name, "--", "sh", "-c",
                              "echo $$ > '" + ready + ".tmp'; mv '" + ready + ".tmp' '" + ready +
                                  "'; exec sleep 30"});
-    const pid_t pid = start(args, dir_.file("holder.err." + std::to_string(runs_++)));
+    const std::string log = dir_.file("holder." + std::to_string(runs_++));
+    const pid_t pid = keel::test::start_program(KEEL_BINARY, args, log + ".out", log + ".err");
     const auto t0 = clock_type::now();
     while (!std::filesystem::exists(ready) && clock_type::now() - t0 < 10s) {
       std::this_thread::sleep_for(5ms);
     }
     EXPECT_TRUE(std::filesystem::exists(ready)) << "the holder never got the lock";
-    command_pid_ = std::atoi(slurp(ready).c_str());  // the shell execs sleep: same pid
+    command_pid_ = std::atoi(keel::test::slurp(ready).c_str());  // the shell execs sleep: same pid
     return pid;
   }
 

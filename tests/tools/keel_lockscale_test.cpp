@@ -1,0 +1,83 @@
+// keel lockscale, run as a user would: the seed's output format, JSON, the exclusion check
+// (which must be able to fail), and usage errors.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "keel/lock/algorithms.hpp"
+#include "support/process.hpp"
+#include "support/run_program.hpp"
+
+namespace {
+
+using keel::test::run_program;
+
+class KeelLockscale : public ::testing::TestWithParam<std::string_view> {
+ protected:
+  keel::test::temp_dir dir_;
+};
+
+TEST_P(KeelLockscale, PrintsTheSeedsFormatAndJson) {
+  const std::string algo(GetParam());
+  const std::string json = dir_.file("out.json");
+  const auto r = run_program(KEEL_BINARY,
+                             {"lockscale", "-t", "0.3", "-w", "2:5", "-b", "200", "-i", "10",
+                              "--dir", dir_.path().string(), "--json", json, algo},
+                             dir_.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));
+  EXPECT_EQ(line, "# " + algo + " 200 10 0.3");
+  for (const int workers : {2, 5}) {
+    ASSERT_TRUE(std::getline(lines, line));
+    std::istringstream fields(line);
+    int w = 0;
+    double duration = 0, user = 0, sys = 0, mean = 0, sd = 0;
+    long total = 0, min = 0, max = 0;
+    ASSERT_TRUE(fields >> w >> duration >> user >> sys >> total >> min >> max >> mean >> sd)
+        << line;
+    EXPECT_EQ(w, workers);
+    EXPECT_NEAR(duration, 0.3, 0.1);
+    EXPECT_GT(total, 100);  // ideal: 1500 in 0.3 s at 200 µs
+    EXPECT_LE(min, max);
+    EXPECT_NEAR(mean, static_cast<double>(total) / workers, 0.1);
+  }
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  EXPECT_EQ(doc["algorithm"], algo);
+  EXPECT_EQ(doc["rows"].size(), 2u);
+  EXPECT_TRUE(doc["exclusion_verified"].get<bool>());
+  EXPECT_EQ(doc["rows"][1]["workers"], 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, KeelLockscale, ::testing::ValuesIn(keel::lock::algorithm_names()),
+                         [](const auto& param_info) { return std::string(param_info.param); });
+
+TEST(KeelLockscaleChecks, BrokenExclusionFailsLoudly) {
+  keel::test::temp_dir dir;
+  const auto r = run_program(KEEL_BINARY,
+                             {"lockscale", "-t", "0.3", "-w", "4", "-b", "100", "--dir",
+                              dir.path().string(), "--break-exclusion", "fcntl"},
+                             dir.path().string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("MUTUAL EXCLUSION BROKEN"), std::string::npos) << r.err;
+}
+
+TEST(KeelLockscaleChecks, UsageErrorsExitTwo) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string();
+  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "nonesuch"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "-w", "10:x", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "-w", "0", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "-t", "-1", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale"}, d).code, 2);
+  const auto help = run_program(KEEL_BINARY, {"lockscale", "--help"}, d);
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("BUSY_US"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,165 @@
+#include "worker_pool.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+
+namespace keel::tools {
+
+void worker_context::fail(const std::string& message) {
+  control_->failures.fetch_add(1);
+  if (control_->error_claimed.exchange(1) == 0) {
+    std::snprintf(control_->first_error, sizeof control_->first_error, "worker %zu: %s", index_,
+                  message.c_str());
+  }
+}
+
+std::uint64_t run_result::total() const {
+  return std::accumulate(counts.begin(), counts.end(), std::uint64_t{0});
+}
+std::uint64_t run_result::min() const {
+  return counts.empty() ? 0 : *std::min_element(counts.begin(), counts.end());
+}
+std::uint64_t run_result::max() const {
+  return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+}
+double run_result::mean() const {
+  return counts.empty() ? 0.0 : static_cast<double>(total()) / static_cast<double>(counts.size());
+}
+double run_result::stddev() const {
+  if (counts.size() < 2) return 0.0;
+  const double m = mean();
+  double sum = 0;
+  for (auto c : counts)
+    sum += (static_cast<double>(c) - m) * (static_cast<double>(c) - m);
+  return std::sqrt(sum / static_cast<double>(counts.size()));
+}
+
+run_result run_workers(const run_options& options,
+                       const std::function<void(worker_context&)>& body) {
+  const std::size_t n = options.workers;
+  const std::size_t bytes = sizeof(shared_control) + n * sizeof(std::atomic<std::uint64_t>) +
+                            options.groups * sizeof(std::atomic<std::int64_t>) + 64;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error(std::string("mmap: ") + std::strerror(errno));
+  auto* control = new (mem) shared_control;
+  auto* counters = reinterpret_cast<std::atomic<std::uint64_t>*>(static_cast<char*>(mem) +
+                                                                 sizeof(shared_control));
+  auto* holders = reinterpret_cast<std::atomic<std::int64_t>*>(counters + n);
+  for (std::size_t i = 0; i < n; ++i)
+    new (&counters[i]) std::atomic<std::uint64_t>(0);
+  for (std::size_t g = 0; g < options.groups; ++g)
+    new (&holders[g]) std::atomic<std::int64_t>(0);
+
+  // Workers wait for the start by reading a pipe the parent then closes: all wake at once,
+  // and none burns CPU polling meanwhile.
+  int start_pipe[2];
+  if (::pipe2(start_pipe, O_CLOEXEC) != 0) {
+    ::munmap(mem, bytes);
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  }
+  std::vector<pid_t> pids;
+  pids.reserve(n);
+  const auto kill_all = [&] {
+    for (pid_t p : pids)
+      ::kill(p, SIGKILL);
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int e = errno;
+      ::close(start_pipe[0]);
+      ::close(start_pipe[1]);
+      kill_all();
+      for (pid_t p : pids)
+        ::waitpid(p, nullptr, 0);
+      ::munmap(mem, bytes);
+      throw std::runtime_error(fmt::format("fork of worker {}: {}", i, std::strerror(e)));
+    }
+    if (pid == 0) {
+      ::close(start_pipe[1]);
+      worker_context ctx(control, i, &counters[i], &holders[options.group_of(i)]);
+      control->ready.fetch_add(1);
+      char c = 0;
+      while (::read(start_pipe[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      // What was spent getting here is not the run's: record it to subtract later.
+      rusage ru{};
+      ::getrusage(RUSAGE_SELF, &ru);
+      control->start_user_us.fetch_add(ru.ru_utime.tv_sec * 1'000'000 + ru.ru_utime.tv_usec);
+      control->start_system_us.fetch_add(ru.ru_stime.tv_sec * 1'000'000 + ru.ru_stime.tv_usec);
+      body(ctx);
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  }
+  // Everyone forked and waiting: start together.
+  const auto setup_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (control->ready.load() < n) {
+    if (std::chrono::steady_clock::now() > setup_deadline) {
+      ::close(start_pipe[0]);
+      ::close(start_pipe[1]);
+      kill_all();
+      for (pid_t p : pids)
+        ::waitpid(p, nullptr, 0);
+      ::munmap(mem, bytes);
+      throw std::runtime_error("workers did not start within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::close(start_pipe[0]);
+  const auto t0 = std::chrono::steady_clock::now();
+  ::close(start_pipe[1]);
+  const auto end =
+      t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(options.duration);
+  auto next_progress = t0 + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_until(std::min(end, next_progress));
+    if (options.progress && std::chrono::steady_clock::now() >= next_progress &&
+        end > next_progress) {
+      const auto left =
+          std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+      options.progress(fmt::format("{:.0f} s left", left));
+      next_progress += std::chrono::seconds(1);
+    }
+  }
+  control->stop.store(1);
+  const auto t1 = std::chrono::steady_clock::now();
+  run_result r;
+  r.workers = n;
+  r.seconds = std::chrono::duration<double>(t1 - t0).count();
+  r.counts.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    r.counts[i] = counters[i].load();
+  // Read before the kills: a worker killed inside its critical section leaves the holder
+  // count raised, and whoever gets the lock after that is no evidence of anything.
+  r.violations = control->violations.load();
+  r.failures = control->failures.load();
+  kill_all();
+  for (pid_t p : pids) {
+    int status = 0;
+    rusage ru{};
+    while (::wait4(p, &status, 0, &ru) < 0 && errno == EINTR) {
+    }
+    r.user_cpu += static_cast<double>(ru.ru_utime.tv_sec) + ru.ru_utime.tv_usec / 1e6;
+    r.system_cpu += static_cast<double>(ru.ru_stime.tv_sec) + ru.ru_stime.tv_usec / 1e6;
+  }
+  r.user_cpu -= static_cast<double>(control->start_user_us.load()) / 1e6;
+  r.system_cpu -= static_cast<double>(control->start_system_us.load()) / 1e6;
+  r.first_error = control->first_error;
+  ::munmap(mem, bytes);
+  return r;
+}
+
+}  // namespace keel::tools
