@@ -212,18 +212,36 @@ result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
 
 // Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
 // stops early when `visit` returns false. Returns the offset it stopped at.
+// Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
+// stops early when `visit` returns false. Returns the offset it stopped at. Records before
+// `first_live` may be punched out (zeros) under a slow reader's feet: where what is read does
+// not parse, a reader that finds `first_live` past that point jumps to it; anywhere else it
+// is corruption.
 template <class Visit>
-result<off_t> scan(const io::file_handle& rw, off_t from, off_t to, Visit&& visit) {
+result<off_t> scan(const io::file_handle& rw, std::atomic_ref<std::uint64_t> first_live, off_t from,
+                   off_t to, Visit&& visit) {
   std::vector<record> buf;
   off_t at = from;
+  const auto skip_or_fail = [&]() -> bool {
+    const auto live = static_cast<off_t>(first_live.load(std::memory_order_acquire));
+    if (live > at) {
+      at = live;
+      return true;
+    }
+    return false;
+  };
   while (at < to) {
     const auto want = static_cast<std::size_t>(std::min<off_t>(to - at, 64 * record_size));
     buf.resize(want / record_size);
     auto n = rw.read_at(at, std::as_writable_bytes(std::span(buf)));
     if (!n) return std::unexpected(n.error());
-    if (*n < static_cast<std::size_t>(record_size)) return errc_error(std::errc::bad_message);
+    if (*n < static_cast<std::size_t>(record_size)) {
+      if (skip_or_fail()) continue;
+      return errc_error(std::errc::bad_message);
+    }
     std::size_t have = *n / record_size;
     std::size_t k = 0;
+    bool reread = false;
     while (k < have) {
       if (buf[k].count > have - k) {
         if (k == 0) {
@@ -232,13 +250,25 @@ result<off_t> scan(const io::file_handle& rw, off_t from, off_t to, Visit&& visi
           auto m = rw.read_at(at, std::as_writable_bytes(std::span(buf)));
           if (!m) return std::unexpected(m.error());
           have = *m / record_size;
-          if (buf[0].count > have) return errc_error(std::errc::bad_message);
+          if (buf[0].count > have) {
+            if (skip_or_fail()) {
+              reread = true;
+              break;
+            }
+            return errc_error(std::errc::bad_message);
+          }
           continue;
         }
         break;
       }
       auto c = parse_chunk(at, std::span(buf).subspan(k, have - k));
-      if (!c) return std::unexpected(c.error());
+      if (!c) {
+        if (skip_or_fail()) {
+          reread = true;
+          break;
+        }
+        return std::unexpected(c.error());
+      }
       const off_t len = static_cast<off_t>(buf[k].count) * record_size;
       auto go_on = visit(*c);
       if (!go_on) return std::unexpected(go_on.error());
@@ -246,6 +276,7 @@ result<off_t> scan(const io::file_handle& rw, off_t from, off_t to, Visit&& visi
       k += buf[k].count;
       at += len;
     }
+    (void)reread;
   }
   return at;
 }
@@ -333,61 +364,62 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   off_t released_prefix = from;
   std::error_code failure;
   auto scanned =
-      scan(t.rw, std::max(from, header_size), mine_at, [&](const chunk_view& c) -> result<bool> {
-        bool released = c.released;
-        if (!released && conflicts(c.entities, sorted)) {
-          for (;;) {
-            if (cd.is_zero() || (spin && cd.expired())) {
-              failure = detail::contention_error(cd).error();
-              return false;
-            }
-            const io::deadline d = spin ? io::deadline::zero() : detail::rest_of(cd);
-            auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
-            if (!g) {
-              if (!detail::is_contention(g.error())) {
-                failure = g.error();
-                return false;
-              }
-              if (!spin || cd.expired()) {
-                failure = detail::contention_error(cd).error();
-                return false;
-              }
-              std::this_thread::yield();
-              continue;
-            }
-            (void)g->unlock();
-            // Its lock was free: released, dead, or its owner is between append and lock.
-            std::uint32_t flag = 0;
-            auto rd =
-                t.rw.read_at(c.offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
-            if (!rd) {
-              failure = rd.error();
-              return false;
-            }
-            if (flag != 0) break;
-            if (owner_is_dead(c.owner)) {
-              (void)mark_released(t.rw, c.offset);  // spare the next reader the check
-              break;
-            }
-            std::this_thread::yield();
-          }
-          released = true;
-        } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns) {
-          // An old live record holds back the hint: if its owner died, it is released. (Only
-          // old ones are checked: reading /proc for every live record would cost too much.)
-          auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-          if (probe && owner_is_dead(c.owner)) {
-            (void)mark_released(t.rw, c.offset);
-            released = true;
-          }
-        }
-        if (all_released && released) {
-          released_prefix = c.offset + c.length;
-        } else {
-          all_released = false;
-        }
-        return true;
-      });
+      scan(t.rw, first_live, std::max(from, header_size), mine_at,
+           [&](const chunk_view& c) -> result<bool> {
+             bool released = c.released;
+             if (!released && conflicts(c.entities, sorted)) {
+               for (;;) {
+                 if (cd.is_zero() || (spin && cd.expired())) {
+                   failure = detail::contention_error(cd).error();
+                   return false;
+                 }
+                 const io::deadline d = spin ? io::deadline::zero() : detail::rest_of(cd);
+                 auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
+                 if (!g) {
+                   if (!detail::is_contention(g.error())) {
+                     failure = g.error();
+                     return false;
+                   }
+                   if (!spin || cd.expired()) {
+                     failure = detail::contention_error(cd).error();
+                     return false;
+                   }
+                   std::this_thread::yield();
+                   continue;
+                 }
+                 (void)g->unlock();
+                 // Its lock was free: released, dead, or its owner is between append and lock.
+                 std::uint32_t flag = 0;
+                 auto rd = t.rw.read_at(c.offset + released_at,
+                                        std::as_writable_bytes(std::span(&flag, 1)));
+                 if (!rd) {
+                   failure = rd.error();
+                   return false;
+                 }
+                 if (flag != 0) break;
+                 if (owner_is_dead(c.owner)) {
+                   (void)mark_released(t.rw, c.offset);  // spare the next reader the check
+                   break;
+                 }
+                 std::this_thread::yield();
+               }
+               released = true;
+             } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns) {
+               // An old live record holds back the hint: if its owner died, it is released. (Only
+               // old ones are checked: reading /proc for every live record would cost too much.)
+               auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+               if (probe && owner_is_dead(c.owner)) {
+                 (void)mark_released(t.rw, c.offset);
+                 released = true;
+               }
+             }
+             if (all_released && released) {
+               released_prefix = c.offset + c.length;
+             } else {
+               all_released = false;
+             }
+             return true;
+           });
   if (!scanned) return withdraw(scanned.error());
   if (failure) return withdraw(failure);
 
@@ -429,13 +461,14 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   if (!h) return {};  // appenders at work: someone else will do it later
   const off_t from = std::max<off_t>(header_size, static_cast<off_t>(impl_->first_live().load()));
   bool all_released = true;
-  auto scanned = scan(t.rw, from, *size, [&](const chunk_view& c) -> result<bool> {
-    if (c.released) return true;
-    auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-    if (probe && owner_is_dead(c.owner)) return true;
-    all_released = false;
-    return false;
-  });
+  auto scanned =
+      scan(t.rw, impl_->first_live(), from, *size, [&](const chunk_view& c) -> result<bool> {
+        if (c.released) return true;
+        auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+        if (probe && owner_is_dead(c.owner)) return true;
+        all_released = false;
+        return false;
+      });
   if (scanned && all_released) {
     if (auto tr = t.rw.truncate(header_size); !tr) return tr;
     impl_->first_live().store(header_size, std::memory_order_release);

@@ -33,6 +33,27 @@ TEST(AtomicAppend, LogIsResetWhenEverythingIsReleased) {
   EXPECT_LT(std::filesystem::file_size(dir.file("log")), 300u * 1024u);
 }
 
+// Regression: a reader that loaded the live-record hint just before another process moved it
+// on and punched out the released prefix read zeros there and reported bad_message.
+TEST(AtomicAppend, ReadersSurviveThePunchingOfTheReleasedPrefix) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 8; ++p) {
+    pids.push_back(test::fork_child([&, p] {
+      auto m = atomic_append::open(path);
+      if (!m) return 1;
+      for (int i = 0; i < 2500; ++i) {  // 20000 records: several MiB of log
+        auto g = (*m)->lock({entity(static_cast<std::uint64_t>(100 * p + i % 3))});
+        if (!g) return 2;
+      }
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids)
+    EXPECT_EQ(test::wait_exit(pid), 0);
+}
+
 TEST(AtomicAppend, NotALockLogIsRefused) {
   temp_dir dir;
   {
