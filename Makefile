@@ -1,7 +1,7 @@
 # The two commands a newcomer needs: `make bench` and `make test`. Everything else is here for
 # those who work on keel. Each target installs missing Debian packages first (scripts/deps.sh).
 #
-#   make bench [QUICK=1] [BENCH_DIR=PATH]   build release, run the benchmarks, write build/report/
+#   make bench [QUICK=1|FULL=1] [BENCH_DIR=PATH]  build, run the benchmarks, write build/report/
 #   make test                               build release, run every test (ctest)
 #   make build                              build the release preset (build/release/bin/keel)
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
@@ -36,7 +36,7 @@ endef
 $(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
 
 bench: build
-	QUICK=$(QUICK) BENCH_DIR=$(BENCH_DIR) scripts/bench.sh
+	QUICK=$(QUICK) FULL=$(FULL) BENCH_DIR=$(BENCH_DIR) scripts/bench.sh
 
 install: build
 	cmake --install build/release --prefix $(PREFIX)

@@ -28,9 +28,12 @@
 
 #include "keel/io/fs_info.hpp"
 #include "keel/version.hpp"
+#include "lock_report.hpp"
+#include "render.hpp"
 
 namespace {
 
+using keel::report::html_escape;
 using nlohmann::json;
 
 struct samples {
@@ -123,29 +126,6 @@ json machine_info(const std::string& dir) {
   return m;
 }
 
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 std::string format_ns(double ns) {
   if (ns >= 1e6) return fmt::format("{:.2f} ms", ns / 1e6);
   if (ns >= 1e3) return fmt::format("{:.2f} µs", ns / 1e3);
@@ -201,10 +181,7 @@ plot "{dat}" using 0:8:xtic(1) with boxes title "ratio" lc rgb "#2ca02c", \
             fmt::arg("out", out), fmt::arg("times", times_png), fmt::arg("ratios", ratio_png),
             fmt::arg("dat", dat));
   }
-  const std::string cmd = fmt::format("gnuplot '{}'", gp);
-  if (std::system(cmd.c_str()) != 0) {
-    throw std::runtime_error("gnuplot failed on " + gp + " (is gnuplot-nox installed?)");
-  }
+  keel::report::run_gnuplot(gp);
   return {times_png, ratio_png};
 }
 
@@ -221,6 +198,12 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--dir", dir, "The directory the benchmarks ran in (its filesystem is reported)");
+  std::vector<std::string> lockscale_files;
+  std::string lockmatrix_file;
+  app.add_option("--lockscale", lockscale_files, "keel lockscale --json files")
+      ->check(CLI::ExistingFile);
+  app.add_option("--lockmatrix", lockmatrix_file, "keel lockmatrix --json file")
+      ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
       ->required()
       ->check(CLI::ExistingFile);
@@ -327,6 +310,14 @@ int main(int argc, char** argv) {
       results["sections"].push_back(sec);
     }
 
+    if (!lockscale_files.empty() || !lockmatrix_file.empty()) {
+      const auto locks = keel::report::render_locks(out, lockscale_files, lockmatrix_file);
+      html_sections += locks.html;
+      results["locks"] = locks.results;
+      missed += locks.missed;
+      fmt::print("\nlocks: targets (same run)\n{}", locks.summary);
+    }
+
     results["benchmarks"] = json::object();
     for (const auto& [name, r] : runs) {
       json& b = results["benchmarks"][name];
@@ -355,6 +346,9 @@ body {{ font-family: sans-serif; max-width: 1000px; margin: 2em auto; color: #22
 table {{ border-collapse: collapse; margin: 1em 0; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; }}
 td.met {{ background: #d8f0d8; }} td.missed {{ background: #f6d5d5; font-weight: bold; }}
+td.missing {{ background: #eeeeee; color: #666; }}
+table.matrix {{ display: inline-table; margin-right: 1em; font-size: 85%; }}
+caption {{ font-weight: bold; text-align: left; }}
 img {{ max-width: 100%; display: block; margin: 1em 0; }}
 </style></head><body>
 <h1>keel benchmark report</h1>

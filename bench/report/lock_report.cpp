@@ -1,0 +1,377 @@
+#include "lock_report.hpp"
+
+#include <fmt/format.h>
+#include <fmt/os.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "render.hpp"
+
+namespace keel::report {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<std::string> kernel_baselines = {"flock", "fcntl", "sysv"};
+const std::vector<std::string> keel_contenders = {"byte_ranges", "atomic_append", "memory_map"};
+
+struct target_row {
+  std::string name;
+  std::string measured;
+  std::string target;
+  bool met = false;
+  bool measured_at_all = true;
+};
+
+std::string fmt_ratio(double r) {
+  return std::isfinite(r) ? fmt::format("{:.3f}×", r) : "n/a";
+}
+
+// lockscale: algorithm → workers → row
+using scale_rows = std::map<std::string, std::map<std::size_t, json>>;
+
+void plot_lockscale(const std::string& out, const scale_rows& rows,
+                    std::vector<std::string>& pngs) {
+  const std::string dat = out + "/lockscale.dat";
+  {
+    auto f = fmt::output_file(dat);
+    for (const auto& [algo, by_n] : rows) {
+      f.print("# {}\n", algo);
+      for (const auto& [n, r] : by_n) {
+        const double total = r["total"].get<double>();
+        const double mean = std::max(r["mean"].get<double>(), 1e-9);
+        const double cpu_us =
+            total > 0 ? (r["user_cpu"].get<double>() + r["system_cpu"].get<double>()) * 1e6 / total
+                      : 0;
+        const double sys_us = total > 0 ? r["system_cpu"].get<double>() * 1e6 / total : 0;
+        f.print("{} {} {} {} {} {} {} {}\n", n, total, r["ideal"].get<double>(), cpu_us, sys_us,
+                r["min"].get<double>() / mean, r["max"].get<double>() / mean,
+                r["stddev"].get<double>() / mean);
+      }
+      f.print("\n\n");
+    }
+  }
+  std::string plots_total, plots_cpu, plots_fair;
+  int index = 0;
+  for (const auto& [algo, by_n] : rows) {
+    const std::string sep = index == 0 ? "" : ", \\\n     ";
+    plots_total += fmt::format("{}\"{}\" index {} using 1:2 with linespoints lw 2 title \"{}\"",
+                               sep, dat, index, algo);
+    plots_cpu += fmt::format("{}\"{}\" index {} using 1:4 with linespoints lw 2 title \"{}\"", sep,
+                             dat, index, algo);
+    // The min-max band of each algorithm, nudged sideways so they do not hide each other.
+    plots_fair += fmt::format(
+        "{}\"{}\" index {} using ($1*(1+0.04*{})):(1):6:7 with yerrorbars lw 2 title \"{}\"", sep,
+        dat, index, index - 3, algo);
+    ++index;
+  }
+  const std::string gp = out + "/lockscale.gp";
+  {
+    auto f = fmt::output_file(gp);
+    f.print(R"gp(set terminal pngcairo size 900,500 font "sans,10"
+set termoption noenhanced
+set logscale x
+set grid
+set key outside right
+set xlabel "worker processes"
+set output "{out}/lockscale-total.png"
+set title "lockscale: total acquisitions (higher is better; dashed: ideal, 1e6·t/busy)"
+set ylabel "acquisitions in the run"
+set yrange [0:*]
+plot {total}, \
+     "{dat}" index 0 using 1:3 with lines dt 2 lc rgb "black" title "ideal"
+set output "{out}/lockscale-cpu.png"
+set title "lockscale: CPU (user + system) per acquisition (lower is better)"
+set ylabel "µs of CPU per acquisition"
+set logscale y
+set yrange [*:*]
+plot {cpu}
+unset logscale y
+set output "{out}/lockscale-fairness.png"
+set title "lockscale: fairness, acquisitions per worker from min to max, relative to the mean"
+set ylabel "acquisitions / mean"
+set yrange [0:*]
+plot {fair}
+)gp",
+            fmt::arg("out", out), fmt::arg("total", plots_total), fmt::arg("cpu", plots_cpu),
+            fmt::arg("fair", plots_fair), fmt::arg("dat", dat));
+  }
+  run_gnuplot(gp);
+  pngs.insert(pngs.end(), {"lockscale-total.png", "lockscale-cpu.png", "lockscale-fairness.png"});
+}
+
+void plot_matrix(const std::string& out, const json& m, std::vector<std::string>& pngs) {
+  const auto& algos = m["algorithms"];
+  const auto waiters = m["waiters"].get<std::vector<int>>();
+  const auto entities = m["entities"].get<std::vector<int>>();
+  for (const std::string mode : {"contended", "uncontended"}) {
+    std::vector<std::string> names;
+    for (auto it = algos.begin(); it != algos.end(); ++it) {
+      if (it.value().contains(mode)) names.push_back(it.key());
+    }
+    if (names.empty()) continue;
+    // One colour scale for every panel, so algorithms compare at a glance.
+    double lo = 1e300;
+    double hi = 1.0;
+    for (const auto& name : names) {
+      for (const auto& row : algos[name][mode]) {
+        for (const auto& cell : row) {
+          lo = std::min(lo, std::max(cell.get<double>(), 1.0));
+          hi = std::max(hi, cell.get<double>());
+        }
+      }
+    }
+    if (hi <= lo) hi = lo * 10;
+    const std::string gp = fmt::format("{}/matrix-{}.gp", out, mode);
+    const std::size_t cols = 4;
+    const std::size_t rows_n = (names.size() + cols - 1) / cols;
+    auto f = fmt::output_file(gp);
+    f.print(R"gp(set terminal pngcairo size 1200,{h} font "sans,9"
+set output "{out}/matrix-{mode}.png"
+set termoption noenhanced
+set multiplot layout {r},{c} title "lockmatrix, {mode}: lock+unlock per second (one colour scale, log)"
+set logscale cb
+set cbrange [{lo}:{hi}]
+set palette rgbformulae 21,22,23
+set xlabel "entities"
+set ylabel "waiters"
+)gp",
+            fmt::arg("h", 330 * rows_n + 40), fmt::arg("out", out), fmt::arg("mode", mode),
+            fmt::arg("r", rows_n), fmt::arg("c", cols), fmt::arg("lo", lo), fmt::arg("hi", hi));
+    std::string xtics, ytics;
+    for (std::size_t i = 0; i < entities.size(); ++i) {
+      xtics += fmt::format("{}\"{}\" {}", i == 0 ? "" : ", ", entities[i], i);
+    }
+    for (std::size_t i = 0; i < waiters.size(); ++i) {
+      ytics += fmt::format("{}\"{}\" {}", i == 0 ? "" : ", ", waiters[i], i);
+    }
+    f.print("set xtics ({})\nset ytics ({})\n", xtics, ytics);
+    for (const auto& name : names) {
+      const std::string dat = fmt::format("{}/matrix-{}-{}.dat", out, mode, name);
+      {
+        auto d = fmt::output_file(dat);
+        for (const auto& row : algos[name][mode]) {
+          for (const auto& cell : row)
+            d.print("{} ", std::max(cell.get<double>(), 1.0));
+          d.print("\n");
+        }
+      }
+      f.print("set title \"{}\"\nplot \"{}\" matrix with image notitle\n", name, dat);
+    }
+    f.print("unset multiplot\n");
+    f.close();
+    run_gnuplot(gp);
+    pngs.push_back(fmt::format("matrix-{}.png", mode));
+  }
+}
+
+std::string matrix_tables_html(const json& m) {
+  std::string html;
+  const auto waiters = m["waiters"].get<std::vector<int>>();
+  const auto entities = m["entities"].get<std::vector<int>>();
+  for (auto it = m["algorithms"].begin(); it != m["algorithms"].end(); ++it) {
+    for (const std::string mode : {"contended", "uncontended"}) {
+      if (!it.value().contains(mode)) continue;
+      html += fmt::format("<table class=\"matrix\"><caption>!{} ({})</caption><tr><th></th>",
+                          html_escape(it.key()), mode);
+      for (int e : entities)
+        html += fmt::format("<th>{} entities</th>", e);
+      html += "</tr>\n";
+      const auto& table = it.value()[mode];
+      for (std::size_t w = 0; w < waiters.size() && w < table.size(); ++w) {
+        html += fmt::format("<tr><th>{} waiters</th>", waiters[w]);
+        for (const auto& cell : table[w])
+          html += fmt::format("<td>{:.0f}</td>", cell.get<double>());
+        html += "</tr>\n";
+      }
+      html += "</table>\n";
+    }
+  }
+  return html;
+}
+
+}  // namespace
+
+section render_locks(const std::string& out, const std::vector<std::string>& lockscale_files,
+                     const std::string& lockmatrix_file) {
+  section s;
+  s.results = json::object();
+  std::vector<std::string> pngs;
+  std::vector<target_row> targets;
+  std::string tables;
+
+  scale_rows rows;
+  json scale_params;
+  for (const auto& file : lockscale_files) {
+    std::ifstream in(file);
+    if (!in) throw std::runtime_error("cannot read " + file);
+    const json doc = json::parse(in);
+    if (!doc.value("exclusion_verified", false)) {
+      throw std::runtime_error(file + ": mutual exclusion was broken in that run");
+    }
+    scale_params = {{"busy_us", doc["busy_us"]},
+                    {"idle_us", doc["idle_us"]},
+                    {"seconds", doc["seconds"]},
+                    {"filesystem", doc.value("filesystem", "")}};
+    for (const auto& r : doc["rows"])
+      rows[doc["algorithm"]][r["workers"].get<std::size_t>()] = r;
+  }
+  if (!rows.empty()) {
+    s.results["lockscale"] = {{"parameters", scale_params}, {"rows", json::object()}};
+    for (const auto& [algo, by_n] : rows) {
+      for (const auto& [n, r] : by_n)
+        s.results["lockscale"]["rows"][algo].push_back(r);
+    }
+    plot_lockscale(out, rows, pngs);
+    // The table, in lockscale's own columns.
+    tables += fmt::format(
+        "<h3>lockscale (busy {} µs, idle {} µs, {} s per run, "
+        "{})</h3>\n<table><tr><th>algorithm</th>"
+        "<th>workers</th><th>duration s</th><th>user s</th><th>system s</th><th>total</th>"
+        "<th>min</th><th>max</th><th>mean</th><th>sd</th></tr>\n",
+        scale_params["busy_us"].dump(), scale_params["idle_us"].dump(),
+        scale_params["seconds"].dump(), html_escape(scale_params["filesystem"].get<std::string>()));
+    for (const auto& [algo, by_n] : rows) {
+      for (const auto& [n, r] : by_n) {
+        tables += fmt::format(
+            "<tr><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{}</td>"
+            "<td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td></tr>\n",
+            html_escape(algo), n, r["seconds"].get<double>(), r["user_cpu"].get<double>(),
+            r["system_cpu"].get<double>(), r["total"].dump(), r["min"].dump(), r["max"].dump(),
+            r["mean"].get<double>(), r["stddev"].get<double>());
+      }
+    }
+    tables += "</table>\n";
+
+    // Targets against the best kernel baseline of the same run, worker count by worker count.
+    std::set<std::size_t> counts;
+    for (const auto& [algo, by_n] : rows) {
+      for (const auto& [n, r] : by_n)
+        counts.insert(n);
+    }
+    for (const std::size_t n : counts) {
+      double best = 0;
+      std::string best_name;
+      double flock_sys = NAN;
+      double fcntl_fair = NAN;
+      for (const auto& k : kernel_baselines) {
+        if (!rows.contains(k) || !rows[k].contains(n)) continue;
+        const auto& r = rows[k][n];
+        if (r["total"].get<double>() > best) {
+          best = r["total"].get<double>();
+          best_name = k;
+        }
+        if (k == "flock" && r["total"].get<double>() > 0) {
+          flock_sys = r["system_cpu"].get<double>() / r["total"].get<double>();
+        }
+        if (k == "fcntl" && r["mean"].get<double>() > 0) {
+          fcntl_fair = r["stddev"].get<double>() / r["mean"].get<double>();
+        }
+      }
+      for (const auto& a : keel_contenders) {
+        if (!rows.contains(a) || !rows[a].contains(n)) continue;
+        const auto& r = rows[a][n];
+        const double total = r["total"].get<double>();
+        if (best > 0) {
+          const double ratio = total / best;
+          targets.push_back(
+              {fmt::format("lockscale {} workers: {} total vs best kernel ({})", n, a, best_name),
+               fmt_ratio(ratio), "≥ 0.98×", ratio >= 0.98});
+        }
+        const double fair =
+            r["mean"].get<double>() > 0 ? r["stddev"].get<double>() / r["mean"].get<double>() : NAN;
+        if (a == "byte_ranges") {
+          targets.push_back({fmt::format("lockscale {} workers: byte_ranges sd/mean vs fcntl's", n),
+                             fmt::format("{:.3f} (fcntl {:.3f})", fair, fcntl_fair), "≤ fcntl's",
+                             std::isfinite(fair) && fair <= fcntl_fair});
+        } else {
+          targets.push_back({fmt::format("lockscale {} workers: {} sd/mean", n, a),
+                             fmt::format("{:.3f}", fair), "≤ 0.1",
+                             std::isfinite(fair) && fair <= 0.1});
+        }
+        if (std::isfinite(flock_sys) && total > 0) {
+          const double sys = r["system_cpu"].get<double>() / total;
+          targets.push_back(
+              {fmt::format("lockscale {} workers: {} system CPU per acquisition", n, a),
+               fmt::format("{:.1f} µs (flock {:.1f} µs)", sys * 1e6, flock_sys * 1e6), "≤ flock's",
+               sys <= flock_sys});
+        }
+      }
+    }
+  }
+
+  if (!lockmatrix_file.empty()) {
+    std::ifstream in(lockmatrix_file);
+    if (!in) throw std::runtime_error("cannot read " + lockmatrix_file);
+    const json m = json::parse(in);
+    if (!m.value("exclusion_verified", false)) {
+      throw std::runtime_error(lockmatrix_file + ": mutual exclusion was broken in that run");
+    }
+    s.results["lockmatrix"] = m;
+    plot_matrix(out, m, pngs);
+    tables += fmt::format("<h3>lockmatrix ({} s per cell, {})</h3>\n", m["seconds"].dump(),
+                          html_escape(m.value("filesystem", "")));
+    tables += matrix_tables_html(m);
+    const auto& algos = m["algorithms"];
+    const auto entities = m["entities"].get<std::vector<int>>();
+    const auto col_of = [&](int e) -> int {
+      for (std::size_t i = 0; i < entities.size(); ++i) {
+        if (entities[i] == e) return static_cast<int>(i);
+      }
+      return -1;
+    };
+    const auto cell = [&](const std::string& a, const char* mode, std::size_t row,
+                          int col) -> double {
+      if (!algos.contains(a) || !algos[a].contains(mode) || col < 0) return std::nan("");
+      return algos[a][mode][row][static_cast<std::size_t>(col)].get<double>();
+    };
+    const double mm = cell("memory_map", "uncontended", 0, col_of(1));
+    const double br = cell("byte_ranges", "uncontended", 0, col_of(1));
+    if (std::isfinite(mm) && std::isfinite(br)) {
+      targets.push_back({"lockmatrix uncontended, 1 waiter, 1 entity: memory_map vs byte_ranges",
+                         fmt_ratio(mm / br), "≥ 10×", mm / br >= 10});
+    }
+    const double aa1 = cell("atomic_append", "uncontended", 0, col_of(1));
+    const double aa8 = cell("atomic_append", "uncontended", 0, col_of(8));
+    if (std::isfinite(aa1) && std::isfinite(aa8)) {
+      targets.push_back({"lockmatrix uncontended, 1 waiter: atomic_append 8 entities vs 1",
+                         fmt_ratio(aa8 / aa1), "≥ 0.8×", aa8 / aa1 >= 0.8});
+    }
+  }
+  for (const char* missing :
+       {"memory_map uncontended vs a bare shared-memory CAS spinlock loop (target ≥ 0.2×)",
+        "byte_ranges uncontended vs a raw OFD lock+unlock loop (target ≥ 0.9×)",
+        "lockscale with busy 10 µs, idle 10 µs, 2 to 100 workers: memory_map vs best kernel"}) {
+    targets.push_back({missing, "not measured yet", "", false, false});
+  }
+
+  std::string trs;
+  s.results["targets"] = json::array();
+  for (const auto& t : targets) {
+    const char* cls = !t.measured_at_all ? "missing" : t.met ? "met" : "missed";
+    if (t.measured_at_all && !t.met) ++s.missed;
+    trs +=
+        fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>\n",
+                    html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls, cls);
+    s.results["targets"].push_back({{"name", t.name},
+                                    {"measured", t.measured},
+                                    {"target", t.target},
+                                    {"met", t.met},
+                                    {"measured_at_all", t.measured_at_all}});
+    s.summary += fmt::format("{:<78} {:>24} {:>9}  {}\n", t.name, t.measured, t.target, cls);
+  }
+  std::string imgs;
+  for (const auto& png : pngs)
+    imgs += fmt::format("<img src=\"{}\" alt=\"{}\">\n", png, png);
+  s.html = fmt::format(
+      "<h2>Locks: scaling and the waiters × entities matrix</h2>\n<table><tr><th>target</th>"
+      "<th>measured</th><th>target</th><th></th></tr>\n{}</table>\n{}{}",
+      trs, imgs, tables);
+  return s;
+}
+
+}  // namespace keel::report
