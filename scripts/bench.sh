@@ -57,7 +57,7 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
 done
 
 step 3/4 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
-"$keel" lockmatrix --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
+"$keel" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 
 step 4/4 "report"

@@ -40,6 +40,23 @@ TEST(KeelLockmatrix, PrintsTablesAndJsonForEveryAlgorithmAsked) {
   EXPECT_NE(r.err.find("cell 16/16"), std::string::npos) << "progress on stderr";
 }
 
+TEST(KeelLockmatrix, PeersAreMeasuredByTheSameHarness) {
+  keel::test::temp_dir dir;
+  const std::string json = dir.file("m.json");
+  const auto r = run_program(KEEL_BINARY,
+                             {"lockmatrix", "--seconds", "0.1", "--waiters", "2", "--entities",
+                              "1:3", "--dir", dir.path().string(), "--json", json, "cas", "ofd"},
+                             dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  EXPECT_TRUE(doc["exclusion_verified"].get<bool>());
+  for (const char* peer : {"cas", "ofd"}) {
+    for (const char* mode : {"contended", "uncontended"}) {
+      EXPECT_GT(doc["algorithms"][peer][mode][0][1].get<double>(), 100.0) << peer << " " << mode;
+    }
+  }
+}
+
 TEST(KeelLockmatrix, UsageErrorsExitTwo) {
   keel::test::temp_dir dir;
   const std::string d = dir.path().string();

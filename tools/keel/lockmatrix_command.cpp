@@ -5,10 +5,17 @@
 
 #include "lockmatrix_command.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <immintrin.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -43,6 +50,13 @@ std::vector<std::size_t> parse_list(const std::string& what, const std::string& 
   return out;
 }
 
+// Peers measured by the same harness, outside the shared_fs_mutex interface: what the
+// algorithms' costs are judged against.
+//   cas: a bare spinlock per entity in shared memory (compare-and-swap 0 -> 1, store 0),
+//        taken in order, spinning with a pause instruction.
+//   ofd: raw fcntl(F_OFD_SETLKW) / F_OFD_SETLK unlock per entity on one lock file.
+const std::vector<std::string> peer_names = {"cas", "ofd"};
+
 struct cell_outcome {
   double ops_per_second = 0;
   std::int64_t violations = 0;
@@ -56,7 +70,73 @@ cell_outcome run_cell(const std::string& algo, const std::string& lock_path, std
   opts.duration = std::chrono::duration<double>(seconds);
   opts.groups = contended ? 1 : waiters;
   if (!contended) opts.group_of = [](std::size_t i) { return i; };
-  auto r = run_workers(opts, [&](worker_context& ctx) {
+  // The cas peer's spinlocks: one word per (waiter, entity), shared with the forked workers.
+  const std::size_t words = (waiters + 1) * entities;
+  auto* spin = static_cast<std::atomic<std::uint32_t>*>(
+      ::mmap(nullptr, words * 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (spin == MAP_FAILED) throw std::runtime_error("mmap of the cas peer's spinlocks failed");
+  const auto unmap = [&] { ::munmap(spin, words * 64); };
+  const auto peer_body = [&](worker_context& ctx) {
+    const std::size_t first = contended ? 0 : (ctx.index() + 1) * entities;
+    if (algo == "cas") {
+      while (!ctx.stopping()) {
+        for (std::size_t e = 0; e < entities; ++e) {
+          auto& w = spin[(first + e) * 16];  // a cache line each
+          std::uint32_t expected = 0;
+          while (!w.compare_exchange_weak(expected, 1, std::memory_order_acquire)) {
+            expected = 0;
+            _mm_pause();
+          }
+        }
+        ctx.enter(true);
+        ctx.leave(true);
+        for (std::size_t e = entities; e-- > 0;) {
+          spin[(first + e) * 16].store(0, std::memory_order_release);
+        }
+        ctx.count();
+      }
+      return;
+    }
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      ctx.fail(std::string("open: ") + std::strerror(errno));
+      return;
+    }
+    struct flock fl {};
+    fl.l_whence = SEEK_SET;
+    fl.l_len = 1;
+    while (!ctx.stopping()) {
+      for (std::size_t e = 0; e < entities; ++e) {
+        fl.l_type = F_WRLCK;
+        fl.l_start = static_cast<off_t>(first + e + 1);
+        if (::fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
+          ctx.fail(std::string("fcntl: ") + std::strerror(errno));
+          return;
+        }
+      }
+      ctx.enter(true);
+      ctx.leave(true);
+      for (std::size_t e = 0; e < entities; ++e) {
+        fl.l_type = F_UNLCK;
+        fl.l_start = static_cast<off_t>(first + e + 1);
+        ::fcntl(fd, F_OFD_SETLK, &fl);
+      }
+      ctx.count();
+    }
+  };
+  const bool is_peer = std::find(peer_names.begin(), peer_names.end(), algo) != peer_names.end();
+  run_result r;
+  if (is_peer) {
+    r = run_workers(opts, peer_body);
+    unmap();
+    cell_outcome c;
+    c.ops_per_second = static_cast<double>(r.total()) / r.seconds;
+    c.violations = r.violations;
+    if (r.failures > 0) c.error = r.first_error;
+    return c;
+  }
+  unmap();
+  r = run_workers(opts, [&](worker_context& ctx) {
     auto m = lock::open_mutex(algo, lock_path);
     if (!m) {
       ctx.fail("open: " + m.error().message());
@@ -107,6 +187,8 @@ int run_lockmatrix_command(int argc, char** argv) {
   std::vector<std::string> algos;
   const std::vector<std::string> all(lock::algorithm_names().begin(),
                                      lock::algorithm_names().end());
+  std::vector<std::string> accepted = all;
+  accepted.insert(accepted.end(), peer_names.begin(), peer_names.end());
   app.add_option("--seconds", seconds, "Seconds per cell")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 3600.0));
@@ -118,7 +200,12 @@ int run_lockmatrix_command(int argc, char** argv) {
       ->check(CLI::IsMember({"contended", "uncontended", "both"}));
   app.add_option("--dir", dir, "Directory to create the locks in (default: /dev/shm)");
   app.add_option("--json", json_path, "Also write the tables as JSON to this file");
-  app.add_option("ALGO", algos, "Algorithms (default: all)")->check(CLI::IsMember(all));
+  bool peers = false;
+  app.add_flag("--peers", peers,
+               "Also measure the peers: cas (a bare shared-memory spinlock) and ofd (raw fcntl "
+               "OFD calls)");
+  app.add_option("ALGO", algos, "Algorithms, or the peers cas and ofd (default: all algorithms)")
+      ->check(CLI::IsMember(accepted));
   std::vector<std::size_t> waiters;
   std::vector<std::size_t> entities;
   try {
@@ -130,6 +217,11 @@ int run_lockmatrix_command(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   if (algos.empty()) algos = all;
+  if (peers) {
+    for (const auto& p : peer_names) {
+      if (std::find(algos.begin(), algos.end(), p) == algos.end()) algos.push_back(p);
+    }
+  }
   std::vector<std::pair<std::string, bool>> modes;
   if (mode != "uncontended") modes.emplace_back("contended", true);
   if (mode != "contended") modes.emplace_back("uncontended", false);
