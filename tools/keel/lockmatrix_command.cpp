@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_util.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/lock/algorithms.hpp"
 #include "lockscale_command.hpp"
@@ -27,28 +28,6 @@
 
 namespace keel::tools {
 namespace {
-
-std::vector<std::size_t> parse_list(const std::string& what, const std::string& list,
-                                    std::size_t max) {
-  std::vector<std::size_t> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ':')) {
-    std::size_t used = 0;
-    unsigned long v = 0;
-    try {
-      v = std::stoul(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v == 0 || v > max) {
-      throw CLI::ValidationError(what, fmt::format("'{}' is not a count from 1 to {}", item, max));
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) throw CLI::ValidationError(what, "empty list");
-  return out;
-}
 
 // Peers measured by the same harness, outside the shared_fs_mutex interface: what the
 // algorithms' costs are judged against.
@@ -210,8 +189,8 @@ int run_lockmatrix_command(int argc, char** argv) {
   std::vector<std::size_t> entities;
   try {
     app.parse(argc, argv);
-    waiters = parse_list("--waiters", waiters_list, 4096);
-    entities = parse_list("--entities", entities_list, 4096);
+    waiters = parse_count_list("--waiters", waiters_list, 4096);
+    entities = parse_count_list("--entities", entities_list, 4096);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
@@ -294,14 +273,7 @@ int run_lockmatrix_command(int argc, char** argv) {
     }
   }
   out["exclusion_verified"] = !broken;
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << out.dump(2) << '\n';
-    if (!f) {
-      fmt::print(stderr, "keel lockmatrix: cannot write {}\n", json_path);
-      return 1;
-    }
-  }
+  if (!json_path.empty() && !write_json("lockmatrix", json_path, out)) return 1;
   return broken ? 1 : 0;
 }
 

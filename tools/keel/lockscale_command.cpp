@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_util.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/lock/algorithms.hpp"
 #include "worker_pool.hpp"
@@ -37,27 +38,6 @@ void hold_for(long busy_us) {
     while (std::chrono::steady_clock::now() < until) {
     }
   }
-}
-
-std::vector<std::size_t> parse_workers(const std::string& list) {
-  std::vector<std::size_t> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ':')) {
-    std::size_t used = 0;
-    unsigned long v = 0;
-    try {
-      v = std::stoul(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v == 0 || v > 100000) {
-      throw CLI::ValidationError("-w", "'" + item + "' is not a worker count (1..100000)");
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) throw CLI::ValidationError("-w", "no worker counts given");
-  return out;
 }
 
 }  // namespace
@@ -126,7 +106,7 @@ int run_lockscale_command(int argc, char** argv) {
   std::vector<std::size_t> workers;
   try {
     app.parse(argc, argv);
-    workers = parse_workers(workers_list);
+    workers = parse_count_list("-w", workers_list, 100000);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
@@ -230,18 +210,7 @@ int run_lockscale_command(int argc, char** argv) {
                            {"violations", r.violations}});
   }
   out["exclusion_verified"] = !broken;
-  if (!json_path.empty()) {
-    if (json_to_stdout) {
-      fmt::print("{}\n", out.dump(2));
-    } else {
-      std::ofstream f(json_path);
-      f << out.dump(2) << '\n';
-      if (!f) {
-        fmt::print(stderr, "keel lockscale: cannot write {}\n", json_path);
-        return 1;
-      }
-    }
-  }
+  if (!json_path.empty() && !write_json("lockscale", json_path, out)) return 1;
   return broken ? 1 : 0;
 }
 
