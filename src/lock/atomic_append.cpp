@@ -459,6 +459,10 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   if (!size || *size < truncate_above) return {};
   auto h = io::try_lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::exclusive);
   if (!h) return {};  // appenders at work: someone else will do it later
+  // The size again, now that no append can be in flight: records appended since the first
+  // look must be scanned too, or a live one would be truncated away.
+  size = t.rw.size();
+  if (!size) return {};
   const off_t from = std::max<off_t>(header_size, static_cast<off_t>(impl_->first_live().load()));
   bool all_released = true;
   auto scanned =

@@ -45,7 +45,10 @@ TEST(AtomicAppend, ReadersSurviveThePunchingOfTheReleasedPrefix) {
       if (!m) return 1;
       for (int i = 0; i < 2500; ++i) {  // 20000 records: several MiB of log
         auto g = (*m)->lock({entity(static_cast<std::uint64_t>(100 * p + i % 3))});
-        if (!g) return 2;
+        if (!g) {
+          std::fprintf(stderr, "child %d: lock %d: %s\n", p, i, g.error().message().c_str());
+          return 2;
+        }
       }
       return 0;
     }));
