@@ -7,29 +7,7 @@
 #include "keel/io/byte_lock.hpp"
 
 namespace keel::lock {
-namespace {
-
-struct thread_file final : detail::thread_state {
-  io::file_handle file;
-};
-
-}  // namespace
-
-struct byte_ranges::impl {
-  std::string path;
-  detail::per_thread_states threads;
-
-  result<thread_file*> mine() noexcept {
-    return threads.get<thread_file>([&]() -> result<std::unique_ptr<thread_file>> {
-      auto f =
-          io::file_handle::open(path.c_str(), io::open_flags::read_write | io::open_flags::create);
-      if (!f) return std::unexpected(f.error());
-      auto s = std::make_unique<thread_file>();
-      s->file = std::move(*f);
-      return s;
-    });
-  }
-};
+struct byte_ranges::impl : detail::lock_file_per_thread {};
 
 byte_ranges::byte_ranges(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
     : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}

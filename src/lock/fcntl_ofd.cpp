@@ -3,29 +3,8 @@
 #include "keel/lock/baselines.hpp"
 
 namespace keel::lock {
-namespace {
 
-struct thread_file final : detail::thread_state {
-  io::file_handle file;
-};
-
-}  // namespace
-
-struct fcntl_ofd::impl {
-  std::string path;
-  detail::per_thread_states threads;
-
-  result<thread_file*> mine() noexcept {
-    return threads.get<thread_file>([&]() -> result<std::unique_ptr<thread_file>> {
-      auto f =
-          io::file_handle::open(path.c_str(), io::open_flags::read_write | io::open_flags::create);
-      if (!f) return std::unexpected(f.error());
-      auto s = std::make_unique<thread_file>();
-      s->file = std::move(*f);
-      return s;
-    });
-  }
-};
+struct fcntl_ofd::impl : detail::lock_file_per_thread {};
 
 fcntl_ofd::fcntl_ofd(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
     : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}

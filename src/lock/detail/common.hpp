@@ -74,6 +74,13 @@ struct thread_file final : thread_state {
 //! This thread's descriptor of `path`, opened read-write on first use.
 result<thread_file*> thread_file_of(per_thread_states& threads, const std::string& path) noexcept;
 
+//! A lock file that every thread opens for itself (the state of byte_ranges and fcntl_ofd).
+struct lock_file_per_thread {
+  std::string path;
+  per_thread_states threads;
+  result<thread_file*> mine() noexcept { return thread_file_of(threads, path); }
+};
+
 //! Unlocks the byte of every entity of `set` through `file`; the first error, if any.
 result<void> unlock_entity_bytes(const io::file_handle& file, std::span<const entity> set) noexcept;
 
