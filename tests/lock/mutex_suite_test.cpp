@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -69,6 +70,29 @@ class MutexSuite : public ::testing::TestWithParam<std::string_view> {
     return v;
   }
 
+  // Forks `processes` children that each add `increments` to counter 0 while holding entity 1
+  // of the mutex `get()` gives them; the total must be exact.
+  template <class Get>
+  void count_in_children(int processes, int increments, Get get) {
+    std::vector<pid_t> pids;
+    for (int p = 0; p < processes; ++p) {
+      pids.push_back(fork_child([&] {
+        auto m = get();
+        auto f = counter_file();
+        for (int i = 0; i < increments; ++i) {
+          auto g = m->lock({entity(1)}, 30s);
+          if (!g) return 2;
+          increment(f, 0);
+        }
+        return 0;
+      }));
+    }
+    for (pid_t pid : pids)
+      EXPECT_EQ(wait_exit(pid), 0);
+    EXPECT_EQ(read_counter(counter_file(), 0),
+              static_cast<std::uint64_t>(processes) * static_cast<std::uint64_t>(increments));
+  }
+
   // A child that holds `set` until told to go (or is killed).
   pid_t hold_in_child(std::vector<entity> set, signal_pipe& ready, signal_pipe& go) const {
     const pid_t pid = fork_child([&, set] {
@@ -87,51 +111,18 @@ class MutexSuite : public ::testing::TestWithParam<std::string_view> {
 };
 
 TEST_P(MutexSuite, ProcessesCountExactly) {
-  constexpr int processes = 8;
-  constexpr int increments = 150;
-  std::vector<pid_t> pids;
-  for (int p = 0; p < processes; ++p) {
-    pids.push_back(fork_child([&] {
-      auto m = open();
-      auto f = counter_file();
-      for (int i = 0; i < increments; ++i) {
-        auto g = m->lock({entity(1)}, 30s);
-        if (!g) return 2;
-        increment(f, 0);
-      }
-      return 0;
-    }));
-  }
-  for (pid_t pid : pids)
-    EXPECT_EQ(wait_exit(pid), 0);
-  EXPECT_EQ(read_counter(counter_file(), 0), std::uint64_t{processes * increments});
+  count_in_children(8, 150, [&] { return open(); });
 }
 
 // Instances opened before fork() and used in the children: descriptors inherited from the
 // parent must not make the children share one lock owner.
 TEST_P(MutexSuite, InstanceOpenedBeforeForkStillExcludes) {
-  constexpr int processes = 4;
-  constexpr int increments = 100;
-  auto m = open();
+  std::shared_ptr<shared_fs_mutex> m = open();
   {
     auto warm = m->lock({entity(1)});
     ASSERT_TRUE(warm);
   }  // per-thread state now exists
-  std::vector<pid_t> pids;
-  for (int p = 0; p < processes; ++p) {
-    pids.push_back(fork_child([&] {
-      auto f = counter_file();
-      for (int i = 0; i < increments; ++i) {
-        auto g = m->lock({entity(1)}, 30s);
-        if (!g) return 2;
-        increment(f, 0);
-      }
-      return 0;
-    }));
-  }
-  for (pid_t pid : pids)
-    EXPECT_EQ(wait_exit(pid), 0);
-  EXPECT_EQ(read_counter(counter_file(), 0), std::uint64_t{processes * increments});
+  count_in_children(4, 100, [&] { return m; });
 }
 
 TEST_P(MutexSuite, RandomMultiEntitySetsCountExactly) {
