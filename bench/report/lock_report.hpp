@@ -17,7 +17,9 @@ struct section {
 
 //! Renders the lockscale results (one JSON per algorithm) and the lockmatrix JSON (may be
 //! empty) into plots under `out`; returns the HTML, the JSON and the targets missed.
+//! `short_files` are lockscale runs with short critical sections (their own target).
 section render_locks(const std::string& out, const std::vector<std::string>& lockscale_files,
+                     const std::vector<std::string>& short_files,
                      const std::string& lockmatrix_file);
 
 }  // namespace keel::report

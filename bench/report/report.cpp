@@ -202,6 +202,10 @@ int main(int argc, char** argv) {
   std::string lockmatrix_file;
   app.add_option("--lockscale", lockscale_files, "keel lockscale --json files")
       ->check(CLI::ExistingFile);
+  std::vector<std::string> short_files;
+  app.add_option("--lockscale-short", short_files,
+                 "keel lockscale --json files of short critical sections")
+      ->check(CLI::ExistingFile);
   app.add_option("--lockmatrix", lockmatrix_file, "keel lockmatrix --json file")
       ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
@@ -310,8 +314,9 @@ int main(int argc, char** argv) {
       results["sections"].push_back(sec);
     }
 
-    if (!lockscale_files.empty() || !lockmatrix_file.empty()) {
-      const auto locks = keel::report::render_locks(out, lockscale_files, lockmatrix_file);
+    if (!lockscale_files.empty() || !short_files.empty() || !lockmatrix_file.empty()) {
+      const auto locks =
+          keel::report::render_locks(out, lockscale_files, short_files, lockmatrix_file);
       html_sections += locks.html;
       results["locks"] = locks.results;
       missed += locks.missed;
