@@ -75,18 +75,19 @@ run_result run_workers(const run_options& options,
     for (pid_t p : pids)
       ::kill(p, SIGKILL);
   };
+  // Set-up failed: take down the workers forked so far and report why.
+  const auto abandon = [&](const std::string& why) {
+    ::close(start_pipe[0]);
+    ::close(start_pipe[1]);
+    kill_all();
+    for (pid_t p : pids)
+      ::waitpid(p, nullptr, 0);
+    ::munmap(mem, bytes);
+    throw std::runtime_error(why);
+  };
   for (std::size_t i = 0; i < n; ++i) {
     const pid_t pid = ::fork();
-    if (pid < 0) {
-      const int e = errno;
-      ::close(start_pipe[0]);
-      ::close(start_pipe[1]);
-      kill_all();
-      for (pid_t p : pids)
-        ::waitpid(p, nullptr, 0);
-      ::munmap(mem, bytes);
-      throw std::runtime_error(fmt::format("fork of worker {}: {}", i, std::strerror(e)));
-    }
+    if (pid < 0) abandon(fmt::format("fork of worker {}: {}", i, std::strerror(errno)));
     if (pid == 0) {
       ::close(start_pipe[1]);
       worker_context ctx(control, i, &counters[i], &holders[options.group_of(i)]);
@@ -108,13 +109,7 @@ run_result run_workers(const run_options& options,
   const auto setup_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (control->ready.load() < n) {
     if (std::chrono::steady_clock::now() > setup_deadline) {
-      ::close(start_pipe[0]);
-      ::close(start_pipe[1]);
-      kill_all();
-      for (pid_t p : pids)
-        ::waitpid(p, nullptr, 0);
-      ::munmap(mem, bytes);
-      throw std::runtime_error("workers did not start within 60 s");
+      abandon("workers did not start within 60 s");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
