@@ -42,8 +42,12 @@ TEST_P(KeelLockscale, PrintsTheSeedsFormatAndJson) {
     ASSERT_TRUE(fields >> w >> duration >> user >> sys >> total >> min >> max >> mean >> sd)
         << line;
     EXPECT_EQ(w, workers);
-    EXPECT_NEAR(duration, 0.3, 0.1);
-    EXPECT_GT(total, 100);  // ideal: 1500 in 0.3 s at 200 µs
+    // Format and sanity, not speed (the machine may be busy): the run lasted at least -t, and
+    // every count is consistent with the others.
+    EXPECT_GE(duration, 0.3);
+    EXPECT_LT(duration, 10.0);
+    EXPECT_GT(total, 0);
+    EXPECT_LE(max, total);
     EXPECT_LE(min, max);
     EXPECT_NEAR(mean, static_cast<double>(total) / workers, 0.1);
   }
