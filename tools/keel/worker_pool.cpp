@@ -121,12 +121,14 @@ run_result run_workers(const run_options& options,
   auto next_progress = t0 + std::chrono::seconds(1);
   while (std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_until(std::min(end, next_progress));
-    if (options.progress && std::chrono::steady_clock::now() >= next_progress &&
-        end > next_progress) {
-      const auto left =
-          std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
-      options.progress(fmt::format("{:.0f} s left", left));
-      next_progress += std::chrono::seconds(1);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_progress) continue;
+    // Always moves on, with or without a progress callback: a past wake-up time would make
+    // this loop spin on a core the workers need.
+    next_progress += std::chrono::seconds(1);
+    if (options.progress && now < end) {
+      options.progress(
+          fmt::format("{:.0f} s left", std::chrono::duration<double>(end - now).count()));
     }
   }
   control->stop.store(1);
