@@ -5,6 +5,7 @@
 #include "detail/per_thread.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace keel::lock {
@@ -36,8 +37,9 @@ std::vector<held_entry>& held_by_this_thread_now() noexcept {
   return s.entries;
 }
 
-bool held(std::uint64_t dev, std::uint64_t ino, std::uint64_t value) noexcept {
-  for (const auto& h : held_by_this_thread_now()) {
+bool held(const std::vector<held_entry>& v, std::uint64_t dev, std::uint64_t ino,
+          std::uint64_t value) noexcept {
+  for (const auto& h : v) {
     if (h.value == value && h.ino == ino && h.dev == dev) return true;
   }
   return false;
@@ -77,7 +79,8 @@ entities_guard& entities_guard::operator=(entities_guard&& other) noexcept {
     size_ = other.size_;
     token_ = other.token_;
     heap_ = std::move(other.heap_);
-    std::copy(other.inline_, other.inline_ + inline_capacity, inline_);
+    // The whole inline array, used or not: a fixed-size copy the compiler inlines.
+    if (!heap_) std::memcpy(inline_, other.inline_, sizeof inline_);
     other.mutex_ = nullptr;
     other.size_ = 0;
   }
@@ -85,7 +88,7 @@ entities_guard& entities_guard::operator=(entities_guard&& other) noexcept {
 }
 
 std::span<const entity> entities_guard::entities() const noexcept {
-  return {heap_ ? heap_.get() : inline_, size_};
+  return {heap_ ? heap_.get() : inline_data(), size_};
 }
 
 void entities_guard::assign(std::span<const entity> sorted) {
@@ -125,22 +128,28 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
   entities_guard g;
   if (set.empty()) return g;
   g.assign(set);
-  // Sort by value and merge duplicates (exclusive wins): every algorithm sees a canonical set.
-  entity* first = g.data();
-  entity* last = first + g.size_;
-  std::sort(first, last, [](entity a, entity b) { return a.value < b.value; });
-  entity* out = first;
-  for (entity* it = first + 1; it < last; ++it) {
-    if (it->value == out->value) {
-      out->exclusive |= it->exclusive;
-    } else {
-      *++out = *it;
+  if (g.size_ > 1) {
+    // Sort by value and merge duplicates (exclusive wins): every algorithm sees a canonical
+    // set.
+    entity* first = g.data();
+    entity* last = first + g.size_;
+    std::sort(first, last, [](entity a, entity b) { return a.value < b.value; });
+    entity* out = first;
+    for (entity* it = first + 1; it < last; ++it) {
+      if (it->value == out->value) {
+        out->exclusive |= it->exclusive;
+      } else {
+        *++out = *it;
+      }
     }
+    g.size_ = static_cast<std::size_t>(out - first) + 1;
   }
-  g.size_ = static_cast<std::size_t>(out - first) + 1;
   const auto sorted = g.entities();
+  auto& held_now = held_by_this_thread_now();
   for (const entity e : sorted) {
-    if (held(dev_, ino_, e.value)) return errc_error(std::errc::resource_deadlock_would_occur);
+    if (held(held_now, dev_, ino_, e.value)) {
+      return errc_error(std::errc::resource_deadlock_would_occur);
+    }
   }
   const io::countdown cd = d.start();
   auto token = do_lock(sorted, cd, spin_not_sleep);
@@ -148,7 +157,6 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
     g.reset();
     return std::unexpected(token.error());
   }
-  auto& held_now = held_by_this_thread_now();
   for (const entity e : sorted)
     held_now.push_back({dev_, ino_, e.value});
   g.mutex_ = this;

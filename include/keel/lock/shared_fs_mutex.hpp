@@ -74,11 +74,16 @@ class entities_guard {
 
   void assign(std::span<const entity> sorted);
   void reset() noexcept;
-  [[nodiscard]] entity* data() noexcept { return heap_ ? heap_.get() : inline_; }
+  [[nodiscard]] entity* inline_data() noexcept { return reinterpret_cast<entity*>(inline_); }
+  [[nodiscard]] const entity* inline_data() const noexcept {
+    return reinterpret_cast<const entity*>(inline_);
+  }
+  [[nodiscard]] entity* data() noexcept { return heap_ ? heap_.get() : inline_data(); }
 
   shared_fs_mutex* mutex_ = nullptr;
   std::size_t size_ = 0;
-  entity inline_[inline_capacity]{};
+  // Raw storage: only the first size_ entities are ever written or read (no start-up cost).
+  alignas(entity) std::byte inline_[inline_capacity * sizeof(entity)];
   std::unique_ptr<entity[]> heap_;
   std::uint64_t token_ = 0;  // the algorithm's own (a record offset, a user index, ...)
 };

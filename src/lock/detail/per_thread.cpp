@@ -17,11 +17,21 @@ struct cache_entry {
   thread_state* state;
 };
 
+// The last state found: a lock and its unlock (and a loop of them) look up the same one.
+// Instance ids are never reused, so a stale entry can only miss.
+struct last_found {
+  std::uint64_t id = 0;
+  std::uint64_t generation = 0;
+  thread_state* state = nullptr;
+};
+thread_local last_found last;
+
 struct thread_cache {
   std::vector<cache_entry> entries;
   std::uint64_t generation = 0;
 
   ~thread_cache() {
+    last = {};
     for (auto& e : entries) {
       if (auto r = e.registry.lock()) {
         const std::scoped_lock lock(r->mutex);
@@ -64,6 +74,7 @@ per_thread_states::~per_thread_states() {
 
 thread_state* per_thread_states::find() noexcept {
   const std::uint64_t gen = forks.load(std::memory_order_relaxed);
+  if (last.id == id_ && last.generation == gen) return last.state;
   if (cache.generation != gen) {
     // A forked child: what the cache holds is the parent's (its descriptors share the
     // parent's locks). The registry still owns those states and frees them in time.
@@ -71,7 +82,10 @@ thread_state* per_thread_states::find() noexcept {
     cache.generation = gen;
   }
   for (const auto& e : cache.entries) {
-    if (e.id == id_) return e.state;
+    if (e.id == id_) {
+      last = {id_, gen, e.state};
+      return e.state;
+    }
   }
   return nullptr;
 }
