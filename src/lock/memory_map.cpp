@@ -1,14 +1,17 @@
 #include "keel/lock/memory_map.hpp"
 
 #include <immintrin.h>
+#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -46,15 +49,20 @@ static_assert(offsetof(lockfile_header, degraded) == lockfile_degraded_at);
 
 // The map file: header page, user table, slot table; user liveness bytes far beyond.
 constexpr char map_magic[8] = {'K', 'E', 'E', 'L', 'M', 'M', 'T', '1'};
+constexpr std::uint32_t map_version = 2;
 constexpr std::size_t map_header_size = 4096;
-constexpr std::size_t map_degraded_at = 64;  // u64 mirror of the lock file's flag
+constexpr std::size_t map_degraded_at = 64;   // u64 mirror of the lock file's flag
+constexpr std::size_t map_next_user_at = 72;  // u64: where the next registrant starts looking
 constexpr std::size_t user_size = 64;
 constexpr std::size_t users_at = map_header_size;
-constexpr std::size_t slot_size = 192;  // writer word, padding, 1024-bit reader set
-constexpr std::size_t reader_words = memory_map::max_users / 64;
+constexpr std::size_t bitset_words = memory_map::max_users / 64;
+// Writer word and waiter count on one cache line, then the reader set, then the waiter set.
+constexpr std::size_t slot_size = 64 + 2 * bitset_words * 8;
 constexpr std::size_t slots_at = users_at + memory_map::max_users * user_size;
 constexpr std::size_t map_size = slots_at + memory_map::slots * slot_size;
 constexpr off_t liveness_base = off_t{1} << 40;
+constexpr std::uint32_t no_slot = 0xffffffffu;
+constexpr std::uint32_t wants_exclusive = 0x80000000u;
 
 struct map_header {
   char magic[8];
@@ -68,25 +76,72 @@ struct user_entry {
   std::uint32_t pid;
   std::uint32_t tid;
   std::uint64_t start_time;
+  std::uint32_t wake;   // futex word: bumped by whoever wakes this user
+  std::uint32_t wants;  // the slot it sleeps on (| wants_exclusive), or no_slot
+  std::uint32_t clean;  // non-zero: the last user of this index left no mark in any slot
 };
+static_assert(sizeof(user_entry) <= user_size);
 
 // A slot is free when its writer word is 0 and no reader bit is set. A writer stores its
 // user index + 1 (compare-and-swap from 0), then checks the reader set; a reader sets its
 // bit, then checks the writer word. Each side publishes before it looks (seq_cst), so at
 // least one of two racing lockers sees the other and backs off: never both inside.
+//
+// Waiters sleep on their own futex word (user_entry::wake) after setting their bit in the
+// slot's waiter set and counting themselves in. A releaser that finds waiters hands the slot
+// to the next one after itself in user order (round robin, so every waiter gets its turn):
+// an exclusive waiter gets the writer word set to its index + 1 before it is woken, so a
+// releaser that comes straight back cannot take the slot again in front of it.
 struct slot_ref {
   std::uint64_t* base;
   [[nodiscard]] std::atomic_ref<std::uint64_t> writer() const noexcept {
     return std::atomic_ref<std::uint64_t>(base[0]);
   }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> waiter_count() const noexcept {
+    return std::atomic_ref<std::uint64_t>(base[1]);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> spinners() const noexcept {
+    return std::atomic_ref<std::uint64_t>(base[2]);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> spin_budget_ns() const noexcept {
+    return std::atomic_ref<std::uint64_t>(base[3]);
+  }
   [[nodiscard]] std::atomic_ref<std::uint64_t> readers(std::size_t word) const noexcept {
     return std::atomic_ref<std::uint64_t>(base[8 + word]);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> waiters(std::size_t word) const noexcept {
+    return std::atomic_ref<std::uint64_t>(base[8 + bitset_words + word]);
+  }
+  //! Whether any reader other than user `u` is in.
+  [[nodiscard]] bool other_readers(std::uint32_t u) const noexcept {
+    std::uint64_t any = 0;
+    for (std::size_t w = 0; w < bitset_words; ++w)
+      any |= readers(w).load();
+    if (any == 0) return false;  // the common case: one pass, no branch per word
+    for (std::size_t w = 0; w < bitset_words; ++w) {
+      std::uint64_t bits = readers(w).load();
+      if (w == u / 64) bits &= ~(std::uint64_t{1} << (u % 64));
+      if (bits != 0) return true;
+    }
+    return false;
   }
 };
 
 std::size_t slot_of(std::uint64_t value) noexcept {
   static_assert((memory_map::slots & (memory_map::slots - 1)) == 0);
   return static_cast<std::size_t>((value * 0x9e3779b97f4a7c15ULL) >> 52) & (memory_map::slots - 1);
+}
+
+void futex_wake(std::uint32_t* word) noexcept {
+  ::syscall(SYS_futex, word, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+// Sleeps while *word == expected, at most `for_at_most`.
+void futex_wait(std::uint32_t* word, std::uint32_t expected,
+                std::chrono::nanoseconds for_at_most) noexcept {
+  const auto ns = std::max<std::int64_t>(for_at_most.count(), 1000);
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
 struct slot_request {
@@ -99,6 +154,10 @@ struct slot_request {
 std::span<slot_request> collect_slots(std::span<const entity> sorted,
                                       std::array<slot_request, 16>& small,
                                       std::vector<slot_request>& big) {
+  if (sorted.size() == 1) {  // the common case, without the merging loop
+    small[0] = {static_cast<std::uint32_t>(slot_of(sorted[0].value)), sorted[0].is_exclusive()};
+    return std::span(small.data(), 1);
+  }
   std::span<slot_request> want;
   if (sorted.size() <= small.size()) {
     want = std::span(small.data(), sorted.size());
@@ -127,6 +186,26 @@ struct thread_user final : detail::thread_state {
   io::file_handle map_fd;   // holds this user's liveness byte; probes others'
   std::uint32_t index = 0;
   bool registered = false;
+  // How many times this thread holds each slot (two entities of its sets may share one).
+  std::vector<std::uint32_t> exclusive_holds;
+  std::vector<std::uint32_t> shared_holds;
+  user_entry* entry = nullptr;  // in the map, which outlives this state
+  std::uint32_t pid = 0;
+
+  thread_user() = default;
+  thread_user(const thread_user&) = delete;
+  thread_user& operator=(const thread_user&) = delete;
+  // Leaving with nothing held (not even a released guard's slots) spares the next user of
+  // this index the sweep of every slot. A forked child's copy is the parent's: hands off.
+  ~thread_user() override {
+    if (entry == nullptr || pid != detail::self().pid) return;
+    const auto none = [](const std::vector<std::uint32_t>& v) {
+      return std::all_of(v.begin(), v.end(), [](std::uint32_t n) { return n == 0; });
+    };
+    if (none(exclusive_holds) && none(shared_holds)) {
+      std::atomic_ref<std::uint32_t>(entry->clean).store(1);
+    }
+  }
 };
 
 constexpr std::uint64_t fallback_tag = 1;
@@ -143,12 +222,12 @@ struct memory_map::impl {
   std::unique_ptr<byte_ranges> fallback;
   detail::per_thread_states threads;
 
-  // Map guards outstanding in this instance. A locker counts itself in before it checks
-  // the degraded flags; the map-in-use marker is dropped only when the flags are set and the
-  // count is zero, so no map guard can be taken after the marker is gone.
-  std::atomic<std::uint64_t> outstanding{0};
+  // The map-in-use marker is dropped only when the degraded flags are set and no slot
+  // carries a mark of this instance's users. A locker checks the flags again after it took
+  // its slots (both sides publish, then look: seq_cst), so no map guard outlives the marker.
   std::mutex switch_mutex;
-  bool map_in_use_released = false;  // under switch_mutex
+  bool map_in_use_released = false;     // under switch_mutex
+  std::vector<std::uint32_t> my_users;  // under switch_mutex: indexes this instance registered
   std::atomic<bool> fallback_ready{false};
   std::uint32_t creator_pid = 0;  // a forked child shares the markers' descriptor: hands off
 
@@ -167,12 +246,230 @@ struct memory_map::impl {
     return reinterpret_cast<user_entry*>(map.data() + users_at + i * user_size);
   }
 
-  // Removes every mark user `u` left in slot `i`.
+  [[nodiscard]] std::atomic_ref<std::uint32_t> wake_word(std::uint32_t u) const noexcept {
+    return std::atomic_ref<std::uint32_t>(user(u)->wake);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint32_t> wants_word(std::uint32_t u) const noexcept {
+    return std::atomic_ref<std::uint32_t>(user(u)->wants);
+  }
+  void wake(std::uint32_t u) const noexcept {
+    wake_word(u).fetch_add(1);
+    futex_wake(&user(u)->wake);
+  }
+
+  // The first waiter of slot `s` after user `from` in circular user order, not `from`.
+  static std::uint32_t next_waiter(const slot_ref& s, std::uint32_t from) noexcept {
+    const std::uint32_t start = (from + 1) % max_users;
+    const std::uint64_t from_start = ~std::uint64_t{0} << (start % 64);
+    for (std::size_t k = 0; k <= bitset_words; ++k) {
+      const std::size_t w = (start / 64 + k) % bitset_words;
+      std::uint64_t bits = s.waiters(w).load();
+      if (k == 0) bits &= from_start;
+      if (k == bitset_words) bits &= ~from_start;  // the wrap-around: before `start`
+      if (w == from / 64) bits &= ~(std::uint64_t{1} << (from % 64));
+      if (bits != 0) return static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
+    }
+    return no_slot;
+  }
+
+  // Called by user `from` after it released slot `i` (or backed off from it; seq_cst): if the
+  // slot is free and someone sleeps on it, hands it to the next waiter. Exclusive waiters get
+  // the writer word; shared waiters are woken to take their bits.
+  void hand_on(std::size_t i, std::uint32_t from) const noexcept {
+    const slot_ref s = slot(i);
+    if (s.waiter_count().load() == 0) return;
+    if (s.writer().load() != 0) return;    // taken again: its holder hands on
+    if (s.other_readers(no_slot)) return;  // the last reader out hands on
+    const std::uint32_t target = next_waiter(s, from);
+    if (target == no_slot) return;
+    const auto slot_index = static_cast<std::uint32_t>(i);
+    if (wants_word(target).load() == (slot_index | wants_exclusive)) {
+      std::uint64_t expected = 0;
+      if (!s.writer().compare_exchange_strong(expected, target + 1)) return;
+      // The target may have given up meanwhile; then its grant is withdrawn by it or here.
+      if ((s.waiters(target / 64).load() & (std::uint64_t{1} << (target % 64))) == 0) {
+        withdraw_grant(i, target);
+        return;
+      }
+      wake(target);
+      return;
+    }
+    for (std::size_t w = 0; w < bitset_words; ++w) {
+      std::uint64_t bits = s.waiters(w).load();
+      while (bits != 0) {
+        const auto u = static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
+        bits &= bits - 1;
+        if (wants_word(u).load() != (slot_index | wants_exclusive)) wake(u);
+      }
+    }
+  }
+
+  // Takes back a grant to `u` that nobody will collect, and hands the slot on.
+  void withdraw_grant(std::size_t i, std::uint32_t u) const noexcept {
+    std::uint64_t granted = u + 1;
+    if (slot(i).writer().compare_exchange_strong(granted, 0)) hand_on(i, u);
+  }
+
+  // Removes every mark user `u` left in slot `i`, and hands the slot on if that freed it.
   void clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
     const slot_ref s = slot(i);
+    const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+    if ((s.waiters(u / 64).fetch_and(~bit) & bit) != 0) s.waiter_count().fetch_sub(1);
     std::uint64_t w = u + 1;
-    s.writer().compare_exchange_strong(w, 0);
-    s.readers(u / 64).fetch_and(~(std::uint64_t{1} << (u % 64)));
+    bool freed = s.writer().compare_exchange_strong(w, 0);
+    freed |= (s.readers(u / 64).fetch_and(~bit) & bit) != 0;
+    if (freed) hand_on(i, u);
+  }
+
+  // One attempt at slot `r` for `me`; counts the hold on success.
+  bool take(thread_user& me, const slot_request& r) const noexcept {
+    const slot_ref s = slot(r.slot);
+    const std::uint32_t u = me.index;
+    if (r.exclusive) {
+      std::uint32_t& held = me.exclusive_holds[r.slot];
+      if (held != 0) {
+        ++held;
+        return true;
+      }
+      std::uint64_t expected = 0;
+      // A writer word already naming us is a hand-over from the last holder.
+      if (!s.writer().compare_exchange_strong(expected, u + 1) && expected != u + 1) return false;
+      if (s.other_readers(u)) {
+        s.writer().store(0);
+        hand_on(r.slot, u);
+        return false;
+      }
+      ++held;
+      return true;
+    }
+    std::uint32_t& held = me.shared_holds[r.slot];
+    if (held != 0) {
+      ++held;
+      return true;
+    }
+    const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+    s.readers(u / 64).fetch_or(bit);
+    const std::uint64_t w = s.writer().load();
+    if (w == 0 || (w == u + 1 && me.exclusive_holds[r.slot] != 0)) {
+      ++held;
+      return true;
+    }
+    s.readers(u / 64).fetch_and(~bit);
+    hand_on(r.slot, u);  // our bit may have turned a writer away
+    return false;
+  }
+
+  // Releases one hold of slot `r` by `me`.
+  void give(thread_user& me, const slot_request& r) const noexcept {
+    const slot_ref s = slot(r.slot);
+    if (r.exclusive) {
+      if (--me.exclusive_holds[r.slot] != 0) return;
+      s.writer().store(0);  // seq_cst: published before the waiter count is read
+    } else {
+      if (--me.shared_holds[r.slot] != 0) return;
+      s.readers(me.index / 64).fetch_and(~(std::uint64_t{1} << (me.index % 64)));
+    }
+    hand_on(r.slot, me.index);
+  }
+
+  // Spins for slot `r` while nobody sleeps on it, one spinner per slot at a time, for an
+  // adaptive budget: doubled when a spin ends in the slot (holds are short: spinning beats
+  // a sleep and a wake-up), halved when it runs out (holds are long: sleep at once).
+  bool spin_for(thread_user& me, const slot_request& r, const io::countdown& cd) const noexcept {
+    using std::chrono::nanoseconds;
+    constexpr std::uint64_t least = 1'000, most = 200'000, initial = 20'000;
+    const slot_ref s = slot(r.slot);
+    if (s.waiter_count().load() != 0) return false;
+    if (s.spinners().fetch_add(1) != 0) {
+      s.spinners().fetch_sub(1);
+      return false;
+    }
+    std::uint64_t budget = s.spin_budget_ns().load(std::memory_order_relaxed);
+    if (budget == 0) budget = initial;
+    const auto until = std::chrono::steady_clock::now() + nanoseconds(budget);
+    bool got = false;
+    for (unsigned i = 1;; ++i) {
+      const std::uint64_t w = s.writer().load(std::memory_order_relaxed);
+      if ((w == 0 || w == me.index + 1) && take(me, r)) {
+        got = true;
+        break;
+      }
+      _mm_pause();
+      if (i % 16 == 0) {
+        if (s.waiter_count().load(std::memory_order_relaxed) != 0) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= until || (!cd.is_infinite() && now >= cd.expiry())) break;
+      }
+    }
+    budget = got ? std::min(budget * 2, most) : std::max(budget / 2, least);
+    s.spin_budget_ns().store(budget, std::memory_order_relaxed);
+    s.spinners().fetch_sub(1);
+    return got;
+  }
+
+  enum class wait_outcome { taken, expired, degraded };
+
+  result<std::optional<std::uint64_t>> lock_on_map(std::span<const entity> sorted,
+                                                   const io::countdown& cd, bool spin) noexcept;
+
+  // How long a sleeper waits before it looks for dead holders again: its own doubling
+  // interval, but no less than 5 ms per sleeper on the slot (together they look about 200
+  // times a second however many they are, not in bursts that would delay the live holder),
+  // jittered by ±50 % so they spread out.
+  static std::chrono::nanoseconds recovery_pause(std::chrono::milliseconds own,
+                                                 std::uint64_t sleepers) noexcept {
+    const auto base = std::max<std::chrono::nanoseconds>(
+        own, std::chrono::milliseconds(5) *
+                 static_cast<std::int64_t>(std::min<std::uint64_t>(sleepers, 1000)));
+    std::uniform_int_distribution<std::int64_t> jitter(base.count() / 2, base.count() * 3 / 2);
+    return std::chrono::nanoseconds(jitter(detail::thread_rng()));
+  }
+
+  // Sleeps until slot `r` is `me`'s (taken), the deadline passes, or the lock degrades.
+  // Holders that died are looked for every `recovery` (doubling up to 320 ms).
+  result<wait_outcome> wait_for(thread_user& me, const slot_request& r, const io::countdown& cd,
+                                std::chrono::milliseconds& recovery) const noexcept {
+    const slot_ref s = slot(r.slot);
+    const std::uint32_t u = me.index;
+    const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+    wants_word(u).store(r.slot | (r.exclusive ? wants_exclusive : 0));
+    s.waiters(u / 64).fetch_or(bit);
+    s.waiter_count().fetch_add(1);  // after the bit: a releaser that counts us finds us
+    const auto leave = [&]() noexcept {
+      s.waiters(u / 64).fetch_and(~bit);
+      s.waiter_count().fetch_sub(1);
+      wants_word(u).store(no_slot);
+    };
+    auto next_recovery =
+        std::chrono::steady_clock::now() + recovery_pause(recovery, s.waiter_count().load());
+    for (;;) {
+      const std::uint32_t seen = wake_word(u).load();
+      if (take(me, r)) {
+        leave();
+        return wait_outcome::taken;
+      }
+      if (degraded() || cd.expired()) {
+        leave();
+        // Handed the slot as we left: pass it on.
+        if (r.exclusive && me.exclusive_holds[r.slot] == 0) withdraw_grant(r.slot, u);
+        return degraded() ? wait_outcome::degraded : wait_outcome::expired;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next_recovery) {
+        auto rec = recover_blockers(me, r.slot);
+        if (!rec) {
+          leave();
+          if (r.exclusive && me.exclusive_holds[r.slot] == 0) withdraw_grant(r.slot, u);
+          return std::unexpected(rec.error());
+        }
+        recovery = std::min(recovery * 2, std::chrono::milliseconds(320));
+        next_recovery = now + recovery_pause(recovery, s.waiter_count().load());
+        if (*rec) continue;
+      }
+      auto nap = std::chrono::duration_cast<std::chrono::nanoseconds>(next_recovery - now);
+      if (!cd.is_infinite()) nap = std::min(nap, cd.remaining());
+      futex_wait(&user(u)->wake, seen, nap);
+    }
   }
 
   result<thread_user*> mine() noexcept {
@@ -191,7 +488,11 @@ struct memory_map::impl {
     if (!mf) return std::unexpected(mf.error());
     t.map_fd = std::move(*mf);
     const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
-    const std::size_t start = (tid * 2654435761u) % max_users;
+    // Registrants take indexes in turn, so each usually gets the first one it tries.
+    const std::size_t start = std::atomic_ref<std::uint64_t>(
+                                  *reinterpret_cast<std::uint64_t*>(map.data() + map_next_user_at))
+                                  .fetch_add(1) %
+                              max_users;
     for (std::size_t k = 0; k < max_users; ++k) {
       const auto u = static_cast<std::uint32_t>((start + k) % max_users);
       auto g = io::try_lock_extent(t.map_fd, liveness_base + u, 1, io::lock_kind::exclusive);
@@ -200,14 +501,28 @@ struct memory_map::impl {
         return std::unexpected(g.error());
       }
       g->release();  // held for as long as this thread's state lives
-      // A previous user of this index may have died holding slots: clear its marks.
-      for (std::size_t i = 0; i < slots; ++i)
-        clear_user_in(i, u);
       user_entry* e = user(u);
+      // A previous user of this index may have died holding slots: clear its marks.
+      if (e->pid != 0 && std::atomic_ref<std::uint32_t>(e->clean).load() == 0) {
+        for (std::size_t i = 0; i < slots; ++i)
+          clear_user_in(i, u);
+      }
+      std::atomic_ref<std::uint32_t>(e->clean).store(0);
       e->pid = detail::self().pid;
       e->tid = tid;
       e->start_time = detail::self().start_time;
+      wants_word(u).store(no_slot);
+      t.exclusive_holds.assign(slots, 0);
+      t.shared_holds.assign(slots, 0);
+      {
+        const std::scoped_lock lock(switch_mutex);
+        if (std::find(my_users.begin(), my_users.end(), u) == my_users.end()) {
+          my_users.push_back(u);
+        }
+      }
       t.index = u;
+      t.entry = e;
+      t.pid = detail::self().pid;
       t.registered = true;
       return {};
     }
@@ -216,7 +531,8 @@ struct memory_map::impl {
 
   // Whether user `u` (not this thread) is dead: its liveness byte is free. If so, clears
   // its marks in slot `i` while holding the byte, so no new user can take the index meanwhile.
-  result<bool> recover_if_dead(const thread_user& t, std::uint32_t u, std::size_t i) noexcept {
+  result<bool> recover_if_dead(const thread_user& t, std::uint32_t u,
+                               std::size_t i) const noexcept {
     if (u == t.index || u >= max_users) return false;
     auto g = io::try_lock_extent(t.map_fd, liveness_base + u, 1, io::lock_kind::exclusive);
     if (!g) {
@@ -227,7 +543,7 @@ struct memory_map::impl {
     return true;  // the guard unlocks the byte
   }
 
-  result<bool> recover_blockers(const thread_user& t, std::size_t i) noexcept {
+  result<bool> recover_blockers(const thread_user& t, std::size_t i) const noexcept {
     const slot_ref s = slot(i);
     bool any = false;
     const std::uint64_t w = s.writer().load();
@@ -236,7 +552,7 @@ struct memory_map::impl {
       if (!r) return r;
       any |= *r;
     }
-    for (std::size_t word = 0; word < reader_words; ++word) {
+    for (std::size_t word = 0; word < bitset_words; ++word) {
       std::uint64_t bits = s.readers(word).load();
       while (bits != 0) {
         const auto b = static_cast<std::uint32_t>(__builtin_ctzll(bits));
@@ -249,11 +565,25 @@ struct memory_map::impl {
     return any;
   }
 
+  // Whether any slot is held by (or handed to) a user of this instance. Under switch_mutex.
+  [[nodiscard]] bool marks_of_my_users() const noexcept {
+    for (std::size_t i = 0; i < slots; ++i) {
+      const slot_ref s = slot(i);
+      const std::uint64_t w = s.writer().load();
+      for (const std::uint32_t u : my_users) {
+        if (w == u + 1) return true;
+        if ((s.readers(u / 64).load() & (std::uint64_t{1} << (u % 64))) != 0) return true;
+      }
+    }
+    return false;
+  }
+
   // Drops this instance's map-in-use marker once nothing of it is on the map any more.
   void release_map_in_use_if_idle() noexcept {
     if (detail::self().pid != creator_pid) return;  // the parent's marker, not ours
     const std::scoped_lock lock(switch_mutex);
-    if (map_in_use_released || outstanding.load() != 0 || !degraded()) return;
+    if (map_in_use_released || !degraded()) return;
+    if (map.size() != 0 && marks_of_my_users()) return;
     (void)io::unlock_extent(marker, map_in_use_byte, 1);
     map_in_use_released = true;
   }
@@ -322,7 +652,7 @@ result<io::mapped_file> create_map(const std::string& dir, std::string& path_out
     }
     map_header h{};
     std::memcpy(h.magic, map_magic, sizeof h.magic);
-    h.version = format_version;
+    h.version = map_version;
     h.slots = memory_map::slots;
     h.max_users = memory_map::max_users;
     h.slot_size = slot_size;
@@ -343,7 +673,7 @@ result<io::mapped_file> open_map(const std::string& p) noexcept {
   if (!m) return std::unexpected(m.error());
   map_header h{};
   std::memcpy(&h, m->data(), sizeof h);
-  if (std::memcmp(h.magic, map_magic, sizeof h.magic) != 0 || h.version != format_version ||
+  if (std::memcmp(h.magic, map_magic, sizeof h.magic) != 0 || h.version != map_version ||
       h.slots != memory_map::slots || h.max_users != memory_map::max_users ||
       h.slot_size != slot_size) {
     return errc_error(std::errc::protocol_not_supported);
@@ -495,108 +825,77 @@ bool memory_map::is_degraded() const noexcept {
   return impl_->fallback_ready.load(std::memory_order_acquire);
 }
 
+// On the map: the token for do_unlock; nullopt: the lock degraded, use the fallback.
+result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<const entity> sorted,
+                                                                   const io::countdown& cd,
+                                                                   bool spin) noexcept {
+  auto t = mine();
+  if (!t) return std::unexpected(t.error());
+  thread_user& me = **t;
+  if (!me.registered) {
+    if (auto r = register_user(me); !r) return std::unexpected(r.error());
+  }
+  std::array<slot_request, 16> small;  // filled by collect_slots: no zeroing
+  std::vector<slot_request> big;
+  std::span<slot_request> want = collect_slots(sorted, small, big);
+
+  bool spun = false;        // a lock call spins at most once before it sleeps
+  bool have_first = false;  // want[0] was handed to us while we slept
+  auto recovery = std::chrono::milliseconds(10);
+  auto next_recovery = std::chrono::steady_clock::time_point{};
+  for (;;) {
+    std::size_t k = have_first ? 1 : 0;
+    while (k < want.size() && take(me, want[k]))
+      ++k;
+    if (k == want.size() && !degraded()) return reinterpret_cast<std::uint64_t>(&me);
+    for (std::size_t j = 0; j < k; ++j)
+      give(me, want[j]);
+    have_first = false;
+    if (degraded()) break;  // go and join the others on the fallback
+    if (cd.is_zero()) return errc_error(std::errc::operation_would_block);
+    // The contended slot first next time, the rest reshuffled.
+    std::swap(want[0], want[k]);
+    if (want.size() > 2) std::shuffle(want.begin() + 1, want.end(), detail::thread_rng());
+    if (!spin) {
+      if (!spun) {
+        spun = true;
+        if (spin_for(me, want[0], cd)) {
+          have_first = true;
+          continue;
+        }
+      }
+      auto w = wait_for(me, want[0], cd, recovery);
+      if (!w) return std::unexpected(w.error());
+      if (*w == wait_outcome::expired) return detail::contention_error(cd);
+      if (*w == wait_outcome::taken) have_first = true;
+      continue;
+    }
+    // Spinning: yield between attempts; now and then look for dead holders.
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_recovery) {
+      next_recovery = now + std::chrono::milliseconds(10);
+      auto rec = recover_blockers(me, want[0].slot);
+      if (!rec) return std::unexpected(rec.error());
+      if (*rec) continue;
+    }
+    if (!cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
+    std::this_thread::yield();
+  }
+  release_map_in_use_if_idle();
+  if (!cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
+  return std::nullopt;
+}
+
 result<std::uint64_t> memory_map::do_lock(std::span<const entity> sorted, const io::countdown& cd,
                                           bool spin) noexcept {
   impl& p = *impl_;
-  if (!p.fallback_ready.load(std::memory_order_acquire)) {
-    p.outstanding.fetch_add(1);  // seq_cst: counted in before the flags are read
-    if (!p.degraded()) {
-      auto t = p.mine();
-      if (!t) {
-        p.outstanding.fetch_sub(1);
-        return std::unexpected(t.error());
-      }
-      thread_user& me = **t;
-      if (!me.registered) {
-        if (auto r = p.register_user(me); !r) {
-          p.outstanding.fetch_sub(1);
-          return std::unexpected(r.error());
-        }
-      }
-      std::array<slot_request, 16> small{};
-      std::vector<slot_request> big;
-      std::span<slot_request> want = collect_slots(sorted, small, big);
-
-      const std::uint64_t my_bit = std::uint64_t{1} << (me.index % 64);
-      const std::size_t my_word = me.index / 64;
-      const auto take = [&](const slot_request& r) noexcept {
-        const slot_ref s = p.slot(r.slot);
-        if (r.exclusive) {
-          std::uint64_t expected = 0;
-          if (!s.writer().compare_exchange_strong(expected, me.index + 1)) return false;
-          for (std::size_t w = 0; w < reader_words; ++w) {
-            if (s.readers(w).load() != 0) {
-              s.writer().store(0, std::memory_order_release);
-              return false;
-            }
-          }
-          return true;
-        }
-        s.readers(my_word).fetch_or(my_bit);
-        if (s.writer().load() == 0) return true;
-        s.readers(my_word).fetch_and(~my_bit, std::memory_order_release);
-        return false;
-      };
-      const auto give_back = [&](const slot_request& r) noexcept {
-        const slot_ref s = p.slot(r.slot);
-        if (r.exclusive) {
-          s.writer().store(0, std::memory_order_release);
-        } else {
-          s.readers(my_word).fetch_and(~my_bit, std::memory_order_release);
-        }
-      };
-
-      unsigned attempts = 0;
-      auto next_recovery = std::chrono::steady_clock::time_point{};
-      detail::backoff sleeper(spin, std::chrono::microseconds(1000));
-      for (;;) {
-        std::size_t k = 0;
-        while (k < want.size() && take(want[k]))
-          ++k;
-        if (k == want.size()) return 0;
-        for (std::size_t j = 0; j < k; ++j)
-          give_back(want[j]);
-        if (cd.is_zero()) {
-          p.outstanding.fetch_sub(1);
-          if (p.degraded()) p.release_map_in_use_if_idle();
-          return errc_error(std::errc::operation_would_block);
-        }
-        // The contended slot first next time, the rest reshuffled.
-        std::swap(want[0], want[k]);
-        if (want.size() > 2) std::shuffle(want.begin() + 1, want.end(), detail::thread_rng());
-        ++attempts;
-        if (attempts < 64) {
-          for (unsigned i = 0; i < (1u << std::min(attempts, 6u)); ++i)
-            _mm_pause();
-          if (!cd.is_infinite() && cd.expired()) break;
-          continue;
-        }
-        // Kept out a while: maybe the holder is dead (checked every 10 ms at most).
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= next_recovery) {
-          next_recovery = now + std::chrono::milliseconds(10);
-          auto rec = p.recover_blockers(me, want[0].slot);
-          if (!rec) {
-            p.outstanding.fetch_sub(1);
-            return std::unexpected(rec.error());
-          }
-          if (*rec) continue;
-        }
-        if (p.degraded()) break;  // go and join the others on the fallback
-        if (attempts < 80 || spin) {
-          if (!cd.is_infinite() && cd.expired()) break;
-          std::this_thread::yield();
-          continue;
-        }
-        if (!sleeper.pause(cd)) break;
-      }
-      p.outstanding.fetch_sub(1);
-      if (!p.degraded()) return detail::contention_error(cd);
-      p.release_map_in_use_if_idle();
-      if (!cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
-    } else {
-      p.outstanding.fetch_sub(1);
+  if (!p.fallback_ready.load(std::memory_order_acquire) && !p.degraded()) {
+    auto on_map = p.lock_on_map(sorted, cd, spin);
+    if (!on_map) {
+      if (p.degraded()) p.release_map_in_use_if_idle();
+      return std::unexpected(on_map.error());
     }
+    if (*on_map) return **on_map;
   }
   // Degraded: the fallback lock, once every user has left the map.
   if (auto s = p.switch_to_fallback(cd, spin); !s) return std::unexpected(s.error());
@@ -614,22 +913,13 @@ result<void> memory_map::do_unlock(std::span<const entity> sorted, std::uint64_t
     delete held;
     return r;
   }
-  auto t = p.mine();
-  if (!t) return std::unexpected(t.error());
-  const thread_user& me = **t;
-  const std::uint64_t my_bit = std::uint64_t{1} << (me.index % 64);
-  const std::size_t my_word = me.index / 64;
-  std::array<slot_request, 16> small{};
+  // This thread's user (unlocks happen on the locking thread, which keeps its state).
+  thread_user& me = *reinterpret_cast<thread_user*>(token);
+  std::array<slot_request, 16> small;  // filled by collect_slots: no zeroing
   std::vector<slot_request> big;
-  for (const slot_request& r : collect_slots(sorted, small, big)) {
-    const slot_ref s = p.slot(r.slot);
-    if (r.exclusive) {
-      s.writer().store(0, std::memory_order_release);
-    } else {
-      s.readers(my_word).fetch_and(~my_bit, std::memory_order_release);
-    }
-  }
-  if (p.outstanding.fetch_sub(1) == 1 && p.degraded()) p.release_map_in_use_if_idle();
+  for (const slot_request& r : collect_slots(sorted, small, big))
+    p.give(me, r);
+  if (p.degraded()) p.release_map_in_use_if_idle();
   return {};
 }
 

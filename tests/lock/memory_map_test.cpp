@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "keel/io/file_handle.hpp"
@@ -16,6 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::fork_child;
+using test::signal_pipe;
 using test::temp_dir;
 using test::wait_exit;
 
@@ -174,6 +177,103 @@ TEST(MemoryMap, ThreadsRegisterAsSeparateUsers) {
   std::thread([&] { EXPECT_FALSE((*m)->try_lock({entity(9, true)})); }).join();
   ASSERT_TRUE(a->unlock());
   std::thread([&] { EXPECT_TRUE((*m)->try_lock({entity(9, true)})); }).join();
+}
+
+// Two entity values whose hashes pick the same slot (the slot formula is part of the format).
+std::pair<std::uint64_t, std::uint64_t> sharing_a_slot() {
+  const auto slot = [](std::uint64_t v) { return ((v * 0x9e3779b97f4a7c15ULL) >> 52) & 4095; };
+  std::unordered_map<std::uint64_t, std::uint64_t> seen;
+  for (std::uint64_t v = 1;; ++v) {
+    auto [it, fresh] = seen.emplace(slot(v), v);
+    if (!fresh) return {it->second, v};
+  }
+}
+
+// One thread locking two entities that share a slot, in two calls, must not wait for itself.
+TEST(MemoryMap, EntitiesSharingASlotNestInOneThread) {
+  temp_dir dir;
+  auto m = memory_map::open(dir.file("lock"));
+  ASSERT_TRUE(m);
+  const auto [a, b] = sharing_a_slot();
+  auto ga = (*m)->lock({entity(a)});
+  ASSERT_TRUE(ga);
+  auto gb = (*m)->lock({entity(b)}, 2s);
+  ASSERT_TRUE(gb) << gb.error().message();
+  ASSERT_TRUE(ga->unlock());
+  // Still held through b: other threads stay out of the slot.
+  std::thread([&] { EXPECT_FALSE((*m)->try_lock({entity(a)})); }).join();
+  ASSERT_TRUE(gb->unlock());
+  std::thread([&] { EXPECT_TRUE((*m)->try_lock({entity(a)})); }).join();
+
+  // Shared on one, then exclusive on the other: an upgrade of this thread's own slot.
+  auto shared = (*m)->lock({entity(a, false)});
+  ASSERT_TRUE(shared);
+  auto excl = (*m)->lock({entity(b)}, 2s);
+  ASSERT_TRUE(excl) << excl.error().message();
+  std::thread([&] { EXPECT_FALSE((*m)->try_lock({entity(a, false)})); }).join();
+  ASSERT_TRUE(excl->unlock());
+  std::thread([&] { EXPECT_TRUE((*m)->try_lock({entity(a, false)})); }).join();
+  std::thread([&] { EXPECT_FALSE((*m)->try_lock({entity(a)})); }).join();
+}
+
+// A release hands the slot to the process sleeping on it: the releaser cannot take it back
+// in front of the waiter (no barging), which is what makes memory_map fair.
+TEST(MemoryMap, ReleaseHandsTheSlotToTheSleepingWaiter) {
+  temp_dir dir;
+  const std::string path = dir.file("lock");
+  auto m = memory_map::open(path);
+  ASSERT_TRUE(m);
+  auto g = (*m)->lock({entity(7)});
+  ASSERT_TRUE(g);
+  signal_pipe about_to_lock, got_it, may_leave;
+  const pid_t waiter = fork_child([&] {
+    auto mine = memory_map::open(path);
+    if (!mine) return 2;
+    about_to_lock.notify();
+    auto h = (*mine)->lock({entity(7)}, 20s);
+    if (!h) return 3;
+    got_it.notify();
+    (void)may_leave.wait();
+    return 0;
+  });
+  ASSERT_EQ(about_to_lock.wait(), '!');
+  std::this_thread::sleep_for(300ms);  // past its spin: asleep on the slot
+  ASSERT_TRUE(g->unlock());
+  EXPECT_FALSE((*m)->try_lock({entity(7)}));
+  EXPECT_EQ(got_it.wait(), '!');
+  may_leave.notify();
+  EXPECT_EQ(wait_exit(waiter), 0);
+  EXPECT_TRUE((*m)->try_lock({entity(7)}));
+}
+
+// A waiter killed in its sleep may be handed the slot after it died; the next locker finds
+// it dead and goes on.
+TEST(MemoryMap, KilledSleepingWaiterDoesNotStrandTheSlot) {
+  temp_dir dir;
+  const std::string path = dir.file("lock");
+  auto m = memory_map::open(path);
+  ASSERT_TRUE(m);
+  auto g = (*m)->lock({entity(8)});
+  ASSERT_TRUE(g);
+  signal_pipe about_to_lock;
+  const pid_t waiter = fork_child([&] {
+    auto mine = memory_map::open(path);
+    if (!mine) return 2;
+    about_to_lock.notify();
+    auto h = (*mine)->lock({entity(8)});
+    return h ? 0 : 3;
+  });
+  ASSERT_EQ(about_to_lock.wait(), '!');
+  std::this_thread::sleep_for(300ms);
+  ::kill(waiter, SIGKILL);
+  EXPECT_EQ(wait_exit(waiter), 128 + SIGKILL);
+  ASSERT_TRUE(g->unlock());  // may hand the slot to the dead waiter
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread([&] {
+    auto again = (*m)->lock({entity(8)}, 5s);
+    EXPECT_TRUE(again) << again.error().message();
+  }).join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
 }  // namespace

@@ -11,18 +11,23 @@ namespace keel::lock {
 //! lock file records), indexed by a hash of the entity: the fast path is a compare-and-swap
 //! in memory, no syscall (formats and protocols: doc/lock-formats.md).
 //!
-//! - **Cost per lock**: an atomic read-modify-write and one or two cache lines read per
-//!   entity, plus bookkeeping: tens of nanoseconds uncontended.
-//! - **Waiting**: on contention everything taken is released, the contended entity goes
-//!   first, the rest are reshuffled; the waiter spins briefly, then yields, then sleeps
-//!   with an exponential backoff up to 1 ms (it never sleeps with `spin_not_sleep`). Not
-//!   FIFO: a waiter can lose races repeatedly. Two entities with the same hash index share
-//!   a spinlock (4096 slots).
+//! - **Cost per lock**: an atomic read-modify-write and two cache lines read per entity,
+//!   plus bookkeeping: about 90 ns for a lock and its unlock of one entity, uncontended.
+//! - **Waiting**: on contention everything taken is released and the contended entity goes
+//!   first next time (the rest reshuffled). While nobody sleeps on the slot, one waiter at a
+//!   time spins for an adaptive budget (doubled when spinning won the slot, halved when it
+//!   ran out, 1–200 µs); the others sleep on a futex of their own. A release hands the slot
+//!   to the next sleeper after the releaser in user order (round robin, exclusive sleepers
+//!   get the slot itself, so the releaser cannot take it back in front of them): every
+//!   waiter gets its turn, one wake-up per hand-over. With `spin_not_sleep` a waiter spins
+//!   and yields instead of sleeping. Two entities with the same hash index share a slot
+//!   (4096 slots); one thread may hold both (its holds are counted per slot).
 //! - **Users**: every (thread, instance) registers as a user (up to 1024 at once per lock),
 //!   holding an OFD lock on its own byte of the map file while it lives.
-//! - **Crash**: slots record which user holds them (the writer's index, a bit per reader);
-//!   a waiter that is kept out finds the holder's byte lock released (its process died) and
-//!   clears what the dead user held, so the others go on within milliseconds.
+//! - **Crash**: slots record which user holds them (the writer's index, a bit per reader)
+//!   and who sleeps on them; a sleeper looks for dead holders now and then (every 10 ms at
+//!   first, backing off to 5 ms × sleepers so a crowd does not wake in bursts) and clears
+//!   what a dead user held or was handed, so the others go on.
 //! - **First and last user**: the lock file carries byte-range markers held by a descriptor
 //!   used for nothing else, so no unlock of ours can drop them: the first user creates the
 //!   map, the last one removes it, one at a time under an init lock.
@@ -34,9 +39,12 @@ namespace keel::lock {
 //!   (within their deadline) for the map's holders to unlock. The lock stays degraded until
 //!   its last user closes it.
 //! - **Network filesystems**: degrades to byte_ranges (see above), which then decides.
-//! - **Caveats**: anti-social under contention (spinning burns CPU before it sleeps); a
-//!   process that dies while it *registers* or *recovers* may leave a user slot to the
-//!   next registrant, which clears it.
+//! - **Caveats**: a process that dies while it *registers* or *recovers* may leave a user
+//!   slot to the next registrant, which clears it; one that dies while it spins leaves the
+//!   slot without a spinner for good (waiters then sleep at once: slower, still correct).
+//!   A thread holding an entity shared and asking for another of the same slot
+//!   exclusively waits for the slot's other readers, like any upgrade: two threads doing
+//!   that at once wait for each other until their deadlines.
 class memory_map final : public shared_fs_mutex {
  public:
   struct options {
