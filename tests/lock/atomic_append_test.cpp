@@ -137,5 +137,49 @@ TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
   EXPECT_STREQ(got, "01234");
 }
 
+// A waiter sleeps on the request just ahead of it; when that one gives up instead of getting
+// in, the waiter must go on waiting for the earlier holder, not walk in.
+TEST(AtomicAppend, WaiterBehindAGiveUpStillWaitsForTheHolder) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto held = (*m)->lock({entity(1)});
+  ASSERT_TRUE(held);
+  test::signal_pipe quitter_queued, waiter_queued, waiter_in;
+  const pid_t quitter = test::fork_child([&] {
+    auto mm = atomic_append::open(path);
+    if (!mm) return 1;
+    std::thread tell([&] {
+      std::this_thread::sleep_for(100ms);
+      quitter_queued.notify();
+    });
+    auto g = (*mm)->lock({entity(1)}, 400ms);
+    tell.join();
+    return !g && g.error() == std::errc::timed_out ? 0 : 2;
+  });
+  ASSERT_EQ(quitter_queued.wait(), '!');
+  const pid_t waiter = test::fork_child([&] {
+    auto mm = atomic_append::open(path);
+    if (!mm) return 1;
+    std::thread tell([&] {
+      std::this_thread::sleep_for(100ms);
+      waiter_queued.notify();
+    });
+    auto g = (*mm)->lock({entity(1)}, 20s);
+    tell.join();
+    if (!g) return 2;
+    waiter_in.notify();
+    return 0;
+  });
+  ASSERT_EQ(waiter_queued.wait(), '!');
+  EXPECT_EQ(test::wait_exit(quitter), 0);  // gave up: the waiter behind it was woken
+  // ... and went back to sleep on our request: it is not in while we hold the lock.
+  EXPECT_FALSE(waiter_in.ready_within(500ms));
+  ASSERT_TRUE(held->unlock());
+  EXPECT_EQ(waiter_in.wait(), '!');
+  EXPECT_EQ(test::wait_exit(waiter), 0);
+}
+
 }  // namespace
 }  // namespace keel::lock

@@ -3,10 +3,12 @@
 // with a pipe to talk to them, and their exit status.
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -52,6 +54,15 @@ class signal_pipe {
   }
   void notify(char c = '!') const {
     if (::write(fds_[1], &c, 1) != 1) std::abort();
+  }
+  //! Whether a byte (or the end of the pipe) arrives within `timeout`; does not consume it.
+  [[nodiscard]] bool ready_within(std::chrono::milliseconds timeout) const {
+    pollfd p{fds_[0], POLLIN, 0};
+    for (;;) {
+      const int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      if (n >= 0) return n == 1;
+      if (errno != EINTR) std::abort();
+    }
   }
   //! Waits for one byte; returns it, or 0 when the writer closed the pipe (e.g. was killed).
   [[nodiscard]] char wait() const {
