@@ -6,6 +6,7 @@
 #   QUICK=1        smoke run (under 3 minutes)
 #   FULL=1         the lock benchmarks at the seed's full sizes (takes long)
 #   BENCH_DIR=DIR  run the benchmarks in DIR instead (to measure another filesystem)
+#   NO_FS=1        skip the lock rows on ext4, xfs and btrfs loop devices (they need root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/release/bin
@@ -21,7 +22,20 @@ elif [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = "tmpfs" ] && [ -w /dev/shm ]; t
 else
   dir=$(mktemp -d "${TMPDIR:-/tmp}/keel-bench.XXXXXX")
 fi
-trap 'rm -rf "$dir"' EXIT
+fs_root=build/bench-fs
+cleanup() {
+  # Whatever the per-filesystem step left mounted or attached (it cleans up after itself
+  # when it finishes; this is for an interrupted run).
+  for m in "$fs_root"/mnt/*; do
+    mountpoint -q "$m" 2>/dev/null && umount "$m"
+  done
+  for img in "$fs_root"/*.img; do
+    [ -e "$img" ] || continue
+    losetup -j "$img" 2>/dev/null | cut -d: -f1 | while read -r dev; do losetup -d "$dev"; done
+  done
+  rm -rf "$dir" "$fs_root"
+}
+trap cleanup EXIT
 echo "bench: running in $dir ($(stat -f -c %T "$dir"))" >&2
 
 # Many short repetitions, interleaved, and the median: robust against the bursts of noise of a
@@ -29,26 +43,29 @@ echo "bench: running in $dir ($(stat -f -c %T "$dir"))" >&2
 if [ "${QUICK:-}" = "1" ]; then
   reps=5 min_time=0.05
   scale_t=0.5 scale_w=10:100 matrix_s=0.1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10
+  fs_w=10
 elif [ "${FULL:-}" = "1" ]; then
   reps=20 min_time=0.2
   scale_t=10 scale_w=10:20:50:100:200:500:1000 matrix_s=1 matrix_w=1:2:3:4:5:6:7:8 short_w=2:5:10:20:50:100
+  fs_w=10:100:1000
   matrix_e=1:2:3:4:5:6:7:8
 else
   reps=20 min_time=0.2
   scale_t=2 scale_w=10:100:1000 matrix_s=1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10:100
+  fs_w=10:100
 fi
 keel=build/release/bin/keel
 
 step() { echo "bench: [$1] $2" >&2; }
 
-step 1/5 "io micro-benchmarks ($reps repetitions, interleaved)"
+step 1/6 "io micro-benchmarks ($reps repetitions, interleaved)"
 "$bin/keel_bench_io" --dir="$dir" \
   --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=false \
   --benchmark_out="$out/raw/io.json" --benchmark_out_format=json \
   --benchmark_format=console --benchmark_display_aggregates_only=true >&2
 
-step 2/5 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
+step 2/6 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
 scale_files=()
 for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   "$keel" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
@@ -56,17 +73,58 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   scale_files+=(--lockscale "$out/raw/lockscale-$algo.json")
 done
 
-step 3/5 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
+step 3/6 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
 for algo in flock fcntl sysv memory_map; do
   "$keel" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
-step 4/5 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
+step 4/6 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
 "$keel" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 
-step 5/5 "report"
+# The lock directory on real filesystems: a 512 MiB image per filesystem on a loop device.
+# sysv is left out (its semaphores live in the kernel, not in the filesystem).
+fs_args=()
+fs_skip=""
+if [ "${NO_FS:-}" = "1" ]; then
+  fs_skip="NO_FS=1 was given"
+elif [ "$(id -u)" -ne 0 ]; then
+  fs_skip="mounting loop devices needs root"
+fi
+step 5/6 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
+if [ -z "$fs_skip" ]; then
+  mkdir -p "$fs_root/mnt"
+  for fs in ext4 xfs btrfs; do
+    img="$fs_root/$fs.img" mnt="$fs_root/mnt/$fs"
+    if ! command -v "mkfs.$fs" >/dev/null || ! grep -qw "$fs" /proc/filesystems; then
+      fs_args+=(--fs-skipped "$fs: no mkfs.$fs or no kernel support")
+      continue
+    fi
+    truncate -s 512M "$img"
+    mkdir -p "$mnt"
+    if ! mkfs."$fs" -q "$img" >/dev/null 2>&1 && ! mkfs."$fs" -f "$img" >/dev/null 2>&1; then
+      fs_args+=(--fs-skipped "$fs: mkfs failed")
+      continue
+    fi
+    if ! mount -o loop "$img" "$mnt" 2>/dev/null; then
+      fs_args+=(--fs-skipped "$fs: mount -o loop failed")
+      continue
+    fi
+    for algo in flock fcntl lock_files byte_ranges atomic_append memory_map; do
+      "$keel" lockscale -t "$scale_t" -w "$fs_w" --dir "$mnt" \
+        --json "$out/raw/lockscale-$fs-$algo.json" "$algo" >&2
+      fs_args+=(--lockscale-fs "$out/raw/lockscale-$fs-$algo.json")
+    done
+    umount "$mnt"
+    rm -f "$img"
+  done
+else
+  echo "bench: skipped: $fs_skip" >&2
+  fs_args+=(--fs-skipped "all: $fs_skip")
+fi
+
+step 6/6 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
-  "${scale_files[@]}" --lockmatrix "$out/raw/lockmatrix.json" "$out/raw/io.json"
+  "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" "$out/raw/io.json"

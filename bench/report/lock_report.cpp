@@ -216,9 +216,153 @@ scale_rows load_scale(const std::vector<std::string>& files, json& params) {
   return rows;
 }
 
-section render_locks(const std::string& out, const std::vector<std::string>& lockscale_files,
-                     const std::vector<std::string>& short_files,
-                     const std::string& lockmatrix_file) {
+namespace {
+
+// The lockscale sweep on other filesystems: a table of totals with the ratio to the best
+// kernel lock on the same filesystem, and one clustered bar chart per worker count.
+// The main sweep (`main_rows`, on `main_fs`) is shown beside them, for the same algorithms
+// and worker counts.
+std::string render_fs(const std::string& out, const lock_inputs& in, const scale_rows& main_rows,
+                      const std::string& main_fs, json& results, std::vector<std::string>& pngs) {
+  // filesystem → algorithm → workers → row
+  std::map<std::string, scale_rows> by_fs;
+  std::set<std::string> fs_algos;
+  std::set<std::size_t> fs_counts;
+  for (const auto& file : in.lockscale_fs) {
+    json params;
+    const scale_rows rows = load_scale({file}, params);
+    const std::string fs = params["filesystem"].get<std::string>();
+    for (const auto& [algo, by_n] : rows) {
+      by_fs[fs][algo].insert(by_n.begin(), by_n.end());
+      fs_algos.insert(algo);
+      for (const auto& [n, r] : by_n)
+        fs_counts.insert(n);
+    }
+  }
+  if (!by_fs.empty() && !by_fs.contains(main_fs)) {
+    for (const auto& [algo, by_n] : main_rows) {
+      if (!fs_algos.contains(algo)) continue;
+      for (const auto& [n, r] : by_n) {
+        if (fs_counts.contains(n)) by_fs[main_fs][algo][n] = r;
+      }
+    }
+  }
+  std::string html;
+  results["lockscale_fs"] = {{"rows", json::object()}, {"skipped", in.fs_skipped}};
+  if (!by_fs.empty()) {
+    std::set<std::size_t> counts;
+    std::set<std::string> algos;
+    for (const auto& [fs, rows] : by_fs) {
+      for (const auto& [algo, by_n] : rows) {
+        algos.insert(algo);
+        for (const auto& [n, r] : by_n) {
+          counts.insert(n);
+          results["lockscale_fs"]["rows"][fs][algo].push_back(r);
+        }
+      }
+    }
+    html +=
+        "<h3>lockscale on other filesystems (loop devices; total acquisitions, and the "
+        "ratio to the best of flock and fcntl on the same filesystem)</h3>\n<table><tr>"
+        "<th>filesystem</th><th>algorithm</th>";
+    for (const std::size_t n : counts)
+      html += fmt::format("<th>{} workers</th>", n);
+    html += "</tr>\n";
+    const auto best_kernel = [](const scale_rows& rows, std::size_t n) {
+      double best = 0;
+      for (const char* k : {"flock", "fcntl"}) {
+        if (rows.contains(k) && rows.at(k).contains(n)) {
+          best = std::max(best, rows.at(k).at(n)["total"].get<double>());
+        }
+      }
+      return best;
+    };
+    for (const auto& [fs, rows] : by_fs) {
+      for (const auto& [algo, by_n] : rows) {
+        html += fmt::format("<tr><td>{}</td><td>{}</td>", html_escape(fs), html_escape(algo));
+        for (const std::size_t n : counts) {
+          if (!by_n.contains(n)) {
+            html += "<td></td>";
+            continue;
+          }
+          const double total = by_n.at(n)["total"].get<double>();
+          const double best = best_kernel(rows, n);
+          html += fmt::format("<td>{:.0f} ({})</td>", total,
+                              best > 0 ? fmt_ratio(total / best) : std::string("n/a"));
+        }
+        html += "</tr>\n";
+      }
+    }
+    html += "</table>\n";
+
+    // Data: one block per worker count; a row per filesystem, a column per algorithm.
+    const std::string dat = out + "/lockscale-fs.dat";
+    {
+      auto f = fmt::output_file(dat);
+      for (const std::size_t n : counts) {
+        f.print("# {} workers\nfs", n);
+        for (const auto& a : algos)
+          f.print(" {}", a);
+        f.print("\n");
+        for (const auto& [fs, rows] : by_fs) {
+          f.print("{}", fs);
+          for (const auto& a : algos) {
+            const bool has = rows.contains(a) && rows.at(a).contains(n);
+            f.print(" {}", has ? rows.at(a).at(n)["total"].dump() : "0");
+          }
+          f.print("\n");
+        }
+        f.print("\n\n");
+      }
+    }
+    std::string panels;
+    std::size_t block = 0;
+    for (const std::size_t n : counts) {
+      std::string cols;
+      for (std::size_t c = 0; c < algos.size(); ++c) {
+        cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
+                            dat, block, c + 2, c == 0 ? ":xtic(1)" : "");
+      }
+      panels += fmt::format("set title \"{} workers\"\nplot {}\n", n, cols);
+      ++block;
+    }
+    const std::string gp = out + "/lockscale-fs.gp";
+    {
+      auto f = fmt::output_file(gp);
+      f.print(R"gp(set terminal pngcairo size {w},450 font "sans,10"
+set termoption noenhanced
+set output "{out}/lockscale-fs.png"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key outside bottom horizontal
+set ylabel "acquisitions in the run"
+set yrange [0:*]
+set multiplot layout 1,{panes} title "lockscale by filesystem (higher is better)"
+{panels}unset multiplot
+)gp",
+              fmt::arg("w", 450 * counts.size() + 100), fmt::arg("out", out),
+              fmt::arg("panes", counts.size()), fmt::arg("panels", panels));
+    }
+    run_gnuplot(gp);
+    pngs.push_back("lockscale-fs.png");
+  }
+  if (!in.fs_skipped.empty()) {
+    html += "<p>Not measured on other filesystems: ";
+    for (std::size_t i = 0; i < in.fs_skipped.size(); ++i)
+      html += (i == 0 ? "" : "; ") + html_escape(in.fs_skipped[i]);
+    html += ".</p>\n";
+  }
+  return html;
+}
+
+}  // namespace
+
+section render_locks(const std::string& out, const lock_inputs& inputs) {
+  const auto& lockscale_files = inputs.lockscale;
+  const auto& short_files = inputs.lockscale_short;
+  const auto& lockmatrix_file = inputs.lockmatrix;
   section s;
   s.results = json::object();
   std::vector<std::string> pngs;
@@ -406,6 +550,9 @@ section render_locks(const std::string& out, const std::vector<std::string>& loc
                          fmt_ratio(aa8 / aa1), "≥ 0.8×", aa8 / aa1 >= 0.8});
     }
   }
+  tables += render_fs(out, inputs, rows,
+                      scale_params.is_null() ? std::string() : scale_params.value("filesystem", ""),
+                      s.results, pngs);
   std::vector<std::string> missing;
   if (!measured_short) {
     missing.push_back("lockscale with busy 10 µs, idle 10 µs: memory_map vs best kernel (≥ 1×)");

@@ -15,11 +15,17 @@ struct section {
   std::string summary;  // for stdout
 };
 
-//! Renders the lockscale results (one JSON per algorithm) and the lockmatrix JSON (may be
-//! empty) into plots under `out`; returns the HTML, the JSON and the targets missed.
-//! `short_files` are lockscale runs with short critical sections (their own target).
-section render_locks(const std::string& out, const std::vector<std::string>& lockscale_files,
-                     const std::vector<std::string>& short_files,
-                     const std::string& lockmatrix_file);
+//! What the lock section is made of (file names of keel lockscale / lockmatrix --json output).
+struct lock_inputs {
+  std::vector<std::string> lockscale;        // one per algorithm, the main sweep
+  std::vector<std::string> lockscale_short;  // short critical sections (their own target)
+  std::vector<std::string> lockscale_fs;     // the sweep on other filesystems (no targets)
+  std::vector<std::string> fs_skipped;       // "fs: why" for filesystems not measured
+  std::string lockmatrix;                    // may be empty
+};
+
+//! Renders the lock results into plots under `out`; returns the HTML, the JSON and the
+//! targets missed.
+section render_locks(const std::string& out, const lock_inputs& in);
 
 }  // namespace keel::report

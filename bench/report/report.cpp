@@ -198,15 +198,18 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--dir", dir, "The directory the benchmarks ran in (its filesystem is reported)");
-  std::vector<std::string> lockscale_files;
-  std::string lockmatrix_file;
-  app.add_option("--lockscale", lockscale_files, "keel lockscale --json files")
+  keel::report::lock_inputs locks_in;
+  app.add_option("--lockscale", locks_in.lockscale, "keel lockscale --json files")
       ->check(CLI::ExistingFile);
-  std::vector<std::string> short_files;
-  app.add_option("--lockscale-short", short_files,
+  app.add_option("--lockscale-short", locks_in.lockscale_short,
                  "keel lockscale --json files of short critical sections")
       ->check(CLI::ExistingFile);
-  app.add_option("--lockmatrix", lockmatrix_file, "keel lockmatrix --json file")
+  app.add_option("--lockscale-fs", locks_in.lockscale_fs,
+                 "keel lockscale --json files of runs on other filesystems")
+      ->check(CLI::ExistingFile);
+  app.add_option("--fs-skipped", locks_in.fs_skipped,
+                 "\"FS: reason\" for a filesystem the benchmarks could not run on");
+  app.add_option("--lockmatrix", locks_in.lockmatrix, "keel lockmatrix --json file")
       ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
       ->required()
@@ -314,9 +317,9 @@ int main(int argc, char** argv) {
       results["sections"].push_back(sec);
     }
 
-    if (!lockscale_files.empty() || !short_files.empty() || !lockmatrix_file.empty()) {
-      const auto locks =
-          keel::report::render_locks(out, lockscale_files, short_files, lockmatrix_file);
+    if (!locks_in.lockscale.empty() || !locks_in.lockscale_short.empty() ||
+        !locks_in.lockscale_fs.empty() || !locks_in.lockmatrix.empty()) {
+      const auto locks = keel::report::render_locks(out, locks_in);
       html_sections += locks.html;
       results["locks"] = locks.results;
       missed += locks.missed;
