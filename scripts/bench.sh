@@ -31,7 +31,7 @@ cleanup() {
   done
   for img in "$fs_root"/*.img; do
     [ -e "$img" ] || continue
-    losetup -j "$img" 2>/dev/null | cut -d: -f1 | while read -r dev; do losetup -d "$dev"; done
+    { losetup -j "$img" 2>/dev/null | cut -d: -f1 | while read -r dev; do losetup -d "$dev"; done; } || true
   done
   rm -rf "$dir" "$fs_root"
 }
