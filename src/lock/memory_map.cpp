@@ -79,6 +79,8 @@ struct user_entry {
   std::uint32_t wake;   // futex word: bumped by whoever wakes this user
   std::uint32_t wants;  // the slot it sleeps on (| wants_exclusive), or no_slot
   std::uint32_t clean;  // non-zero: the last user of this index left no mark in any slot
+  std::uint32_t reserved;
+  std::uint64_t waiting_since_ns;  // CLOCK_MONOTONIC when it started waiting on `wants`
 };
 static_assert(sizeof(user_entry) <= user_size);
 
@@ -106,6 +108,9 @@ struct slot_ref {
   [[nodiscard]] std::atomic_ref<std::uint64_t> spin_budget_ns() const noexcept {
     return std::atomic_ref<std::uint64_t>(base[3]);
   }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> woken() const noexcept {
+    return std::atomic_ref<std::uint64_t>(base[4]);
+  }
   [[nodiscard]] std::atomic_ref<std::uint64_t> readers(std::size_t word) const noexcept {
     return std::atomic_ref<std::uint64_t>(base[8 + word]);
   }
@@ -126,6 +131,18 @@ struct slot_ref {
     return false;
   }
 };
+
+// A sleeper that has waited this long is handed the slot; before, a release only wakes it
+// and anyone may take the slot first (short holds then run back to back without a
+// hand-over, and a long wait always ends in one).
+constexpr std::uint64_t hand_over_after_ns = 1'000'000;
+
+std::uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000 +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
 
 std::size_t slot_of(std::uint64_t value) noexcept {
   static_assert((memory_map::slots & (memory_map::slots - 1)) == 0);
@@ -284,6 +301,15 @@ struct memory_map::impl {
     if (target == no_slot) return;
     const auto slot_index = static_cast<std::uint32_t>(i);
     if (wants_word(target).load() == (slot_index | wants_exclusive)) {
+      const std::uint64_t since =
+          std::atomic_ref<std::uint64_t>(user(target)->waiting_since_ns).load();
+      if (monotonic_ns() - since < hand_over_after_ns) {
+        // Not waited long: wake it to compete, unless a woken sleeper is on its way already
+        // (one wake-up per round, not one per release).
+        std::uint64_t none = 0;
+        if (s.woken().compare_exchange_strong(none, target + 1)) wake(target);
+        return;
+      }
       std::uint64_t expected = 0;
       if (!s.writer().compare_exchange_strong(expected, target + 1)) return;
       // The target may have given up meanwhile; then its grant is withdrawn by it or here.
@@ -315,6 +341,8 @@ struct memory_map::impl {
     const slot_ref s = slot(i);
     const std::uint64_t bit = std::uint64_t{1} << (u % 64);
     if ((s.waiters(u / 64).fetch_and(~bit) & bit) != 0) s.waiter_count().fetch_sub(1);
+    std::uint64_t was_woken = u + 1;
+    s.woken().compare_exchange_strong(was_woken, 0);
     std::uint64_t w = u + 1;
     bool freed = s.writer().compare_exchange_strong(w, 0);
     freed |= (s.readers(u / 64).fetch_and(~bit) & bit) != 0;
@@ -432,6 +460,7 @@ struct memory_map::impl {
     const slot_ref s = slot(r.slot);
     const std::uint32_t u = me.index;
     const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+    std::atomic_ref<std::uint64_t>(user(u)->waiting_since_ns).store(monotonic_ns());
     wants_word(u).store(r.slot | (r.exclusive ? wants_exclusive : 0));
     s.waiters(u / 64).fetch_or(bit);
     s.waiter_count().fetch_add(1);  // after the bit: a releaser that counts us finds us
@@ -439,6 +468,8 @@ struct memory_map::impl {
       s.waiters(u / 64).fetch_and(~bit);
       s.waiter_count().fetch_sub(1);
       wants_word(u).store(no_slot);
+      std::uint64_t me_woken = u + 1;
+      s.woken().compare_exchange_strong(me_woken, 0);
     };
     auto next_recovery =
         std::chrono::steady_clock::now() + recovery_pause(recovery, s.waiter_count().load());
@@ -469,6 +500,8 @@ struct memory_map::impl {
       auto nap = std::chrono::duration_cast<std::chrono::nanoseconds>(next_recovery - now);
       if (!cd.is_infinite()) nap = std::min(nap, cd.remaining());
       futex_wait(&user(u)->wake, seen, nap);
+      std::uint64_t me_woken = u + 1;  // on our way: the next release may wake another
+      s.woken().compare_exchange_strong(me_woken, 0);
     }
   }
 

@@ -16,11 +16,13 @@ namespace keel::lock {
 //! - **Waiting**: on contention everything taken is released and the contended entity goes
 //!   first next time (the rest reshuffled). While nobody sleeps on the slot, one waiter at a
 //!   time spins for an adaptive budget (doubled when spinning won the slot, halved when it
-//!   ran out, 1–200 µs); the others sleep on a futex of their own. A release hands the slot
-//!   to the next sleeper after the releaser in user order (round robin, exclusive sleepers
-//!   get the slot itself, so the releaser cannot take it back in front of them): every
-//!   waiter gets its turn, one wake-up per hand-over. With `spin_not_sleep` a waiter spins
-//!   and yields instead of sleeping. Two entities with the same hash index share a slot
+//!   ran out, 1–200 µs); the others sleep on a futex of their own. A release picks the next
+//!   sleeper after the releaser in user order (round robin). If it has waited 1 ms or more,
+//!   it is handed the slot (an exclusive sleeper gets the writer word before it is woken, so
+//!   nobody takes the slot in front of it): every long wait ends in a turn, in order. If not,
+//!   it is only woken to compete (one woken sleeper at a time), so short holds run back to
+//!   back without a hand-over each. With `spin_not_sleep` a waiter spins and yields instead
+//!   of sleeping. Two entities with the same hash index share a slot
 //!   (4096 slots); one thread may hold both (its holds are counted per slot).
 //! - **Users**: every (thread, instance) registers as a user (up to 1024 at once per lock),
 //!   holding an OFD lock on its own byte of the map file while it lives.
