@@ -1,0 +1,82 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "keel/aio/file.hpp"
+#include "keel/result.hpp"
+
+namespace keel::aio {
+
+//! How the controller's threads do the I/O.
+enum class engine_kind : std::uint8_t {
+  io_uring,  //!< a ring per thread (liburing), many requests in flight per thread
+  posix,     //!< pread/pwrite/fsync on each thread, one request at a time per thread
+  stdio,     //!< <cstdio> (fseeko/fread/fwrite, fflush+fsync): for comparison
+  null,      //!< completes every request at once without I/O: the framework's own cost
+};
+[[nodiscard]] std::string_view to_string(engine_kind k) noexcept;
+//! "io_uring", "posix", "stdio" or "null"; invalid_argument otherwise.
+[[nodiscard]] result<engine_kind> engine_from_string(std::string_view name) noexcept;
+
+struct options {
+  //! Threads the controller owns. Requests of one submitting thread are spread over them.
+  unsigned workers = 2;
+  //! The engine; unset: io_uring where it works here, else posix. The environment variable
+  //! KEEL_AIO_ENGINE (io_uring, posix, stdio, null) overrides both. A chosen engine that
+  //! cannot start is an error; only the default falls back.
+  std::optional<engine_kind> engine;
+  //! Submission queue entries of each io_uring ring.
+  unsigned queue_depth = 128;
+};
+
+//! How a file is opened.
+struct open_options {
+  bool read = true;
+  bool write = false;
+  bool create = false;    //!< O_CREAT (mode 0644), needs write
+  bool truncate = false;  //!< O_TRUNC, needs write
+  bool direct = false;    //!< O_DIRECT: requests must be aligned (file::alignment())
+};
+
+//! Owns worker threads and their engines, and runs the requests of the files opened through
+//! it (see file.hpp for ordering). Start one with `start`; `stop` (or the destructor) ends
+//! it. Thread-safe. Files may outlive it: their requests are then cancelled.
+class controller {
+ public:
+  //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE), and
+  //! for an engine that was asked for and cannot run: the error that stopped it (ENOSYS,
+  //! EPERM under seccomp or kernel.io_uring_disabled, ENOMEM for locked memory, ...).
+  [[nodiscard]] static result<std::unique_ptr<controller>> start(options opts = {}) noexcept;
+  controller(const controller&) = delete;
+  controller& operator=(const controller&) = delete;
+  //! `stop()`.
+  ~controller();
+
+  //! Ends the controller: requests not yet started finish as cancelled
+  //! (errc::controller_stopped), running ones are waited for, the threads are joined. Every
+  //! receipt is ready afterwards. Later requests are cancelled at once. Idempotent.
+  void stop() noexcept;
+
+  [[nodiscard]] engine_kind engine() const noexcept;
+  [[nodiscard]] std::string_view engine_name() const noexcept { return to_string(engine()); }
+  //! Why the default engine (io_uring) is not the one running, or empty.
+  [[nodiscard]] const std::string& fallback_reason() const noexcept;
+  [[nodiscard]] unsigned workers() const noexcept;
+
+  //! Opens `path`. Errors: those of open(2); invalid_argument for create/truncate without
+  //! write; errc::not_supported_by_engine for direct with the stdio engine.
+  [[nodiscard]] result<file> open(const std::string& path, open_options how) noexcept;
+
+  struct impl;
+
+ private:
+  explicit controller(std::shared_ptr<impl> p) noexcept;
+  std::shared_ptr<impl> impl_;  // shared with the files opened through it
+};
+
+}  // namespace keel::aio

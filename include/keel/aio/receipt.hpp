@@ -1,0 +1,59 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "keel/io/deadline.hpp"
+#include "keel/result.hpp"
+
+namespace keel::aio {
+
+namespace detail {
+struct op;
+struct receipt_access;
+}  // namespace detail
+
+//! Where a request stands.
+enum class status : std::uint8_t {
+  pending,    //!< queued or running
+  done,       //!< finished: bytes() tells how many were transferred
+  failed,     //!< finished with an error (error())
+  cancelled,  //!< never run: the controller stopped first
+};
+
+//! Called once when a request finishes, on one of the controller's threads, with the bytes
+//! transferred or the error. Keep it short: it runs where the next I/O would be issued.
+using completion = std::function<void(const result<std::size_t>&)>;
+
+//! The claim on one submitted request. Copyable (all copies see the same request); the
+//! request runs to its end whether or not a receipt is kept. Thread-safe.
+class receipt {
+ public:
+  receipt() noexcept = default;
+  receipt(const receipt& other) noexcept;
+  receipt& operator=(const receipt& other) noexcept;
+  receipt(receipt&& other) noexcept;
+  receipt& operator=(receipt&& other) noexcept;
+  ~receipt();
+
+  //! Whether this receipt refers to a request.
+  [[nodiscard]] bool valid() const noexcept { return op_ != nullptr; }
+  [[nodiscard]] status state() const noexcept;
+  [[nodiscard]] bool ready() const noexcept { return state() != status::pending; }
+
+  //! Waits for the end of the request (its completion callback has run by then) and returns
+  //! the bytes transferred: for a read, fewer than asked only at end of file; for a write,
+  //! all of them; 0 for fsync. Errors: the request's own (the errno of the failed call, never
+  //! retried for fsync), aio::errc::controller_stopped when it was cancelled.
+  result<std::size_t> wait() const noexcept;
+  //! The same, giving up at `d`: timed_out then (the request goes on).
+  result<std::size_t> wait(io::deadline d) const noexcept;
+
+ private:
+  friend struct detail::receipt_access;
+  explicit receipt(detail::op* o) noexcept : op_(o) {}
+  detail::op* op_ = nullptr;
+};
+
+}  // namespace keel::aio

@@ -1,0 +1,638 @@
+#include "keel/aio/controller.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "detail.hpp"
+
+namespace keel::aio {
+namespace {
+
+using detail::op;
+using detail::op_kind;
+
+void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX,
+            nullptr, nullptr, 0);
+}
+
+// Sleeps while `word` holds `expected`, at most until `cd` (forever when infinite).
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                const io::countdown* cd) noexcept {
+  timespec ts{};
+  timespec* timeout = nullptr;
+  if (cd != nullptr && !cd->is_infinite()) {
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(cd->remaining());
+    ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
+    ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
+    timeout = &ts;
+  }
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+            timeout, nullptr, 0);
+}
+
+constexpr std::uint32_t status_of(std::uint32_t state) noexcept {
+  return state & 0xff;
+}
+
+// A request refused before it ran: finished on the submitting thread, never counted.
+receipt refuse(op* o, std::error_code why) noexcept {
+  receipt r = detail::receipt_access::make(o);
+  o->error = why;
+  if (o->on_done) o->on_done(std::unexpected(why));
+  o->state.store(static_cast<std::uint32_t>(status::failed), std::memory_order_release);
+  o->unref();  // the controller's reference: the receipt keeps the op
+  return r;
+}
+
+// The stream caches of this thread: the last few files it submitted on (ids are never
+// reused, so a stale entry only misses).
+struct cached_stream {
+  std::uint64_t file_id = 0;
+  detail::stream* s = nullptr;
+};
+thread_local std::array<cached_stream, 8> stream_cache{};
+std::atomic<std::uint64_t> next_file_id{1};  // process-wide: cache entries of closed files
+                                             // (of any controller) can never match again
+thread_local unsigned stream_cache_next = 0;
+
+}  // namespace
+
+// ---- ordering ----
+
+bool detail::must_follow(const op& earlier, const op& later) noexcept {
+  if (earlier.kind == op_kind::task || later.kind == op_kind::task) return true;
+  const auto is_sync = [](op_kind k) { return k == op_kind::fsync || k == op_kind::fdatasync; };
+  if (is_sync(later.kind)) return earlier.kind == op_kind::write;
+  if (is_sync(earlier.kind)) return false;
+  if (earlier.kind == op_kind::read && later.kind == op_kind::read) return false;
+  return earlier.offset < later.offset + later.length &&
+         later.offset < earlier.offset + earlier.length;
+}
+
+detail::file_state::~file_state() {
+  if (stdio != nullptr) std::fclose(stdio);
+  if (fd >= 0) ::close(fd);
+}
+
+detail::stream& detail::file_state::stream_of_this_thread() noexcept {
+  for (const auto& c : stream_cache) {
+    if (c.file_id == id) return *c.s;
+  }
+  stream* found = nullptr;
+  {
+    const std::scoped_lock lock(streams_mutex);
+    const auto me = std::this_thread::get_id();
+    for (const auto& [tid, s] : streams) {
+      if (tid == me) found = s.get();
+    }
+    if (found == nullptr) {
+      streams.emplace_back(me, std::make_unique<stream>());
+      found = streams.back().second.get();
+    }
+  }
+  stream_cache[stream_cache_next++ % stream_cache.size()] = {id, found};
+  return *found;
+}
+
+// ---- workers' inboxes ----
+
+void detail::worker::push(op* first, op* last) noexcept {
+  // The inbox is a stack (newest first); the chain arrives oldest first: reverse it so that
+  // take_all, which reverses the whole stack, gives everything back oldest first.
+  op* reversed = nullptr;
+  for (op* o = first;;) {
+    op* next = o->next;
+    o->next = reversed;
+    reversed = o;
+    if (o == last) break;
+    o = next;
+  }
+  op* head = inbox_.load(std::memory_order_relaxed);
+  do {
+    first->next = head;  // `first` is the tail of the reversed chain
+  } while (!inbox_.compare_exchange_weak(head, reversed, std::memory_order_seq_cst,
+                                         std::memory_order_relaxed));
+  if (sleeping_.load(std::memory_order_seq_cst)) wake();
+}
+
+detail::op* detail::worker::take_all() noexcept {
+  op* o = inbox_.exchange(nullptr, std::memory_order_seq_cst);
+  op* fifo = nullptr;
+  while (o != nullptr) {
+    op* next = o->next;
+    o->next = fifo;
+    fifo = o;
+    o = next;
+  }
+  return fifo;
+}
+
+bool detail::worker::may_exit() const noexcept {
+  return ctl_.stopping.load() && ctl_.outstanding.load() == 0;
+}
+
+// ---- the controller ----
+
+void controller::impl::dispatch(op* o, unsigned& next_worker) noexcept {
+  detail::worker& w = *workers[next_worker++ % workers.size()];
+  o->next = nullptr;
+  w.push(o, o);
+}
+
+void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled) noexcept {
+  status st = status::done;
+  if (cancelled) {
+    st = status::cancelled;
+    outcome = std::unexpected(make_error_code(errc::controller_stopped));
+  } else if (!outcome) {
+    st = status::failed;
+  }
+  if (outcome) {
+    o->done = *outcome;
+  } else {
+    o->error = outcome.error();
+  }
+  if (o->on_done) o->on_done(outcome);
+  const std::uint32_t before =
+      o->state.exchange(static_cast<std::uint32_t>(st), std::memory_order_acq_rel);
+  if ((before & op::has_waiters) != 0) futex_wake_all(o->state);
+
+  if (detail::stream* s = o->owner; s != nullptr) {
+    // Hand on the ops of the stream that no earlier unfinished op holds back any more.
+    std::array<op*, 16> ready{};
+    std::size_t n_ready = 0;
+    std::vector<op*> more;
+    unsigned first_worker = 0;
+    {
+      const std::scoped_lock lock(s->mutex);
+      for (auto it = s->unfinished.begin(); it != s->unfinished.end(); ++it) {
+        if (*it == o) {
+          s->unfinished.erase(it);
+          break;
+        }
+      }
+      for (std::size_t i = 0; i < s->unfinished.size(); ++i) {
+        op* y = s->unfinished[i];
+        if (y->dispatched) continue;
+        bool held_back = false;
+        for (std::size_t j = 0; j < i && !held_back; ++j)
+          held_back = detail::must_follow(*s->unfinished[j], *y);
+        if (held_back) continue;
+        y->dispatched = true;
+        if (n_ready < ready.size()) {
+          ready[n_ready++] = y;
+        } else {
+          more.push_back(y);
+        }
+      }
+      first_worker = s->next_worker;
+      s->next_worker += static_cast<unsigned>(n_ready + more.size());
+    }
+    for (std::size_t i = 0; i < n_ready; ++i)
+      dispatch(ready[i], first_worker);
+    for (op* y : more)
+      dispatch(y, first_worker);
+  }
+
+  detail::file_state& f = *o->file;
+  if (f.in_flight.fetch_sub(1) == 1 && f.closed.load()) futex_wake_all(f.in_flight);
+  if (outstanding.fetch_sub(1) == 1 && stopping.load()) {
+    outstanding.notify_all();
+    for (auto& w : workers)
+      w->wake();
+  }
+  o->unref();
+}
+
+result<std::size_t> controller::impl::run_posix(op& o) noexcept {
+  const int fd = o.file->fd;
+  switch (o.kind) {
+    case op_kind::read:
+      while (o.done < o.length) {
+        const ssize_t n = ::pread(fd, o.buffer + o.done, o.length - o.done,
+                                  static_cast<off_t>(o.offset + o.done));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return last_errno_error();
+        }
+        if (n == 0) break;  // end of file
+        o.done += static_cast<std::size_t>(n);
+      }
+      return o.done;
+    case op_kind::write:
+      while (o.done < o.length) {
+        const ssize_t n = ::pwrite(fd, o.buffer + o.done, o.length - o.done,
+                                   static_cast<off_t>(o.offset + o.done));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return last_errno_error();
+        }
+        if (n == 0) return errc_error(std::errc::io_error);  // no progress: never spin
+        o.done += static_cast<std::size_t>(n);
+      }
+      return o.done;
+    case op_kind::fsync:
+      if (::fsync(fd) != 0) return last_errno_error();  // never retried: the error is the news
+      return 0;
+    case op_kind::fdatasync:
+      if (::fdatasync(fd) != 0) return last_errno_error();
+      return 0;
+    case op_kind::task:
+      return o.task();
+  }
+  return errc_error(std::errc::invalid_argument);
+}
+
+std::string_view to_string(engine_kind k) noexcept {
+  switch (k) {
+    case engine_kind::io_uring:
+      return "io_uring";
+    case engine_kind::posix:
+      return "posix";
+    case engine_kind::stdio:
+      return "stdio";
+    case engine_kind::null:
+      return "null";
+  }
+  return "unknown";
+}
+
+result<engine_kind> engine_from_string(std::string_view name) noexcept {
+  for (const auto k :
+       {engine_kind::io_uring, engine_kind::posix, engine_kind::stdio, engine_kind::null}) {
+    if (name == to_string(k)) return k;
+  }
+  return errc_error(std::errc::invalid_argument);
+}
+
+controller::controller(std::shared_ptr<impl> p) noexcept : impl_(std::move(p)) {}
+
+controller::~controller() {
+  stop();
+}
+
+namespace {
+
+// Starts `n` workers of kind `k` into `c`; on failure stops those already started.
+result<void> start_workers(controller::impl& c, engine_kind k, unsigned n,
+                           unsigned queue_depth) noexcept {
+  for (unsigned i = 0; i < n; ++i) {
+    auto w = k == engine_kind::io_uring ? detail::make_uring_worker(c, queue_depth)
+                                        : detail::make_sync_worker(c, k);
+    if (auto s = w->start(); !s) {
+      c.stopping.store(true);
+      for (auto& started : c.workers) {
+        started->wake();
+        started->join();
+      }
+      c.workers.clear();
+      c.stopping.store(false);
+      return s;
+    }
+    c.workers.push_back(std::move(w));
+  }
+  return {};
+}
+
+}  // namespace
+
+result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
+  if (opts.workers == 0 || opts.queue_depth == 0) return errc_error(std::errc::invalid_argument);
+  std::optional<engine_kind> wanted = opts.engine;
+  if (const char* env = std::getenv("KEEL_AIO_ENGINE"); env != nullptr && *env != '\0') {
+    auto k = engine_from_string(env);
+    if (!k) return std::unexpected(k.error());
+    wanted = *k;
+  }
+  auto p = std::make_shared<impl>();
+  p->opts = opts;
+  if (wanted) {
+    p->kind = *wanted;
+    if (auto s = start_workers(*p, *wanted, opts.workers, opts.queue_depth); !s) {
+      return std::unexpected(s.error());
+    }
+  } else {
+    p->kind = engine_kind::io_uring;
+    if (auto s = start_workers(*p, engine_kind::io_uring, opts.workers, opts.queue_depth); !s) {
+      p->fallback_reason = "io_uring could not start: " + s.error().message();
+      if (s.error() == std::errc::operation_not_permitted) {
+        if (std::FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "r")) {
+          int v = 0;
+          if (std::fscanf(f, "%d", &v) == 1 && v != 0) {
+            p->fallback_reason += " (kernel.io_uring_disabled=" + std::to_string(v) + ")";
+          }
+          std::fclose(f);
+        }
+      }
+      p->kind = engine_kind::posix;
+      if (auto t = start_workers(*p, engine_kind::posix, opts.workers, opts.queue_depth); !t) {
+        return std::unexpected(t.error());
+      }
+    }
+  }
+  return std::unique_ptr<controller>(new controller(std::move(p)));
+}
+
+void controller::stop() noexcept {
+  impl& c = *impl_;
+  const std::scoped_lock lock(c.stop_mutex);
+  if (c.stopped) return;
+  c.stopping.store(true);
+  for (auto& w : c.workers)
+    w->wake();
+  // Every request still queued or held back is cancelled by the workers; running ones end.
+  for (std::uint64_t n = c.outstanding.load(); n != 0; n = c.outstanding.load())
+    c.outstanding.wait(n);
+  for (auto& w : c.workers) {
+    w->wake();
+    w->join();
+  }
+  c.stopped = true;
+}
+
+engine_kind controller::engine() const noexcept {
+  return impl_->kind;
+}
+const std::string& controller::fallback_reason() const noexcept {
+  return impl_->fallback_reason;
+}
+unsigned controller::workers() const noexcept {
+  return static_cast<unsigned>(impl_->workers.size());
+}
+
+result<file> controller::open(const std::string& path, open_options how) noexcept {
+  if (!how.read && !how.write) return errc_error(std::errc::invalid_argument);
+  if ((how.create || how.truncate) && !how.write) return errc_error(std::errc::invalid_argument);
+  if (how.direct && impl_->kind == engine_kind::stdio) {
+    return std::unexpected(make_error_code(errc::not_supported_by_engine));
+  }
+  int flags = O_CLOEXEC | (how.read && how.write ? O_RDWR : how.write ? O_WRONLY : O_RDONLY);
+  if (how.create) flags |= O_CREAT;
+  if (how.truncate) flags |= O_TRUNC;
+  if (how.direct) flags |= O_DIRECT;
+  const int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return last_errno_error();
+  auto s = std::make_shared<detail::file_state>();
+  s->fd = fd;
+  s->owner = impl_;
+  s->id = next_file_id.fetch_add(1);
+  s->readable = how.read;
+  s->writable = how.write;
+  s->direct = how.direct;
+  if (how.direct) {
+    // The kernel says what O_DIRECT needs (Linux 6.1+); else the logical block size is the
+    // safe bet.
+    struct statx sx {};
+    std::size_t align = 0;
+#ifdef STATX_DIOALIGN
+    if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+        (sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align != 0) {
+      align = std::max<std::size_t>(sx.stx_dio_offset_align, sx.stx_dio_mem_align);
+    }
+#endif
+    if (align == 0) align = 4096;
+    s->align = align;
+  }
+  if (impl_->kind == engine_kind::stdio) {
+    const int dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0) return last_errno_error();
+    s->stdio = ::fdopen(dup_fd, how.read && how.write ? "r+" : how.write ? "w" : "r");
+    if (s->stdio == nullptr) {
+      const int e = errno;
+      ::close(dup_fd);
+      return errno_error(e);
+    }
+  }
+  return file(std::move(s));
+}
+
+// ---- files ----
+
+namespace {
+
+receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept {
+  o->file = f;
+  if (!f) return refuse(o, make_error_code(errc::file_closed));
+  if ((o->kind == op_kind::read && !f->readable) ||
+      ((o->kind == op_kind::write || o->kind == op_kind::fsync || o->kind == op_kind::fdatasync) &&
+       !f->writable && o->kind == op_kind::write)) {
+    return refuse(o, make_error_code(errc::not_opened_for));
+  }
+  if (o->kind == op_kind::read || o->kind == op_kind::write) {
+    if (o->buffer == nullptr && o->length != 0)
+      return refuse(o, make_error_code(errc::bad_request));
+    constexpr auto max_offset = static_cast<std::uint64_t>(std::numeric_limits<off_t>::max());
+    if (o->offset > max_offset || o->length > max_offset - o->offset) {
+      return refuse(o, make_error_code(errc::bad_request));
+    }
+    if (f->direct && (o->offset % f->align != 0 || o->length % f->align != 0 ||
+                      reinterpret_cast<std::uintptr_t>(o->buffer) % f->align != 0)) {
+      return refuse(o, make_error_code(errc::misaligned_direct_io));
+    }
+  }
+  controller::impl& c = *f->owner;
+  // Counted in before the flags are read; close() and stop() set their flag before they
+  // wait for the counts: either we see the flag, or they see us.
+  f->in_flight.fetch_add(1);
+  c.outstanding.fetch_add(1);
+  receipt r = detail::receipt_access::make(o);
+  if (f->closed.load()) {
+    o->error = make_error_code(errc::file_closed);
+    c.finish(o, std::unexpected(o->error));
+    return r;
+  }
+  if (c.stopping.load()) {
+    c.finish(o, 0, true);
+    return r;
+  }
+  detail::stream& s = f->stream_of_this_thread();
+  o->owner = &s;
+  bool ready = true;
+  unsigned worker_index = 0;
+  {
+    const std::scoped_lock lock(s.mutex);
+    for (const op* earlier : s.unfinished) {
+      if (detail::must_follow(*earlier, *o)) {
+        ready = false;
+        break;
+      }
+    }
+    s.unfinished.push_back(o);
+    if (ready) {
+      o->dispatched = true;
+      worker_index = s.next_worker++;
+    }
+  }
+  if (ready) c.dispatch(o, worker_index);
+  return r;
+}
+
+op* make_op(op_kind k, std::uint64_t offset, std::byte* buffer, std::size_t length,
+            completion on_done) noexcept {
+  op* o = new op;
+  o->kind = k;
+  o->offset = offset;
+  o->buffer = buffer;
+  o->length = length;
+  o->on_done = std::move(on_done);
+  o->ref();  // one for the receipt
+  return o;
+}
+
+}  // namespace
+
+file::file(file&& other) noexcept : state_(std::move(other.state_)) {}
+
+file& file::operator=(file&& other) noexcept {
+  if (this != &other) {
+    (void)close();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+file::~file() {
+  (void)close();
+}
+
+bool file::is_open() const noexcept {
+  return state_ != nullptr;
+}
+bool file::is_direct() const noexcept {
+  return state_ && state_->direct;
+}
+std::size_t file::alignment() const noexcept {
+  return state_ ? state_->align : 1;
+}
+
+receipt file::read(std::uint64_t offset, std::span<std::byte> into, completion on_done) noexcept {
+  return submit_one(state_,
+                    make_op(op_kind::read, offset, into.data(), into.size(), std::move(on_done)));
+}
+
+receipt file::write(std::uint64_t offset, std::span<const std::byte> data,
+                    completion on_done) noexcept {
+  // The engines only read from a write's buffer.
+  return submit_one(state_, make_op(op_kind::write, offset, const_cast<std::byte*>(data.data()),
+                                    data.size(), std::move(on_done)));
+}
+
+receipt file::fsync(completion on_done) noexcept {
+  return submit_one(state_, make_op(op_kind::fsync, 0, nullptr, 0, std::move(on_done)));
+}
+
+receipt file::fdatasync(completion on_done) noexcept {
+  return submit_one(state_, make_op(op_kind::fdatasync, 0, nullptr, 0, std::move(on_done)));
+}
+
+receipt file::submit(std::function<result<std::size_t>()> task, completion on_done) noexcept {
+  op* o = make_op(op_kind::task, 0, nullptr, 0, std::move(on_done));
+  o->task = std::move(task);
+  return submit_one(state_, o);
+}
+
+void file::submit(std::span<request> requests, std::span<receipt> out) noexcept {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    request& q = requests[i];
+    const op_kind k = q.what == request::kind::read    ? op_kind::read
+                      : q.what == request::kind::write ? op_kind::write
+                      : q.what == request::kind::fsync ? op_kind::fsync
+                                                       : op_kind::fdatasync;
+    receipt r = submit_one(
+        state_, make_op(k, q.offset, q.buffer.data(), q.buffer.size(), std::move(q.on_done)));
+    if (i < out.size()) out[i] = std::move(r);
+  }
+}
+
+result<void> file::close() noexcept {
+  if (!state_) return {};
+  detail::file_state& f = *state_;
+  f.closed.store(true);
+  for (std::uint32_t n = f.in_flight.load(); n != 0; n = f.in_flight.load())
+    futex_wait(f.in_flight, n, nullptr);
+  result<void> r;
+  if (f.stdio != nullptr) {
+    if (std::fclose(f.stdio) != 0) r = last_errno_error();
+    f.stdio = nullptr;
+  }
+  if (::close(f.fd) != 0 && r) r = last_errno_error();
+  f.fd = -1;
+  state_.reset();
+  return r;
+}
+
+// ---- receipts ----
+
+receipt::receipt(const receipt& other) noexcept : op_(other.op_) {
+  if (op_ != nullptr) op_->ref();
+}
+
+receipt& receipt::operator=(const receipt& other) noexcept {
+  if (this != &other) {
+    if (other.op_ != nullptr) other.op_->ref();
+    if (op_ != nullptr) op_->unref();
+    op_ = other.op_;
+  }
+  return *this;
+}
+
+receipt::receipt(receipt&& other) noexcept : op_(other.op_) {
+  other.op_ = nullptr;
+}
+
+receipt& receipt::operator=(receipt&& other) noexcept {
+  if (this != &other) {
+    if (op_ != nullptr) op_->unref();
+    op_ = other.op_;
+    other.op_ = nullptr;
+  }
+  return *this;
+}
+
+receipt::~receipt() {
+  if (op_ != nullptr) op_->unref();
+}
+
+status receipt::state() const noexcept {
+  if (op_ == nullptr) return status::failed;
+  return static_cast<status>(status_of(op_->state.load(std::memory_order_acquire)));
+}
+
+result<std::size_t> receipt::wait() const noexcept {
+  return wait(io::deadline::never());
+}
+
+result<std::size_t> receipt::wait(io::deadline d) const noexcept {
+  if (op_ == nullptr) return errc_error(std::errc::invalid_argument);
+  const io::countdown cd = d.start();
+  for (;;) {
+    std::uint32_t s = op_->state.load(std::memory_order_acquire);
+    switch (static_cast<status>(status_of(s))) {
+      case status::done:
+        return op_->done;
+      case status::failed:
+        return std::unexpected(op_->error);
+      case status::cancelled:
+        return std::unexpected(make_error_code(errc::controller_stopped));
+      case status::pending:
+        break;
+    }
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    if ((s & op::has_waiters) == 0) {
+      if (!op_->state.compare_exchange_weak(s, s | op::has_waiters)) continue;
+      s |= op::has_waiters;
+    }
+    futex_wait(op_->state, s, &cd);
+  }
+}
+
+}  // namespace keel::aio

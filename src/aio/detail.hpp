@@ -1,0 +1,168 @@
+#pragma once
+// The controller's insides: requests (ops), per-thread ordering streams, files, and the
+// worker threads that run the engines.
+//
+// Life of a request: the submitting thread makes an op, appends it to its stream on the file
+// (under the stream's mutex) and, if no earlier unfinished op of the stream conflicts with
+// it, hands it to a worker (a lock-free inbox per worker). The worker runs it through its
+// engine and calls finish(), which publishes the result, wakes waiters, removes the op from
+// its stream and hands on the ops that were waiting for it. No lock is shared by two
+// streams; the only shared counters are the controller's and the file's in-flight counts.
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "keel/aio/controller.hpp"
+#include "keel/aio/errors.hpp"
+#include "keel/aio/receipt.hpp"
+#include "keel/result.hpp"
+
+namespace keel::aio::detail {
+
+enum class op_kind : std::uint8_t { read, write, fsync, fdatasync, task };
+
+struct stream;
+struct file_state;
+
+//! One request, shared by the receipts and the controller (reference counted).
+struct op {
+  op_kind kind = op_kind::read;
+  std::uint64_t offset = 0;
+  std::byte* buffer = nullptr;
+  std::size_t length = 0;
+  std::size_t done = 0;  // bytes transferred so far (the running worker's)
+  completion on_done;
+  std::function<result<std::size_t>()> task;
+  std::shared_ptr<file_state> file;
+  stream* owner = nullptr;
+  bool dispatched = false;  // under owner->mutex
+  op* next = nullptr;       // inbox and worker-local queues
+
+  // The outcome: `state` is the futex word waiters sleep on (a status, plus has_waiters once
+  // someone sleeps); `error` and `done` are valid once it is not pending (published with
+  // release, read with acquire).
+  static constexpr std::uint32_t has_waiters = 0x100;
+  std::atomic<std::uint32_t> state{static_cast<std::uint32_t>(status::pending)};
+  std::error_code error;
+  std::atomic<std::uint32_t> refs{1};
+
+  void ref() noexcept { refs.fetch_add(1, std::memory_order_relaxed); }
+  void unref() noexcept {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+};
+
+//! The requests one thread submitted on one file that have not finished, in submission
+//! order. Its mutex is taken by that thread to append and by workers to remove.
+struct stream {
+  std::mutex mutex;
+  std::deque<op*> unfinished;
+  unsigned next_worker = 0;
+};
+
+//! Makes the receipt of an op (taking over one reference).
+struct receipt_access {
+  static receipt make(op* o) noexcept { return receipt(o); }
+};
+
+//! Whether `later` must wait for `earlier` (both of one stream; see file.hpp).
+bool must_follow(const op& earlier, const op& later) noexcept;
+
+class worker;
+
+struct file_state {
+  std::shared_ptr<controller::impl> owner;  // a file may outlive its controller object
+  std::uint64_t id = 0;                     // never reused: keys the threads' stream caches
+  int fd = -1;
+  bool readable = false;
+  bool writable = false;
+  bool direct = false;
+  std::size_t align = 1;
+  std::FILE* stdio = nullptr;  // the stdio engine's stream (under stdio_mutex)
+  std::mutex stdio_mutex;
+
+  std::atomic<bool> closed{false};
+  std::atomic<std::uint32_t> in_flight{0};  // futex word: close() waits for zero
+
+  std::mutex streams_mutex;
+  std::vector<std::pair<std::thread::id, std::unique_ptr<stream>>> streams;
+
+  ~file_state();
+  stream& stream_of_this_thread() noexcept;
+};
+
+//! A worker thread: an inbox any thread pushes to, drained by the thread's engine loop.
+class worker {
+ public:
+  explicit worker(controller::impl& c) : ctl_(c) {}
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+  virtual ~worker() = default;
+
+  //! Queues ops [first .. last] (linked by `next`), waking the thread if it sleeps.
+  void push(op* first, op* last) noexcept;
+  //! Wakes the thread (to notice a stop).
+  virtual void wake() noexcept = 0;
+  //! Starts the thread; returns once the engine is ready or failed to start.
+  virtual result<void> start() noexcept = 0;
+  void join() noexcept {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ protected:
+  //! Everything pushed so far, oldest first.
+  op* take_all() noexcept;
+  [[nodiscard]] bool inbox_empty() const noexcept {
+    return inbox_.load(std::memory_order_acquire) == nullptr;
+  }
+  //! Whether the thread may end: stopping, and no request is left anywhere that could still
+  //! be handed to it.
+  [[nodiscard]] bool may_exit() const noexcept;
+
+  controller::impl& ctl_;
+  std::thread thread_;
+  // Set (seq_cst) before the thread checks its inbox for the last time and sleeps; a pusher
+  // that finds it set wakes the thread. One of the two always sees the other.
+  std::atomic<bool> sleeping_{false};
+
+ private:
+  std::atomic<op*> inbox_{nullptr};
+};
+
+std::unique_ptr<worker> make_sync_worker(controller::impl& c, engine_kind k);
+std::unique_ptr<worker> make_uring_worker(controller::impl& c, unsigned queue_depth);
+
+}  // namespace keel::aio::detail
+
+namespace keel::aio {
+
+struct controller::impl {
+  options opts;
+  engine_kind kind = engine_kind::posix;
+  std::string fallback_reason;
+  std::vector<std::unique_ptr<detail::worker>> workers;
+  std::atomic<bool> stopping{false};
+  std::mutex stop_mutex;
+  bool stopped = false;  // under stop_mutex
+  // Requests submitted and not finished (stop waits for zero; workers exit at zero).
+  std::atomic<std::uint64_t> outstanding{0};
+
+  //! Hands a ready op to a worker (round robin per stream).
+  void dispatch(detail::op* o, unsigned& next_worker) noexcept;
+  //! The end of a request: publishes `outcome` (or cancellation), runs the completion,
+  //! wakes waiters, and hands on the ops of its stream that waited for it.
+  void finish(detail::op* o, result<std::size_t> outcome, bool cancelled = false) noexcept;
+  //! Runs a request on the calling thread with plain syscalls (tasks, and the posix engine).
+  static result<std::size_t> run_posix(detail::op& o) noexcept;
+};
+
+}  // namespace keel::aio

@@ -1,0 +1,402 @@
+// keel::aio: the per-thread ordering promise checked against an in-memory model on every
+// engine, the io_uring fallback, bad input, and stopping with work in flight.
+
+#include "keel/aio/controller.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "keel/aio/errors.hpp"
+#include "support/process.hpp"
+
+namespace keel::aio {
+namespace {
+
+using namespace std::chrono_literals;
+using test::temp_dir;
+
+std::unique_ptr<controller> start_engine(engine_kind k, unsigned workers = 2) {
+  options o;
+  o.engine = k;
+  o.workers = workers;
+  auto c = controller::start(o);
+  if (!c) {
+    ADD_FAILURE() << "start " << to_string(k) << ": " << c.error().message();
+    return nullptr;
+  }
+  EXPECT_EQ((*c)->engine(), k);
+  return std::move(*c);
+}
+
+file open_rw(controller& c, const std::string& path) {
+  open_options how;
+  how.write = true;
+  how.create = true;
+  auto f = c.open(path, how);
+  if (!f) ADD_FAILURE() << "open " << path << ": " << f.error().message();
+  return f ? std::move(*f) : file();
+}
+
+std::vector<std::byte> read_whole(const std::string& path) {
+  std::vector<std::byte> out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  std::byte buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.insert(out.end(), buf, buf + n);
+  }
+  ::close(fd);
+  return out;
+}
+
+class EngineModel : public ::testing::TestWithParam<engine_kind> {};
+
+// Several threads, each in its own slice of one file, submit random overlapping reads and
+// writes, fsyncs, batches and tasks without waiting (up to 48 in flight each). Each read must
+// return exactly what the thread's model held when the read was submitted (every earlier
+// write seen, no later one), each task sees the same through plain pread, and the final
+// file is the union of the models.
+TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
+  temp_dir dir;
+  const std::string path = dir.file("model");
+  auto c = start_engine(GetParam());
+  ASSERT_TRUE(c);
+  file f = open_rw(*c, path);
+  ASSERT_TRUE(f.is_open());
+
+  constexpr int threads = 4;
+  constexpr std::size_t slice = 64 * 1024;
+  constexpr int ops_per_thread = 600;
+  // The whole file exists from the start (zeros), as the models do.
+  ASSERT_EQ(::truncate(path.c_str(), threads * slice), 0);
+  std::atomic<int> bad_reads{0}, bad_tasks{0}, errors{0};
+  std::vector<std::vector<std::byte>> models(threads, std::vector<std::byte>(slice));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::mt19937_64 rng(0x6b65656c + t);
+      std::vector<std::byte>& model = models[t];
+      const std::uint64_t base = static_cast<std::uint64_t>(t) * slice;
+      struct pending {
+        receipt r;
+        std::vector<std::byte> buf;       // what a write writes / where a read reads into
+        std::vector<std::byte> expected;  // a read's model snapshot
+        bool is_read = false;
+      };
+      std::deque<pending> window;
+      const auto retire = [&](pending& p) {
+        auto n = p.r.wait();
+        if (!n) {
+          ++errors;
+          return;
+        }
+        if (p.is_read &&
+            (*n != p.expected.size() || std::memcmp(p.buf.data(), p.expected.data(), *n) != 0)) {
+          ++bad_reads;
+        }
+      };
+      for (int i = 0; i < ops_per_thread; ++i) {
+        const auto off = static_cast<std::size_t>(rng() % (slice - 1));
+        const auto len =
+            static_cast<std::size_t>(1 + rng() % std::min<std::size_t>(8192, slice - off));
+        const unsigned what = static_cast<unsigned>(rng() % 20);
+        pending p;
+        if (what < 9) {  // write
+          p.buf.resize(len);
+          for (auto& b : p.buf)
+            b = static_cast<std::byte>(rng());
+          std::memcpy(model.data() + off, p.buf.data(), len);
+          p.r = f.write(base + off, p.buf);
+        } else if (what < 17) {  // read
+          p.is_read = true;
+          p.buf.resize(len);
+          p.expected.assign(model.begin() + static_cast<std::ptrdiff_t>(off),
+                            model.begin() + static_cast<std::ptrdiff_t>(off + len));
+          p.r = f.read(base + off, p.buf);
+        } else if (what < 18) {
+          p.r = i % 2 ? f.fsync() : f.fdatasync();
+        } else if (what < 19) {  // a task: runs between the earlier and the later requests
+          std::vector<std::byte> snapshot(model.begin(), model.end());
+          const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+          p.r = f.submit(
+              [&bad_tasks, fd, base, snapshot = std::move(snapshot)]() -> result<std::size_t> {
+                std::vector<std::byte> now(snapshot.size());
+                const ssize_t n = ::pread(fd, now.data(), now.size(), static_cast<off_t>(base));
+                ::close(fd);
+                if (n != static_cast<ssize_t>(now.size()) || now != snapshot) ++bad_tasks;
+                return 0;
+              });
+        } else {  // a batch: a write, then a read of what it wrote
+          pending w;
+          w.buf.resize(len);
+          for (auto& b : w.buf)
+            b = static_cast<std::byte>(rng());
+          std::memcpy(model.data() + off, w.buf.data(), len);
+          p.is_read = true;
+          p.buf.resize(len);
+          p.expected = w.buf;
+          request reqs[2];
+          reqs[0].what = request::kind::write;
+          reqs[0].offset = base + off;
+          reqs[0].buffer = w.buf;
+          reqs[1].what = request::kind::read;
+          reqs[1].offset = base + off;
+          reqs[1].buffer = p.buf;
+          receipt out[2];
+          f.submit(reqs, out);
+          w.r = out[0];
+          p.r = out[1];
+          window.push_back(std::move(w));
+        }
+        window.push_back(std::move(p));
+        while (window.size() > 48) {
+          retire(window.front());
+          window.pop_front();
+        }
+      }
+      for (auto& p : window)
+        retire(p);
+    });
+  }
+  for (auto& t : pool)
+    t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(bad_reads.load(), 0);
+  EXPECT_EQ(bad_tasks.load(), 0);
+  ASSERT_TRUE(f.close());
+  const auto whole = read_whole(path);
+  ASSERT_EQ(whole.size(), threads * slice);
+  for (int t = 0; t < threads; ++t) {
+    EXPECT_EQ(std::memcmp(whole.data() + t * slice, models[t].data(), slice), 0)
+        << "slice of thread " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, EngineModel,
+                         ::testing::Values(engine_kind::io_uring, engine_kind::posix,
+                                           engine_kind::stdio),
+                         [](const auto& p) { return std::string(to_string(p.param)); });
+
+// The null engine does no I/O: every request completes at once with its length.
+TEST(AioNull, CompletesEveryRequestWithItsLength) {
+  temp_dir dir;
+  auto c = start_engine(engine_kind::null);
+  ASSERT_TRUE(c);
+  file f = open_rw(*c, dir.file("null"));
+  std::vector<std::byte> buf(4096);
+  std::vector<receipt> rs;
+  for (int i = 0; i < 1000; ++i)
+    rs.push_back(i % 2 ? f.write(static_cast<std::uint64_t>(i) * 4096, buf) : f.read(0, buf));
+  for (auto& r : rs)
+    EXPECT_EQ(r.wait().value_or(0), 4096u);
+  EXPECT_EQ(f.fsync().wait().value_or(1), 0u);
+}
+
+TEST(Aio, EnvironmentVariableForcesTheEngine) {
+  ::setenv("KEEL_AIO_ENGINE", "posix", 1);
+  auto c = controller::start();
+  ::unsetenv("KEEL_AIO_ENGINE");
+  ASSERT_TRUE(c);
+  EXPECT_EQ((*c)->engine_name(), "posix");
+  ::setenv("KEEL_AIO_ENGINE", "bogus", 1);
+  auto bad = controller::start();
+  ::unsetenv("KEEL_AIO_ENGINE");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error(), std::errc::invalid_argument);
+}
+
+// io_uring forbidden the way seccomp forbids it: the default controller falls back to posix,
+// says why, and works; asking for io_uring by name is an error.
+TEST(Aio, FallsBackToPosixWhenIoUringIsForbidden) {
+  temp_dir dir;
+  const std::string path = dir.file("fallback");
+  const pid_t child = test::fork_child([&] {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return test::cannot_set_up;
+    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) return test::cannot_set_up;
+    options forced;
+    forced.engine = engine_kind::io_uring;
+    auto no = controller::start(forced);
+    if (no || no.error() != std::errc::operation_not_permitted) return 2;
+    auto c = controller::start();
+    if (!c || (*c)->engine() != engine_kind::posix) return 3;
+    if ((*c)->fallback_reason().find("io_uring") == std::string::npos) return 4;
+    open_options how;
+    how.write = true;
+    how.create = true;
+    auto f = (*c)->open(path, how);
+    if (!f) return 5;
+    const std::byte data[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
+    std::byte back[3] = {};
+    auto w = f->write(10, data);
+    auto r = f->read(10, back);
+    if (w.wait().value_or(0) != 3 || r.wait().value_or(0) != 3) return 6;
+    return std::memcmp(data, back, 3) == 0 ? 0 : 7;
+  });
+  const int code = test::wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot install a seccomp filter here";
+  EXPECT_EQ(code, 0);
+}
+
+TEST(Aio, ReadsPastTheEndReportWhatIsThere) {
+  temp_dir dir;
+  auto c = start_engine(engine_kind::io_uring);
+  ASSERT_TRUE(c);
+  file f = open_rw(*c, dir.file("short"));
+  const std::vector<std::byte> data(100, std::byte{7});
+  ASSERT_EQ(f.write(0, data).wait().value_or(0), 100u);
+  std::vector<std::byte> back(4096);
+  EXPECT_EQ(f.read(50, back).wait().value_or(999), 50u);
+  EXPECT_EQ(f.read(500, back).wait().value_or(999), 0u);
+}
+
+TEST(Aio, BadRequestsAreRefusedWithClearErrors) {
+  temp_dir dir;
+  auto c = start_engine(engine_kind::posix);
+  ASSERT_TRUE(c);
+  file f = open_rw(*c, dir.file("bad"));
+  std::vector<std::byte> buf(16);
+  auto far = f.write(std::numeric_limits<std::uint64_t>::max() - 4, buf).wait();
+  ASSERT_FALSE(far);
+  EXPECT_EQ(far.error(), errc::bad_request);
+  EXPECT_EQ(far.error(), std::errc::invalid_argument);
+  auto null_buf = f.read(0, std::span<std::byte>(static_cast<std::byte*>(nullptr), 8)).wait();
+  ASSERT_FALSE(null_buf);
+  EXPECT_EQ(null_buf.error(), errc::bad_request);
+
+  open_options ro;
+  auto r = c->open(dir.file("bad"), ro);
+  ASSERT_TRUE(r);
+  auto w = r->write(0, buf).wait();
+  ASSERT_FALSE(w);
+  EXPECT_EQ(w.error(), errc::not_opened_for);
+
+  open_options nonsense;
+  nonsense.create = true;  // without write
+  EXPECT_EQ(c->open(dir.file("x"), nonsense).error(), std::errc::invalid_argument);
+  EXPECT_EQ(c->open(dir.file("missing/file"), ro).error(), std::errc::no_such_file_or_directory);
+
+  ASSERT_TRUE(f.close());
+  auto after = f.read(0, buf).wait();
+  ASSERT_FALSE(after);
+  EXPECT_EQ(after.error(), errc::file_closed);
+  EXPECT_NE(after.error().message().find("closed"), std::string::npos);
+}
+
+TEST(Aio, MisalignedDirectIoIsRefusedBeforeTheKernelSeesIt) {
+  temp_dir dir;
+  auto c = start_engine(engine_kind::io_uring);
+  ASSERT_TRUE(c);
+  open_options how;
+  how.write = true;
+  how.create = true;
+  how.direct = true;
+  auto f = c->open(dir.file("direct"), how);
+  if (!f && f.error() == std::errc::invalid_argument) {
+    GTEST_SKIP() << "the temporary directory's filesystem refuses O_DIRECT";
+  }
+  ASSERT_TRUE(f) << f.error().message();
+  const std::size_t a = f->alignment();
+  ASSERT_GE(a, 512u);
+  auto* raw = static_cast<std::byte*>(std::aligned_alloc(a, 4 * a));
+  ASSERT_NE(raw, nullptr);
+  std::memset(raw, 0x5a, 4 * a);
+  EXPECT_EQ(f->write(0, std::span(raw, a)).wait().value_or(0), a);  // aligned: fine
+  const auto misaligned = [&](receipt r) {
+    auto res = r.wait();
+    return !res && res.error() == errc::misaligned_direct_io;
+  };
+  EXPECT_TRUE(misaligned(f->write(1, std::span(raw, a))));      // offset
+  EXPECT_TRUE(misaligned(f->write(0, std::span(raw, a - 1))));  // length
+  EXPECT_TRUE(misaligned(f->write(0, std::span(raw + 1, a))));  // address
+  EXPECT_TRUE(misaligned(f->read(a / 2, std::span(raw, a))));
+  std::free(raw);
+  options st;
+  st.engine = engine_kind::stdio;
+  auto s = controller::start(st);
+  ASSERT_TRUE(s);
+  EXPECT_EQ((*s)->open(dir.file("direct"), how).error(), errc::not_supported_by_engine);
+}
+
+// Stopping with work in flight: the running task finishes, what waits behind it is
+// cancelled, every receipt is ready, the completion of each ran exactly once, and the
+// controller refuses new work.
+TEST(Aio, StopCompletesOrCancelsEveryReceipt) {
+  for (const auto k : {engine_kind::io_uring, engine_kind::posix}) {
+    temp_dir dir;
+    auto c = start_engine(k);
+    ASSERT_TRUE(c);
+    file f = open_rw(*c, dir.file("stop"));
+    std::atomic<bool> task_started{false};
+    std::atomic<int> completions{0};
+    auto slow = f.submit([&]() -> result<std::size_t> {
+      task_started = true;
+      std::this_thread::sleep_for(300ms);
+      return 42;
+    });
+    std::vector<std::byte> buf(4096);
+    std::vector<receipt> behind;
+    for (int i = 0; i < 200; ++i) {
+      behind.push_back(f.write(static_cast<std::uint64_t>(i) * 4096, buf,
+                               [&](const result<std::size_t>&) { ++completions; }));
+    }
+    while (!task_started)
+      std::this_thread::yield();
+    EXPECT_EQ(behind.back().wait(10ms).error(), std::errc::timed_out);
+    c->stop();
+    EXPECT_EQ(slow.wait().value_or(0), 42u);
+    for (auto& r : behind) {
+      ASSERT_TRUE(r.ready());
+      EXPECT_EQ(r.state(), status::cancelled);
+      EXPECT_EQ(r.wait().error(), errc::controller_stopped);
+    }
+    EXPECT_EQ(completions.load(), 200);
+    auto late = f.write(0, buf).wait();
+    ASSERT_FALSE(late);
+    EXPECT_EQ(late.error(), errc::controller_stopped);
+    c.reset();  // the file outlives its controller: still safe
+    EXPECT_EQ(f.read(0, buf).wait().error(), errc::controller_stopped);
+  }
+}
+
+TEST(Aio, CompletionRunsOnceBeforeWaitReturns) {
+  temp_dir dir;
+  auto c = start_engine(engine_kind::io_uring);
+  ASSERT_TRUE(c);
+  file f = open_rw(*c, dir.file("cb"));
+  std::vector<std::byte> buf(1000, std::byte{1});
+  for (int i = 0; i < 100; ++i) {
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    auto got = std::make_shared<std::atomic<std::size_t>>(0);
+    auto r = f.write(0, buf, [calls, got](const result<std::size_t>& n) {
+      ++*calls;
+      *got = n.value_or(0);
+    });
+    ASSERT_EQ(r.wait().value_or(0), 1000u);
+    EXPECT_EQ(calls->load(), 1);
+    EXPECT_EQ(got->load(), 1000u);
+  }
+}
+
+}  // namespace
+}  // namespace keel::aio
