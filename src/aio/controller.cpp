@@ -60,8 +60,9 @@ struct cached_stream {
   detail::stream* s = nullptr;
 };
 thread_local std::array<cached_stream, 8> stream_cache{};
-std::atomic<std::uint64_t> next_file_id{1};  // process-wide: cache entries of closed files
-                                             // (of any controller) can never match again
+thread_local detail::adaptive_spin waiter_spin;  // this thread's waits on receipts
+std::atomic<std::uint64_t> next_file_id{1};      // process-wide: cache entries of closed files
+                                                 // (of any controller) can never match again
 thread_local unsigned stream_cache_next = 0;
 
 }  // namespace
@@ -136,6 +137,11 @@ detail::op* detail::worker::take_all() noexcept {
   return fifo;
 }
 
+bool detail::worker::spin_for_work() noexcept {
+  return idle_spin_.spin(
+      [&] { return !inbox_empty() || ctl_.stopping.load(std::memory_order_relaxed); });
+}
+
 bool detail::worker::may_exit() const noexcept {
   return ctl_.stopping.load() && ctl_.outstanding.load() == 0;
 }
@@ -174,13 +180,17 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
     unsigned first_worker = 0;
     {
       const std::scoped_lock lock(s->mutex);
-      for (auto it = s->unfinished.begin(); it != s->unfinished.end(); ++it) {
-        if (*it == o) {
-          s->unfinished.erase(it);
-          break;
+      if (!s->unfinished.empty() && s->unfinished.front() == o) {
+        s->unfinished.pop_front();  // the usual case: requests end in order
+      } else {
+        for (auto it = s->unfinished.begin(); it != s->unfinished.end(); ++it) {
+          if (*it == o) {
+            s->unfinished.erase(it);
+            break;
+          }
         }
       }
-      for (std::size_t i = 0; i < s->unfinished.size(); ++i) {
+      for (std::size_t i = 0; s->held_back != 0 && i < s->unfinished.size(); ++i) {
         op* y = s->unfinished[i];
         if (y->dispatched) continue;
         bool held_back = false;
@@ -188,6 +198,7 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
           held_back = detail::must_follow(*s->unfinished[j], *y);
         if (held_back) continue;
         y->dispatched = true;
+        --s->held_back;
         if (n_ready < ready.size()) {
           ready[n_ready++] = y;
         } else {
@@ -470,6 +481,8 @@ receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept
     if (ready) {
       o->dispatched = true;
       worker_index = s.next_worker++;
+    } else {
+      ++s.held_back;
     }
   }
   if (ready) c.dispatch(o, worker_index);
@@ -614,6 +627,7 @@ result<std::size_t> receipt::wait() const noexcept {
 result<std::size_t> receipt::wait(io::deadline d) const noexcept {
   if (op_ == nullptr) return errc_error(std::errc::invalid_argument);
   const io::countdown cd = d.start();
+  bool spun = false;
   for (;;) {
     std::uint32_t s = op_->state.load(std::memory_order_acquire);
     switch (static_cast<status>(status_of(s))) {
@@ -627,6 +641,16 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
         break;
     }
     if (cd.expired()) return errc_error(std::errc::timed_out);
+    if (!spun && cd.is_infinite()) {
+      // Requests that end within microseconds are caught without a sleep (see adaptive_spin).
+      spun = true;
+      if (waiter_spin.spin([&] {
+            return status_of(op_->state.load(std::memory_order_acquire)) !=
+                   static_cast<std::uint32_t>(status::pending);
+          })) {
+        continue;
+      }
+    }
     if ((s & op::has_waiters) == 0) {
       if (!op_->state.compare_exchange_weak(s, s | op::has_waiters)) continue;
       s |= op::has_waiters;

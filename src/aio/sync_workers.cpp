@@ -92,6 +92,7 @@ class sync_worker final : public worker {
       op* list = take_all();
       if (list == nullptr) {
         if (may_exit()) return;
+        if (spin_for_work() && !inbox_empty()) continue;
         const std::uint32_t seen = signal_.load();
         sleeping_.store(true);
         if (inbox_empty() && !may_exit()) {

@@ -101,6 +101,10 @@ class uring_worker final : public worker {
       }
       if (in_flight_ == 0 && pending_.empty() && may_exit()) return;
 
+      if (in_flight_ == 0 && pending_.empty() && inbox_empty() && spin_for_work() &&
+          !inbox_empty()) {
+        continue;
+      }
       sleeping_.store(true);
       const bool block = inbox_empty() && pending_.empty() && !may_exit();
       int r =
