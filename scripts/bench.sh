@@ -7,6 +7,8 @@
 #   FULL=1         the lock benchmarks at the seed's full sizes (takes long)
 #   BENCH_DIR=DIR  run the benchmarks in DIR instead (to measure another filesystem)
 #   NO_FS=1        skip the lock rows on ext4, xfs and btrfs loop devices (they need root)
+#   AIO_DIR=DIR    where keel aiobench puts its files (default build/aiobench: a real disk,
+#                  for O_DIRECT; the randread file is kept there for the next run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/release/bin
@@ -44,6 +46,7 @@ if [ "${QUICK:-}" = "1" ]; then
   reps=5 min_time=0.05
   scale_t=0.5 scale_w=10:100 matrix_s=0.1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10
   fs_w=10
+  aio_args=(--size 64 --seconds 0.5 --items 150)
 elif [ "${FULL:-}" = "1" ]; then
   reps=20 min_time=0.2
   scale_t=10 scale_w=10:20:50:100:200:500:1000 matrix_s=1 matrix_w=1:2:3:4:5:6:7:8 short_w=2:5:10:20:50:100
@@ -53,19 +56,20 @@ else
   reps=20 min_time=0.2
   scale_t=2 scale_w=10:100:1000 matrix_s=1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10:100
   fs_w=10:100
+  aio_args=(--size 1024 --seconds 3 --items 2000)
 fi
 keel=build/release/bin/keel
 
 step() { echo "bench: [$1] $2" >&2; }
 
-step 1/6 "io micro-benchmarks ($reps repetitions, interleaved)"
+step 1/7 "io micro-benchmarks ($reps repetitions, interleaved)"
 "$bin/keel_bench_io" --dir="$dir" \
   --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=false \
   --benchmark_out="$out/raw/io.json" --benchmark_out_format=json \
   --benchmark_format=console --benchmark_display_aggregates_only=true >&2
 
-step 2/6 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
+step 2/7 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
 scale_files=()
 for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   "$keel" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
@@ -73,14 +77,14 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   scale_files+=(--lockscale "$out/raw/lockscale-$algo.json")
 done
 
-step 3/6 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
+step 3/7 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
 for algo in flock fcntl sysv memory_map; do
   "$keel" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
-step 4/6 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
+step 4/7 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
 "$keel" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 
@@ -93,7 +97,7 @@ if [ "${NO_FS:-}" = "1" ]; then
 elif [ "$(id -u)" -ne 0 ]; then
   fs_skip="mounting loop devices needs root"
 fi
-step 5/6 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
+step 5/7 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
 if [ -z "$fs_skip" ]; then
   mkdir -p "$fs_root/mnt"
   for fs in ext4 xfs btrfs; do
@@ -125,6 +129,11 @@ else
   fs_args+=(--fs-skipped "all: $fs_skip")
 fi
 
-step 6/6 "report"
+aio_dir=${AIO_DIR:-build/aiobench}
+step 6/7 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
+"$keel" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
+
+step 7/7 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
-  "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" "$out/raw/io.json"
+  "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" \
+  --aiobench "$out/raw/aiobench.json" "$out/raw/io.json"

@@ -22,6 +22,7 @@ packages=(
   gnuplot-nox                # plots of the benchmark report
   clang-format               # the formatting check that runs as a test
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
+  fio                             # the peer of keel aiobench's random reads
 )
 
 missing=()

@@ -19,18 +19,6 @@ using nlohmann::json;
 const std::vector<std::string> kernel_baselines = {"flock", "fcntl", "sysv"};
 const std::vector<std::string> keel_contenders = {"byte_ranges", "atomic_append", "memory_map"};
 
-struct target_row {
-  std::string name;
-  std::string measured;
-  std::string target;
-  bool met = false;
-  bool measured_at_all = true;
-};
-
-std::string fmt_ratio(double r) {
-  return std::isfinite(r) ? fmt::format("{:.3f}×", r) : "n/a";
-}
-
 // lockscale: algorithm → workers → row
 using scale_rows = std::map<std::string, std::map<std::size_t, json>>;
 
@@ -315,37 +303,12 @@ std::string render_fs(const std::string& out, const lock_inputs& in, const scale
         f.print("\n\n");
       }
     }
-    std::string panels;
-    std::size_t block = 0;
-    for (const std::size_t n : counts) {
-      std::string cols;
-      for (std::size_t c = 0; c < algos.size(); ++c) {
-        cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
-                            dat, block, c + 2, c == 0 ? ":xtic(1)" : "");
-      }
-      panels += fmt::format("set title \"{} workers\"\nplot {}\n", n, cols);
-      ++block;
-    }
-    const std::string gp = out + "/lockscale-fs.gp";
-    {
-      auto f = fmt::output_file(gp);
-      f.print(R"gp(set terminal pngcairo size {w},450 font "sans,10"
-set termoption noenhanced
-set output "{out}/lockscale-fs.png"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set grid ytics
-set key outside bottom horizontal
-set ylabel "acquisitions in the run"
-set yrange [0:*]
-set multiplot layout 1,{panes} title "lockscale by filesystem (higher is better)"
-{panels}unset multiplot
-)gp",
-              fmt::arg("w", 450 * counts.size() + 100), fmt::arg("out", out),
-              fmt::arg("panes", counts.size()), fmt::arg("panels", panels));
-    }
-    run_gnuplot(gp);
+    std::vector<std::string> titles;
+    for (const std::size_t n : counts)
+      titles.push_back(fmt::format("{} workers", n));
+    plot_clustered_bars(out, "lockscale-fs", dat, titles, algos.size(),
+                        "lockscale by filesystem (higher is better)", "acquisitions in the run",
+                        450);
     pngs.push_back("lockscale-fs.png");
   }
   if (!in.fs_skipped.empty()) {
@@ -562,28 +525,7 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
   for (const auto& m : missing)
     targets.push_back({m, "not measured yet", "", false, false});
 
-  std::string trs;
-  s.results["targets"] = json::array();
-  for (const auto& t : targets) {
-    const char* cls = !t.measured_at_all ? "missing" : t.met ? "met" : "missed";
-    if (t.measured_at_all && !t.met) ++s.missed;
-    trs +=
-        fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>\n",
-                    html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls, cls);
-    s.results["targets"].push_back({{"name", t.name},
-                                    {"measured", t.measured},
-                                    {"target", t.target},
-                                    {"met", t.met},
-                                    {"measured_at_all", t.measured_at_all}});
-    s.summary += fmt::format("{:<78} {:>24} {:>9}  {}\n", t.name, t.measured, t.target, cls);
-  }
-  std::string imgs;
-  for (const auto& png : pngs)
-    imgs += fmt::format("<img src=\"{}\" alt=\"{}\">\n", png, png);
-  s.html = fmt::format(
-      "<h2>Locks: scaling and the waiters × entities matrix</h2>\n<table><tr><th>target</th>"
-      "<th>measured</th><th>target</th><th></th></tr>\n{}</table>\n{}{}",
-      trs, imgs, tables);
+  finish_section(s, "Locks: scaling and the waiters × entities matrix", targets, pngs, tables);
   return s;
 }
 

@@ -6,14 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace keel::report {
+#include "section.hpp"
 
-struct section {
-  std::string html;
-  nlohmann::json results;
-  int missed = 0;
-  std::string summary;  // for stdout
-};
+namespace keel::report {
 
 //! What the lock section is made of (file names of keel lockscale / lockmatrix --json output).
 struct lock_inputs {

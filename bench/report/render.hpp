@@ -2,10 +2,12 @@
 // Small helpers the report's sections share.
 
 #include <fmt/format.h>
+#include <fmt/os.h>
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace keel::report {
 
@@ -38,6 +40,47 @@ inline void run_gnuplot(const std::string& script) {
   if (std::system(cmd.c_str()) != 0) {
     throw std::runtime_error("gnuplot failed on " + script + " (is gnuplot-nox installed?)");
   }
+}
+
+//! Draws `out`/`name`.png: one clustered bar chart per data block of `dat` (`panel_titles`,
+//! in order), side by side. Each block has a header line naming its `columns` series
+//! (after the label column), then one row per cluster: its label, then the values.
+inline void plot_clustered_bars(const std::string& out, const std::string& name,
+                                const std::string& dat,
+                                const std::vector<std::string>& panel_titles, std::size_t columns,
+                                const std::string& title, const std::string& ylabel,
+                                std::size_t panel_width) {
+  std::string panels;
+  for (std::size_t b = 0; b < panel_titles.size(); ++b) {
+    std::string cols;
+    for (std::size_t c = 0; c < columns; ++c) {
+      cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
+                          dat, b, c + 2, c == 0 ? ":xtic(1)" : "");
+    }
+    panels += fmt::format("set title \"{}\"\nplot {}\n", panel_titles[b], cols);
+  }
+  const std::string gp = out + "/" + name + ".gp";
+  {
+    auto f = fmt::output_file(gp);
+    f.print(R"gp(set terminal pngcairo size {w},470 font "sans,10"
+set termoption noenhanced
+set output "{out}/{name}.png"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key outside bottom horizontal
+set ylabel "{ylabel}"
+set yrange [0:*]
+set multiplot layout 1,{panes} title "{title}"
+{panels}unset multiplot
+)gp",
+            fmt::arg("w", panel_width * panel_titles.size() + 90), fmt::arg("out", out),
+            fmt::arg("name", name), fmt::arg("ylabel", ylabel),
+            fmt::arg("panes", panel_titles.size()), fmt::arg("title", title),
+            fmt::arg("panels", panels));
+  }
+  run_gnuplot(gp);
 }
 
 }  // namespace keel::report

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "aio_report.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/version.hpp"
 #include "lock_report.hpp"
@@ -211,6 +212,9 @@ int main(int argc, char** argv) {
                  "\"FS: reason\" for a filesystem the benchmarks could not run on");
   app.add_option("--lockmatrix", locks_in.lockmatrix, "keel lockmatrix --json file")
       ->check(CLI::ExistingFile);
+  std::string aiobench_file;
+  app.add_option("--aiobench", aiobench_file, "keel aiobench --json file")
+      ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
       ->required()
       ->check(CLI::ExistingFile);
@@ -324,6 +328,13 @@ int main(int argc, char** argv) {
       results["locks"] = locks.results;
       missed += locks.missed;
       fmt::print("\nlocks: targets (same run)\n{}", locks.summary);
+    }
+    if (!aiobench_file.empty()) {
+      const auto aio = keel::report::render_aio(out, aiobench_file);
+      html_sections += aio.html;
+      results["aio"] = aio.results;
+      missed += aio.missed;
+      fmt::print("\naio: targets (same run)\n{}", aio.summary);
     }
 
     results["benchmarks"] = json::object();

@@ -6,6 +6,7 @@
 
 #include <string_view>
 
+#include "aiobench_command.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/version.hpp"
 #include "lock_command.hpp"
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "lockmatrix") {
     return keel::tools::run_lockmatrix_command(argc - 1, argv + 1);
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "aiobench") {
+    return keel::tools::run_aiobench_command(argc - 1, argv + 1);
+  }
   CLI::App app{"keel: a safe, fast filesystem for coordinating processes and keeping data"};
   app.set_version_flag("--version", "keel " KEEL_VERSION_STRING);
   app.require_subcommand(0, 1);
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("lock", keel::tools::lock_command_summary)->allow_extras();
   app.add_subcommand("lockscale", keel::tools::lockscale_command_summary)->allow_extras();
   app.add_subcommand("lockmatrix", keel::tools::lockmatrix_command_summary)->allow_extras();
+  app.add_subcommand("aiobench", keel::tools::aiobench_command_summary)->allow_extras();
 
   std::string path;
   auto* fsinfo = app.add_subcommand("fsinfo", "Show what keel sees of the filesystem at a path");

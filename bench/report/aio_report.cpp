@@ -1,0 +1,197 @@
+#include "aio_report.hpp"
+
+#include <fmt/format.h>
+#include <fmt/os.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+namespace keel::report {
+namespace {
+
+using nlohmann::json;
+
+// Items per second of `method` with `threads` threads and an fsync every `every` items.
+double workload_rate(const json& rows, const std::string& method, unsigned threads,
+                     unsigned every) {
+  for (const auto& r : rows) {
+    if (r["method"] == method && r["threads"] == threads && r["fsync_every"] == every) {
+      return r["items_per_second"].get<double>();
+    }
+  }
+  return NAN;
+}
+
+// One panel per thread count: items/s by method, clustered by fsync frequency.
+void plot_workload(const std::string& out, const json& rows, std::vector<std::string>& pngs) {
+  std::vector<std::string> methods;
+  std::vector<unsigned> everies;
+  std::vector<unsigned> threads;
+  for (const auto& r : rows) {
+    const auto m = r["method"].get<std::string>();
+    const auto e = r["fsync_every"].get<unsigned>();
+    const auto t = r["threads"].get<unsigned>();
+    if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.push_back(m);
+    if (std::find(everies.begin(), everies.end(), e) == everies.end()) everies.push_back(e);
+    if (std::find(threads.begin(), threads.end(), t) == threads.end()) threads.push_back(t);
+  }
+  const std::string dat = out + "/aio-workload.dat";
+  {
+    auto f = fmt::output_file(dat);
+    for (const unsigned t : threads) {
+      f.print("# {} threads\nfsync_every", t);
+      for (const auto& m : methods)
+        f.print(" {}", m);
+      f.print("\n");
+      for (const unsigned e : everies) {
+        f.print("\"every {}\"", e);
+        for (const auto& m : methods) {
+          const double v = workload_rate(rows, m, t, e);
+          f.print(" {}", std::isfinite(v) ? v : 0.0);
+        }
+        f.print("\n");
+      }
+      f.print("\n\n");
+    }
+  }
+  std::string panels;
+  for (std::size_t b = 0; b < threads.size(); ++b) {
+    std::string cols;
+    for (std::size_t c = 0; c < methods.size(); ++c) {
+      cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
+                          dat, b, c + 2, c == 0 ? ":xtic(1)" : "");
+    }
+    panels += fmt::format("set title \"{} thread(s)\"\nplot {}\n", threads[b], cols);
+  }
+  const std::string gp = out + "/aio-workload.gp";
+  {
+    auto f = fmt::output_file(gp);
+    f.print(R"gp(set terminal pngcairo size {w},480 font "sans,10"
+set termoption noenhanced
+set output "{out}/aio-workload.png"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set grid ytics
+set key outside bottom horizontal
+set ylabel "items per second"
+set yrange [0:*]
+set multiplot layout 1,{panes} title "compute + 64 KiB write per item, fsync every N (higher is better)"
+{panels}unset multiplot
+)gp",
+            fmt::arg("w", 520 * threads.size() + 80), fmt::arg("out", out),
+            fmt::arg("panes", threads.size()), fmt::arg("panels", panels));
+  }
+  run_gnuplot(gp);
+  pngs.push_back("aio-workload.png");
+}
+
+}  // namespace
+
+section render_aio(const std::string& out, const std::string& aiobench_file) {
+  std::ifstream in(aiobench_file);
+  if (!in) throw std::runtime_error("cannot read " + aiobench_file);
+  const json doc = json::parse(in);
+  section s;
+  s.results = doc;
+  std::vector<target_row> targets;
+  std::vector<std::string> pngs;
+  std::string tables =
+      fmt::format("<p>Files on {} ({}); the controller's default engine here: {}{}.</p>\n",
+                  html_escape(doc.value("filesystem", "?")), html_escape(doc.value("dir", "?")),
+                  html_escape(doc.value("default_engine", "?")),
+                  doc.value("fallback_reason", "").empty()
+                      ? ""
+                      : " (" + html_escape(doc.value("fallback_reason", "")) + ")");
+
+  if (doc.contains("randread")) {
+    const json& r = doc["randread"];
+    if (r.contains("skipped")) {
+      for (const char* name : {"randread O_DIRECT: keel io_uring vs fio io_uring",
+                               "randread buffered: keel io_uring vs fio io_uring",
+                               "randread buffered: keel posix vs fio psync"}) {
+        targets.push_back(
+            {name, "not measured: " + r["skipped"].get<std::string>(), "", false, false});
+      }
+    } else {
+      const auto ratio = [](const json& j, const char* keel, const char* peer) {
+        return j[keel].get<double>() / j[peer].get<double>();
+      };
+      const double d = ratio(r["direct"], "keel_io_uring", "fio_io_uring");
+      const double b = ratio(r["buffered"], "keel_io_uring", "fio_io_uring");
+      const double p = ratio(r["psync"], "keel_posix", "fio_psync");
+      targets.push_back({"randread 4 KiB O_DIRECT qd 32: keel io_uring vs fio io_uring",
+                         fmt_ratio(d), "≥ 0.9×", d >= 0.9});
+      targets.push_back({"randread 4 KiB buffered qd 32: keel io_uring vs fio io_uring",
+                         fmt_ratio(b), "≥ 0.85×", b >= 0.85});
+      targets.push_back({fmt::format("randread 4 KiB buffered, {} threads: keel posix vs fio psync",
+                                     r["psync"]["threads"].get<unsigned>()),
+                         fmt_ratio(p), "≥ 0.9×", p >= 0.9});
+      tables += fmt::format(
+          "<h3>Random 4 KiB reads of a {} MiB file (IOPS)</h3>\n<table><tr><th></th><th>fio</th>"
+          "<th>keel</th><th>ratio</th></tr>\n"
+          "<tr><td>O_DIRECT, io_uring, qd 32</td><td>{:.0f}</td><td>{:.0f}</td><td>{}</td></tr>\n"
+          "<tr><td>buffered (page cache), io_uring, qd 32</td><td>{:.0f}</td><td>{:.0f}</td>"
+          "<td>{}</td></tr>\n<tr><td>buffered, fio psync × {} threads / keel posix × {} "
+          "workers</td><td>{:.0f}</td><td>{:.0f}</td><td>{}</td></tr>\n</table>\n",
+          r["file_bytes"].get<std::uint64_t>() >> 20, r["direct"]["fio_io_uring"].get<double>(),
+          r["direct"]["keel_io_uring"].get<double>(), fmt_ratio(d),
+          r["buffered"]["fio_io_uring"].get<double>(), r["buffered"]["keel_io_uring"].get<double>(),
+          fmt_ratio(b), r["psync"]["threads"].get<unsigned>(),
+          r["psync"]["threads"].get<unsigned>(), r["psync"]["fio_psync"].get<double>(),
+          r["psync"]["keel_posix"].get<double>(), fmt_ratio(p));
+    }
+  }
+  if (doc.contains("workload")) {
+    const json& rows = doc["workload"]["rows"];
+    const double keel = workload_rate(rows, "keel_io_uring", 1, 30);
+    const double posix = workload_rate(rows, "posix", 1, 30);
+    const double aio = workload_rate(rows, "posix_aio", 1, 30);
+    if (std::isfinite(keel) && std::isfinite(posix)) {
+      targets.push_back({"workload, 1 thread, fsync every 30: keel io_uring vs plain POSIX calls",
+                         fmt_ratio(keel / posix), "≥ 1.3×", keel / posix >= 1.3});
+    }
+    if (std::isfinite(keel) && std::isfinite(aio)) {
+      targets.push_back({"workload, 1 thread, fsync every 30: keel io_uring vs glibc POSIX AIO",
+                         fmt_ratio(keel / aio), "≥ 2×", keel / aio >= 2});
+    }
+    plot_workload(out, rows, pngs);
+    tables += fmt::format(
+        "<h3>The TAI workload: compute ({} passes, about one 64 KiB write) + 64 KiB write per "
+        "item, fsync every N (items/s)</h3>\n<table><tr><th>method</th><th>threads</th>"
+        "<th>N</th><th>items</th><th>s</th><th>items/s</th><th>vs posix</th></tr>\n",
+        doc["workload"]["compute_rounds"].get<unsigned>());
+    for (const auto& r : rows) {
+      const double base = workload_rate(rows, "posix", r["threads"].get<unsigned>(),
+                                        r["fsync_every"].get<unsigned>());
+      tables += fmt::format(
+          "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2f}</td><td>{:.0f}</td>"
+          "<td>{}</td></tr>\n",
+          html_escape(r["method"].get<std::string>()), r["threads"].get<unsigned>(),
+          r["fsync_every"].get<unsigned>(), r["items"].get<std::uint64_t>(),
+          r["seconds"].get<double>(), r["items_per_second"].get<double>(),
+          fmt_ratio(r["items_per_second"].get<double>() / base));
+    }
+    tables += "</table>\n";
+  }
+  if (doc.contains("null")) {
+    const double single = doc["null"]["single_ns"].get<double>();
+    const double batched = doc["null"]["batched_ns"].get<double>();
+    targets.push_back({"null engine: framework cost per request, one at a time",
+                       fmt::format("{:.0f} ns", single), "≤ 300 ns", single <= 300});
+    targets.push_back({fmt::format("null engine: framework cost per request, batches of {}",
+                                   doc["null"]["batch"].get<unsigned>()),
+                       fmt::format("{:.0f} ns", batched), "≤ 100 ns", batched <= 100});
+  }
+  targets.push_back({"workload with the write-back cache on",
+                     "not measured: the cache is not "
+                     "built yet",
+                     "", false, false});
+  finish_section(s, "Asynchronous I/O: keel::aio against fio, POSIX, cstdio and POSIX AIO", targets,
+                 pngs, tables);
+  return s;
+}
+
+}  // namespace keel::report

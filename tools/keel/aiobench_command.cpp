@@ -1,0 +1,576 @@
+// keel aiobench: keel::aio measured against its peers in the same run, on the same files.
+//
+//   randread  4 KiB random reads at queue depth 32 of one file: keel's io_uring engine
+//             against fio's io_uring engine, with O_DIRECT and buffered (file in the page
+//             cache); keel's posix engine against fio's psync with as many threads.
+//   workload  the TAI thesis's workload: per item a compute step on a 64 KiB buffer
+//             (calibrated to cost about one buffered 64 KiB write), then a write of it, an
+//             fsync every N items; for plain POSIX calls, cstdio, glibc POSIX AIO and keel
+//             (each engine); 1 and 2 threads, each on its own file.
+//   null      the null engine: nanoseconds per request of the framework alone, one request
+//             at a time (submit, wait) and in batches of 64.
+
+#include "aiobench_command.hpp"
+
+#include <aio.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_util.hpp"
+#include "keel/aio/controller.hpp"
+#include "keel/io/fs_info.hpp"
+
+namespace keel::tools {
+namespace {
+
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+void progress(const std::string& what) {
+  fmt::print(stderr, "aiobench: {}\n", what);
+}
+
+struct aligned_buffer {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  explicit aligned_buffer(std::size_t n) : size(n) {
+    data = static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096));
+    if (data == nullptr) throw std::bad_alloc();
+    std::memset(data, 0, n);
+  }
+  aligned_buffer(const aligned_buffer&) = delete;
+  aligned_buffer& operator=(const aligned_buffer&) = delete;
+  ~aligned_buffer() { std::free(data); }
+};
+
+[[noreturn]] void fail(const std::string& what, const std::error_code& ec) {
+  throw std::runtime_error(what + ": " + ec.message());
+}
+
+template <class T>
+T must(result<T> r, const std::string& what) {
+  if (!r) fail(what, r.error());
+  if constexpr (!std::is_void_v<T>) return std::move(*r);
+}
+
+// ---- randread ----
+
+// The file to read: `bytes` of non-zero data, made once and kept if it is already there.
+void make_read_file(const std::string& path, std::uint64_t bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) == bytes) return;
+  progress(fmt::format("writing a {} MiB file to read", bytes >> 20));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
+  std::vector<std::byte> chunk(1 << 20);
+  std::mt19937_64 rng(1);
+  for (auto& b : chunk)
+    b = static_cast<std::byte>(rng() | 1);
+  for (std::uint64_t off = 0; off < bytes; off += chunk.size()) {
+    if (::pwrite(fd, chunk.data(), chunk.size(), static_cast<off_t>(off)) !=
+        static_cast<ssize_t>(chunk.size())) {
+      const int e = errno;
+      ::close(fd);
+      fail("write " + path, std::error_code(e, std::system_category()));
+    }
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Reads the whole file once, so buffered runs find it in the page cache.
+void warm(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  std::vector<std::byte> chunk(1 << 20);
+  while (::read(fd, chunk.data(), chunk.size()) > 0) {
+  }
+  ::close(fd);
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Runs fio and returns its read IOPS (all jobs together).
+double run_fio(const std::string& path, std::uint64_t bytes, const std::string& engine, bool direct,
+               unsigned depth, unsigned jobs, double seconds) {
+  const std::string cmd = fmt::format(
+      "fio --name=keel-aiobench --filename={} --rw=randread --bs=4k --size={} --ioengine={} "
+      "--iodepth={} --direct={} --invalidate=0 --numjobs={} --thread --group_reporting "
+      "--runtime={:.1f} --time_based --norandommap --randrepeat=0 --output-format=json "
+      "2>/dev/null",
+      quote(path), bytes, engine, depth, direct ? 1 : 0, jobs, seconds);
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("cannot run fio");
+  std::string out;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    out.append(buf, n);
+  const int status = ::pclose(p);
+  if (status != 0) throw std::runtime_error(fmt::format("fio failed ({}): {}", status, cmd));
+  // fio may print notes before the JSON.
+  const auto brace = out.find('{');
+  if (brace == std::string::npos) throw std::runtime_error("fio printed no JSON");
+  const json doc = json::parse(out.substr(brace));
+  return doc.at("jobs").at(0).at("read").at("iops").get<double>();
+}
+
+// keel: `depth` reads in flight from one submitting thread, each replaced as it completes.
+double run_keel_randread(const std::string& path, std::uint64_t bytes, aio::engine_kind engine,
+                         unsigned workers, bool direct, unsigned depth, double seconds) {
+  aio::options o;
+  o.engine = engine;
+  o.workers = workers;
+  auto ctl = must(aio::controller::start(o), "start the controller");
+  aio::open_options how;
+  how.direct = direct;
+  aio::file f = must(ctl->open(path, how), "open " + path);
+  aligned_buffer buf(std::size_t{depth} * 4096);
+  const std::uint64_t blocks = bytes / 4096;
+  std::mt19937_64 rng(7);
+  std::vector<aio::receipt> ring(depth);
+  const auto issue = [&](unsigned k) {
+    ring[k] = f.read((rng() % blocks) * 4096, std::span(buf.data + std::size_t{k} * 4096, 4096));
+  };
+  for (unsigned k = 0; k < depth; ++k)
+    issue(k);
+  std::uint64_t done = 0;
+  const auto t0 = clock_type::now();
+  double elapsed = 0;
+  for (unsigned k = 0;; k = (k + 1) % depth) {
+    auto n = ring[k].wait();
+    if (!n || *n != 4096)
+      fail("keel read", n ? std::make_error_code(std::errc::io_error) : n.error());
+    ++done;
+    if ((done & 1023) == 0 && (elapsed = seconds_since(t0)) >= seconds) break;
+    issue(k);
+  }
+  for (auto& r : ring)
+    (void)r.wait();
+  return static_cast<double>(done) / elapsed;
+}
+
+json measure_randread(const std::string& dir, std::uint64_t bytes, unsigned threads,
+                      double seconds) {
+  json out;
+  if (std::system("fio --version >/dev/null 2>&1") != 0) {
+    out["skipped"] = "fio not found (Debian package fio)";
+    return out;
+  }
+  const std::string path = dir + "/randread.dat";
+  make_read_file(path, bytes);
+  // (a) O_DIRECT: the device sets the pace.
+  progress("randread O_DIRECT: fio io_uring, keel io_uring");
+  const double fio_direct = run_fio(path, bytes, "io_uring", true, 32, 1, seconds);
+  const double keel_direct =
+      run_keel_randread(path, bytes, aio::engine_kind::io_uring, 1, true, 32, seconds);
+  // (b) buffered, in the page cache: the library's own cost shows.
+  warm(path);
+  progress("randread buffered: fio io_uring, keel io_uring");
+  const double fio_buffered = run_fio(path, bytes, "io_uring", false, 32, 1, seconds);
+  const double keel_buffered =
+      run_keel_randread(path, bytes, aio::engine_kind::io_uring, 1, false, 32, seconds);
+  progress(fmt::format("randread buffered: fio psync, keel posix, {} threads", threads));
+  const double fio_psync = run_fio(path, bytes, "psync", false, 1, threads, seconds);
+  // keel keeps 32 requests queued for its `threads` workers (fio's threads each have one).
+  const double keel_posix =
+      run_keel_randread(path, bytes, aio::engine_kind::posix, threads, false, 32, seconds);
+  out["file_bytes"] = bytes;
+  out["direct"] = {{"fio_io_uring", fio_direct}, {"keel_io_uring", keel_direct}};
+  out["buffered"] = {{"fio_io_uring", fio_buffered}, {"keel_io_uring", keel_buffered}};
+  out["psync"] = {{"threads", threads}, {"fio_psync", fio_psync}, {"keel_posix", keel_posix}};
+  fmt::print("randread 4 KiB, IOPS          fio        keel   ratio\n");
+  fmt::print("  O_DIRECT, io_uring  {:>10.0f}  {:>10.0f}  {:.3f}\n", fio_direct, keel_direct,
+             keel_direct / fio_direct);
+  fmt::print("  buffered, io_uring  {:>10.0f}  {:>10.0f}  {:.3f}\n", fio_buffered, keel_buffered,
+             keel_buffered / fio_buffered);
+  fmt::print("  buffered, {} threads psync/posix {:>10.0f}  {:>10.0f}  {:.3f}\n", threads,
+             fio_psync, keel_posix, keel_posix / fio_psync);
+  return out;
+}
+
+// ---- the thesis workload ----
+
+constexpr std::size_t item_bytes = 64 * 1024;
+constexpr unsigned ring_size = 8;  // buffers in flight for the asynchronous methods
+
+// The compute step: a deterministic transform of the buffer, `rounds` passes.
+void compute(std::byte* buf, std::uint64_t item, unsigned rounds) {
+  auto* w = reinterpret_cast<std::uint64_t*>(buf);
+  std::uint64_t x = item * 0x9e3779b97f4a7c15ULL + 1;
+  for (unsigned r = 0; r < rounds; ++r) {
+    for (std::size_t i = 0; i < item_bytes / 8; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      w[i] = w[i] * 31 + x;
+    }
+  }
+}
+
+// Passes of `compute` that cost about one buffered 64 KiB write on this filesystem.
+unsigned calibrate(const std::string& dir) {
+  const std::string path = dir + "/calibrate.dat";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
+  aligned_buffer buf(item_bytes);
+  constexpr int n = 400;
+  auto t0 = clock_type::now();
+  for (int i = 0; i < n; ++i) {
+    if (::pwrite(fd, buf.data, item_bytes, static_cast<off_t>(i) * item_bytes) < 0) break;
+  }
+  const double write_s = seconds_since(t0) / n;
+  ::close(fd);
+  ::unlink(path.c_str());
+  t0 = clock_type::now();
+  for (int i = 0; i < n; ++i)
+    compute(buf.data, static_cast<std::uint64_t>(i), 1);
+  const double pass_s = seconds_since(t0) / n;
+  return std::max(1u, static_cast<unsigned>(write_s / pass_s + 0.5));
+}
+
+struct workload_params {
+  std::uint64_t items = 0;
+  unsigned fsync_every = 0;
+  unsigned rounds = 1;
+};
+
+void run_posix_items(const std::string& path, const workload_params& p) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
+  aligned_buffer buf(item_bytes);
+  for (std::uint64_t i = 0; i < p.items; ++i) {
+    compute(buf.data, i, p.rounds);
+    if (::pwrite(fd, buf.data, item_bytes, static_cast<off_t>(i * item_bytes)) !=
+        static_cast<ssize_t>(item_bytes)) {
+      fail("pwrite", std::error_code(errno, std::system_category()));
+    }
+    if ((i + 1) % p.fsync_every == 0 && ::fsync(fd) != 0) {
+      fail("fsync", std::error_code(errno, std::system_category()));
+    }
+  }
+  if (::fsync(fd) != 0) fail("fsync", std::error_code(errno, std::system_category()));
+  ::close(fd);
+}
+
+void run_stdio_items(const std::string& path, const workload_params& p) {
+  std::FILE* f = std::fopen(path.c_str(), "wbe");
+  if (f == nullptr) fail("fopen " + path, std::error_code(errno, std::system_category()));
+  aligned_buffer buf(item_bytes);
+  for (std::uint64_t i = 0; i < p.items; ++i) {
+    compute(buf.data, i, p.rounds);
+    if (std::fwrite(buf.data, 1, item_bytes, f) != item_bytes) {
+      fail("fwrite", std::error_code(errno, std::system_category()));
+    }
+    if ((i + 1) % p.fsync_every == 0 && (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0)) {
+      fail("fsync", std::error_code(errno, std::system_category()));
+    }
+  }
+  if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0) {
+    fail("fsync", std::error_code(errno, std::system_category()));
+  }
+  std::fclose(f);
+}
+
+// glibc POSIX AIO: aio_write from a ring of buffers, aio_fsync every N items (one at a
+// time), each buffer reused once its write is done.
+void run_posix_aio_items(const std::string& path, const workload_params& p) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
+  std::vector<std::unique_ptr<aligned_buffer>> bufs;
+  std::vector<aiocb> cbs(ring_size);
+  std::vector<bool> busy(ring_size, false);
+  for (unsigned k = 0; k < ring_size; ++k)
+    bufs.push_back(std::make_unique<aligned_buffer>(item_bytes));
+  aiocb sync_cb{};
+  bool sync_busy = false;
+  const auto finish = [&](aiocb& cb, const char* what) {
+    const aiocb* list[1] = {&cb};
+    while (::aio_error(&cb) == EINPROGRESS)
+      ::aio_suspend(list, 1, nullptr);
+    if (::aio_return(&cb) < 0)
+      fail(what, std::error_code(::aio_error(&cb), std::system_category()));
+  };
+  for (std::uint64_t i = 0; i < p.items; ++i) {
+    const unsigned k = static_cast<unsigned>(i % ring_size);
+    if (busy[k]) finish(cbs[k], "aio_write");
+    compute(bufs[k]->data, i, p.rounds);
+    cbs[k] = aiocb{};
+    cbs[k].aio_fildes = fd;
+    cbs[k].aio_buf = bufs[k]->data;
+    cbs[k].aio_nbytes = item_bytes;
+    cbs[k].aio_offset = static_cast<off_t>(i * item_bytes);
+    if (::aio_write(&cbs[k]) != 0)
+      fail("aio_write", std::error_code(errno, std::system_category()));
+    busy[k] = true;
+    if ((i + 1) % p.fsync_every == 0) {
+      if (sync_busy) finish(sync_cb, "aio_fsync");
+      sync_cb = aiocb{};
+      sync_cb.aio_fildes = fd;
+      if (::aio_fsync(O_SYNC, &sync_cb) != 0) {
+        fail("aio_fsync", std::error_code(errno, std::system_category()));
+      }
+      sync_busy = true;
+    }
+  }
+  for (unsigned k = 0; k < ring_size; ++k) {
+    if (busy[k]) finish(cbs[k], "aio_write");
+  }
+  if (sync_busy) finish(sync_cb, "aio_fsync");
+  if (::fsync(fd) != 0) fail("fsync", std::error_code(errno, std::system_category()));
+  ::close(fd);
+}
+
+// keel: a write per item from a ring of buffers, an fsync every N items, waiting only to
+// reuse a buffer; the last fsync is waited for.
+void run_keel_items(aio::controller& ctl, const std::string& path, const workload_params& p) {
+  aio::open_options how;
+  how.read = false;
+  how.write = true;
+  how.create = true;
+  how.truncate = true;
+  aio::file f = must(ctl.open(path, how), "open " + path);
+  std::vector<std::unique_ptr<aligned_buffer>> bufs;
+  std::vector<aio::receipt> writes(ring_size);
+  for (unsigned k = 0; k < ring_size; ++k)
+    bufs.push_back(std::make_unique<aligned_buffer>(item_bytes));
+  std::vector<aio::receipt> syncs;
+  for (std::uint64_t i = 0; i < p.items; ++i) {
+    const unsigned k = static_cast<unsigned>(i % ring_size);
+    if (writes[k].valid()) must(writes[k].wait(), "keel write");
+    compute(bufs[k]->data, i, p.rounds);
+    writes[k] = f.write(i * item_bytes, std::span<const std::byte>(bufs[k]->data, item_bytes));
+    if ((i + 1) % p.fsync_every == 0) syncs.push_back(f.fsync());
+  }
+  must(f.fsync().wait(), "keel fsync");
+  for (auto& w : writes) {
+    if (w.valid()) must(w.wait(), "keel write");
+  }
+  for (auto& s : syncs)
+    must(s.wait(), "keel fsync");
+  must(f.close(), "close " + path);
+}
+
+json measure_workload(const std::string& dir, std::uint64_t items, double budget_hint) {
+  (void)budget_hint;
+  progress("workload: calibrating the compute step against a 64 KiB write");
+  const unsigned rounds = calibrate(dir);
+  json rows = json::array();
+  const std::vector<std::string> keel_engines = {"io_uring", "posix", "stdio"};
+  fmt::print("\nworkload: compute + 64 KiB write per item, fsync every N (items/s)\n");
+  fmt::print("{:<16} {:>7} {:>5} {:>12}\n", "method", "threads", "N", "items/s");
+  for (const unsigned threads : {1u, 2u}) {
+    for (const unsigned every : {1u, 30u, 300u}) {
+      workload_params p{items, every, rounds};
+      std::vector<std::string> methods = {"posix", "cstdio", "posix_aio"};
+      for (const auto& e : keel_engines)
+        methods.push_back("keel_" + e);
+      for (const auto& m : methods) {
+        progress(fmt::format("workload: {} with {} thread(s), fsync every {}", m, threads, every));
+        std::unique_ptr<aio::controller> ctl;
+        if (m.rfind("keel_", 0) == 0) {
+          aio::options o;
+          o.engine = must(aio::engine_from_string(m.substr(5)), "engine");
+          o.workers = 2;
+          ctl = must(aio::controller::start(o), "start the controller");
+        }
+        std::vector<std::thread> pool;
+        std::vector<std::string> errors(threads);
+        const auto t0 = clock_type::now();
+        for (unsigned t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            const std::string path = fmt::format("{}/workload-{}.dat", dir, t);
+            try {
+              if (m == "posix") {
+                run_posix_items(path, p);
+              } else if (m == "cstdio") {
+                run_stdio_items(path, p);
+              } else if (m == "posix_aio") {
+                run_posix_aio_items(path, p);
+              } else {
+                run_keel_items(*ctl, path, p);
+              }
+            } catch (const std::exception& e) {
+              errors[t] = e.what();
+            }
+          });
+        }
+        for (auto& th : pool)
+          th.join();
+        const double s = seconds_since(t0);
+        for (const auto& e : errors) {
+          if (!e.empty()) throw std::runtime_error(m + ": " + e);
+        }
+        const double rate = static_cast<double>(items * threads) / s;
+        rows.push_back({{"method", m},
+                        {"threads", threads},
+                        {"fsync_every", every},
+                        {"items", items * threads},
+                        {"seconds", s},
+                        {"items_per_second", rate}});
+        fmt::print("{:<16} {:>7} {:>5} {:>12.0f}\n", m, threads, every, rate);
+      }
+    }
+  }
+  for (unsigned t = 0; t < 2; ++t)
+    ::unlink(fmt::format("{}/workload-{}.dat", dir, t).c_str());
+  return {{"item_bytes", item_bytes}, {"compute_rounds", rounds}, {"rows", rows}};
+}
+
+// ---- framework overhead ----
+
+json measure_null(const std::string& dir, double seconds) {
+  progress("null engine: framework overhead per request");
+  aio::options o;
+  o.engine = aio::engine_kind::null;
+  o.workers = 1;
+  auto ctl = must(aio::controller::start(o), "start the controller");
+  aio::open_options how;
+  how.write = true;
+  how.create = true;
+  aio::file f = must(ctl->open(dir + "/null.dat", how), "open");
+  std::vector<std::byte> buf(4096);
+  // One at a time: submit, wait.
+  std::uint64_t n = 0;
+  auto t0 = clock_type::now();
+  double elapsed = 0;
+  for (;;) {
+    must(f.write(0, buf).wait(), "null write");
+    if ((++n & 1023) == 0 && (elapsed = seconds_since(t0)) >= seconds) break;
+  }
+  const double single_ns = elapsed * 1e9 / static_cast<double>(n);
+  // Batches of 64: one submission, then the waits.
+  constexpr std::size_t batch = 64;
+  std::vector<aio::request> reqs(batch);
+  std::vector<aio::receipt> outs(batch);
+  n = 0;
+  t0 = clock_type::now();
+  for (;;) {
+    for (std::size_t k = 0; k < batch; ++k) {
+      reqs[k].what = aio::request::kind::write;
+      reqs[k].offset = k * buf.size();  // disjoint: nothing holds a request back
+      reqs[k].buffer = buf;
+    }
+    f.submit(reqs, outs);
+    for (auto& r : outs)
+      must(r.wait(), "null write");
+    n += batch;
+    if ((n & 4095) == 0 && (elapsed = seconds_since(t0)) >= seconds) break;
+  }
+  const double batched_ns = elapsed * 1e9 / static_cast<double>(n);
+  ::unlink((dir + "/null.dat").c_str());
+  fmt::print("\nnull engine: {:.0f} ns per request one at a time, {:.0f} ns in batches of {}\n",
+             single_ns, batched_ns, batch);
+  return {{"single_ns", single_ns}, {"batched_ns", batched_ns}, {"batch", batch}};
+}
+
+}  // namespace
+
+int run_aiobench_command(int argc, char** argv) {
+  CLI::App app{
+      "Measure keel::aio in the same run as its peers: fio (randread), plain POSIX calls, cstdio "
+      "and glibc POSIX AIO (the TAI thesis workload), and the null engine's own cost",
+      "keel aiobench"};
+  std::string dir = "build/aiobench";
+  std::uint64_t size_mib = 1024;
+  double seconds = 3;
+  unsigned threads = 2;
+  std::uint64_t items = 600;
+  std::string parts = "randread,workload,null";
+  std::string json_path;
+  app.add_option("--dir", dir,
+                 "Directory for the files (a real device for O_DIRECT; the read file is kept "
+                 "there for the next run)")
+      ->capture_default_str();
+  app.add_option("--size", size_mib, "MiB of the randread file")
+      ->check(CLI::Range(std::uint64_t{16}, std::uint64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--seconds", seconds, "Seconds per randread and null measurement")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  app.add_option("--threads", threads, "Threads of fio psync and of keel's posix engine")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  app.add_option("--items", items, "Items per thread in the workload")
+      ->check(CLI::Range(std::uint64_t{10}, std::uint64_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--parts", parts, "Comma-separated: randread, workload, null")
+      ->capture_default_str();
+  app.add_option("--json", json_path, "Also write the results as JSON to this file ('-': stdout)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  const auto wants = [&](const char* part) { return parts.find(part) != std::string::npos; };
+  for (std::size_t at = 0; at <= parts.size();) {
+    const auto comma = std::min(parts.find(',', at), parts.size());
+    const std::string p = parts.substr(at, comma - at);
+    if (p != "randread" && p != "workload" && p != "null") {
+      fmt::print(stderr, "keel aiobench: --parts: unknown part '{}'\n", p);
+      return 2;
+    }
+    at = comma + 1;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    fmt::print(stderr, "keel aiobench: {}: {}\n", dir, ec.message());
+    return 1;
+  }
+  json doc;
+  auto fs = io::stat_fs(dir.c_str());
+  doc["filesystem"] = fs ? std::string(fs->type_name()) : "unknown";
+  doc["dir"] = dir;
+  {
+    auto probe = aio::controller::start();
+    doc["default_engine"] = probe ? std::string((*probe)->engine_name()) : "none";
+    doc["fallback_reason"] = probe ? (*probe)->fallback_reason() : probe.error().message();
+  }
+  try {
+    if (wants("randread")) {
+      doc["randread"] = measure_randread(dir, size_mib << 20, threads, seconds);
+    }
+    if (wants("workload")) doc["workload"] = measure_workload(dir, items, seconds);
+    if (wants("null")) doc["null"] = measure_null(dir, seconds);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "keel aiobench: {}\n", e.what());
+    return 1;
+  }
+  if (!json_path.empty() && !write_json("aiobench", json_path, doc)) return 1;
+  return 0;
+}
+
+}  // namespace keel::tools
