@@ -56,35 +56,12 @@ void plot_workload(const std::string& out, const json& rows, std::vector<std::st
       f.print("\n\n");
     }
   }
-  std::string panels;
-  for (std::size_t b = 0; b < threads.size(); ++b) {
-    std::string cols;
-    for (std::size_t c = 0; c < methods.size(); ++c) {
-      cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
-                          dat, b, c + 2, c == 0 ? ":xtic(1)" : "");
-    }
-    panels += fmt::format("set title \"{} thread(s)\"\nplot {}\n", threads[b], cols);
-  }
-  const std::string gp = out + "/aio-workload.gp";
-  {
-    auto f = fmt::output_file(gp);
-    f.print(R"gp(set terminal pngcairo size {w},480 font "sans,10"
-set termoption noenhanced
-set output "{out}/aio-workload.png"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set grid ytics
-set key outside bottom horizontal
-set ylabel "items per second"
-set yrange [0:*]
-set multiplot layout 1,{panes} title "compute + 64 KiB write per item, fsync every N (higher is better)"
-{panels}unset multiplot
-)gp",
-            fmt::arg("w", 520 * threads.size() + 80), fmt::arg("out", out),
-            fmt::arg("panes", threads.size()), fmt::arg("panels", panels));
-  }
-  run_gnuplot(gp);
+  std::vector<std::string> titles;
+  for (const unsigned t : threads)
+    titles.push_back(fmt::format("{} thread(s)", t));
+  plot_clustered_bars(out, "aio-workload", dat, titles, methods.size(),
+                      "compute + 64 KiB write per item, fsync every N (higher is better)",
+                      "items per second", 520);
   pngs.push_back("aio-workload.png");
 }
 

@@ -1,0 +1,48 @@
+// keel aiobench, run as a user would: the parts it is asked for, JSON, usage errors.
+// Speed is make bench's business; these check that the measurements happen and are reported.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/process.hpp"
+#include "support/run_program.hpp"
+
+namespace {
+
+using keel::test::run_program;
+
+TEST(KeelAiobench, NullAndWorkloadPartsReportEveryMethod) {
+  keel::test::temp_dir dir;
+  const std::string json = dir.file("a.json");
+  const auto r = run_program(KEEL_BINARY,
+                             {"aiobench", "--parts", "null,workload", "--seconds", "0.1", "--items",
+                              "20", "--dir", dir.file("files"), "--json", json},
+                             dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  EXPECT_GT(doc["null"]["single_ns"].get<double>(), 0.0);
+  EXPECT_GT(doc["null"]["batched_ns"].get<double>(), 0.0);
+  EXPECT_FALSE(doc.contains("randread"));
+  const auto& rows = doc["workload"]["rows"];
+  // 6 methods x fsync every 1, 30, 300 x 1 and 2 threads.
+  ASSERT_EQ(rows.size(), 36u);
+  for (const auto& row : rows) {
+    EXPECT_GT(row["items_per_second"].get<double>(), 0.0) << row.dump();
+    EXPECT_EQ(row["items"].get<std::uint64_t>(), 20u * row["threads"].get<std::uint64_t>());
+  }
+  EXPECT_NE(r.out.find("keel_io_uring"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("aiobench: workload"), std::string::npos) << "progress on stderr";
+}
+
+TEST(KeelAiobench, BadArgumentsAreUsageErrors) {
+  keel::test::temp_dir dir;
+  EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--parts", "nope"}, dir.path().string()).code, 2);
+  EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--seconds", "-1"}, dir.path().string()).code, 2);
+  const auto help = run_program(KEEL_BINARY, {"aiobench", "--help"}, dir.path().string());
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--parts"), std::string::npos);
+}
+
+}  // namespace
