@@ -26,10 +26,7 @@ constexpr std::size_t first_live_at = 64;  // atomic u64: no live record before 
 constexpr off_t truncate_above = 256 * 1024;
 constexpr std::uint32_t record_magic = 0x3152414b;  // "KAR1"
 constexpr off_t punch_every = 1 << 20;
-// A live record that holds back the first-live hint is probed for a dead owner once it is
-// this old: soon enough that a crashed locker's record does not make every later lock scan a
-// growing log for long, late enough that live holders are rarely probed.
-constexpr std::uint64_t stale_after_ns = 10'000'000;
+constexpr std::uint64_t stale_after_ns = 1'000'000'000;
 
 struct header {
   char magic[8];
@@ -67,7 +64,7 @@ std::uint64_t pack(entity e) noexcept {
 
 // Whether a chunk's entities (sorted) and a request's (sorted) share an entity that either
 // side wants exclusively.
-bool conflicts(std::span<const std::uint64_t> theirs, std::span<const entity> mine) noexcept {
+bool conflicts(const std::vector<std::uint64_t>& theirs, std::span<const entity> mine) noexcept {
   std::size_t i = 0;
   std::size_t j = 0;
   constexpr std::uint64_t excl_bit = std::uint64_t{1} << 63;
@@ -178,8 +175,7 @@ struct chunk_view {
   std::uint64_t time_ns = 0;
   bool released = false;
   detail::process_identity owner;
-  std::span<const std::uint64_t> entities;  // sorted, as written; valid during the visit
-  std::vector<std::uint64_t> spanning;      // the storage when the chunk has several records
+  std::vector<std::uint64_t> entities;  // sorted, as written
 };
 
 // Reads the chunk starting at `offset`; `records` holds what was read from there on.
@@ -204,13 +200,8 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
         r.entities_here > atomic_append::entities_per_record || r.checksum != checksum_of(r)) {
       return errc_error(std::errc::bad_message);
     }
-    if (first.count > 1)
-      c.spanning.insert(c.spanning.end(), r.entities, r.entities + r.entities_here);
+    c.entities.insert(c.entities.end(), r.entities, r.entities + r.entities_here);
   }
-  // One record (the usual case): its entities are read where they lie, no copy.
-  c.entities = first.count > 1
-                   ? std::span<const std::uint64_t>(c.spanning)
-                   : std::span<const std::uint64_t>(first.entities, first.entities_here);
   return c;
 }
 
@@ -294,73 +285,6 @@ bool owner_is_dead(const detail::process_identity& who) noexcept {
   return detail::check(who) == detail::liveness::dead;
 }
 
-// A live chunk that conflicts with ours and was appended before it.
-struct blocker {
-  off_t offset;
-  detail::process_identity owner;
-};
-
-// Waits until chunk `b` is released (or its owner is dead) by asking for a shared lock on
-// its byte: the kernel puts us to sleep until the owner unlocks.
-result<void> wait_for_chunk(const io::file_handle& rw, const blocker& b, const io::countdown& cd,
-                            bool spin) noexcept {
-  for (;;) {
-    if (cd.is_zero() || (spin && cd.expired())) return detail::contention_error(cd);
-    const io::deadline d = spin ? io::deadline::zero() : detail::rest_of(cd);
-    auto g = io::lock_extent(rw, b.offset, 1, io::lock_kind::shared, d);
-    if (!g) {
-      if (!detail::is_contention(g.error())) return std::unexpected(g.error());
-      if (!spin || cd.expired()) return detail::contention_error(cd);
-      std::this_thread::yield();
-      continue;
-    }
-    (void)g->unlock();
-    // Its lock was free: released, dead, or its owner is between append and lock.
-    std::uint32_t flag = 0;
-    auto rd = rw.read_at(b.offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
-    if (!rd) return std::unexpected(rd.error());
-    if (flag != 0) return {};
-    if (owner_is_dead(b.owner)) {
-      (void)mark_released(rw, b.offset);  // spare the next reader the check
-      return {};
-    }
-    std::this_thread::yield();
-  }
-}
-
-// Removes from `blockers` (in log order) the chunks released since they were found, reading
-// their released flags in bulk. A chunk whose bytes no longer parse was punched out of a
-// released prefix (first_live is past it); anything else there is corruption.
-result<void> drop_released(const io::file_handle& rw, std::atomic_ref<std::uint64_t> first_live,
-                           std::vector<blocker>& blockers) noexcept {
-  constexpr off_t window = 256 * record_size;
-  std::vector<record> buf;
-  off_t buf_at = 0;
-  std::size_t buf_have = 0;
-  std::size_t kept = 0;
-  const auto live_from = static_cast<off_t>(first_live.load(std::memory_order_acquire));
-  for (const blocker& b : blockers) {
-    if (b.offset < live_from) continue;  // in the released prefix: no need to read it
-    if (b.offset < buf_at || b.offset >= buf_at + static_cast<off_t>(buf_have) * record_size) {
-      buf.resize(window / record_size);
-      auto n = rw.read_at(b.offset, std::as_writable_bytes(std::span(buf)));
-      if (!n) return std::unexpected(n.error());
-      buf_at = b.offset;
-      buf_have = *n / record_size;
-      if (buf_have == 0) return errc_error(std::errc::bad_message);
-    }
-    const record& r = buf[static_cast<std::size_t>((b.offset - buf_at) / record_size)];
-    if (r.magic != record_magic || r.index != 0 || r.pid != b.owner.pid) {
-      if (static_cast<off_t>(first_live.load(std::memory_order_acquire)) > b.offset) continue;
-      return errc_error(std::errc::bad_message);
-    }
-    if (std::atomic_ref<const std::uint32_t>(r.released).load() != 0) continue;
-    blockers[kept++] = b;
-  }
-  blockers.resize(kept);
-  return {};
-}
-
 }  // namespace
 
 result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
@@ -433,47 +357,73 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     return std::unexpected(ec);
   };
 
-  // Find every earlier live chunk that conflicts with ours (blockers), then wait for them
-  // from the latest back: each waiter sleeps on the chunk just ahead of it, so a release wakes
-  // one waiter, not all of them (a queue, like an MCS lock). When the latest blocker goes,
-  // the earlier ones have almost always gone before it: one bulk read confirms it.
+  // Wait for every earlier live chunk that conflicts with ours, in log order.
   auto first_live = impl_->first_live();
   const off_t from = static_cast<off_t>(first_live.load(std::memory_order_acquire));
-  // Every chunk before the first live one that does not conflict with ours is released
-  // once we hold the lock: released when scanned, or a blocker we waited for.
-  off_t first_other_live = mine_at;
-  std::vector<blocker> blockers;
-  auto scanned = scan(t.rw, first_live, std::max(from, header_size), mine_at,
-                      [&](const chunk_view& c) -> result<bool> {
-                        if (c.released) return true;
-                        if (conflicts(c.entities, sorted)) {
-                          blockers.push_back({c.offset, c.owner});
-                          return true;
-                        }
-                        if (first_other_live == mine_at && now_ns > c.time_ns + stale_after_ns) {
-                          // An old live record holds back the hint: if its owner died, it is
-                          // released. (Only old ones are checked: reading /proc for every live
-                          // record would cost too much.)
-                          auto probe =
-                              io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-                          if (probe && owner_is_dead(c.owner)) {
-                            (void)mark_released(t.rw, c.offset);
-                            return true;
-                          }
-                        }
-                        first_other_live = std::min(first_other_live, c.offset);
-                        return true;
-                      });
+  bool all_released = true;
+  off_t released_prefix = from;
+  std::error_code failure;
+  auto scanned =
+      scan(t.rw, first_live, std::max(from, header_size), mine_at,
+           [&](const chunk_view& c) -> result<bool> {
+             bool released = c.released;
+             if (!released && conflicts(c.entities, sorted)) {
+               for (;;) {
+                 if (cd.is_zero() || (spin && cd.expired())) {
+                   failure = detail::contention_error(cd).error();
+                   return false;
+                 }
+                 const io::deadline d = spin ? io::deadline::zero() : detail::rest_of(cd);
+                 auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
+                 if (!g) {
+                   if (!detail::is_contention(g.error())) {
+                     failure = g.error();
+                     return false;
+                   }
+                   if (!spin || cd.expired()) {
+                     failure = detail::contention_error(cd).error();
+                     return false;
+                   }
+                   std::this_thread::yield();
+                   continue;
+                 }
+                 (void)g->unlock();
+                 // Its lock was free: released, dead, or its owner is between append and lock.
+                 std::uint32_t flag = 0;
+                 auto rd = t.rw.read_at(c.offset + released_at,
+                                        std::as_writable_bytes(std::span(&flag, 1)));
+                 if (!rd) {
+                   failure = rd.error();
+                   return false;
+                 }
+                 if (flag != 0) break;
+                 if (owner_is_dead(c.owner)) {
+                   (void)mark_released(t.rw, c.offset);  // spare the next reader the check
+                   break;
+                 }
+                 std::this_thread::yield();
+               }
+               released = true;
+             } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns) {
+               // An old live record holds back the hint: if its owner died, it is released. (Only
+               // old ones are checked: reading /proc for every live record would cost too much.)
+               auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+               if (probe && owner_is_dead(c.owner)) {
+                 (void)mark_released(t.rw, c.offset);
+                 released = true;
+               }
+             }
+             if (all_released && released) {
+               released_prefix = c.offset + c.length;
+             } else {
+               all_released = false;
+             }
+             return true;
+           });
   if (!scanned) return withdraw(scanned.error());
-  while (!blockers.empty()) {
-    if (auto w = wait_for_chunk(t.rw, blockers.back(), cd, spin); !w) return withdraw(w.error());
-    blockers.pop_back();
-    if (auto r = drop_released(t.rw, first_live, blockers); !r) return withdraw(r.error());
-  }
+  if (failure) return withdraw(failure);
 
-  // Everything before `released_prefix` is released for good: later scans (and waiters
-  // behind us re-checking their blockers) may skip it.
-  const off_t released_prefix = first_other_live;
+  // Everything before `released_prefix` is released for good: later scans may skip it.
   auto expected = first_live.load(std::memory_order_relaxed);
   while (expected < static_cast<std::uint64_t>(released_prefix)) {
     if (first_live.compare_exchange_weak(expected, static_cast<std::uint64_t>(released_prefix),
@@ -492,8 +442,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   return static_cast<std::uint64_t>(mine_at);
 }
 
-result<void> atomic_append::do_unlock(std::span<const entity> sorted,
-                                      std::uint64_t token) noexcept {
+result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t token) noexcept {
   auto state = impl_->mine();
   if (!state) return std::unexpected(state.error());
   thread_log& t = **state;
@@ -505,17 +454,9 @@ result<void> atomic_append::do_unlock(std::span<const entity> sorted,
   if (!u) return u;
 
   // Reset the log when it has grown and nobody holds or waits: under the exclusive header
-  // lock no append is in flight, and every record found released stays released. Only
-  // worth a look when nothing before our record is live and nothing came after it: under
-  // steady contention (someone always waiting) this costs no system call.
-  if (at + record_size < truncate_above) return {};
-  if (static_cast<off_t>(impl_->first_live().load(std::memory_order_acquire)) < at) return {};
+  // lock no append is in flight, and every record found released stays released.
   auto size = t.rw.size();
   if (!size || *size < truncate_above) return {};
-  if (*size > at + static_cast<off_t>(sorted.size() + entities_per_record - 1) /
-                       static_cast<off_t>(entities_per_record) * record_size) {
-    return {};
-  }
   auto h = io::try_lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::exclusive);
   if (!h) return {};  // appenders at work: someone else will do it later
   // The size again, now that no append can be in flight: records appended since the first

@@ -181,37 +181,5 @@ TEST(AtomicAppend, WaiterBehindAGiveUpStillWaitsForTheHolder) {
   EXPECT_EQ(test::wait_exit(waiter), 0);
 }
 
-// A locker killed while holding leaves a live record; once it is a little old, the next lock
-// finds its owner dead and moves the first-live hint (header offset 64) past it, so later
-// locks stop reading from there (they used to, for a whole second: 50x slower).
-TEST(AtomicAppend, DeadHoldersRecordStopsHoldingBackTheHint) {
-  temp_dir dir;
-  const std::string path = dir.file("log");
-  auto m = atomic_append::open(path);
-  ASSERT_TRUE(m);
-  test::signal_pipe holding;
-  const pid_t holder = test::fork_child([&] {
-    auto mm = atomic_append::open(path);
-    if (!mm) return 1;
-    auto g = (*mm)->lock({entity(1)});
-    if (!g) return 2;
-    holding.notify();
-    ::pause();
-    return 0;
-  });
-  ASSERT_EQ(holding.wait(), '!');
-  ::kill(holder, SIGKILL);
-  EXPECT_EQ(test::wait_exit(holder), 128 + SIGKILL);
-  std::this_thread::sleep_for(50ms);
-  auto g = (*m)->lock({entity(2)}, 5s);  // no conflict with the dead record
-  ASSERT_TRUE(g);
-  ASSERT_TRUE(g->unlock());
-  auto f = io::file_handle::open(path.c_str(), io::open_flags::read);
-  ASSERT_TRUE(f);
-  std::uint64_t first_live = 0;
-  ASSERT_EQ(f->read_at(64, std::as_writable_bytes(std::span(&first_live, 1))).value(), 8u);
-  EXPECT_GT(first_live, 4096u) << "the dead holder's record still holds back the hint";
-}
-
 }  // namespace
 }  // namespace keel::lock

@@ -11,24 +11,21 @@ namespace keel::lock {
 //! record naming its entities (one atomic O_APPEND write, however many entities), takes an
 //! exclusive byte-range lock on that record, and then waits for every earlier record that
 //! is still live and conflicts with it (shares an entity, one side exclusive). It waits by
-//! asking for a shared lock on the latest such record: it sleeps in the kernel until that
-//! owner unlocks, then confirms the earlier ones are gone with one read (a queue: a release
-//! wakes the one waiter behind it, not every waiter). To unlock, the owner marks its record
-//! released and drops the record lock.
+//! asking for a shared lock on the blocking record: it sleeps in the kernel until that
+//! owner unlocks. To unlock, the owner marks its record released and drops the record lock.
 //!
 //! - **Cost per lock**: one append, one lseek, four fcntl, a read of the live part of the
 //!   log and one pwrite to release: about the same whatever the number of entities (the
 //!   point of this algorithm: flat in entities, where byte_ranges and lock_files slow down
-//!   linearly). The read grows with the number of waiters (each live record is read).
+//!   linearly).
 //! - **Fairness**: first come, first served, in append order: strictly FIFO among
 //!   conflicting requests, so nobody starves. No deadlock: everyone waits only on earlier
 //!   records.
 //! - **Crash**: a record whose owner died is released with it: its record lock is gone, and
 //!   the owner (pid and start time) is checked dead on this machine, so waiters go on at once.
-//! - **Log reset**: the log is truncated back to its header by an unlocker that finds every
-//!   record released (and can take the header lock exclusively, which appenders hold shared
-//!   while they append); under steady contention it is not, but the released prefix is
-//!   punched out every MiB, so the space stays small, and a hint in the header skips it.
+//! - **Log reset**: the log is truncated back to its header by whoever finds every record
+//!   released (and can take the header lock exclusively, which appenders hold shared while
+//!   they append): the file stays small, and a hint in the header skips released records.
 //! - **Network filesystems**: not supported: it relies on atomic O_APPEND and on a shared
 //!   map of the header, which NFS gives neither of.
 //! - **Caveats**: a timed-out or failed try still appended a record (then released it).
