@@ -19,26 +19,6 @@ namespace {
 using detail::op;
 using detail::op_kind;
 
-void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
-}
-
-// Sleeps while `word` holds `expected`, at most until `cd` (forever when infinite).
-void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
-                const io::countdown* cd) noexcept {
-  timespec ts{};
-  timespec* timeout = nullptr;
-  if (cd != nullptr && !cd->is_infinite()) {
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(cd->remaining());
-    ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
-    ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
-    timeout = &ts;
-  }
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
-            timeout, nullptr, 0);
-}
-
 constexpr std::uint32_t status_of(std::uint32_t state) noexcept {
   return state & 0xff;
 }
@@ -170,7 +150,7 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
   if (o->on_done) o->on_done(outcome);
   const std::uint32_t before =
       o->state.exchange(static_cast<std::uint32_t>(st), std::memory_order_acq_rel);
-  if ((before & op::has_waiters) != 0) futex_wake_all(o->state);
+  if ((before & op::has_waiters) != 0) detail::futex_wake(o->state);
 
   if (detail::stream* s = o->owner; s != nullptr) {
     // Hand on the ops of the stream that no earlier unfinished op holds back any more.
@@ -215,7 +195,7 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
   }
 
   detail::file_state& f = *o->file;
-  if (f.in_flight.fetch_sub(1) == 1 && f.closed.load()) futex_wake_all(f.in_flight);
+  if (f.in_flight.fetch_sub(1) == 1 && f.closed.load()) detail::futex_wake(f.in_flight);
   if (outstanding.fetch_sub(1) == 1 && stopping.load()) {
     outstanding.notify_all();
     for (auto& w : workers)
@@ -433,9 +413,7 @@ namespace {
 receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept {
   o->file = f;
   if (!f) return refuse(o, make_error_code(errc::file_closed));
-  if ((o->kind == op_kind::read && !f->readable) ||
-      ((o->kind == op_kind::write || o->kind == op_kind::fsync || o->kind == op_kind::fdatasync) &&
-       !f->writable && o->kind == op_kind::write)) {
+  if ((o->kind == op_kind::read && !f->readable) || (o->kind == op_kind::write && !f->writable)) {
     return refuse(o, make_error_code(errc::not_opened_for));
   }
   if (o->kind == op_kind::read || o->kind == op_kind::write) {
@@ -571,7 +549,7 @@ result<void> file::close() noexcept {
   detail::file_state& f = *state_;
   f.closed.store(true);
   for (std::uint32_t n = f.in_flight.load(); n != 0; n = f.in_flight.load())
-    futex_wait(f.in_flight, n, nullptr);
+    detail::futex_wait(f.in_flight, n, nullptr);
   result<void> r;
   if (f.stdio != nullptr) {
     if (std::fclose(f.stdio) != 0) r = last_errno_error();
@@ -655,7 +633,7 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
       if (!op_->state.compare_exchange_weak(s, s | op::has_waiters)) continue;
       s |= op::has_waiters;
     }
-    futex_wait(op_->state, s, &cd);
+    detail::futex_wait(op_->state, s, &cd);
   }
 }
 

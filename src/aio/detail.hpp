@@ -9,8 +9,13 @@
 // its stream and hands on the ops that were waiting for it. No lock is shared by two
 // streams; the only shared counters are the controller's and the file's in-flight counts.
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -25,6 +30,7 @@
 #include "keel/aio/controller.hpp"
 #include "keel/aio/errors.hpp"
 #include "keel/aio/receipt.hpp"
+#include "keel/io/deadline.hpp"
 #include "keel/result.hpp"
 
 namespace keel::aio::detail {
@@ -75,6 +81,27 @@ struct stream {
 struct receipt_access {
   static receipt make(op* o) noexcept { return receipt(o); }
 };
+
+//! Wakes up to `n` threads sleeping on `word` (all by default).
+inline void futex_wake(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, n, nullptr,
+            nullptr, 0);
+}
+
+//! Sleeps while `word` holds `expected`, at most until `cd` (forever when null or infinite).
+inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                       const io::countdown* cd) noexcept {
+  timespec ts{};
+  timespec* timeout = nullptr;
+  if (cd != nullptr && !cd->is_infinite()) {
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(cd->remaining());
+    ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
+    ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
+    timeout = &ts;
+  }
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+            timeout, nullptr, 0);
+}
 
 //! How long an idle worker, and a waiter on a receipt, spin at most before they sleep.
 inline constexpr std::chrono::nanoseconds spin_before_sleep{20'000};

@@ -1,11 +1,8 @@
 // The engines that run one request at a time per thread: posix (pread/pwrite/fsync), stdio
 // (<cstdio>) and null (no I/O at all, to measure the framework).
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
 #include <system_error>
 
 #include "detail.hpp"
@@ -73,8 +70,7 @@ class sync_worker final : public worker {
 
   void wake() noexcept override {
     signal_.fetch_add(1);
-    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&signal_), FUTEX_WAKE_PRIVATE, 1, nullptr,
-              nullptr, 0);
+    futex_wake(signal_, 1);
   }
 
   result<void> start() noexcept override {
@@ -96,8 +92,7 @@ class sync_worker final : public worker {
         const std::uint32_t seen = signal_.load();
         sleeping_.store(true);
         if (inbox_empty() && !may_exit()) {
-          ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&signal_), FUTEX_WAIT_PRIVATE, seen,
-                    nullptr, nullptr, 0);
+          futex_wait(signal_, seen, nullptr);
         }
         sleeping_.store(false);
         continue;

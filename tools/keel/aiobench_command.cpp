@@ -382,8 +382,7 @@ void run_keel_items(aio::controller& ctl, const std::string& path, const workloa
   must(f.close(), "close " + path);
 }
 
-json measure_workload(const std::string& dir, std::uint64_t items, double budget_hint) {
-  (void)budget_hint;
+json measure_workload(const std::string& dir, std::uint64_t items) {
   progress("workload: calibrating the compute step against a 64 KiB write");
   const unsigned rounds = calibrate(dir);
   json rows = json::array();
@@ -563,7 +562,7 @@ int run_aiobench_command(int argc, char** argv) {
     if (wants("randread")) {
       doc["randread"] = measure_randread(dir, size_mib << 20, threads, seconds);
     }
-    if (wants("workload")) doc["workload"] = measure_workload(dir, items, seconds);
+    if (wants("workload")) doc["workload"] = measure_workload(dir, items);
     if (wants("null")) doc["null"] = measure_null(dir, seconds);
   } catch (const std::exception& e) {
     fmt::print(stderr, "keel aiobench: {}\n", e.what());
