@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cache.hpp"
 #include "detail.hpp"
 
 namespace keel::aio {
@@ -134,11 +135,15 @@ void controller::impl::dispatch(op* o, unsigned& next_worker) noexcept {
   w.push(o, o);
 }
 
+controller::impl::impl() = default;
+controller::impl::~impl() = default;
+
 void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled) noexcept {
   status st = status::done;
+  if (cancelled) outcome = std::unexpected(make_error_code(errc::controller_stopped));
+  if (o->reads_file) detail::cache_read_finished(*o, outcome);
   if (cancelled) {
     st = status::cancelled;
-    outcome = std::unexpected(make_error_code(errc::controller_stopped));
   } else if (!outcome) {
     st = status::failed;
   }
@@ -297,7 +302,9 @@ result<void> start_workers(controller::impl& c, engine_kind k, unsigned n,
 }  // namespace
 
 result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
-  if (opts.workers == 0 || opts.queue_depth == 0) return errc_error(std::errc::invalid_argument);
+  if (opts.workers == 0 || opts.queue_depth == 0 || opts.cache_soft_limit > opts.cache_hard_limit) {
+    return errc_error(std::errc::invalid_argument);
+  }
   std::optional<engine_kind> wanted = opts.engine;
   if (const char* env = std::getenv("KEEL_AIO_ENGINE"); env != nullptr && *env != '\0') {
     auto k = engine_from_string(env);
@@ -306,6 +313,12 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
   }
   auto p = std::make_shared<impl>();
   p->opts = opts;
+  if (opts.cache_hard_limit != 0) {
+    p->cache = std::make_unique<detail::cache_control>();
+    p->cache->soft = opts.cache_soft_limit;
+    p->cache->hard = opts.cache_hard_limit;
+    p->cache->idle = std::max(opts.cache_idle_round, std::chrono::milliseconds(1));
+  }
   if (wanted) {
     p->kind = *wanted;
     if (auto s = start_workers(*p, *wanted, opts.workers, opts.queue_depth); !s) {
@@ -330,6 +343,12 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
       }
     }
   }
+  if (p->cache) {
+    if (auto s = detail::cache_start(*p); !s) {
+      controller stopping(std::move(p));  // its destructor stops the workers
+      return std::unexpected(s.error());
+    }
+  }
   return std::unique_ptr<controller>(new controller(std::move(p)));
 }
 
@@ -347,6 +366,8 @@ void controller::stop() noexcept {
     w->wake();
     w->join();
   }
+  // Cached writes finished: their bytes go to the files now (an error waits for close).
+  if (c.cache) detail::cache_stop(c);
   c.stopped = true;
 }
 
@@ -360,12 +381,27 @@ unsigned controller::workers() const noexcept {
   return static_cast<unsigned>(impl_->workers.size());
 }
 
+cache_stats controller::cache() const noexcept {
+  cache_stats s;
+  if (const detail::cache_control* cc = impl_->cache.get(); cc != nullptr) {
+    s.cached_bytes = cc->bytes.load();
+    s.dirty_bytes = cc->dirty_pages.load() * detail::page_size;
+    s.writes_cached = cc->writes.load();
+    s.writes_bypassed = cc->bypassed.load();
+    s.reads_served = cc->read_hits.load();
+    s.bytes_written_out = cc->written_out.load();
+  }
+  return s;
+}
+
 result<file> controller::open(const std::string& path, open_options how) noexcept {
   if (!how.read && !how.write) return errc_error(std::errc::invalid_argument);
   if ((how.create || how.truncate) && !how.write) return errc_error(std::errc::invalid_argument);
   if (how.direct && impl_->kind == engine_kind::stdio) {
     return std::unexpected(make_error_code(errc::not_supported_by_engine));
   }
+  if (how.direct && how.cache)
+    return std::unexpected(make_error_code(errc::cache_needs_buffered_io));
   int flags = O_CLOEXEC | (how.read && how.write ? O_RDWR : how.write ? O_WRONLY : O_RDONLY);
   if (how.create) flags |= O_CREAT;
   if (how.truncate) flags |= O_TRUNC;
@@ -401,6 +437,18 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
       const int e = errno;
       ::close(dup_fd);
       return errno_error(e);
+    }
+  }
+  if (how.cache && impl_->cache) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return last_errno_error();
+    try {
+      s->cache = std::make_unique<detail::file_cache>();
+      s->cache->logical_size = static_cast<std::uint64_t>(st.st_size);
+      const std::scoped_lock lock(impl_->cache->files_mutex);
+      impl_->cache->files.push_back(s);
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
     }
   }
   return file(std::move(s));
@@ -463,7 +511,16 @@ receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept
       ++s.held_back;
     }
   }
-  if (ready) c.dispatch(o, worker_index);
+  if (ready) {
+    // The cache finishes a write, or a read it holds, here and now.
+    if (f->cache) {
+      if (auto done = detail::cache_handle(c, *o, false)) {
+        c.finish(o, *done);
+        return r;
+      }
+    }
+    c.dispatch(o, worker_index);
+  }
   return r;
 }
 
@@ -551,8 +608,9 @@ result<void> file::close() noexcept {
   for (std::uint32_t n = f.in_flight.load(); n != 0; n = f.in_flight.load())
     detail::futex_wait(f.in_flight, n, nullptr);
   result<void> r;
+  if (f.cache) r = detail::cache_close_file(f, f.owner->kind);
   if (f.stdio != nullptr) {
-    if (std::fclose(f.stdio) != 0) r = last_errno_error();
+    if (std::fclose(f.stdio) != 0 && r) r = last_errno_error();
     f.stdio = nullptr;
   }
   if (::close(f.fd) != 0 && r) r = last_errno_error();

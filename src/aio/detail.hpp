@@ -39,6 +39,8 @@ enum class op_kind : std::uint8_t { read, write, fsync, fdatasync, task };
 
 struct stream;
 struct file_state;
+struct file_cache;
+struct cache_control;
 
 //! One request, shared by the receipts and the controller (reference counted).
 struct op {
@@ -51,8 +53,10 @@ struct op {
   std::function<result<std::size_t>()> task;
   std::shared_ptr<file_state> file;
   stream* owner = nullptr;
-  bool dispatched = false;  // under owner->mutex
-  op* next = nullptr;       // inbox and worker-local queues
+  bool dispatched = false;     // under owner->mutex
+  bool cache_checked = false;  // the cache decided it goes to the engine
+  bool reads_file = false;     // a read of a cached file at the engine (see cache.hpp)
+  op* next = nullptr;          // inbox and worker-local queues
 
   // The outcome: `state` is the futex word waiters sleep on (a status, plus has_waiters once
   // someone sleeps); `error` and `done` are valid once it is not pending (published with
@@ -158,6 +162,7 @@ struct file_state {
   std::size_t align = 1;
   std::FILE* stdio = nullptr;  // the stdio engine's stream (under stdio_mutex)
   std::mutex stdio_mutex;
+  std::unique_ptr<file_cache> cache;  // open_options::cache
 
   std::atomic<bool> closed{false};
   std::atomic<std::uint32_t> in_flight{0};  // futex word: close() waits for zero
@@ -228,6 +233,10 @@ struct controller::impl {
   bool stopped = false;  // under stop_mutex
   // Requests submitted and not finished (stop waits for zero; workers exit at zero).
   std::atomic<std::uint64_t> outstanding{0};
+  std::unique_ptr<detail::cache_control> cache;  // null when the hard limit is zero
+
+  impl();
+  ~impl();
 
   //! Hands a ready op to a worker (round robin per stream).
   void dispatch(detail::op* o, unsigned& next_worker) noexcept;

@@ -24,6 +24,9 @@ class aio_category final : public std::error_category {
         return "the file was not opened for this kind of request (read or write)";
       case errc::not_supported_by_engine:
         return "the aio engine cannot do this (O_DIRECT through stdio)";
+      case errc::cache_needs_buffered_io:
+        return "the write-back cache cannot serve an O_DIRECT file: open without direct or "
+               "without cache";
     }
     return "unknown keel.aio error";
   }
@@ -37,6 +40,7 @@ class aio_category final : public std::error_category {
         return std::errc::bad_file_descriptor;
       case errc::misaligned_direct_io:
       case errc::bad_request:
+      case errc::cache_needs_buffered_io:
         return std::errc::invalid_argument;
       case errc::not_supported_by_engine:
         return std::errc::operation_not_supported;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <type_traits>
 
 namespace keel::aio::detail {
 
@@ -73,15 +74,16 @@ class radix_tree {
     if (erase_in(*it->second, offset)) top_.erase(it);
   }
 
-  //! Calls `visit(leaf_offset, leaf)` for every leaf overlapping [from, to), in offset order.
-  //! `visit` must not add or remove leaves.
+  //! Calls `visit(leaf_offset, leaf)` for every leaf overlapping [from, to), in offset order;
+  //! a `visit` that returns bool stops the walk by returning false. `visit` must not add or
+  //! remove leaves.
   template <class Visit>
   void for_each(std::uint64_t from, std::uint64_t to, Visit&& visit) const {
     if (from >= to) return;
     for (auto it = top_.lower_bound(from >> shift(0)); it != top_.end(); ++it) {
       const std::uint64_t base = it->first << shift(0);
       if (base >= to) break;
-      walk(*it->second, base, from, to, visit);
+      if (!walk(*it->second, base, from, to, visit)) return;
     }
   }
 
@@ -134,8 +136,9 @@ class radix_tree {
     return n.used == 0;
   }
 
+  // Returns false when `visit` asked to stop.
   template <class Visit>
-  void walk(const node& n, std::uint64_t base, std::uint64_t from, std::uint64_t to,
+  bool walk(const node& n, std::uint64_t base, std::uint64_t from, std::uint64_t to,
             Visit& visit) const {
     const unsigned child_shift = shift(n.level);
     const std::uint64_t span = std::uint64_t{1} << child_shift;
@@ -146,11 +149,17 @@ class radix_tree {
       const std::uint64_t start = base + std::uint64_t{i} * span;
       if (start >= to) break;
       if (n.level == last_node_level) {
-        if (n.leaves[i]) visit(start, *n.leaves[i]);
-      } else if (n.children[i]) {
-        walk(*n.children[i], start, from, to, visit);
+        if (!n.leaves[i]) continue;
+        if constexpr (std::is_same_v<decltype(visit(start, *n.leaves[i])), bool>) {
+          if (!visit(start, *n.leaves[i])) return false;
+        } else {
+          visit(start, *n.leaves[i]);
+        }
+      } else if (n.children[i] && !walk(*n.children[i], start, from, to, visit)) {
+        return false;
       }
     }
+    return true;
   }
 
   std::map<std::uint64_t, std::unique_ptr<node>> top_;

@@ -5,6 +5,7 @@
 
 #include <system_error>
 
+#include "cache.hpp"
 #include "detail.hpp"
 
 namespace keel::aio::detail {
@@ -109,6 +110,12 @@ class sync_worker final : public worker {
     if (ctl_.stopping.load(std::memory_order_relaxed)) {
       ctl_.finish(&o, 0, true);
       return;
+    }
+    if (o.file->cache) {
+      if (auto done = cache_handle(ctl_, o, true)) {
+        ctl_.finish(&o, *done);
+        return;
+      }
     }
     switch (kind_) {
       case engine_kind::null:

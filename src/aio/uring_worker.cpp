@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 
+#include "cache.hpp"
 #include "detail.hpp"
 
 namespace keel::aio::detail {
@@ -132,7 +133,15 @@ class uring_worker final : public worker {
   void intake(op& o) noexcept {
     if (ctl_.stopping.load(std::memory_order_relaxed)) {
       ctl_.finish(&o, 0, true);
-    } else if (o.kind == op_kind::task) {
+      return;
+    }
+    if (o.file->cache) {
+      if (auto done = cache_handle(ctl_, o, true)) {
+        ctl_.finish(&o, *done);
+        return;
+      }
+    }
+    if (o.kind == op_kind::task) {
       ctl_.finish(&o, o.task());
     } else if ((o.kind == op_kind::read || o.kind == op_kind::write) && o.length == 0) {
       ctl_.finish(&o, 0);

@@ -63,7 +63,14 @@ std::vector<std::byte> read_whole(const std::string& path) {
   return out;
 }
 
-class EngineModel : public ::testing::TestWithParam<engine_kind> {};
+// How the model test uses the write-back cache: not at all, with room for the whole file,
+// or with limits so tight that writes bypass it and the flusher runs all the time.
+enum class cache_mode { off, roomy, tight };
+const char* to_string(cache_mode m) {
+  return m == cache_mode::off ? "NoCache" : m == cache_mode::roomy ? "Cache" : "TightCache";
+}
+
+class EngineModel : public ::testing::TestWithParam<std::tuple<engine_kind, cache_mode>> {};
 
 // Several threads, each in its own slice of one file, submit random overlapping reads and
 // writes, fsyncs, batches and tasks without waiting (up to 48 in flight each). Each read must
@@ -73,10 +80,24 @@ class EngineModel : public ::testing::TestWithParam<engine_kind> {};
 TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
   temp_dir dir;
   const std::string path = dir.file("model");
-  auto c = start_engine(GetParam());
-  ASSERT_TRUE(c);
-  file f = open_rw(*c, path);
-  ASSERT_TRUE(f.is_open());
+  const auto [engine, mode] = GetParam();
+  options o;
+  o.engine = engine;
+  if (mode == cache_mode::tight) {
+    o.cache_soft_limit = 16 * 1024;
+    o.cache_hard_limit = 64 * 1024;
+    o.cache_idle_round = 2ms;
+  }
+  auto started = controller::start(o);
+  ASSERT_TRUE(started) << started.error().message();
+  auto& c = *started;
+  open_options how;
+  how.write = true;
+  how.create = true;
+  how.cache = mode != cache_mode::off;
+  auto opened = c->open(path, how);
+  ASSERT_TRUE(opened) << opened.error().message();
+  file f = std::move(*opened);
 
   constexpr int threads = 4;
   constexpr std::size_t slice = 64 * 1024;
@@ -177,7 +198,19 @@ TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(bad_reads.load(), 0);
   EXPECT_EQ(bad_tasks.load(), 0);
+  // The cache did take part: it served reads, and at tight limits it was bypassed and wrote
+  // out pages on its own.
+  const cache_stats st = c->cache();
+  if (mode != cache_mode::off) {
+    EXPECT_GT(st.writes_cached, 0u);
+    EXPECT_GT(st.reads_served, 0u);
+    EXPECT_GT(st.bytes_written_out, 0u);
+  }
+  if (mode == cache_mode::tight) {
+    EXPECT_GT(st.writes_bypassed, 0u);
+  }
   ASSERT_TRUE(f.close());
+  EXPECT_EQ(c->cache().cached_bytes, 0u);
   const auto whole = read_whole(path);
   ASSERT_EQ(whole.size(), threads * slice);
   for (int t = 0; t < threads; ++t) {
@@ -186,10 +219,14 @@ TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, EngineModel,
-                         ::testing::Values(engine_kind::io_uring, engine_kind::posix,
-                                           engine_kind::stdio),
-                         [](const auto& p) { return std::string(to_string(p.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    Engines, EngineModel,
+    ::testing::Combine(::testing::Values(engine_kind::io_uring, engine_kind::posix,
+                                         engine_kind::stdio),
+                       ::testing::Values(cache_mode::off, cache_mode::roomy, cache_mode::tight)),
+    [](const auto& p) {
+      return std::string(to_string(std::get<0>(p.param))) + to_string(std::get<1>(p.param));
+    });
 
 // The null engine does no I/O: every request completes at once with its length.
 TEST(AioNull, CompletesEveryRequestWithItsLength) {

@@ -6,7 +6,8 @@
 //   workload  the TAI thesis's workload: per item a compute step on a 64 KiB buffer
 //             (calibrated to cost about one buffered 64 KiB write), then a write of it, an
 //             fsync every N items; for plain POSIX calls, cstdio, glibc POSIX AIO and keel
-//             (each engine); 1 and 2 threads, each on its own file.
+//             (each engine, with and without the write-back cache); 1 and 2 threads, each
+//             on its own file.
 //   null      the null engine: nanoseconds per request of the framework alone, one request
 //             at a time (submit, wait) and in batches of 64.
 
@@ -354,12 +355,14 @@ void run_posix_aio_items(const std::string& path, const workload_params& p) {
 
 // keel: a write per item from a ring of buffers, an fsync every N items, waiting only to
 // reuse a buffer; the last fsync is waited for.
-void run_keel_items(aio::controller& ctl, const std::string& path, const workload_params& p) {
+void run_keel_items(aio::controller& ctl, const std::string& path, const workload_params& p,
+                    bool cache) {
   aio::open_options how;
   how.read = false;
   how.write = true;
   how.create = true;
   how.truncate = true;
+  how.cache = cache;
   aio::file f = must(ctl.open(path, how), "open " + path);
   std::vector<std::unique_ptr<aligned_buffer>> bufs;
   std::vector<aio::receipt> writes(ring_size);
@@ -395,12 +398,16 @@ json measure_workload(const std::string& dir, std::uint64_t items) {
       std::vector<std::string> methods = {"posix", "cstdio", "posix_aio"};
       for (const auto& e : keel_engines)
         methods.push_back("keel_" + e);
+      for (const auto& e : keel_engines)
+        methods.push_back("keel_" + e + "_cache");
       for (const auto& m : methods) {
         progress(fmt::format("workload: {} with {} thread(s), fsync every {}", m, threads, every));
         std::unique_ptr<aio::controller> ctl;
-        if (m.rfind("keel_", 0) == 0) {
+        const bool cache = m.ends_with("_cache");
+        if (m.starts_with("keel_")) {
           aio::options o;
-          o.engine = must(aio::engine_from_string(m.substr(5)), "engine");
+          const std::string engine = m.substr(5, m.size() - 5 - (cache ? 6 : 0));
+          o.engine = must(aio::engine_from_string(engine), "engine");
           o.workers = 2;
           ctl = must(aio::controller::start(o), "start the controller");
         }
@@ -418,7 +425,7 @@ json measure_workload(const std::string& dir, std::uint64_t items) {
               } else if (m == "posix_aio") {
                 run_posix_aio_items(path, p);
               } else {
-                run_keel_items(*ctl, path, p);
+                run_keel_items(*ctl, path, p, cache);
               }
             } catch (const std::exception& e) {
               errors[t] = e.what();

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +33,27 @@ struct options {
   std::optional<engine_kind> engine;
   //! Submission queue entries of each io_uring ring.
   unsigned queue_depth = 128;
+
+  //! The write-back cache of the files opened with open_options::cache, shared by them.
+  //! Above `cache_soft_limit` bytes of cached pages a flusher thread writes out and drops
+  //! the least recently written first; at `cache_hard_limit` a write that touches no cached
+  //! page goes straight to the engine (one that does is still cached, so the limit can be
+  //! passed by at most one request). A hard limit of 0 turns the cache off. soft <= hard.
+  std::size_t cache_soft_limit = std::size_t{32} << 20;
+  std::size_t cache_hard_limit = std::size_t{128} << 20;
+  //! When no write came into the cache for this long, the flusher writes out and drops the
+  //! least recently written half of what is cached, and so on every such round.
+  std::chrono::milliseconds cache_idle_round{100};
+};
+
+//! What the write-back cache holds and has done (controller::cache_stats).
+struct cache_stats {
+  std::size_t cached_bytes = 0;  //!< in pages of 4 KiB
+  std::size_t dirty_bytes = 0;   //!< pages with bytes not yet written to their file
+  std::uint64_t writes_cached = 0;
+  std::uint64_t writes_bypassed = 0;  //!< at the hard limit
+  std::uint64_t reads_served = 0;     //!< wholly from the cache
+  std::uint64_t bytes_written_out = 0;
 };
 
 //! How a file is opened.
@@ -41,6 +63,12 @@ struct open_options {
   bool create = false;    //!< O_CREAT (mode 0644), needs write
   bool truncate = false;  //!< O_TRUNC, needs write
   bool direct = false;    //!< O_DIRECT: requests must be aligned (file::alignment())
+  //! Writes complete into the controller's write-back cache and go to the file later (see
+  //! options::cache_soft_limit): a later read, fsync, task or close of the file sees them
+  //! as if written; fsync and close write them out first and report a failed write-out.
+  //! Only for buffered files (not with direct). Other processes see the bytes once written
+  //! out; the file must not be written by anyone else meanwhile.
+  bool cache = false;
 };
 
 //! Owns worker threads and their engines, and runs the requests of the files opened through
@@ -48,7 +76,8 @@ struct open_options {
 //! it. Thread-safe. Files may outlive it: their requests are then cancelled.
 class controller {
  public:
-  //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE), and
+  //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE, a
+  //! soft cache limit above the hard one), and
   //! for an engine that was asked for and cannot run: the error that stopped it (ENOSYS,
   //! EPERM under seccomp or kernel.io_uring_disabled, ENOMEM for locked memory, ...).
   [[nodiscard]] static result<std::unique_ptr<controller>> start(options opts = {}) noexcept;
@@ -67,9 +96,11 @@ class controller {
   //! Why the default engine (io_uring) is not the one running, or empty.
   [[nodiscard]] const std::string& fallback_reason() const noexcept;
   [[nodiscard]] unsigned workers() const noexcept;
+  [[nodiscard]] cache_stats cache() const noexcept;
 
   //! Opens `path`. Errors: those of open(2); invalid_argument for create/truncate without
-  //! write; errc::not_supported_by_engine for direct with the stdio engine.
+  //! write; errc::not_supported_by_engine for direct with the stdio engine;
+  //! errc::cache_needs_buffered_io for cache with direct.
   [[nodiscard]] result<file> open(const std::string& path, open_options how) noexcept;
 
   struct impl;

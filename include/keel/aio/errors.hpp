@@ -21,6 +21,8 @@ enum class errc {
   not_opened_for,  // ≈ bad_file_descriptor
   //! The engine cannot do this (O_DIRECT through stdio, ...). Pick another engine.
   not_supported_by_engine,  // ≈ operation_not_supported
+  //! The write-back cache was asked for on an O_DIRECT file. Open it without one of them.
+  cache_needs_buffered_io,  // ≈ invalid_argument
 };
 
 const std::error_category& category() noexcept;

@@ -1,0 +1,517 @@
+// The write-back cache (see cache.hpp for the design).
+
+#include "cache.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+namespace keel::aio::detail {
+namespace {
+
+// ---- a file's list of pages by last write (under its mutex) ----
+
+void unlink(file_cache& fc, cache_page& p) noexcept {
+  (p.older != nullptr ? p.older->newer : fc.oldest) = p.newer;
+  (p.newer != nullptr ? p.newer->older : fc.newest) = p.older;
+  p.older = p.newer = nullptr;
+}
+
+void link_newest(file_cache& fc, cache_page& p) noexcept {
+  p.older = fc.newest;
+  p.newer = nullptr;
+  (fc.newest != nullptr ? fc.newest->newer : fc.oldest) = &p;
+  fc.newest = &p;
+}
+
+void wake_flusher(cache_control& cc) noexcept {
+  cc.signal.fetch_add(1);
+  futex_wake(cc.signal, 1);
+}
+
+// The part of page `p` that [offset, end) covers, as page-relative [lo, hi).
+struct page_part {
+  std::size_t lo;
+  std::size_t hi;
+};
+page_part part_of(std::uint64_t p, std::uint64_t offset, std::uint64_t end) noexcept {
+  return {static_cast<std::size_t>(std::max(offset, p) - p),
+          static_cast<std::size_t>(std::min(end, p + page_size) - p)};
+}
+
+// ---- writing out ----
+
+// Writes `n` bytes at `offset` the way the file's engine writes.
+result<void> write_to_file(file_state& f, engine_kind k, std::uint64_t offset, const std::byte* p,
+                           std::size_t n) noexcept {
+  if (k == engine_kind::null) return {};
+  if (f.stdio != nullptr) {
+    const std::scoped_lock lock(f.stdio_mutex);
+    if (::fseeko(f.stdio, static_cast<off_t>(offset), SEEK_SET) != 0) return last_errno_error();
+    errno = 0;
+    if (std::fwrite(p, 1, n, f.stdio) != n) {
+      const int e = errno != 0 ? errno : EIO;
+      std::clearerr(f.stdio);
+      return errno_error(e);
+    }
+    return {};
+  }
+  while (n > 0) {
+    const ssize_t w = ::pwrite(f.fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return last_errno_error();
+    }
+    if (w == 0) return errc_error(std::errc::io_error);  // no progress: never spin
+    p += w;
+    n -= static_cast<std::size_t>(w);
+    offset += static_cast<std::uint64_t>(w);
+  }
+  return {};
+}
+
+// Dirty bytes of some pages copied out (under the file's mutex) to be written without it.
+class write_out_batch {
+ public:
+  //! Adds a dirty page; pages must come in offset order (runs that meet are merged).
+  void add(cache_page& p) {
+    pages_.push_back({&p, p.generation});
+    p.flushing = true;
+    p.dirty.runs(0, page_size, [&](std::size_t lo, std::size_t hi) {
+      const std::uint64_t at = p.offset + lo;
+      if (!runs_.empty() && runs_.back().offset + runs_.back().length == at) {
+        runs_.back().length += hi - lo;
+      } else {
+        runs_.push_back({at, bytes_.size(), hi - lo});
+      }
+      bytes_.insert(bytes_.end(), p.data.begin() + static_cast<std::ptrdiff_t>(lo),
+                    p.data.begin() + static_cast<std::ptrdiff_t>(hi));
+    });
+  }
+  [[nodiscard]] bool empty() const noexcept { return pages_.empty(); }
+  [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
+  [[nodiscard]] std::uint64_t last_offset() const noexcept { return pages_.back().page->offset; }
+
+  //! Writes the runs (without the file's mutex); stops at the first failure.
+  result<void> write(file_state& f, engine_kind k) noexcept {
+    for (const run& r : runs_) {
+      if (auto w = write_to_file(f, k, r.offset, bytes_.data() + r.at, r.length); !w) return w;
+    }
+    return {};
+  }
+
+  //! Under the file's mutex again: pages not written since they were copied are clean now;
+  //! a failure is kept for the next fsync or close.
+  void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept {
+    for (const entry& e : pages_) {
+      e.page->flushing = false;
+      if (written && e.page->generation == e.generation) {
+        e.page->dirty.clear();
+        --fc.dirty_pages;
+        cc.dirty_pages.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
+    if (written) {
+      cc.written_out.fetch_add(bytes_.size(), std::memory_order_relaxed);
+    } else if (!fc.flush_error) {
+      fc.flush_error = written.error();
+    }
+  }
+
+ private:
+  struct entry {
+    cache_page* page;
+    std::uint64_t generation;
+  };
+  struct run {
+    std::uint64_t offset;
+    std::size_t at;  // in bytes_
+    std::size_t length;
+  };
+  std::vector<entry> pages_;
+  std::vector<run> runs_;
+  std::vector<std::byte> bytes_;
+};
+
+// Writes out every page of `f` dirty now, in offset order, 1 MiB at a time (the flush
+// mutex held). Pages dirtied behind the sweep are left for later: an fsync covers the
+// writes that finished before it, and a sweep that chased newer writes might never end.
+// After a failure the rest is still tried; the first error is returned.
+result<void> write_out_all(cache_control& cc, file_state& f, engine_kind k) noexcept {
+  file_cache& fc = *f.cache;
+  result<void> outcome;
+  std::uint64_t from = 0;
+  for (;;) {
+    write_out_batch b;
+    try {
+      const std::scoped_lock lock(fc.mutex);
+      fc.pages.for_each(from, std::numeric_limits<std::uint64_t>::max(),
+                        [&](std::uint64_t, cache_page& p) {
+                          if (p.dirty.any()) b.add(p);
+                          return b.page_count() < 256;
+                        });
+    } catch (const std::bad_alloc&) {
+      // What was copied so far still goes out (and is settled).
+      if (b.empty()) return errc_error(std::errc::not_enough_memory);
+    }
+    if (b.empty()) break;
+    from = b.last_offset() + page_size;
+    const result<void> written = b.write(f, k);
+    {
+      const std::scoped_lock lock(fc.mutex);
+      b.settle(cc, fc, written);
+    }
+    if (!written && outcome) outcome = written;
+  }
+  return outcome;
+}
+
+// Takes the error a write-out left for the next fsync or close (once).
+result<void> take_flush_error(file_cache& fc, result<void> r) noexcept {
+  const std::scoped_lock lock(fc.mutex);
+  if (fc.flush_error) {
+    if (r) r = std::unexpected(fc.flush_error);
+    fc.flush_error = {};
+  }
+  return r;
+}
+
+// ---- the flusher ----
+
+// Writes out the dirty ones among the `max_pages` least recently written pages of `f` and
+// drops those of them that are clean. Whether anything was written or dropped.
+bool shrink_file(cache_control& cc, file_state& f, engine_kind k, std::size_t max_pages) noexcept {
+  file_cache& fc = *f.cache;
+  const std::scoped_lock flush_lock(fc.flush_mutex);
+  if (fc.closed) return false;
+  write_out_batch b;
+  try {
+    const std::scoped_lock lock(fc.mutex);
+    std::vector<cache_page*> chosen;
+    std::size_t n = 0;
+    for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
+      if (p->dirty.any()) chosen.push_back(p);
+    }
+    std::sort(chosen.begin(), chosen.end(),
+              [](const cache_page* x, const cache_page* y) { return x->offset < y->offset; });
+    for (cache_page* p : chosen)
+      b.add(*p);
+  } catch (const std::bad_alloc&) {
+    // Settle what was copied; nothing is written this round.
+    const std::scoped_lock lock(fc.mutex);
+    b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
+    return false;
+  }
+  const result<void> written = b.empty() ? result<void>() : b.write(f, k);
+  std::size_t dropped = 0;
+  {
+    const std::scoped_lock lock(fc.mutex);
+    b.settle(cc, fc, written);
+    if (fc.reads_from_file == 0) {
+      std::size_t n = 0;
+      for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
+        cache_page* next = p->newer;
+        if (!p->flushing && !p->dirty.any()) {
+          unlink(fc, *p);
+          fc.pages.erase(p->offset);
+          ++dropped;
+        }
+        p = next;
+      }
+    }
+  }
+  cc.bytes.fetch_sub(dropped * page_size);
+  return dropped != 0 || (written && !b.empty());
+}
+
+std::vector<std::shared_ptr<file_state>> cached_files(cache_control& cc) {
+  std::vector<std::shared_ptr<file_state>> out;
+  const std::scoped_lock lock(cc.files_mutex);
+  std::erase_if(cc.files, [&](const std::weak_ptr<file_state>& w) {
+    auto f = w.lock();
+    if (!f) return true;
+    out.push_back(std::move(f));
+    return false;
+  });
+  return out;
+}
+
+// Writes out and drops the least recently written pages, file by file, until the cache
+// holds at most `target` bytes or nothing more can go (pages a read pins, failing writes).
+void shrink_to(controller::impl& c, std::size_t target) noexcept {
+  cache_control& cc = *c.cache;
+  std::vector<std::shared_ptr<file_state>> files;
+  try {
+    files = cached_files(cc);
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  while (cc.bytes.load() > target && !files.empty()) {
+    // The file whose least recently written page is oldest.
+    std::size_t pick = 0;
+    std::uint64_t oldest = std::numeric_limits<std::uint64_t>::max();
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      file_cache& fc = *files[i]->cache;
+      const std::scoped_lock lock(fc.mutex);
+      if (fc.oldest != nullptr && fc.oldest->stamp < oldest) {
+        oldest = fc.oldest->stamp;
+        pick = i;
+      }
+    }
+    if (oldest == std::numeric_limits<std::uint64_t>::max()) return;  // all empty
+    // No more pages than it takes (an idle round halves, not more), at most 256 KiB a turn.
+    const std::size_t over = cc.bytes.load() - std::min(target, cc.bytes.load());
+    const std::size_t pages = std::clamp<std::size_t>((over + page_size - 1) / page_size, 1, 64);
+    if (!shrink_file(cc, *files[pick], c.kind, pages)) {
+      files.erase(files.begin() + static_cast<std::ptrdiff_t>(pick));  // next round
+    }
+  }
+}
+
+void flusher_main(controller::impl& c) noexcept {
+  cache_control& cc = *c.cache;
+  std::uint64_t seen_writes = cc.writes.load();
+  for (;;) {
+    const std::uint32_t s = cc.signal.load();
+    if (!cc.quit.load() && !cc.wanted.load()) {
+      const io::countdown cd = io::deadline(cc.idle).start();
+      futex_wait(cc.signal, s, &cd);
+    }
+    if (cc.quit.load()) {
+      std::vector<std::shared_ptr<file_state>> files;
+      try {
+        files = cached_files(cc);
+      } catch (const std::bad_alloc&) {
+        return;  // each file writes its pages out when it closes
+      }
+      for (const auto& f : files) {
+        const std::scoped_lock flush_lock(f->cache->flush_mutex);
+        if (!f->cache->closed) (void)write_out_all(cc, *f, c.kind);  // errors wait in the file
+      }
+      return;
+    }
+    cc.wanted.store(false);
+    const std::size_t bytes = cc.bytes.load();
+    const std::uint64_t writes = cc.writes.load();
+    if (bytes > cc.soft) {
+      shrink_to(c, cc.soft - cc.soft / 8);  // oldest first, a little below the soft limit
+    } else if (writes == seen_writes && bytes != 0) {
+      shrink_to(c, bytes / 2);  // idle for a round: halve what is cached
+    }
+    seen_writes = writes;
+  }
+}
+
+// ---- requests ----
+
+std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& fc,
+                                               op& o) noexcept {
+  o.cache_checked = true;
+  if (o.length == 0) return result<std::size_t>(0);
+  cache_control& cc = *c.cache;
+  const std::uint64_t end = o.offset + o.length;
+  const std::uint64_t first = o.offset & ~std::uint64_t{page_size - 1};
+  std::unique_lock lock(fc.mutex);
+  fc.logical_size = std::max(fc.logical_size, end);
+  std::size_t missing = 0;
+  bool touches_cache = false;
+  for (std::uint64_t p = first; p < end; p += page_size) {
+    if (fc.pages.find(p) != nullptr) {
+      touches_cache = true;
+    } else {
+      ++missing;
+    }
+  }
+  // At the hard limit a write that touches no cached page goes to the file; one that does
+  // is cached whole (the limit is passed by at most one request), so that no page can hold
+  // bytes older than the file's.
+  if (missing != 0 && !touches_cache &&
+      cc.bytes.load(std::memory_order_relaxed) + missing * page_size > cc.hard) {
+    lock.unlock();
+    cc.bypassed.fetch_add(1, std::memory_order_relaxed);
+    if (!cc.wanted.exchange(true)) wake_flusher(cc);
+    return std::nullopt;
+  }
+  // First every page (an allocation may fail: then nothing is written into them, and the
+  // empty pages made so far are dropped like clean ones).
+  std::size_t made = 0;
+  try {
+    for (std::uint64_t p = first; p < end; p += page_size) {
+      fc.pages.get_or_make(p, [&] {
+        std::unique_ptr<cache_page> n(new cache_page);  // data left uninitialised
+        n->offset = p;
+        link_newest(fc, *n);
+        ++made;
+        return n;
+      });
+    }
+  } catch (const std::bad_alloc&) {
+    lock.unlock();
+    cc.bytes.fetch_add(made * page_size);
+    if (touches_cache) return result<std::size_t>(errc_error(std::errc::not_enough_memory));
+    cc.bypassed.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  const std::uint64_t stamp = cc.writes.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::size_t now_dirty = 0;
+  for (std::uint64_t p = first; p < end; p += page_size) {
+    cache_page& pg = *fc.pages.find(p);
+    const page_part part = part_of(p, o.offset, end);
+    std::memcpy(pg.data.data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
+    pg.valid.set(part.lo, part.hi);
+    if (!pg.dirty.any()) ++now_dirty;
+    pg.dirty.set(part.lo, part.hi);
+    ++pg.generation;
+    pg.stamp = stamp;
+    unlink(fc, pg);
+    link_newest(fc, pg);
+  }
+  fc.dirty_pages += now_dirty;
+  lock.unlock();
+  cc.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
+  if (cc.bytes.fetch_add(made * page_size) + made * page_size > cc.soft &&
+      !cc.wanted.exchange(true)) {
+    wake_flusher(cc);
+  }
+  return result<std::size_t>(o.length);
+}
+
+std::optional<result<std::size_t>> cache_read(controller::impl& c, file_cache& fc, op& o) noexcept {
+  o.cache_checked = true;
+  if (o.length == 0) return result<std::size_t>(0);
+  const std::scoped_lock lock(fc.mutex);
+  // Only a read wholly in the pages: where a read passes them, the file (which may be
+  // longer than this controller knows) says where it ends.
+  const std::uint64_t end = o.offset + o.length;
+  {
+    const std::uint64_t first = o.offset & ~std::uint64_t{page_size - 1};
+    bool all = true;
+    for (std::uint64_t p = first; p < end && all; p += page_size) {
+      const cache_page* pg = fc.pages.find(p);
+      const page_part part = part_of(p, o.offset, end);
+      all = pg != nullptr && pg->valid.all(part.lo, part.hi);
+    }
+    if (all) {
+      for (std::uint64_t p = first; p < end; p += page_size) {
+        const cache_page& pg = *fc.pages.find(p);
+        const page_part part = part_of(p, o.offset, end);
+        std::memcpy(o.buffer + (p + part.lo - o.offset), pg.data.data() + part.lo,
+                    part.hi - part.lo);
+      }
+      c.cache->read_hits.fetch_add(1, std::memory_order_relaxed);
+      return result<std::size_t>(static_cast<std::size_t>(end - o.offset));
+    }
+  }
+  // To the engine; no page is dropped until it is back (cache_read_finished), so every
+  // byte a write-out moved from a page to the file after the engine read it is laid over.
+  ++fc.reads_from_file;
+  o.reads_file = true;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<result<std::size_t>> cache_handle(controller::impl& c, op& o,
+                                                bool on_worker) noexcept {
+  file_state& f = *o.file;
+  switch (o.kind) {
+    case op_kind::write:
+      if (o.cache_checked) return std::nullopt;
+      return cache_write(c, *f.cache, o);
+    case op_kind::read:
+      if (o.cache_checked) return std::nullopt;
+      return cache_read(c, *f.cache, o);
+    case op_kind::fsync:
+    case op_kind::fdatasync:
+    case op_kind::task:
+      // The file as the earlier requests left it: their cached bytes written out first.
+      if (!on_worker) return std::nullopt;
+      if (auto w = cache_write_out_file(f, c.kind); !w) {
+        return result<std::size_t>(std::unexpected(w.error()));
+      }
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+void cache_read_finished(op& o, result<std::size_t>& outcome) noexcept {
+  file_cache& fc = *o.file->cache;
+  const std::scoped_lock lock(fc.mutex);
+  --fc.reads_from_file;
+  o.reads_file = false;
+  if (!outcome) return;
+  // The file may end before the cached writes do: up to the logical size, bytes the file
+  // lacks read as zeros (a hole) unless a page holds them.
+  std::size_t n = *outcome;
+  if (fc.logical_size > o.offset) {
+    const auto want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(o.length, fc.logical_size - o.offset));
+    if (want > n) {
+      std::memset(o.buffer + n, 0, want - n);
+      n = want;
+    }
+  }
+  const std::uint64_t end = o.offset + n;
+  for (std::uint64_t p = o.offset & ~std::uint64_t{page_size - 1}; p < end; p += page_size) {
+    const cache_page* pg = fc.pages.find(p);
+    if (pg == nullptr) continue;
+    const page_part part = part_of(p, o.offset, end);
+    pg->valid.runs(part.lo, part.hi, [&](std::size_t lo, std::size_t hi) {
+      std::memcpy(o.buffer + (p + lo - o.offset), pg->data.data() + lo, hi - lo);
+    });
+  }
+  outcome = n;
+}
+
+result<void> cache_write_out_file(file_state& f, engine_kind k) noexcept {
+  file_cache& fc = *f.cache;
+  result<void> r;
+  {
+    const std::scoped_lock flush_lock(fc.flush_mutex);
+    if (fc.closed) return {};
+    r = write_out_all(*f.owner->cache, f, k);
+  }
+  return take_flush_error(fc, r);
+}
+
+result<void> cache_close_file(file_state& f, engine_kind k) noexcept {
+  file_cache& fc = *f.cache;
+  cache_control& cc = *f.owner->cache;
+  result<void> r;
+  {
+    const std::scoped_lock flush_lock(fc.flush_mutex);
+    if (fc.closed) return {};
+    r = write_out_all(cc, f, k);
+    fc.closed = true;
+  }
+  r = take_flush_error(fc, r);
+  // The pages stay allocated until the file's state goes; they no longer count.
+  const std::scoped_lock lock(fc.mutex);
+  cc.bytes.fetch_sub(fc.pages.size() * page_size);
+  cc.dirty_pages.fetch_sub(fc.dirty_pages);
+  return r;
+}
+
+result<void> cache_start(controller::impl& c) noexcept {
+  try {
+    c.cache->flusher = std::thread([&c] { flusher_main(c); });
+  } catch (const std::system_error& e) {
+    return std::unexpected(e.code());
+  }
+  return {};
+}
+
+void cache_stop(controller::impl& c) noexcept {
+  cache_control& cc = *c.cache;
+  if (!cc.flusher.joinable()) return;
+  cc.quit.store(true);
+  wake_flusher(cc);
+  cc.flusher.join();
+}
+
+}  // namespace keel::aio::detail

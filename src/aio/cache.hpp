@@ -1,0 +1,165 @@
+#pragma once
+// The write-back cache of files opened with open_options::cache.
+//
+// A file's cached bytes live in 4 KiB pages indexed by a radix tree over the offset space.
+// Each page knows which of its bytes are valid (hold the file's current content, as this
+// controller wrote it) and which are dirty (not yet written to the file). A cached write
+// copies into pages and completes at once; a read whose bytes are all valid is served from
+// the pages; any other read goes to the engine and has the valid bytes laid over what it
+// read. Dirty pages are written out, oldest first, by the controller's flusher thread: above
+// the soft limit, and when no cached write came for a while (each idle round halves the
+// cached amount); fsync, tasks and close write out the file's dirty pages first. At the
+// hard limit a write that touches no cached page bypasses the cache.
+//
+// Invariant: a valid byte equals the file's content as the requests that finished made it,
+// so writing any valid byte to the file is always correct (a write-out may race with newer
+// writes; the page's generation tells whether its dirty bytes can be forgotten).
+//
+// Locks: a file's `mutex` guards its pages and counters, held only for copies; its
+// `flush_mutex` makes write-outs of one file take turns (fsync waits for the flusher's).
+// No lock is shared by two files; the controller's counters are atomics.
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <system_error>
+
+#include "detail.hpp"
+#include "radix_tree.hpp"
+
+namespace keel::aio::detail {
+
+inline constexpr std::size_t page_size = 4096;
+
+//! One bit per byte of a page.
+class page_bits {
+ public:
+  //! Sets bits [lo, hi).
+  void set(std::size_t lo, std::size_t hi) noexcept {
+    for (std::size_t w = lo / 64; w * 64 < hi; ++w)
+      words_[w] |= mask(w, lo, hi);
+  }
+  void clear() noexcept { words_.fill(0); }
+  //! Whether every bit of [lo, hi) is set.
+  [[nodiscard]] bool all(std::size_t lo, std::size_t hi) const noexcept {
+    for (std::size_t w = lo / 64; w * 64 < hi; ++w) {
+      const std::uint64_t m = mask(w, lo, hi);
+      if ((words_[w] & m) != m) return false;
+    }
+    return true;
+  }
+  [[nodiscard]] bool any() const noexcept {
+    for (const std::uint64_t w : words_)
+      if (w != 0) return true;
+    return false;
+  }
+  //! Calls `f(run_lo, run_hi)` for every run of set bits inside [lo, hi), in order.
+  template <class F>
+  void runs(std::size_t lo, std::size_t hi, F&& f) const {
+    std::size_t i = lo;
+    while (i < hi) {
+      i = next(i, hi, true);
+      if (i >= hi) return;
+      const std::size_t end = next(i, hi, false);
+      f(i, end);
+      i = end;
+    }
+  }
+
+ private:
+  // The bits of word `w` that fall in [lo, hi).
+  static std::uint64_t mask(std::size_t w, std::size_t lo, std::size_t hi) noexcept {
+    const std::size_t from = w * 64 < lo ? lo - w * 64 : 0;
+    const std::size_t to = hi - w * 64 >= 64 ? 64 : hi - w * 64;
+    const std::uint64_t upto = to == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << to) - 1;
+    return upto & ~((std::uint64_t{1} << from) - 1);
+  }
+  // The first index >= i (and < hi, else hi) whose bit equals `value`.
+  std::size_t next(std::size_t i, std::size_t hi, bool value) const noexcept {
+    while (i < hi) {
+      const std::size_t w = i / 64;
+      std::uint64_t bits = value ? words_[w] : ~words_[w];
+      bits &= ~std::uint64_t{0} << (i % 64);
+      if (bits != 0) return std::min(hi, w * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
+      i = (w + 1) * 64;
+    }
+    return hi;
+  }
+
+  std::array<std::uint64_t, page_size / 64> words_{};
+};
+
+struct cache_page {
+  std::uint64_t offset = 0;      // of its first byte in the file
+  std::uint64_t generation = 0;  // bumped by every write into it
+  cache_page* older = nullptr;   // the file's list, least recently written first
+  cache_page* newer = nullptr;
+  std::uint64_t stamp = 0;  // the controller's write count when last written
+  bool flushing = false;    // a write-out has copied it and not finished (never dropped then)
+  page_bits valid;
+  page_bits dirty;
+  std::array<std::byte, page_size> data;  // left uninitialised: only valid bytes are read
+};
+
+using page_tree = radix_tree<cache_page, 34, 9, 9, 12>;
+static_assert(page_tree::leaf_span == page_size);
+
+//! The cache of one file.
+struct file_cache {
+  std::mutex mutex;
+  page_tree pages;
+  cache_page* oldest = nullptr;  // the list of pages by last write
+  cache_page* newest = nullptr;
+  std::uint64_t logical_size = 0;   // the file's size once every cached write is out
+  std::size_t reads_from_file = 0;  // reads at the engine: no page may be dropped meanwhile
+  std::size_t dirty_pages = 0;      // pages with a dirty byte
+  std::error_code flush_error;      // a failed write-out, reported by the next fsync/close
+
+  std::mutex flush_mutex;
+  bool closed = false;  // under flush_mutex: no write-out after the file closed
+};
+
+//! The controller's side: quotas, counters and the flusher thread.
+struct cache_control {
+  std::size_t soft = 0;
+  std::size_t hard = 0;
+  std::chrono::milliseconds idle{100};
+  std::atomic<std::size_t> bytes{0};  // pages cached, in bytes
+  std::atomic<std::size_t> dirty_pages{0};
+  std::atomic<std::uint64_t> writes{0};  // cached writes (also the pages' clock)
+  std::atomic<std::uint64_t> read_hits{0};
+  std::atomic<std::uint64_t> bypassed{0};
+  std::atomic<std::uint64_t> written_out{0};  // bytes written to files by write-outs
+
+  std::mutex files_mutex;
+  std::vector<std::weak_ptr<file_state>> files;  // files with a cache
+
+  std::thread flusher;
+  std::atomic<std::uint32_t> signal{0};  // futex word the flusher sleeps on
+  std::atomic<bool> wanted{false};       // a write passed the soft limit since the last round
+  std::atomic<bool> quit{false};
+};
+
+//! What the cache made of a request: its outcome when the cache finished it, or nothing when
+//! the engine must run it (a bypassing write, a read not all in the cache, the fsync after
+//! the file's write-out, a task). `on_worker` false: on the submitting thread, where only
+//! reads and writes are tried and nothing blocks.
+std::optional<result<std::size_t>> cache_handle(controller::impl& c, op& o,
+                                                bool on_worker) noexcept;
+//! A read that went to the engine has finished: lays the valid cached bytes over it.
+void cache_read_finished(op& o, result<std::size_t>& outcome) noexcept;
+//! Writes out every dirty page of `f`; the error of a failed write-out, also an earlier one
+//! not yet reported (which is reported once).
+result<void> cache_write_out_file(file_state& f, engine_kind k) noexcept;
+//! Writes out and drops every page of `f`, which is closing: no write-out follows.
+result<void> cache_close_file(file_state& f, engine_kind k) noexcept;
+//! Starts the controller's flusher thread.
+result<void> cache_start(controller::impl& c) noexcept;
+//! Writes out every cache of the controller and ends the flusher thread.
+void cache_stop(controller::impl& c) noexcept;
+
+}  // namespace keel::aio::detail

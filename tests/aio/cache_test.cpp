@@ -1,0 +1,301 @@
+// keel::aio's write-back cache: what it promises beyond the model test (controller_test):
+// writes finish into memory and reach the file by fsync, close, stop, the soft limit and
+// idle rounds; the hard limit bypasses; a failed write-out is reported; reads combine pages
+// and file.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "aio/cache.hpp"
+#include "keel/aio/controller.hpp"
+#include "keel/aio/errors.hpp"
+#include "support/process.hpp"
+
+namespace keel::aio {
+namespace {
+
+using namespace std::chrono_literals;
+using test::temp_dir;
+
+std::unique_ptr<controller> start_cached(std::size_t soft, std::size_t hard,
+                                         std::chrono::milliseconds idle) {
+  options o;
+  o.engine = engine_kind::posix;
+  o.cache_soft_limit = soft;
+  o.cache_hard_limit = hard;
+  o.cache_idle_round = idle;
+  auto c = controller::start(o);
+  if (!c) {
+    ADD_FAILURE() << "start: " << c.error().message();
+    return nullptr;
+  }
+  return std::move(*c);
+}
+
+file open_cached(controller& c, const std::string& path) {
+  open_options how;
+  how.write = true;
+  how.create = true;
+  how.cache = true;
+  auto f = c.open(path, how);
+  if (!f) ADD_FAILURE() << "open " << path << ": " << f.error().message();
+  return f ? std::move(*f) : file();
+}
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v)
+    b = static_cast<std::byte>(rng());
+  return v;
+}
+
+// What the file holds at [offset, offset + n), read past keel.
+std::vector<std::byte> on_disk(const std::string& path, std::uint64_t offset, std::size_t n) {
+  std::vector<std::byte> v(n);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  const ssize_t got = ::pread(fd, v.data(), n, static_cast<off_t>(offset));
+  ::close(fd);
+  v.resize(got < 0 ? 0 : static_cast<std::size_t>(got));
+  return v;
+}
+
+// Polls `done` every millisecond for up to `limit`.
+template <class Done>
+bool eventually(Done&& done, std::chrono::milliseconds limit = 10s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// A controller on the posix engine with the given cache settings, and a cached file `f` at
+// `path` opened through it.
+class AioCache : public ::testing::Test {
+ protected:
+  void start(std::size_t soft, std::size_t hard, std::chrono::milliseconds idle) {
+    c = start_cached(soft, hard, idle);
+    ASSERT_TRUE(c);
+    f = open_cached(*c, path);
+    ASSERT_TRUE(f.is_open());
+  }
+
+  temp_dir dir;
+  std::string path = dir.file("f");
+  std::unique_ptr<controller> c;
+  file f;
+};
+
+TEST(AioCachePages, BitsMatchAModel) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    detail::page_bits bits;
+    std::vector<bool> model(detail::page_size);
+    for (int k = 0; k < 6; ++k) {
+      const std::size_t lo = rng() % detail::page_size;
+      const std::size_t hi = lo + 1 + rng() % (detail::page_size - lo);
+      bits.set(lo, hi);
+      for (std::size_t i = lo; i < hi; ++i)
+        model[i] = true;
+    }
+    const std::size_t lo = rng() % detail::page_size;
+    const std::size_t hi = lo + 1 + rng() % (detail::page_size - lo);
+    std::vector<bool> seen(detail::page_size);
+    std::size_t last_end = 0;
+    bits.runs(lo, hi, [&](std::size_t a, std::size_t b) {
+      ASSERT_LT(a, b);
+      ASSERT_GE(a, lo);
+      ASSERT_LE(b, hi);
+      ASSERT_TRUE(last_end == 0 || a > last_end) << "runs are maximal and in order";
+      last_end = b;
+      for (std::size_t i = a; i < b; ++i)
+        seen[i] = true;
+    });
+    bool all = true;
+    for (std::size_t i = lo; i < hi; ++i) {
+      ASSERT_EQ(seen[i], static_cast<bool>(model[i])) << "byte " << i;
+      all = all && model[i];
+    }
+    EXPECT_EQ(bits.all(lo, hi), all);
+    EXPECT_TRUE(bits.any());
+  }
+}
+
+// A cached write is finished when write() returns, is read back from memory, and is in the
+// file after fsync (not before: the idle round is far away).
+TEST_F(AioCache, WritesFinishAtOnceAndReachTheFileByFsync) {
+  ASSERT_NO_FATAL_FAILURE(start(1 << 20, 4 << 20, 60s));
+  const auto data = pattern(10000, 1);
+  receipt w = f.write(3000, data);
+  EXPECT_TRUE(w.ready()) << "the cache finishes a write on the spot";
+  EXPECT_EQ(w.wait().value_or(0), data.size());
+  EXPECT_EQ(on_disk(path, 0, 20000).size(), 0u) << "nothing written out yet";
+
+  std::vector<std::byte> back(10000);
+  EXPECT_EQ(f.read(3000, back).wait().value_or(0), back.size());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(c->cache().reads_served, 1u);
+  EXPECT_EQ(c->cache().dirty_bytes, 4 * detail::page_size);  // bytes 3000..12999: pages 0..3
+
+  ASSERT_TRUE(f.fsync().wait());
+  EXPECT_EQ(on_disk(path, 3000, 10000), data);
+  EXPECT_EQ(c->cache().dirty_bytes, 0u);
+  EXPECT_EQ(c->cache().cached_bytes, 4 * detail::page_size) << "clean pages stay for reads";
+}
+
+// A read the pages do not wholly hold gets the file's bytes with the cached ones laid over,
+// and the file's end moves with cached writes past it (the gap reads as zeros).
+TEST_F(AioCache, ReadsCombinePagesWithTheFile) {
+  const auto base = pattern(8192, 2);
+  {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, base.data(), base.size(), 0), 8192);
+    ::close(fd);
+  }
+  ASSERT_NO_FATAL_FAILURE(start(1 << 20, 4 << 20, 60s));
+  const auto mid = pattern(100, 3);
+  const auto tail = pattern(50, 4);
+  ASSERT_TRUE(f.write(4000, mid).wait());
+  ASSERT_TRUE(f.write(20000, tail).wait());
+
+  std::vector<std::byte> expected(20050, std::byte{0});
+  std::memcpy(expected.data(), base.data(), base.size());
+  std::memcpy(expected.data() + 4000, mid.data(), mid.size());
+  std::memcpy(expected.data() + 20000, tail.data(), tail.size());
+  std::vector<std::byte> back(30000);
+  auto n = f.read(0, back).wait();
+  ASSERT_TRUE(n) << n.error().message();
+  ASSERT_EQ(*n, expected.size()) << "the end of the file is where the last cached write ends";
+  back.resize(*n);
+  EXPECT_EQ(back, expected);
+  EXPECT_EQ(c->cache().reads_served, 0u) << "not a read the pages hold";
+
+  ASSERT_TRUE(f.close());
+  EXPECT_EQ(on_disk(path, 0, 30000), expected) << "close wrote the pages out";
+  EXPECT_EQ(c->cache().cached_bytes, 0u);
+}
+
+// Above the soft limit the flusher writes out and drops the oldest pages on its own.
+TEST_F(AioCache, TheSoftLimitIsRestoredWithoutAnFsync) {
+  constexpr std::size_t soft = 256 * 1024;
+  ASSERT_NO_FATAL_FAILURE(start(soft, 16 << 20, 60s));
+  const auto data = pattern(2 << 20, 5);
+  for (std::size_t at = 0; at < data.size(); at += 65536) {
+    ASSERT_TRUE(f.write(at, std::span(data).subspan(at, 65536)).wait());
+  }
+  EXPECT_TRUE(eventually([&] { return c->cache().cached_bytes <= soft; }))
+      << c->cache().cached_bytes << " bytes cached";
+  EXPECT_GE(c->cache().bytes_written_out, data.size() - soft);
+  // The oldest went first: the start of the file is on disk already.
+  EXPECT_EQ(on_disk(path, 0, 65536), std::vector(data.begin(), data.begin() + 65536));
+  ASSERT_TRUE(f.close());
+  EXPECT_EQ(on_disk(path, 0, data.size()), data);
+}
+
+// At the hard limit a write that touches no cached page goes straight to the file.
+TEST_F(AioCache, TheHardLimitBypassesTheCache) {
+  ASSERT_NO_FATAL_FAILURE(start(4096, 8192, 60s));
+  const auto data = pattern(65536, 6);
+  ASSERT_TRUE(f.write(0, data).wait());
+  EXPECT_EQ(c->cache().writes_bypassed, 1u);
+  EXPECT_EQ(c->cache().cached_bytes, 0u);
+  EXPECT_EQ(on_disk(path, 0, data.size()), data) << "written through at once";
+  std::vector<std::byte> back(data.size());
+  EXPECT_EQ(f.read(0, back).wait().value_or(0), data.size());
+  EXPECT_EQ(back, data);
+}
+
+// With no cached write for a round, each round writes out and drops half of what is cached.
+TEST_F(AioCache, IdleRoundsHalveTheCache) {
+  ASSERT_NO_FATAL_FAILURE(start(64 << 20, 64 << 20, 150ms));
+  const auto data = pattern(64 * detail::page_size, 7);
+  ASSERT_TRUE(f.write(0, data).wait());
+  std::vector<std::size_t> seen{c->cache().cached_bytes};
+  ASSERT_TRUE(eventually([&] {
+    const std::size_t now = c->cache().cached_bytes;
+    if (now != seen.back()) seen.push_back(now);
+    return now == 0;
+  }));
+  // 64 pages: 32, 16, 8, 4, 2, 1, 0 (each step observed: rounds are 150 ms apart).
+  std::vector<std::size_t> halves;
+  for (std::size_t pages = 64; pages != 0; pages /= 2)
+    halves.push_back(pages * detail::page_size);
+  halves.push_back(0);
+  EXPECT_EQ(seen, halves);
+  EXPECT_EQ(on_disk(path, 0, data.size()), data);
+}
+
+// A write-out that fails (here: ENOSPC from /dev/full) is reported by the next fsync and,
+// as the bytes are still not in the file, again by close.
+TEST(AioCacheErrors, AFailedWriteOutIsReportedByFsyncAndClose) {
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full here";
+  auto c = start_cached(1 << 20, 4 << 20, 60s);
+  ASSERT_TRUE(c);
+  open_options how;
+  how.write = true;
+  how.cache = true;
+  auto f = c->open("/dev/full", how);
+  ASSERT_TRUE(f) << f.error().message();
+  const auto data = pattern(5000, 8);
+  EXPECT_TRUE(f->write(0, data).wait()) << "cached: no I/O yet";
+  auto s = f->fsync().wait();
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::no_space_on_device);
+  auto closed = f->close();
+  ASSERT_FALSE(closed);
+  EXPECT_EQ(closed.error(), std::errc::no_space_on_device);
+}
+
+// Stopping the controller writes the cached bytes out (the file stays open).
+TEST_F(AioCache, StopWritesEverythingOut) {
+  ASSERT_NO_FATAL_FAILURE(start(1 << 20, 4 << 20, 60s));
+  const auto data = pattern(30000, 9);
+  ASSERT_TRUE(f.write(100, data).wait());
+  c->stop();
+  EXPECT_EQ(on_disk(path, 100, data.size()), data);
+  EXPECT_TRUE(f.close());
+}
+
+// A task sees the cached bytes in the file: they are written out before it runs.
+TEST_F(AioCache, TasksSeeCachedWritesInTheFile) {
+  ASSERT_NO_FATAL_FAILURE(start(1 << 20, 4 << 20, 60s));
+  const auto data = pattern(6000, 10);
+  ASSERT_TRUE(f.write(0, data).wait());
+  auto r = f.submit([&]() -> result<std::size_t> { return on_disk(path, 0, 6000).size(); });
+  EXPECT_EQ(r.wait().value_or(0), data.size());
+}
+
+TEST(AioCacheErrors, BadSettingsAreRefused) {
+  options o;
+  o.cache_soft_limit = 2 << 20;
+  o.cache_hard_limit = 1 << 20;
+  auto c = controller::start(o);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error(), std::errc::invalid_argument);
+
+  temp_dir dir;
+  auto ok = controller::start();
+  ASSERT_TRUE(ok);
+  open_options how;
+  how.write = true;
+  how.create = true;
+  how.direct = true;
+  how.cache = true;
+  auto f = (*ok)->open(dir.file("d"), how);
+  ASSERT_FALSE(f);
+  EXPECT_EQ(f.error(), errc::cache_needs_buffered_io);
+  EXPECT_EQ(f.error(), std::errc::invalid_argument);
+}
+
+}  // namespace
+}  // namespace keel::aio
