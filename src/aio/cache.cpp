@@ -29,6 +29,23 @@ void link_newest(file_cache& fc, cache_page& p) noexcept {
   fc.newest = &p;
 }
 
+// The list of dirty pages (so that write-outs never walk clean ones).
+void mark_dirty(file_cache& fc, cache_page& p) noexcept {
+  p.prev_dirty = nullptr;
+  p.next_dirty = fc.dirty;
+  if (fc.dirty != nullptr) fc.dirty->prev_dirty = &p;
+  fc.dirty = &p;
+  ++fc.dirty_pages;
+}
+
+void mark_clean(file_cache& fc, cache_page& p) noexcept {
+  (p.prev_dirty != nullptr ? p.prev_dirty->next_dirty : fc.dirty) = p.next_dirty;
+  if (p.next_dirty != nullptr) p.next_dirty->prev_dirty = p.prev_dirty;
+  p.next_dirty = p.prev_dirty = nullptr;
+  p.dirty.clear();
+  --fc.dirty_pages;
+}
+
 void wake_flusher(cache_control& cc) noexcept {
   cc.signal.fetch_add(1);
   futex_wake(cc.signal, 1);
@@ -78,24 +95,35 @@ result<void> write_to_file(file_state& f, engine_kind k, std::uint64_t offset, c
 // Dirty bytes of some pages copied out (under the file's mutex) to be written without it.
 class write_out_batch {
  public:
-  //! Adds a dirty page; pages must come in offset order (runs that meet are merged).
+  //! Adds a dirty page; pages must come in offset order (runs that meet are merged). On
+  //! bad_alloc the batch is as it was.
   void add(cache_page& p) {
+    const std::size_t n_runs = runs_.size();
+    const std::size_t n_bytes = bytes_.size();
+    const std::size_t last_length = runs_.empty() ? 0 : runs_.back().length;
     pages_.push_back({&p, p.generation});
+    try {
+      p.dirty.runs(0, page_size, [&](std::size_t lo, std::size_t hi) {
+        const std::uint64_t at = p.offset + lo;
+        if (!runs_.empty() && runs_.back().offset + runs_.back().length == at) {
+          runs_.back().length += hi - lo;
+        } else {
+          runs_.push_back({at, bytes_.size(), hi - lo});
+        }
+        bytes_.insert(bytes_.end(), p.data.begin() + static_cast<std::ptrdiff_t>(lo),
+                      p.data.begin() + static_cast<std::ptrdiff_t>(hi));
+      });
+    } catch (const std::bad_alloc&) {
+      runs_.resize(n_runs);
+      if (n_runs != 0) runs_.back().length = last_length;
+      bytes_.resize(n_bytes);
+      pages_.pop_back();
+      throw;
+    }
     p.flushing = true;
-    p.dirty.runs(0, page_size, [&](std::size_t lo, std::size_t hi) {
-      const std::uint64_t at = p.offset + lo;
-      if (!runs_.empty() && runs_.back().offset + runs_.back().length == at) {
-        runs_.back().length += hi - lo;
-      } else {
-        runs_.push_back({at, bytes_.size(), hi - lo});
-      }
-      bytes_.insert(bytes_.end(), p.data.begin() + static_cast<std::ptrdiff_t>(lo),
-                    p.data.begin() + static_cast<std::ptrdiff_t>(hi));
-    });
   }
   [[nodiscard]] bool empty() const noexcept { return pages_.empty(); }
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
-  [[nodiscard]] std::uint64_t last_offset() const noexcept { return pages_.back().page->offset; }
 
   //! Writes the runs (without the file's mutex); stops at the first failure.
   result<void> write(file_state& f, engine_kind k) noexcept {
@@ -111,8 +139,7 @@ class write_out_batch {
     for (const entry& e : pages_) {
       e.page->flushing = false;
       if (written && e.page->generation == e.generation) {
-        e.page->dirty.clear();
-        --fc.dirty_pages;
+        mark_clean(fc, *e.page);
         cc.dirty_pages.fetch_sub(1, std::memory_order_relaxed);
       }
     }
@@ -139,28 +166,35 @@ class write_out_batch {
 };
 
 // Writes out every page of `f` dirty now, in offset order, 1 MiB at a time (the flush
-// mutex held). Pages dirtied behind the sweep are left for later: an fsync covers the
-// writes that finished before it, and a sweep that chased newer writes might never end.
-// After a failure the rest is still tried; the first error is returned.
+// mutex held: no page is dropped meanwhile). Pages dirtied later are left for later: an
+// fsync covers the writes that finished before it, and a sweep that chased newer writes
+// might never end. After a failure the rest is still tried; the first error is returned.
 result<void> write_out_all(cache_control& cc, file_state& f, engine_kind k) noexcept {
   file_cache& fc = *f.cache;
+  std::vector<cache_page*> dirty;
+  try {
+    const std::scoped_lock lock(fc.mutex);
+    dirty.reserve(fc.dirty_pages);
+    for (cache_page* p = fc.dirty; p != nullptr; p = p->next_dirty)
+      dirty.push_back(p);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  std::sort(dirty.begin(), dirty.end(),
+            [](const cache_page* x, const cache_page* y) { return x->offset < y->offset; });
   result<void> outcome;
-  std::uint64_t from = 0;
-  for (;;) {
+  for (std::size_t at = 0; at < dirty.size();) {
     write_out_batch b;
     try {
       const std::scoped_lock lock(fc.mutex);
-      fc.pages.for_each(from, std::numeric_limits<std::uint64_t>::max(),
-                        [&](std::uint64_t, cache_page& p) {
-                          if (p.dirty.any()) b.add(p);
-                          return b.page_count() < 256;
-                        });
+      for (const std::size_t end = std::min(dirty.size(), at + 256); at < end; ++at) {
+        if (dirty[at]->dirty.any()) b.add(*dirty[at]);
+      }
     } catch (const std::bad_alloc&) {
       // What was copied so far still goes out (and is settled).
       if (b.empty()) return errc_error(std::errc::not_enough_memory);
     }
-    if (b.empty()) break;
-    from = b.last_offset() + page_size;
+    if (b.empty()) continue;
     const result<void> written = b.write(f, k);
     {
       const std::scoped_lock lock(fc.mutex);
@@ -364,14 +398,16 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
     const page_part part = part_of(p, o.offset, end);
     std::memcpy(pg.data.data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
     pg.valid.set(part.lo, part.hi);
-    if (!pg.dirty.any()) ++now_dirty;
+    if (!pg.dirty.any()) {
+      mark_dirty(fc, pg);
+      ++now_dirty;
+    }
     pg.dirty.set(part.lo, part.hi);
     ++pg.generation;
     pg.stamp = stamp;
     unlink(fc, pg);
     link_newest(fc, pg);
   }
-  fc.dirty_pages += now_dirty;
   lock.unlock();
   cc.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
   if (cc.bytes.fetch_add(made * page_size) + made * page_size > cc.soft &&

@@ -98,6 +98,8 @@ struct cache_page {
   std::uint64_t generation = 0;  // bumped by every write into it
   cache_page* older = nullptr;   // the file's list, least recently written first
   cache_page* newer = nullptr;
+  cache_page* next_dirty = nullptr;  // the file's dirty pages (unordered)
+  cache_page* prev_dirty = nullptr;
   std::uint64_t stamp = 0;  // the controller's write count when last written
   bool flushing = false;    // a write-out has copied it and not finished (never dropped then)
   page_bits valid;
@@ -116,8 +118,9 @@ struct file_cache {
   cache_page* newest = nullptr;
   std::uint64_t logical_size = 0;   // the file's size once every cached write is out
   std::size_t reads_from_file = 0;  // reads at the engine: no page may be dropped meanwhile
-  std::size_t dirty_pages = 0;      // pages with a dirty byte
-  std::error_code flush_error;      // a failed write-out, reported by the next fsync/close
+  std::size_t dirty_pages = 0;      // pages with a dirty byte, listed from `dirty`
+  cache_page* dirty = nullptr;
+  std::error_code flush_error;  // a failed write-out, reported by the next fsync/close
 
   std::mutex flush_mutex;
   bool closed = false;  // under flush_mutex: no write-out after the file closed
