@@ -60,6 +60,77 @@ bool detail::must_follow(const op& earlier, const op& later) noexcept {
          later.offset < earlier.offset + earlier.length;
 }
 
+bool detail::stream::may_wait(const op& later) const noexcept {
+  if (later.kind == op_kind::task) return !unfinished.empty();
+  if (tasks_ != 0) return true;
+  const auto overlaps = [&](std::uint64_t lo, std::uint64_t hi) {
+    return lo < later.offset + later.length && later.offset < hi;
+  };
+  switch (later.kind) {
+    case op_kind::fsync:
+    case op_kind::fdatasync:
+      return writes_ != 0;
+    case op_kind::read:
+      return overlaps(written_lo_, written_hi_);
+    case op_kind::write:
+      return overlaps(touched_lo_, touched_hi_);
+    case op_kind::task:
+      break;
+  }
+  return true;
+}
+
+bool detail::stream::append(op& o) noexcept {
+  bool ready = true;
+  if (may_wait(o)) {
+    for (const op* earlier : unfinished) {
+      if (must_follow(*earlier, o)) {
+        ready = false;
+        break;
+      }
+    }
+  }
+  unfinished.push_back(&o);
+  const std::uint64_t end = o.offset + o.length;
+  switch (o.kind) {
+    case op_kind::task:
+      ++tasks_;
+      break;
+    case op_kind::write:
+      ++writes_;
+      written_lo_ = std::min(written_lo_, o.offset);
+      written_hi_ = std::max(written_hi_, end);
+      [[fallthrough]];
+    case op_kind::read:
+      touched_lo_ = std::min(touched_lo_, o.offset);
+      touched_hi_ = std::max(touched_hi_, end);
+      break;
+    case op_kind::fsync:
+    case op_kind::fdatasync:
+      break;
+  }
+  return ready;
+}
+
+void detail::stream::remove(op& o) noexcept {
+  if (!unfinished.empty() && unfinished.front() == &o) {
+    unfinished.pop_front();  // the usual case: requests end in order
+  } else {
+    for (auto it = unfinished.begin(); it != unfinished.end(); ++it) {
+      if (*it == &o) {
+        unfinished.erase(it);
+        break;
+      }
+    }
+  }
+  if (o.kind == op_kind::task) --tasks_;
+  if (o.kind == op_kind::write) --writes_;
+  if (unfinished.empty()) {
+    written_lo_ = touched_lo_ = UINT64_MAX;
+    written_hi_ = touched_hi_ = 0;
+  }
+}
+
 detail::file_state::~file_state() {
   if (stdio != nullptr) std::fclose(stdio);
   if (fd >= 0) ::close(fd);
@@ -129,6 +200,13 @@ bool detail::worker::may_exit() const noexcept {
 
 // ---- the controller ----
 
+bool controller::impl::help() noexcept {
+  for (auto& w : workers) {
+    if (w->help()) return true;
+  }
+  return false;
+}
+
 void controller::impl::dispatch(op* o, unsigned& next_worker) noexcept {
   detail::worker& w = *workers[next_worker++ % workers.size()];
   o->next = nullptr;
@@ -165,16 +243,7 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
     unsigned first_worker = 0;
     {
       const std::scoped_lock lock(s->mutex);
-      if (!s->unfinished.empty() && s->unfinished.front() == o) {
-        s->unfinished.pop_front();  // the usual case: requests end in order
-      } else {
-        for (auto it = s->unfinished.begin(); it != s->unfinished.end(); ++it) {
-          if (*it == o) {
-            s->unfinished.erase(it);
-            break;
-          }
-        }
-      }
+      s->remove(*o);
       for (std::size_t i = 0; s->held_back != 0 && i < s->unfinished.size(); ++i) {
         op* y = s->unfinished[i];
         if (y->dispatched) continue;
@@ -458,24 +527,29 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
 
 namespace {
 
+// Why keel refuses `o` on `f` before running it, or nothing.
+std::error_code refusal(const detail::file_state* f, const op& o) noexcept {
+  if (f == nullptr) return make_error_code(errc::file_closed);
+  if ((o.kind == op_kind::read && !f->readable) || (o.kind == op_kind::write && !f->writable)) {
+    return make_error_code(errc::not_opened_for);
+  }
+  if (o.kind == op_kind::read || o.kind == op_kind::write) {
+    if (o.buffer == nullptr && o.length != 0) return make_error_code(errc::bad_request);
+    constexpr auto max_offset = static_cast<std::uint64_t>(std::numeric_limits<off_t>::max());
+    if (o.offset > max_offset || o.length > max_offset - o.offset) {
+      return make_error_code(errc::bad_request);
+    }
+    if (f->direct && (o.offset % f->align != 0 || o.length % f->align != 0 ||
+                      reinterpret_cast<std::uintptr_t>(o.buffer) % f->align != 0)) {
+      return make_error_code(errc::misaligned_direct_io);
+    }
+  }
+  return {};
+}
+
 receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept {
   o->file = f;
-  if (!f) return refuse(o, make_error_code(errc::file_closed));
-  if ((o->kind == op_kind::read && !f->readable) || (o->kind == op_kind::write && !f->writable)) {
-    return refuse(o, make_error_code(errc::not_opened_for));
-  }
-  if (o->kind == op_kind::read || o->kind == op_kind::write) {
-    if (o->buffer == nullptr && o->length != 0)
-      return refuse(o, make_error_code(errc::bad_request));
-    constexpr auto max_offset = static_cast<std::uint64_t>(std::numeric_limits<off_t>::max());
-    if (o->offset > max_offset || o->length > max_offset - o->offset) {
-      return refuse(o, make_error_code(errc::bad_request));
-    }
-    if (f->direct && (o->offset % f->align != 0 || o->length % f->align != 0 ||
-                      reinterpret_cast<std::uintptr_t>(o->buffer) % f->align != 0)) {
-      return refuse(o, make_error_code(errc::misaligned_direct_io));
-    }
-  }
+  if (const std::error_code why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
   // Counted in before the flags are read; close() and stop() set their flag before they
   // wait for the counts: either we see the flag, or they see us.
@@ -497,13 +571,7 @@ receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept
   unsigned worker_index = 0;
   {
     const std::scoped_lock lock(s.mutex);
-    for (const op* earlier : s.unfinished) {
-      if (detail::must_follow(*earlier, *o)) {
-        ready = false;
-        break;
-      }
-    }
-    s.unfinished.push_back(o);
+    ready = s.append(*o);
     if (ready) {
       o->dispatched = true;
       worker_index = s.next_worker++;
@@ -589,15 +657,83 @@ receipt file::submit(std::function<result<std::size_t>()> task, completion on_do
 }
 
 void file::submit(std::span<request> requests, std::span<receipt> out) noexcept {
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    request& q = requests[i];
+  const auto make = [](request& q) {
     const op_kind k = q.what == request::kind::read    ? op_kind::read
                       : q.what == request::kind::write ? op_kind::write
                       : q.what == request::kind::fsync ? op_kind::fsync
                                                        : op_kind::fdatasync;
-    receipt r = submit_one(
-        state_, make_op(k, q.offset, q.buffer.data(), q.buffer.size(), std::move(q.on_done)));
+    return make_op(k, q.offset, q.buffer.data(), q.buffer.size(), std::move(q.on_done));
+  };
+  const auto give = [&](std::size_t i, receipt r) {
     if (i < out.size()) out[i] = std::move(r);
+  };
+  // A cached file finishes requests one by one as they come (cache_handle).
+  if (!state_ || state_->cache || requests.size() < 2) {
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      give(i, submit_one(state_, make(requests[i])));
+    return;
+  }
+  // The batch in one piece: one count, one turn of the stream's lock, one hand-over per
+  // worker.
+  detail::file_state& f = *state_;
+  controller::impl& c = *f.owner;
+  thread_local std::vector<op*> accepted;
+  thread_local std::vector<op*> ready;
+  accepted.clear();
+  ready.clear();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    op* o = make(requests[i]);
+    o->file = state_;
+    if (const std::error_code why = refusal(&f, *o)) {
+      give(i, refuse(o, why));
+      continue;
+    }
+    give(i, detail::receipt_access::make(o));
+    accepted.push_back(o);
+  }
+  if (accepted.empty()) return;
+  f.in_flight.fetch_add(static_cast<std::uint32_t>(accepted.size()));
+  c.outstanding.fetch_add(accepted.size());
+  if (f.closed.load() || c.stopping.load()) {
+    const bool closed = f.closed.load();
+    for (op* o : accepted) {
+      if (closed) {
+        o->error = make_error_code(errc::file_closed);
+        c.finish(o, std::unexpected(o->error));
+      } else {
+        c.finish(o, 0, true);
+      }
+    }
+    return;
+  }
+  detail::stream& s = f.stream_of_this_thread();
+  unsigned first_worker = 0;
+  {
+    const std::scoped_lock lock(s.mutex);
+    for (op* o : accepted) {
+      o->owner = &s;
+      if (s.append(*o)) {
+        o->dispatched = true;
+        ready.push_back(o);
+      } else {
+        ++s.held_back;
+      }
+    }
+    first_worker = s.next_worker;
+    s.next_worker += static_cast<unsigned>(ready.size());
+  }
+  // Round robin as one by one would, as one chain per worker.
+  const std::size_t n_workers = c.workers.size();
+  for (std::size_t w = 0; w < n_workers; ++w) {
+    const std::size_t first = (w + n_workers - first_worker % n_workers) % n_workers;
+    op* head = nullptr;
+    op* tail = nullptr;
+    for (std::size_t j = first; j < ready.size(); j += n_workers) {
+      ready[j]->next = nullptr;
+      (tail != nullptr ? tail->next : head) = ready[j];
+      tail = ready[j];
+    }
+    if (head != nullptr) c.workers[w]->push(head, tail);
   }
 }
 
@@ -677,6 +813,9 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
         break;
     }
     if (cd.expired()) return errc_error(std::errc::timed_out);
+    // Rather than wait for a worker, run what the workers have not started (when waiting
+    // without a deadline: a request run here could outlast it).
+    if (cd.is_infinite() && op_->file && op_->file->owner->help()) continue;
     if (!spun && cd.is_infinite()) {
       // Requests that end within microseconds are caught without a sleep (see adaptive_spin).
       spun = true;

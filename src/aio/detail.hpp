@@ -79,6 +79,25 @@ struct stream {
   std::deque<op*> unfinished;
   std::size_t held_back = 0;  // of them, not yet handed to a worker (no scan when zero)
   unsigned next_worker = 0;
+
+  //! Appends `o`; whether it is ready (no earlier unfinished request holds it back).
+  bool append(op& o) noexcept;
+  //! Removes `o` (finished).
+  void remove(op& o) noexcept;
+
+ private:
+  // Whether a scan could find an earlier request `later` must follow: false is certain, so
+  // a stream of requests that do not touch each other never scans (see must_follow).
+  [[nodiscard]] bool may_wait(const op& later) const noexcept;
+
+  // A summary of `unfinished`: counts, and the hulls of the ranges of its writes and of its
+  // reads and writes (reset when it empties).
+  std::size_t writes_ = 0;
+  std::size_t tasks_ = 0;
+  std::uint64_t written_lo_ = UINT64_MAX;
+  std::uint64_t written_hi_ = 0;
+  std::uint64_t touched_lo_ = UINT64_MAX;
+  std::uint64_t touched_hi_ = 0;
 };
 
 //! Makes the receipt of an op (taking over one reference).
@@ -186,6 +205,10 @@ class worker {
   void push(op* first, op* last) noexcept;
   //! Wakes the thread (to notice a stop).
   virtual void wake() noexcept = 0;
+  //! Runs, on the calling thread, the requests waiting in the inbox (not tasks), if the
+  //! engine runs one request at a time; whether it ran any. A thread that would otherwise
+  //! wait for a request helps this way: no hand-over, no wake-up.
+  virtual bool help() noexcept { return false; }
   //! Starts the thread; returns once the engine is ready or failed to start.
   virtual result<void> start() noexcept = 0;
   void join() noexcept {
@@ -238,6 +261,9 @@ struct controller::impl {
   impl();
   ~impl();
 
+  //! Runs requests queued for the workers on the calling thread (worker::help): whether
+  //! it ran any.
+  bool help() noexcept;
   //! Hands a ready op to a worker (round robin per stream).
   void dispatch(detail::op* o, unsigned& next_worker) noexcept;
   //! The end of a request: publishes `outcome` (or cancellation), runs the completion,

@@ -74,6 +74,22 @@ class sync_worker final : public worker {
     futex_wake(signal_, 1);
   }
 
+  bool help() noexcept override {
+    op* list = take_all();
+    bool ran = false;
+    while (list != nullptr) {
+      op* o = list;
+      list = o->next;
+      if (o->kind == op_kind::task) {
+        push(o, o);  // tasks run on the controller's threads only
+      } else {
+        execute(*o);
+        ran = true;
+      }
+    }
+    return ran;
+  }
+
   result<void> start() noexcept override {
     try {
       thread_ = std::thread([this] { run(); });

@@ -22,8 +22,11 @@ enum class status : std::uint8_t {
   cancelled,  //!< never run: the controller stopped first
 };
 
-//! Called once when a request finishes, on one of the controller's threads, with the bytes
-//! transferred or the error. Keep it short: it runs where the next I/O would be issued.
+//! Called once when a request finishes, with the bytes transferred or the error: on one of
+//! the controller's threads, or on a thread waiting on a receipt without a deadline (which
+//! runs queued requests itself rather than wait, with the posix, stdio and null engines),
+//! or on the submitting thread for a request the write-back cache finishes at once. Keep it
+//! short: it runs where the next I/O would be issued.
 using completion = std::function<void(const result<std::size_t>&)>;
 
 //! The claim on one submitted request. Copyable (all copies see the same request); the
