@@ -311,9 +311,11 @@ void flusher_main(controller::impl& c) noexcept {
   cache_control& cc = *c.cache;
   std::uint64_t seen_writes = cc.writes.load();
   for (;;) {
+    // With nothing cached it sleeps until the first page comes (cache_write wakes it).
     const std::uint32_t s = cc.signal.load();
     if (!cc.quit.load() && !cc.wanted.load()) {
-      const io::countdown cd = io::deadline(cc.idle).start();
+      const io::countdown cd =
+          (cc.bytes.load() == 0 ? io::deadline::never() : io::deadline(cc.idle)).start();
       futex_wait(cc.signal, s, &cd);
     }
     if (cc.quit.load()) {
@@ -410,8 +412,10 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
   }
   lock.unlock();
   cc.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
-  if (cc.bytes.fetch_add(made * page_size) + made * page_size > cc.soft &&
-      !cc.wanted.exchange(true)) {
+  const std::size_t before = cc.bytes.fetch_add(made * page_size);
+  if (before == 0 && made != 0) {
+    wake_flusher(cc);  // it slept without a timer: idle rounds start now
+  } else if (before + made * page_size > cc.soft && !cc.wanted.exchange(true)) {
     wake_flusher(cc);
   }
   return result<std::size_t>(o.length);
