@@ -31,13 +31,15 @@ TEST(KeelAiobench, NullAndWorkloadPartsReportEveryMethod) {
   EXPECT_GT(doc["null"]["batched_ns"].get<double>(), 0.0);
   EXPECT_FALSE(doc.contains("randread"));
   const auto& rows = doc["workload"]["rows"];
-  // 6 methods x fsync every 1, 30, 300 x 1 and 2 threads.
-  ASSERT_EQ(rows.size(), 36u);
+  // 9 methods (3 peers, keel's 3 engines without and with the cache) x fsync every 1, 30,
+  // 300 x 1 and 2 threads.
+  ASSERT_EQ(rows.size(), 54u);
   for (const auto& row : rows) {
     EXPECT_GT(row["items_per_second"].get<double>(), 0.0) << row.dump();
     EXPECT_EQ(row["items"].get<std::uint64_t>(), 20u * row["threads"].get<std::uint64_t>());
   }
   EXPECT_NE(r.out.find("keel_io_uring"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("keel_stdio_cache"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("aiobench: workload"), std::string::npos) << "progress on stderr";
 }
 
