@@ -47,6 +47,10 @@ TEST(KeelAiobench, BadArgumentsAreUsageErrors) {
   keel::test::temp_dir dir;
   EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--parts", "nope"}, dir.path().string()).code, 2);
   EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--seconds", "-1"}, dir.path().string()).code, 2);
+  const auto bad_method =
+      run_program(KEEL_BINARY, {"aiobench", "--methods", "posix,nope"}, dir.path().string());
+  EXPECT_EQ(bad_method.code, 2);
+  EXPECT_NE(bad_method.err.find("unknown method 'nope'"), std::string::npos) << bad_method.err;
   const auto help = run_program(KEEL_BINARY, {"aiobench", "--help"}, dir.path().string());
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("--parts"), std::string::npos);

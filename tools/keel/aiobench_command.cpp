@@ -385,21 +385,26 @@ void run_keel_items(aio::controller& ctl, const std::string& path, const workloa
   must(f.close(), "close " + path);
 }
 
-json measure_workload(const std::string& dir, std::uint64_t items) {
+// The workload's methods: the peers, then keel's engines without and with the cache.
+std::vector<std::string> workload_methods() {
+  std::vector<std::string> methods = {"posix", "cstdio", "posix_aio"};
+  for (const char* suffix : {"", "_cache"}) {
+    for (const char* e : {"io_uring", "posix", "stdio"})
+      methods.push_back(fmt::format("keel_{}{}", e, suffix));
+  }
+  return methods;
+}
+
+json measure_workload(const std::string& dir, std::uint64_t items,
+                      const std::vector<std::string>& methods) {
   progress("workload: calibrating the compute step against a 64 KiB write");
   const unsigned rounds = calibrate(dir);
   json rows = json::array();
-  const std::vector<std::string> keel_engines = {"io_uring", "posix", "stdio"};
   fmt::print("\nworkload: compute + 64 KiB write per item, fsync every N (items/s)\n");
-  fmt::print("{:<16} {:>7} {:>5} {:>12}\n", "method", "threads", "N", "items/s");
+  fmt::print("{:<20} {:>7} {:>5} {:>12}\n", "method", "threads", "N", "items/s");
   for (const unsigned threads : {1u, 2u}) {
     for (const unsigned every : {1u, 30u, 300u}) {
       workload_params p{items, every, rounds};
-      std::vector<std::string> methods = {"posix", "cstdio", "posix_aio"};
-      for (const auto& e : keel_engines)
-        methods.push_back("keel_" + e);
-      for (const auto& e : keel_engines)
-        methods.push_back("keel_" + e + "_cache");
       for (const auto& m : methods) {
         progress(fmt::format("workload: {} with {} thread(s), fsync every {}", m, threads, every));
         std::unique_ptr<aio::controller> ctl;
@@ -445,7 +450,7 @@ json measure_workload(const std::string& dir, std::uint64_t items) {
                         {"items", items * threads},
                         {"seconds", s},
                         {"items_per_second", rate}});
-        fmt::print("{:<16} {:>7} {:>5} {:>12.0f}\n", m, threads, every, rate);
+        fmt::print("{:<20} {:>7} {:>5} {:>12.0f}\n", m, threads, every, rate);
       }
     }
   }
@@ -514,6 +519,7 @@ int run_aiobench_command(int argc, char** argv) {
   unsigned threads = 2;
   std::uint64_t items = 600;
   std::string parts = "randread,workload,null";
+  std::string methods_list;
   std::string json_path;
   app.add_option("--dir", dir,
                  "Directory for the files (a real device for O_DIRECT; the read file is kept "
@@ -533,6 +539,10 @@ int run_aiobench_command(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--parts", parts, "Comma-separated: randread, workload, null")
       ->capture_default_str();
+  app.add_option("--methods", methods_list,
+                 "Comma-separated workload methods to run (default: all): posix, cstdio, "
+                 "posix_aio, keel_io_uring, keel_posix, keel_stdio, and each keel one with "
+                 "_cache");
   app.add_option("--json", json_path, "Also write the results as JSON to this file ('-': stdout)");
   try {
     app.parse(argc, argv);
@@ -549,6 +559,21 @@ int run_aiobench_command(int argc, char** argv) {
       return 2;
     }
     at = comma + 1;
+  }
+  std::vector<std::string> methods = workload_methods();
+  if (!methods_list.empty()) {
+    std::vector<std::string> chosen;
+    for (std::size_t at = 0; at <= methods_list.size();) {
+      const auto comma = std::min(methods_list.find(',', at), methods_list.size());
+      const std::string m = methods_list.substr(at, comma - at);
+      if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
+        fmt::print(stderr, "keel aiobench: --methods: unknown method '{}'\n", m);
+        return 2;
+      }
+      chosen.push_back(m);
+      at = comma + 1;
+    }
+    methods = chosen;
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -569,7 +594,7 @@ int run_aiobench_command(int argc, char** argv) {
     if (wants("randread")) {
       doc["randread"] = measure_randread(dir, size_mib << 20, threads, seconds);
     }
-    if (wants("workload")) doc["workload"] = measure_workload(dir, items);
+    if (wants("workload")) doc["workload"] = measure_workload(dir, items, methods);
     if (wants("null")) doc["null"] = measure_null(dir, seconds);
   } catch (const std::exception& e) {
     fmt::print(stderr, "keel aiobench: {}\n", e.what());
