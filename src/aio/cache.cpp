@@ -252,7 +252,10 @@ bool shrink_file(cache_control& cc, file_state& f, engine_kind k, std::size_t ma
         cache_page* next = p->newer;
         if (!p->flushing && !p->dirty.any()) {
           unlink(fc, *p);
-          fc.pages.erase(p->offset);
+          std::unique_ptr<cache_page> gone = fc.pages.take(p->offset);
+          if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
+            fc.spare.push_back(std::move(gone));
+          }
           ++dropped;
         }
         p = next;
@@ -379,7 +382,15 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
   try {
     for (std::uint64_t p = first; p < end; p += page_size) {
       fc.pages.get_or_make(p, [&] {
-        std::unique_ptr<cache_page> n(new cache_page);  // data left uninitialised
+        std::unique_ptr<cache_page> n;
+        if (fc.spare.empty()) {
+          n.reset(new cache_page);  // data left uninitialised
+          if (fc.spare.capacity() == 0) fc.spare.reserve(file_cache::max_spare);
+        } else {
+          n = std::move(fc.spare.back());
+          fc.spare.pop_back();
+          n->reset();
+        }
         n->offset = p;
         link_newest(fc, *n);
         ++made;

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <system_error>
+#include <vector>
 
 #include "detail.hpp"
 #include "radix_tree.hpp"
@@ -105,6 +106,16 @@ struct cache_page {
   page_bits valid;
   page_bits dirty;
   std::array<std::byte, page_size> data;  // left uninitialised: only valid bytes are read
+
+  //! As new, for reuse (the data is left as it is: no byte of it is valid).
+  void reset() noexcept {
+    generation = 0;
+    older = newer = next_dirty = prev_dirty = nullptr;
+    stamp = 0;
+    flushing = false;
+    valid.clear();
+    dirty.clear();
+  }
 };
 
 using page_tree = radix_tree<cache_page, 34, 9, 9, 12>;
@@ -121,6 +132,9 @@ struct file_cache {
   std::size_t dirty_pages = 0;      // pages with a dirty byte, listed from `dirty`
   cache_page* dirty = nullptr;
   std::error_code flush_error;  // a failed write-out, reported by the next fsync/close
+  // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in.
+  std::vector<std::unique_ptr<cache_page>> spare;
+  static constexpr std::size_t max_spare = 256;
 
   std::mutex flush_mutex;
   bool closed = false;  // under flush_mutex: no write-out after the file closed

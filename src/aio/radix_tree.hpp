@@ -68,10 +68,16 @@ class radix_tree {
   }
 
   //! Removes the leaf covering `offset` (if any), freeing the nodes it leaves empty.
-  void erase(std::uint64_t offset) noexcept {
+  void erase(std::uint64_t offset) noexcept { (void)take(offset); }
+
+  //! Removes the leaf covering `offset` and hands it over (null if there was none), freeing
+  //! the nodes it leaves empty.
+  std::unique_ptr<Leaf> take(std::uint64_t offset) noexcept {
+    std::unique_ptr<Leaf> taken;
     auto it = top_.find(offset >> shift(0));
-    if (it == top_.end()) return;
-    if (erase_in(*it->second, offset)) top_.erase(it);
+    if (it == top_.end()) return taken;
+    if (erase_in(*it->second, offset, taken)) top_.erase(it);
+    return taken;
   }
 
   //! Calls `visit(leaf_offset, leaf)` for every leaf overlapping [from, to), in offset order;
@@ -119,17 +125,17 @@ class radix_tree {
     return static_cast<std::size_t>((offset >> shift(l)) & (fanout(l) - 1));
   }
 
-  // Returns whether `n` is empty afterwards.
-  bool erase_in(node& n, std::uint64_t offset) noexcept {
+  // Moves the leaf into `taken`; returns whether `n` is empty afterwards.
+  bool erase_in(node& n, std::uint64_t offset, std::unique_ptr<Leaf>& taken) noexcept {
     const std::size_t i = index(offset, n.level);
     if (n.level < last_node_level) {
       auto& child = n.children[i];
-      if (child && erase_in(*child, offset)) {
+      if (child && erase_in(*child, offset, taken)) {
         child.reset();
         --n.used;
       }
     } else if (n.leaves[i]) {
-      n.leaves[i].reset();
+      taken = std::move(n.leaves[i]);
       --n.used;
       --size_;
     }

@@ -98,5 +98,21 @@ TEST(RadixTree, OffsetsNearTheLargestFileOffset) {
   EXPECT_EQ(n, 1);
 }
 
+// take() hands the leaf over and frees the nodes; a visitor returning false stops the walk.
+TEST(RadixTree, TakeHandsTheLeafOverAndVisitsCanStop) {
+  radix_tree<leaf, 34, 9, 9, 12> t;
+  for (std::uint64_t i = 0; i < 10; ++i)
+    t.get_or_make(i << 21, [i] { return std::make_unique<leaf>(leaf{static_cast<unsigned>(i)}); });
+  int visited = 0;
+  t.for_each(0, std::uint64_t{1} << 40, [&](std::uint64_t, const leaf&) { return ++visited < 3; });
+  EXPECT_EQ(visited, 3);
+  auto taken = t.take(5 << 21);
+  ASSERT_NE(taken, nullptr);
+  EXPECT_EQ(taken->tag, 5u);
+  EXPECT_EQ(t.find(5 << 21), nullptr);
+  EXPECT_EQ(t.take(5 << 21), nullptr);
+  EXPECT_EQ(t.size(), 9u);
+}
+
 }  // namespace
 }  // namespace keel::aio::detail
