@@ -359,7 +359,15 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
 
   // Wait for every earlier live chunk that conflicts with ours, in log order.
   auto first_live = impl_->first_live();
-  const off_t from = static_cast<off_t>(first_live.load(std::memory_order_acquire));
+  auto hint = first_live.load(std::memory_order_acquire);
+  if (hint > static_cast<std::uint64_t>(mine_at)) {
+    // A hint past our own record cannot be true: the log was truncated and the hint not reset
+    // (a process killed in between, by an older keel). Scan it all, and mend the hint.
+    first_live.compare_exchange_strong(hint, static_cast<std::uint64_t>(header_size),
+                                       std::memory_order_acq_rel);
+    hint = static_cast<std::uint64_t>(header_size);
+  }
+  const auto from = static_cast<off_t>(hint);
   bool all_released = true;
   off_t released_prefix = from;
   std::error_code failure;
@@ -474,8 +482,10 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
         return false;
       });
   if (scanned && all_released) {
-    if (auto tr = t.rw.truncate(header_size); !tr) return tr;
+    // The hint first: a process killed between the two steps leaves a hint that is merely
+    // too low (a longer scan), never one past records that are live.
     impl_->first_live().store(header_size, std::memory_order_release);
+    if (auto tr = t.rw.truncate(header_size); !tr) return tr;
   }
   return {};
 }

@@ -95,6 +95,40 @@ TEST(AtomicAppend, CorruptRecordIsAnErrorNotAWait) {
   EXPECT_EQ(seen, std::errc::bad_message);
 }
 
+// Regression (found by lockmatrix's exclusion check): a process killed between the log's
+// truncation and the reset of the live-record hint left the hint past the end of the log,
+// and every later locker skipped the records before it: two holders at once. The hint is
+// now reset before the truncation, and a hint past one's own record is not believed.
+TEST(AtomicAppend, AHintPastTheEndOfTheLogIsNotBelieved) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto other = atomic_append::open(path);
+  ASSERT_TRUE(other);
+  auto g = (*other)->lock({entity(1)});
+  ASSERT_TRUE(g);
+  {
+    // The state such a kill left: the hint (the u64 at byte 64) far past the log's end.
+    auto f = io::file_handle::open(path.c_str(), io::open_flags::write);
+    ASSERT_TRUE(f);
+    const std::uint64_t stale = 300 * 1024;
+    ASSERT_TRUE(f->write_at(64, std::as_bytes(std::span(&stale, 1))));
+  }
+  std::error_code seen;
+  std::thread([&] {
+    auto r = (*m)->lock({entity(1)}, 50ms);
+    seen = r ? std::error_code{} : r.error();
+  }).join();
+  EXPECT_EQ(seen, std::errc::timed_out) << "the holder's record must still be waited for";
+  ASSERT_TRUE(g->unlock());
+  std::thread([&] {
+    auto r = (*m)->lock({entity(1)}, 2s);
+    seen = r ? std::error_code{} : r.error();
+  }).join();
+  EXPECT_FALSE(seen) << seen.message();
+}
+
 TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
   temp_dir dir;
   const std::string path = dir.file("log");
