@@ -2,13 +2,16 @@
 
 #include "cache.hpp"
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <limits>
 #include <new>
+#include <span>
 #include <vector>
 
 namespace keel::aio::detail {
@@ -46,6 +49,21 @@ void mark_clean(file_cache& fc, cache_page& p) noexcept {
   --fc.dirty_pages;
 }
 
+// Puts `neu` where `old` is in the file's lists.
+void take_place(file_cache& fc, cache_page& old, cache_page& neu) noexcept {
+  neu.older = old.older;
+  neu.newer = old.newer;
+  (old.older != nullptr ? old.older->newer : fc.oldest) = &neu;
+  (old.newer != nullptr ? old.newer->older : fc.newest) = &neu;
+  if (old.dirty.any()) {
+    neu.prev_dirty = old.prev_dirty;
+    neu.next_dirty = old.next_dirty;
+    (old.prev_dirty != nullptr ? old.prev_dirty->next_dirty : fc.dirty) = &neu;
+    if (old.next_dirty != nullptr) old.next_dirty->prev_dirty = &neu;
+  }
+  old.older = old.newer = old.prev_dirty = old.next_dirty = nullptr;
+}
+
 void wake_flusher(cache_control& cc) noexcept {
   cc.signal.fetch_add(1);
   futex_wake(cc.signal, 1);
@@ -63,91 +81,103 @@ page_part part_of(std::uint64_t p, std::uint64_t offset, std::uint64_t end) noex
 
 // ---- writing out ----
 
-// Writes `n` bytes at `offset` the way the file's engine writes.
-result<void> write_to_file(file_state& f, engine_kind k, std::uint64_t offset, const std::byte* p,
-                           std::size_t n) noexcept {
+// Writes the bytes of `iov` at `offset` the way the file's engine writes.
+result<void> write_to_file(file_state& f, engine_kind k, std::uint64_t offset,
+                           std::span<iovec> iov) noexcept {
   if (k == engine_kind::null) return {};
   if (f.stdio != nullptr) {
     const std::scoped_lock lock(f.stdio_mutex);
     if (::fseeko(f.stdio, static_cast<off_t>(offset), SEEK_SET) != 0) return last_errno_error();
-    errno = 0;
-    if (std::fwrite(p, 1, n, f.stdio) != n) {
-      const int e = errno != 0 ? errno : EIO;
-      std::clearerr(f.stdio);
-      return errno_error(e);
+    for (const iovec& v : iov) {
+      errno = 0;
+      if (std::fwrite(v.iov_base, 1, v.iov_len, f.stdio) != v.iov_len) {
+        const int e = errno != 0 ? errno : EIO;
+        std::clearerr(f.stdio);
+        return errno_error(e);
+      }
     }
     return {};
   }
-  while (n > 0) {
-    const ssize_t w = ::pwrite(f.fd, p, n, static_cast<off_t>(offset));
+  while (!iov.empty()) {
+    const ssize_t w =
+        ::pwritev(f.fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(offset));
     if (w < 0) {
       if (errno == EINTR) continue;
       return last_errno_error();
     }
     if (w == 0) return errc_error(std::errc::io_error);  // no progress: never spin
-    p += w;
-    n -= static_cast<std::size_t>(w);
     offset += static_cast<std::uint64_t>(w);
+    // A short write: on from where it stopped.
+    auto left = static_cast<std::size_t>(w);
+    while (!iov.empty() && left >= iov.front().iov_len) {
+      left -= iov.front().iov_len;
+      iov = iov.subspan(1);
+    }
+    if (left != 0) {
+      iov.front().iov_base = static_cast<std::byte*>(iov.front().iov_base) + left;
+      iov.front().iov_len -= left;
+    }
   }
   return {};
 }
 
-// Dirty bytes of some pages copied out (under the file's mutex) to be written without it.
+// The dirty bytes of some pages, to be written out without the file's mutex straight from
+// the pages: while a page is `flushing` nobody writes into it (a write into it copies it
+// first, see cache_write), and nobody drops it.
 class write_out_batch {
  public:
   //! Adds a dirty page; pages must come in offset order (runs that meet are merged). On
   //! bad_alloc the batch is as it was.
   void add(cache_page& p) {
     const std::size_t n_runs = runs_.size();
-    const std::size_t n_bytes = bytes_.size();
-    const std::size_t last_length = runs_.empty() ? 0 : runs_.back().length;
+    const std::size_t n_iov = iov_.size();
+    const std::size_t last_count = runs_.empty() ? 0 : runs_.back().count;
     pages_.push_back({&p, p.generation});
     try {
       p.dirty.runs(0, page_size, [&](std::size_t lo, std::size_t hi) {
         const std::uint64_t at = p.offset + lo;
-        if (!runs_.empty() && runs_.back().offset + runs_.back().length == at) {
-          runs_.back().length += hi - lo;
+        if (!runs_.empty() && runs_.back().end == at && runs_.back().count < IOV_MAX) {
+          runs_.back().end += hi - lo;
+          ++runs_.back().count;
         } else {
-          runs_.push_back({at, bytes_.size(), hi - lo});
+          runs_.push_back({at, at + (hi - lo), iov_.size(), 1});
         }
-        bytes_.insert(bytes_.end(), p.data.begin() + static_cast<std::ptrdiff_t>(lo),
-                      p.data.begin() + static_cast<std::ptrdiff_t>(hi));
+        iov_.push_back({p.data.data() + lo, hi - lo});
       });
     } catch (const std::bad_alloc&) {
       runs_.resize(n_runs);
-      if (n_runs != 0) runs_.back().length = last_length;
-      bytes_.resize(n_bytes);
+      if (n_runs != 0) runs_.back().count = last_count;
+      iov_.resize(n_iov);
       pages_.pop_back();
       throw;
     }
     p.flushing = true;
   }
   [[nodiscard]] bool empty() const noexcept { return pages_.empty(); }
-  [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
 
   //! Writes the runs (without the file's mutex); stops at the first failure.
   result<void> write(file_state& f, engine_kind k) noexcept {
     for (const run& r : runs_) {
-      if (auto w = write_to_file(f, k, r.offset, bytes_.data() + r.at, r.length); !w) return w;
+      const auto iov = std::span(iov_).subspan(r.first, r.count);
+      if (auto w = write_to_file(f, k, r.offset, iov); !w) return w;
+      bytes_ += r.end - r.offset;
     }
     return {};
   }
 
-  //! Under the file's mutex again: pages not written since they were copied are clean now;
-  //! a failure is kept for the next fsync or close.
+  //! Under the file's mutex again: pages not written since they were added are clean now;
+  //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go.
   void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept {
     for (const entry& e : pages_) {
       e.page->flushing = false;
-      if (written && e.page->generation == e.generation) {
+      if (!e.page->detached && written && e.page->generation == e.generation) {
         mark_clean(fc, *e.page);
         cc.dirty_pages.fetch_sub(1, std::memory_order_relaxed);
       }
     }
-    if (written) {
-      cc.written_out.fetch_add(bytes_.size(), std::memory_order_relaxed);
-    } else if (!fc.flush_error) {
-      fc.flush_error = written.error();
-    }
+    fc.detached.clear();  // one write-out at a time: all of them were this batch's
+    cc.written_out.fetch_add(bytes_, std::memory_order_relaxed);
+    if (!written && !fc.flush_error) fc.flush_error = written.error();
   }
 
  private:
@@ -157,12 +187,14 @@ class write_out_batch {
   };
   struct run {
     std::uint64_t offset;
-    std::size_t at;  // in bytes_
-    std::size_t length;
+    std::uint64_t end;
+    std::size_t first;  // in iov_
+    std::size_t count;
   };
   std::vector<entry> pages_;
   std::vector<run> runs_;
-  std::vector<std::byte> bytes_;
+  std::vector<iovec> iov_;
+  std::size_t bytes_ = 0;  // written
 };
 
 // Writes out every page of `f` dirty now, in offset order, 1 MiB at a time (the flush
@@ -358,10 +390,12 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
   std::unique_lock lock(fc.mutex);
   fc.logical_size = std::max(fc.logical_size, end);
   std::size_t missing = 0;
+  std::size_t being_written = 0;  // pages a write-out is writing from: copied first
   bool touches_cache = false;
   for (std::uint64_t p = first; p < end; p += page_size) {
-    if (fc.pages.find(p) != nullptr) {
+    if (const cache_page* pg = fc.pages.find(p); pg != nullptr) {
       touches_cache = true;
+      if (pg->flushing) ++being_written;
     } else {
       ++missing;
     }
@@ -376,26 +410,39 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
     if (!cc.wanted.exchange(true)) wake_flusher(cc);
     return std::nullopt;
   }
-  // First every page (an allocation may fail: then nothing is written into them, and the
-  // empty pages made so far are dropped like clean ones).
+  // First every page, and the copies of pages being written out (an allocation may fail:
+  // then nothing is written into them, and the empty pages made so far are dropped like
+  // clean ones).
+  const auto new_page = [&fc] {
+    std::unique_ptr<cache_page> n;
+    if (fc.spare.empty()) {
+      n.reset(new cache_page);  // data left uninitialised
+      if (fc.spare.capacity() == 0) fc.spare.reserve(file_cache::max_spare);
+    } else {
+      n = std::move(fc.spare.back());
+      fc.spare.pop_back();
+      n->reset();
+    }
+    return n;
+  };
   std::size_t made = 0;
+  std::vector<std::unique_ptr<cache_page>> copies;
+  std::vector<cache_page*> pages;  // those of the write, in order
   try {
+    pages.reserve(static_cast<std::size_t>((end - first + page_size - 1) / page_size));
     for (std::uint64_t p = first; p < end; p += page_size) {
-      fc.pages.get_or_make(p, [&] {
-        std::unique_ptr<cache_page> n;
-        if (fc.spare.empty()) {
-          n.reset(new cache_page);  // data left uninitialised
-          if (fc.spare.capacity() == 0) fc.spare.reserve(file_cache::max_spare);
-        } else {
-          n = std::move(fc.spare.back());
-          fc.spare.pop_back();
-          n->reset();
-        }
+      pages.push_back(&fc.pages.get_or_make(p, [&] {
+        std::unique_ptr<cache_page> n = new_page();
         n->offset = p;
         link_newest(fc, *n);
         ++made;
         return n;
-      });
+      }));
+    }
+    if (being_written != 0) {
+      fc.detached.reserve(fc.detached.size() + being_written);
+      for (std::size_t k = 0; k < being_written; ++k)
+        copies.push_back(new_page());
     }
   } catch (const std::bad_alloc&) {
     lock.unlock();
@@ -406,8 +453,23 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
   }
   const std::uint64_t stamp = cc.writes.fetch_add(1, std::memory_order_relaxed) + 1;
   std::size_t now_dirty = 0;
-  for (std::uint64_t p = first; p < end; p += page_size) {
-    cache_page& pg = *fc.pages.find(p);
+  for (std::size_t k = 0; k < pages.size(); ++k) {
+    const std::uint64_t p = first + k * page_size;
+    cache_page* found = pages[k];
+    if (found->flushing) {
+      // A write-out is writing from this page: the write goes into a copy that takes its
+      // place; the write-out drops the original when it is done.
+      std::unique_ptr<cache_page> copy = std::move(copies.back());
+      copies.pop_back();
+      copy->take_over(*found);
+      take_place(fc, *found, *copy);
+      cache_page* fresh = copy.get();
+      std::unique_ptr<cache_page> old = fc.pages.exchange(p, std::move(copy));
+      old->detached = true;
+      fc.detached.push_back(std::move(old));
+      found = fresh;
+    }
+    cache_page& pg = *found;
     const page_part part = part_of(p, o.offset, end);
     std::memcpy(pg.data.data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
     pg.valid.set(part.lo, part.hi);

@@ -15,6 +15,10 @@
 // so writing any valid byte to the file is always correct (a write-out may race with newer
 // writes; the page's generation tells whether its dirty bytes can be forgotten).
 //
+// Write-outs write straight from the pages (pwritev), without the file's mutex: a page
+// being written from is not written into (a write copies it and puts the copy in its place)
+// and not dropped.
+//
 // Locks: a file's `mutex` guards its pages and counters, held only for copies; its
 // `flush_mutex` makes write-outs of one file take turns (fsync waits for the flusher's).
 // No lock is shared by two files; the controller's counters are atomics.
@@ -102,7 +106,8 @@ struct cache_page {
   cache_page* next_dirty = nullptr;  // the file's dirty pages (unordered)
   cache_page* prev_dirty = nullptr;
   std::uint64_t stamp = 0;  // the controller's write count when last written
-  bool flushing = false;    // a write-out has copied it and not finished (never dropped then)
+  bool flushing = false;    // a write-out is writing from it: never written into nor dropped
+  bool detached = false;    // replaced by a copy while a write-out wrote from it
   page_bits valid;
   page_bits dirty;
   std::array<std::byte, page_size> data;  // left uninitialised: only valid bytes are read
@@ -113,8 +118,19 @@ struct cache_page {
     older = newer = next_dirty = prev_dirty = nullptr;
     stamp = 0;
     flushing = false;
+    detached = false;
     valid.clear();
     dirty.clear();
+  }
+
+  //! Becomes a copy of `other` (not its place in the lists).
+  void take_over(const cache_page& other) noexcept {
+    offset = other.offset;
+    generation = other.generation;
+    stamp = other.stamp;
+    valid = other.valid;
+    dirty = other.dirty;
+    data = other.data;
   }
 };
 
@@ -135,6 +151,8 @@ struct file_cache {
   // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in.
   std::vector<std::unique_ptr<cache_page>> spare;
   static constexpr std::size_t max_spare = 256;
+  // Pages replaced by copies while the running write-out writes from them (cache_write).
+  std::vector<std::unique_ptr<cache_page>> detached;
 
   std::mutex flush_mutex;
   bool closed = false;  // under flush_mutex: no write-out after the file closed

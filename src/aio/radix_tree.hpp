@@ -67,6 +67,17 @@ class radix_tree {
     return *leaf;
   }
 
+  //! Puts `with` in place of the leaf covering `offset`, which must exist, and hands that
+  //! over.
+  std::unique_ptr<Leaf> exchange(std::uint64_t offset, std::unique_ptr<Leaf> with) noexcept {
+    node* n = top_.find(offset >> shift(0))->second.get();
+    for (std::size_t l = 1; l < last_node_level; ++l)
+      n = n->children[index(offset, l)].get();
+    std::unique_ptr<Leaf>& slot = n->leaves[index(offset, last_node_level)];
+    std::swap(slot, with);
+    return with;
+  }
+
   //! Removes the leaf covering `offset` (if any), freeing the nodes it leaves empty.
   void erase(std::uint64_t offset) noexcept { (void)take(offset); }
 
