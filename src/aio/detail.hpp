@@ -5,9 +5,12 @@
 // Life of a request: the submitting thread makes an op, appends it to its stream on the file
 // (under the stream's mutex) and, if no earlier unfinished op of the stream conflicts with
 // it, hands it to a worker (a lock-free inbox per worker). The worker runs it through its
-// engine and calls finish(), which publishes the result, wakes waiters, removes the op from
-// its stream and hands on the ops that were waiting for it. No lock is shared by two
-// streams; the only shared counters are the controller's and the file's in-flight counts.
+// engine (or, for the one-at-a-time engines, a thread waiting on a receipt takes the inbox
+// and runs it itself: worker::help) and calls finish(), which publishes the result, wakes
+// waiters, removes the op from its stream and hands on the ops that were waiting for it. A
+// file with the write-back cache finishes writes, and reads the cache holds, on the
+// submitting thread (cache.hpp). No lock is shared by two streams; the only shared counters
+// are the controller's and the file's in-flight counts.
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
