@@ -49,6 +49,10 @@ void mark_clean(file_cache& fc, cache_page& p) noexcept {
   --fc.dirty_pages;
 }
 
+bool by_offset(const cache_page* x, const cache_page* y) noexcept {
+  return x->offset < y->offset;
+}
+
 // Puts `neu` where `old` is in the file's lists.
 void take_place(file_cache& fc, cache_page& old, cache_page& neu) noexcept {
   neu.older = old.older;
@@ -212,8 +216,7 @@ result<void> write_out_all(cache_control& cc, file_state& f, engine_kind k) noex
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
-  std::sort(dirty.begin(), dirty.end(),
-            [](const cache_page* x, const cache_page* y) { return x->offset < y->offset; });
+  std::sort(dirty.begin(), dirty.end(), by_offset);
   result<void> outcome;
   for (std::size_t at = 0; at < dirty.size();) {
     write_out_batch b;
@@ -263,8 +266,7 @@ bool shrink_file(cache_control& cc, file_state& f, engine_kind k, std::size_t ma
     for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
       if (p->dirty.any()) chosen.push_back(p);
     }
-    std::sort(chosen.begin(), chosen.end(),
-              [](const cache_page* x, const cache_page* y) { return x->offset < y->offset; });
+    std::sort(chosen.begin(), chosen.end(), by_offset);
     for (cache_page* p : chosen)
       b.add(*p);
   } catch (const std::bad_alloc&) {
