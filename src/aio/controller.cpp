@@ -547,6 +547,21 @@ std::error_code refusal(const detail::file_state* f, const op& o) noexcept {
   return {};
 }
 
+// Finishes a counted-in `o` at once if its file is closed (file_closed) or the controller
+// is stopping (cancelled); whether it did.
+bool finished_as_shut(controller::impl& c, detail::file_state& f, op* o) noexcept {
+  if (f.closed.load()) {
+    o->error = make_error_code(errc::file_closed);
+    c.finish(o, std::unexpected(o->error));
+    return true;
+  }
+  if (c.stopping.load()) {
+    c.finish(o, 0, true);
+    return true;
+  }
+  return false;
+}
+
 receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept {
   o->file = f;
   if (const std::error_code why = refusal(f.get(), *o)) return refuse(o, why);
@@ -556,15 +571,7 @@ receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept
   f->in_flight.fetch_add(1);
   c.outstanding.fetch_add(1);
   receipt r = detail::receipt_access::make(o);
-  if (f->closed.load()) {
-    o->error = make_error_code(errc::file_closed);
-    c.finish(o, std::unexpected(o->error));
-    return r;
-  }
-  if (c.stopping.load()) {
-    c.finish(o, 0, true);
-    return r;
-  }
+  if (finished_as_shut(c, *f, o)) return r;
   detail::stream& s = f->stream_of_this_thread();
   o->owner = &s;
   bool ready = true;
@@ -677,10 +684,18 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   // worker.
   detail::file_state& f = *state_;
   controller::impl& c = *f.owner;
-  thread_local std::vector<op*> accepted;
-  thread_local std::vector<op*> ready;
-  accepted.clear();
-  ready.clear();
+  // Local, not thread_local: a completion run here (a refusal, a shut file) may submit a
+  // batch of its own on this thread.
+  std::vector<op*> accepted;
+  std::vector<op*> ready;
+  try {
+    accepted.reserve(requests.size());
+    ready.reserve(requests.size());
+  } catch (const std::bad_alloc&) {
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      give(i, submit_one(state_, make(requests[i])));
+    return;
+  }
   for (std::size_t i = 0; i < requests.size(); ++i) {
     op* o = make(requests[i]);
     o->file = state_;
@@ -695,15 +710,8 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   f.in_flight.fetch_add(static_cast<std::uint32_t>(accepted.size()));
   c.outstanding.fetch_add(accepted.size());
   if (f.closed.load() || c.stopping.load()) {
-    const bool closed = f.closed.load();
-    for (op* o : accepted) {
-      if (closed) {
-        o->error = make_error_code(errc::file_closed);
-        c.finish(o, std::unexpected(o->error));
-      } else {
-        c.finish(o, 0, true);
-      }
-    }
+    for (op* o : accepted)
+      (void)finished_as_shut(c, f, o);
     return;
   }
   detail::stream& s = f.stream_of_this_thread();
