@@ -53,9 +53,10 @@ thread_local unsigned stream_cache_next = 0;
 bool detail::must_follow(const op& earlier, const op& later) noexcept {
   if (earlier.kind == op_kind::task || later.kind == op_kind::task) return true;
   const auto is_sync = [](op_kind k) { return k == op_kind::fsync || k == op_kind::fdatasync; };
-  if (is_sync(later.kind)) return earlier.kind == op_kind::write;
+  if (is_sync(later.kind)) return earlier.kind == op_kind::write && earlier.length != 0;
   if (is_sync(earlier.kind)) return false;
   if (earlier.kind == op_kind::read && later.kind == op_kind::read) return false;
+  if (earlier.length == 0 || later.length == 0) return false;  // sees nothing, changes nothing
   return earlier.offset < later.offset + later.length &&
          later.offset < earlier.offset + earlier.length;
 }
@@ -110,6 +111,20 @@ bool detail::stream::append(op& o) noexcept {
       break;
   }
   return ready;
+}
+
+bool detail::stream::linkable(std::size_t first) noexcept {
+  op& later = *unfinished.back();
+  const std::size_t n = unfinished.size() - 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const op& earlier = *unfinished[i];
+    if (must_follow(earlier, later) && (i < first || !earlier.dispatched)) return false;
+  }
+  for (std::size_t i = first; i < n; ++i) {
+    if (must_follow(*unfinished[i], later)) unfinished[i]->chained = true;
+  }
+  later.chained = true;
+  return true;
 }
 
 void detail::stream::remove(op& o) noexcept {
@@ -463,6 +478,13 @@ cache_stats controller::cache() const noexcept {
   return s;
 }
 
+engine_stats controller::engine_counts() const noexcept {
+  engine_stats s;
+  for (const auto& w : impl_->workers)
+    w->add_counts(s);
+  return s;
+}
+
 result<file> controller::open(const std::string& path, open_options how) noexcept {
   if (!how.read && !how.write) return errc_error(std::errc::invalid_argument);
   if ((how.create || how.truncate) && !how.write) return errc_error(std::errc::invalid_argument);
@@ -688,9 +710,11 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   // batch of its own on this thread.
   std::vector<op*> accepted;
   std::vector<op*> ready;
+  std::vector<op*> chain;  // io_uring: requests linked one after the other (below)
   try {
     accepted.reserve(requests.size());
     ready.reserve(requests.size());
+    chain.reserve(requests.size());
   } catch (const std::bad_alloc&) {
     for (std::size_t i = 0; i < requests.size(); ++i)
       give(i, submit_one(state_, make(requests[i])));
@@ -715,28 +739,61 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
     return;
   }
   detail::stream& s = f.stream_of_this_thread();
+  // io_uring links a request to the batch's earlier ones it must follow (one chain, one
+  // ring), where the other engines hold it back until they finish.
+  const bool may_link = c.kind == engine_kind::io_uring;
   unsigned first_worker = 0;
   {
     const std::scoped_lock lock(s.mutex);
+    const std::size_t first = s.unfinished.size();
+    bool linked = false;
     for (op* o : accepted) {
       o->owner = &s;
       if (s.append(*o)) {
         o->dispatched = true;
         ready.push_back(o);
+      } else if (may_link && s.linkable(first)) {
+        o->dispatched = true;
+        ready.push_back(o);
+        linked = true;
       } else {
         ++s.held_back;
       }
     }
+    if (linked) {
+      // The chain: every request marked, in submission order, each linked after the one
+      // before it; the rest of `ready` goes round robin.
+      std::size_t kept = 0;
+      for (op* o : ready) {
+        if (o->chained) {
+          o->chained = false;
+          if (!chain.empty()) {
+            chain.back()->ref();
+            o->chain_prev = chain.back();
+          }
+          chain.push_back(o);
+        } else {
+          ready[kept++] = o;
+        }
+      }
+      ready.resize(kept);
+    }
     first_worker = s.next_worker;
-    s.next_worker += static_cast<unsigned>(ready.size());
+    s.next_worker += static_cast<unsigned>(ready.size() + (chain.empty() ? 0 : 1));
+  }
+  const std::size_t n_workers = c.workers.size();
+  if (!chain.empty()) {
+    for (std::size_t j = 0; j + 1 < chain.size(); ++j)
+      chain[j]->next = chain[j + 1];
+    chain.back()->next = nullptr;
+    c.workers[first_worker++ % n_workers]->push(chain.front(), chain.back());
   }
   // Round robin as one by one would, as one chain per worker.
-  const std::size_t n_workers = c.workers.size();
   for (std::size_t w = 0; w < n_workers; ++w) {
-    const std::size_t first = (w + n_workers - first_worker % n_workers) % n_workers;
+    const std::size_t start = (w + n_workers - first_worker % n_workers) % n_workers;
     op* head = nullptr;
     op* tail = nullptr;
-    for (std::size_t j = first; j < ready.size(); j += n_workers) {
+    for (std::size_t j = start; j < ready.size(); j += n_workers) {
       ready[j]->next = nullptr;
       (tail != nullptr ? tail->next : head) = ready[j];
       tail = ready[j];

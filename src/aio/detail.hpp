@@ -7,7 +7,8 @@
 // it, hands it to a worker (a lock-free inbox per worker). The worker runs it through its
 // engine (or, for the one-at-a-time engines, a thread waiting on a receipt takes the inbox
 // and runs it itself: worker::help) and calls finish(), which publishes the result, wakes
-// waiters, removes the op from its stream and hands on the ops that were waiting for it. A
+// waiters, removes the op from its stream and hands on the ops that were waiting for it (the
+// io_uring engine links a batch's ops that must follow one another instead: op::chain_prev). A
 // file with the write-back cache finishes writes, and reads the cache holds, on the
 // submitting thread (cache.hpp). No lock is shared by two streams; the only shared counters
 // are the controller's and the file's in-flight counts.
@@ -61,6 +62,13 @@ struct op {
   bool reads_file = false;     // a read of a cached file at the engine (see cache.hpp)
   op* next = nullptr;          // inbox and worker-local queues
 
+  // A batch's requests that must follow one another go to one io_uring worker as a chain and
+  // are linked there (IOSQE_IO_LINK) instead of being held back (file::submit, uring_worker).
+  op* chain_prev = nullptr;  // the request of the chain before this one (holds a reference)
+  op* parked = nullptr;      // worker-local: requests waiting for this one to end (by next)
+  bool chained = false;      // under owner->mutex, while the batch is handed over
+  bool ended = false;        // worker-local: its worker has finished it
+
   // The outcome: `state` is the futex word waiters sleep on (a status, plus has_waiters once
   // someone sleeps); `error` and `done` are valid once it is not pending (published with
   // release, read with acquire).
@@ -87,6 +95,10 @@ struct stream {
   bool append(op& o) noexcept;
   //! Removes `o` (finished).
   void remove(op& o) noexcept;
+  //! Whether the last appended request, not ready, is held back only by requests from
+  //! position `first` on that are handed over now (a batch's): it can be linked after them.
+  //! Marks it and them `chained`.
+  bool linkable(std::size_t first) noexcept;
 
  private:
   // Whether a scan could find an earlier request `later` must follow: false is certain, so
@@ -214,6 +226,10 @@ class worker {
   virtual bool help() noexcept { return false; }
   //! Starts the thread; returns once the engine is ready or failed to start.
   virtual result<void> start() noexcept = 0;
+  //! Adds what this worker's engine did to `s`.
+  void add_counts(engine_stats& s) const noexcept {
+    s.requests_linked += linked_.load(std::memory_order_relaxed);
+  }
   void join() noexcept {
     if (thread_.joinable()) thread_.join();
   }
@@ -234,6 +250,11 @@ class worker {
   controller::impl& ctl_;
   std::thread thread_;
   adaptive_spin idle_spin_;
+  // Counts for engine_stats, written by the worker thread only.
+  std::atomic<std::uint64_t> linked_{0};
+  static void count(std::atomic<std::uint64_t>& n) noexcept {
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   // Set (seq_cst) before the thread checks its inbox for the last time and sleeps; a pusher
   // that finds it set wakes the thread. One of the two always sees the other.
   std::atomic<bool> sleeping_{false};

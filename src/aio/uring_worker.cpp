@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <utility>
 
 #include "cache.hpp"
 #include "detail.hpp"
@@ -86,13 +87,7 @@ class uring_worker final : public worker {
         intake(*o);
         o = next;
       }
-      while (!pending_.empty()) {
-        io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
-        if (sqe == nullptr) break;
-        prepare(sqe, *pending_.front());
-        pending_.pop_front();
-        ++in_flight_;
-      }
+      queue_pending();
       if (!armed_) {
         if (io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_); sqe != nullptr) {
           ::io_uring_prep_read(sqe, efd_, &efd_value_, sizeof efd_value_, 0);
@@ -116,7 +111,7 @@ class uring_worker final : public worker {
         while (!pending_.empty()) {
           op* o = pending_.front();
           pending_.pop_front();
-          ctl_.finish(o, errno_error(-r));
+          done(*o, errno_error(-r));
         }
       }
       unsigned head = 0;
@@ -132,22 +127,86 @@ class uring_worker final : public worker {
 
   void intake(op& o) noexcept {
     if (ctl_.stopping.load(std::memory_order_relaxed)) {
-      ctl_.finish(&o, 0, true);
+      done(o, 0, true);
       return;
     }
     if (o.file->cache) {
-      if (auto done = cache_handle(ctl_, o, true)) {
-        ctl_.finish(&o, *done);
+      if (auto n = cache_handle(ctl_, o, true)) {
+        done(o, *n);
         return;
       }
     }
     if (o.kind == op_kind::task) {
-      ctl_.finish(&o, o.task());
+      done(o, o.task());
     } else if ((o.kind == op_kind::read || o.kind == op_kind::write) && o.length == 0) {
-      ctl_.finish(&o, 0);
+      done(o, 0);
     } else {
       pending_.push_back(&o);
     }
+  }
+
+  // Moves the ready requests into the ring's free entries, in order. A request of a chain
+  // whose predecessor's entry was queued just before is linked to it (IOSQE_IO_LINK: the
+  // kernel starts it when that one has completed in full); one whose predecessor is in the
+  // kernel since an earlier round, or parked, cannot be linked any more and parks, with the
+  // rest of its chain, until the predecessor ends.
+  void queue_pending() noexcept {
+    const op* last = nullptr;
+    io_uring_sqe* last_sqe = nullptr;
+    while (!pending_.empty()) {
+      op& o = *pending_.front();
+      const bool link = o.chain_prev != nullptr && !o.chain_prev->ended;
+      if (link && o.chain_prev != last) {
+        park_chain(o);
+        continue;
+      }
+      io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
+      if (sqe == nullptr) break;
+      if (link) {
+        last_sqe->flags |= IOSQE_IO_LINK;
+        count(linked_);
+      }
+      prepare(sqe, o);
+      pending_.pop_front();
+      ++in_flight_;
+      last = &o;
+      last_sqe = sqe;
+    }
+  }
+
+  // Takes `o` (the front of pending_) and the requests linked after it from pending_ and
+  // parks them on o's predecessor.
+  void park_chain(op& o) noexcept {
+    pending_.pop_front();
+    op* tail = &o;
+    o.next = nullptr;
+    while (!pending_.empty() && pending_.front()->chain_prev == tail) {
+      tail->next = pending_.front();
+      tail = tail->next;
+      tail->next = nullptr;
+      pending_.pop_front();
+    }
+    park(*o.chain_prev, &o);
+  }
+
+  static void park(op& on, op* chain) noexcept {
+    op** end = &on.parked;
+    while (*end != nullptr)
+      end = &(*end)->next;
+    *end = chain;
+  }
+
+  // Every end of a request on this worker: what was parked on it goes back to the front of
+  // the queue, in order (the first is no longer linked: `o` has ended).
+  void done(op& o, result<std::size_t> outcome, bool cancelled = false) noexcept {
+    o.ended = true;
+    auto at = pending_.begin();
+    for (op* p = std::exchange(o.parked, nullptr); p != nullptr; p = p->next) {
+      at = pending_.insert(at, p);
+      ++at;
+    }
+    if (op* prev = std::exchange(o.chain_prev, nullptr); prev != nullptr) prev->unref();
+    ctl_.finish(&o, std::move(outcome), cancelled);
   }
 
   static void prepare(io_uring_sqe* sqe, op& o) noexcept {
@@ -180,24 +239,35 @@ class uring_worker final : public worker {
     op& o = *static_cast<op*>(::io_uring_cqe_get_data(&cqe));
     --in_flight_;
     const int res = cqe.res;
+    if (res == -ECANCELED && o.chain_prev != nullptr) {
+      // Its chain broke before it started: an earlier request failed or came back short.
+      // It runs once its predecessor has ended, as if it had been held back.
+      if (o.chain_prev->ended) {
+        pending_.push_back(&o);
+      } else {
+        o.next = nullptr;
+        park(*o.chain_prev, &o);
+      }
+      return;
+    }
     if (o.kind == op_kind::fsync || o.kind == op_kind::fdatasync) {
       // Never retried: a failed fsync says data may be lost, a retry would hide it.
-      ctl_.finish(&o, res < 0 ? result<std::size_t>(errno_error(-res)) : result<std::size_t>(0));
+      done(o, res < 0 ? result<std::size_t>(errno_error(-res)) : result<std::size_t>(0));
       return;
     }
     if (res < 0) {
       if (res == -EINTR || res == -EAGAIN) {
         pending_.push_back(&o);
       } else {
-        ctl_.finish(&o, errno_error(-res));
+        done(o, errno_error(-res));
       }
       return;
     }
     if (res == 0) {
       if (o.kind == op_kind::read) {
-        ctl_.finish(&o, o.done);  // end of file
+        done(o, o.done);  // end of file
       } else {
-        ctl_.finish(&o, errc_error(std::errc::io_error));  // no progress: never spin
+        done(o, errc_error(std::errc::io_error));  // no progress: never spin
       }
       return;
     }
@@ -205,7 +275,7 @@ class uring_worker final : public worker {
     if (o.done < o.length) {
       pending_.push_back(&o);  // a short transfer: the rest goes in again
     } else {
-      ctl_.finish(&o, o.done);
+      done(o, o.done);
     }
   }
 

@@ -8,8 +8,11 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <cstring>
@@ -161,7 +164,7 @@ TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
                 if (n != static_cast<ssize_t>(now.size()) || now != snapshot) ++bad_tasks;
                 return 0;
               });
-        } else {  // a batch: a write, then a read of what it wrote
+        } else {  // a batch: a write, then a read of what it wrote, then maybe an fsync
           pending w;
           w.buf.resize(len);
           for (auto& b : w.buf)
@@ -170,18 +173,21 @@ TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
           p.is_read = true;
           p.buf.resize(len);
           p.expected = w.buf;
-          request reqs[2];
+          request reqs[3];
           reqs[0].what = request::kind::write;
           reqs[0].offset = base + off;
           reqs[0].buffer = w.buf;
           reqs[1].what = request::kind::read;
           reqs[1].offset = base + off;
           reqs[1].buffer = p.buf;
-          receipt out[2];
-          f.submit(reqs, out);
+          reqs[2].what = request::kind::fdatasync;
+          const std::size_t n = rng() % 2 == 0 ? 2 : 3;
+          receipt out[3];
+          f.submit(std::span(reqs, n), std::span(out, n));
           w.r = out[0];
           p.r = out[1];
           window.push_back(std::move(w));
+          if (n == 3) window.push_back(pending{out[2], {}, {}, false});
         }
         window.push_back(std::move(p));
         while (window.size() > 48) {
@@ -209,6 +215,11 @@ TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
   if (mode == cache_mode::tight) {
     EXPECT_GT(st.writes_bypassed, 0u);
   }
+  // io_uring linked the batches' reads and fsyncs to their writes (cached files submit a
+  // batch one by one).
+  if (engine == engine_kind::io_uring && mode == cache_mode::off) {
+    EXPECT_GT(c->engine_counts().requests_linked, 0u);
+  }
   ASSERT_TRUE(f.close());
   EXPECT_EQ(c->cache().cached_bytes, 0u);
   const auto whole = read_whole(path);
@@ -227,6 +238,88 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& p) {
       return std::string(to_string(std::get<0>(p.param))) + to_string(std::get<1>(p.param));
     });
+
+// A batch longer than the ring (queue depth 4): its chain is cut where the ring is full,
+// and the rest waits for the part in the kernel. Every read still sees the write before
+// it, the fsync comes last, and the engine says it linked.
+TEST(AioLinks, AChainLongerThanTheRingKeepsItsOrder) {
+  temp_dir dir;
+  const std::string path = dir.file("long-chain");
+  options o;
+  o.engine = engine_kind::io_uring;
+  o.queue_depth = 4;
+  auto started = controller::start(o);
+  ASSERT_TRUE(started) << started.error().message();
+  auto& c = *started;
+  file f = open_rw(*c, path);
+  constexpr int rounds = 20;
+  constexpr std::size_t len = 4096;
+  std::vector<std::vector<std::byte>> written(rounds, std::vector<std::byte>(len));
+  std::vector<std::vector<std::byte>> read_back(rounds, std::vector<std::byte>(len));
+  std::vector<request> reqs;
+  for (int i = 0; i < rounds; ++i) {  // the same range over and over: each read its write
+    std::memset(written[i].data(), i + 1, len);
+    reqs.push_back({request::kind::write, 0, written[i], {}});
+    reqs.push_back({request::kind::read, 0, read_back[i], {}});
+  }
+  reqs.push_back({request::kind::fsync, 0, {}, {}});
+  std::vector<receipt> out(reqs.size());
+  f.submit(reqs, out);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    auto n = out[i].wait();
+    ASSERT_TRUE(n) << "request " << i << ": " << n.error().message();
+  }
+  for (int i = 0; i < rounds; ++i)
+    EXPECT_EQ(read_back[i], written[i]) << "read " << i;
+  EXPECT_EQ(read_whole(path), written.back());
+  EXPECT_GT(c->engine_counts().requests_linked, 0u);
+}
+
+// A short write breaks its chain: the kernel cancels the requests linked after it. keel
+// continues the write (which then fails: the file size limit), and runs the cancelled
+// requests after it as if they had been held back: the unrelated write lands and the fsync
+// reports success, not ECANCELED. In a child: the size limit is the process's.
+TEST(AioLinks, ABrokenChainRunsTheRestAfterTheBreak) {
+  temp_dir dir;
+  const std::string path = dir.file("broken-chain");
+  const pid_t child = test::fork_child([&] {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{6000, 6000};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return test::cannot_set_up;
+    options o;
+    o.engine = engine_kind::io_uring;
+    auto c = controller::start(o);
+    if (!c) return 2;
+    open_options how;
+    how.write = true;
+    how.create = true;
+    auto f = (*c)->open(path, how);
+    if (!f) return 3;
+    std::vector<std::byte> a(4096, std::byte{'a'}), b(4096, std::byte{'b'}), z(100, std::byte{'z'});
+    request reqs[] = {{request::kind::write, 0, a, {}},
+                      {request::kind::write, 4096, b, {}},  // crosses the limit: short
+                      {request::kind::write, 0, z, {}},     // must follow the first
+                      {request::kind::fsync, 0, {}, {}}};
+    receipt out[4];
+    f->submit(reqs, out);
+    if (out[0].wait().value_or(0) != 4096) return 4;
+    auto big = out[1].wait();
+    if (big || big.error() != std::errc::file_too_large) return 5;
+    if (out[2].wait().value_or(0) != 100) return 6;
+    if (!out[3].wait()) return 7;
+    if ((*c)->engine_counts().requests_linked < 3) return 8;
+    const auto whole = read_whole(path);
+    if (whole.size() != 6000) return 9;
+    for (std::size_t i = 0; i < whole.size(); ++i) {
+      const char want = i < 100 ? 'z' : i < 4096 ? 'a' : 'b';
+      if (whole[i] != static_cast<std::byte>(want)) return 10;
+    }
+    return 0;
+  });
+  const int code = test::wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot set a file size limit here";
+  EXPECT_EQ(code, 0);
+}
 
 // The null engine does no I/O: every request completes at once with its length.
 TEST(AioNull, CompletesEveryRequestWithItsLength) {

@@ -56,6 +56,13 @@ struct cache_stats {
   std::uint64_t bytes_written_out = 0;
 };
 
+//! What the engine did (controller::engine_stats).
+struct engine_stats {
+  //! io_uring: requests of a batch the kernel started after the one before them in the
+  //! batch had completed (IOSQE_IO_LINK), instead of keel holding them back.
+  std::uint64_t requests_linked = 0;
+};
+
 //! How a file is opened.
 struct open_options {
   bool read = true;
@@ -97,6 +104,7 @@ class controller {
   [[nodiscard]] const std::string& fallback_reason() const noexcept;
   [[nodiscard]] unsigned workers() const noexcept;
   [[nodiscard]] cache_stats cache() const noexcept;
+  [[nodiscard]] engine_stats engine_counts() const noexcept;
 
   //! Opens `path`. Errors: those of open(2); invalid_argument for create/truncate without
   //! write; errc::not_supported_by_engine for direct with the stdio engine;

@@ -72,7 +72,10 @@ class file {
   //! Its result is the receipt's.
   receipt submit(std::function<result<std::size_t>()> task, completion on_done = {}) noexcept;
   //! Submits `requests` at once (one hand-over to the controller), in order; `out` gets one
-  //! receipt per request and must be as long.
+  //! receipt per request and must be as long. With io_uring, the requests that must follow
+  //! earlier ones of the same batch (an fsync after its writes, a read after an overlapping
+  //! write) go to one ring linked to them: the kernel starts each when the one before has
+  //! completed, with no round trip through keel (controller::engine_counts).
   void submit(std::span<request> requests, std::span<receipt> out) noexcept;
 
   //! Waits for every request on this file to finish, then closes it. Later requests fail
