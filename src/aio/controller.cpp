@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -147,6 +148,7 @@ void detail::stream::remove(op& o) noexcept {
 }
 
 detail::file_state::~file_state() {
+  if (slot >= 0) owner->release_slot(*this);  // opened, then failed before it was used
   if (stdio != nullptr) std::fclose(stdio);
   if (fd >= 0) ::close(fd);
 }
@@ -226,6 +228,27 @@ void controller::impl::dispatch(op* o, unsigned& next_worker) noexcept {
   detail::worker& w = *workers[next_worker++ % workers.size()];
   o->next = nullptr;
   w.push(o, o);
+}
+
+int controller::impl::take_slot() noexcept {
+  if (kind != engine_kind::io_uring) return -1;
+  const std::scoped_lock lock(slots_mutex);
+  if (!free_slots.empty()) {
+    const int slot = free_slots.back();
+    free_slots.pop_back();
+    return slot;
+  }
+  return next_slot < static_cast<int>(file_slots) ? next_slot++ : -1;
+}
+
+void controller::impl::release_slot(detail::file_state& f) noexcept {
+  const std::uint64_t rings = f.registered_in.load();
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    if ((rings & (std::uint64_t{1} << (i % 64))) != 0) workers[i]->forget(f.slot, f.id);
+  }
+  const std::scoped_lock lock(slots_mutex);
+  free_slots.push_back(f.slot);  // reserved for every slot at start
+  f.slot = -1;
 }
 
 controller::impl::impl() = default;
@@ -363,10 +386,9 @@ controller::~controller() {
 namespace {
 
 // Starts `n` workers of kind `k` into `c`; on failure stops those already started.
-result<void> start_workers(controller::impl& c, engine_kind k, unsigned n,
-                           unsigned queue_depth) noexcept {
+result<void> start_workers(controller::impl& c, engine_kind k, unsigned n) noexcept {
   for (unsigned i = 0; i < n; ++i) {
-    auto w = k == engine_kind::io_uring ? detail::make_uring_worker(c, queue_depth)
+    auto w = k == engine_kind::io_uring ? detail::make_uring_worker(c, i)
                                         : detail::make_sync_worker(c, k);
     if (auto s = w->start(); !s) {
       c.stopping.store(true);
@@ -397,6 +419,19 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
   }
   auto p = std::make_shared<impl>();
   p->opts = opts;
+  if (opts.register_files) {
+    // The kernel refuses a table larger than RLIMIT_NOFILE.
+    rlimit nofile{};
+    p->file_slots = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < p->file_slots) {
+      p->file_slots = static_cast<unsigned>(nofile.rlim_cur);
+    }
+    try {
+      p->free_slots.reserve(p->file_slots);
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
+  }
   if (opts.cache_hard_limit != 0) {
     p->cache = std::make_unique<detail::cache_control>();
     p->cache->soft = opts.cache_soft_limit;
@@ -405,12 +440,12 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
   }
   if (wanted) {
     p->kind = *wanted;
-    if (auto s = start_workers(*p, *wanted, opts.workers, opts.queue_depth); !s) {
+    if (auto s = start_workers(*p, *wanted, opts.workers); !s) {
       return std::unexpected(s.error());
     }
   } else {
     p->kind = engine_kind::io_uring;
-    if (auto s = start_workers(*p, engine_kind::io_uring, opts.workers, opts.queue_depth); !s) {
+    if (auto s = start_workers(*p, engine_kind::io_uring, opts.workers); !s) {
       p->fallback_reason = "io_uring could not start: " + s.error().message();
       if (s.error() == std::errc::operation_not_permitted) {
         if (std::FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "r")) {
@@ -422,7 +457,7 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
         }
       }
       p->kind = engine_kind::posix;
-      if (auto t = start_workers(*p, engine_kind::posix, opts.workers, opts.queue_depth); !t) {
+      if (auto t = start_workers(*p, engine_kind::posix, opts.workers); !t) {
         return std::unexpected(t.error());
       }
     }
@@ -506,6 +541,7 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
   s->readable = how.read;
   s->writable = how.write;
   s->direct = how.direct;
+  s->slot = impl_->take_slot();
   if (how.direct) {
     // The kernel says what O_DIRECT needs (Linux 6.1+); else the logical block size is the
     // safe bet.
@@ -810,6 +846,8 @@ result<void> file::close() noexcept {
     detail::futex_wait(f.in_flight, n, nullptr);
   result<void> r;
   if (f.cache) r = detail::cache_close_file(f, f.owner->kind);
+  // A ring that registered the file holds it open in the kernel past close(2).
+  if (f.slot >= 0) f.owner->release_slot(f);
   if (f.stdio != nullptr) {
     if (std::fclose(f.stdio) != 0 && r) r = last_errno_error();
     f.stdio = nullptr;

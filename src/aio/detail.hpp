@@ -201,6 +201,11 @@ struct file_state {
   std::atomic<bool> closed{false};
   std::atomic<std::uint32_t> in_flight{0};  // futex word: close() waits for zero
 
+  // io_uring: its index in every ring's table of registered files, or -1; the workers whose
+  // ring registered it (bit i % 64 for worker i), which close() asks to let go of it.
+  int slot = -1;
+  std::atomic<std::uint64_t> registered_in{0};
+
   std::mutex streams_mutex;
   std::vector<std::pair<std::thread::id, std::unique_ptr<stream>>> streams;
 
@@ -229,6 +234,13 @@ class worker {
   //! Adds what this worker's engine did to `s`.
   void add_counts(engine_stats& s) const noexcept {
     s.requests_linked += linked_.load(std::memory_order_relaxed);
+    s.requests_on_registered_files += registered_.load(std::memory_order_relaxed);
+  }
+  //! Makes the engine let go of file `id` at table index `slot` if it registered it, and
+  //! returns when it has (at once for engines that register nothing, or an ended thread).
+  virtual void forget(int slot, std::uint64_t id) noexcept {
+    (void)slot;
+    (void)id;
   }
   void join() noexcept {
     if (thread_.joinable()) thread_.join();
@@ -252,6 +264,7 @@ class worker {
   adaptive_spin idle_spin_;
   // Counts for engine_stats, written by the worker thread only.
   std::atomic<std::uint64_t> linked_{0};
+  std::atomic<std::uint64_t> registered_{0};
   static void count(std::atomic<std::uint64_t>& n) noexcept {
     n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
@@ -264,7 +277,7 @@ class worker {
 };
 
 std::unique_ptr<worker> make_sync_worker(controller::impl& c, engine_kind k);
-std::unique_ptr<worker> make_uring_worker(controller::impl& c, unsigned queue_depth);
+std::unique_ptr<worker> make_uring_worker(controller::impl& c, unsigned index);
 
 }  // namespace keel::aio::detail
 
@@ -281,6 +294,16 @@ struct controller::impl {
   // Requests submitted and not finished (stop waits for zero; workers exit at zero).
   std::atomic<std::uint64_t> outstanding{0};
   std::unique_ptr<detail::cache_control> cache;  // null when the hard limit is zero
+
+  // io_uring's registered files: the size of every ring's table, and its free indexes.
+  unsigned file_slots = 0;
+  std::mutex slots_mutex;
+  std::vector<int> free_slots;
+  int next_slot = 0;
+  //! A free table index for a new file, or -1 (none left, or not registering).
+  int take_slot() noexcept;
+  //! Makes every ring let go of `f` and frees its index (close, after the last request).
+  void release_slot(detail::file_state& f) noexcept;
 
   impl();
   ~impl();

@@ -23,9 +23,13 @@ namespace {
 constexpr std::uint64_t wake_tag = 0;  // user data of the eventfd read; ops are pointers
 constexpr std::size_t max_chunk = std::size_t{1} << 30;  // an SQE's length is 32 bits
 
+class uring_worker;
+thread_local const uring_worker* running_here = nullptr;  // the worker this thread runs
+
 class uring_worker final : public worker {
  public:
-  uring_worker(controller::impl& c, unsigned depth) : worker(c), depth_(depth) {}
+  uring_worker(controller::impl& c, unsigned index)
+      : worker(c), depth_(c.opts.queue_depth), index_(index) {}
   ~uring_worker() override {
     join();
     if (efd_ >= 0) ::close(efd_);
@@ -63,6 +67,7 @@ class uring_worker final : public worker {
   }
 
   void run() noexcept {
+    running_here = this;
     io_uring_params p{};
     p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
     int r = ::io_uring_queue_init_params(depth_, &ring_, &p);
@@ -74,14 +79,87 @@ class uring_worker final : public worker {
       report_start(std::error_code(-r, std::system_category()));
       return;
     }
+    // A sparse table (Linux 5.19+) the files are put into as they come; without it, files
+    // go by descriptor.
+    if (ctl_.file_slots != 0 && ::io_uring_register_files_sparse(&ring_, ctl_.file_slots) == 0) {
+      try {
+        slot_file_.assign(ctl_.file_slots, 0);
+        forget_.reserve(ctl_.file_slots);  // one file per index at most waits to be let go
+      } catch (const std::bad_alloc&) {
+        slot_file_.clear();
+        (void)::io_uring_unregister_files(&ring_);
+      }
+    }
     report_start({});
     loop();
     // Whatever is still queued was cancelled by the loop; the eventfd read dies with the ring.
+    // The files go first, at once (the ring itself is torn down later, in the background).
+    if (!slot_file_.empty()) (void)::io_uring_unregister_files(&ring_);
     ::io_uring_queue_exit(&ring_);
+    const std::scoped_lock lock(forget_mutex_);
+    exited_ = true;
+    forget_done_.store(forget_asked_.load());
+    forget_done_.notify_all();
+  }
+
+  void forget(int slot, std::uint64_t id) noexcept override {
+    if (slot_file_.empty()) return;  // set before start() returned, never changed after
+    std::unique_lock lock(forget_mutex_);
+    if (exited_) return;
+    try {
+      forget_.push_back({slot, id});  // reserved for one file per index
+    } catch (const std::bad_alloc&) {
+      return;  // the ring keeps the file until its index is reused
+    }
+    const std::uint64_t ticket = forget_asked_.load() + 1;
+    forget_asked_.store(ticket);
+    if (running_here == this) {  // a task or completion on this worker closed the file
+      lock.unlock();
+      forget_files();
+      return;
+    }
+    lock.unlock();
+    wake();
+    // A worker does not wait for another (two could wait for each other): the file is
+    // then let go of a moment after close(2).
+    if (running_here != nullptr) return;
+    for (std::uint64_t d = forget_done_.load(); d < ticket; d = forget_done_.load())
+      forget_done_.wait(d);
+  }
+
+  // Lets go of the files close() asked about (worker thread).
+  void forget_files() noexcept {
+    const std::scoped_lock lock(forget_mutex_);
+    for (const auto& [slot, id] : forget_) {
+      if (slot_file_[static_cast<std::size_t>(slot)] != id) continue;
+      int none = -1;
+      (void)::io_uring_register_files_update(&ring_, static_cast<unsigned>(slot), &none, 1);
+      slot_file_[static_cast<std::size_t>(slot)] = 0;
+    }
+    forget_.clear();
+    forget_done_.store(forget_asked_.load());
+    forget_done_.notify_all();
+  }
+
+  // The descriptor a request names in its SQE: the file's table index once this ring has
+  // registered it (registering it now if need be), else its descriptor.
+  bool use_registered(const file_state& f) noexcept {
+    if (f.slot < 0 || slot_file_.empty()) return false;
+    const auto i = static_cast<std::size_t>(f.slot);
+    if (slot_file_[i] != f.id) {
+      int fd = f.fd;
+      if (::io_uring_register_files_update(&ring_, static_cast<unsigned>(f.slot), &fd, 1) != 1) {
+        return false;
+      }
+      slot_file_[i] = f.id;
+      const_cast<file_state&>(f).registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
+    }
+    return true;
   }
 
   void loop() noexcept {
     for (;;) {
+      if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
       for (op* o = take_all(); o != nullptr;) {
         op* next = o->next;
         intake(*o);
@@ -209,8 +287,9 @@ class uring_worker final : public worker {
     ctl_.finish(&o, std::move(outcome), cancelled);
   }
 
-  static void prepare(io_uring_sqe* sqe, op& o) noexcept {
-    const int fd = o.file->fd;
+  void prepare(io_uring_sqe* sqe, op& o) noexcept {
+    const bool registered = use_registered(*o.file);
+    const int fd = registered ? o.file->slot : o.file->fd;
     const auto chunk = static_cast<unsigned>(std::min(o.length - o.done, max_chunk));
     switch (o.kind) {
       case op_kind::read:
@@ -227,6 +306,10 @@ class uring_worker final : public worker {
         break;
       case op_kind::task:
         break;  // never queued
+    }
+    if (registered) {
+      sqe->flags |= IOSQE_FIXED_FILE;
+      count(registered_);
     }
     ::io_uring_sqe_set_data(sqe, &o);
   }
@@ -280,7 +363,15 @@ class uring_worker final : public worker {
   }
 
   unsigned depth_;
+  unsigned index_;
   io_uring ring_{};
+  std::vector<std::uint64_t> slot_file_;  // the file id at each table index (0: none)
+  // close()'s requests to let go of a file: (index, file id), counted in and out.
+  std::mutex forget_mutex_;
+  std::vector<std::pair<int, std::uint64_t>> forget_;
+  std::atomic<std::uint64_t> forget_asked_{0};  // changed under forget_mutex_
+  std::atomic<std::uint64_t> forget_done_{0};
+  bool exited_ = false;  // under forget_mutex_
   int efd_ = -1;
   std::uint64_t efd_value_ = 0;
   bool armed_ = false;
@@ -295,8 +386,8 @@ class uring_worker final : public worker {
 
 }  // namespace
 
-std::unique_ptr<worker> make_uring_worker(controller::impl& c, unsigned queue_depth) {
-  return std::make_unique<uring_worker>(c, queue_depth);
+std::unique_ptr<worker> make_uring_worker(controller::impl& c, unsigned index) {
+  return std::make_unique<uring_worker>(c, index);
 }
 
 }  // namespace keel::aio::detail

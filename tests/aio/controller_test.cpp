@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -17,6 +18,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <random>
 #include <thread>
 #include <vector>
@@ -319,6 +321,128 @@ TEST(AioLinks, ABrokenChainRunsTheRestAfterTheBreak) {
   const int code = test::wait_exit(child);
   if (code == test::cannot_set_up) GTEST_SKIP() << "cannot set a file size limit here";
   EXPECT_EQ(code, 0);
+}
+
+// The descriptor this process has open on `path` (found in /proc/self/fd), or -1.
+int descriptor_of(const std::string& path) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string() == path) {
+      return std::stoi(e.path().filename().string());
+    }
+  }
+  return -1;
+}
+
+// io_uring requests go by the ring's table of registered files, and close lets go of the
+// file: a flock taken on its descriptor is gone after close, as it would be without the
+// ring (a ring still holding the file would keep the lock).
+TEST(AioRegisteredFiles, RequestsUseThemAndCloseReallyCloses) {
+  temp_dir dir;
+  const std::string path = dir.file("registered");
+  auto c = start_engine(engine_kind::io_uring);
+  ASSERT_TRUE(c);
+  file f = open_rw(*c, path);
+  const std::byte data[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  std::byte back[4] = {};
+  ASSERT_EQ(f.write(0, data).wait().value_or(0), 4u);
+  ASSERT_EQ(f.read(0, back).wait().value_or(0), 4u);
+  EXPECT_EQ(std::memcmp(data, back, 4), 0);
+  EXPECT_GE(c->engine_counts().requests_on_registered_files, 2u);
+  const int fd = descriptor_of(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_TRUE(f.close());
+  const int other = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+  EXPECT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0) << "the lock outlived close: " << errno;
+  ::close(other);
+}
+
+// More files open than the table has room for (a small RLIMIT_NOFILE at start makes it
+// small), and indexes reused as files close: every request still reaches its own file.
+TEST(AioRegisteredFiles, MoreFilesThanTheTableAndReusedIndexes) {
+  temp_dir dir;
+  const pid_t child = test::fork_child([&] {
+    rlimit nofile{};
+    if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_max < 256) {
+      return test::cannot_set_up;
+    }
+    const rlimit small{32, nofile.rlim_max};
+    if (::setrlimit(RLIMIT_NOFILE, &small) != 0) return test::cannot_set_up;
+    options o;
+    o.engine = engine_kind::io_uring;
+    auto c = controller::start(o);
+    if (!c) return 2;
+    const rlimit roomy{256, nofile.rlim_max};
+    if (::setrlimit(RLIMIT_NOFILE, &roomy) != 0) return test::cannot_set_up;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<file> files;
+      for (int i = 0; i < 100; ++i) {  // the table holds fewer than 32
+        open_options how;
+        how.write = true;
+        how.create = true;
+        auto f = (*c)->open(dir.file("f" + std::to_string(i)), how);
+        if (!f) return 3;
+        files.push_back(std::move(*f));
+      }
+      for (int i = 0; i < 100; ++i) {
+        const auto tag = static_cast<std::byte>(round * 100 + i);
+        if (files[i]
+                .write(static_cast<std::uint64_t>(round), std::span(&tag, 1))
+                .wait()
+                .value_or(0) != 1) {
+          return 4;
+        }
+      }
+      for (int i = 0; i < 100; ++i) {
+        std::byte back{};
+        if (files[i].read(static_cast<std::uint64_t>(round), std::span(&back, 1))
+                    .wait()
+                    .value_or(0) != 1 ||
+            back != static_cast<std::byte>(round * 100 + i)) {
+          return 5;
+        }
+      }
+      for (auto& f : files) {
+        if (!f.close()) return 6;
+      }
+    }
+    const engine_stats st = (*c)->engine_counts();
+    if (st.requests_on_registered_files == 0) return 7;
+    return 0;
+  });
+  const int code = test::wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot change RLIMIT_NOFILE here";
+  EXPECT_EQ(code, 0);
+}
+
+// A task on the worker that registered a file closes that file: the worker lets go of it
+// on the spot (no waiting for itself), so the file is closed when close returns.
+TEST(AioRegisteredFiles, ATaskOnTheWorkerMayCloseARegisteredFile) {
+  temp_dir dir;
+  auto c = start_engine(engine_kind::io_uring, 1);
+  ASSERT_TRUE(c);
+  file a = open_rw(*c, dir.file("a"));
+  const std::string b_path = dir.file("b");
+  file b = open_rw(*c, b_path);
+  const std::byte one{1};
+  ASSERT_EQ(b.write(0, std::span(&one, 1)).wait().value_or(0), 1u);
+  const int fd = descriptor_of(b_path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  auto closed = a.submit([&b, &b_path]() -> result<std::size_t> {
+    if (auto r = b.close(); !r) return std::unexpected(r.error());
+    const int other = ::open(b_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (other < 0) return last_errno_error();
+    const bool free = ::flock(other, LOCK_EX | LOCK_NB) == 0;
+    ::close(other);
+    return free ? 1 : 2;
+  });
+  auto r = closed.wait(10s);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(*r, 1u);
+  EXPECT_FALSE(b.is_open());
 }
 
 // The null engine does no I/O: every request completes at once with its length.
