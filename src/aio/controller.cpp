@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdlib>
@@ -230,6 +231,17 @@ void controller::impl::dispatch(op* o, unsigned& next_worker) noexcept {
   w.push(o, o);
 }
 
+int controller::impl::buffer_index(const std::byte* p, std::size_t n) const noexcept {
+  // The last region starting at or before p.
+  auto it = std::upper_bound(buffers.begin(), buffers.end(), p,
+                             [](const std::byte* q, const auto& b) { return q < b.data(); });
+  if (it == buffers.begin()) return -1;
+  --it;
+  const auto offset = static_cast<std::size_t>(p - it->data());
+  if (offset > it->size() || n > it->size() - offset) return -1;
+  return static_cast<int>(it - buffers.begin());
+}
+
 int controller::impl::take_slot() noexcept {
   if (kind != engine_kind::io_uring) return -1;
   const std::scoped_lock lock(slots_mutex);
@@ -419,6 +431,20 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
   }
   auto p = std::make_shared<impl>();
   p->opts = opts;
+  try {
+    p->buffers = opts.registered_buffers;
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  std::sort(p->buffers.begin(), p->buffers.end(),
+            [](const auto& a, const auto& b) { return a.data() < b.data(); });
+  for (std::size_t i = 0; i < p->buffers.size(); ++i) {
+    const auto& b = p->buffers[i];
+    const bool overlaps = i > 0 && p->buffers[i - 1].data() + p->buffers[i - 1].size() > b.data();
+    if (b.empty() || b.size() > (std::size_t{1} << 30) || overlaps) {
+      return errc_error(std::errc::invalid_argument);
+    }
+  }
   if (opts.register_files) {
     // The kernel refuses a table larger than RLIMIT_NOFILE.
     rlimit nofile{};

@@ -235,6 +235,7 @@ class worker {
   void add_counts(engine_stats& s) const noexcept {
     s.requests_linked += linked_.load(std::memory_order_relaxed);
     s.requests_on_registered_files += registered_.load(std::memory_order_relaxed);
+    s.requests_on_registered_buffers += fixed_buffers_.load(std::memory_order_relaxed);
   }
   //! Makes the engine let go of file `id` at table index `slot` if it registered it, and
   //! returns when it has (at once for engines that register nothing, or an ended thread).
@@ -265,6 +266,7 @@ class worker {
   // Counts for engine_stats, written by the worker thread only.
   std::atomic<std::uint64_t> linked_{0};
   std::atomic<std::uint64_t> registered_{0};
+  std::atomic<std::uint64_t> fixed_buffers_{0};
   static void count(std::atomic<std::uint64_t>& n) noexcept {
     n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
@@ -294,6 +296,11 @@ struct controller::impl {
   // Requests submitted and not finished (stop waits for zero; workers exit at zero).
   std::atomic<std::uint64_t> outstanding{0};
   std::unique_ptr<detail::cache_control> cache;  // null when the hard limit is zero
+
+  // options::registered_buffers in address order (their index in every ring's table).
+  std::vector<std::span<std::byte>> buffers;
+  //! The table index of the registered buffer holding [p, p + n) wholly, or -1.
+  [[nodiscard]] int buffer_index(const std::byte* p, std::size_t n) const noexcept;
 
   // io_uring's registered files: the size of every ring's table, and its free indexes.
   unsigned file_slots = 0;

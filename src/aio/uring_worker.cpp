@@ -79,6 +79,24 @@ class uring_worker final : public worker {
       report_start(std::error_code(-r, std::system_category()));
       return;
     }
+    if (!ctl_.buffers.empty()) {
+      std::vector<iovec> iov;
+      try {
+        iov.reserve(ctl_.buffers.size());
+      } catch (const std::bad_alloc&) {
+        ::io_uring_queue_exit(&ring_);
+        report_start(std::make_error_code(std::errc::not_enough_memory));
+        return;
+      }
+      for (const auto& b : ctl_.buffers)
+        iov.push_back({b.data(), b.size()});
+      r = ::io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
+      if (r < 0) {
+        ::io_uring_queue_exit(&ring_);
+        report_start(std::error_code(-r, std::system_category()));
+        return;
+      }
+    }
     // A sparse table (Linux 5.19+) the files are put into as they come; without it, files
     // go by descriptor.
     if (ctl_.file_slots != 0 && ::io_uring_register_files_sparse(&ring_, ctl_.file_slots) == 0) {
@@ -139,6 +157,14 @@ class uring_worker final : public worker {
     forget_.clear();
     forget_done_.store(forget_asked_.load());
     forget_done_.notify_all();
+  }
+
+  // The registered buffer the next `chunk` bytes of `o` lie in, or -1.
+  int fixed_buffer(const op& o, std::size_t chunk) noexcept {
+    if (ctl_.buffers.empty()) return -1;
+    const int b = ctl_.buffer_index(o.buffer + o.done, chunk);
+    if (b >= 0) count(fixed_buffers_);
+    return b;
   }
 
   // The descriptor a request names in its SQE: the file's table index once this ring has
@@ -293,10 +319,18 @@ class uring_worker final : public worker {
     const auto chunk = static_cast<unsigned>(std::min(o.length - o.done, max_chunk));
     switch (o.kind) {
       case op_kind::read:
-        ::io_uring_prep_read(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
+        if (const int b = fixed_buffer(o, chunk); b >= 0) {
+          ::io_uring_prep_read_fixed(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done, b);
+        } else {
+          ::io_uring_prep_read(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
+        }
         break;
       case op_kind::write:
-        ::io_uring_prep_write(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
+        if (const int b = fixed_buffer(o, chunk); b >= 0) {
+          ::io_uring_prep_write_fixed(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done, b);
+        } else {
+          ::io_uring_prep_write(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
+        }
         break;
       case op_kind::fsync:
         ::io_uring_prep_fsync(sqe, fd, 0);

@@ -5,9 +5,11 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -443,6 +445,84 @@ TEST(AioRegisteredFiles, ATaskOnTheWorkerMayCloseARegisteredFile) {
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(*r, 1u);
   EXPECT_FALSE(b.is_open());
+}
+
+// Reads and writes whose buffers lie wholly inside a registered region go as
+// READ_FIXED/WRITE_FIXED (counted exactly); one reaching past the region, or outside it,
+// goes as a plain read; every byte lands where it should.
+TEST(AioRegisteredBuffers, RequestsInsideARegionUseIt) {
+  temp_dir dir;
+  std::vector<std::byte> arena(64 * 1024);
+  std::vector<std::byte> outside(4096);
+  options o;
+  o.engine = engine_kind::io_uring;
+  o.registered_buffers = {std::span(arena).subspan(0, 32 * 1024)};
+  auto started = controller::start(o);
+  ASSERT_TRUE(started) << started.error().message();
+  auto& c = *started;
+  file f = open_rw(*c, dir.file("fixed"));
+  for (std::size_t i = 0; i < 8192; ++i)
+    arena[i] = static_cast<std::byte>(i * 7);
+  ASSERT_EQ(f.write(0, std::span(arena).subspan(0, 8192)).wait().value_or(0), 8192u);
+  ASSERT_EQ(f.read(0, std::span(arena).subspan(8192, 8192)).wait().value_or(0), 8192u);
+  ASSERT_EQ(f.read(0, std::span(outside)).wait().value_or(0), 4096u);
+  // Half inside the registered 32 KiB, half past its end.
+  ASSERT_EQ(f.read(0, std::span(arena).subspan(28 * 1024, 8192)).wait().value_or(0), 8192u);
+  EXPECT_EQ(c->engine_counts().requests_on_registered_buffers, 2u);
+  EXPECT_EQ(std::memcmp(arena.data(), arena.data() + 8192, 8192), 0);
+  EXPECT_EQ(std::memcmp(arena.data(), outside.data(), 4096), 0);
+  EXPECT_EQ(std::memcmp(arena.data(), arena.data() + 28 * 1024, 8192), 0);
+}
+
+TEST(AioRegisteredBuffers, BadRegionsAreRefused) {
+  std::vector<std::byte> arena(8192);
+  options o;
+  o.engine = engine_kind::io_uring;
+  o.registered_buffers = {std::span(arena).subspan(0, 0)};
+  EXPECT_EQ(controller::start(o).error(), std::errc::invalid_argument) << "empty";
+  o.registered_buffers = {std::span(arena).subspan(0, 4096), std::span(arena).subspan(2048)};
+  EXPECT_EQ(controller::start(o).error(), std::errc::invalid_argument) << "overlapping";
+  const std::size_t big = (std::size_t{1} << 30) + 4096;  // address space only
+  void* m = ::mmap(nullptr, big, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  o.registered_buffers = {std::span(static_cast<std::byte*>(m), big)};
+  EXPECT_EQ(controller::start(o).error(), std::errc::invalid_argument) << "over 1 GiB";
+  ::munmap(m, big);
+}
+
+// Where the rings cannot register the memory (over RLIMIT_MEMLOCK, without CAP_IPC_LOCK):
+// io_uring asked for by name fails with the kernel's error, the default falls back to
+// posix and says why, and works. In a child: the limit and capabilities are the process's.
+TEST(AioRegisteredBuffers, MemoryThatCannotBeLockedFallsBackToPosix) {
+  temp_dir dir;
+  const std::string path = dir.file("memlock");
+  const pid_t child = test::fork_child([&] {
+    __user_cap_header_struct head{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2] = {};
+    if (::syscall(SYS_capget, &head, caps) != 0) return test::cannot_set_up;
+    caps[0].effective &= ~(1u << CAP_IPC_LOCK);
+    caps[0].permitted &= ~(1u << CAP_IPC_LOCK);
+    if (::syscall(SYS_capset, &head, caps) != 0) return test::cannot_set_up;
+    const rlimit small{64 * 1024, 64 * 1024};
+    if (::setrlimit(RLIMIT_MEMLOCK, &small) != 0) return test::cannot_set_up;
+    std::vector<std::byte> arena(8 << 20);
+    options o;
+    o.registered_buffers = {std::span(arena)};
+    o.engine = engine_kind::io_uring;
+    auto forced = controller::start(o);
+    if (forced) return 2;
+    o.engine.reset();
+    auto c = controller::start(o);
+    if (!c || (*c)->engine() != engine_kind::posix) return 3;
+    if ((*c)->fallback_reason().find("io_uring") == std::string::npos) return 4;
+    file f = open_rw(**c, path);
+    if (f.write(0, std::span(arena).subspan(0, 100)).wait().value_or(0) != 100) return 5;
+    return 0;
+  });
+  const int code = test::wait_exit(child);
+  if (code == test::cannot_set_up)
+    GTEST_SKIP() << "cannot drop CAP_IPC_LOCK or lower RLIMIT_MEMLOCK";
+  EXPECT_EQ(code, 0);
 }
 
 // The null engine does no I/O: every request completes at once with its length.

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "keel/aio/file.hpp"
 #include "keel/result.hpp"
@@ -38,6 +40,13 @@ struct options {
   //! files at once (fewer under a lower RLIMIT_NOFILE); others run unregistered. Closing a
   //! registered file waits for those rings to let go of it.
   bool register_files = true;
+  //! io_uring: memory to register with every ring (each region at most 1 GiB, none
+  //! overlapping). A read or write whose buffer lies wholly inside one goes as
+  //! READ_FIXED/WRITE_FIXED: the kernel maps the pages once, not per request (what O_DIRECT
+  //! pays for). The memory must stay valid while the controller runs. It counts against
+  //! RLIMIT_MEMLOCK; where the rings cannot register it, io_uring does not start (the
+  //! default engine then falls back to posix and says why).
+  std::vector<std::span<std::byte>> registered_buffers;
 
   //! The write-back cache of the files opened with open_options::cache, shared by them.
   //! Above `cache_soft_limit` bytes of cached pages a flusher thread writes out and drops
@@ -68,6 +77,8 @@ struct engine_stats {
   std::uint64_t requests_linked = 0;
   //! io_uring: requests on a file registered with the ring (options::register_files).
   std::uint64_t requests_on_registered_files = 0;
+  //! io_uring: reads and writes into or from registered_buffers (READ_FIXED/WRITE_FIXED).
+  std::uint64_t requests_on_registered_buffers = 0;
 };
 
 //! How a file is opened.
