@@ -430,12 +430,8 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
     wanted = *k;
   }
   auto p = std::make_shared<impl>();
+  p->buffers = std::move(opts.registered_buffers);  // opts is copied next: without them
   p->opts = opts;
-  try {
-    p->buffers = opts.registered_buffers;
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
   std::sort(p->buffers.begin(), p->buffers.end(),
             [](const auto& a, const auto& b) { return a.data() < b.data(); });
   for (std::size_t i = 0; i < p->buffers.size(); ++i) {
