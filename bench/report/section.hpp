@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +40,9 @@ inline void finish_section(section& s, const std::string& title,
                            const std::vector<std::string>& pngs, const std::string& tables) {
   std::string trs;
   s.results["targets"] = nlohmann::json::array();
+  std::size_t width = 0;  // of the names, so that the columns line up on stdout
+  for (const auto& t : targets)
+    width = std::max(width, t.name.size());
   for (const auto& t : targets) {
     const char* cls = !t.measured_at_all ? "missing" : t.met ? "met" : "missed";
     if (t.measured_at_all && !t.met) ++s.missed;
@@ -50,7 +54,7 @@ inline void finish_section(section& s, const std::string& title,
                                     {"target", t.target},
                                     {"met", t.met},
                                     {"measured_at_all", t.measured_at_all}});
-    s.summary += fmt::format("{:<78} {:>24} {:>9}  {}\n", t.name, t.measured, t.target, cls);
+    s.summary += fmt::format("{:<{}} {:>10} {:>9}  {}\n", t.name, width, t.measured, t.target, cls);
   }
   std::string imgs;
   for (const auto& png : pngs)
