@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "cache.hpp"
 #include "detail.hpp"
@@ -768,7 +769,8 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   // batch of its own on this thread.
   std::vector<op*> accepted;
   std::vector<op*> ready;
-  std::vector<op*> chain;  // io_uring: requests linked one after the other (below)
+  std::vector<op*> chain;  // io_uring: requests that wait for one another in a worker
+  detail::chain* ch = nullptr;
   try {
     accepted.reserve(requests.size());
     ready.reserve(requests.size());
@@ -797,38 +799,39 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
     return;
   }
   detail::stream& s = f.stream_of_this_thread();
-  // io_uring links a request to the batch's earlier ones it must follow (one chain, one
-  // ring), where the other engines hold it back until they finish.
-  const bool may_link = c.kind == engine_kind::io_uring;
+  // With io_uring, a request that must follow only earlier ones of this batch waits for
+  // them in their worker (one chain, one ring), where the other engines hold it back here
+  // until they have finished and hand it over then.
+  const bool may_chain = c.kind == engine_kind::io_uring;
   unsigned first_worker = 0;
   {
     const std::scoped_lock lock(s.mutex);
     const std::size_t first = s.unfinished.size();
-    bool linked = false;
+    bool chained = false;
     for (op* o : accepted) {
       o->owner = &s;
       if (s.append(*o)) {
         o->dispatched = true;
         ready.push_back(o);
-      } else if (may_link && s.linkable(first)) {
+      } else if (may_chain && (ch != nullptr || (ch = new (std::nothrow) detail::chain)) &&
+                 s.linkable(first)) {
         o->dispatched = true;
+        o->barrier = true;
         ready.push_back(o);
-        linked = true;
+        chained = true;
       } else {
         ++s.held_back;
       }
     }
-    if (linked) {
-      // The chain: every request marked, in submission order, each linked after the one
-      // before it; the rest of `ready` goes round robin.
+    if (chained) {
+      // The chain: every request marked, in submission order; the rest of `ready` goes
+      // round robin.
       std::size_t kept = 0;
       for (op* o : ready) {
         if (o->chained) {
           o->chained = false;
-          if (!chain.empty()) {
-            chain.back()->ref();
-            o->chain_prev = chain.back();
-          }
+          o->in_chain = ch;
+          ++ch->refs;
           chain.push_back(o);
         } else {
           ready[kept++] = o;
@@ -839,6 +842,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
     first_worker = s.next_worker;
     s.next_worker += static_cast<unsigned>(ready.size() + (chain.empty() ? 0 : 1));
   }
+  if (ch != nullptr && ch->refs == 0) delete ch;
   const std::size_t n_workers = c.workers.size();
   if (!chain.empty()) {
     for (std::size_t j = 0; j + 1 < chain.size(); ++j)

@@ -8,7 +8,7 @@
 // engine (or, for the one-at-a-time engines, a thread waiting on a receipt takes the inbox
 // and runs it itself: worker::help) and calls finish(), which publishes the result, wakes
 // waiters, removes the op from its stream and hands on the ops that were waiting for it (the
-// io_uring engine links a batch's ops that must follow one another instead: op::chain_prev). A
+// io_uring engine keeps a batch's ops that must follow one another in its worker: chain). A
 // file with the write-back cache finishes writes, and reads the cache holds, on the
 // submitting thread (cache.hpp). No lock is shared by two streams; the only shared counters
 // are the controller's and the file's in-flight counts.
@@ -43,6 +43,16 @@ enum class op_kind : std::uint8_t { read, write, fsync, fdatasync, task };
 
 struct stream;
 struct file_state;
+struct op;
+
+//! The requests of one batch that must follow one another, on one io_uring worker; used by
+//! that worker's thread only once handed over.
+struct chain {
+  unsigned refs = 0;      // requests that point to it
+  unsigned running = 0;   // requests started and not ended
+  op* waiting = nullptr;  // from the first barrier that could not start on, in order
+  op* waiting_tail = nullptr;
+};
 struct file_cache;
 struct cache_control;
 
@@ -62,12 +72,12 @@ struct op {
   bool reads_file = false;     // a read of a cached file at the engine (see cache.hpp)
   op* next = nullptr;          // inbox and worker-local queues
 
-  // A batch's requests that must follow one another go to one io_uring worker as a chain and
-  // are linked there (IOSQE_IO_LINK) instead of being held back (file::submit, uring_worker).
-  op* chain_prev = nullptr;  // the request of the chain before this one (holds a reference)
-  op* parked = nullptr;      // worker-local: requests waiting for this one to end (by next)
-  bool chained = false;      // under owner->mutex, while the batch is handed over
-  bool ended = false;        // worker-local: its worker has finished it
+  // A batch's requests that must follow one another go to one io_uring worker as a chain,
+  // and wait there instead of in the stream (file::submit, uring_worker).
+  chain* in_chain = nullptr;  // its chain (holds a reference)
+  bool barrier = false;       // starts only when the chain's earlier requests have ended
+  bool counted = false;       // worker-local: counted in in_chain->running
+  bool chained = false;       // under owner->mutex, while the batch is handed over
 
   // The outcome: `state` is the futex word waiters sleep on (a status, plus has_waiters once
   // someone sleeps); `error` and `done` are valid once it is not pending (published with
@@ -96,8 +106,8 @@ struct stream {
   //! Removes `o` (finished).
   void remove(op& o) noexcept;
   //! Whether the last appended request, not ready, is held back only by requests from
-  //! position `first` on that are handed over now (a batch's): it can be linked after them.
-  //! Marks it and them `chained`.
+  //! position `first` on that are handed over now (a batch's): it can wait for them in
+  //! their worker. Marks it and them `chained`.
   bool linkable(std::size_t first) noexcept;
 
  private:
@@ -233,7 +243,7 @@ class worker {
   virtual result<void> start() noexcept = 0;
   //! Adds what this worker's engine did to `s`.
   void add_counts(engine_stats& s) const noexcept {
-    s.requests_linked += linked_.load(std::memory_order_relaxed);
+    s.requests_ordered_in_ring += ordered_.load(std::memory_order_relaxed);
     s.requests_on_registered_files += registered_.load(std::memory_order_relaxed);
     s.requests_on_registered_buffers += fixed_buffers_.load(std::memory_order_relaxed);
   }
@@ -264,7 +274,7 @@ class worker {
   std::thread thread_;
   adaptive_spin idle_spin_;
   // Counts for engine_stats, written by the worker thread only.
-  std::atomic<std::uint64_t> linked_{0};
+  std::atomic<std::uint64_t> ordered_{0};
   std::atomic<std::uint64_t> registered_{0};
   std::atomic<std::uint64_t> fixed_buffers_{0};
   static void count(std::atomic<std::uint64_t>& n) noexcept {

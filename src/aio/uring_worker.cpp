@@ -249,67 +249,53 @@ class uring_worker final : public worker {
     }
   }
 
-  // Moves the ready requests into the ring's free entries, in order. A request of a chain
-  // whose predecessor's entry was queued just before is linked to it (IOSQE_IO_LINK: the
-  // kernel starts it when that one has completed in full); one whose predecessor is in the
-  // kernel since an earlier round, or parked, cannot be linked any more and parks, with the
-  // rest of its chain, until the predecessor ends.
+  // Moves the ready requests into the ring's free entries, in order. A barrier of a chain
+  // (a request that must follow earlier ones of its batch) starts only once the chain's
+  // requests before it have ended; until then it waits in its chain, with the chain's
+  // requests after it.
   void queue_pending() noexcept {
-    const op* last = nullptr;
-    io_uring_sqe* last_sqe = nullptr;
     while (!pending_.empty()) {
       op& o = *pending_.front();
-      const bool link = o.chain_prev != nullptr && !o.chain_prev->ended;
-      if (link && o.chain_prev != last) {
-        park_chain(o);
+      chain* ch = o.in_chain;
+      if (ch != nullptr && o.barrier && !o.counted && ch->running != 0) {
+        do {
+          op* w = pending_.front();
+          pending_.pop_front();
+          w->next = nullptr;
+          (ch->waiting_tail != nullptr ? ch->waiting_tail->next : ch->waiting) = w;
+          ch->waiting_tail = w;
+          // Not one that started already (a short transfer's rest): it ends on its own.
+        } while (!pending_.empty() && pending_.front()->in_chain == ch &&
+                 !pending_.front()->counted);
         continue;
       }
       io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
       if (sqe == nullptr) break;
-      if (link) {
-        last_sqe->flags |= IOSQE_IO_LINK;
-        count(linked_);
+      if (ch != nullptr && !o.counted) {
+        o.counted = true;
+        ++ch->running;
+        if (o.barrier) count(ordered_);
       }
       prepare(sqe, o);
       pending_.pop_front();
       ++in_flight_;
-      last = &o;
-      last_sqe = sqe;
     }
   }
 
-  // Takes `o` (the front of pending_) and the requests linked after it from pending_ and
-  // parks them on o's predecessor.
-  void park_chain(op& o) noexcept {
-    pending_.pop_front();
-    op* tail = &o;
-    o.next = nullptr;
-    while (!pending_.empty() && pending_.front()->chain_prev == tail) {
-      tail->next = pending_.front();
-      tail = tail->next;
-      tail->next = nullptr;
-      pending_.pop_front();
-    }
-    park(*o.chain_prev, &o);
-  }
-
-  static void park(op& on, op* chain) noexcept {
-    op** end = &on.parked;
-    while (*end != nullptr)
-      end = &(*end)->next;
-    *end = chain;
-  }
-
-  // Every end of a request on this worker: what was parked on it goes back to the front of
-  // the queue, in order (the first is no longer linked: `o` has ended).
+  // Every end of a request on this worker. The last running request of a chain lets what
+  // waits in it go back to the front of the queue, in order.
   void done(op& o, result<std::size_t> outcome, bool cancelled = false) noexcept {
-    o.ended = true;
-    auto at = pending_.begin();
-    for (op* p = std::exchange(o.parked, nullptr); p != nullptr; p = p->next) {
-      at = pending_.insert(at, p);
-      ++at;
+    if (chain* ch = std::exchange(o.in_chain, nullptr); ch != nullptr) {
+      if (o.counted && --ch->running == 0 && ch->waiting != nullptr) {
+        auto at = pending_.begin();
+        for (op* w = std::exchange(ch->waiting, nullptr); w != nullptr; w = w->next) {
+          at = pending_.insert(at, w);
+          ++at;
+        }
+        ch->waiting_tail = nullptr;
+      }
+      if (--ch->refs == 0) delete ch;
     }
-    if (op* prev = std::exchange(o.chain_prev, nullptr); prev != nullptr) prev->unref();
     ctl_.finish(&o, std::move(outcome), cancelled);
   }
 
@@ -356,17 +342,6 @@ class uring_worker final : public worker {
     op& o = *static_cast<op*>(::io_uring_cqe_get_data(&cqe));
     --in_flight_;
     const int res = cqe.res;
-    if (res == -ECANCELED && o.chain_prev != nullptr) {
-      // Its chain broke before it started: an earlier request failed or came back short.
-      // It runs once its predecessor has ended, as if it had been held back.
-      if (o.chain_prev->ended) {
-        pending_.push_back(&o);
-      } else {
-        o.next = nullptr;
-        park(*o.chain_prev, &o);
-      }
-      return;
-    }
     if (o.kind == op_kind::fsync || o.kind == op_kind::fdatasync) {
       // Never retried: a failed fsync says data may be lost, a retry would hide it.
       done(o, res < 0 ? result<std::size_t>(errno_error(-res)) : result<std::size_t>(0));

@@ -219,10 +219,10 @@ TEST_P(EngineModel, EveryReadSeesExactlyTheEarlierWritesOfItsThread) {
   if (mode == cache_mode::tight) {
     EXPECT_GT(st.writes_bypassed, 0u);
   }
-  // io_uring linked the batches' reads and fsyncs to their writes (cached files submit a
-  // batch one by one).
+  // io_uring ordered the batches' reads and fsyncs after their writes in its workers
+  // (cached files submit a batch one by one).
   if (engine == engine_kind::io_uring && mode == cache_mode::off) {
-    EXPECT_GT(c->engine_counts().requests_linked, 0u);
+    EXPECT_GT(c->engine_counts().requests_ordered_in_ring, 0u);
   }
   ASSERT_TRUE(f.close());
   EXPECT_EQ(c->cache().cached_bytes, 0u);
@@ -243,10 +243,10 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(to_string(std::get<0>(p.param))) + to_string(std::get<1>(p.param));
     });
 
-// A batch longer than the ring (queue depth 4): its chain is cut where the ring is full,
-// and the rest waits for the part in the kernel. Every read still sees the write before
-// it, the fsync comes last, and the engine says it linked.
-TEST(AioLinks, AChainLongerThanTheRingKeepsItsOrder) {
+// A batch longer than the ring (queue depth 4), each read following the write before it:
+// the reads wait in the worker, the ring fills and empties many times. Every read still
+// sees the write before it, the fsync comes last, and the engine says it ordered them.
+TEST(AioChains, AChainLongerThanTheRingKeepsItsOrder) {
   temp_dir dir;
   const std::string path = dir.file("long-chain");
   options o;
@@ -276,14 +276,14 @@ TEST(AioLinks, AChainLongerThanTheRingKeepsItsOrder) {
   for (int i = 0; i < rounds; ++i)
     EXPECT_EQ(read_back[i], written[i]) << "read " << i;
   EXPECT_EQ(read_whole(path), written.back());
-  EXPECT_GT(c->engine_counts().requests_linked, 0u);
+  EXPECT_EQ(c->engine_counts().requests_ordered_in_ring, static_cast<std::uint64_t>(2 * rounds));
 }
 
-// A short write breaks its chain: the kernel cancels the requests linked after it. keel
-// continues the write (which then fails: the file size limit), and runs the cancelled
-// requests after it as if they had been held back: the unrelated write lands and the fsync
-// reports success, not ECANCELED. In a child: the size limit is the process's.
-TEST(AioLinks, ABrokenChainRunsTheRestAfterTheBreak) {
+// A write of a chain comes back short (the file size limit) and its rest fails: the
+// requests waiting for it in the worker still run when it has ended, as held-back ones
+// would: the later write lands, the fsync reports its own result. In a child: the size
+// limit is the process's.
+TEST(AioChains, AFailedWriteLetsTheRequestsWaitingForItRun) {
   temp_dir dir;
   const std::string path = dir.file("broken-chain");
   const pid_t child = test::fork_child([&] {
@@ -311,7 +311,7 @@ TEST(AioLinks, ABrokenChainRunsTheRestAfterTheBreak) {
     if (big || big.error() != std::errc::file_too_large) return 5;
     if (out[2].wait().value_or(0) != 100) return 6;
     if (!out[3].wait()) return 7;
-    if ((*c)->engine_counts().requests_linked < 3) return 8;
+    if ((*c)->engine_counts().requests_ordered_in_ring != 2) return 8;
     const auto whole = read_whole(path);
     if (whole.size() != 6000) return 9;
     for (std::size_t i = 0; i < whole.size(); ++i) {

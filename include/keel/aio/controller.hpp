@@ -72,9 +72,10 @@ struct cache_stats {
 
 //! What the engine did (controller::engine_stats).
 struct engine_stats {
-  //! io_uring: requests of a batch the kernel started after the one before them in the
-  //! batch had completed (IOSQE_IO_LINK), instead of keel holding them back.
-  std::uint64_t requests_linked = 0;
+  //! io_uring: requests of a batch that waited in their ring's worker for the earlier
+  //! requests of the batch they must follow (an fsync for its writes), instead of in keel's
+  //! per-thread order and a hand-over once those ended.
+  std::uint64_t requests_ordered_in_ring = 0;
   //! io_uring: requests on a file registered with the ring (options::register_files).
   std::uint64_t requests_on_registered_files = 0;
   //! io_uring: reads and writes into or from registered_buffers (READ_FIXED/WRITE_FIXED).

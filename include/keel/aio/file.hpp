@@ -74,8 +74,8 @@ class file {
   //! Submits `requests` at once (one hand-over to the controller), in order; `out` gets one
   //! receipt per request and must be as long. With io_uring, the requests that must follow
   //! earlier ones of the same batch (an fsync after its writes, a read after an overlapping
-  //! write) go to one ring linked to them: the kernel starts each when the one before has
-  //! completed, with no round trip through keel (controller::engine_counts).
+  //! write) go to one ring's worker with them and wait there: the worker starts each as
+  //! soon as the earlier ones have ended, with no hand-over (controller::engine_counts).
   void submit(std::span<request> requests, std::span<receipt> out) noexcept;
 
   //! Waits for every request on this file to finish, then closes it. Later requests fail
