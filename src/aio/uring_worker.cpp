@@ -3,7 +3,9 @@
 // its own thread). Requests are queued into the ring as they arrive and submitted together
 // with the wait for completions: one io_uring_enter per round, however many requests.
 // The worker sleeps in the ring; an eventfd read kept armed in the ring wakes it for new
-// requests.
+// requests. Files are registered in the ring's table as they come (close asks the ring to
+// let go: forget), options::registered_buffers at start; the requests of a batch that must
+// follow earlier ones of it wait here in their chain (queue_pending, done).
 
 #include <liburing.h>
 #include <sys/eventfd.h>
