@@ -769,12 +769,12 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   // batch of its own on this thread.
   std::vector<op*> accepted;
   std::vector<op*> ready;
-  std::vector<op*> chain;  // io_uring: requests that wait for one another in a worker
-  detail::chain* ch = nullptr;
+  detail::chain* ch = nullptr;  // io_uring: requests that wait for one another in a worker
+  op* chain_head = nullptr;
+  op* chain_tail = nullptr;
   try {
     accepted.reserve(requests.size());
     ready.reserve(requests.size());
-    chain.reserve(requests.size());
   } catch (const std::bad_alloc&) {
     for (std::size_t i = 0; i < requests.size(); ++i)
       give(i, submit_one(state_, make(requests[i])));
@@ -832,7 +832,9 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
           o->chained = false;
           o->in_chain = ch;
           ++ch->refs;
-          chain.push_back(o);
+          o->next = nullptr;
+          (chain_tail != nullptr ? chain_tail->next : chain_head) = o;
+          chain_tail = o;
         } else {
           ready[kept++] = o;
         }
@@ -840,16 +842,11 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
       ready.resize(kept);
     }
     first_worker = s.next_worker;
-    s.next_worker += static_cast<unsigned>(ready.size() + (chain.empty() ? 0 : 1));
+    s.next_worker += static_cast<unsigned>(ready.size() + (chain_head != nullptr ? 1 : 0));
   }
   if (ch != nullptr && ch->refs == 0) delete ch;
   const std::size_t n_workers = c.workers.size();
-  if (!chain.empty()) {
-    for (std::size_t j = 0; j + 1 < chain.size(); ++j)
-      chain[j]->next = chain[j + 1];
-    chain.back()->next = nullptr;
-    c.workers[first_worker++ % n_workers]->push(chain.front(), chain.back());
-  }
+  if (chain_head != nullptr) c.workers[first_worker++ % n_workers]->push(chain_head, chain_tail);
   // Round robin as one by one would, as one chain per worker.
   for (std::size_t w = 0; w < n_workers; ++w) {
     const std::size_t start = (w + n_workers - first_worker % n_workers) % n_workers;
