@@ -116,7 +116,7 @@ bool detail::stream::append(op& o) noexcept {
   return ready;
 }
 
-bool detail::stream::linkable(std::size_t first) noexcept {
+bool detail::stream::chainable(std::size_t first) noexcept {
   op& later = *unfinished.back();
   const std::size_t n = unfinished.size() - 1;
   for (std::size_t i = 0; i < n; ++i) {
@@ -814,7 +814,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
         o->dispatched = true;
         ready.push_back(o);
       } else if (may_chain && (ch != nullptr || (ch = new (std::nothrow) detail::chain)) &&
-                 s.linkable(first)) {
+                 s.chainable(first)) {
         o->dispatched = true;
         o->barrier = true;
         ready.push_back(o);

@@ -43,6 +43,8 @@ enum class op_kind : std::uint8_t { read, write, fsync, fdatasync, task };
 
 struct stream;
 struct file_state;
+struct file_cache;
+struct cache_control;
 struct op;
 
 //! The requests of one batch that must follow one another, on one io_uring worker; used by
@@ -53,8 +55,6 @@ struct chain {
   op* waiting = nullptr;  // from the first barrier that could not start on, in order
   op* waiting_tail = nullptr;
 };
-struct file_cache;
-struct cache_control;
 
 //! One request, shared by the receipts and the controller (reference counted).
 struct op {
@@ -108,7 +108,7 @@ struct stream {
   //! Whether the last appended request, not ready, is held back only by requests from
   //! position `first` on that are handed over now (a batch's): it can wait for them in
   //! their worker. Marks it and them `chained`.
-  bool linkable(std::size_t first) noexcept;
+  bool chainable(std::size_t first) noexcept;
 
  private:
   // Whether a scan could find an earlier request `later` must follow: false is certain, so

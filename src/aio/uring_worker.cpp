@@ -171,7 +171,7 @@ class uring_worker final : public worker {
 
   // The descriptor a request names in its SQE: the file's table index once this ring has
   // registered it (registering it now if need be), else its descriptor.
-  bool use_registered(const file_state& f) noexcept {
+  bool use_registered(file_state& f) noexcept {
     if (f.slot < 0 || slot_file_.empty()) return false;
     const auto i = static_cast<std::size_t>(f.slot);
     if (slot_file_[i] != f.id) {
@@ -180,7 +180,7 @@ class uring_worker final : public worker {
         return false;
       }
       slot_file_[i] = f.id;
-      const_cast<file_state&>(f).registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
+      f.registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
     }
     return true;
   }
