@@ -147,7 +147,7 @@ struct file_cache {
   std::size_t reads_from_file = 0;  // reads at the engine: no page may be dropped meanwhile
   std::size_t dirty_pages = 0;      // pages with a dirty byte, listed from `dirty`
   cache_page* dirty = nullptr;
-  std::error_code flush_error;  // a failed write-out, reported by the next fsync/close
+  keel::error flush_error;  // a failed write-out, reported by the next fsync/close
   // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in.
   std::vector<std::unique_ptr<cache_page>> spare;
   static constexpr std::size_t max_spare = 256;

@@ -28,7 +28,7 @@ constexpr std::uint32_t status_of(std::uint32_t state) noexcept {
 }
 
 // A request refused before it ran: finished on the submitting thread, never counted.
-receipt refuse(op* o, std::error_code why) noexcept {
+receipt refuse(op* o, const error& why) noexcept {
   receipt r = detail::receipt_access::make(o);
   o->error = why;
   if (o->on_done) o->on_done(std::unexpected(why));
@@ -609,7 +609,7 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
 namespace {
 
 // Why keel refuses `o` on `f` before running it, or nothing.
-std::error_code refusal(const detail::file_state* f, const op& o) noexcept {
+error refusal(const detail::file_state* f, const op& o) noexcept {
   if (f == nullptr) return make_error_code(errc::file_closed);
   if ((o.kind == op_kind::read && !f->readable) || (o.kind == op_kind::write && !f->writable)) {
     return make_error_code(errc::not_opened_for);
@@ -645,7 +645,7 @@ bool finished_as_shut(controller::impl& c, detail::file_state& f, op* o) noexcep
 
 receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept {
   o->file = f;
-  if (const std::error_code why = refusal(f.get(), *o)) return refuse(o, why);
+  if (const error why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
   // Counted in before the flags are read; close() and stop() set their flag before they
   // wait for the counts: either we see the flag, or they see us.
@@ -783,7 +783,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   for (std::size_t i = 0; i < requests.size(); ++i) {
     op* o = make(requests[i]);
     o->file = state_;
-    if (const std::error_code why = refusal(&f, *o)) {
+    if (const error why = refusal(&f, *o)) {
       give(i, refuse(o, why));
       continue;
     }

@@ -84,7 +84,7 @@ struct op {
   // release, read with acquire).
   static constexpr std::uint32_t has_waiters = 0x100;
   std::atomic<std::uint32_t> state{static_cast<std::uint32_t>(status::pending)};
-  std::error_code error;
+  keel::error error;
   std::atomic<std::uint32_t> refs{1};
 
   void ref() noexcept { refs.fetch_add(1, std::memory_order_relaxed); }

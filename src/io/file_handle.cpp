@@ -334,7 +334,7 @@ result<void> atomic_replace(const char* path, std::span<const std::byte> content
       }
     }
   }
-  const auto fail = [&](std::error_code ec) noexcept -> result<void> {
+  const auto fail = [&](const error& ec) noexcept -> result<void> {
     if (!name.empty()) (void)::unlinkat(dir->fd(), name.c_str(), 0);
     return std::unexpected(ec);
   };

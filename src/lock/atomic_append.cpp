@@ -351,7 +351,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
       std::this_thread::yield();
     }
   }
-  const auto withdraw = [&](std::error_code ec) -> result<std::uint64_t> {
+  const auto withdraw = [&](const error& ec) -> result<std::uint64_t> {
     (void)mark_released(t.rw, mine_at);
     (void)io::unlock_extent(t.rw, mine_at, 1);
     return std::unexpected(ec);
@@ -370,7 +370,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   const auto from = static_cast<off_t>(hint);
   bool all_released = true;
   off_t released_prefix = from;
-  std::error_code failure;
+  error failure;
   auto scanned =
       scan(t.rw, first_live, std::max(from, header_size), mine_at,
            [&](const chunk_view& c) -> result<bool> {

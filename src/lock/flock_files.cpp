@@ -73,7 +73,7 @@ result<std::uint64_t> flock_files::do_lock(std::span<const entity> sorted, const
   auto state = impl_->mine();
   if (!state) return std::unexpected(state.error());
   std::size_t taken = 0;
-  const auto fail = [&](std::unexpected<std::error_code> e) -> result<std::uint64_t> {
+  const auto fail = [&](std::unexpected<error> e) -> result<std::uint64_t> {
     for (std::size_t j = 0; j < taken; ++j)
       unlock_fd(*file_of(**state, sorted[j]));
     return e;

@@ -90,7 +90,7 @@ TEST(AtomicAppend, CorruptRecordIsAnErrorNotAWait) {
   std::error_code seen;
   std::thread([&] {
     auto r = (*m)->lock({entity(1)}, 2s);
-    seen = r ? std::error_code{} : r.error();
+    seen = r ? std::error_code{} : r.error().code();
   }).join();
   EXPECT_EQ(seen, std::errc::bad_message);
 }
@@ -118,13 +118,13 @@ TEST(AtomicAppend, AHintPastTheEndOfTheLogIsNotBelieved) {
   std::error_code seen;
   std::thread([&] {
     auto r = (*m)->lock({entity(1)}, 50ms);
-    seen = r ? std::error_code{} : r.error();
+    seen = r ? std::error_code{} : r.error().code();
   }).join();
   EXPECT_EQ(seen, std::errc::timed_out) << "the holder's record must still be waited for";
   ASSERT_TRUE(g->unlock());
   std::thread([&] {
     auto r = (*m)->lock({entity(1)}, 2s);
-    seen = r ? std::error_code{} : r.error();
+    seen = r ? std::error_code{} : r.error().code();
   }).join();
   EXPECT_FALSE(seen) << seen.message();
 }

@@ -372,14 +372,14 @@ TEST_P(MutexSuite, ThreadsSeeEachOthersLocks) {
   std::error_code seen;
   std::thread other([&] {
     auto r = m->try_lock({entity(20)});
-    seen = r ? std::error_code{} : r.error();
+    seen = r ? std::error_code{} : r.error().code();
   });
   other.join();
   EXPECT_EQ(seen, std::errc::operation_would_block);
   auto second = open();
   std::thread third([&] {
     auto r = second->lock({entity(20)}, 50ms);
-    seen = r ? std::error_code{} : r.error();
+    seen = r ? std::error_code{} : r.error().code();
   });
   third.join();
   EXPECT_EQ(seen, std::errc::timed_out);

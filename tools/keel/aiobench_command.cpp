@@ -172,7 +172,7 @@ double run_keel_randread(const std::string& path, std::uint64_t bytes, aio::engi
   for (unsigned k = 0;; k = (k + 1) % depth) {
     auto n = ring[k].wait();
     if (!n || *n != 4096)
-      fail("keel read", n ? std::make_error_code(std::errc::io_error) : n.error());
+      fail("keel read", n ? std::make_error_code(std::errc::io_error) : n.error().code());
     ++done;
     if ((done & 1023) == 0 && (elapsed = seconds_since(t0)) >= seconds) break;
     issue(k);

@@ -21,7 +21,7 @@ inline io::deadline rest_of(const io::countdown& cd) noexcept {
 }
 
 //! The error for giving up on contention: would_block for a try, timed_out otherwise.
-inline std::unexpected<std::error_code> contention_error(const io::countdown& cd) noexcept {
+inline std::unexpected<error> contention_error(const io::countdown& cd) noexcept {
   return errc_error(cd.is_zero() ? std::errc::operation_would_block : std::errc::timed_out);
 }
 
