@@ -15,22 +15,8 @@ namespace {
 
 constexpr off_t max_offset = std::numeric_limits<off_t>::max();
 
-struct flock make_flock(short type, off_t offset, off_t length) noexcept {
-  struct flock fl {};
-  fl.l_type = type;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = offset;
-  fl.l_len = length;
-  fl.l_pid = 0;  // F_OFD_* require 0
-  return fl;
-}
-
 bool valid_extent(off_t offset, off_t length) noexcept {
   return offset >= 0 && length > 0 && length <= max_offset - offset;
-}
-
-bool is_contention(int e) noexcept {
-  return e == EAGAIN || e == EACCES;
 }
 
 extern "C" void keel_deadline_signal_handler(int /*signo*/) {}
@@ -49,29 +35,40 @@ int install_deadline_signal() noexcept {
   return signo;
 }
 
-// Waits by polling F_OFD_SETLK with exponential backoff: the fallback when no timer signal
-// can be used. Returns 0 or the errno that ended it.
-int poll_until(int fd, struct flock& fl, const countdown& cd) noexcept {
+// One attempt through the seam; interrupted attempts are repeated.
+result<void> try_once(const file_handle& f, off_t offset, off_t length, lock_request r) noexcept {
+  for (;;) {
+    auto g = f.fs().lock(f, offset, length, r, false);
+    if (g || g.error() != std::errc::interrupted) return g;
+  }
+}
+
+// Waits by polling with exponential backoff: the fallback when no timer signal can be used.
+result<void> poll_until(const file_handle& f, off_t offset, off_t length, lock_request r,
+                        const countdown& cd) noexcept {
   auto pause = std::chrono::microseconds(50);
   for (;;) {
     const auto left = cd.remaining();
-    if (left <= left.zero()) return ETIMEDOUT;
+    if (left <= left.zero()) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::min<countdown::clock::duration>(pause, left));
     pause = std::min(pause * 2, std::chrono::microseconds(10'000));
-    if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
-    if (errno != EINTR && !is_contention(errno)) return errno;
+    auto g = try_once(f, offset, length, r);
+    if (g || g.error() != std::errc::operation_would_block) return g;
   }
 }
 
 // Waits in F_OFD_SETLKW until the lock is granted or a per-thread timer signal, armed for the
-// expiry, interrupts it. Returns 0 or the errno that ended it.
-int wait_with_timer(int fd, struct flock& fl, const countdown& cd, int signo) noexcept {
+// expiry, interrupts it.
+result<void> wait_with_timer(const file_handle& f, off_t offset, off_t length, lock_request r,
+                             const countdown& cd, int signo) noexcept {
   sigevent sev{};
   sev.sigev_notify = SIGEV_THREAD_ID;
   sev.sigev_signo = signo;
   sev._sigev_un._tid = ::gettid();
   timer_t timer{};
-  if (::timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) return poll_until(fd, fl, cd);
+  if (::timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) {
+    return poll_until(f, offset, length, r, cd);
+  }
 
   sigset_t only{};
   sigset_t saved{};
@@ -84,21 +81,18 @@ int wait_with_timer(int fd, struct flock& fl, const countdown& cd, int signo) no
   itimerspec spec{};
   spec.it_value = cd.monotonic_timespec();
   spec.it_interval = {.tv_sec = 0, .tv_nsec = 1'000'000};
-  int result = 0;
+  result<void> outcome;
   if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) {
     spec.it_value.tv_nsec = 1;  // zero would disarm the timer
   }
   if (::timer_settime(timer, TIMER_ABSTIME, &spec, nullptr) != 0) {
-    result = poll_until(fd, fl, cd);
+    outcome = poll_until(f, offset, length, r, cd);
   } else {
     for (;;) {
-      if (::fcntl(fd, F_OFD_SETLKW, &fl) == 0) break;
-      if (errno != EINTR) {
-        result = errno;
-        break;
-      }
+      outcome = f.fs().lock(f, offset, length, r, true);
+      if (outcome || outcome.error() != std::errc::interrupted) break;
       if (cd.expired()) {
-        result = ETIMEDOUT;
+        outcome = errc_error(std::errc::timed_out);
         break;
       }
     }
@@ -107,7 +101,7 @@ int wait_with_timer(int fd, struct flock& fl, const countdown& cd, int signo) no
   // A signal the timer queued before it was deleted is delivered (to the empty handler) on
   // the way back from timer_delete, while it is still unblocked; then the mask is restored.
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-  return result;
+  return outcome;
 }
 
 }  // namespace
@@ -118,7 +112,11 @@ int deadline_signal() noexcept {
 }
 
 extent_guard::extent_guard(extent_guard&& other) noexcept
-    : fd_(other.fd_), offset_(other.offset_), length_(other.length_), kind_(other.kind_) {
+    : fd_(other.fd_),
+      offset_(other.offset_),
+      length_(other.length_),
+      kind_(other.kind_),
+      fs_(other.fs_) {
   other.fd_ = -1;
 }
 
@@ -129,6 +127,7 @@ extent_guard& extent_guard::operator=(extent_guard&& other) noexcept {
     offset_ = other.offset_;
     length_ = other.length_;
     kind_ = other.kind_;
+    fs_ = other.fs_;
     other.fd_ = -1;
   }
   return *this;
@@ -136,65 +135,58 @@ extent_guard& extent_guard::operator=(extent_guard&& other) noexcept {
 
 result<void> extent_guard::unlock() noexcept {
   if (fd_ < 0) return {};
-  const int fd = fd_;
+  // A handle that borrows the descriptor for the call: the guard keeps the number only.
+  file_handle borrowed(fd_, fs_, {});
   fd_ = -1;
-  struct flock fl = make_flock(F_UNLCK, offset_, length_);
-  if (::fcntl(fd, F_OFD_SETLK, &fl) != 0) return last_errno_error();
-  return {};
+  auto r = try_once(borrowed, offset_, length_, lock_request::unlock);
+  (void)borrowed.release();
+  return r;
 }
 
 result<extent_guard> lock_extent(const file_handle& file, off_t offset, off_t length,
                                  lock_kind kind, deadline d) noexcept {
   if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
   if (!valid_extent(offset, length)) return errc_error(std::errc::invalid_argument);
-  const int fd = file.fd();
-  struct flock fl = make_flock(kind == lock_kind::shared ? F_RDLCK : F_WRLCK, offset, length);
+  const lock_request r = kind == lock_kind::shared ? lock_request::shared : lock_request::exclusive;
+  const auto granted = [&] { return extent_guard(file, offset, length, kind); };
 
   // The uncontended path is one syscall, whatever the deadline.
-  for (;;) {
-    if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return extent_guard(fd, offset, length, kind);
-    if (errno == EINTR) continue;
-    if (!is_contention(errno)) return last_errno_error();
-    break;
-  }
+  auto first = try_once(file, offset, length, r);
+  if (first) return granted();
+  if (first.error() != std::errc::operation_would_block) return std::unexpected(first.error());
   const countdown cd = d.start();
   if (cd.is_zero()) return errc_error(std::errc::operation_would_block);
 
-  int e = 0;
+  result<void> outcome;
   if (cd.is_infinite()) {
     // A signal of the application's own interrupts the wait; the caller asked to wait forever.
-    while (::fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
-      if (errno != EINTR) {
-        e = errno;
-        break;
-      }
-    }
+    do {
+      outcome = file.fs().lock(file, offset, length, r, true);
+    } while (!outcome && outcome.error() == std::errc::interrupted);
   } else if (cd.expired()) {
-    e = ETIMEDOUT;
+    outcome = errc_error(std::errc::timed_out);
   } else if (const int signo = deadline_signal(); signo != 0) {
-    e = wait_with_timer(fd, fl, cd, signo);
+    outcome = wait_with_timer(file, offset, length, r, cd, signo);
   } else {
-    e = poll_until(fd, fl, cd);
+    outcome = poll_until(file, offset, length, r, cd);
   }
-  if (e != 0) return errno_error(e);
-  return extent_guard(fd, offset, length, kind);
+  if (!outcome) return std::unexpected(outcome.error());
+  return granted();
 }
 
 result<void> unlock_extent(const file_handle& file, off_t offset, off_t length) noexcept {
   if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
   if (!valid_extent(offset, length)) return errc_error(std::errc::invalid_argument);
-  struct flock fl = make_flock(F_UNLCK, offset, length);
-  if (::fcntl(file.fd(), F_OFD_SETLK, &fl) != 0) return last_errno_error();
-  return {};
+  return try_once(file, offset, length, lock_request::unlock);
 }
 
 result<bool> extent_is_free(const file_handle& file, off_t offset, off_t length,
                             lock_kind kind) noexcept {
   if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
   if (!valid_extent(offset, length)) return errc_error(std::errc::invalid_argument);
-  struct flock fl = make_flock(kind == lock_kind::shared ? F_RDLCK : F_WRLCK, offset, length);
-  if (::fcntl(file.fd(), F_OFD_GETLK, &fl) != 0) return last_errno_error();
-  return fl.l_type == F_UNLCK;
+  return file.fs().lock_is_free(
+      file, offset, length,
+      kind == lock_kind::shared ? lock_request::shared : lock_request::exclusive);
 }
 
 }  // namespace keel::io

@@ -3,6 +3,9 @@
 #include <linux/magic.h>
 #include <sys/statfs.h>
 
+#include "fs_info_detail.hpp"
+#include "keel/io/file_handle.hpp"
+
 namespace keel::io {
 namespace {
 
@@ -39,7 +42,9 @@ constexpr known known_filesystems[] = {
     {SYSFS_MAGIC, fs_type::sysfs, true},
 };
 
-fs_info from_statfs(const struct statfs& s) noexcept {
+}  // namespace
+
+fs_info detail::fs_info_of(const struct statfs& s) noexcept {
   fs_info info;
   // f_type is a signed word; magics with the top bit set (CIFS) must not sign-extend.
   info.magic = static_cast<std::uint32_t>(s.f_type);
@@ -58,8 +63,6 @@ fs_info from_statfs(const struct statfs& s) noexcept {
   info.max_name_length = static_cast<std::uint64_t>(s.f_namelen);
   return info;
 }
-
-}  // namespace
 
 std::string_view to_string(fs_type type) noexcept {
   switch (type) {
@@ -108,16 +111,15 @@ std::string_view fs_info::type_name() const noexcept {
 }
 
 result<fs_info> stat_fs(const char* path) noexcept {
-  if (path == nullptr) return errc_error(std::errc::invalid_argument);
-  struct statfs s {};
-  if (::statfs(path, &s) != 0) return last_errno_error();
-  return from_statfs(s);
+  return os().statfs(path);
+}
+
+result<fs_info> stat_fs(filesystem& fs, const char* path) noexcept {
+  return fs.statfs(path);
 }
 
 result<fs_info> stat_fs(const file_handle& file) noexcept {
-  struct statfs s {};
-  if (::fstatfs(file.fd(), &s) != 0) return last_errno_error();
-  return from_statfs(s);
+  return file.fs().statfs(file);
 }
 
 }  // namespace keel::io

@@ -39,7 +39,11 @@ std::size_t page_size() noexcept {
 }
 
 mapped_file::mapped_file(mapped_file&& other) noexcept
-    : addr_(other.addr_), length_(other.length_), offset_(other.offset_), access_(other.access_) {
+    : addr_(other.addr_),
+      length_(other.length_),
+      offset_(other.offset_),
+      access_(other.access_),
+      fs_(other.fs_) {
   other.addr_ = nullptr;
   other.length_ = 0;
 }
@@ -51,6 +55,7 @@ mapped_file& mapped_file::operator=(mapped_file&& other) noexcept {
     length_ = other.length_;
     offset_ = other.offset_;
     access_ = other.access_;
+    fs_ = other.fs_;
     other.addr_ = nullptr;
     other.length_ = 0;
   }
@@ -74,12 +79,11 @@ result<mapped_file> mapped_file::map(const file_handle& file, map_access access,
   mapped_file m;
   m.access_ = access;
   m.offset_ = offset;
+  m.fs_ = &file.fs();
   if (length == 0) return m;  // mmap(2) refuses empty maps; an empty span is the honest answer
-  const int prot = access == map_access::read_only ? PROT_READ : PROT_READ | PROT_WRITE;
-  const int flags = access == map_access::copy_on_write ? MAP_PRIVATE : MAP_SHARED;
-  void* addr = ::mmap(nullptr, length, prot, flags, file.fd(), offset);
-  if (addr == MAP_FAILED) return last_errno_error();
-  m.addr_ = addr;
+  auto addr = m.fs_->map(file, length, offset, access);
+  if (!addr) return std::unexpected(addr.error().about(file.shared_path()));
+  m.addr_ = *addr;
   m.length_ = length;
   return m;
 }
@@ -88,9 +92,9 @@ result<void> mapped_file::remap(std::size_t new_length) noexcept {
   if (new_length == length_) return {};
   if (new_length == 0) return unmap();
   if (addr_ == nullptr) return errc_error(std::errc::invalid_argument);  // nothing to grow from
-  void* addr = ::mremap(addr_, length_, new_length, MREMAP_MAYMOVE);
-  if (addr == MAP_FAILED) return last_errno_error();
-  addr_ = addr;
+  auto addr = fs().remap(addr_, length_, new_length);
+  if (!addr) return std::unexpected(addr.error());
+  addr_ = *addr;
   length_ = new_length;
   return {};
 }
@@ -100,10 +104,7 @@ result<void> mapped_file::sync(std::size_t offset, std::size_t length, bool wait
   if (length == 0) return {};
   // msync wants a page-aligned start: round down, and cover the bytes that moves in.
   const std::size_t aligned = offset - offset % page_size();
-  if (::msync(data() + aligned, length + (offset - aligned), wait ? MS_SYNC : MS_ASYNC) != 0) {
-    return last_errno_error();
-  }
-  return {};
+  return fs().sync_map(data() + aligned, length + (offset - aligned), wait);
 }
 
 result<void> mapped_file::advise(map_advice advice, std::size_t offset,
@@ -123,8 +124,7 @@ result<void> mapped_file::unmap() noexcept {
   const std::size_t length = length_;
   addr_ = nullptr;
   length_ = 0;
-  if (::munmap(addr, length) != 0) return last_errno_error();
-  return {};
+  return fs().unmap(addr, length);
 }
 
 result<mapped_file> allocate_and_map(const file_handle& file, std::size_t length,

@@ -44,8 +44,9 @@ enum class lock_kind : std::uint8_t { shared, exclusive };
 class extent_guard {
  public:
   extent_guard() noexcept = default;
-  extent_guard(int fd, off_t offset, off_t length, lock_kind kind) noexcept
-      : fd_(fd), offset_(offset), length_(length), kind_(kind) {}
+  //! Owns the range [offset, offset + length) locked as `kind` through `file`.
+  extent_guard(const file_handle& file, off_t offset, off_t length, lock_kind kind) noexcept
+      : fd_(file.fd()), offset_(offset), length_(length), kind_(kind), fs_(&file.fs()) {}
   extent_guard(extent_guard&& other) noexcept;
   extent_guard& operator=(extent_guard&& other) noexcept;
   extent_guard(const extent_guard&) = delete;
@@ -70,6 +71,7 @@ class extent_guard {
   off_t offset_ = 0;
   off_t length_ = 0;
   lock_kind kind_ = lock_kind::exclusive;
+  filesystem* fs_ = nullptr;
 };
 
 //! Locks [offset, offset + length) of `file`'s open file description as `kind`, waiting

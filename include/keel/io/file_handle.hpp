@@ -6,35 +6,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/result.hpp"
 
 namespace keel::io {
 
-//! How a file is opened. Combine with `|`. Every descriptor keel opens is O_CLOEXEC.
-enum class open_flags : std::uint32_t {
-  none = 0,
-  read = 1u << 0,       //!< O_RDONLY (with write: O_RDWR)
-  write = 1u << 1,      //!< O_WRONLY (with read: O_RDWR)
-  create = 1u << 2,     //!< O_CREAT
-  exclusive = 1u << 3,  //!< O_EXCL: fail with file_exists if it exists (needs create)
-  truncate = 1u << 4,   //!< O_TRUNC
-  direct = 1u << 5,     //!< O_DIRECT: transfers must be aligned to the device's block size
-  sync = 1u << 6,       //!< O_DSYNC: each write returns once its data is durable
-  append = 1u << 7,     //!< O_APPEND: every write goes to the end, atomically
-  read_write = read | write,
-};
-[[nodiscard]] constexpr open_flags operator|(open_flags a, open_flags b) noexcept {
-  return static_cast<open_flags>(static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b));
-}
-[[nodiscard]] constexpr bool has(open_flags set, open_flags f) noexcept {
-  return (static_cast<std::uint32_t>(set) & static_cast<std::uint32_t>(f)) != 0;
-}
-
-//! An owned file descriptor with full-length positional I/O. Move-only; closes on destruction
-//! (use `close()` to see the error of a close). Not synchronised: one handle may be used from
-//! several threads for positional I/O (the kernel serialises nothing else here), but moving,
-//! closing or reassigning it while another thread uses it is a data race.
+//! An owned file descriptor with full-length positional I/O, reaching the kernel through a
+//! `filesystem` (the seam: `os()` unless it was opened through another). Move-only; closes
+//! on destruction (use `close()` to see the error of a close). Not synchronised: one handle
+//! may be used from several threads for positional I/O (the kernel serialises nothing else
+//! here), but moving, closing or reassigning it while another thread uses it is a data race.
+//!
+//! Errors of reads, writes, syncs and allocations name the handle's path (and the offset),
+//! as `keel::error` allows.
 //!
 //! Durability: a failed `sync_data`/`sync_all` is returned as is and never retried. After a
 //! failed fsync the kernel may already have dropped the dirty pages and cleared the error, so
@@ -43,9 +30,12 @@ enum class open_flags : std::uint32_t {
 class file_handle {
  public:
   file_handle() noexcept = default;
-  //! Adopts `fd` (which must be open, or -1).
+  //! Adopts `fd` (which must be open, or -1), reached through `os()`.
   explicit file_handle(int fd) noexcept : fd_(fd) {}
-  file_handle(file_handle&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  file_handle(file_handle&& other) noexcept
+      : fd_(other.fd_), fs_(other.fs_), path_(std::move(other.path_)) {
+    other.fd_ = -1;
+  }
   file_handle& operator=(file_handle&& other) noexcept;
   file_handle(const file_handle&) = delete;
   file_handle& operator=(const file_handle&) = delete;
@@ -56,20 +46,30 @@ class file_handle {
   //! invalid_argument when neither read nor write is asked or exclusive comes without create.
   [[nodiscard]] static result<file_handle> open(const char* path, open_flags flags,
                                                 mode_t mode = 0644) noexcept;
-  //! Like `open`, relative to the directory `dir`.
+  [[nodiscard]] static result<file_handle> open(filesystem& fs, const char* path, open_flags flags,
+                                                mode_t mode = 0644) noexcept;
+  //! Like `open`, relative to the directory `dir` (through `dir`'s filesystem).
   [[nodiscard]] static result<file_handle> open_at(const file_handle& dir, const char* name,
                                                    open_flags flags, mode_t mode = 0644) noexcept;
   //! Opens a directory, for `sync_all` (directory fsync), `open_at` and `link_at`.
   [[nodiscard]] static result<file_handle> open_directory(const char* path) noexcept;
+  [[nodiscard]] static result<file_handle> open_directory(filesystem& fs,
+                                                          const char* path) noexcept;
   //! An anonymous file in directory `dir` (O_TMPFILE): it has no name, vanishes when closed,
   //! and can be given one with `link_at`. Errors: operation_not_supported where the
-  //! filesystem lacks O_TMPFILE (the errno the kernel gave is kept in the error).
+  //! filesystem lacks O_TMPFILE (the errno the kernel gave is kept in the error). See
+  //! `make_temp_file` for the fallback to a named temporary.
   [[nodiscard]] static result<file_handle> temp_file(const char* dir,
                                                      open_flags flags = open_flags::read_write,
                                                      mode_t mode = 0600) noexcept;
 
   [[nodiscard]] int fd() const noexcept { return fd_; }
   [[nodiscard]] bool is_open() const noexcept { return fd_ >= 0; }
+  //! The filesystem its operations go through.
+  [[nodiscard]] filesystem& fs() const noexcept { return fs_ != nullptr ? *fs_ : os(); }
+  //! The path it was opened as (relative ones as given), or empty.
+  [[nodiscard]] std::string_view path() const noexcept { return path_.view(); }
+  [[nodiscard]] const keel::detail::shared_path& shared_path() const noexcept { return path_; }
   //! Gives up ownership of the descriptor without closing it.
   [[nodiscard]] int release() noexcept;
   //! Closes the descriptor and returns close(2)'s error, if any. The descriptor is gone
@@ -93,6 +93,11 @@ class file_handle {
                                             std::span<const iovec> buffers) const noexcept;
   //! Vectored `write_at`: writes every buffer in order, all of them or an error.
   [[nodiscard]] result<void> write_at(off_t offset, std::span<const iovec> buffers) const noexcept;
+  //! Appends `data` in one write(2) on a handle opened with open_flags::append (so that
+  //! concurrent appenders never interleave within one call) and returns where it landed.
+  //! A short append (the kernel took part of it, as on a full disk) is returned as such:
+  //! `length` below data.size(); the caller decides what the partial record means.
+  [[nodiscard]] result<appended> append(std::span<const std::byte> data) const noexcept;
 
   //! fdatasync(2): the data, and the metadata needed to read it back, are durable.
   [[nodiscard]] result<void> sync_data() const noexcept;
@@ -102,24 +107,54 @@ class file_handle {
   [[nodiscard]] result<void> truncate(off_t length) const noexcept;
   //! Reserves blocks for [offset, offset + length) so later writes there (and writes through
   //! a shared map) cannot fail for lack of space. Extends the file if the range passes its
-  //! end. Uses fallocate(2); where the filesystem lacks it, glibc's posix_fallocate, which
-  //! writes a zero to every block. Errors: no_space_on_device, invalid_argument.
+  //! end. Uses fallocate(2); where the filesystem lacks it, writes a zero into every block
+  //! of the range that is a hole (as glibc's posix_fallocate does). Errors:
+  //! no_space_on_device, invalid_argument.
   [[nodiscard]] result<void> allocate(off_t offset, off_t length) const noexcept;
+  //! Frees the blocks of [offset, offset + length), which then read as zeros; the size
+  //! stays. Errors: operation_not_supported where the filesystem cannot.
+  [[nodiscard]] result<void> punch_hole(off_t offset, off_t length) const noexcept;
   [[nodiscard]] result<off_t> size() const noexcept;
+  [[nodiscard]] result<file_status> status() const noexcept;
   //! Gives this anonymous file (from `temp_file`) the name `name` in `dir` (or, with
   //! `dir` not open, the path `name`). Fails with file_exists if the name is taken.
   [[nodiscard]] result<void> link_at(const file_handle& dir, const char* name) const noexcept;
 
  private:
+  friend class filesystem;
+  friend class extent_guard;
+  file_handle(int fd, filesystem* fs, keel::detail::shared_path path) noexcept
+      : fd_(fd), fs_(fs), path_(std::move(path)) {}
+
   int fd_ = -1;
+  filesystem* fs_ = nullptr;  // null: os()
+  keel::detail::shared_path path_;
 };
 
 //! Removes the name `path` (unlink(2)).
 [[nodiscard]] result<void> unlink(const char* path) noexcept;
-//! Removes the name `name` in directory `dir` (unlinkat(2)).
+[[nodiscard]] result<void> unlink(filesystem& fs, const char* path) noexcept;
+//! Removes the name `name` in directory `dir` (unlinkat(2)), through `dir`'s filesystem.
 [[nodiscard]] result<void> unlink_at(const file_handle& dir, const char* name) noexcept;
 //! Makes the entries of the directory `path` durable (open it, fsync it).
 [[nodiscard]] result<void> sync_directory(const char* path) noexcept;
+[[nodiscard]] result<void> sync_directory(filesystem& fs, const char* path) noexcept;
+
+//! A new file to be given its name(s) later: anonymous (O_TMPFILE) where the filesystem
+//! allows, else created under a fresh random name `<prefix><random>` in the directory.
+struct temp_file {
+  file_handle file;
+  std::string name;  //!< empty for an anonymous file; else its temporary name
+  //! Gives it `to` in `dir` as well (a hard link): fails with file_exists if taken.
+  [[nodiscard]] result<void> link_as(const file_handle& dir, const char* to) const noexcept;
+  //! Removes the temporary name, if it has one (after it was linked where it belongs).
+  result<void> remove_name(const file_handle& dir) noexcept;
+};
+//! Makes a `temp_file` in `dir` (through `dir`'s filesystem), `flags` needing write. The one
+//! place keel decides when a filesystem lacks O_TMPFILE (EOPNOTSUPP, EISDIR, EINVAL).
+[[nodiscard]] result<temp_file> make_temp_file(const file_handle& dir, std::string_view prefix,
+                                               open_flags flags = open_flags::read_write,
+                                               mode_t mode = 0600) noexcept;
 
 //! The steps of `atomic_replace`, in order; a test hook sees each before it runs.
 enum class replace_step : std::uint8_t {
@@ -136,6 +171,8 @@ struct replace_options {
   //! Fault-injection seam for tests: called before each step (may kill the process).
   void (*hook)(replace_step, void* context) noexcept = nullptr;
   void* hook_context = nullptr;
+  //! The filesystem it goes through.
+  filesystem* fs = nullptr;
 };
 
 //! Replaces the content of `path` with `content` so that, whatever happens (a crash, a kill,

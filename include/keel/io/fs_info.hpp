@@ -47,6 +47,7 @@ struct fs_info {
 };
 
 [[nodiscard]] result<fs_info> stat_fs(const char* path) noexcept;
+[[nodiscard]] result<fs_info> stat_fs(filesystem& fs, const char* path) noexcept;
 [[nodiscard]] result<fs_info> stat_fs(const file_handle& file) noexcept;
 [[nodiscard]] std::string_view to_string(fs_type type) noexcept;
 

@@ -10,12 +10,6 @@
 
 namespace keel::io {
 
-enum class map_access {
-  read_only,      //!< PROT_READ, MAP_SHARED: sees other writers' changes
-  read_write,     //!< PROT_READ|PROT_WRITE, MAP_SHARED: writes reach the file
-  copy_on_write,  //!< PROT_READ|PROT_WRITE, MAP_PRIVATE: writes stay in this process
-};
-
 enum class map_advice {
   normal,      //!< MADV_NORMAL
   random,      //!< MADV_RANDOM: no read-ahead
@@ -24,7 +18,8 @@ enum class map_advice {
   dont_need,   //!< MADV_DONTNEED: drop the pages (a shared map re-reads them from the file)
 };
 
-//! A memory map of (part of) a file. Move-only; unmaps on destruction.
+//! A memory map of (part of) a file, made, synced and unmapped through the file's
+//! filesystem (the seam). Move-only; unmaps on destruction.
 //!
 //! **SIGBUS**: touching a page of a map that lies past the end of the file, or writing
 //! through a shared map into a hole of a file whose filesystem is full, raises SIGBUS: the
@@ -53,15 +48,18 @@ class mapped_file {
   [[nodiscard]] std::size_t size() const noexcept { return length_; }
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), length_}; }
   [[nodiscard]] map_access access() const noexcept { return access_; }
+  [[nodiscard]] filesystem& fs() const noexcept { return fs_ != nullptr ? *fs_ : os(); }
 
   //! Changes the mapped length to `new_length` (the file must already be that long before
   //! the new pages are touched; see `allocate_and_map`). The map may move: pointers into it
   //! are invalid afterwards. Errors: the errno of mremap(2)/mmap(2); the old map is kept.
   [[nodiscard]] result<void> remap(std::size_t new_length) noexcept;
   //! Writes the dirty pages of [offset, offset + length) of the map back to the file
-  //! (msync(2)); `length` 0 means to the end. `wait` makes it synchronous (MS_SYNC).
+  //! (msync(2)); `length` 0 means to the end. `wait` makes it synchronous (MS_SYNC): the
+  //! bytes are then durable, as after an fsync of the file.
   [[nodiscard]] result<void> sync(std::size_t offset = 0, std::size_t length = 0,
                                   bool wait = true) const noexcept;
+  //! madvise(2): a hint about memory, not a file operation (it never reaches the seam).
   [[nodiscard]] result<void> advise(map_advice advice, std::size_t offset = 0,
                                     std::size_t length = 0) const noexcept;
   //! Unmaps now, returning munmap's error if any.
@@ -72,6 +70,7 @@ class mapped_file {
   std::size_t length_ = 0;
   off_t offset_ = 0;
   map_access access_ = map_access::read_only;
+  filesystem* fs_ = nullptr;  // null: os()
 };
 
 //! Grows `file` to at least `length` bytes with every block reserved (`file_handle::allocate`),
