@@ -186,8 +186,9 @@ int file_handle::release() noexcept {
 
 result<void> file_handle::close() noexcept {
   if (fd_ < 0) return {};
-  const int fd = release();
-  if (auto r = fs().close(fd); !r) return about(*this, r.error());
+  auto r = fs().close(*this);
+  fd_ = -1;  // gone either way
+  if (!r) return about(*this, r.error());
   return {};
 }
 

@@ -279,10 +279,10 @@ class posix_filesystem final : public filesystem {
     return detail::fs_info_of(s);
   }
 
-  result<void> close(int fd) noexcept override {
+  result<void> close(const file_handle& file) noexcept override {
     // On Linux the descriptor is released even when close(2) fails with EINTR, so that case
     // is not an error the caller could act on; anything else (EIO from NFS, say) is.
-    if (::close(fd) != 0 && errno != EINTR) return last_errno_error();
+    if (::close(file.fd()) != 0 && errno != EINTR) return last_errno_error();
     return {};
   }
 
@@ -448,8 +448,8 @@ result<file_status> filesystem_wrapper::stat(const file_handle& file) noexcept {
 result<fs_info> filesystem_wrapper::statfs(const file_handle& file) noexcept {
   return target_.statfs(file);
 }
-result<void> filesystem_wrapper::close(int fd) noexcept {
-  return target_.close(fd);
+result<void> filesystem_wrapper::close(const file_handle& file) noexcept {
+  return target_.close(file);
 }
 result<void*> filesystem_wrapper::map(const file_handle& file, std::size_t length, off_t offset,
                                       map_access access) noexcept {

@@ -71,9 +71,9 @@ class counting_fs : public filesystem_wrapper {
     if (no_fallocate) return errc_error(std::errc::operation_not_supported);
     return filesystem_wrapper::allocate(f, offset, length, keep_size);
   }
-  result<void> close(int fd) noexcept override {
+  result<void> close(const file_handle& f) noexcept override {
     saw(fs_op::close);
-    return filesystem_wrapper::close(fd);
+    return filesystem_wrapper::close(f);
   }
   result<void*> map(const file_handle& f, std::size_t length, off_t offset,
                     map_access access) noexcept override {

@@ -233,8 +233,8 @@ class filesystem {
   [[nodiscard]] virtual result<void> truncate(const file_handle& file, off_t length) noexcept = 0;
   [[nodiscard]] virtual result<file_status> stat(const file_handle& file) noexcept = 0;
   [[nodiscard]] virtual result<fs_info> statfs(const file_handle& file) noexcept = 0;
-  //! Closes the descriptor (the handle no longer owns it either way).
-  virtual result<void> close(int fd) noexcept = 0;
+  //! Closes the handle's descriptor (the handle stops owning it either way).
+  virtual result<void> close(const file_handle& file) noexcept = 0;
 
   // ---- maps ----
   //! mmap(2) of `length` bytes of `file` from `offset`.
@@ -308,7 +308,7 @@ class filesystem_wrapper : public filesystem {
   [[nodiscard]] result<void> truncate(const file_handle& file, off_t length) noexcept override;
   [[nodiscard]] result<file_status> stat(const file_handle& file) noexcept override;
   [[nodiscard]] result<fs_info> statfs(const file_handle& file) noexcept override;
-  result<void> close(int fd) noexcept override;
+  result<void> close(const file_handle& file) noexcept override;
   [[nodiscard]] result<void*> map(const file_handle& file, std::size_t length, off_t offset,
                                   map_access access) noexcept override;
   [[nodiscard]] result<void*> remap(void* address, std::size_t length,
