@@ -31,14 +31,19 @@ bool uses_directory(std::string_view algorithm) noexcept {
 }
 
 result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
-                                                    const std::string& path) noexcept {
-  if (algorithm == "lock_files") return up(lock_files::open(path));
-  if (algorithm == "byte_ranges") return up(byte_ranges::open(path));
-  if (algorithm == "atomic_append") return up(atomic_append::open(path));
-  if (algorithm == "memory_map") return up(memory_map::open(path));
-  if (algorithm == "flock") return up(flock_files::open(path));
-  if (algorithm == "fcntl") return up(fcntl_ofd::open(path));
-  if (algorithm == "sysv") return up(sysv::open(path));
+                                                    const std::string& path,
+                                                    io::filesystem& fs) noexcept {
+  if (algorithm == "lock_files") return up(lock_files::open(path, fs));
+  if (algorithm == "byte_ranges") return up(byte_ranges::open(path, fs));
+  if (algorithm == "atomic_append") return up(atomic_append::open(path, fs));
+  if (algorithm == "memory_map") {
+    memory_map::options o;
+    o.fs = &fs;
+    return up(memory_map::open(path, o));
+  }
+  if (algorithm == "flock") return up(flock_files::open(path, fs));
+  if (algorithm == "fcntl") return up(fcntl_ofd::open(path, fs));
+  if (algorithm == "sysv") return up(sysv::open(path, sysv::default_slots, fs));
   return errc_error(std::errc::invalid_argument);
 }
 

@@ -1,7 +1,5 @@
 #include "keel/lock/atomic_append.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
@@ -10,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/format_header.hpp"
 #include "detail/common.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/mapped_file.hpp"
@@ -18,8 +17,6 @@ namespace keel::lock {
 namespace {
 
 // On-disk layout (doc/lock-formats.md). The header is one page; records follow, 256 bytes.
-constexpr char header_magic[8] = {'K', 'E', 'E', 'L', 'A', 'A', 'L', 'G'};
-constexpr std::uint32_t format_version = 1;
 constexpr off_t header_size = 4096;
 constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: truncating
 constexpr std::size_t first_live_at = 64;  // atomic u64: no live record before this offset
@@ -27,12 +24,6 @@ constexpr off_t truncate_above = 256 * 1024;
 constexpr std::uint32_t record_magic = 0x3152414b;  // "KAR1"
 constexpr off_t punch_every = 1 << 20;
 constexpr std::uint64_t stale_after_ns = 1'000'000'000;
-
-struct header {
-  char magic[8];
-  std::uint32_t version;
-  std::uint32_t record_size;
-};
 
 struct record {
   std::uint32_t magic;
@@ -51,6 +42,15 @@ struct record {
 static_assert(sizeof(record) == 256);
 constexpr off_t record_size = sizeof(record);
 constexpr off_t released_at = offsetof(record, released);
+constexpr base::format log_format{
+    "KEELAALG", 2,
+    base::layout_of({header_size, record_size, first_live_at, atomic_append::entities_per_record})};
+
+// Corruption of the log at `offset`.
+std::unexpected<error> corrupt_at(const io::file_handle& f, off_t offset) noexcept {
+  return std::unexpected(
+      error(errc::corrupt).about(f.shared_path(), static_cast<std::uint64_t>(offset)));
+}
 
 std::uint64_t checksum_of(record r) noexcept {
   r.checksum = 0;
@@ -83,7 +83,7 @@ bool conflicts(const std::vector<std::uint64_t>& theirs, std::span<const entity>
   return false;
 }
 
-struct thread_log final : detail::thread_state {
+struct thread_log final : base::thread_state {
   io::file_handle append;  // O_APPEND: records go here
   io::file_handle rw;      // reads, released flags and record locks (pwrite ignores the
                            // offset on an O_APPEND descriptor, hence two)
@@ -93,9 +93,10 @@ struct thread_log final : detail::thread_state {
 
 struct atomic_append::impl {
   std::string path;
+  io::filesystem* fs = &io::os();
   io::file_handle file;  // owns the header map's descriptor
   io::mapped_file header_map;
-  detail::per_thread_states threads;
+  base::per_thread_states threads;
 
   std::atomic_ref<std::uint64_t> first_live() noexcept {
     return std::atomic_ref<std::uint64_t>(
@@ -104,9 +105,10 @@ struct atomic_append::impl {
 
   result<thread_log*> mine() noexcept {
     return threads.get<thread_log>([&]() -> result<std::unique_ptr<thread_log>> {
-      auto a = io::file_handle::open(path.c_str(), io::open_flags::write | io::open_flags::append);
+      auto a =
+          io::file_handle::open(*fs, path.c_str(), io::open_flags::write | io::open_flags::append);
       if (!a) return std::unexpected(a.error());
-      auto rw = io::file_handle::open(path.c_str(), io::open_flags::read_write);
+      auto rw = io::file_handle::open(*fs, path.c_str(), io::open_flags::read_write);
       if (!rw) return std::unexpected(rw.error());
       auto s = std::make_unique<thread_log>();
       s->append = std::move(*a);
@@ -121,46 +123,51 @@ atomic_append::atomic_append(std::uint64_t dev, std::uint64_t ino, std::unique_p
 
 atomic_append::~atomic_append() = default;
 
-result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& path) noexcept {
-  auto f = io::file_handle::open(path.c_str(), io::open_flags::read_write | io::open_flags::create);
+result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& path,
+                                                           io::filesystem& fs) noexcept {
+  auto f =
+      io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
   if (!f) return std::unexpected(f.error());
   auto id = detail::identify(*f);
   if (!id) return std::unexpected(id.error());
   auto size = f->size();
   if (!size) return std::unexpected(size.error());
-  if (*size < header_size) {
-    // Initialise once: the header lock excludes appenders and other initialisers.
+  if (*size == 0) {
+    // Initialise once: the header lock excludes appenders and other initialisers. Only an
+    // empty file is taken: one with content that is not a log is refused, never written.
     auto g = io::lock_extent(*f, header_lock_byte, 1, io::lock_kind::exclusive);
     if (!g) return std::unexpected(g.error());
     size = f->size();
     if (!size) return std::unexpected(size.error());
     if (*size == 0) {
       std::vector<std::byte> page(header_size);
-      header h{};
-      std::memcpy(h.magic, header_magic, sizeof h.magic);
-      h.version = format_version;
-      h.record_size = record_size;
+      const base::format_header h = log_format.header();
       std::memcpy(page.data(), &h, sizeof h);
       const std::uint64_t first = header_size;
       std::memcpy(page.data() + first_live_at, &first, sizeof first);
       if (auto w = f->write_at(0, page); !w) return std::unexpected(w.error());
-    } else if (*size < header_size) {
-      return errc_error(std::errc::bad_message);
     }
   }
-  header h{};
-  auto n = f->read_at(0, std::as_writable_bytes(std::span(&h, 1)));
+  // Read the header under the shared header lock: an initialiser holds it exclusively until
+  // the whole page is written, so a reader never sees it half-written.
+  auto g = io::lock_extent(*f, header_lock_byte, 1, io::lock_kind::shared);
+  if (!g) return std::unexpected(g.error());
+  std::array<std::byte, sizeof(base::format_header)> head{};
+  auto n = f->read_at(0, head);
   if (!n) return std::unexpected(n.error());
-  if (*n != sizeof h || std::memcmp(h.magic, header_magic, sizeof h.magic) != 0) {
-    return errc_error(std::errc::bad_message);
+  size = f->size();
+  if (!size) return std::unexpected(size.error());
+  auto state = base::check_header(std::span(head).first(*n), log_format);
+  if (!state) return std::unexpected(state.error().about(f->shared_path(), 0));
+  if (*state != base::header_state::ours || *size < header_size) {
+    return std::unexpected(error(errc::not_keel_file).about(f->shared_path(), 0));
   }
-  if (h.version != format_version || h.record_size != record_size) {
-    return errc_error(std::errc::protocol_not_supported);
-  }
+  if (auto u = g->unlock(); !u) return std::unexpected(u.error());
   auto map = io::mapped_file::map(*f, io::map_access::read_write, header_size, 0);
   if (!map) return std::unexpected(map.error());
   auto p = std::make_unique<impl>();
   p->path = path;
+  p->fs = &fs;
   p->file = std::move(*f);
   p->header_map = std::move(*map);
   return std::unique_ptr<atomic_append>(new atomic_append(id->dev, id->ino, std::move(p)));
@@ -174,17 +181,17 @@ struct chunk_view {
   off_t length = 0;
   std::uint64_t time_ns = 0;
   bool released = false;
-  detail::process_identity owner;
+  base::process_identity owner;
   std::vector<std::uint64_t> entities;  // sorted, as written
 };
 
 // Reads the chunk starting at `offset`; `records` holds what was read from there on.
 result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) noexcept {
-  if (records.empty()) return errc_error(std::errc::bad_message);
+  if (records.empty()) return keel_error(errc::corrupt);
   const record& first = records[0];
   if (first.magic != record_magic || first.index != 0 || first.count == 0 ||
       first.count > records.size()) {
-    return errc_error(std::errc::bad_message);
+    return keel_error(errc::corrupt);
   }
   chunk_view c;
   c.offset = offset;
@@ -198,7 +205,7 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
     const record& r = records[k];
     if (r.magic != record_magic || r.index != k || r.count != first.count ||
         r.entities_here > atomic_append::entities_per_record || r.checksum != checksum_of(r)) {
-      return errc_error(std::errc::bad_message);
+      return keel_error(errc::corrupt);
     }
     c.entities.insert(c.entities.end(), r.entities, r.entities + r.entities_here);
   }
@@ -237,7 +244,7 @@ result<off_t> scan(const io::file_handle& rw, std::atomic_ref<std::uint64_t> fir
     if (!n) return std::unexpected(n.error());
     if (*n < static_cast<std::size_t>(record_size)) {
       if (skip_or_fail()) continue;
-      return errc_error(std::errc::bad_message);
+      return corrupt_at(rw, at);
     }
     std::size_t have = *n / record_size;
     std::size_t k = 0;
@@ -255,7 +262,7 @@ result<off_t> scan(const io::file_handle& rw, std::atomic_ref<std::uint64_t> fir
               reread = true;
               break;
             }
-            return errc_error(std::errc::bad_message);
+            return corrupt_at(rw, at);
           }
           continue;
         }
@@ -267,7 +274,7 @@ result<off_t> scan(const io::file_handle& rw, std::atomic_ref<std::uint64_t> fir
           reread = true;
           break;
         }
-        return std::unexpected(c.error());
+        return corrupt_at(rw, at);
       }
       const off_t len = static_cast<off_t>(buf[k].count) * record_size;
       auto go_on = visit(*c);
@@ -281,8 +288,8 @@ result<off_t> scan(const io::file_handle& rw, std::atomic_ref<std::uint64_t> fir
   return at;
 }
 
-bool owner_is_dead(const detail::process_identity& who) noexcept {
-  return detail::check(who) == detail::liveness::dead;
+bool owner_is_dead(const base::process_identity& who, io::filesystem& fs) noexcept {
+  return base::check(who, fs) == base::liveness::dead;
 }
 
 }  // namespace
@@ -297,7 +304,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   const std::size_t n_records = (sorted.size() + entities_per_record - 1) / entities_per_record;
   if (n_records > 0xffff) return errc_error(std::errc::argument_list_too_long);
   std::vector<record> chunk(n_records);
-  const auto& me = detail::self();
+  const auto& me = base::self();
   const auto now_ns =
       static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
@@ -326,15 +333,15 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   {
     auto h = io::lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::shared);
     if (!h) return std::unexpected(h.error());
-    const ssize_t w = ::write(t.append.fd(), chunk.data(), bytes);
-    if (w < 0) return last_errno_error();
-    const off_t end = ::lseek(t.append.fd(), 0, SEEK_CUR);
-    if (end < 0) return last_errno_error();
-    mine_at = end - static_cast<off_t>(w);
-    if (static_cast<std::size_t>(w) != bytes) {
+    auto w = t.append.append(std::as_bytes(std::span(chunk)));
+    if (!w) return std::unexpected(w.error());
+    mine_at = w->offset;
+    if (w->length != bytes) {
       // The filesystem took part of the chunk (full disk): make what landed harmless.
-      if (w >= static_cast<ssize_t>(sizeof(record))) (void)mark_released(t.rw, mine_at);
-      return errc_error(std::errc::no_space_on_device);
+      if (w->length >= sizeof(record)) (void)mark_released(t.rw, mine_at);
+      return std::unexpected(
+          error(std::make_error_code(std::errc::no_space_on_device))
+              .about(t.append.shared_path(), static_cast<std::uint64_t>(mine_at)));
     }
     // A waiter may hold our record's byte shared for an instant while it finds the record
     // not yet locked: retry until ours.
@@ -405,7 +412,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                    return false;
                  }
                  if (flag != 0) break;
-                 if (owner_is_dead(c.owner)) {
+                 if (owner_is_dead(c.owner, *impl_->fs)) {
                    (void)mark_released(t.rw, c.offset);  // spare the next reader the check
                    break;
                  }
@@ -416,7 +423,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                // An old live record holds back the hint: if its owner died, it is released. (Only
                // old ones are checked: reading /proc for every live record would cost too much.)
                auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-               if (probe && owner_is_dead(c.owner)) {
+               if (probe && owner_is_dead(c.owner, *impl_->fs)) {
                  (void)mark_released(t.rw, c.offset);
                  released = true;
                }
@@ -441,8 +448,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
       const off_t old_mib = static_cast<off_t>(expected) / punch_every;
       const off_t new_mib = released_prefix / punch_every;
       if (new_mib > old_mib && new_mib * punch_every > header_size) {
-        (void)::fallocate(t.rw.fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, header_size,
-                          new_mib * punch_every - header_size);
+        (void)t.rw.punch_hole(header_size, new_mib * punch_every - header_size);
       }
       break;
     }
@@ -477,7 +483,7 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
       scan(t.rw, impl_->first_live(), from, *size, [&](const chunk_view& c) -> result<bool> {
         if (c.released) return true;
         auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-        if (probe && owner_is_dead(c.owner)) return true;
+        if (probe && owner_is_dead(c.owner, *impl_->fs)) return true;
         all_released = false;
         return false;
       });

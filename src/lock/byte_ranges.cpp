@@ -14,11 +14,13 @@ byte_ranges::byte_ranges(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<i
 
 byte_ranges::~byte_ranges() = default;
 
-result<std::unique_ptr<byte_ranges>> byte_ranges::open(const std::string& path) noexcept {
-  auto id = detail::identify_lock_file(path);
+result<std::unique_ptr<byte_ranges>> byte_ranges::open(const std::string& path,
+                                                       io::filesystem& fs) noexcept {
+  auto id = detail::identify_lock_file(fs, path);
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->path = path;
+  p->fs = &fs;
   return std::unique_ptr<byte_ranges>(new byte_ranges(id->dev, id->ino, std::move(p)));
 }
 

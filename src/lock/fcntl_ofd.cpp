@@ -11,11 +11,13 @@ fcntl_ofd::fcntl_ofd(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl>
 
 fcntl_ofd::~fcntl_ofd() = default;
 
-result<std::unique_ptr<fcntl_ofd>> fcntl_ofd::open(const std::string& path) noexcept {
-  auto id = detail::identify_lock_file(path);
+result<std::unique_ptr<fcntl_ofd>> fcntl_ofd::open(const std::string& path,
+                                                   io::filesystem& fs) noexcept {
+  auto id = detail::identify_lock_file(fs, path);
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->path = path;
+  p->fs = &fs;
   return std::unique_ptr<fcntl_ofd>(new fcntl_ofd(id->dev, id->ino, std::move(p)));
 }
 

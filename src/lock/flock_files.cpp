@@ -5,13 +5,12 @@
 #include <unordered_map>
 
 #include "detail/common.hpp"
-#include "detail/per_thread.hpp"
 #include "keel/lock/baselines.hpp"
 
 namespace keel::lock {
 namespace {
 
-struct thread_files final : detail::thread_state {
+struct thread_files final : base::thread_state {
   io::file_handle dir;
   std::unordered_map<std::uint64_t, io::file_handle> files;  // kept open: flock is per open
 };
@@ -20,11 +19,12 @@ struct thread_files final : detail::thread_state {
 
 struct flock_files::impl {
   std::string dir;
-  detail::per_thread_states threads;
+  io::filesystem* fs = &io::os();
+  base::per_thread_states threads;
 
   result<thread_files*> mine() noexcept {
     return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
-      auto d = io::file_handle::open_directory(dir.c_str());
+      auto d = io::file_handle::open_directory(*fs, dir.c_str());
       if (!d) return std::unexpected(d.error());
       auto s = std::make_unique<thread_files>();
       s->dir = std::move(*d);
@@ -49,6 +49,8 @@ result<int> file_of(thread_files& t, entity e) noexcept {
   return fd;
 }
 
+// flock(2) is this baseline's point: the kernel primitive measured as it is, beside the
+// seam (which offers byte-range locks, not BSD locks).
 void unlock_fd(int fd) noexcept {
   (void)::flock(fd, LOCK_UN);
 }
@@ -60,11 +62,13 @@ flock_files::flock_files(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<i
 
 flock_files::~flock_files() = default;
 
-result<std::unique_ptr<flock_files>> flock_files::open(const std::string& dir) noexcept {
-  auto id = detail::identify_lock_directory(dir);
+result<std::unique_ptr<flock_files>> flock_files::open(const std::string& dir,
+                                                       io::filesystem& fs) noexcept {
+  auto id = detail::identify_lock_directory(fs, dir);
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->dir = dir;
+  p->fs = &fs;
   return std::unique_ptr<flock_files>(new flock_files(id->dev, id->ino, std::move(p)));
 }
 

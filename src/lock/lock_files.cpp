@@ -1,7 +1,5 @@
 #include "keel/lock/lock_files.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -11,7 +9,6 @@
 #include <vector>
 
 #include "detail/common.hpp"
-#include "detail/per_thread.hpp"
 #include "keel/io/byte_lock.hpp"
 
 namespace keel::lock {
@@ -33,7 +30,7 @@ constexpr const char* breaker_name = ".keel-break";
 owner_record my_record() noexcept {
   owner_record r{};
   std::memcpy(r.magic, record_magic, sizeof r.magic);
-  const auto& me = detail::self();
+  const auto& me = base::self();
   r.pid = me.pid;
   r.start_time = me.start_time;
   std::memcpy(r.boot_id, me.boot_id.data(), sizeof r.boot_id);
@@ -45,7 +42,7 @@ void name_of(entity e, char (&name)[17]) noexcept {
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
 }
 
-struct thread_files final : detail::thread_state {
+struct thread_files final : base::thread_state {
   io::file_handle dir;
   io::file_handle breaker;  // byte v locked exclusively while breaking entity v's stale file
 };
@@ -54,11 +51,12 @@ struct thread_files final : detail::thread_state {
 
 struct lock_files::impl {
   std::string dir;
-  detail::per_thread_states threads;
+  io::filesystem* fs = &io::os();
+  base::per_thread_states threads;
 
   result<thread_files*> mine() noexcept {
     return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
-      auto d = io::file_handle::open_directory(dir.c_str());
+      auto d = io::file_handle::open_directory(*fs, dir.c_str());
       if (!d) return std::unexpected(d.error());
       auto b = io::file_handle::open_at(*d, breaker_name,
                                         io::open_flags::read_write | io::open_flags::create);
@@ -76,52 +74,29 @@ lock_files::lock_files(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<imp
 
 lock_files::~lock_files() = default;
 
-result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir) noexcept {
-  auto id = detail::identify_lock_directory(dir);
+result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
+                                                     io::filesystem& fs) noexcept {
+  auto id = detail::identify_lock_directory(fs, dir);
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->dir = dir;
+  p->fs = &fs;
   return std::unique_ptr<lock_files>(new lock_files(id->dev, id->ino, std::move(p)));
 }
 
 namespace {
 
 // A file holding this thread's owner record, to be hard-linked under each entity's name.
-// Anonymous (O_TMPFILE) where the filesystem allows, else a named temporary removed later.
-struct owner_file {
-  io::file_handle file;
-  std::string temp_name;  // empty for an anonymous file
-};
-
-result<owner_file> make_owner_file(const io::file_handle& dir) noexcept {
-  owner_file of;
+// Anonymous where the filesystem allows, else a named temporary removed later.
+result<io::temp_file> make_owner_file(const io::file_handle& dir) noexcept {
   const owner_record rec = my_record();
-  const int fd = ::openat(dir.fd(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
-  if (fd >= 0) {
-    of.file = io::file_handle(fd);
-  } else {
-    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) return last_errno_error();
-    char name[64];
-    std::snprintf(name, sizeof name, ".keel-owner.%u.%08x", detail::self().pid,
-                  static_cast<unsigned>(detail::thread_rng()()));
-    auto f = io::file_handle::open_at(
-        dir, name, io::open_flags::write | io::open_flags::create | io::open_flags::exclusive);
-    if (!f) return std::unexpected(f.error());
-    of.file = std::move(*f);
-    of.temp_name = name;
-  }
-  if (auto w = of.file.write_at(0, std::as_bytes(std::span(&rec, 1))); !w) {
-    if (!of.temp_name.empty()) (void)io::unlink_at(dir, of.temp_name.c_str());
+  auto of = io::make_temp_file(dir, ".keel-owner.", io::open_flags::write, 0644);
+  if (!of) return std::unexpected(of.error());
+  if (auto w = of->file.write_at(0, std::as_bytes(std::span(&rec, 1))); !w) {
+    (void)of->remove_name(dir);
     return std::unexpected(w.error());
   }
   return of;
-}
-
-result<void> link_name(const owner_file& of, const io::file_handle& dir,
-                       const char* name) noexcept {
-  if (of.temp_name.empty()) return of.file.link_at(dir, name);
-  if (::linkat(dir.fd(), of.temp_name.c_str(), dir.fd(), name, 0) != 0) return last_errno_error();
-  return {};
 }
 
 // Removes `name` if its owner is provably dead. Returns true if it was removed (or is gone).
@@ -144,17 +119,17 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name) noexcep
   if (*n != sizeof rec || std::memcmp(rec.magic, record_magic, sizeof rec.magic) != 0) {
     return false;  // not a record we understand: never guess
   }
-  detail::process_identity who;
+  base::process_identity who;
   who.pid = rec.pid;
   who.start_time = rec.start_time;
   std::memcpy(who.boot_id.data(), rec.boot_id, sizeof rec.boot_id);
-  const auto state = detail::check(who);
-  if (state != detail::liveness::dead) {
+  const auto state = base::check(who, t.dir.fs());
+  if (state != base::liveness::dead) {
     // Not of this boot: if the record names this host, it was left by a previous boot.
     char host[64] = {};
     ::gethostname(host, sizeof host - 1);
     const bool this_host = std::strncmp(host, rec.host, sizeof host) == 0;
-    if (state == detail::liveness::alive || !this_host) return false;
+    if (state == base::liveness::alive || !this_host) return false;
   }
   if (auto u = io::unlink_at(t.dir, name);
       !u && u.error() != std::errc::no_such_file_or_directory) {
@@ -172,9 +147,7 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
   thread_files& t = **state;
   auto of = make_owner_file(t.dir);
   if (!of) return std::unexpected(of.error());
-  const auto done = [&] {
-    if (!of->temp_name.empty()) (void)io::unlink_at(t.dir, of->temp_name.c_str());
-  };
+  const auto done = [&] { (void)of->remove_name(t.dir); };
 
   std::vector<std::uint32_t> order(sorted.size());
   std::iota(order.begin(), order.end(), 0u);
@@ -186,7 +159,7 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
     char name[17];
     for (; taken < sorted.size(); ++taken) {
       name_of(sorted[order[taken]], name);
-      auto r = link_name(*of, t.dir, name);
+      auto r = of->link_as(t.dir, name);
       if (r) continue;
       if (r.error() != std::errc::file_exists) {
         for (std::size_t j = 0; j < taken; ++j) {
@@ -209,7 +182,7 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
       name_of(sorted[order[j]], n2);
       (void)io::unlink_at(t.dir, n2);
     }
-    if (taken > 0 && of->temp_name.empty()) {
+    if (taken > 0 && of->name.empty()) {
       // An anonymous file that was linked and then unlinked again cannot be linked anew
       // (the kernel allows relinking only files that never had a name): take a fresh one.
       auto fresh = make_owner_file(t.dir);

@@ -198,7 +198,7 @@ std::span<slot_request> collect_slots(std::span<const entity> sorted,
   return want.first(n);
 }
 
-struct thread_user final : detail::thread_state {
+struct thread_user final : base::thread_state {
   io::file_handle lock_fd;  // this thread's descriptor of the lock file (degrade probe)
   io::file_handle map_fd;   // holds this user's liveness byte; probes others'
   std::uint32_t index = 0;
@@ -215,7 +215,7 @@ struct thread_user final : detail::thread_state {
   // Leaving with nothing held (not even a released guard's slots) spares the next user of
   // this index the sweep of every slot. A forked child's copy is the parent's: hands off.
   ~thread_user() override {
-    if (entry == nullptr || pid != detail::self().pid) return;
+    if (entry == nullptr || pid != base::self().pid) return;
     const auto none = [](const std::vector<std::uint32_t>& v) {
       return std::all_of(v.begin(), v.end(), [](std::uint32_t n) { return n == 0; });
     };
@@ -237,7 +237,7 @@ struct memory_map::impl {
   io::mapped_file map;
   std::string map_path;
   std::unique_ptr<byte_ranges> fallback;
-  detail::per_thread_states threads;
+  base::per_thread_states threads;
 
   // The map-in-use marker is dropped only when the degraded flags are set and no slot
   // carries a mark of this instance's users. A locker checks the flags again after it took
@@ -450,7 +450,7 @@ struct memory_map::impl {
         own, std::chrono::milliseconds(5) *
                  static_cast<std::int64_t>(std::min<std::uint64_t>(sleepers, 1000)));
     std::uniform_int_distribution<std::int64_t> jitter(base.count() / 2, base.count() * 3 / 2);
-    return std::chrono::nanoseconds(jitter(detail::thread_rng()));
+    return std::chrono::nanoseconds(jitter(base::thread_rng()));
   }
 
   // Sleeps until slot `r` is `me`'s (taken), the deadline passes, or the lock degrades.
@@ -541,9 +541,9 @@ struct memory_map::impl {
           clear_user_in(i, u);
       }
       std::atomic_ref<std::uint32_t>(e->clean).store(0);
-      e->pid = detail::self().pid;
+      e->pid = base::self().pid;
       e->tid = tid;
-      e->start_time = detail::self().start_time;
+      e->start_time = base::self().start_time;
       wants_word(u).store(no_slot);
       t.exclusive_holds.assign(slots, 0);
       t.shared_holds.assign(slots, 0);
@@ -555,7 +555,7 @@ struct memory_map::impl {
       }
       t.index = u;
       t.entry = e;
-      t.pid = detail::self().pid;
+      t.pid = base::self().pid;
       t.registered = true;
       return {};
     }
@@ -613,7 +613,7 @@ struct memory_map::impl {
 
   // Drops this instance's map-in-use marker once nothing of it is on the map any more.
   void release_map_in_use_if_idle() noexcept {
-    if (detail::self().pid != creator_pid) return;  // the parent's marker, not ours
+    if (base::self().pid != creator_pid) return;  // the parent's marker, not ours
     const std::scoped_lock lock(switch_mutex);
     if (map_in_use_released || !degraded()) return;
     if (map.size() != 0 && marks_of_my_users()) return;
@@ -667,8 +667,8 @@ result<io::mapped_file> create_map(const std::string& dir, std::string& path_out
   for (int attempt = 0; attempt < 16; ++attempt) {
     char name[64];
     std::snprintf(name, sizeof name, "/keel-mm-%08x%08x",
-                  static_cast<unsigned>(detail::thread_rng()()),
-                  static_cast<unsigned>(detail::thread_rng()()));
+                  static_cast<unsigned>(base::thread_rng()()),
+                  static_cast<unsigned>(base::thread_rng()()));
     const std::string p = dir + name;
     auto f = io::file_handle::open(
         p.c_str(), io::open_flags::read_write | io::open_flags::create | io::open_flags::exclusive,
@@ -724,7 +724,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
   auto p = std::make_unique<impl>();
   p->path = path;
   p->opts = opts;
-  p->creator_pid = detail::self().pid;
+  p->creator_pid = base::self().pid;
   auto fb = byte_ranges::open(path + ".fallback");
   if (!fb) return std::unexpected(fb.error());
   p->fallback = std::move(*fb);
@@ -751,7 +751,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
       auto got = p->marker.read_at(0, std::as_writable_bytes(std::span(&old, 1)));
       if (got && *got == sizeof old &&
           std::memcmp(old.magic, lockfile_magic, sizeof old.magic) == 0 &&
-          std::memcmp(old.boot_id, detail::self().boot_id.data(), sizeof old.boot_id) == 0) {
+          std::memcmp(old.boot_id, base::self().boot_id.data(), sizeof old.boot_id) == 0) {
         old.map_path[sizeof old.map_path - 1] = '\0';
         if (std::strncmp(old.map_path, (opts.map_directory + "/keel-mm-").c_str(),
                          opts.map_directory.size() + 9) == 0) {
@@ -761,7 +761,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
       lockfile_header h{};
       std::memcpy(h.magic, lockfile_magic, sizeof h.magic);
       h.version = format_version;
-      std::memcpy(h.boot_id, detail::self().boot_id.data(), sizeof h.boot_id);
+      std::memcpy(h.boot_id, base::self().boot_id.data(), sizeof h.boot_id);
       auto fs = io::stat_fs(p->marker);
       const bool local = fs && fs->is_local;
       if (local && !opts.force_fallback) {
@@ -797,7 +797,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
         return errc_error(std::errc::protocol_not_supported);
       }
       h.map_path[sizeof h.map_path - 1] = '\0';
-      const bool same_boot = std::memcmp(h.boot_id, detail::self().boot_id.data(), 16) == 0;
+      const bool same_boot = std::memcmp(h.boot_id, base::self().boot_id.data(), 16) == 0;
       if (h.degraded == 0) {
         if (same_boot && !opts.force_fallback) {
           auto m = open_map(h.map_path);
@@ -840,7 +840,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
 
 memory_map::~memory_map() {
   impl& p = *impl_;
-  if (detail::self().pid != p.creator_pid) return;  // the parent's markers, not ours
+  if (base::self().pid != p.creator_pid) return;  // the parent's markers, not ours
   // Leave the map first (so a degrader waiting for it is not held up by our init wait).
   if (!p.map_in_use_released) (void)io::unlock_extent(p.marker, map_in_use_byte, 1);
   auto init = io::lock_extent(p.marker, init_byte, 1, io::lock_kind::exclusive);
@@ -888,7 +888,7 @@ result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<con
     if (cd.is_zero()) return errc_error(std::errc::operation_would_block);
     // The contended slot first next time, the rest reshuffled.
     std::swap(want[0], want[k]);
-    if (want.size() > 2) std::shuffle(want.begin() + 1, want.end(), detail::thread_rng());
+    if (want.size() > 2) std::shuffle(want.begin() + 1, want.end(), base::thread_rng());
     if (!spin) {
       if (!spun) {
         spun = true;

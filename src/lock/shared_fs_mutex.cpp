@@ -2,7 +2,7 @@
 
 #include <xxhash.h>
 
-#include "detail/per_thread.hpp"
+#include "base/per_thread.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -29,7 +29,7 @@ thread_local held_set held_by_this_thread_storage;
 // A forked child holds none of its parent's locks: its copy of the set is dropped.
 std::vector<held_entry>& held_by_this_thread_now() noexcept {
   auto& s = held_by_this_thread_storage;
-  const std::uint64_t gen = detail::fork_generation();
+  const std::uint64_t gen = base::fork_generation();
   if (s.generation != gen) {
     s.entries.clear();
     s.generation = gen;

@@ -10,11 +10,9 @@ namespace keel::lock {
 namespace {
 
 // Semaphores 2i (writer: 0 or 1) and 2i + 1 (readers: a count) guard slot i.
-result<key_t> key_of(const std::string& path) noexcept {
-  auto id = detail::identify_lock_file(path);
-  if (!id) return std::unexpected(id.error());
+key_t key_of(const detail::file_id& id) noexcept {
   // ftok keeps only 8 bits of the device and 16 of the inode; mix all of both instead.
-  std::uint64_t h = id->dev * 0x9e3779b97f4a7c15ULL ^ id->ino * 0xc2b2ae3d27d4eb4fULL;
+  std::uint64_t h = id.dev * 0x9e3779b97f4a7c15ULL ^ id.ino * 0xc2b2ae3d27d4eb4fULL;
   h ^= h >> 29;
   auto key = static_cast<key_t>(h & 0x7fffffff);
   return key == IPC_PRIVATE ? key_t{1} : key;
@@ -51,22 +49,21 @@ sysv::sysv(std::uint64_t dev, std::uint64_t ino, int semid, int slots) noexcept
 
 sysv::~sysv() = default;
 
-result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots) noexcept {
+result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots,
+                                         io::filesystem& fs) noexcept {
   if (slots <= 0 || slots > 16000) return errc_error(std::errc::invalid_argument);
-  auto key = key_of(path);
-  if (!key) return std::unexpected(key.error());
-  // Linux creates the semaphores zeroed, which is "free" here.
-  const int semid = ::semget(*key, 2 * slots, IPC_CREAT | 0600);
-  if (semid < 0) return last_errno_error();
-  auto id = detail::identify_lock_file(path);
+  auto id = detail::identify_lock_file(fs, path);
   if (!id) return std::unexpected(id.error());
+  // Linux creates the semaphores zeroed, which is "free" here.
+  const int semid = ::semget(key_of(*id), 2 * slots, IPC_CREAT | 0600);
+  if (semid < 0) return last_errno_error();
   return std::unique_ptr<sysv>(new sysv(id->dev, id->ino, semid, slots));
 }
 
 result<void> sysv::remove(const std::string& path) noexcept {
-  auto key = key_of(path);
-  if (!key) return std::unexpected(key.error());
-  const int semid = ::semget(*key, 0, 0);
+  auto id = detail::identify_lock_file(io::os(), path);
+  if (!id) return std::unexpected(id.error());
+  const int semid = ::semget(key_of(*id), 0, 0);
   if (semid < 0) return last_errno_error();
   if (::semctl(semid, 0, IPC_RMID) != 0) return last_errno_error();
   return {};

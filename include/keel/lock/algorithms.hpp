@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock {
@@ -21,8 +22,8 @@ namespace keel::lock {
 //! Opens the mutex `algorithm` on `path` (a lock file, or a directory for lock_files and
 //! flock; created if missing). Errors: invalid_argument for an unknown name, else the
 //! algorithm's own.
-[[nodiscard]] result<std::unique_ptr<shared_fs_mutex>> open_mutex(std::string_view algorithm,
-                                                                  const std::string& path) noexcept;
+[[nodiscard]] result<std::unique_ptr<shared_fs_mutex>> open_mutex(
+    std::string_view algorithm, const std::string& path, io::filesystem& fs = io::os()) noexcept;
 
 //! Removes what a mutex leaves outside `path` once nobody uses it: the SysV semaphore set of
 //! sysv, the shared-memory map of memory_map users that were killed; nothing for the others.

@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock {
@@ -31,11 +32,12 @@ namespace keel::lock {
 //! - **Caveats**: a timed-out or failed try still appended a record (then released it).
 class atomic_append final : public shared_fs_mutex {
  public:
-  //! Opens (creating and initialising if needed) the lock log at `path`. Errors: those of
-  //! open/mmap; bad_message when the file is not a keel lock log; protocol_not_supported
-  //! for a log of another format version.
+  //! Opens (creating and initialising if needed) the lock log at `path`, reached through
+  //! `fs`. Errors: those of open/mmap; not_keel_file (≈ bad_message) when the file is not a
+  //! keel lock log; unsupported_version (≈ protocol_not_supported) for a log of another
+  //! format version.
   [[nodiscard]] static result<std::unique_ptr<atomic_append>> open(
-      const std::string& path) noexcept;
+      const std::string& path, io::filesystem& fs = io::os()) noexcept;
   ~atomic_append() override;
   [[nodiscard]] std::string_view algorithm() const noexcept override { return "atomic_append"; }
 

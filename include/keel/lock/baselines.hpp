@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock {
@@ -16,7 +17,8 @@ namespace keel::lock {
 //! kernel's. Network filesystems: as byte_ranges.
 class fcntl_ofd final : public shared_fs_mutex {
  public:
-  [[nodiscard]] static result<std::unique_ptr<fcntl_ofd>> open(const std::string& path) noexcept;
+  [[nodiscard]] static result<std::unique_ptr<fcntl_ofd>> open(
+      const std::string& path, io::filesystem& fs = io::os()) noexcept;
   ~fcntl_ofd() override;
   [[nodiscard]] std::string_view algorithm() const noexcept override { return "fcntl"; }
 
@@ -37,7 +39,8 @@ class fcntl_ofd final : public shared_fs_mutex {
 class flock_files final : public shared_fs_mutex {
  public:
   //! `dir` is created if missing.
-  [[nodiscard]] static result<std::unique_ptr<flock_files>> open(const std::string& dir) noexcept;
+  [[nodiscard]] static result<std::unique_ptr<flock_files>> open(
+      const std::string& dir, io::filesystem& fs = io::os()) noexcept;
   ~flock_files() override;
   [[nodiscard]] std::string_view algorithm() const noexcept override { return "flock"; }
 
@@ -61,7 +64,8 @@ class sysv final : public shared_fs_mutex {
   static constexpr int default_slots = 1024;
   //! Opens (creating if needed) the lock file at `path` and its semaphore set.
   [[nodiscard]] static result<std::unique_ptr<sysv>> open(const std::string& path,
-                                                          int slots = default_slots) noexcept;
+                                                          int slots = default_slots,
+                                                          io::filesystem& fs = io::os()) noexcept;
   //! Removes the semaphore set belonging to the lock file at `path`.
   [[nodiscard]] static result<void> remove(const std::string& path) noexcept;
   ~sysv() override;

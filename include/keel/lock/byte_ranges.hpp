@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock {
@@ -26,7 +27,9 @@ namespace keel::lock {
 class byte_ranges final : public shared_fs_mutex {
  public:
   //! Opens (creating if needed, mode 0644) the lock file at `path`.
-  [[nodiscard]] static result<std::unique_ptr<byte_ranges>> open(const std::string& path) noexcept;
+  //! Its files are reached through `fs`.
+  [[nodiscard]] static result<std::unique_ptr<byte_ranges>> open(
+      const std::string& path, io::filesystem& fs = io::os()) noexcept;
   ~byte_ranges() override;
   [[nodiscard]] std::string_view algorithm() const noexcept override { return "byte_ranges"; }
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock {
@@ -30,7 +31,9 @@ namespace keel::lock {
 class lock_files final : public shared_fs_mutex {
  public:
   //! Opens (creating if needed) the lock directory `dir`.
-  [[nodiscard]] static result<std::unique_ptr<lock_files>> open(const std::string& dir) noexcept;
+  //! Its files are reached through `fs`.
+  [[nodiscard]] static result<std::unique_ptr<lock_files>> open(
+      const std::string& dir, io::filesystem& fs = io::os()) noexcept;
   ~lock_files() override;
   [[nodiscard]] std::string_view algorithm() const noexcept override { return "lock_files"; }
 

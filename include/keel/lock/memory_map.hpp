@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock {
@@ -54,6 +55,8 @@ class memory_map final : public shared_fs_mutex {
     bool force_fallback = false;
     //! Where the map file is created (must be tmpfs shared by all local users).
     std::string map_directory = "/dev/shm";
+    //! The filesystem its files are reached through (null: io::os()).
+    io::filesystem* fs = nullptr;
   };
   //! Opens (creating the lock file, and the map if this is the first user) `path`.
   //! Errors: those of open/mmap/fallocate; bad_message for a lock file that is not keel's;

@@ -1,15 +1,17 @@
 #pragma once
 // Small pieces every algorithm uses.
 
-#include <sys/stat.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <span>
+#include <string>
 
+#include "base/per_thread.hpp"
+#include "base/process.hpp"
 #include "keel/io/deadline.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
-#include "process.hpp"
 
 namespace keel::lock::detail {
 
@@ -35,7 +37,7 @@ inline bool is_contention(const std::error_code& ec) noexcept {
 //! sets do not keep colliding in the same place).
 inline void contended_first(std::span<std::uint32_t> order, std::size_t contended) noexcept {
   std::swap(order[0], order[contended]);
-  if (order.size() > 2) std::shuffle(order.begin() + 1, order.end(), thread_rng());
+  if (order.size() > 2) std::shuffle(order.begin() + 1, order.end(), base::thread_rng());
 }
 
 //! The byte offset an entity is locked at (the largest value would overflow by one byte).
@@ -49,39 +51,48 @@ struct file_id {
 };
 
 inline result<file_id> identify(const io::file_handle& f) noexcept {
-  struct stat st {};
-  if (::fstat(f.fd(), &st) != 0) return last_errno_error();
-  return file_id{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  auto st = f.status();
+  if (!st) return std::unexpected(st.error());
+  return file_id{st->device, st->inode};
 }
 
-}  // namespace keel::lock::detail
-
-#include <string>
-
-#include "per_thread.hpp"
-
-namespace keel::lock::detail {
-
 //! The identity of the lock file at `path`, created (mode 0644) if missing.
-result<file_id> identify_lock_file(const std::string& path) noexcept;
+result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept;
 //! The identity of the lock directory `dir`, created (mode 0755) if missing.
-result<file_id> identify_lock_directory(const std::string& dir) noexcept;
+result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& dir) noexcept;
 
-//! A thread's own descriptor of a lock file (see per_thread.hpp for why).
-struct thread_file final : thread_state {
+//! A thread's own descriptor of a lock file (see base/per_thread.hpp for why).
+struct thread_file final : base::thread_state {
   io::file_handle file;
 };
 //! This thread's descriptor of `path`, opened read-write on first use.
-result<thread_file*> thread_file_of(per_thread_states& threads, const std::string& path) noexcept;
+result<thread_file*> thread_file_of(base::per_thread_states& threads, io::filesystem& fs,
+                                    const std::string& path) noexcept;
 
 //! A lock file that every thread opens for itself (the state of byte_ranges and fcntl_ofd).
 struct lock_file_per_thread {
   std::string path;
-  per_thread_states threads;
-  result<thread_file*> mine() noexcept { return thread_file_of(threads, path); }
+  io::filesystem* fs = &io::os();
+  base::per_thread_states threads;
+  result<thread_file*> mine() noexcept { return thread_file_of(threads, *fs, path); }
 };
 
 //! Unlocks the byte of every entity of `set` through `file`; the first error, if any.
 result<void> unlock_entity_bytes(const io::file_handle& file, std::span<const entity> set) noexcept;
+
+//! Waits a little before retrying contended work: yields when spinning, else sleeps with an
+//! exponential backoff (from 1 µs up to `cap`, jittered) that never passes the deadline.
+//! Returns false once the deadline has expired.
+class backoff {
+ public:
+  explicit backoff(bool spin, std::chrono::microseconds cap = std::chrono::microseconds(2000))
+      : spin_(spin), cap_(cap) {}
+  bool pause(const io::countdown& cd) noexcept;
+
+ private:
+  bool spin_;
+  std::chrono::microseconds cap_;
+  std::chrono::nanoseconds next_{1000};
+};
 
 }  // namespace keel::lock::detail

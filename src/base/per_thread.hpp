@@ -1,12 +1,12 @@
 #pragma once
-// Per-thread, per-instance state (an open file description of the thread's own, say).
-//
-// Why: OFD and flock locks belong to an open file description, so two threads locking
-// through one descriptor would not exclude each other. Each thread therefore gets its own
-// descriptor per mutex instance, found through a thread-local cache without any lock on the
-// hot path. The instance owns the states; a thread's state is destroyed when the thread exits
-// or the instance is destroyed, whichever comes first. After fork() the child starts afresh:
-// descriptors inherited from the parent share the parent's locks and must not be reused.
+// Per-thread, per-instance state: an open file description of the thread's own (a lock's:
+// OFD and flock locks belong to an open file description, so two threads locking through one
+// descriptor would not exclude each other), or a thread's queue of requests on a file (aio).
+// Found through a thread-local cache without any lock on the hot path. The instance owns the
+// states; a thread's state is destroyed when the thread exits or the instance is destroyed,
+// whichever comes first (or, with `keep_after_exit`, only with the instance: its requests
+// may outlive the thread). After fork() the child starts afresh: descriptors inherited from
+// the parent share the parent's locks and must not be reused.
 
 #include <cstdint>
 #include <memory>
@@ -15,7 +15,7 @@
 
 #include "keel/result.hpp"
 
-namespace keel::lock::detail {
+namespace keel::base {
 
 struct thread_state {
   thread_state() = default;
@@ -28,6 +28,7 @@ struct thread_state_registry {
   std::mutex mutex;
   std::vector<thread_state*> live;  // owned
   bool dead = false;
+  bool keep_after_exit = false;
 };
 
 //! Incremented in the child after every fork(): cached per-thread state from before is stale.
@@ -35,7 +36,7 @@ std::uint64_t fork_generation() noexcept;
 
 class per_thread_states {
  public:
-  per_thread_states();
+  explicit per_thread_states(bool keep_after_exit = false);
   per_thread_states(const per_thread_states&) = delete;
   per_thread_states& operator=(const per_thread_states&) = delete;
   ~per_thread_states();
@@ -59,4 +60,4 @@ class per_thread_states {
   std::shared_ptr<thread_state_registry> registry_;
 };
 
-}  // namespace keel::lock::detail
+}  // namespace keel::base

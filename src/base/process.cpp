@@ -1,31 +1,36 @@
 #include "process.hpp"
 
-#include <fcntl.h>
-#include <sched.h>
 #include <sys/random.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
+#include "keel/io/file_handle.hpp"
 #include "per_thread.hpp"
 
-namespace keel::lock::detail {
+namespace keel::base {
 namespace {
+
+// The whole of a small /proc file, NUL-terminated; empty on any failure.
+template <std::size_t N>
+std::size_t read_small(io::filesystem& fs, const char* path, std::array<char, N>& buf) noexcept {
+  auto f = io::file_handle::open(fs, path, io::open_flags::read);
+  if (!f) return 0;
+  auto n = f->read_at(0, std::as_writable_bytes(std::span(buf.data(), N - 1)));
+  if (!n) return 0;
+  buf[*n] = '\0';
+  return *n;
+}
 
 std::array<std::uint8_t, 16> read_boot_id() noexcept {
   std::array<std::uint8_t, 16> id{};
-  char text[64] = {};
-  const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return id;
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return id;
+  std::array<char, 64> text{};
+  const std::size_t n = read_small(io::os(), "/proc/sys/kernel/random/boot_id", text);
   std::size_t k = 0;
-  for (ssize_t i = 0; i < n && k < 32; ++i) {
+  for (std::size_t i = 0; i < n && k < 32; ++i) {
     const char c = text[i];
     int v = -1;
     if (c >= '0' && c <= '9') v = c - '0';
@@ -39,18 +44,13 @@ std::array<std::uint8_t, 16> read_boot_id() noexcept {
 
 }  // namespace
 
-std::uint64_t start_time_of(pid_t pid) noexcept {
+std::uint64_t start_time_of(pid_t pid, io::filesystem& fs) noexcept {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[1024];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  buf[n] = '\0';
+  std::array<char, 1024> buf{};
+  if (read_small(fs, path, buf) == 0) return 0;
   // The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
-  const char* p = std::strrchr(buf, ')');
+  const char* p = std::strrchr(buf.data(), ')');
   if (p == nullptr) return 0;
   int field = 2;
   for (; *p != '\0' && field < 22; ++p) {
@@ -73,9 +73,9 @@ const process_identity& self() noexcept {
   return me;
 }
 
-liveness check(const process_identity& who) noexcept {
+liveness check(const process_identity& who, io::filesystem& fs) noexcept {
   if (who.boot_id != self().boot_id) return liveness::unknown;
-  const std::uint64_t started = start_time_of(static_cast<pid_t>(who.pid));
+  const std::uint64_t started = start_time_of(static_cast<pid_t>(who.pid), fs);
   if (started == 0) return liveness::dead;  // no such process on this machine now
   return started == who.start_time ? liveness::alive : liveness::dead;
 }
@@ -93,22 +93,4 @@ std::minstd_rand& thread_rng() noexcept {
   return rng;
 }
 
-bool backoff::pause(const io::countdown& cd) noexcept {
-  if (cd.is_zero()) return false;
-  if (cd.expired()) return false;
-  if (spin_) {
-    std::this_thread::yield();
-    return true;
-  }
-  // Jitter in [next/2, next) so waiters that collided do not collide again in step.
-  const auto base = next_.count();
-  const auto jitter =
-      static_cast<std::int64_t>(thread_rng()() % static_cast<std::uint64_t>(base / 2 + 1));
-  auto wait = std::chrono::nanoseconds(base / 2 + jitter);
-  wait = std::min<std::chrono::nanoseconds>(wait, cd.remaining());
-  std::this_thread::sleep_for(wait);
-  next_ = std::min<std::chrono::nanoseconds>(next_ * 2, cap_);
-  return true;  // one more attempt after every sleep, even the one that reaches the deadline
-}
-
-}  // namespace keel::lock::detail
+}  // namespace keel::base

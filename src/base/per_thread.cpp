@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <atomic>
 
-namespace keel::lock::detail {
+namespace keel::base {
 namespace {
 
 std::atomic<std::uint64_t> next_instance_id{1};
@@ -35,7 +35,7 @@ struct thread_cache {
     for (auto& e : entries) {
       if (auto r = e.registry.lock()) {
         const std::scoped_lock lock(r->mutex);
-        if (r->dead) continue;
+        if (r->dead || r->keep_after_exit) continue;
         auto it = std::find(r->live.begin(), r->live.end(), e.state);
         if (it != r->live.end()) {
           r->live.erase(it);
@@ -59,8 +59,9 @@ std::uint64_t fork_generation() noexcept {
   return forks.load(std::memory_order_relaxed);
 }
 
-per_thread_states::per_thread_states()
+per_thread_states::per_thread_states(bool keep_after_exit)
     : id_(next_instance_id.fetch_add(1)), registry_(std::make_shared<thread_state_registry>()) {
+  registry_->keep_after_exit = keep_after_exit;
   (void)fork_generation();  // registers the fork handler before any state exists
 }
 
@@ -98,4 +99,4 @@ void per_thread_states::add(thread_state* s) noexcept {
   cache.entries.push_back({id_, registry_, s});
 }
 
-}  // namespace keel::lock::detail
+}  // namespace keel::base
