@@ -134,12 +134,12 @@ void shared_path::release() noexcept {
 
 error error::about(std::string_view path, std::uint64_t offset) const noexcept {
   if (!path_.empty() || path.empty()) return *this;
-  return error(code_, path, offset);
+  return error(code_, path, offset == no_offset ? offset_ : offset);
 }
 
 error error::about(const detail::shared_path& path, std::uint64_t offset) const noexcept {
   if (!path_.empty() || path.empty()) return *this;
-  return error(code_, path, offset);
+  return error(code_, path, offset == no_offset ? offset_ : offset);
 }
 
 std::string error::message() const {

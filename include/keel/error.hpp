@@ -147,7 +147,9 @@ class error {
   [[nodiscard]] bool has_offset() const noexcept { return offset_ != no_offset; }
   //! The byte offset in that file, or no_offset.
   [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
-  //! This error about `path` (and `offset`), unless it already names a file.
+  //! This error about `path` (and `offset`, else the offset it has), unless it already names
+  //! a file. A parser that knows where but not which file returns an error with an offset
+  //! only; its caller adds the file.
   [[nodiscard]] error about(std::string_view path, std::uint64_t offset = no_offset) const noexcept;
   [[nodiscard]] error about(const detail::shared_path& path,
                             std::uint64_t offset = no_offset) const noexcept;

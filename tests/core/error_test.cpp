@@ -54,6 +54,10 @@ TEST(Error, MessageNamesTheFileAndOffset) {
   EXPECT_NE(e.message().find("corrupt"), std::string::npos) << e.message();
   // A context already there is kept: the innermost layer knows best.
   EXPECT_EQ(e.about("/elsewhere", 1).path(), "/data/store/log.0001");
+  // A parser knows the offset, its caller the file: about() keeps the offset.
+  const error found = error(make_error_code(keel::errc::corrupt), std::string_view{}, 24);
+  EXPECT_EQ(found.about("/lock").offset(), 24u);
+  EXPECT_EQ(found.about("/lock").path(), "/lock");
   const error no_offset = error(std::error_code(EIO, std::system_category())).about("/f");
   EXPECT_EQ(no_offset.message().find("/f: "), 0u) << no_offset.message();
   std::ostringstream os;

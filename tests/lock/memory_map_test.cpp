@@ -62,6 +62,83 @@ TEST(MemoryMap, FirstUserCreatesTheMapLastUserRemovesIt) {
   EXPECT_EQ(maps_in(o.map_directory), 0u);
 }
 
+std::string read_all(const std::string& path) {
+  std::string out;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;)
+    out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  std::fclose(f);
+}
+
+// A file at the path that is not a lock file of ours is refused, and left as it was: one
+// with text in it, and one that merely starts with zeros (a sparse file, a disk image).
+TEST(MemoryMap, AFileThatIsNotOursIsRefusedAndLeftAlone) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  memory_map::options o;
+  o.map_directory = maps.path().string();
+  const std::string text = "my notes\n";
+  std::string zeros_then_data(8192, '\0');
+  zeros_then_data[6000] = 'x';
+  for (const std::string& content : {text, zeros_then_data}) {
+    write_all(dir.file("lock"), content);
+    auto m = memory_map::open(dir.file("lock"), o);
+    ASSERT_FALSE(m);
+    EXPECT_EQ(m.error(), keel::errc::not_keel_file) << m.error().message();
+    EXPECT_EQ(m.error().path(), dir.file("lock"));
+    EXPECT_EQ(read_all(dir.file("lock")), content);
+    EXPECT_EQ(maps_in(o.map_directory), 0u);
+  }
+}
+
+// A lock file whose map path was damaged is corrupt, named with the field's offset: it is
+// never followed to another file.
+TEST(MemoryMap, ADamagedMapPathIsCorruptNotFollowed) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  memory_map::options o;
+  o.map_directory = maps.path().string();
+  auto a = memory_map::open(dir.file("lock"), o);
+  ASSERT_TRUE(a) << a.error().message();
+  std::string page = read_all(dir.file("lock"));
+  ASSERT_GE(page.size(), 4096u);
+  const std::size_t at = 48;  // map_path (doc/lock-formats.md)
+  ASSERT_EQ(page.substr(at, o.map_directory.size()), o.map_directory);
+  const std::string victim = dir.file("victim");
+  write_all(victim, std::string(2 << 20, 'v'));
+  std::string damaged = page;
+  damaged.replace(at, victim.size() + 1, victim + '\0');
+  write_all(dir.file("lock"), damaged);
+  auto b = memory_map::open(dir.file("lock"), o);
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error(), keel::errc::corrupt) << b.error().message();
+  EXPECT_EQ(b.error().offset(), at);
+  EXPECT_EQ(read_all(victim), std::string(2 << 20, 'v'));
+  write_all(dir.file("lock"), page);  // so the first user's tear-down finds its own file
+}
+
+// A lock file of another format version is refused as such.
+TEST(MemoryMap, AnotherVersionIsUnsupported) {
+  temp_dir dir;
+  std::string page(4096, '\0');
+  page.replace(0, 8, "KEELMML1");
+  page[8] = 1;  // version 1: the format before the common header
+  write_all(dir.file("lock"), page);
+  auto m = memory_map::open(dir.file("lock"));
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), keel::errc::unsupported_version) << m.error().message();
+}
+
 // Users that die instead of closing leave their map behind; the next first user removes it.
 TEST(MemoryMap, MapOfKilledUsersIsRemovedByTheNextFirstUser) {
   temp_dir dir;

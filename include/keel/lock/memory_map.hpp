@@ -59,7 +59,9 @@ class memory_map final : public shared_fs_mutex {
     io::filesystem* fs = nullptr;
   };
   //! Opens (creating the lock file, and the map if this is the first user) `path`.
-  //! Errors: those of open/mmap/fallocate; bad_message for a lock file that is not keel's;
+  //! Errors: those of open/mmap/fallocate; not_keel_file for a file at `path` that is not a
+  //! keel lock file (it is not written to); unsupported_version for one of another format
+  //! version; corrupt (naming the file and offset) for a damaged one;
   //! too_many_users (EUSERS) is returned by `lock` when 1024 users are registered.
   [[nodiscard]] static result<std::unique_ptr<memory_map>> open(const std::string& path,
                                                                 options opts) noexcept;

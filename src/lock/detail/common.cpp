@@ -1,6 +1,8 @@
 #include "common.hpp"
 
+#include <numeric>
 #include <thread>
+#include <vector>
 
 #include "keel/io/byte_lock.hpp"
 
@@ -61,6 +63,48 @@ bool backoff::pause(const io::countdown& cd) noexcept {
   std::this_thread::sleep_for(wait);
   next_ = std::min<std::chrono::nanoseconds>(next_ * 2, cap_);
   return true;  // one more attempt after every sleep, even the one that reaches the deadline
+}
+
+result<void> lock_entity_bytes(const io::file_handle& f, std::span<const entity> sorted,
+                               const io::countdown& cd, bool spin) noexcept {
+  std::vector<std::uint32_t> order(sorted.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::size_t taken = 0;
+  const auto release_taken = [&] {
+    for (std::size_t k = 0; k < taken; ++k) {
+      (void)io::unlock_extent(f, entity_offset(sorted[order[k]]), 1);
+    }
+    taken = 0;
+  };
+  backoff pause(spin);
+  for (;;) {
+    std::size_t contended = sorted.size();
+    for (std::size_t k = 0; k < sorted.size(); ++k) {
+      const entity e = sorted[order[k]];
+      // Only the first entity is waited for: nothing else is held then, so no waiter ever
+      // holds one entity while sleeping on another (no deadlock, whatever the orders).
+      const io::deadline d = k == 0 && !spin ? rest_of(cd) : io::deadline::zero();
+      auto g =
+          io::lock_extent(f, entity_offset(e), 1,
+                          e.is_exclusive() ? io::lock_kind::exclusive : io::lock_kind::shared, d);
+      if (g) {
+        g->release();  // held until do_unlock; the guard would unlock it now
+        ++taken;
+        continue;
+      }
+      release_taken();
+      if (!is_contention(g.error())) return std::unexpected(g.error());
+      contended = k;
+      break;
+    }
+    if (contended == sorted.size()) return {};
+    if (cd.is_zero()) return contention_error(cd);
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    contended_first(order, contended);
+    if (spin || contended != 0) {
+      if (!pause.pause(cd)) return contention_error(cd);
+    }
+  }
 }
 
 }  // namespace keel::lock::detail

@@ -95,4 +95,12 @@ class backoff {
   std::chrono::nanoseconds next_{1000};
 };
 
+//! Locks the byte of every entity of `sorted` through `file` (OFD locks, shared or exclusive
+//! as asked), all or none, before `cd` expires: byte_ranges' algorithm, also memory_map's
+//! fallback. Only the first entity of the current order is waited for in the kernel; on
+//! contention everything taken is released, the contended entity goes first and the rest
+//! are reshuffled. Errors: as shared_fs_mutex::lock.
+result<void> lock_entity_bytes(const io::file_handle& file, std::span<const entity> sorted,
+                               const io::countdown& cd, bool spin) noexcept;
+
 }  // namespace keel::lock::detail

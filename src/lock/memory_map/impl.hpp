@@ -1,0 +1,99 @@
+#pragma once
+// memory_map's state, shared by the files that implement it:
+//   format.*      the lock file's and the map's formats, and their checks
+//   slot_table.*  the slot protocol on the shared map
+//   users.cpp     registration of a thread as a user, and recovery of dead users' marks
+//   lifecycle.cpp the first user's set-up and the last user's tear-down
+//   fallback.cpp  the safe degrade to byte locks
+//   memory_map.cpp the lock path: take every slot, spin, sleep, recover
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/per_thread.hpp"
+#include "format.hpp"
+#include "keel/io/file_handle.hpp"
+#include "keel/io/mapped_file.hpp"
+#include "keel/lock/memory_map.hpp"
+#include "lock/detail/common.hpp"
+#include "slot_table.hpp"
+
+namespace keel::lock {
+
+namespace mm {
+
+//! One thread's use of one instance: its user index and holds, and its own descriptors
+//! (OFD locks belong to an open file description, so threads must not share one).
+struct thread_user final : base::thread_state, slot_user {
+  io::file_handle lock_fd;      // the lock file (the degrade probe; the fallback's byte locks)
+  io::file_handle map_fd;       // holds this user's liveness byte; probes others'
+  io::file_handle fallback_fd;  // `<path>.fallback`, opened on first use
+  bool registered = false;
+  user_entry* entry = nullptr;  // in the map, which outlives this state
+  std::uint32_t pid = 0;
+
+  thread_user() = default;
+  thread_user(const thread_user&) = delete;
+  thread_user& operator=(const thread_user&) = delete;
+  ~thread_user() override;
+};
+
+//! do_lock's token for a set held on the fallback (a map token is a thread_user address,
+//! never odd).
+constexpr std::uint64_t fallback_token = 1;
+
+}  // namespace mm
+
+struct memory_map::impl {
+  std::string path;
+  options opts;
+  io::filesystem* fs = &io::os();
+  io::file_handle marker;  // the markers only: nothing else ever unlocks through it
+  io::mapped_file lock_view;
+  io::mapped_file map;
+  mm::slot_table table;
+  std::string map_path;
+  std::string fallback_path;
+  base::per_thread_states threads;
+
+  // The map-in-use marker is dropped only when the degraded flags are set and no slot
+  // carries a mark of this instance's users. A locker checks the flags again after it took
+  // its slots (both sides publish, then look: seq_cst), so no map guard outlives the marker.
+  std::mutex switch_mutex;
+  bool map_in_use_released = false;     // under switch_mutex
+  std::vector<std::uint32_t> my_users;  // under switch_mutex: indexes this instance registered
+  std::atomic<bool> fallback_ready{false};
+  std::uint32_t creator_pid = 0;  // a forked child shares the markers' descriptor: hands off
+
+  [[nodiscard]] bool degraded() const noexcept;
+  result<mm::thread_user*> mine() noexcept;
+
+  // users.cpp
+  result<void> register_user(mm::thread_user& t) noexcept;
+  result<bool> recover_if_dead(const mm::thread_user& t, std::uint32_t u,
+                               std::size_t i) const noexcept;
+  result<bool> recover_blockers(const mm::thread_user& t, std::size_t i) const noexcept;
+
+  // fallback.cpp
+  void release_map_in_use_if_idle() noexcept;
+  result<void> switch_to_fallback(const io::countdown& cd, bool spin) noexcept;
+  result<void> mark_degraded() noexcept;
+  result<std::uint64_t> lock_on_fallback(std::span<const entity> sorted, const io::countdown& cd,
+                                         bool spin) noexcept;
+  result<void> unlock_on_fallback(std::span<const entity> sorted) noexcept;
+
+  // memory_map.cpp
+  enum class wait_outcome { taken, expired, degraded };
+  result<std::optional<std::uint64_t>> lock_on_map(std::span<const entity> sorted,
+                                                   const io::countdown& cd, bool spin) noexcept;
+  result<wait_outcome> wait_for(mm::thread_user& me, const mm::slot_request& r,
+                                const io::countdown& cd,
+                                std::chrono::milliseconds& recovery) const noexcept;
+};
+
+}  // namespace keel::lock

@@ -1,0 +1,220 @@
+// The first user's set-up and the last user's tear-down. The lock file carries byte-range
+// markers held by a descriptor used for nothing else (so no unlock of ours can drop them):
+// every instance holds *in use* shared, every instance on the map holds *map in use* shared,
+// and openers and closers take turns on *init*. The first user (gets *in use* exclusively
+// under *init*) creates the map and writes the header; the last one (gets it exclusively
+// when closing) removes the map and zeroes the header.
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "base/process.hpp"
+#include "impl.hpp"
+#include "keel/io/byte_lock.hpp"
+#include "keel/io/fs_info.hpp"
+
+namespace keel::lock {
+namespace {
+
+// Creates a map file in `dir` with a fresh random name, its blocks reserved.
+result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
+                                   std::string& path_out) noexcept {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/%.*s%08x%08x", static_cast<int>(mm::map_name_prefix.size()),
+                  mm::map_name_prefix.data(), static_cast<unsigned>(base::thread_rng()()),
+                  static_cast<unsigned>(base::thread_rng()()));
+    const std::string p = dir + name;
+    auto f = io::file_handle::open(
+        fs, p.c_str(),
+        io::open_flags::read_write | io::open_flags::create | io::open_flags::exclusive, 0644);
+    if (!f) {
+      if (f.error() == std::errc::file_exists) continue;
+      return std::unexpected(f.error());
+    }
+    // Reserve the blocks before mapping: a full /dev/shm is an error here, never a SIGBUS.
+    auto m = io::allocate_and_map(*f, mm::map_size);
+    if (!m) {
+      (void)io::unlink(fs, p.c_str());
+      return std::unexpected(m.error());
+    }
+    const base::format_header h = mm::map_format.header();
+    std::memcpy(m->data(), &h, sizeof h);
+    path_out = p;
+    return m;
+  }
+  return errc_error(std::errc::file_exists);
+}
+
+result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p) noexcept {
+  auto f = io::file_handle::open(fs, p.c_str(), io::open_flags::read_write);
+  if (!f) return std::unexpected(f.error());
+  auto size = f->size();
+  if (!size) return std::unexpected(size.error());
+  std::array<std::byte, sizeof(base::format_header)> head{};
+  auto n = f->read_at(0, head);
+  if (!n) return std::unexpected(n.error());
+  if (auto c = mm::check_map(std::span(head).first(*n)); !c) {
+    return std::unexpected(c.error().about(f->shared_path(), 0));
+  }
+  if (*size < static_cast<off_t>(mm::map_size)) {
+    return std::unexpected(
+        error(errc::corrupt).about(f->shared_path(), static_cast<std::uint64_t>(*size)));
+  }
+  return io::mapped_file::map(*f, io::map_access::read_write, mm::map_size, 0);
+}
+
+}  // namespace
+
+memory_map::memory_map(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
+    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
+
+result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
+                                                     options opts) noexcept {
+  auto p = std::make_unique<impl>();
+  p->path = path;
+  p->opts = opts;
+  if (opts.fs != nullptr) p->fs = opts.fs;
+  io::filesystem& fs = *p->fs;
+  p->creator_pid = base::self().pid;
+  p->fallback_path = path + ".fallback";
+  if (auto fb = detail::identify_lock_file(fs, p->fallback_path); !fb) {
+    return std::unexpected(fb.error());
+  }
+  auto mk =
+      io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
+  if (!mk) return std::unexpected(mk.error());
+  p->marker = std::move(*mk);
+  auto id = detail::identify(p->marker);
+  if (!id) return std::unexpected(id.error());
+  const auto corrupt_here = [&](const error& e) {
+    return std::unexpected(e.about(p->marker.shared_path()));
+  };
+
+  bool must_degrade = opts.force_fallback;
+  {
+    // One opener or closer at a time: the first user's set-up and the last user's tear-down
+    // never interleave with anyone reading the header.
+    auto init = io::lock_extent(p->marker, mm::init_byte, 1, io::lock_kind::exclusive);
+    if (!init) return std::unexpected(init.error());
+    std::vector<std::byte> page(mm::lockfile_page + 1);
+    auto got = p->marker.read_at(0, page);
+    if (!got) return std::unexpected(got.error());
+    // Whatever the file holds, it must be a lock file of ours before we write to it: empty,
+    // a header, or the page of zeros a last user leaves.
+    auto old = mm::parse_lock_file(std::span(page).first(*got));
+    if (!old) return corrupt_here(old.error());
+    if (old->blank && *got != 0 &&
+        (*got != mm::lockfile_page ||
+         std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; }))) {
+      return corrupt_here(error(errc::not_keel_file));
+    }
+    auto first = io::try_lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
+    if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
+    if (first) {
+      first->release();
+      // Nobody uses this lock. If its last users died instead of closing, their map is
+      // still named in the header and belongs to nobody: remove it, then start afresh.
+      if (!old->blank && !old->map_path.empty() &&
+          std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0 &&
+          old->map_path.starts_with(opts.map_directory + "/") &&
+          mm::is_map_name(std::string_view(old->map_path).substr(opts.map_directory.size() + 1))) {
+        (void)io::unlink(fs, old->map_path.c_str());
+      }
+      mm::lockfile_header h{};
+      h.head = mm::lockfile_format.header();
+      std::memcpy(h.boot_id, base::self().boot_id.data(), sizeof h.boot_id);
+      auto fsi = io::stat_fs(p->marker);
+      const bool local = fsi && fsi->is_local;
+      if (local && !opts.force_fallback) {
+        auto m = create_map(fs, opts.map_directory, p->map_path);
+        if (!m) return std::unexpected(m.error());
+        p->map = std::move(*m);
+        if (p->map_path.size() >= sizeof h.map_path) {
+          (void)io::unlink(fs, p->map_path.c_str());
+          return std::unexpected(
+              error(std::make_error_code(std::errc::filename_too_long)).about(p->map_path));
+        }
+        std::memcpy(h.map_path, p->map_path.c_str(), p->map_path.size() + 1);
+      } else {
+        h.degraded = 1;
+      }
+      std::vector<std::byte> whole(mm::lockfile_page);
+      std::memcpy(whole.data(), &h, sizeof h);
+      if (auto w = p->marker.write_at(0, whole); !w) return std::unexpected(w.error());
+      // Converting our exclusive marker to shared keeps it held throughout.
+      auto shared = io::lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      if (!shared) return std::unexpected(shared.error());
+      shared->release();
+    } else {
+      if (old->blank) return corrupt_here(error(errc::corrupt));  // in use, yet never set up
+      auto shared = io::lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      if (!shared) return std::unexpected(shared.error());
+      shared->release();
+      const bool same_boot = std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0;
+      if (!old->degraded) {
+        if (same_boot && !opts.force_fallback) {
+          auto m = open_map(fs, old->map_path);
+          if (m) {
+            p->map = std::move(*m);
+            p->map_path = old->map_path;
+          } else {
+            must_degrade = true;  // the memory is not ours to share
+          }
+        } else {
+          must_degrade = true;
+        }
+      }
+    }
+    if (p->map.size() != 0) {
+      p->table = mm::slot_table(p->map.data());
+      auto miu = io::lock_extent(p->marker, mm::map_in_use_byte, 1, io::lock_kind::shared);
+      if (!miu) return std::unexpected(miu.error());
+      miu->release();
+    }
+    auto size = p->marker.size();
+    if (!size) return std::unexpected(size.error());
+    if (*size < static_cast<off_t>(mm::lockfile_page)) {
+      return corrupt_here(error(make_error_code(errc::corrupt), std::string_view{},
+                                static_cast<std::uint64_t>(*size)));
+    }
+    auto view = io::mapped_file::map(p->marker, io::map_access::read_only, mm::lockfile_page, 0);
+    if (!view) return std::unexpected(view.error());
+    p->lock_view = std::move(*view);
+    if (must_degrade) {
+      if (auto d = p->mark_degraded(); !d) return std::unexpected(d.error());
+    }
+  }
+  if (p->map.size() == 0) p->map_in_use_released = true;
+  auto m = std::unique_ptr<memory_map>(new memory_map(id->dev, id->ino, std::move(p)));
+  if (must_degrade) {
+    // Outside the init lock: users leaving the map must be able to close meanwhile.
+    if (auto s = m->impl_->switch_to_fallback(io::deadline().start(), false); !s) {
+      return std::unexpected(s.error());
+    }
+  }
+  return m;
+}
+
+memory_map::~memory_map() {
+  impl& p = *impl_;
+  if (base::self().pid != p.creator_pid) return;  // the parent's markers, not ours
+  // Leave the map first (so a degrader waiting for it is not held up by our init wait).
+  if (!p.map_in_use_released) (void)io::unlock_extent(p.marker, mm::map_in_use_byte, 1);
+  auto init = io::lock_extent(p.marker, mm::init_byte, 1, io::lock_kind::exclusive);
+  (void)io::unlock_extent(p.marker, mm::in_use_byte, 1);
+  auto last = io::try_lock_extent(p.marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
+  if (init && last) {
+    // The last user: remove the map and reset the lock file for the next first user.
+    if (!p.map_path.empty()) (void)io::unlink(*p.fs, p.map_path.c_str());
+    std::vector<std::byte> zeros(mm::lockfile_page);
+    (void)p.marker.write_at(0, zeros);
+  }
+}
+
+bool memory_map::is_degraded() const noexcept {
+  return impl_->fallback_ready.load(std::memory_order_acquire);
+}
+
+}  // namespace keel::lock

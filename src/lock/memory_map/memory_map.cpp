@@ -1,0 +1,175 @@
+// memory_map's lock path: take every slot of a set (all or none), spin a little, then sleep
+// on the contended one until it is handed over, looking for dead holders now and then.
+
+#include "keel/lock/memory_map.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#include "base/futex.hpp"
+#include "base/process.hpp"
+#include "impl.hpp"
+
+namespace keel::lock {
+namespace {
+
+// How long a sleeper waits before it looks for dead holders again: its own doubling
+// interval, but no less than 5 ms per sleeper on the slot (together they look about 200
+// times a second however many they are, not in bursts that would delay the live holder),
+// jittered by ±50 % so they spread out.
+std::chrono::nanoseconds recovery_pause(std::chrono::milliseconds own,
+                                        std::uint64_t sleepers) noexcept {
+  const auto base = std::max<std::chrono::nanoseconds>(
+      own, std::chrono::milliseconds(5) *
+               static_cast<std::int64_t>(std::min<std::uint64_t>(sleepers, 1000)));
+  std::uniform_int_distribution<std::int64_t> jitter(base.count() / 2, base.count() * 3 / 2);
+  return std::chrono::nanoseconds(jitter(base::thread_rng()));
+}
+
+}  // namespace
+
+// Sleeps until slot `r` is `me`'s (taken), the deadline passes, or the lock degrades.
+// Holders that died are looked for every `recovery` (doubling up to 320 ms).
+result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
+    mm::thread_user& me, const mm::slot_request& r, const io::countdown& cd,
+    std::chrono::milliseconds& recovery) const noexcept {
+  const mm::slot_ref s = table.slot(r.slot);
+  const std::uint32_t u = me.index;
+  const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+  std::atomic_ref<std::uint64_t>(table.user(u)->waiting_since_ns).store(mm::monotonic_ns());
+  table.wants_word(u).store(r.slot | (r.exclusive ? mm::wants_exclusive : 0));
+  s.waiters(u / 64).fetch_or(bit);
+  s.waiter_count().fetch_add(1);  // after the bit: a releaser that counts us finds us
+  const auto leave = [&]() noexcept {
+    s.waiters(u / 64).fetch_and(~bit);
+    s.waiter_count().fetch_sub(1);
+    table.wants_word(u).store(mm::no_slot);
+    std::uint64_t me_woken = u + 1;
+    s.woken().compare_exchange_strong(me_woken, 0);
+  };
+  auto next_recovery =
+      std::chrono::steady_clock::now() + recovery_pause(recovery, s.waiter_count().load());
+  for (;;) {
+    const std::uint32_t seen = table.wake_word(u).load();
+    if (table.take(me, r)) {
+      leave();
+      return wait_outcome::taken;
+    }
+    if (degraded() || cd.expired()) {
+      leave();
+      // Handed the slot as we left: pass it on.
+      if (r.exclusive && me.exclusive_holds[r.slot] == 0) table.withdraw_grant(r.slot, u);
+      return degraded() ? wait_outcome::degraded : wait_outcome::expired;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_recovery) {
+      auto rec = recover_blockers(me, r.slot);
+      if (!rec) {
+        leave();
+        if (r.exclusive && me.exclusive_holds[r.slot] == 0) table.withdraw_grant(r.slot, u);
+        return std::unexpected(rec.error());
+      }
+      recovery = std::min(recovery * 2, std::chrono::milliseconds(320));
+      next_recovery = now + recovery_pause(recovery, s.waiter_count().load());
+      if (*rec) continue;
+    }
+    auto nap = std::chrono::duration_cast<std::chrono::nanoseconds>(next_recovery - now);
+    if (!cd.is_infinite()) nap = std::min(nap, cd.remaining());
+    base::futex_wait(&table.user(u)->wake, seen, std::max(nap, std::chrono::nanoseconds(1000)),
+                     base::futex_scope::shared);
+    std::uint64_t me_woken = u + 1;  // on our way: the next release may wake another
+    s.woken().compare_exchange_strong(me_woken, 0);
+  }
+}
+
+// On the map: the token for do_unlock; nullopt: the lock degraded, use the fallback.
+result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<const entity> sorted,
+                                                                   const io::countdown& cd,
+                                                                   bool spin) noexcept {
+  auto t = mine();
+  if (!t) return std::unexpected(t.error());
+  mm::thread_user& me = **t;
+  if (!me.registered) {
+    if (auto r = register_user(me); !r) return std::unexpected(r.error());
+  }
+  std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
+  std::vector<mm::slot_request> big;
+  std::span<mm::slot_request> want = mm::collect_slots(sorted, small, big);
+
+  bool spun = false;        // a lock call spins at most once before it sleeps
+  bool have_first = false;  // want[0] was handed to us while we slept
+  auto recovery = std::chrono::milliseconds(10);
+  auto next_recovery = std::chrono::steady_clock::time_point{};
+  for (;;) {
+    std::size_t k = have_first ? 1 : 0;
+    while (k < want.size() && table.take(me, want[k]))
+      ++k;
+    if (k == want.size() && !degraded()) return reinterpret_cast<std::uint64_t>(&me);
+    for (std::size_t j = 0; j < k; ++j)
+      table.give(me, want[j]);
+    have_first = false;
+    if (degraded()) break;  // go and join the others on the fallback
+    if (cd.is_zero()) return errc_error(std::errc::operation_would_block);
+    // The contended slot first next time, the rest reshuffled.
+    std::swap(want[0], want[k]);
+    if (want.size() > 2) std::shuffle(want.begin() + 1, want.end(), base::thread_rng());
+    if (!spin) {
+      if (!spun) {
+        spun = true;
+        if (table.spin_for(me, want[0], cd)) {
+          have_first = true;
+          continue;
+        }
+      }
+      auto w = wait_for(me, want[0], cd, recovery);
+      if (!w) return std::unexpected(w.error());
+      if (*w == wait_outcome::expired) return detail::contention_error(cd);
+      if (*w == wait_outcome::taken) have_first = true;
+      continue;
+    }
+    // Spinning: yield between attempts; now and then look for dead holders.
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_recovery) {
+      next_recovery = now + std::chrono::milliseconds(10);
+      auto rec = recover_blockers(me, want[0].slot);
+      if (!rec) return std::unexpected(rec.error());
+      if (*rec) continue;
+    }
+    if (!cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
+    std::this_thread::yield();
+  }
+  release_map_in_use_if_idle();
+  if (!cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
+  return std::nullopt;
+}
+
+result<std::uint64_t> memory_map::do_lock(std::span<const entity> sorted, const io::countdown& cd,
+                                          bool spin) noexcept {
+  impl& p = *impl_;
+  if (!p.fallback_ready.load(std::memory_order_acquire) && !p.degraded()) {
+    auto on_map = p.lock_on_map(sorted, cd, spin);
+    if (!on_map) {
+      if (p.degraded()) p.release_map_in_use_if_idle();
+      return std::unexpected(on_map.error());
+    }
+    if (*on_map) return **on_map;
+  }
+  // Degraded: the fallback lock, once every user has left the map.
+  if (auto s = p.switch_to_fallback(cd, spin); !s) return std::unexpected(s.error());
+  return p.lock_on_fallback(sorted, cd, spin);
+}
+
+result<void> memory_map::do_unlock(std::span<const entity> sorted, std::uint64_t token) noexcept {
+  impl& p = *impl_;
+  if (token == mm::fallback_token) return p.unlock_on_fallback(sorted);
+  // This thread's user (unlocks happen on the locking thread, which keeps its state).
+  auto& me = *reinterpret_cast<mm::thread_user*>(token);
+  std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
+  std::vector<mm::slot_request> big;
+  for (const mm::slot_request& r : mm::collect_slots(sorted, small, big))
+    p.table.give(me, r);
+  if (p.degraded()) p.release_map_in_use_if_idle();
+  return {};
+}
+
+}  // namespace keel::lock

@@ -1,0 +1,233 @@
+#include "slot_table.hpp"
+
+#include <ctime>
+
+#include "base/futex.hpp"
+#include "base/spin.hpp"
+
+namespace keel::lock::mm {
+
+bool slot_ref::other_readers(std::uint32_t u) const noexcept {
+  std::uint64_t any = 0;
+  for (std::size_t w = 0; w < bitset_words; ++w)
+    any |= readers(w).load();
+  if (any == 0) return false;  // the common case: one pass, no branch per word
+  for (std::size_t w = 0; w < bitset_words; ++w) {
+    std::uint64_t bits = readers(w).load();
+    if (w == u / 64) bits &= ~(std::uint64_t{1} << (u % 64));
+    if (bits != 0) return true;
+  }
+  return false;
+}
+
+std::uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000 +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+std::size_t slot_of(std::uint64_t value) noexcept {
+  static_assert((slots & (slots - 1)) == 0);
+  return static_cast<std::size_t>((value * 0x9e3779b97f4a7c15ULL) >> 52) & (slots - 1);
+}
+
+std::span<slot_request> collect_slots(std::span<const entity> sorted,
+                                      std::array<slot_request, 16>& small,
+                                      std::vector<slot_request>& big) {
+  if (sorted.size() == 1) {  // the common case, without the merging loop
+    small[0] = {static_cast<std::uint32_t>(slot_of(sorted[0].value)), sorted[0].is_exclusive()};
+    return std::span(small.data(), 1);
+  }
+  std::span<slot_request> want;
+  if (sorted.size() <= small.size()) {
+    want = std::span(small.data(), sorted.size());
+  } else {
+    big.resize(sorted.size());
+    want = big;
+  }
+  std::size_t n = 0;
+  for (const entity e : sorted) {
+    const auto s = static_cast<std::uint32_t>(slot_of(e.value));
+    bool merged = false;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (want[k].slot == s) {
+        want[k].exclusive |= e.is_exclusive();
+        merged = true;
+        break;
+      }
+    }
+    if (!merged) want[n++] = {s, e.is_exclusive()};
+  }
+  return want.first(n);
+}
+
+void slot_table::wake(std::uint32_t u) const noexcept {
+  wake_word(u).fetch_add(1);
+  base::futex_wake(&user(u)->wake, 1, base::futex_scope::shared);
+}
+
+std::uint32_t slot_table::next_waiter(const slot_ref& s, std::uint32_t from) noexcept {
+  const std::uint32_t start = (from + 1) % max_users;
+  const std::uint64_t from_start = ~std::uint64_t{0} << (start % 64);
+  for (std::size_t k = 0; k <= bitset_words; ++k) {
+    const std::size_t w = (start / 64 + k) % bitset_words;
+    std::uint64_t bits = s.waiters(w).load();
+    if (k == 0) bits &= from_start;
+    if (k == bitset_words) bits &= ~from_start;  // the wrap-around: before `start`
+    if (w == from / 64) bits &= ~(std::uint64_t{1} << (from % 64));
+    if (bits != 0) return static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
+  }
+  return no_slot;
+}
+
+void slot_table::hand_on(std::size_t i, std::uint32_t from) const noexcept {
+  const slot_ref s = slot(i);
+  if (s.waiter_count().load() == 0) return;
+  if (s.writer().load() != 0) return;    // taken again: its holder hands on
+  if (s.other_readers(no_slot)) return;  // the last reader out hands on
+  const std::uint32_t target = next_waiter(s, from);
+  if (target == no_slot) return;
+  const auto slot_index = static_cast<std::uint32_t>(i);
+  if (wants_word(target).load() == (slot_index | wants_exclusive)) {
+    const std::uint64_t since =
+        std::atomic_ref<std::uint64_t>(user(target)->waiting_since_ns).load();
+    if (monotonic_ns() - since < hand_over_after_ns) {
+      // Not waited long: wake it to compete, unless a woken sleeper is on its way already
+      // (one wake-up per round, not one per release).
+      std::uint64_t none = 0;
+      if (s.woken().compare_exchange_strong(none, target + 1)) wake(target);
+      return;
+    }
+    std::uint64_t expected = 0;
+    if (!s.writer().compare_exchange_strong(expected, target + 1)) return;
+    // The target may have given up meanwhile; then its grant is withdrawn by it or here.
+    if ((s.waiters(target / 64).load() & (std::uint64_t{1} << (target % 64))) == 0) {
+      withdraw_grant(i, target);
+      return;
+    }
+    wake(target);
+    return;
+  }
+  for (std::size_t w = 0; w < bitset_words; ++w) {
+    std::uint64_t bits = s.waiters(w).load();
+    while (bits != 0) {
+      const auto u = static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
+      bits &= bits - 1;
+      if (wants_word(u).load() != (slot_index | wants_exclusive)) wake(u);
+    }
+  }
+}
+
+void slot_table::withdraw_grant(std::size_t i, std::uint32_t u) const noexcept {
+  std::uint64_t granted = u + 1;
+  if (slot(i).writer().compare_exchange_strong(granted, 0)) hand_on(i, u);
+}
+
+void slot_table::clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
+  const slot_ref s = slot(i);
+  const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+  if ((s.waiters(u / 64).fetch_and(~bit) & bit) != 0) s.waiter_count().fetch_sub(1);
+  std::uint64_t was_woken = u + 1;
+  s.woken().compare_exchange_strong(was_woken, 0);
+  std::uint64_t w = u + 1;
+  bool freed = s.writer().compare_exchange_strong(w, 0);
+  freed |= (s.readers(u / 64).fetch_and(~bit) & bit) != 0;
+  if (freed) hand_on(i, u);
+}
+
+bool slot_table::take(slot_user& me, const slot_request& r) const noexcept {
+  const slot_ref s = slot(r.slot);
+  const std::uint32_t u = me.index;
+  if (r.exclusive) {
+    std::uint32_t& held = me.exclusive_holds[r.slot];
+    if (held != 0) {
+      ++held;
+      return true;
+    }
+    std::uint64_t expected = 0;
+    // A writer word already naming us is a hand-over from the last holder.
+    if (!s.writer().compare_exchange_strong(expected, u + 1) && expected != u + 1) return false;
+    if (s.other_readers(u)) {
+      s.writer().store(0);
+      hand_on(r.slot, u);
+      return false;
+    }
+    ++held;
+    return true;
+  }
+  std::uint32_t& held = me.shared_holds[r.slot];
+  if (held != 0) {
+    ++held;
+    return true;
+  }
+  const std::uint64_t bit = std::uint64_t{1} << (u % 64);
+  s.readers(u / 64).fetch_or(bit);
+  const std::uint64_t w = s.writer().load();
+  if (w == 0 || (w == u + 1 && me.exclusive_holds[r.slot] != 0)) {
+    ++held;
+    return true;
+  }
+  s.readers(u / 64).fetch_and(~bit);
+  hand_on(r.slot, u);  // our bit may have turned a writer away
+  return false;
+}
+
+void slot_table::give(slot_user& me, const slot_request& r) const noexcept {
+  const slot_ref s = slot(r.slot);
+  if (r.exclusive) {
+    if (--me.exclusive_holds[r.slot] != 0) return;
+    s.writer().store(0);  // seq_cst: published before the waiter count is read
+  } else {
+    if (--me.shared_holds[r.slot] != 0) return;
+    s.readers(me.index / 64).fetch_and(~(std::uint64_t{1} << (me.index % 64)));
+  }
+  hand_on(r.slot, me.index);
+}
+
+bool slot_table::spin_for(slot_user& me, const slot_request& r,
+                          const io::countdown& cd) const noexcept {
+  using std::chrono::nanoseconds;
+  constexpr std::uint64_t least = 1'000, most = 200'000, initial = 20'000;
+  const slot_ref s = slot(r.slot);
+  if (s.waiter_count().load() != 0) return false;
+  if (s.spinners().fetch_add(1) != 0) {
+    s.spinners().fetch_sub(1);
+    return false;
+  }
+  std::uint64_t budget = s.spin_budget_ns().load(std::memory_order_relaxed);
+  if (budget == 0) budget = initial;
+  const auto until = std::chrono::steady_clock::now() + nanoseconds(budget);
+  bool got = false;
+  for (unsigned i = 1;; ++i) {
+    const std::uint64_t w = s.writer().load(std::memory_order_relaxed);
+    if ((w == 0 || w == me.index + 1) && take(me, r)) {
+      got = true;
+      break;
+    }
+    base::cpu_relax();
+    if (i % 16 == 0) {
+      if (s.waiter_count().load(std::memory_order_relaxed) != 0) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until || (!cd.is_infinite() && now >= cd.expiry())) break;
+    }
+  }
+  s.spin_budget_ns().store(base::next_spin_budget(budget, got, least, most),
+                           std::memory_order_relaxed);
+  s.spinners().fetch_sub(1);
+  return got;
+}
+
+bool slot_table::marks_of(std::span<const std::uint32_t> users) const noexcept {
+  for (std::size_t i = 0; i < slots; ++i) {
+    const slot_ref s = slot(i);
+    const std::uint64_t w = s.writer().load();
+    for (const std::uint32_t u : users) {
+      if (w == u + 1) return true;
+      if ((s.readers(u / 64).load() & (std::uint64_t{1} << (u % 64))) != 0) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace keel::lock::mm

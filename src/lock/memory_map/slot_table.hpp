@@ -1,0 +1,149 @@
+#pragma once
+// The slot protocol of memory_map, on the shared map: taking, releasing and handing on a
+// slot, and clearing what a dead user left in one. Everything here works on the map's bytes
+// alone (no files), so fuzz/ can drive it over a table of garbage.
+//
+// A slot is free when its writer word is 0 and no reader bit is set. A writer stores its
+// user index + 1 (compare-and-swap from 0), then checks the reader set; a reader sets its
+// bit, then checks the writer word. Each side publishes before it looks (seq_cst), so at
+// least one of two racing lockers sees the other and backs off: never both inside.
+//
+// Waiters sleep on their own futex word (user_entry::wake) after setting their bit in the
+// slot's waiter set and counting themselves in. A releaser that finds waiters hands the slot
+// to the next one after itself in user order (round robin, so every waiter gets its turn):
+// an exclusive waiter gets the writer word set to its index + 1 before it is woken, so a
+// releaser that comes straight back cannot take the slot again in front of it.
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "format.hpp"
+#include "keel/io/deadline.hpp"
+#include "keel/lock/shared_fs_mutex.hpp"
+
+namespace keel::lock::mm {
+
+constexpr std::uint32_t no_slot = 0xffffffffu;
+constexpr std::uint32_t wants_exclusive = 0x80000000u;
+
+//! A sleeper that has waited this long is handed the slot; before, a release only wakes it
+//! and anyone may take the slot first (short holds then run back to back without a
+//! hand-over, and a long wait always ends in one).
+constexpr std::uint64_t hand_over_after_ns = 1'000'000;
+
+struct user_entry {
+  std::uint32_t pid;
+  std::uint32_t tid;
+  std::uint64_t start_time;
+  std::uint32_t wake;   // futex word: bumped by whoever wakes this user
+  std::uint32_t wants;  // the slot it sleeps on (| wants_exclusive), or no_slot
+  std::uint32_t clean;  // non-zero: the last user of this index left no mark in any slot
+  std::uint32_t reserved;
+  std::uint64_t waiting_since_ns;  // CLOCK_MONOTONIC when it started waiting on `wants`
+};
+static_assert(sizeof(user_entry) <= user_size);
+
+struct slot_ref {
+  std::uint64_t* base;
+  [[nodiscard]] std::atomic_ref<std::uint64_t> writer() const noexcept { return word(0); }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> waiter_count() const noexcept { return word(1); }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> spinners() const noexcept { return word(2); }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> spin_budget_ns() const noexcept { return word(3); }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> woken() const noexcept { return word(4); }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> readers(std::size_t w) const noexcept {
+    return word(8 + w);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> waiters(std::size_t w) const noexcept {
+    return word(8 + bitset_words + w);
+  }
+  //! Whether any reader other than user `u` is in (`no_slot`: any reader).
+  [[nodiscard]] bool other_readers(std::uint32_t u) const noexcept;
+
+ private:
+  [[nodiscard]] std::atomic_ref<std::uint64_t> word(std::size_t i) const noexcept {
+    return std::atomic_ref<std::uint64_t>(base[i]);
+  }
+};
+
+//! One slot a lock call needs, and how.
+struct slot_request {
+  std::uint32_t slot;
+  bool exclusive;
+};
+
+//! The slot of an entity's value.
+[[nodiscard]] std::size_t slot_of(std::uint64_t value) noexcept;
+
+//! The slots a set needs, each once (exclusive wins where two entities share one). Uses
+//! `small` when it fits, else `big`.
+std::span<slot_request> collect_slots(std::span<const entity> sorted,
+                                      std::array<slot_request, 16>& small,
+                                      std::vector<slot_request>& big);
+
+//! What one user (a thread of one instance) holds: its index in the user table and how many
+//! times it holds each slot (two entities of its sets may share one).
+struct slot_user {
+  std::uint32_t index = 0;
+  std::vector<std::uint32_t> exclusive_holds;
+  std::vector<std::uint32_t> shared_holds;
+};
+
+[[nodiscard]] std::uint64_t monotonic_ns() noexcept;
+
+//! The protocol over one map's bytes (map_size of them).
+class slot_table {
+ public:
+  explicit slot_table(std::byte* map = nullptr) noexcept : map_(map) {}
+
+  [[nodiscard]] slot_ref slot(std::size_t i) const noexcept {
+    return slot_ref{reinterpret_cast<std::uint64_t*>(map_ + slots_at + i * slot_size)};
+  }
+  [[nodiscard]] user_entry* user(std::size_t u) const noexcept {
+    return reinterpret_cast<user_entry*>(map_ + users_at + u * user_size);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint32_t> wake_word(std::uint32_t u) const noexcept {
+    return std::atomic_ref<std::uint32_t>(user(u)->wake);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint32_t> wants_word(std::uint32_t u) const noexcept {
+    return std::atomic_ref<std::uint32_t>(user(u)->wants);
+  }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> degraded_word() const noexcept {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(map_ + map_degraded_at));
+  }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> next_user_word() const noexcept {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(map_ + map_next_user_at));
+  }
+
+  //! Wakes user `u` (bumps its futex word).
+  void wake(std::uint32_t u) const noexcept;
+  //! The first waiter of `s` after user `from` in circular user order, not `from`.
+  [[nodiscard]] static std::uint32_t next_waiter(const slot_ref& s, std::uint32_t from) noexcept;
+  //! Called by user `from` after it released slot `i` (or backed off from it; seq_cst): if the
+  //! slot is free and someone sleeps on it, hands it to the next waiter. Exclusive waiters get
+  //! the writer word; shared waiters are woken to take their bits.
+  void hand_on(std::size_t i, std::uint32_t from) const noexcept;
+  //! Takes back a grant to `u` that nobody will collect, and hands the slot on.
+  void withdraw_grant(std::size_t i, std::uint32_t u) const noexcept;
+  //! Removes every mark user `u` left in slot `i`, and hands the slot on if that freed it.
+  void clear_user_in(std::size_t i, std::uint32_t u) const noexcept;
+  //! One attempt at slot `r` for `me`; counts the hold on success.
+  bool take(slot_user& me, const slot_request& r) const noexcept;
+  //! Releases one hold of slot `r` by `me`.
+  void give(slot_user& me, const slot_request& r) const noexcept;
+  //! Spins for slot `r` while nobody sleeps on it, one spinner per slot at a time, for an
+  //! adaptive budget (base::next_spin_budget, 1–200 µs).
+  bool spin_for(slot_user& me, const slot_request& r, const io::countdown& cd) const noexcept;
+  //! Whether any slot is held by (or handed to) any of `users`.
+  [[nodiscard]] bool marks_of(std::span<const std::uint32_t> users) const noexcept;
+
+ private:
+  std::byte* map_;
+};
+
+}  // namespace keel::lock::mm

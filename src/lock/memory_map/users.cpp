@@ -1,0 +1,120 @@
+// Users of a map: a thread of an instance registers by taking the first free liveness byte
+// (an OFD lock on the map file, held while it lives: the kernel drops it when the process
+// dies, a proof of death that cannot lie), and a waiter clears what a dead user left.
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "base/process.hpp"
+#include "impl.hpp"
+#include "keel/io/byte_lock.hpp"
+
+namespace keel::lock {
+
+namespace mm {
+
+// Leaving with nothing held (not even a released guard's slots) spares the next user of
+// this index the sweep of every slot. A forked child's copy is the parent's: hands off.
+thread_user::~thread_user() {
+  if (entry == nullptr || pid != base::self().pid) return;
+  const auto none = [](const std::vector<std::uint32_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](std::uint32_t n) { return n == 0; });
+  };
+  if (none(exclusive_holds) && none(shared_holds)) {
+    std::atomic_ref<std::uint32_t>(entry->clean).store(1);
+  }
+}
+
+}  // namespace mm
+
+result<mm::thread_user*> memory_map::impl::mine() noexcept {
+  return threads.get<mm::thread_user>([&]() -> result<std::unique_ptr<mm::thread_user>> {
+    auto s = std::make_unique<mm::thread_user>();
+    auto lf = io::file_handle::open(*fs, path.c_str(), io::open_flags::read_write);
+    if (!lf) return std::unexpected(lf.error());
+    s->lock_fd = std::move(*lf);
+    return s;
+  });
+}
+
+result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
+  auto mf = io::file_handle::open(*fs, map_path.c_str(), io::open_flags::read_write);
+  if (!mf) return std::unexpected(mf.error());
+  t.map_fd = std::move(*mf);
+  const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
+  // Registrants take indexes in turn, so each usually gets the first one it tries.
+  const std::size_t start = table.next_user_word().fetch_add(1) % mm::max_users;
+  for (std::size_t k = 0; k < mm::max_users; ++k) {
+    const auto u = static_cast<std::uint32_t>((start + k) % mm::max_users);
+    auto g = io::try_lock_extent(t.map_fd, mm::liveness_base + u, 1, io::lock_kind::exclusive);
+    if (!g) {
+      if (detail::is_contention(g.error())) continue;
+      return std::unexpected(g.error());
+    }
+    g->release();  // held for as long as this thread's state lives
+    mm::user_entry* e = table.user(u);
+    // A previous user of this index may have died holding slots: clear its marks.
+    if (e->pid != 0 && std::atomic_ref<std::uint32_t>(e->clean).load() == 0) {
+      for (std::size_t i = 0; i < mm::slots; ++i)
+        table.clear_user_in(i, u);
+    }
+    std::atomic_ref<std::uint32_t>(e->clean).store(0);
+    e->pid = base::self().pid;
+    e->tid = tid;
+    e->start_time = base::self().start_time;
+    table.wants_word(u).store(mm::no_slot);
+    t.exclusive_holds.assign(mm::slots, 0);
+    t.shared_holds.assign(mm::slots, 0);
+    {
+      const std::scoped_lock lock(switch_mutex);
+      if (std::find(my_users.begin(), my_users.end(), u) == my_users.end()) my_users.push_back(u);
+    }
+    t.index = u;
+    t.entry = e;
+    t.pid = base::self().pid;
+    t.registered = true;
+    return {};
+  }
+  return keel_error(errc::too_many_users);
+}
+
+// Whether user `u` (not this thread) is dead: its liveness byte is free. If so, clears its
+// marks in slot `i` while holding the byte, so no new user can take the index meanwhile.
+result<bool> memory_map::impl::recover_if_dead(const mm::thread_user& t, std::uint32_t u,
+                                               std::size_t i) const noexcept {
+  if (u == t.index || u >= mm::max_users) return false;
+  auto g = io::try_lock_extent(t.map_fd, mm::liveness_base + u, 1, io::lock_kind::exclusive);
+  if (!g) {
+    if (detail::is_contention(g.error())) return false;
+    return std::unexpected(g.error());
+  }
+  table.clear_user_in(i, u);
+  return true;  // the guard unlocks the byte
+}
+
+result<bool> memory_map::impl::recover_blockers(const mm::thread_user& t,
+                                                std::size_t i) const noexcept {
+  const mm::slot_ref s = table.slot(i);
+  bool any = false;
+  const std::uint64_t w = s.writer().load();
+  if (w != 0) {
+    auto r = recover_if_dead(t, static_cast<std::uint32_t>(w - 1), i);
+    if (!r) return r;
+    any |= *r;
+  }
+  for (std::size_t word = 0; word < mm::bitset_words; ++word) {
+    std::uint64_t bits = s.readers(word).load();
+    while (bits != 0) {
+      const auto b = static_cast<std::uint32_t>(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      auto r = recover_if_dead(t, static_cast<std::uint32_t>(word * 64 + b), i);
+      if (!r) return r;
+      any |= *r;
+    }
+  }
+  return any;
+}
+
+}  // namespace keel::lock
