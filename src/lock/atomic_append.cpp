@@ -21,7 +21,8 @@ constexpr off_t header_size = 4096;
 constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: truncating
 constexpr std::size_t first_live_at = 64;  // atomic u64: no live record before this offset
 constexpr off_t truncate_above = 256 * 1024;
-constexpr std::uint32_t record_magic = 0x3152414b;  // "KAR1"
+constexpr std::uint32_t record_magic = 0x3152414b;   // "KAR1"
+constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD"
 constexpr off_t punch_every = 1 << 20;
 constexpr std::uint64_t stale_after_ns = 1'000'000'000;
 
@@ -35,7 +36,8 @@ struct record {
   std::uint64_t time_ns;
   std::uint8_t boot_id[16];
   std::uint64_t checksum;  // XXH3 of the record with checksum and released zeroed
-  std::uint32_t released;  // set by the owner on unlock (or by anyone who finds it dead)
+  std::uint32_t released;  // released_mark, set by the owner on unlock (or by anyone who finds
+                           // it dead); 0 while held
   std::uint32_t reserved;
   std::uint64_t entities[atomic_append::entities_per_record];  // value | exclusive << 63
 };
@@ -197,14 +199,19 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
   c.offset = offset;
   c.length = static_cast<off_t>(first.count) * record_size;
   c.time_ns = first.time_ns;
-  c.released = std::atomic_ref<const std::uint32_t>(first.released).load() != 0;
+  // The released flag is outside the checksum (its owner sets it later), so it takes one
+  // value that no bit flip of 0 can make: anything else is corruption, never a release.
+  const std::uint32_t released = std::atomic_ref<const std::uint32_t>(first.released).load();
+  if (released != 0 && released != released_mark) return keel_error(errc::corrupt);
+  c.released = released == released_mark;
   c.owner.pid = first.pid;
   c.owner.start_time = first.start_time;
   std::memcpy(c.owner.boot_id.data(), first.boot_id, sizeof first.boot_id);
   for (std::size_t k = 0; k < first.count; ++k) {
     const record& r = records[k];
     if (r.magic != record_magic || r.index != k || r.count != first.count ||
-        r.entities_here > atomic_append::entities_per_record || r.checksum != checksum_of(r)) {
+        r.entities_here > atomic_append::entities_per_record || r.checksum != checksum_of(r) ||
+        (k != 0 && r.released != 0)) {
       return keel_error(errc::corrupt);
     }
     c.entities.insert(c.entities.end(), r.entities, r.entities + r.entities_here);
@@ -213,12 +220,9 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
 }
 
 result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
-  const std::uint32_t one = 1;
-  return rw.write_at(chunk + released_at, std::as_bytes(std::span(&one, 1)));
+  return rw.write_at(chunk + released_at, std::as_bytes(std::span(&released_mark, 1)));
 }
 
-// Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
-// stops early when `visit` returns false. Returns the offset it stopped at.
 // Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
 // stops early when `visit` returns false. Returns the offset it stopped at. Records before
 // `first_live` may be punched out (zeros) under a slow reader's feet: where what is read does
@@ -411,7 +415,11 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                    failure = rd.error();
                    return false;
                  }
-                 if (flag != 0) break;
+                 if (flag == released_mark) break;
+                 if (flag != 0) {
+                   failure = corrupt_at(t.rw, c.offset + released_at).error();
+                   return false;
+                 }
                  if (owner_is_dead(c.owner, *impl_->fs)) {
                    (void)mark_released(t.rw, c.offset);  // spare the next reader the check
                    break;

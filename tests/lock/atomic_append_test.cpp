@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -93,6 +94,33 @@ TEST(AtomicAppend, CorruptRecordIsAnErrorNotAWait) {
     seen = r ? std::error_code{} : r.error().code();
   }).join();
   EXPECT_EQ(seen, std::errc::bad_message);
+}
+
+// The released flag is outside the checksum: one flipped bit of a live record's flag must
+// read as corruption, never as a release that lets a second holder in.
+TEST(AtomicAppend, AFlippedReleasedFlagIsCorruptionNotARelease) {
+  temp_dir dir;
+  auto m = atomic_append::open(dir.file("log"));
+  ASSERT_TRUE(m);
+  auto other = atomic_append::open(dir.file("log"));
+  ASSERT_TRUE(other);
+  auto g = (*other)->lock({entity(1)});
+  ASSERT_TRUE(g);
+  {
+    auto f = io::file_handle::open(dir.file("log").c_str(), io::open_flags::write);
+    ASSERT_TRUE(f);
+    const std::byte one[1] = {std::byte{1}};
+    ASSERT_TRUE(f->write_at(4096 + 56, one));  // released, of the holder's record
+  }
+  std::optional<error> seen;
+  std::thread([&] {
+    auto r = (*m)->lock({entity(1)}, 500ms);
+    if (!r) seen = r.error();
+  }).join();
+  ASSERT_TRUE(seen) << "a second holder got in";
+  EXPECT_EQ(*seen, keel::errc::corrupt) << seen->message();
+  EXPECT_EQ(seen->path(), dir.file("log"));
+  EXPECT_EQ(seen->offset(), 4096u);
 }
 
 // Regression (found by lockmatrix's exclusion check): a process killed between the log's
