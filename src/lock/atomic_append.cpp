@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "base/format_header.hpp"
+#include "base/planted.hpp"
 #include "detail/common.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/mapped_file.hpp"
@@ -19,7 +21,8 @@ namespace {
 // On-disk layout (doc/lock-formats.md). The header is one page; records follow, 256 bytes.
 constexpr off_t header_size = 4096;
 constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: truncating
-constexpr std::size_t first_live_at = 64;  // atomic u64: no live record before this offset
+constexpr off_t in_use_byte = 9;           // shared by every open instance
+constexpr std::size_t first_live_at = 64;  // live_hint: no live record before this offset
 constexpr off_t truncate_above = 256 * 1024;
 constexpr std::uint32_t record_magic = 0x3152414b;   // "KAR1"
 constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD"
@@ -53,6 +56,52 @@ std::unexpected<error> corrupt_at(const io::file_handle& f, off_t offset) noexce
   return std::unexpected(
       error(errc::corrupt).about(f.shared_path(), static_cast<std::uint64_t>(offset)));
 }
+
+// The first-live hint: an offset in the log (a multiple of the record size) shared by every
+// user through the header map and updated with compare-and-swap, so it cannot have a
+// checksum of its own beside it. It carries one inside: 40 bits of offset / 256 and 24 bits
+// of a hash of them. A damaged hint (a flipped bit would otherwise make readers skip a live
+// record) reads as the start of the log: a longer scan, never a wrong answer.
+class live_hint {
+ public:
+  explicit live_hint(std::uint64_t* word) noexcept : word_(*word) {}
+
+  static constexpr std::uint64_t encode(std::uint64_t offset) noexcept {
+    const std::uint64_t units = (offset / record_size) & units_mask;
+    return units | check_of(units) << 40;
+  }
+  static constexpr std::uint64_t decode(std::uint64_t raw) noexcept {
+    const std::uint64_t units = raw & units_mask;
+    if (raw >> 40 != check_of(units) || units * record_size < header_size) return header_size;
+    return units * record_size;
+  }
+
+  [[nodiscard]] std::uint64_t load(std::memory_order o = std::memory_order_seq_cst) const noexcept {
+    return decode(word_.load(o));
+  }
+  void store(std::uint64_t offset, std::memory_order o = std::memory_order_seq_cst) noexcept {
+    word_.store(encode(offset), o);
+  }
+  //! Replaces `expected` with `desired`; else loads the hint into `expected`.
+  bool compare_exchange(std::uint64_t& expected, std::uint64_t desired,
+                        std::memory_order o = std::memory_order_seq_cst) noexcept {
+    std::uint64_t raw = word_.load(std::memory_order_acquire);
+    if (decode(raw) != expected) {
+      expected = decode(raw);
+      return false;
+    }
+    if (word_.compare_exchange_strong(raw, encode(desired), o)) return true;
+    expected = decode(raw);
+    return false;
+  }
+
+ private:
+  static constexpr std::uint64_t units_mask = (std::uint64_t{1} << 40) - 1;
+  static constexpr std::uint64_t check_of(std::uint64_t units) noexcept {
+    return ((units * 0x9e3779b97f4a7c15ULL) >> 40) & 0xffffff;
+  }
+  std::atomic_ref<std::uint64_t> word_;
+};
 
 std::uint64_t checksum_of(record r) noexcept {
   r.checksum = 0;
@@ -89,6 +138,15 @@ struct thread_log final : base::thread_state {
   io::file_handle append;  // O_APPEND: records go here
   io::file_handle rw;      // reads, released flags and record locks (pwrite ignores the
                            // offset on an O_APPEND descriptor, hence two)
+  // Records this thread unlocked but could not mark released (the write failed): their
+  // byte stays locked, so to everyone else they are held, as the unlock's error said. This
+  // thread knows better: it skips them, and marks them again when it meets them. It never
+  // probes them through its own descriptor (that would convert or drop its own lock).
+  std::vector<off_t> stuck;
+
+  [[nodiscard]] bool is_stuck(off_t chunk) const noexcept {
+    return std::find(stuck.begin(), stuck.end(), chunk) != stuck.end();
+  }
 };
 
 }  // namespace
@@ -100,9 +158,8 @@ struct atomic_append::impl {
   io::mapped_file header_map;
   base::per_thread_states threads;
 
-  std::atomic_ref<std::uint64_t> first_live() noexcept {
-    return std::atomic_ref<std::uint64_t>(
-        *reinterpret_cast<std::uint64_t*>(header_map.data() + first_live_at));
+  live_hint first_live() noexcept {
+    return live_hint(reinterpret_cast<std::uint64_t*>(header_map.data() + first_live_at));
   }
 
   result<thread_log*> mine() noexcept {
@@ -132,38 +189,58 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
   if (!f) return std::unexpected(f.error());
   auto id = detail::identify(*f);
   if (!id) return std::unexpected(id.error());
+  // Openers take turns under the exclusive header lock (appenders hold it shared for an
+  // instant): an initialiser writes the whole header before anyone reads it, and a first
+  // user resets the log before anyone appends.
+  auto g = io::lock_extent(*f, header_lock_byte, 1, io::lock_kind::exclusive);
+  if (!g) return std::unexpected(g.error());
+  std::vector<std::byte> page(header_size);
+  auto n = f->read_at(0, page);
+  if (!n) return std::unexpected(n.error());
   auto size = f->size();
   if (!size) return std::unexpected(size.error());
-  if (*size == 0) {
-    // Initialise once: the header lock excludes appenders and other initialisers. Only an
-    // empty file is taken: one with content that is not a log is refused, never written.
-    auto g = io::lock_extent(*f, header_lock_byte, 1, io::lock_kind::exclusive);
-    if (!g) return std::unexpected(g.error());
-    size = f->size();
-    if (!size) return std::unexpected(size.error());
-    if (*size == 0) {
-      std::vector<std::byte> page(header_size);
-      const base::format_header h = log_format.header();
-      std::memcpy(page.data(), &h, sizeof h);
-      const std::uint64_t first = header_size;
-      std::memcpy(page.data() + first_live_at, &first, sizeof first);
-      if (auto w = f->write_at(0, page); !w) return std::unexpected(w.error());
-    }
-  }
-  // Read the header under the shared header lock: an initialiser holds it exclusively until
-  // the whole page is written, so a reader never sees it half-written.
-  auto g = io::lock_extent(*f, header_lock_byte, 1, io::lock_kind::shared);
-  if (!g) return std::unexpected(g.error());
-  std::array<std::byte, sizeof(base::format_header)> head{};
-  auto n = f->read_at(0, head);
-  if (!n) return std::unexpected(n.error());
-  size = f->size();
-  if (!size) return std::unexpected(size.error());
-  auto state = base::check_header(std::span(head).first(*n), log_format);
+  auto state = base::check_header(std::span(page).first(*n), log_format);
   if (!state) return std::unexpected(state.error().about(f->shared_path(), 0));
-  if (*state != base::header_state::ours || *size < header_size) {
-    return std::unexpected(error(errc::not_keel_file).about(f->shared_path(), 0));
+  if (*state == base::header_state::blank) {
+    // Only an empty file is taken, or one of zeros no longer than a header (a power cut
+    // between the creation of a log and its header's fsync): one with content that is not a
+    // log is refused, never written.
+    if (*size > header_size ||
+        std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; })) {
+      return std::unexpected(error(errc::not_keel_file).about(f->shared_path(), 0));
+    }
+    const base::format_header h = log_format.header();
+    std::memcpy(page.data(), &h, sizeof h);
+    const std::uint64_t first = live_hint::encode(header_size);
+    std::memcpy(page.data() + first_live_at, &first, sizeof first);
+    if (auto w = f->write_at(0, page); !w) return std::unexpected(w.error());
+    // Durable before any record follows it: a power cut must not leave records behind a
+    // header of zeros (a file nobody could tell from a stranger's).
+    if (!base::is_planted(base::planted_bug::atomic_append_skips_header_sync)) {
+      if (auto s = f->sync_data(); !s) return std::unexpected(s.error());
+    }
+    size = header_size;
+  } else if (*size < header_size) {
+    return std::unexpected(
+        error(errc::corrupt).about(f->shared_path(), static_cast<std::uint64_t>(*size)));
   }
+  // Every instance holds the in-use byte shared while it lives (through the descriptor it
+  // keeps, which a forked child shares). Getting it exclusively proves there is no other:
+  // every record in the log is then a dead process's (after a crash or a power cut, torn
+  // ones too), so the log starts afresh instead of being scanned, or refused, forever.
+  auto first = io::try_lock_extent(*f, in_use_byte, 1, io::lock_kind::exclusive);
+  if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
+  if (first && *size > header_size) {
+    const std::uint64_t from = live_hint::encode(header_size);
+    if (auto w = f->write_at(first_live_at, std::as_bytes(std::span(&from, 1))); !w) {
+      return std::unexpected(w.error());
+    }
+    if (auto t = f->truncate(header_size); !t) return std::unexpected(t.error());
+  }
+  auto in_use = io::lock_extent(*f, in_use_byte, 1, io::lock_kind::shared);  // converts ours
+  if (!in_use) return std::unexpected(in_use.error());
+  in_use->release();
+  if (first) first->release();  // the conversion replaced it
   if (auto u = g->unlock(); !u) return std::unexpected(u.error());
   auto map = io::mapped_file::map(*f, io::map_access::read_write, header_size, 0);
   if (!map) return std::unexpected(map.error());
@@ -210,7 +287,9 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
   for (std::size_t k = 0; k < first.count; ++k) {
     const record& r = records[k];
     if (r.magic != record_magic || r.index != k || r.count != first.count ||
-        r.entities_here > atomic_append::entities_per_record || r.checksum != checksum_of(r) ||
+        r.entities_here > atomic_append::entities_per_record ||
+        (r.checksum != checksum_of(r) &&
+         !base::is_planted(base::planted_bug::atomic_append_skips_checksum)) ||
         (k != 0 && r.released != 0)) {
       return keel_error(errc::corrupt);
     }
@@ -229,8 +308,8 @@ result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
 // not parse, a reader that finds `first_live` past that point jumps to it; anywhere else it
 // is corruption.
 template <class Visit>
-result<off_t> scan(const io::file_handle& rw, std::atomic_ref<std::uint64_t> first_live, off_t from,
-                   off_t to, Visit&& visit) {
+result<off_t> scan(const io::file_handle& rw, live_hint first_live, off_t from, off_t to,
+                   Visit&& visit) {
   std::vector<record> buf;
   off_t at = from;
   const auto skip_or_fail = [&]() -> bool {
@@ -338,7 +417,10 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     auto h = io::lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::shared);
     if (!h) return std::unexpected(h.error());
     auto w = t.append.append(std::as_bytes(std::span(chunk)));
-    if (!w) return std::unexpected(w.error());
+    if (!w) {
+      if (base::is_planted(base::planted_bug::atomic_append_ignores_failed_append)) return 0;
+      return std::unexpected(w.error());
+    }
     mine_at = w->offset;
     if (w->length != bytes) {
       // The filesystem took part of the chunk (full disk): make what landed harmless.
@@ -363,8 +445,11 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     }
   }
   const auto withdraw = [&](const error& ec) -> result<std::uint64_t> {
-    (void)mark_released(t.rw, mine_at);
-    (void)io::unlock_extent(t.rw, mine_at, 1);
+    if (mark_released(t.rw, mine_at)) {
+      (void)io::unlock_extent(t.rw, mine_at, 1);
+    } else {
+      t.stuck.push_back(mine_at);  // held to the others until marked (see thread_log)
+    }
     return std::unexpected(ec);
   };
 
@@ -374,8 +459,8 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   if (hint > static_cast<std::uint64_t>(mine_at)) {
     // A hint past our own record cannot be true: the log was truncated and the hint not reset
     // (a process killed in between, by an older keel). Scan it all, and mend the hint.
-    first_live.compare_exchange_strong(hint, static_cast<std::uint64_t>(header_size),
-                                       std::memory_order_acq_rel);
+    first_live.compare_exchange(hint, static_cast<std::uint64_t>(header_size),
+                                std::memory_order_acq_rel);
     hint = static_cast<std::uint64_t>(header_size);
   }
   const auto from = static_cast<off_t>(hint);
@@ -386,9 +471,18 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
       scan(t.rw, first_live, std::max(from, header_size), mine_at,
            [&](const chunk_view& c) -> result<bool> {
              bool released = c.released;
+             if (!released && t.is_stuck(c.offset)) {
+               // Ours, released but not marked: try the mark again; free it for us anyway.
+               if (mark_released(t.rw, c.offset)) {
+                 (void)io::unlock_extent(t.rw, c.offset, 1);
+                 std::erase(t.stuck, c.offset);
+               }
+               all_released = false;  // to the others it is held until marked
+               return true;
+             }
              if (!released && conflicts(c.entities, sorted)) {
                for (;;) {
-                 if (cd.is_zero() || (spin && cd.expired())) {
+                 if (cd.is_zero() || (!cd.is_infinite() && cd.expired())) {
                    failure = detail::contention_error(cd).error();
                    return false;
                  }
@@ -427,7 +521,8 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                  std::this_thread::yield();
                }
                released = true;
-             } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns) {
+             } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns &&
+                        !t.is_stuck(c.offset)) {
                // An old live record holds back the hint: if its owner died, it is released. (Only
                // old ones are checked: reading /proc for every live record would cost too much.)
                auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
@@ -449,8 +544,8 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   // Everything before `released_prefix` is released for good: later scans may skip it.
   auto expected = first_live.load(std::memory_order_relaxed);
   while (expected < static_cast<std::uint64_t>(released_prefix)) {
-    if (first_live.compare_exchange_weak(expected, static_cast<std::uint64_t>(released_prefix),
-                                         std::memory_order_acq_rel)) {
+    if (first_live.compare_exchange(expected, static_cast<std::uint64_t>(released_prefix),
+                                    std::memory_order_acq_rel)) {
       // Give back the space of the released prefix now and then (the log only shrinks for
       // real when it is truncated in a quiet moment).
       const off_t old_mib = static_cast<off_t>(expected) / punch_every;
@@ -469,11 +564,14 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   if (!state) return std::unexpected(state.error());
   thread_log& t = **state;
   const auto at = static_cast<off_t>(token);
-  // Released first, then the lock: a waiter woken by the unlock already sees the flag.
-  auto r = mark_released(t.rw, at);
-  auto u = io::unlock_extent(t.rw, at, 1);
-  if (!r) return r;
-  if (!u) return u;
+  // Released first, then the lock: a waiter woken by the unlock already sees the flag. If
+  // the flag cannot be written, the lock stays held (a free lock on a record that says held,
+  // with its owner alive, is a state nobody could tell from an owner about to lock it).
+  if (auto r = mark_released(t.rw, at); !r) {
+    t.stuck.push_back(at);
+    return r;
+  }
+  if (auto u = io::unlock_extent(t.rw, at, 1); !u) return u;
 
   // Reset the log when it has grown and nobody holds or waits: under the exclusive header
   // lock no append is in flight, and every record found released stays released.
@@ -490,6 +588,10 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   auto scanned =
       scan(t.rw, impl_->first_live(), from, *size, [&](const chunk_view& c) -> result<bool> {
         if (c.released) return true;
+        if (t.is_stuck(c.offset)) {
+          all_released = false;
+          return false;
+        }
         auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
         if (probe && owner_is_dead(c.owner, *impl_->fs)) return true;
         all_released = false;

@@ -137,10 +137,12 @@ TEST(AtomicAppend, AHintPastTheEndOfTheLogIsNotBelieved) {
   auto g = (*other)->lock({entity(1)});
   ASSERT_TRUE(g);
   {
-    // The state such a kill left: the hint (the u64 at byte 64) far past the log's end.
+    // The state such a kill left: the hint (the u64 at byte 64) far past the log's end,
+    // well-formed (doc/lock-formats.md: offset / 256, and 24 bits of check above it).
     auto f = io::file_handle::open(path.c_str(), io::open_flags::write);
     ASSERT_TRUE(f);
-    const std::uint64_t stale = 300 * 1024;
+    const std::uint64_t units = 300 * 1024 / 256;
+    const std::uint64_t stale = units | (((units * 0x9e3779b97f4a7c15ULL) >> 40) & 0xffffff) << 40;
     ASSERT_TRUE(f->write_at(64, std::as_bytes(std::span(&stale, 1))));
   }
   std::error_code seen;
@@ -155,6 +157,35 @@ TEST(AtomicAppend, AHintPastTheEndOfTheLogIsNotBelieved) {
     seen = r ? std::error_code{} : r.error().code();
   }).join();
   EXPECT_FALSE(seen) << seen.message();
+}
+
+// The hint is shared through a map and moved by compare-and-swap, outside any checksum: a
+// flipped bit that moved it past a live record would let a second holder in. Every single
+// bit flip must leave the holder waited for.
+TEST(AtomicAppend, AFlippedBitInTheHintNeverSkipsALiveRecord) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto other = atomic_append::open(path);
+  ASSERT_TRUE(other);
+  auto g = (*other)->lock({entity(1)});
+  ASSERT_TRUE(g);
+  auto f = io::file_handle::open(path.c_str(), io::open_flags::read_write);
+  ASSERT_TRUE(f);
+  std::uint64_t good = 0;
+  ASSERT_TRUE(f->read_at(64, std::as_writable_bytes(std::span(&good, 1))));
+  for (int bit = 0; bit < 64; ++bit) {
+    const std::uint64_t bad = good ^ (std::uint64_t{1} << bit);
+    ASSERT_TRUE(f->write_at(64, std::as_bytes(std::span(&bad, 1))));
+    std::error_code seen;
+    std::thread([&] {
+      auto r = (*m)->lock({entity(1)}, 20ms);
+      seen = r ? std::error_code{} : r.error().code();
+    }).join();
+    EXPECT_EQ(seen, std::errc::timed_out) << "bit " << bit << ": the holder was skipped";
+    ASSERT_TRUE(f->write_at(64, std::as_bytes(std::span(&good, 1))));
+  }
 }
 
 TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {

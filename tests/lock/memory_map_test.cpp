@@ -191,6 +191,31 @@ TEST(MemoryMap, ForcedFallbackAloneUsesNoMap) {
 // Users hammer one entity on the map; midway a user that asks for the fallback appears.
 // Every user must move over without two holders ever being inside at once (the counter
 // would lose updates), and nobody may get stuck.
+// Opening with force_fallback while another instance of the same thread is on the map used
+// to wait in open, without a deadline, for that instance to leave the map: a certain
+// self-deadlock. Open returns now; the switch waits in lock, within its deadline.
+TEST(MemoryMap, OpeningADegraderBesideAnIdleUserReturns) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  const pid_t child = fork_child([&] {
+    ::alarm(20);
+    memory_map::options o;
+    o.map_directory = maps.path().string();
+    auto a = memory_map::open(dir.file("lock"), o);
+    if (!a) return 1;
+    auto held = (*a)->lock({entity(9)});  // on the map
+    if (!held) return 2;
+    o.force_fallback = true;
+    auto b = memory_map::open(dir.file("lock"), o);
+    if (!b) return 3;
+    auto g = (*b)->lock({entity(1)}, 100ms);
+    if (g || g.error() != std::errc::timed_out) return 4;  // a still holds a slot of the map
+    if (!held->unlock()) return 5;
+    return 0;
+  });
+  EXPECT_EQ(wait_exit(child), 0);
+}
+
 TEST(MemoryMap, DegradeUnderLoadKeepsExclusion) {
   temp_dir dir;
   const std::string lock = dir.file("lock");

@@ -189,8 +189,11 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
   if (p->map.size() == 0) p->map_in_use_released = true;
   auto m = std::unique_ptr<memory_map>(new memory_map(id->dev, id->ino, std::move(p)));
   if (must_degrade) {
-    // Outside the init lock: users leaving the map must be able to close meanwhile.
-    if (auto s = m->impl_->switch_to_fallback(io::deadline().start(), false); !s) {
+    // Outside the init lock: users leaving the map must be able to close meanwhile. Only a
+    // try: while others still hold slots on the map, the switch waits in `lock`, within the
+    // caller's deadline (open has none: waiting here for an idle user would never end).
+    if (auto s = m->impl_->switch_to_fallback(io::deadline::zero().start(), false);
+        !s && !detail::is_contention(s.error())) {
       return std::unexpected(s.error());
     }
   }

@@ -1,0 +1,37 @@
+#include "planted.hpp"
+
+#include <array>
+#include <utility>
+
+namespace keel::base {
+
+std::atomic<planted_bug> planted{planted_bug::none};
+
+namespace {
+constexpr std::array<std::pair<planted_bug, std::string_view>, 5> names{{
+    {planted_bug::none, "none"},
+    {planted_bug::memory_map_skips_recovery, "memory_map_skips_recovery"},
+    {planted_bug::atomic_append_skips_header_sync, "atomic_append_skips_header_sync"},
+    {planted_bug::atomic_append_ignores_failed_append, "atomic_append_ignores_failed_append"},
+    {planted_bug::atomic_append_skips_checksum, "atomic_append_skips_checksum"},
+}};
+}  // namespace
+
+std::string_view to_string(planted_bug b) noexcept {
+  for (const auto& [bug, name] : names) {
+    if (bug == b) return name;
+  }
+  return "unknown";
+}
+
+bool planted_bug_from(std::string_view name, planted_bug& out) noexcept {
+  for (const auto& [bug, n] : names) {
+    if (n == name) {
+      out = bug;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace keel::base
