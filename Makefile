@@ -4,6 +4,7 @@
 #   make bench [QUICK=1|FULL=1] [BENCH_DIR=PATH]  build, run the benchmarks, write build/report/
 #   make test                               build release, run every test (ctest)
 #   make build                              build the release preset (build/release/bin/keel)
+#   make torture [TORTURE_CYCLES=N]         the long pass of the crash and fault harness
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
 #   make install [PREFIX=/usr/local]        install headers, libraries, CMake and pkg-config files
 #   make format                             reformat the tree with clang-format
@@ -12,7 +13,9 @@
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test bench install format clean test-asan test-tsan test-debug
+TORTURE_CYCLES ?= 10000
+
+.PHONY: all deps build test bench torture install format clean test-asan test-tsan test-debug
 
 all: build
 
@@ -38,11 +41,16 @@ $(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
 bench: build
 	QUICK=$(QUICK) FULL=$(FULL) BENCH_DIR=$(BENCH_DIR) scripts/bench.sh
 
+# Every mode on every workload, TORTURE_CYCLES cycles each (10 000: about an hour and a half
+# on 2 cores). Prints cycles, failures and the seed that replays a failure.
+torture: build
+	build/release/bin/keel torture --cycles $(TORTURE_CYCLES) --keep-going
+
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
 format:
-	find include src tests bench tools -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+	find include src tests bench tools torture -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
 
 clean:
 	rm -rf build

@@ -12,6 +12,7 @@
 #include "lock_command.hpp"
 #include "lockmatrix_command.hpp"
 #include "lockscale_command.hpp"
+#include "torture_command.hpp"
 
 namespace {
 
@@ -47,6 +48,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "aiobench") {
     return keel::tools::run_aiobench_command(argc - 1, argv + 1);
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "torture") {
+    return keel::tools::run_torture_command(argc - 1, argv + 1);
+  }
   CLI::App app{"keel: a safe, fast filesystem for coordinating processes and keeping data"};
   app.set_version_flag("--version", "keel " KEEL_VERSION_STRING);
   app.require_subcommand(0, 1);
@@ -56,6 +60,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("lockscale", keel::tools::lockscale_command_summary)->allow_extras();
   app.add_subcommand("lockmatrix", keel::tools::lockmatrix_command_summary)->allow_extras();
   app.add_subcommand("aiobench", keel::tools::aiobench_command_summary)->allow_extras();
+  app.add_subcommand("torture", keel::tools::torture_command_summary)->allow_extras();
 
   std::string path;
   auto* fsinfo = app.add_subcommand("fsinfo", "Show what keel sees of the filesystem at a path");

@@ -1,0 +1,97 @@
+// The short pass of the crash and fault harness (`make torture` runs the long one): every
+// mode on every workload passes on the real code, and catches the bug planted for it.
+
+#include "torture.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace keel::torture {
+namespace {
+
+struct short_pass {
+  mode how;
+  std::uint64_t cycles;
+};
+
+config config_for(mode how, workload what, std::uint64_t cycles) {
+  config c;
+  c.how = how;
+  c.what = what;
+  c.cycles = cycles;
+  c.seed = 1;
+  c.directory = std::filesystem::temp_directory_path().string();
+  return c;
+}
+
+std::string describe(const outcome& out) {
+  std::string s;
+  for (const failure& f : out.failures)
+    s += "seed " + std::to_string(f.seed) + ": " + f.what + "\n";
+  return s;
+}
+
+class TorturePass : public ::testing::TestWithParam<std::tuple<mode, workload>> {};
+
+TEST_P(TorturePass, RealCodePasses) {
+  const auto [how, what] = GetParam();
+  const std::uint64_t cycles = how == mode::corrupt ? 40 : how == mode::kill ? 40 : 60;
+  const outcome out = run(config_for(how, what, cycles));
+  EXPECT_EQ(out.cycles, cycles);
+  EXPECT_TRUE(out.failures.empty()) << describe(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, TorturePass,
+                         ::testing::Combine(::testing::Values(mode::kill, mode::powerloss,
+                                                              mode::io_errors, mode::corrupt),
+                                            ::testing::Values(workload::atomic_append,
+                                                              workload::memory_map)),
+                         [](const auto& param_info) {
+                           std::string name =
+                               std::string(to_string(std::get<0>(param_info.param))) + "_" +
+                               std::string(to_string(std::get<1>(param_info.param)));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// A harness that passes a broken build proves nothing: each mode must catch its planted bug
+// (and stop at it: the cycle count is only the most it may take).
+struct planted_case {
+  mode how;
+  workload what;
+  base::planted_bug bug;
+  std::uint64_t at_most;
+};
+
+class TortureCatches : public ::testing::TestWithParam<planted_case> {};
+
+TEST_P(TortureCatches, ThePlantedBug) {
+  const planted_case p = GetParam();
+  config c = config_for(p.how, p.what, p.at_most);
+  c.plant = p.bug;
+  const outcome out = run(c);
+  ASSERT_FALSE(out.failures.empty()) << to_string(p.how) << " missed " << base::to_string(p.bug)
+                                     << " in " << out.cycles << " cycles";
+  EXPECT_EQ(base::planted.load(), base::planted_bug::none) << "run() must clear the plant";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Every, TortureCatches,
+    ::testing::Values(planted_case{mode::kill, workload::memory_map,
+                                   base::planted_bug::memory_map_skips_recovery, 50},
+                      planted_case{mode::powerloss, workload::atomic_append,
+                                   base::planted_bug::atomic_append_skips_header_sync, 200},
+                      planted_case{mode::io_errors, workload::atomic_append,
+                                   base::planted_bug::atomic_append_ignores_failed_append, 200},
+                      planted_case{mode::corrupt, workload::atomic_append,
+                                   base::planted_bug::atomic_append_skips_checksum, 300}),
+    [](const auto& param_info) {
+      std::string name(to_string(param_info.param.how));
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+}  // namespace
+}  // namespace keel::torture
