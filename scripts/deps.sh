@@ -21,6 +21,7 @@ packages=(
   libfmt-dev                 # formatting of tables and messages
   gnuplot-nox                # plots of the benchmark report
   clang-format               # the formatting check that runs as a test
+  clang-19                   # the thread-safety analysis check that runs as a test
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
   fio                             # the peer of keel aiobench's random reads
 )

@@ -34,7 +34,7 @@ struct thread_cache {
     last = {};
     for (auto& e : entries) {
       if (auto r = e.registry.lock()) {
-        const std::scoped_lock lock(r->mutex);
+        const base::lock_guard lock(r->mutex);
         if (r->dead || r->keep_after_exit) continue;
         auto it = std::find(r->live.begin(), r->live.end(), e.state);
         if (it != r->live.end()) {
@@ -66,7 +66,7 @@ per_thread_states::per_thread_states(bool keep_after_exit)
 }
 
 per_thread_states::~per_thread_states() {
-  const std::scoped_lock lock(registry_->mutex);
+  const base::lock_guard lock(registry_->mutex);
   registry_->dead = true;
   for (thread_state* s : registry_->live)
     delete s;
@@ -93,7 +93,7 @@ thread_state* per_thread_states::find() noexcept {
 
 void per_thread_states::add(thread_state* s) noexcept {
   {
-    const std::scoped_lock lock(registry_->mutex);
+    const base::lock_guard lock(registry_->mutex);
     registry_->live.push_back(s);
   }
   cache.entries.push_back({id_, registry_, s});

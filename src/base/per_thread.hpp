@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "base/thread_safety.hpp"
 #include "keel/result.hpp"
 
 namespace keel::base {
@@ -25,10 +26,10 @@ struct thread_state {
 };
 
 struct thread_state_registry {
-  std::mutex mutex;
-  std::vector<thread_state*> live;  // owned
-  bool dead = false;
-  bool keep_after_exit = false;
+  base::mutex mutex;
+  std::vector<thread_state*> live KEEL_GUARDED_BY(mutex);  // owned
+  bool dead KEEL_GUARDED_BY(mutex) = false;
+  bool keep_after_exit = false;  // set before the registry is shared
 };
 
 //! Incremented in the child after every fork(): cached per-thread state from before is stale.

@@ -17,7 +17,7 @@ bool memory_map::impl::degraded() const noexcept {
 
 void memory_map::impl::release_map_in_use_if_idle() noexcept {
   if (base::self().pid != creator_pid) return;  // the parent's marker, not ours
-  const std::scoped_lock lock(switch_mutex);
+  const base::lock_guard lock(switch_mutex);
   if (map_in_use_released || !degraded()) return;
   if (map.size() != 0 && table.marks_of(my_users)) return;
   (void)io::unlock_extent(marker, mm::map_in_use_byte, 1);
@@ -30,7 +30,7 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
   for (;;) {
     release_map_in_use_if_idle();
     {
-      const std::scoped_lock lock(switch_mutex);
+      const base::lock_guard lock(switch_mutex);
       if (map_in_use_released || map.size() == 0) break;
     }
     // Another thread of this instance still holds map guards.

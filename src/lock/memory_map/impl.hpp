@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/per_thread.hpp"
+#include "base/thread_safety.hpp"
 #include "format.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/mapped_file.hpp"
@@ -64,9 +65,10 @@ struct memory_map::impl {
   // The map-in-use marker is dropped only when the degraded flags are set and no slot
   // carries a mark of this instance's users. A locker checks the flags again after it took
   // its slots (both sides publish, then look: seq_cst), so no map guard outlives the marker.
-  std::mutex switch_mutex;
-  bool map_in_use_released = false;     // under switch_mutex
-  std::vector<std::uint32_t> my_users;  // under switch_mutex: indexes this instance registered
+  base::mutex switch_mutex;
+  bool map_in_use_released KEEL_GUARDED_BY(switch_mutex) = false;
+  //! The user indexes this instance registered.
+  std::vector<std::uint32_t> my_users KEEL_GUARDED_BY(switch_mutex);
   std::atomic<bool> fallback_ready{false};
   std::uint32_t creator_pid = 0;  // a forked child shares the markers' descriptor: hands off
 
@@ -74,14 +76,15 @@ struct memory_map::impl {
   result<mm::thread_user*> mine() noexcept;
 
   // users.cpp
-  result<void> register_user(mm::thread_user& t) noexcept;
+  result<void> register_user(mm::thread_user& t) noexcept KEEL_EXCLUDES(switch_mutex);
   result<bool> recover_if_dead(const mm::thread_user& t, std::uint32_t u,
                                std::size_t i) const noexcept;
   result<bool> recover_blockers(const mm::thread_user& t, std::size_t i) const noexcept;
 
   // fallback.cpp
-  void release_map_in_use_if_idle() noexcept;
-  result<void> switch_to_fallback(const io::countdown& cd, bool spin) noexcept;
+  void release_map_in_use_if_idle() noexcept KEEL_EXCLUDES(switch_mutex);
+  result<void> switch_to_fallback(const io::countdown& cd, bool spin) noexcept
+      KEEL_EXCLUDES(switch_mutex);
   result<void> mark_degraded() noexcept;
   result<std::uint64_t> lock_on_fallback(std::span<const entity> sorted, const io::countdown& cd,
                                          bool spin) noexcept;

@@ -186,7 +186,10 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
       if (auto d = p->mark_degraded(); !d) return std::unexpected(d.error());
     }
   }
-  if (p->map.size() == 0) p->map_in_use_released = true;
+  if (p->map.size() == 0) {
+    const base::lock_guard lock(p->switch_mutex);
+    p->map_in_use_released = true;
+  }
   auto m = std::unique_ptr<memory_map>(new memory_map(id->dev, id->ino, std::move(p)));
   if (must_degrade) {
     // Outside the init lock: users leaving the map must be able to close meanwhile. Only a
@@ -204,7 +207,10 @@ memory_map::~memory_map() {
   impl& p = *impl_;
   if (base::self().pid != p.creator_pid) return;  // the parent's markers, not ours
   // Leave the map first (so a degrader waiting for it is not held up by our init wait).
-  if (!p.map_in_use_released) (void)io::unlock_extent(p.marker, mm::map_in_use_byte, 1);
+  {
+    const base::lock_guard lock(p.switch_mutex);
+    if (!p.map_in_use_released) (void)io::unlock_extent(p.marker, mm::map_in_use_byte, 1);
+  }
   auto init = io::lock_extent(p.marker, mm::init_byte, 1, io::lock_kind::exclusive);
   (void)io::unlock_extent(p.marker, mm::in_use_byte, 1);
   auto last = io::try_lock_extent(p.marker, mm::in_use_byte, 1, io::lock_kind::exclusive);

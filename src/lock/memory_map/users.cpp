@@ -69,7 +69,7 @@ result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
     t.exclusive_holds.assign(mm::slots, 0);
     t.shared_holds.assign(mm::slots, 0);
     {
-      const std::scoped_lock lock(switch_mutex);
+      const base::lock_guard lock(switch_mutex);
       if (std::find(my_users.begin(), my_users.end(), u) == my_users.end()) my_users.push_back(u);
     }
     t.index = u;
