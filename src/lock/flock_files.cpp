@@ -50,9 +50,13 @@ result<int> file_of(thread_files& t, entity e) noexcept {
 }
 
 // flock(2) is this baseline's point: the kernel primitive measured as it is, beside the
-// seam (which offers byte-range locks, not BSD locks).
+// seam (which offers byte-range locks, not BSD locks). The one raw call of this file.
+int bsd_lock(int fd, int op) noexcept {
+  return ::flock(fd, op);  // outside the seam on purpose (above)
+}
+
 void unlock_fd(int fd) noexcept {
-  (void)::flock(fd, LOCK_UN);
+  (void)bsd_lock(fd, LOCK_UN);
 }
 
 }  // namespace
@@ -88,14 +92,14 @@ result<std::uint64_t> flock_files::do_lock(std::span<const entity> sorted, const
     if (!fd) return fail(std::unexpected(fd.error()));
     const int op = e.is_exclusive() ? LOCK_EX : LOCK_SH;
     if (cd.is_infinite() && !spin) {
-      while (::flock(*fd, op) != 0) {
+      while (bsd_lock(*fd, op) != 0) {
         if (errno != EINTR) return fail(last_errno_error());
       }
       continue;
     }
     detail::backoff pause(spin);
     for (;;) {
-      if (::flock(*fd, op | LOCK_NB) == 0) break;
+      if (bsd_lock(*fd, op | LOCK_NB) == 0) break;
       if (errno == EINTR) continue;
       if (errno != EWOULDBLOCK) return fail(last_errno_error());
       if (!pause.pause(cd)) return fail(detail::contention_error(cd));
@@ -114,7 +118,7 @@ result<void> flock_files::do_unlock(std::span<const entity> sorted, std::uint64_
       if (r) r = std::unexpected(fd.error());
       continue;
     }
-    if (::flock(*fd, LOCK_UN) != 0 && r) r = last_errno_error();
+    if (bsd_lock(*fd, LOCK_UN) != 0 && r) r = last_errno_error();
   }
   return r;
 }
