@@ -415,7 +415,9 @@ failure_text io_errors_cycle(const config& c, const places& at, std::uint64_t se
   std::mt19937_64 rng(seed);
   oracle_map o;
   io::fault_filesystem::fault bad;
-  bad.nth = 1 + (cycle / 2) % 60;
+  // Every N from 1 to 240 in turn (the faulty user's 20 rounds make about 200 operations),
+  // each once and then forever.
+  bad.nth = 1 + (cycle / 2) % 240;
   bad.repeat = cycle % 2 == 0 ? io::fault_filesystem::fault::repeat::once
                               : io::fault_filesystem::fault::repeat::forever;
   bad.error = rng() % 3 == 0 ? ENOSPC : EIO;
@@ -425,7 +427,7 @@ failure_text io_errors_cycle(const config& c, const places& at, std::uint64_t se
   const pid_t faulty = spawn([&] {
     io::fault_filesystem fs(io::os(), s2);
     fs.inject(bad);
-    return hammer(c.what, at, *o, s2, fs, 30, true);
+    return hammer(c.what, at, *o, s2, fs, 20, true);
   });
   const exit_status fs = wait_for(faulty, 30s);
   o->stop.store(1);
