@@ -5,14 +5,16 @@
 #   make test                               build release, run every test (ctest)
 #   make build                              build the release preset (build/release/bin/keel)
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
+#   make fuzz [FUZZ_SECONDS=60]             build the libFuzzer harnesses (clang), run each that long
 #   make install [PREFIX=/usr/local]        install headers, libraries, CMake and pkg-config files
 #   make format                             reformat the tree with clang-format
 #   make clean
 
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build test bench install format clean test-asan test-tsan test-debug
+.PHONY: all deps build test bench fuzz install format clean test-asan test-tsan test-debug
 
 all: build
 
@@ -38,11 +40,18 @@ $(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
 bench: build
 	QUICK=$(QUICK) FULL=$(FULL) BENCH_DIR=$(BENCH_DIR) scripts/bench.sh
 
+# New inputs go to build/fuzz/new/, crashes to build/fuzz/crashes/ (README: Fuzzing).
+fuzz:
+	@scripts/deps.sh fuzz
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
 format:
-	find include src tests bench tools -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+	find include src tests bench tools fuzz -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
 
 clean:
 	rm -rf build
