@@ -6,16 +6,18 @@
 #   make build                              build the release preset (build/release/bin/keel)
 #   make torture [TORTURE_CYCLES=N]         the long pass of the crash and fault harness
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
+#   make fuzz [FUZZ_SECONDS=60]             build the libFuzzer harnesses (clang), run each that long
 #   make install [PREFIX=/usr/local]        install headers, libraries, CMake and pkg-config files
 #   make format                             reformat the tree with clang-format
 #   make clean
 
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
 
 TORTURE_CYCLES ?= 10000
 
-.PHONY: all deps build test bench torture install format clean test-asan test-tsan test-debug
+.PHONY: all deps build test bench torture fuzz install format clean test-asan test-tsan test-debug
 
 all: build
 
@@ -46,11 +48,18 @@ bench: build
 torture: build
 	build/release/bin/keel torture --cycles $(TORTURE_CYCLES) --keep-going
 
+# New inputs go to build/fuzz/new/, crashes to build/fuzz/crashes/ (README: Fuzzing).
+fuzz:
+	@scripts/deps.sh fuzz
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
 format:
-	find include src tests bench tools torture -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+	find include src tests bench tools torture fuzz -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
 
 clean:
 	rm -rf build

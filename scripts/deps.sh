@@ -4,7 +4,8 @@
 # nothing at all on a machine that already has everything.
 #
 # Usage: scripts/deps.sh            library, tests, tools and benchmarks
-#        scripts/deps.sh --check    list what is missing, install nothing (exit 1 if any)
+#        scripts/deps.sh fuzz       the same, and what the libFuzzer build needs (make fuzz)
+#        scripts/deps.sh --check [fuzz]  list what is missing, install nothing (exit 1 if any)
 set -euo pipefail
 
 packages=(
@@ -26,6 +27,19 @@ packages=(
   fio                             # the peer of keel aiobench's random reads
 )
 
+# Only for `make fuzz`: clang with libFuzzer and the sanitizer runtimes (GCC has no
+# libFuzzer; `make test` replays the corpus with GCC and needs none of these).
+fuzz_packages=(clang-19 libclang-rt-19-dev)
+
+check=0
+for arg in "$@"; do
+  case "$arg" in
+    --check) check=1 ;;
+    fuzz) packages+=("${fuzz_packages[@]}") ;;
+    *) echo "usage: $0 [--check] [fuzz]" >&2; exit 2 ;;
+  esac
+done
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -36,7 +50,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
-if [ "${1:-}" = "--check" ]; then
+if [ $check -eq 1 ]; then
   echo "missing: ${missing[*]}"
   exit 1
 fi

@@ -1,7 +1,5 @@
 #include "keel/lock/atomic_append.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -9,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/format_header.hpp"
+#include "atomic_append_format.hpp"
 #include "base/planted.hpp"
 #include "detail/common.hpp"
 #include "keel/io/byte_lock.hpp"
@@ -18,38 +16,11 @@
 namespace keel::lock {
 namespace {
 
-// On-disk layout (doc/lock-formats.md). The header is one page; records follow, 256 bytes.
-constexpr off_t header_size = 4096;
-constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: truncating
-constexpr off_t in_use_byte = 9;           // shared by every open instance
-constexpr std::size_t first_live_at = 64;  // live_hint: no live record before this offset
+// The format is atomic_append_format.hpp's; these are the protocol's own numbers.
+using namespace aa;
 constexpr off_t truncate_above = 256 * 1024;
-constexpr std::uint32_t record_magic = 0x3152414b;   // "KAR1"
-constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD"
 constexpr off_t punch_every = 1 << 20;
 constexpr std::uint64_t stale_after_ns = 1'000'000'000;
-
-struct record {
-  std::uint32_t magic;
-  std::uint16_t index;  // within its chunk (the records one lock call appended)
-  std::uint16_t count;  // records in the chunk
-  std::uint32_t pid;
-  std::uint32_t entities_here;
-  std::uint64_t start_time;
-  std::uint64_t time_ns;
-  std::uint8_t boot_id[16];
-  std::uint64_t checksum;  // XXH3 of the record with checksum and released zeroed
-  std::uint32_t released;  // released_mark, set by the owner on unlock (or by anyone who finds
-                           // it dead); 0 while held
-  std::uint32_t reserved;
-  std::uint64_t entities[atomic_append::entities_per_record];  // value | exclusive << 63
-};
-static_assert(sizeof(record) == 256);
-constexpr off_t record_size = sizeof(record);
-constexpr off_t released_at = offsetof(record, released);
-constexpr base::format log_format{
-    "KEELAALG", 2,
-    base::layout_of({header_size, record_size, first_live_at, atomic_append::entities_per_record})};
 
 // Corruption of the log at `offset`.
 std::unexpected<error> corrupt_at(const io::file_handle& f, off_t offset) noexcept {
@@ -102,12 +73,6 @@ class live_hint {
   }
   std::atomic_ref<std::uint64_t> word_;
 };
-
-std::uint64_t checksum_of(record r) noexcept {
-  r.checksum = 0;
-  r.released = 0;
-  return XXH3_64bits(&r, sizeof r);
-}
 
 std::uint64_t pack(entity e) noexcept {
   return e.value | (static_cast<std::uint64_t>(e.exclusive) << 63);
@@ -253,50 +218,6 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
 }
 
 namespace {
-
-// One chunk as read back from the log.
-struct chunk_view {
-  off_t offset = 0;
-  off_t length = 0;
-  std::uint64_t time_ns = 0;
-  bool released = false;
-  base::process_identity owner;
-  std::vector<std::uint64_t> entities;  // sorted, as written
-};
-
-// Reads the chunk starting at `offset`; `records` holds what was read from there on.
-result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) noexcept {
-  if (records.empty()) return keel_error(errc::corrupt);
-  const record& first = records[0];
-  if (first.magic != record_magic || first.index != 0 || first.count == 0 ||
-      first.count > records.size()) {
-    return keel_error(errc::corrupt);
-  }
-  chunk_view c;
-  c.offset = offset;
-  c.length = static_cast<off_t>(first.count) * record_size;
-  c.time_ns = first.time_ns;
-  // The released flag is outside the checksum (its owner sets it later), so it takes one
-  // value that no bit flip of 0 can make: anything else is corruption, never a release.
-  const std::uint32_t released = std::atomic_ref<const std::uint32_t>(first.released).load();
-  if (released != 0 && released != released_mark) return keel_error(errc::corrupt);
-  c.released = released == released_mark;
-  c.owner.pid = first.pid;
-  c.owner.start_time = first.start_time;
-  std::memcpy(c.owner.boot_id.data(), first.boot_id, sizeof first.boot_id);
-  for (std::size_t k = 0; k < first.count; ++k) {
-    const record& r = records[k];
-    if (r.magic != record_magic || r.index != k || r.count != first.count ||
-        r.entities_here > atomic_append::entities_per_record ||
-        (r.checksum != checksum_of(r) &&
-         !base::is_planted(base::planted_bug::atomic_append_skips_checksum)) ||
-        (k != 0 && r.released != 0)) {
-      return keel_error(errc::corrupt);
-    }
-    c.entities.insert(c.entities.end(), r.entities, r.entities + r.entities_here);
-  }
-  return c;
-}
 
 result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
   return rw.write_at(chunk + released_at, std::as_bytes(std::span(&released_mark, 1)));

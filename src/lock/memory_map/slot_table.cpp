@@ -1,5 +1,6 @@
 #include "slot_table.hpp"
 
+#include <algorithm>
 #include <ctime>
 
 #include "base/futex.hpp"
@@ -195,8 +196,10 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
     s.spinners().fetch_sub(1);
     return false;
   }
+  // The budget lives in the shared map: bound what is read, not only what is written, or a
+  // word damaged by another process (or a build with other bounds) spins for hours.
   std::uint64_t budget = s.spin_budget_ns().load(std::memory_order_relaxed);
-  if (budget == 0) budget = initial;
+  budget = budget == 0 ? initial : std::clamp(budget, least, most);
   const auto until = std::chrono::steady_clock::now() + nanoseconds(budget);
   bool got = false;
   for (unsigned i = 1;; ++i) {

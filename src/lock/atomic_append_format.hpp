@@ -1,0 +1,69 @@
+#pragma once
+// atomic_append's log format (doc/lock-formats.md): the header page, the 256-byte record and
+// the parser that turns records read back from the log into chunks. Everything here works on
+// bytes alone (no files), so fuzz/ can feed it garbage; atomic_append.cpp holds the protocol.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/format_header.hpp"
+#include "base/process.hpp"
+#include "keel/lock/atomic_append.hpp"
+#include "keel/result.hpp"
+
+namespace keel::lock::aa {
+
+// The header is one page; records follow.
+constexpr off_t header_size = 4096;
+constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: truncating
+constexpr off_t in_use_byte = 9;           // shared by every open instance
+constexpr std::size_t first_live_at = 64;  // live hint (atomic_append.cpp): no live record before
+constexpr std::uint32_t record_magic = 0x3152414b;   // "KAR1"
+constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD"
+
+struct record {
+  std::uint32_t magic;
+  std::uint16_t index;  // within its chunk (the records one lock call appended)
+  std::uint16_t count;  // records in the chunk
+  std::uint32_t pid;
+  std::uint32_t entities_here;
+  std::uint64_t start_time;
+  std::uint64_t time_ns;
+  std::uint8_t boot_id[16];
+  std::uint64_t checksum;  // XXH3 of the record with checksum and released zeroed
+  std::uint32_t released;  // released_mark, set by the owner on unlock (or by anyone who finds
+                           // it dead); 0 while held
+  std::uint32_t reserved;
+  std::uint64_t entities[atomic_append::entities_per_record];  // value | exclusive << 63
+};
+static_assert(sizeof(record) == 256);
+constexpr off_t record_size = sizeof(record);
+constexpr off_t released_at = offsetof(record, released);
+constexpr base::format log_format{
+    "KEELAALG", 2,
+    base::layout_of({header_size, record_size, first_live_at, atomic_append::entities_per_record})};
+
+//! XXH3 of `r` with its checksum and released flag zeroed.
+[[nodiscard]] std::uint64_t checksum_of(record r) noexcept;
+
+//! One chunk as read back from the log.
+struct chunk_view {
+  off_t offset = 0;
+  off_t length = 0;
+  std::uint64_t time_ns = 0;
+  bool released = false;
+  base::process_identity owner;
+  std::vector<std::uint64_t> entities;  // sorted, as written
+};
+
+//! Reads the chunk starting at `offset`; `records` holds what was read from there on (at
+//! least the whole chunk). Errors: corrupt (without a file or offset: the caller knows them)
+//! when the first record does not start a chunk, the chunk is longer than `records`, any of
+//! its records fails its checksum or names another chunk, or a released flag is neither 0
+//! nor released_mark.
+[[nodiscard]] result<chunk_view> parse_chunk(off_t offset,
+                                             std::span<const record> records) noexcept;
+
+}  // namespace keel::lock::aa
