@@ -70,7 +70,7 @@ void take_place(file_cache& fc, cache_page& old, cache_page& neu) noexcept {
 
 void wake_flusher(cache_control& cc) noexcept {
   cc.signal.fetch_add(1);
-  futex_wake(cc.signal, 1);
+  base::futex_wake(cc.signal, 1);
 }
 
 // The part of page `p` that [offset, end) covers, as page-relative [lo, hi).
@@ -353,7 +353,7 @@ void flusher_main(controller::impl& c) noexcept {
     if (!cc.quit.load() && !cc.wanted.load()) {
       const io::countdown cd =
           (cc.bytes.load() == 0 ? io::deadline::never() : io::deadline(cc.idle)).start();
-      futex_wait(cc.signal, s, &cd);
+      base::futex_wait(cc.signal, s, &cd);
     }
     if (cc.quit.load()) {
       std::vector<std::shared_ptr<file_state>> files;

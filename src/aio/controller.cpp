@@ -1,15 +1,12 @@
 #include "keel/aio/controller.hpp"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -37,17 +34,9 @@ receipt refuse(op* o, const error& why) noexcept {
   return r;
 }
 
-// The stream caches of this thread: the last few files it submitted on (ids are never
-// reused, so a stale entry only misses).
-struct cached_stream {
-  std::uint64_t file_id = 0;
-  detail::stream* s = nullptr;
-};
-thread_local std::array<cached_stream, 8> stream_cache{};
-thread_local detail::adaptive_spin waiter_spin;  // this thread's waits on receipts
-std::atomic<std::uint64_t> next_file_id{1};      // process-wide: cache entries of closed files
-                                                 // (of any controller) can never match again
-thread_local unsigned stream_cache_next = 0;
+thread_local base::adaptive_spin waiter_spin;  // this thread's waits on receipts
+std::atomic<std::uint64_t> next_file_id{1};    // process-wide: io_uring's table entries of
+                                               // closed files (of any controller) never match
 
 }  // namespace
 
@@ -155,24 +144,12 @@ detail::file_state::~file_state() {
   if (fd >= 0) ::close(fd);
 }
 
-detail::stream& detail::file_state::stream_of_this_thread() noexcept {
-  for (const auto& c : stream_cache) {
-    if (c.file_id == id) return *c.s;
-  }
-  stream* found = nullptr;
-  {
-    const std::scoped_lock lock(streams_mutex);
-    const auto me = std::this_thread::get_id();
-    for (const auto& [tid, s] : streams) {
-      if (tid == me) found = s.get();
-    }
-    if (found == nullptr) {
-      streams.emplace_back(me, std::make_unique<stream>());
-      found = streams.back().second.get();
-    }
-  }
-  stream_cache[stream_cache_next++ % stream_cache.size()] = {id, found};
-  return *found;
+result<detail::stream*> detail::file_state::stream_of_this_thread() noexcept {
+  return streams.get<stream>([]() -> result<std::unique_ptr<stream>> {
+    std::unique_ptr<stream> s(new (std::nothrow) stream);
+    if (!s) return errc_error(std::errc::not_enough_memory);
+    return s;
+  });
 }
 
 // ---- workers' inboxes ----
@@ -284,7 +261,7 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
   if (o->on_done) o->on_done(outcome);
   const std::uint32_t before =
       o->state.exchange(static_cast<std::uint32_t>(st), std::memory_order_acq_rel);
-  if ((before & op::has_waiters) != 0) detail::futex_wake(o->state);
+  if ((before & op::has_waiters) != 0) base::futex_wake(o->state);
 
   if (detail::stream* s = o->owner; s != nullptr) {
     // Hand on the ops of the stream that no earlier unfinished op holds back any more.
@@ -320,7 +297,7 @@ void controller::impl::finish(op* o, result<std::size_t> outcome, bool cancelled
   }
 
   detail::file_state& f = *o->file;
-  if (f.in_flight.fetch_sub(1) == 1 && f.closed.load()) detail::futex_wake(f.in_flight);
+  if (f.in_flight.fetch_sub(1) == 1 && f.closed.load()) base::futex_wake(f.in_flight);
   if (outstanding.fetch_sub(1) == 1 && stopping.load()) {
     outstanding.notify_all();
     for (auto& w : workers)
@@ -653,7 +630,12 @@ receipt submit_one(const std::shared_ptr<detail::file_state>& f, op* o) noexcept
   c.outstanding.fetch_add(1);
   receipt r = detail::receipt_access::make(o);
   if (finished_as_shut(c, *f, o)) return r;
-  detail::stream& s = f->stream_of_this_thread();
+  const auto mine = f->stream_of_this_thread();
+  if (!mine) {
+    c.finish(o, std::unexpected(mine.error()));
+    return r;
+  }
+  detail::stream& s = **mine;
   o->owner = &s;
   bool ready = true;
   unsigned worker_index = 0;
@@ -798,7 +780,13 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
       (void)finished_as_shut(c, f, o);
     return;
   }
-  detail::stream& s = f.stream_of_this_thread();
+  const auto mine = f.stream_of_this_thread();
+  if (!mine) {
+    for (op* o : accepted)
+      c.finish(o, std::unexpected(mine.error()));
+    return;
+  }
+  detail::stream& s = **mine;
   // With io_uring, a request that must follow only earlier ones of this batch waits for
   // them in their worker (one chain, one ring), where the other engines hold it back here
   // until they have finished and hand it over then.
@@ -866,7 +854,7 @@ result<void> file::close() noexcept {
   detail::file_state& f = *state_;
   f.closed.store(true);
   for (std::uint32_t n = f.in_flight.load(); n != 0; n = f.in_flight.load())
-    detail::futex_wait(f.in_flight, n, nullptr);
+    base::futex_wait(f.in_flight, n, nullptr);
   result<void> r;
   if (f.cache) r = detail::cache_close_file(f, f.owner->kind);
   // A ring that registered the file holds it open in the kernel past close(2).
@@ -956,7 +944,7 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
       if (!op_->state.compare_exchange_weak(s, s | op::has_waiters)) continue;
       s |= op::has_waiters;
     }
-    detail::futex_wait(op_->state, s, &cd);
+    base::futex_wait(op_->state, s, &cd);
   }
 }
 

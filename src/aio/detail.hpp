@@ -13,10 +13,6 @@
 // submitting thread (cache.hpp). No lock is shared by two streams; the only shared counters
 // are the controller's and the file's in-flight counts.
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -31,6 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include "base/futex.hpp"
+#include "base/per_thread.hpp"
+#include "base/spin.hpp"
 #include "keel/aio/controller.hpp"
 #include "keel/aio/errors.hpp"
 #include "keel/aio/receipt.hpp"
@@ -95,7 +94,7 @@ struct op {
 
 //! The requests one thread submitted on one file that have not finished, in submission
 //! order. Its mutex is taken by that thread to append and by workers to remove.
-struct stream {
+struct stream final : base::thread_state {
   std::mutex mutex;
   std::deque<op*> unfinished;
   std::size_t held_back = 0;  // of them, not yet handed to a worker (no scan when zero)
@@ -130,67 +129,6 @@ struct receipt_access {
   static receipt make(op* o) noexcept { return receipt(o); }
 };
 
-//! Wakes up to `n` threads sleeping on `word` (all by default).
-inline void futex_wake(std::atomic<std::uint32_t>& word, int n = INT_MAX) noexcept {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, n, nullptr,
-            nullptr, 0);
-}
-
-//! Sleeps while `word` holds `expected`, at most until `cd` (forever when null or infinite).
-inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
-                       const io::countdown* cd) noexcept {
-  timespec ts{};
-  timespec* timeout = nullptr;
-  if (cd != nullptr && !cd->is_infinite()) {
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(cd->remaining());
-    ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
-    ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
-    timeout = &ts;
-  }
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
-            timeout, nullptr, 0);
-}
-
-//! How long an idle worker, and a waiter on a receipt, spin at most before they sleep.
-inline constexpr std::chrono::nanoseconds spin_before_sleep{20'000};
-
-//! Spins until `done()` or `budget` passed; returns done().
-template <class Done>
-bool spin_until(Done&& done, std::chrono::nanoseconds budget) noexcept {
-  const auto until = std::chrono::steady_clock::now() + budget;
-  for (unsigned i = 1;; ++i) {
-    if (done()) return true;
-    __builtin_ia32_pause();
-    if (i % 32 == 0 && std::chrono::steady_clock::now() >= until) return done();
-  }
-}
-
-//! A spin budget that follows what spinning achieves: doubled (up to spin_before_sleep)
-//! when a spin ended in success, halved when it ran out. Waits that end in microseconds
-//! (null engine, page-cache hits) are caught without a sleep; waits for a device stop
-//! costing a spinning core (on a 2-core machine, the core the I/O needs). Near zero, one
-//! wait in 16 still probes with 1 µs, to notice when waits get short again.
-class adaptive_spin {
- public:
-  template <class Done>
-  bool spin(Done&& done) noexcept {
-    std::chrono::nanoseconds budget = budget_;
-    if (budget < std::chrono::nanoseconds(1000)) {
-      if (++skipped_ % 16 != 0) return done();
-      budget = std::chrono::nanoseconds(1000);
-    }
-    const bool got = spin_until(done, budget);
-    budget_ = got ? std::min(std::max(budget_ * 2, std::chrono::nanoseconds(1000)),
-                             std::chrono::nanoseconds(spin_before_sleep))
-                  : budget_ / 2;
-    return got;
-  }
-
- private:
-  std::chrono::nanoseconds budget_{spin_before_sleep};
-  unsigned skipped_ = 0;
-};
-
 //! Whether `later` must wait for `earlier` (both of one stream; see file.hpp).
 bool must_follow(const op& earlier, const op& later) noexcept;
 
@@ -216,11 +154,12 @@ struct file_state {
   int slot = -1;
   std::atomic<std::uint64_t> registered_in{0};
 
-  std::mutex streams_mutex;
-  std::vector<std::pair<std::thread::id, std::unique_ptr<stream>>> streams;
+  // Kept after their thread exits: its requests may still be running.
+  base::per_thread_states streams{true};
 
   ~file_state();
-  stream& stream_of_this_thread() noexcept;
+  //! The calling thread's stream on this file (made on first use: not_enough_memory).
+  result<stream*> stream_of_this_thread() noexcept;
 };
 
 //! A worker thread: an inbox any thread pushes to, drained by the thread's engine loop.
@@ -272,7 +211,7 @@ class worker {
 
   controller::impl& ctl_;
   std::thread thread_;
-  adaptive_spin idle_spin_;
+  base::adaptive_spin idle_spin_;
   // Counts for engine_stats, written by the worker thread only.
   std::atomic<std::uint64_t> ordered_{0};
   std::atomic<std::uint64_t> registered_{0};

@@ -71,7 +71,7 @@ class sync_worker final : public worker {
 
   void wake() noexcept override {
     signal_.fetch_add(1);
-    futex_wake(signal_, 1);
+    base::futex_wake(signal_, 1);
   }
 
   bool help() noexcept override {
@@ -109,7 +109,7 @@ class sync_worker final : public worker {
         const std::uint32_t seen = signal_.load();
         sleeping_.store(true);
         if (inbox_empty() && !may_exit()) {
-          futex_wait(signal_, seen, nullptr);
+          base::futex_wait(signal_, seen, nullptr);
         }
         sleeping_.store(false);
         continue;
