@@ -41,6 +41,7 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
+  if (opts.fs == nullptr) opts.fs = &io::os();
   p->opts = std::move(opts);
   if (auto s = detail::start_engine(*p, std::move(buffers)); !s) return std::unexpected(s.error());
   if (p->opts.cache_hard_limit != 0) {

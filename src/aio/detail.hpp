@@ -26,6 +26,7 @@
 #include "base/per_thread.hpp"
 #include "engine.hpp"
 #include "keel/aio/controller.hpp"
+#include "keel/io/file_handle.hpp"
 #include "keel/result.hpp"
 #include "op.hpp"
 #include "stream.hpp"
@@ -39,7 +40,7 @@ class write_back_cache;
 struct file_state {
   std::shared_ptr<controller::impl> owner;  // a file may outlive its controller object
   std::uint64_t id = 0;                     // never reused (io_uring's table of files)
-  int fd = -1;
+  io::file_handle handle;                   // through the controller's filesystem (options::fs)
   bool readable = false;
   bool writable = false;
   bool direct = false;
@@ -69,7 +70,7 @@ struct early_end {
 namespace keel::aio {
 
 struct controller::impl {
-  options opts;  // without registered_buffers (the io_uring engine has them)
+  options opts;  // without registered_buffers (the io_uring engine has them); fs set
   std::unique_ptr<detail::engine> engine;
   std::string fallback_reason;
   std::vector<std::unique_ptr<detail::worker>> workers;

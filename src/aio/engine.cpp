@@ -3,13 +3,12 @@
 
 #include "engine.hpp"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 
 #include "detail.hpp"
+#include "keel/aio/errors.hpp"
 
 namespace keel::aio {
 
@@ -99,34 +98,8 @@ std::string uring_failure(const error& e) {
 
 result<void> engine::write_out(file_state& f, std::uint64_t offset,
                                std::span<const iovec> data) noexcept {
-  std::vector<iovec> iov;
-  try {
-    iov.assign(data.begin(), data.end());
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-  std::span<iovec> left(iov);
-  while (!left.empty()) {
-    const ssize_t w =
-        ::pwritev(f.fd, left.data(), static_cast<int>(left.size()), static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return last_errno_error();
-    }
-    if (w == 0) return errc_error(std::errc::io_error);  // no progress: never spin
-    offset += static_cast<std::uint64_t>(w);
-    // A short write: on from where it stopped.
-    auto done = static_cast<std::size_t>(w);
-    while (!left.empty() && done >= left.front().iov_len) {
-      done -= left.front().iov_len;
-      left = left.subspan(1);
-    }
-    if (done != 0) {
-      left.front().iov_base = static_cast<std::byte*>(left.front().iov_base) + done;
-      left.front().iov_len -= done;
-    }
-  }
-  return {};
+  // Through the seam, as the posix engine writes: short writes continued, EINTR retried.
+  return f.handle.write_at(static_cast<off_t>(offset), data);
 }
 
 result<void> start_engine(controller::impl& c, std::vector<std::span<std::byte>> buffers) noexcept {
@@ -137,6 +110,17 @@ result<void> start_engine(controller::impl& c, std::vector<std::span<std::byte>>
     wanted = *k;
   }
   const unsigned n = c.opts.workers;
+  if (c.opts.fs != &io::os()) {
+    // Only the posix engine runs requests through the filesystem; io_uring and stdio would
+    // go around it (and io_uring must not pay a virtual call per request).
+    if (wanted && *wanted != engine_kind::posix && *wanted != engine_kind::null) {
+      return std::unexpected(make_error_code(errc::not_supported_by_engine));
+    }
+    if (!wanted) {
+      c.fallback_reason = "options::fs is not the OS's: only the posix engine goes through it";
+      wanted = engine_kind::posix;
+    }
+  }
   if (wanted) return start_workers(c, *wanted, n, buffers);
   auto s = start_workers(c, engine_kind::io_uring, n, buffers);
   if (s) return {};

@@ -2,8 +2,6 @@
 
 #include "keel/aio/file.hpp"
 
-#include <unistd.h>
-
 #include "cache.hpp"
 #include "request.hpp"
 
@@ -75,8 +73,7 @@ result<void> file::close() noexcept {
   result<void> r;
   if (f.cache) r = c.cache->detach(f);
   if (auto e = c.engine->closing(f); !e && r) r = e;
-  if (::close(f.fd) != 0 && r) r = last_errno_error();
-  f.fd = -1;
+  if (auto e = f.handle.close(); !e && r) r = e;
   state_.reset();
   return r;
 }

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,8 +21,7 @@ std::atomic<std::uint64_t> next_file_id{1};
 }  // namespace
 
 detail::file_state::~file_state() {
-  engine_data.reset();  // before the descriptor closes
-  if (fd >= 0) ::close(fd);
+  engine_data.reset();  // before the handle closes the descriptor
 }
 
 result<detail::stream*> detail::file_state::stream_of_this_thread() noexcept {
@@ -40,20 +38,21 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
   if (auto ok = impl_->engine->accepts(how); !ok) return std::unexpected(ok.error());
   if (how.direct && how.cache)
     return std::unexpected(make_error_code(errc::cache_needs_buffered_io));
-  int flags = O_CLOEXEC | (how.read && how.write ? O_RDWR : how.write ? O_WRONLY : O_RDONLY);
-  if (how.create) flags |= O_CREAT;
-  if (how.truncate) flags |= O_TRUNC;
-  if (how.direct) flags |= O_DIRECT;
-  const int fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) return last_errno_error();
+  io::open_flags flags = io::open_flags::none;
+  if (how.read) flags = flags | io::open_flags::read;
+  if (how.write) flags = flags | io::open_flags::write;
+  if (how.create) flags = flags | io::open_flags::create;
+  if (how.truncate) flags = flags | io::open_flags::truncate;
+  if (how.direct) flags = flags | io::open_flags::direct;
+  auto h = io::file_handle::open(*impl_->opts.fs, path.c_str(), flags, 0644);
+  if (!h) return std::unexpected(h.error());
   std::shared_ptr<detail::file_state> s;
   try {
     s = std::make_shared<detail::file_state>();
   } catch (const std::bad_alloc&) {
-    ::close(fd);
     return errc_error(std::errc::not_enough_memory);
   }
-  s->fd = fd;
+  s->handle = std::move(*h);
   s->owner = impl_;
   s->id = next_file_id.fetch_add(1);
   s->readable = how.read;
@@ -61,7 +60,8 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
   s->direct = how.direct;
   if (how.direct) {
     // The kernel says what O_DIRECT needs (Linux 6.1+); else the logical block size is the
-    // safe bet.
+    // safe bet. A question about the device, not a file operation: not through the seam.
+    const int fd = s->handle.fd();
     struct statx sx {};
     std::size_t align = 0;
 #ifdef STATX_DIOALIGN
@@ -75,9 +75,9 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
   }
   if (auto e = impl_->engine->opened(*s, how); !e) return std::unexpected(e.error());
   if (how.cache && impl_->cache) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) return last_errno_error();
-    if (auto a = impl_->cache->attach(s, static_cast<std::uint64_t>(st.st_size)); !a) {
+    const auto size = s->handle.size();
+    if (!size) return std::unexpected(size.error());
+    if (auto a = impl_->cache->attach(s, static_cast<std::uint64_t>(*size)); !a) {
       return std::unexpected(a.error());
     }
   }

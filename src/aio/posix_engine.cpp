@@ -1,6 +1,7 @@
-// The posix engine: pread/pwrite/fsync on the worker's thread, one request at a time.
+// The posix engine: pread/pwrite/fsync on the worker's thread, one request at a time, through
+// the seam (io::filesystem): the one engine a fault-injecting filesystem can fail.
 
-#include <unistd.h>
+#include <sys/types.h>
 
 #include <new>
 
@@ -14,38 +15,29 @@ class posix_engine final : public sync_engine {
  public:
   posix_engine() noexcept : sync_engine(engine_kind::posix) {}
 
+  // Through the file's handle, so through the controller's filesystem (options::fs): the
+  // handle continues short transfers and retries EINTR; its errors name the file.
   result<std::size_t> run(op& o) noexcept override {
-    const int fd = o.file->fd;
+    const io::file_handle& h = o.file->handle;
+    const auto at = static_cast<off_t>(o.offset);
     switch (o.kind) {
-      case op_kind::read:
-        while (o.done < o.length) {
-          const ssize_t n = ::pread(fd, o.buffer + o.done, o.length - o.done,
-                                    static_cast<off_t>(o.offset + o.done));
-          if (n < 0) {
-            if (errno == EINTR) continue;
-            return last_errno_error();
-          }
-          if (n == 0) break;  // end of file
-          o.done += static_cast<std::size_t>(n);
-        }
-        return o.done;
+      case op_kind::read: {
+        auto n = h.read_at(at, std::span(o.buffer, o.length));
+        if (!n) return std::unexpected(n.error());
+        o.done = *n;  // fewer only at end of file
+        return *n;
+      }
       case op_kind::write:
-        while (o.done < o.length) {
-          const ssize_t n = ::pwrite(fd, o.buffer + o.done, o.length - o.done,
-                                     static_cast<off_t>(o.offset + o.done));
-          if (n < 0) {
-            if (errno == EINTR) continue;
-            return last_errno_error();
-          }
-          if (n == 0) return errc_error(std::errc::io_error);  // no progress: never spin
-          o.done += static_cast<std::size_t>(n);
+        if (auto w = h.write_at(at, std::span<const std::byte>(o.buffer, o.length)); !w) {
+          return std::unexpected(w.error());
         }
-        return o.done;
+        o.done = o.length;
+        return o.length;
       case op_kind::fsync:
-        if (::fsync(fd) != 0) return last_errno_error();  // never retried: the error is the news
+        if (auto s = h.sync_all(); !s) return std::unexpected(s.error());  // never retried
         return 0;
       case op_kind::fdatasync:
-        if (::fdatasync(fd) != 0) return last_errno_error();
+        if (auto s = h.sync_data(); !s) return std::unexpected(s.error());
         return 0;
       case op_kind::task:
         return o.task();

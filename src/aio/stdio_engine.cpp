@@ -39,7 +39,9 @@ class stdio_engine final : public sync_engine {
   result<void> opened(file_state& f, const open_options& how) noexcept override {
     auto sf = std::unique_ptr<stdio_file>(new (std::nothrow) stdio_file);
     if (!sf) return errc_error(std::errc::not_enough_memory);
-    const int dup_fd = ::fcntl(f.fd, F_DUPFD_CLOEXEC, 0);
+    // <cstdio> does its own I/O on a descriptor of its own: it cannot go through a
+    // filesystem other than the OS's (the controller refuses stdio with one).
+    const int dup_fd = ::fcntl(f.handle.fd(), F_DUPFD_CLOEXEC, 0);
     if (dup_fd < 0) return last_errno_error();
     sf->stream = ::fdopen(dup_fd, how.read && how.write ? "r+" : how.write ? "w" : "r");
     if (sf->stream == nullptr) {

@@ -283,7 +283,7 @@ class uring_worker final : public worker {
     if (uf.slot < 0 || slot_file_.empty()) return false;
     const auto i = static_cast<std::size_t>(uf.slot);
     if (slot_file_[i] != f.id) {
-      int fd = f.fd;
+      int fd = f.handle.fd();
       if (::io_uring_register_files_update(&ring_, static_cast<unsigned>(uf.slot), &fd, 1) != 1) {
         return false;
       }
@@ -405,7 +405,7 @@ class uring_worker final : public worker {
 
   void prepare(io_uring_sqe* sqe, op& o) noexcept {
     const bool registered = use_registered(*o.file);
-    const int fd = registered ? of(*o.file).slot : o.file->fd;
+    const int fd = registered ? of(*o.file).slot : o.file->handle.fd();
     const auto chunk = static_cast<unsigned>(std::min(o.length - o.done, max_chunk));
     switch (o.kind) {
       case op_kind::read:
