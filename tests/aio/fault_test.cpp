@@ -1,6 +1,6 @@
 // keel::aio through the seam: with options::fs a fault_filesystem, the posix engine's reads,
-// writes and fsyncs go through it, so the faults it injects come back in the receipts they
-// belong to, once, never lost.
+// writes and fsyncs and the write-back cache's write-outs go through it, so the faults it
+// injects come back in the receipts, fsyncs and closes they belong to, once, never lost.
 
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "keel/aio/controller.hpp"
@@ -259,6 +260,66 @@ TEST_F(AioFaults, AFailedFsyncIsReportedOnceAndNeverRetried) {
   EXPECT_TRUE(f.fsync().wait()) << "reported once";
   EXPECT_EQ(fs.count(fs_op::sync), 3u) << "one sync per request: none retried";
   EXPECT_TRUE(f.close());
+}
+
+// ---- the write-back cache writes out through the same seam ----
+
+// A write-out that fails is the next fsync's error, once: the bytes stay cached and dirty,
+// so the fsync after writes them out and succeeds.
+TEST_F(AioFaults, ACacheWriteOutThatFailsIsTheNextFsyncsError) {
+  ASSERT_NO_FATAL_FAILURE(start(true));
+  const auto data = pattern(20000, 7);
+  ASSERT_TRUE(f.write(0, data).wait()) << "cached: nothing written yet";
+  EXPECT_EQ(fs.count(fs_op::write), 0u);
+  fs.inject({.on = fs_op::write, .nth = 1, .error = EIO});
+  auto s = f.fsync().wait();
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::io_error);
+  EXPECT_EQ(fs.count(fs_op::sync), 0u) << "no fsync after a failed write-out";
+  EXPECT_TRUE(f.fsync().wait()) << "reported once; the pages went out this time";
+  EXPECT_EQ(on_disk(path), data);
+  EXPECT_TRUE(f.close());
+}
+
+// The flusher's write-out fails in the background (the soft limit is tiny): nobody waits for
+// it, so the next fsync reports it, even though a later write-out got the bytes there.
+TEST_F(AioFaults, AFlushersFailedWriteOutWaitsForTheNextFsync) {
+  ASSERT_NO_FATAL_FAILURE(start(true, 4096, 5ms));
+  fs.inject({.on = fs_op::write, .nth = 1, .error = EIO});
+  const auto data = pattern(64 * 1024, 8);
+  ASSERT_TRUE(f.write(0, data).wait());
+  for (int i = 0; i < 500 && fs.injected() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(fs.injected(), 1u) << "the flusher never wrote out";
+  auto s = f.fsync().wait();
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::io_error);
+  EXPECT_TRUE(f.fsync().wait()) << "once";
+  EXPECT_EQ(on_disk(path), data);
+}
+
+// A write-out that keeps failing is close's error: close never drops cached bytes silently.
+TEST_F(AioFaults, ACacheWriteOutThatFailsIsClosesError) {
+  ASSERT_NO_FATAL_FAILURE(start(true));
+  ASSERT_TRUE(f.write(0, pattern(5000, 9)).wait());
+  fs.inject({.on = fs_op::write, .nth = 1, .repeat = fault::repeat::forever, .error = EIO});
+  auto closed = f.close();
+  ASSERT_FALSE(closed);
+  EXPECT_EQ(closed.error(), std::errc::io_error);
+  EXPECT_FALSE(f.is_open());
+}
+
+// With the cache, a failed fsync (after a good write-out) is reported once, not retried.
+TEST_F(AioFaults, ACachedFilesFailedFsyncIsReportedOnce) {
+  ASSERT_NO_FATAL_FAILURE(start(true));
+  fs.inject({.on = fs_op::sync, .nth = 1, .error = EIO});
+  ASSERT_TRUE(f.write(0, pattern(5000, 10)).wait());
+  auto s = f.fsync().wait();
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::io_error);
+  EXPECT_EQ(fs.count(fs_op::write), 1u) << "the write-out went through the seam";
+  EXPECT_TRUE(f.fsync().wait());
+  EXPECT_EQ(fs.count(fs_op::sync), 2u);
 }
 
 }  // namespace
