@@ -19,7 +19,7 @@ namespace {
 
 // ---- a file's list of pages by last write (under its mutex) ----
 
-void unlink(file_cache& fc, cache_page& p) noexcept {
+void unlink_page(file_cache& fc, cache_page& p) noexcept {
   (p.older != nullptr ? p.older->newer : fc.oldest) = p.newer;
   (p.newer != nullptr ? p.newer->older : fc.newest) = p.older;
   p.older = p.newer = nullptr;
@@ -121,7 +121,7 @@ class write_out_batch {
 
   //! Writes the runs through the engine (without the file's mutex); stops at the first
   //! failure.
-  result<void> write(engine& e, file_state& f) noexcept {
+  result<void> write_through(engine& e, file_state& f) noexcept {
     for (const run& r : runs_) {
       const auto iov = std::span<const iovec>(iov_).subspan(r.first, r.count);
       if (auto w = e.write_out(f, r.offset, iov); !w) return w;
@@ -191,7 +191,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
       if (b.empty()) return errc_error(std::errc::not_enough_memory);
     }
     if (b.empty()) continue;
-    const result<void> written = b.write(*cc.write_engine, f);
+    const result<void> written = b.write_through(*cc.write_engine, f);
     {
       const std::scoped_lock lock(fc.mutex);
       b.settle(cc, fc, written);
@@ -236,7 +236,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
     b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
     return false;
   }
-  const result<void> written = b.empty() ? result<void>() : b.write(*cc.write_engine, f);
+  const result<void> written = b.empty() ? result<void>() : b.write_through(*cc.write_engine, f);
   std::size_t dropped = 0;
   {
     const std::scoped_lock lock(fc.mutex);
@@ -246,7 +246,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
         cache_page* next = p->newer;
         if (!p->flushing && !p->dirty.any()) {
-          unlink(fc, *p);
+          unlink_page(fc, *p);
           std::unique_ptr<cache_page> gone = fc.pages.take(p->offset);
           if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
             fc.spare.push_back(std::move(gone));
@@ -439,7 +439,7 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     pg.dirty.set(part.lo, part.hi);
     ++pg.generation;
     pg.stamp = stamp;
-    unlink(fc, pg);
+    unlink_page(fc, pg);
     link_newest(fc, pg);
   }
   lock.unlock();

@@ -49,7 +49,7 @@ struct file_state {
   std::unique_ptr<file_cache> cache;         // open_options::cache
 
   std::atomic<bool> closed{false};
-  std::atomic<std::uint32_t> in_flight{0};  // futex word: close() waits for zero
+  std::atomic<std::uint32_t> in_flight{0};  // futex word: file::close waits for zero
 
   // Kept after their thread exits: its requests may still be running.
   base::per_thread_states streams{true};

@@ -15,14 +15,14 @@ file::file(file&& other) noexcept : state_(std::move(other.state_)) {}
 
 file& file::operator=(file&& other) noexcept {
   if (this != &other) {
-    (void)close();
+    (void)this->close();
     state_ = std::move(other.state_);
   }
   return *this;
 }
 
 file::~file() {
-  (void)close();
+  (void)this->close();
 }
 
 bool file::is_open() const noexcept {

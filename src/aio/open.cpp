@@ -60,11 +60,12 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
   s->direct = how.direct;
   if (how.direct) {
     // The kernel says what O_DIRECT needs (Linux 6.1+); else the logical block size is the
-    // safe bet. A question about the device, not a file operation: not through the seam.
+    // safe bet.
     const int fd = s->handle.fd();
     struct statx sx {};
     std::size_t align = 0;
 #ifdef STATX_DIOALIGN
+    // A question about the device, not a file operation: the seam has no statx.
     if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
         (sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align != 0) {
       align = std::max<std::size_t>(sx.stx_dio_offset_align, sx.stx_dio_mem_align);

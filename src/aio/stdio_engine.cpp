@@ -40,13 +40,15 @@ class stdio_engine final : public sync_engine {
     auto sf = std::unique_ptr<stdio_file>(new (std::nothrow) stdio_file);
     if (!sf) return errc_error(std::errc::not_enough_memory);
     // <cstdio> does its own I/O on a descriptor of its own: it cannot go through a
-    // filesystem other than the OS's (the controller refuses stdio with one).
-    const int dup_fd = ::fcntl(f.handle.fd(), F_DUPFD_CLOEXEC, 0);
+    // filesystem other than the OS's (the controller refuses stdio with one), so this
+    // engine's calls bypass the seam.
+    const int dup_fd = ::fcntl(f.handle.fd(), F_DUPFD_CLOEXEC, 0);  // bypasses the seam
     if (dup_fd < 0) return last_errno_error();
+    // A FILE of its own (stdio bypasses the seam).
     sf->stream = ::fdopen(dup_fd, how.read && how.write ? "r+" : how.write ? "w" : "r");
     if (sf->stream == nullptr) {
       const int e = errno;
-      ::close(dup_fd);
+      ::close(dup_fd);  // the dup above, outside the seam
       return errno_error(e);
     }
     f.engine_data = std::move(sf);
@@ -103,6 +105,7 @@ class stdio_engine final : public sync_engine {
       case op_kind::fsync:
       case op_kind::fdatasync:
         if (std::fflush(s) != 0) return last_errno_error();
+        // The stream's descriptor, outside the seam like all of stdio.
         if ((o.kind == op_kind::fsync ? ::fsync(fileno(s)) : ::fdatasync(fileno(s))) != 0) {
           return last_errno_error();
         }

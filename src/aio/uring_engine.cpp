@@ -130,11 +130,12 @@ class uring_worker final : public worker {
       : worker(c), engine_(e), depth_(c.opts.queue_depth), index_(index) {}
   ~uring_worker() override {
     join();
-    if (efd_ >= 0) ::close(efd_);
+    if (efd_ >= 0) ::close(efd_);  // the wake-up eventfd: not a file, not the seam's
   }
 
   void wake() noexcept override {
     const std::uint64_t one = 1;
+    // The wake-up eventfd: not a file, not the seam's.
     (void)!::write(efd_, &one, sizeof one);
   }
 
