@@ -19,7 +19,7 @@ namespace {
 
 // ---- a file's list of pages by last write (under its mutex) ----
 
-void unlink(file_cache& fc, cache_page& p) noexcept {
+void unlink_page(file_cache& fc, cache_page& p) noexcept {
   (p.older != nullptr ? p.older->newer : fc.oldest) = p.newer;
   (p.newer != nullptr ? p.newer->older : fc.newest) = p.older;
   p.older = p.newer = nullptr;
@@ -70,7 +70,7 @@ void take_place(file_cache& fc, cache_page& old, cache_page& neu) noexcept {
 
 void wake_flusher(cache_control& cc) noexcept {
   cc.signal.fetch_add(1);
-  futex_wake(cc.signal, 1);
+  base::futex_wake(cc.signal, 1);
 }
 
 // The part of page `p` that [offset, end) covers, as page-relative [lo, hi).
@@ -84,46 +84,6 @@ page_part part_of(std::uint64_t p, std::uint64_t offset, std::uint64_t end) noex
 }
 
 // ---- writing out ----
-
-// Writes the bytes of `iov` at `offset` the way the file's engine writes.
-result<void> write_to_file(file_state& f, engine_kind k, std::uint64_t offset,
-                           std::span<iovec> iov) noexcept {
-  if (k == engine_kind::null) return {};
-  if (f.stdio != nullptr) {
-    const std::scoped_lock lock(f.stdio_mutex);
-    if (::fseeko(f.stdio, static_cast<off_t>(offset), SEEK_SET) != 0) return last_errno_error();
-    for (const iovec& v : iov) {
-      errno = 0;
-      if (std::fwrite(v.iov_base, 1, v.iov_len, f.stdio) != v.iov_len) {
-        const int e = errno != 0 ? errno : EIO;
-        std::clearerr(f.stdio);
-        return errno_error(e);
-      }
-    }
-    return {};
-  }
-  while (!iov.empty()) {
-    const ssize_t w =
-        ::pwritev(f.fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return last_errno_error();
-    }
-    if (w == 0) return errc_error(std::errc::io_error);  // no progress: never spin
-    offset += static_cast<std::uint64_t>(w);
-    // A short write: on from where it stopped.
-    auto left = static_cast<std::size_t>(w);
-    while (!iov.empty() && left >= iov.front().iov_len) {
-      left -= iov.front().iov_len;
-      iov = iov.subspan(1);
-    }
-    if (left != 0) {
-      iov.front().iov_base = static_cast<std::byte*>(iov.front().iov_base) + left;
-      iov.front().iov_len -= left;
-    }
-  }
-  return {};
-}
 
 // The dirty bytes of some pages, to be written out without the file's mutex straight from
 // the pages: while a page is `flushing` nobody writes into it (a write into it copies it
@@ -159,11 +119,12 @@ class write_out_batch {
   }
   [[nodiscard]] bool empty() const noexcept { return pages_.empty(); }
 
-  //! Writes the runs (without the file's mutex); stops at the first failure.
-  result<void> write(file_state& f, engine_kind k) noexcept {
+  //! Writes the runs through the engine (without the file's mutex); stops at the first
+  //! failure.
+  result<void> write_through(engine& e, file_state& f) noexcept {
     for (const run& r : runs_) {
-      const auto iov = std::span(iov_).subspan(r.first, r.count);
-      if (auto w = write_to_file(f, k, r.offset, iov); !w) return w;
+      const auto iov = std::span<const iovec>(iov_).subspan(r.first, r.count);
+      if (auto w = e.write_out(f, r.offset, iov); !w) return w;
       bytes_ += r.end - r.offset;
     }
     return {};
@@ -205,7 +166,7 @@ class write_out_batch {
 // mutex held: no page is dropped meanwhile). Pages dirtied later are left for later: an
 // fsync covers the writes that finished before it, and a sweep that chased newer writes
 // might never end. After a failure the rest is still tried; the first error is returned.
-result<void> write_out_all(cache_control& cc, file_state& f, engine_kind k) noexcept {
+result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
   file_cache& fc = *f.cache;
   std::vector<cache_page*> dirty;
   try {
@@ -230,7 +191,7 @@ result<void> write_out_all(cache_control& cc, file_state& f, engine_kind k) noex
       if (b.empty()) return errc_error(std::errc::not_enough_memory);
     }
     if (b.empty()) continue;
-    const result<void> written = b.write(f, k);
+    const result<void> written = b.write_through(*cc.write_engine, f);
     {
       const std::scoped_lock lock(fc.mutex);
       b.settle(cc, fc, written);
@@ -254,7 +215,7 @@ result<void> take_flush_error(file_cache& fc, result<void> r) noexcept {
 
 // Writes out the dirty ones among the `max_pages` least recently written pages of `f` and
 // drops those of them that are clean. Whether anything was written or dropped.
-bool shrink_file(cache_control& cc, file_state& f, engine_kind k, std::size_t max_pages) noexcept {
+bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexcept {
   file_cache& fc = *f.cache;
   const std::scoped_lock flush_lock(fc.flush_mutex);
   if (fc.closed) return false;
@@ -275,7 +236,7 @@ bool shrink_file(cache_control& cc, file_state& f, engine_kind k, std::size_t ma
     b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
     return false;
   }
-  const result<void> written = b.empty() ? result<void>() : b.write(f, k);
+  const result<void> written = b.empty() ? result<void>() : b.write_through(*cc.write_engine, f);
   std::size_t dropped = 0;
   {
     const std::scoped_lock lock(fc.mutex);
@@ -285,7 +246,7 @@ bool shrink_file(cache_control& cc, file_state& f, engine_kind k, std::size_t ma
       for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
         cache_page* next = p->newer;
         if (!p->flushing && !p->dirty.any()) {
-          unlink(fc, *p);
+          unlink_page(fc, *p);
           std::unique_ptr<cache_page> gone = fc.pages.take(p->offset);
           if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
             fc.spare.push_back(std::move(gone));
@@ -314,8 +275,7 @@ std::vector<std::shared_ptr<file_state>> cached_files(cache_control& cc) {
 
 // Writes out and drops the least recently written pages, file by file, until the cache
 // holds at most `target` bytes or nothing more can go (pages a read pins, failing writes).
-void shrink_to(controller::impl& c, std::size_t target) noexcept {
-  cache_control& cc = *c.cache;
+void shrink_to(cache_control& cc, std::size_t target) noexcept {
   std::vector<std::shared_ptr<file_state>> files;
   try {
     files = cached_files(cc);
@@ -338,14 +298,13 @@ void shrink_to(controller::impl& c, std::size_t target) noexcept {
     // No more pages than it takes (an idle round halves, not more), at most 256 KiB a turn.
     const std::size_t over = cc.bytes.load() - std::min(target, cc.bytes.load());
     const std::size_t pages = std::clamp<std::size_t>((over + page_size - 1) / page_size, 1, 64);
-    if (!shrink_file(cc, *files[pick], c.kind, pages)) {
+    if (!shrink_file(cc, *files[pick], pages)) {
       files.erase(files.begin() + static_cast<std::ptrdiff_t>(pick));  // next round
     }
   }
 }
 
-void flusher_main(controller::impl& c) noexcept {
-  cache_control& cc = *c.cache;
+void flusher_main(cache_control& cc) noexcept {
   std::uint64_t seen_writes = cc.writes.load();
   for (;;) {
     // With nothing cached it sleeps until the first page comes (cache_write wakes it).
@@ -353,7 +312,7 @@ void flusher_main(controller::impl& c) noexcept {
     if (!cc.quit.load() && !cc.wanted.load()) {
       const io::countdown cd =
           (cc.bytes.load() == 0 ? io::deadline::never() : io::deadline(cc.idle)).start();
-      futex_wait(cc.signal, s, &cd);
+      base::futex_wait(cc.signal, s, &cd);
     }
     if (cc.quit.load()) {
       std::vector<std::shared_ptr<file_state>> files;
@@ -364,7 +323,7 @@ void flusher_main(controller::impl& c) noexcept {
       }
       for (const auto& f : files) {
         const std::scoped_lock flush_lock(f->cache->flush_mutex);
-        if (!f->cache->closed) (void)write_out_all(cc, *f, c.kind);  // errors wait in the file
+        if (!f->cache->closed) (void)write_out_all(cc, *f);  // errors wait in the file
       }
       return;
     }
@@ -372,9 +331,9 @@ void flusher_main(controller::impl& c) noexcept {
     const std::size_t bytes = cc.bytes.load();
     const std::uint64_t writes = cc.writes.load();
     if (bytes > cc.soft) {
-      shrink_to(c, cc.soft - cc.soft / 8);  // oldest first, a little below the soft limit
+      shrink_to(cc, cc.soft - cc.soft / 8);  // oldest first, a little below the soft limit
     } else if (writes == seen_writes && bytes != 0) {
-      shrink_to(c, bytes / 2);  // idle for a round: halve what is cached
+      shrink_to(cc, bytes / 2);  // idle for a round: halve what is cached
     }
     seen_writes = writes;
   }
@@ -382,11 +341,9 @@ void flusher_main(controller::impl& c) noexcept {
 
 // ---- requests ----
 
-std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& fc,
-                                               op& o) noexcept {
+std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc, op& o) noexcept {
   o.cache_checked = true;
   if (o.length == 0) return result<std::size_t>(0);
-  cache_control& cc = *c.cache;
   const std::uint64_t end = o.offset + o.length;
   const std::uint64_t first = o.offset & ~std::uint64_t{page_size - 1};
   std::unique_lock lock(fc.mutex);
@@ -482,7 +439,7 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
     pg.dirty.set(part.lo, part.hi);
     ++pg.generation;
     pg.stamp = stamp;
-    unlink(fc, pg);
+    unlink_page(fc, pg);
     link_newest(fc, pg);
   }
   lock.unlock();
@@ -496,7 +453,7 @@ std::optional<result<std::size_t>> cache_write(controller::impl& c, file_cache& 
   return result<std::size_t>(o.length);
 }
 
-std::optional<result<std::size_t>> cache_read(controller::impl& c, file_cache& fc, op& o) noexcept {
+std::optional<result<std::size_t>> cache_read(cache_control& cc, file_cache& fc, op& o) noexcept {
   o.cache_checked = true;
   if (o.length == 0) return result<std::size_t>(0);
   const std::scoped_lock lock(fc.mutex);
@@ -518,7 +475,7 @@ std::optional<result<std::size_t>> cache_read(controller::impl& c, file_cache& f
         std::memcpy(o.buffer + (p + part.lo - o.offset), pg.data.data() + part.lo,
                     part.hi - part.lo);
       }
-      c.cache->read_hits.fetch_add(1, std::memory_order_relaxed);
+      cc.read_hits.fetch_add(1, std::memory_order_relaxed);
       return result<std::size_t>(static_cast<std::size_t>(end - o.offset));
     }
   }
@@ -529,24 +486,80 @@ std::optional<result<std::size_t>> cache_read(controller::impl& c, file_cache& f
   return std::nullopt;
 }
 
+// Writes out every dirty page of `f`; the error of a failed write-out, also an earlier one
+// not yet reported (which is reported once).
+result<void> write_out_file(cache_control& cc, file_state& f) noexcept {
+  file_cache& fc = *f.cache;
+  result<void> r;
+  {
+    const std::scoped_lock flush_lock(fc.flush_mutex);
+    if (fc.closed) return {};
+    r = write_out_all(cc, f);
+  }
+  return take_flush_error(fc, r);
+}
+
 }  // namespace
 
-std::optional<result<std::size_t>> cache_handle(controller::impl& c, op& o,
-                                                bool on_worker) noexcept {
+result<std::unique_ptr<write_back_cache>> write_back_cache::start(controller::impl& c) noexcept {
+  std::unique_ptr<write_back_cache> wb(new (std::nothrow) write_back_cache);
+  if (!wb) return errc_error(std::errc::not_enough_memory);
+  cache_control& cc = wb->cc_;
+  cc.write_engine = c.engine.get();
+  cc.soft = c.opts.cache_soft_limit;
+  cc.hard = c.opts.cache_hard_limit;
+  cc.idle = std::max(c.opts.cache_idle_round, std::chrono::milliseconds(1));
+  try {
+    cc.flusher = std::thread([&cc] { flusher_main(cc); });
+  } catch (const std::system_error& e) {
+    return std::unexpected(e.code());
+  }
+  return wb;
+}
+
+write_back_cache::~write_back_cache() {
+  stop();
+}
+
+result<void> write_back_cache::attach(const std::shared_ptr<file_state>& f,
+                                      std::uint64_t size) noexcept {
+  try {
+    f->cache = std::make_unique<file_cache>();
+    f->cache->logical_size = size;
+    const std::scoped_lock lock(cc_.files_mutex);
+    cc_.files.push_back(f);
+  } catch (const std::bad_alloc&) {
+    f->cache.reset();
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return {};
+}
+
+std::optional<result<std::size_t>> write_back_cache::on_submit(op& o) noexcept {
+  switch (o.kind) {
+    case op_kind::write:
+      return cache_write(cc_, *o.file->cache, o);
+    case op_kind::read:
+      return cache_read(cc_, *o.file->cache, o);
+    default:
+      return std::nullopt;  // blocks: on the worker
+  }
+}
+
+std::optional<result<std::size_t>> write_back_cache::on_worker(op& o) noexcept {
   file_state& f = *o.file;
   switch (o.kind) {
     case op_kind::write:
       if (o.cache_checked) return std::nullopt;
-      return cache_write(c, *f.cache, o);
+      return cache_write(cc_, *f.cache, o);
     case op_kind::read:
       if (o.cache_checked) return std::nullopt;
-      return cache_read(c, *f.cache, o);
+      return cache_read(cc_, *f.cache, o);
     case op_kind::fsync:
     case op_kind::fdatasync:
     case op_kind::task:
       // The file as the earlier requests left it: their cached bytes written out first.
-      if (!on_worker) return std::nullopt;
-      if (auto w = cache_write_out_file(f, c.kind); !w) {
+      if (auto w = write_out_file(cc_, f); !w) {
         return result<std::size_t>(std::unexpected(w.error()));
       }
       return std::nullopt;
@@ -554,7 +567,7 @@ std::optional<result<std::size_t>> cache_handle(controller::impl& c, op& o,
   return std::nullopt;
 }
 
-void cache_read_finished(op& o, result<std::size_t>& outcome) noexcept {
+void write_back_cache::read_finished(op& o, result<std::size_t>& outcome) noexcept {
   file_cache& fc = *o.file->cache;
   const std::scoped_lock lock(fc.mutex);
   --fc.reads_from_file;
@@ -583,50 +596,39 @@ void cache_read_finished(op& o, result<std::size_t>& outcome) noexcept {
   outcome = n;
 }
 
-result<void> cache_write_out_file(file_state& f, engine_kind k) noexcept {
+result<void> write_back_cache::detach(file_state& f) noexcept {
   file_cache& fc = *f.cache;
   result<void> r;
   {
     const std::scoped_lock flush_lock(fc.flush_mutex);
     if (fc.closed) return {};
-    r = write_out_all(*f.owner->cache, f, k);
-  }
-  return take_flush_error(fc, r);
-}
-
-result<void> cache_close_file(file_state& f, engine_kind k) noexcept {
-  file_cache& fc = *f.cache;
-  cache_control& cc = *f.owner->cache;
-  result<void> r;
-  {
-    const std::scoped_lock flush_lock(fc.flush_mutex);
-    if (fc.closed) return {};
-    r = write_out_all(cc, f, k);
+    r = write_out_all(cc_, f);
     fc.closed = true;
   }
   r = take_flush_error(fc, r);
   // The pages stay allocated until the file's state goes; they no longer count.
   const std::scoped_lock lock(fc.mutex);
-  cc.bytes.fetch_sub(fc.pages.size() * page_size);
-  cc.dirty_pages.fetch_sub(fc.dirty_pages);
+  cc_.bytes.fetch_sub(fc.pages.size() * page_size);
+  cc_.dirty_pages.fetch_sub(fc.dirty_pages);
   return r;
 }
 
-result<void> cache_start(controller::impl& c) noexcept {
-  try {
-    c.cache->flusher = std::thread([&c] { flusher_main(c); });
-  } catch (const std::system_error& e) {
-    return std::unexpected(e.code());
-  }
-  return {};
+void write_back_cache::stop() noexcept {
+  if (!cc_.flusher.joinable()) return;
+  cc_.quit.store(true);
+  wake_flusher(cc_);
+  cc_.flusher.join();
 }
 
-void cache_stop(controller::impl& c) noexcept {
-  cache_control& cc = *c.cache;
-  if (!cc.flusher.joinable()) return;
-  cc.quit.store(true);
-  wake_flusher(cc);
-  cc.flusher.join();
+cache_stats write_back_cache::stats() const noexcept {
+  cache_stats s;
+  s.cached_bytes = cc_.bytes.load();
+  s.dirty_bytes = cc_.dirty_pages.load() * page_size;
+  s.writes_cached = cc_.writes.load();
+  s.writes_bypassed = cc_.bypassed.load();
+  s.reads_served = cc_.read_hits.load();
+  s.bytes_written_out = cc_.written_out.load();
+  return s;
 }
 
 }  // namespace keel::aio::detail

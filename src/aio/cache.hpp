@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "detail.hpp"
+#include "engine.hpp"
 #include "radix_tree.hpp"
 
 namespace keel::aio::detail {
@@ -160,6 +161,7 @@ struct file_cache {
 
 //! The controller's side: quotas, counters and the flusher thread.
 struct cache_control {
+  engine* write_engine = nullptr;  // the write-outs go through it
   std::size_t soft = 0;
   std::size_t hard = 0;
   std::chrono::milliseconds idle{100};
@@ -179,22 +181,43 @@ struct cache_control {
   std::atomic<bool> quit{false};
 };
 
-//! What the cache made of a request: its outcome when the cache finished it, or nothing when
-//! the engine must run it (a bypassing write, a read not all in the cache, the fsync after
-//! the file's write-out, a task). `on_worker` false: on the submitting thread, where only
-//! reads and writes are tried and nothing blocks.
-std::optional<result<std::size_t>> cache_handle(controller::impl& c, op& o,
-                                                bool on_worker) noexcept;
-//! A read that went to the engine has finished: lays the valid cached bytes over it.
-void cache_read_finished(op& o, result<std::size_t>& outcome) noexcept;
-//! Writes out every dirty page of `f`; the error of a failed write-out, also an earlier one
-//! not yet reported (which is reported once).
-result<void> cache_write_out_file(file_state& f, engine_kind k) noexcept;
-//! Writes out and drops every page of `f`, which is closing: no write-out follows.
-result<void> cache_close_file(file_state& f, engine_kind k) noexcept;
-//! Starts the controller's flusher thread.
-result<void> cache_start(controller::impl& c) noexcept;
-//! Writes out every cache of the controller and ends the flusher thread.
-void cache_stop(controller::impl& c) noexcept;
+//! The cache as the controller sees it: a layer between the submitting thread and the
+//! engine, one per controller, shared by the files opened with open_options::cache. It
+//! writes out through the controller's engine (engine::write_out). The controller calls it
+//! where a file opens and closes, where a request is submitted, where a worker takes it, and
+//! where a read it sent to the engine ends.
+class write_back_cache {
+ public:
+  //! With the controller's limits; starts the flusher thread.
+  [[nodiscard]] static result<std::unique_ptr<write_back_cache>> start(
+      controller::impl& c) noexcept;
+  write_back_cache(const write_back_cache&) = delete;
+  write_back_cache& operator=(const write_back_cache&) = delete;
+  ~write_back_cache();
+
+  //! `f`, of `size` bytes now, is cached from now on (f->cache).
+  [[nodiscard]] result<void> attach(const std::shared_ptr<file_state>& f,
+                                    std::uint64_t size) noexcept;
+  //! On the submitting thread, never blocking: the outcome of a write it cached or of a read
+  //! it holds wholly, or nothing (the request goes to a worker).
+  std::optional<result<std::size_t>> on_submit(op& o) noexcept;
+  //! On a worker, before the engine: the same for a request not yet seen; an fsync or task
+  //! has the file's cached bytes written out first (and ends here if that failed, with the
+  //! error, also an earlier write-out's not yet reported).
+  std::optional<result<std::size_t>> on_worker(op& o) noexcept;
+  //! A read that went to the engine (o.reads_file) ended: lays the cached bytes over it.
+  void read_finished(op& o, result<std::size_t>& outcome) noexcept;
+  //! `f` closes (its last request ended): writes out and drops its pages. The error of a
+  //! failed write-out, now or earlier and not yet reported.
+  [[nodiscard]] result<void> detach(file_state& f) noexcept;
+  //! Writes out every file's pages (errors wait for the files' fsync or close) and ends the
+  //! flusher thread. Idempotent.
+  void stop() noexcept;
+  [[nodiscard]] cache_stats stats() const noexcept;
+
+ private:
+  write_back_cache() noexcept = default;
+  cache_control cc_;
+};
 
 }  // namespace keel::aio::detail

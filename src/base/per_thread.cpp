@@ -96,6 +96,9 @@ void per_thread_states::add(thread_state* s) noexcept {
     const base::lock_guard lock(registry_->mutex);
     registry_->live.push_back(s);
   }
+  // Entries of instances gone since are dropped here, so that a thread that uses many
+  // short-lived instances (aio's files) neither grows its cache nor scans the dead.
+  std::erase_if(cache.entries, [](const cache_entry& e) { return e.registry.expired(); });
   cache.entries.push_back({id_, registry_, s});
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/aio/file.hpp"
+#include "keel/io/filesystem.hpp"
 #include "keel/result.hpp"
 
 namespace keel::aio {
@@ -33,6 +34,13 @@ struct options {
   //! KEEL_AIO_ENGINE (io_uring, posix, stdio, null) overrides both. A chosen engine that
   //! cannot start is an error; only the default falls back.
   std::optional<engine_kind> engine;
+  //! The filesystem files are opened, read, written and synced through (the seam; null:
+  //! io::os()). The write-back cache writes out through it too. Only the posix engine runs
+  //! requests through it (and null, which does no I/O): with any other filesystem (a
+  //! fault_filesystem, a filesystem_wrapper) the default engine is posix, and asking for
+  //! io_uring or stdio is errc::not_supported_by_engine. io_uring and stdio reach the
+  //! kernel directly, so that io_uring pays no virtual call per request.
+  io::filesystem* fs = &io::os();
   //! Submission queue entries of each io_uring ring.
   unsigned queue_depth = 128;
   //! io_uring: register each file with the rings that run its requests (the kernel then
@@ -103,7 +111,8 @@ struct open_options {
 class controller {
  public:
   //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE, a
-  //! soft cache limit above the hard one), and
+  //! soft cache limit above the hard one), errc::not_supported_by_engine (io_uring or stdio
+  //! asked for with options::fs not io::os()), and
   //! for an engine that was asked for and cannot run: the error that stopped it (ENOSYS,
   //! EPERM under seccomp or kernel.io_uring_disabled, ENOMEM for locked memory, ...).
   [[nodiscard]] static result<std::unique_ptr<controller>> start(options opts = {}) noexcept;
@@ -125,8 +134,8 @@ class controller {
   [[nodiscard]] cache_stats cache() const noexcept;
   [[nodiscard]] engine_stats engine_counts() const noexcept;
 
-  //! Opens `path`. Errors: those of open(2); invalid_argument for create/truncate without
-  //! write; errc::not_supported_by_engine for direct with the stdio engine;
+  //! Opens `path` through options::fs. Errors: those of open(2); invalid_argument for
+  //! create/truncate without write; errc::not_supported_by_engine for direct with the stdio engine;
   //! errc::cache_needs_buffered_io for cache with direct.
   [[nodiscard]] result<file> open(const std::string& path, open_options how) noexcept;
 

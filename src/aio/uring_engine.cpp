@@ -9,14 +9,15 @@
 
 #include <liburing.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <new>
 #include <utility>
 
-#include "cache.hpp"
 #include "detail.hpp"
 
 namespace keel::aio::detail {
@@ -25,20 +26,116 @@ namespace {
 constexpr std::uint64_t wake_tag = 0;  // user data of the eventfd read; ops are pointers
 constexpr std::size_t max_chunk = std::size_t{1} << 30;  // an SQE's length is 32 bits
 
+class uring_engine;
 class uring_worker;
 thread_local const uring_worker* running_here = nullptr;  // the worker this thread runs
 
+//! What the engine keeps of a file: its index in every ring's table of registered files, or
+//! -1; the workers whose ring registered it (bit i % 64 for worker i), which must let go of
+//! it before it closes.
+struct uring_file final : engine_file {
+  uring_file(uring_engine& e, std::uint64_t id, int index) noexcept
+      : owner(e), file_id(id), slot(index) {}
+  ~uring_file() override;  // lets go of the index if closing did not (a failed open)
+  uring_engine& owner;
+  std::uint64_t file_id;
+  int slot;
+  std::atomic<std::uint64_t> registered_in{0};
+};
+
+uring_file& of(file_state& f) noexcept {
+  return static_cast<uring_file&>(*f.engine_data);
+}
+
+//! The engine's own state, shared by its workers: the registered buffers and the indexes of
+//! the rings' tables of files.
+class uring_engine final : public engine {
+ public:
+  uring_engine(controller::impl& c, std::vector<std::span<std::byte>> buffers) noexcept
+      : engine(engine_kind::io_uring), buffers_(std::move(buffers)) {
+    if (c.opts.register_files) {
+      // The kernel refuses a table larger than RLIMIT_NOFILE.
+      rlimit nofile{};
+      file_slots_ = 1024;
+      if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < file_slots_) {
+        file_slots_ = static_cast<unsigned>(nofile.rlim_cur);
+      }
+      try {
+        free_slots_.reserve(file_slots_);
+      } catch (const std::bad_alloc&) {
+        file_slots_ = 0;  // files go by descriptor
+      }
+    }
+  }
+
+  [[nodiscard]] bool chains_batches() const noexcept override { return true; }
+  std::unique_ptr<worker> make_worker(controller::impl& c, unsigned index) noexcept override;
+
+  result<void> opened(file_state& f, const open_options& how) noexcept override {
+    (void)how;
+    f.engine_data.reset(new (std::nothrow) uring_file(*this, f.id, take_slot()));
+    if (!f.engine_data) return errc_error(std::errc::not_enough_memory);
+    return {};
+  }
+
+  result<void> closing(file_state& f) noexcept override {
+    uring_file& uf = of(f);
+    if (uf.slot >= 0) release_slot(uf);
+    return {};
+  }
+
+  [[nodiscard]] unsigned file_slots() const noexcept { return file_slots_; }
+  [[nodiscard]] const std::vector<std::span<std::byte>>& buffers() const noexcept {
+    return buffers_;
+  }
+
+  //! The table index of the registered buffer holding [p, p + n) wholly, or -1.
+  [[nodiscard]] int buffer_index(const std::byte* p, std::size_t n) const noexcept {
+    // The last region starting at or before p.
+    auto it = std::upper_bound(buffers_.begin(), buffers_.end(), p,
+                               [](const std::byte* q, const auto& b) { return q < b.data(); });
+    if (it == buffers_.begin()) return -1;
+    --it;
+    const auto offset = static_cast<std::size_t>(p - it->data());
+    if (offset > it->size() || n > it->size() - offset) return -1;
+    return static_cast<int>(it - buffers_.begin());
+  }
+
+  //! Makes every ring let go of `f` and frees its index (close, after the last request).
+  void release_slot(uring_file& f) noexcept;
+
+ private:
+  //! A free table index for a new file, or -1 (none left, or not registering).
+  int take_slot() noexcept {
+    const std::scoped_lock lock(slots_mutex_);
+    if (!free_slots_.empty()) {
+      const int slot = free_slots_.back();
+      free_slots_.pop_back();
+      return slot;
+    }
+    return next_slot_ < static_cast<int>(file_slots_) ? next_slot_++ : -1;
+  }
+
+  std::vector<std::span<std::byte>> buffers_;  // in address order: their index in the tables
+  unsigned file_slots_ = 0;                    // the size of every ring's table of files
+  std::mutex slots_mutex_;
+  std::vector<int> free_slots_;  // reserved for every index at start
+  int next_slot_ = 0;
+  std::vector<uring_worker*> workers_;  // owned by the controller, which outlives the files
+};
+
 class uring_worker final : public worker {
  public:
-  uring_worker(controller::impl& c, unsigned index)
-      : worker(c), depth_(c.opts.queue_depth), index_(index) {}
+  uring_worker(controller::impl& c, uring_engine& e, unsigned index)
+      : worker(c), engine_(e), depth_(c.opts.queue_depth), index_(index) {}
   ~uring_worker() override {
     join();
-    if (efd_ >= 0) ::close(efd_);
+    if (efd_ >= 0) ::close(efd_);  // the wake-up eventfd: not a file, not the seam's
   }
 
   void wake() noexcept override {
     const std::uint64_t one = 1;
+    // The wake-up eventfd: not a file, not the seam's.
     (void)!::write(efd_, &one, sizeof one);
   }
 
@@ -81,16 +178,16 @@ class uring_worker final : public worker {
       report_start(std::error_code(-r, std::system_category()));
       return;
     }
-    if (!ctl_.buffers.empty()) {
+    if (!engine_.buffers().empty()) {
       std::vector<iovec> iov;
       try {
-        iov.reserve(ctl_.buffers.size());
+        iov.reserve(engine_.buffers().size());
       } catch (const std::bad_alloc&) {
         ::io_uring_queue_exit(&ring_);
         report_start(std::make_error_code(std::errc::not_enough_memory));
         return;
       }
-      for (const auto& b : ctl_.buffers)
+      for (const auto& b : engine_.buffers())
         iov.push_back({b.data(), b.size()});
       r = ::io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
       if (r < 0) {
@@ -101,10 +198,11 @@ class uring_worker final : public worker {
     }
     // A sparse table (Linux 5.19+) the files are put into as they come; without it, files
     // go by descriptor.
-    if (ctl_.file_slots != 0 && ::io_uring_register_files_sparse(&ring_, ctl_.file_slots) == 0) {
+    const unsigned slots = engine_.file_slots();
+    if (slots != 0 && ::io_uring_register_files_sparse(&ring_, slots) == 0) {
       try {
-        slot_file_.assign(ctl_.file_slots, 0);
-        forget_.reserve(ctl_.file_slots);  // one file per index at most waits to be let go
+        slot_file_.assign(slots, 0);
+        forget_.reserve(slots);  // one file per index at most waits to be let go
       } catch (const std::bad_alloc&) {
         slot_file_.clear();
         (void)::io_uring_unregister_files(&ring_);
@@ -122,7 +220,16 @@ class uring_worker final : public worker {
     forget_done_.notify_all();
   }
 
-  void forget(int slot, std::uint64_t id) noexcept override {
+ public:
+  void add_counts(engine_stats& s) const noexcept override {
+    s.requests_ordered_in_ring += ordered_.load(std::memory_order_relaxed);
+    s.requests_on_registered_files += registered_.load(std::memory_order_relaxed);
+    s.requests_on_registered_buffers += fixed_buffers_.load(std::memory_order_relaxed);
+  }
+
+  //! Makes the ring let go of file `id` at table index `slot` if it registered it, and
+  //! returns when it has (at once when the thread ended).
+  void forget(int slot, std::uint64_t id) noexcept {
     if (slot_file_.empty()) return;  // set before start() returned, never changed after
     std::unique_lock lock(forget_mutex_);
     if (exited_) return;
@@ -147,6 +254,7 @@ class uring_worker final : public worker {
       forget_done_.wait(d);
   }
 
+ private:
   // Lets go of the files close() asked about (worker thread).
   void forget_files() noexcept {
     const std::scoped_lock lock(forget_mutex_);
@@ -163,8 +271,8 @@ class uring_worker final : public worker {
 
   // The registered buffer the next `chunk` bytes of `o` lie in, or -1.
   int fixed_buffer(const op& o, std::size_t chunk) noexcept {
-    if (ctl_.buffers.empty()) return -1;
-    const int b = ctl_.buffer_index(o.buffer + o.done, chunk);
+    if (engine_.buffers().empty()) return -1;
+    const int b = engine_.buffer_index(o.buffer + o.done, chunk);
     if (b >= 0) count(fixed_buffers_);
     return b;
   }
@@ -172,15 +280,16 @@ class uring_worker final : public worker {
   // The descriptor a request names in its SQE: the file's table index once this ring has
   // registered it (registering it now if need be), else its descriptor.
   bool use_registered(file_state& f) noexcept {
-    if (f.slot < 0 || slot_file_.empty()) return false;
-    const auto i = static_cast<std::size_t>(f.slot);
+    uring_file& uf = of(f);
+    if (uf.slot < 0 || slot_file_.empty()) return false;
+    const auto i = static_cast<std::size_t>(uf.slot);
     if (slot_file_[i] != f.id) {
-      int fd = f.fd;
-      if (::io_uring_register_files_update(&ring_, static_cast<unsigned>(f.slot), &fd, 1) != 1) {
+      int fd = f.handle.fd();
+      if (::io_uring_register_files_update(&ring_, static_cast<unsigned>(uf.slot), &fd, 1) != 1) {
         return false;
       }
       slot_file_[i] = f.id;
-      f.registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
+      uf.registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
     }
     return true;
   }
@@ -232,15 +341,9 @@ class uring_worker final : public worker {
   }
 
   void intake(op& o) noexcept {
-    if (ctl_.stopping.load(std::memory_order_relaxed)) {
-      done(o, 0, true);
+    if (auto early = ctl_.before_engine(o)) {
+      done(o, std::move(early->outcome), early->cancelled);
       return;
-    }
-    if (o.file->cache) {
-      if (auto n = cache_handle(ctl_, o, true)) {
-        done(o, *n);
-        return;
-      }
     }
     if (o.kind == op_kind::task) {
       done(o, o.task());
@@ -303,7 +406,7 @@ class uring_worker final : public worker {
 
   void prepare(io_uring_sqe* sqe, op& o) noexcept {
     const bool registered = use_registered(*o.file);
-    const int fd = registered ? o.file->slot : o.file->fd;
+    const int fd = registered ? of(*o.file).slot : o.file->handle.fd();
     const auto chunk = static_cast<unsigned>(std::min(o.length - o.done, max_chunk));
     switch (o.kind) {
       case op_kind::read:
@@ -373,8 +476,16 @@ class uring_worker final : public worker {
     }
   }
 
+  uring_engine& engine_;
   unsigned depth_;
   unsigned index_;
+  // Counts for engine_stats, written by the worker thread only.
+  std::atomic<std::uint64_t> ordered_{0};
+  std::atomic<std::uint64_t> registered_{0};
+  std::atomic<std::uint64_t> fixed_buffers_{0};
+  static void count(std::atomic<std::uint64_t>& n) noexcept {
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   io_uring ring_{};
   std::vector<std::uint64_t> slot_file_;  // the file id at each table index (0: none)
   // close()'s requests to let go of a file: (index, file id), counted in and out.
@@ -395,10 +506,36 @@ class uring_worker final : public worker {
   std::error_code start_error_;
 };
 
+uring_file::~uring_file() {
+  if (slot >= 0) owner.release_slot(*this);
+}
+
+std::unique_ptr<worker> uring_engine::make_worker(controller::impl& c, unsigned index) noexcept {
+  try {
+    workers_.reserve(workers_.size() + 1);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+  auto w = std::unique_ptr<uring_worker>(new (std::nothrow) uring_worker(c, *this, index));
+  if (w) workers_.push_back(w.get());
+  return w;
+}
+
+void uring_engine::release_slot(uring_file& f) noexcept {
+  const std::uint64_t rings = f.registered_in.load();
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    if ((rings & (std::uint64_t{1} << (i % 64))) != 0) workers_[i]->forget(f.slot, f.file_id);
+  }
+  const std::scoped_lock lock(slots_mutex_);
+  free_slots_.push_back(f.slot);  // reserved for every slot at start
+  f.slot = -1;
+}
+
 }  // namespace
 
-std::unique_ptr<worker> make_uring_worker(controller::impl& c, unsigned index) {
-  return std::make_unique<uring_worker>(c, index);
+std::unique_ptr<engine> make_uring_engine(controller::impl& c,
+                                          std::vector<std::span<std::byte>> buffers) noexcept {
+  return std::unique_ptr<engine>(new (std::nothrow) uring_engine(c, std::move(buffers)));
 }
 
 }  // namespace keel::aio::detail

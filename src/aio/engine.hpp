@@ -1,0 +1,82 @@
+#pragma once
+// An engine: how the controller's workers do I/O, and the state that is its own (io_uring's
+// rings, registered files and buffers; stdio's streams). One per controller, made when it
+// starts; it makes the workers, and the controller tells it when a file opens and closes.
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "keel/aio/controller.hpp"
+#include "keel/result.hpp"
+
+namespace keel::aio::detail {
+
+struct file_state;
+class worker;
+
+//! What an engine keeps of one open file (file_state::engine_data).
+struct engine_file {
+  engine_file() = default;
+  engine_file(const engine_file&) = delete;
+  engine_file& operator=(const engine_file&) = delete;
+  virtual ~engine_file() = default;
+};
+
+class engine {
+ public:
+  explicit engine(engine_kind k) noexcept : kind_(k) {}
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+  virtual ~engine() = default;
+
+  [[nodiscard]] engine_kind kind() const noexcept { return kind_; }
+  //! Whether a batch's request that must follow earlier ones of it may be handed over with
+  //! them, to wait in their worker (file::submit), rather than wait in its stream.
+  [[nodiscard]] virtual bool chains_batches() const noexcept { return false; }
+  //! Makes worker `index` of the controller (not started yet); null when out of memory.
+  [[nodiscard]] virtual std::unique_ptr<worker> make_worker(controller::impl& c,
+                                                            unsigned index) noexcept = 0;
+  //! Whether files opened as `how` can run here: not_supported_by_engine otherwise.
+  [[nodiscard]] virtual result<void> accepts(const open_options& how) const noexcept {
+    (void)how;
+    return {};
+  }
+  //! A file was opened: sets up what the engine keeps of it (f.engine_data).
+  [[nodiscard]] virtual result<void> opened(file_state& f, const open_options& how) noexcept {
+    (void)f;
+    (void)how;
+    return {};
+  }
+  //! The file closes, its last request ended: the engine lets go of it (its descriptor is
+  //! closed next). The error of what the engine closed.
+  [[nodiscard]] virtual result<void> closing(file_state& f) noexcept {
+    (void)f;
+    return {};
+  }
+  //! Writes all of `data` at `offset` of `f` the way this engine writes, on the calling
+  //! thread (the write-back cache's write-outs), or returns the error.
+  [[nodiscard]] virtual result<void> write_out(file_state& f, std::uint64_t offset,
+                                               std::span<const iovec> data) noexcept;
+
+ private:
+  engine_kind kind_;
+};
+
+//! Chooses the engine (options::engine, KEEL_AIO_ENGINE, else io_uring with posix as the
+//! fallback) and starts `c.opts.workers` workers of it into `c`. `buffers`: the registered
+//! buffers, checked and in address order, for io_uring.
+[[nodiscard]] result<void> start_engine(controller::impl& c,
+                                        std::vector<std::span<std::byte>> buffers) noexcept;
+
+std::unique_ptr<engine> make_uring_engine(controller::impl& c,
+                                          std::vector<std::span<std::byte>> buffers) noexcept;
+std::unique_ptr<engine> make_posix_engine() noexcept;
+std::unique_ptr<engine> make_stdio_engine() noexcept;
+std::unique_ptr<engine> make_null_engine() noexcept;
+
+}  // namespace keel::aio::detail

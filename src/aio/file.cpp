@@ -1,0 +1,81 @@
+// keel::aio::file: one request at a time, and close.
+
+#include "keel/aio/file.hpp"
+
+#include "cache.hpp"
+#include "request.hpp"
+
+namespace keel::aio {
+
+using detail::make_op;
+using detail::op_kind;
+using detail::submit_one;
+
+file::file(file&& other) noexcept : state_(std::move(other.state_)) {}
+
+file& file::operator=(file&& other) noexcept {
+  if (this != &other) {
+    (void)this->close();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+file::~file() {
+  (void)this->close();
+}
+
+bool file::is_open() const noexcept {
+  return state_ != nullptr;
+}
+bool file::is_direct() const noexcept {
+  return state_ && state_->direct;
+}
+std::size_t file::alignment() const noexcept {
+  return state_ ? state_->align : 1;
+}
+
+receipt file::read(std::uint64_t offset, std::span<std::byte> into, completion on_done) noexcept {
+  return submit_one(state_,
+                    make_op(op_kind::read, offset, into.data(), into.size(), std::move(on_done)));
+}
+
+receipt file::write(std::uint64_t offset, std::span<const std::byte> data,
+                    completion on_done) noexcept {
+  // The engines only read from a write's buffer.
+  return submit_one(state_, make_op(op_kind::write, offset, const_cast<std::byte*>(data.data()),
+                                    data.size(), std::move(on_done)));
+}
+
+receipt file::fsync(completion on_done) noexcept {
+  return submit_one(state_, make_op(op_kind::fsync, 0, nullptr, 0, std::move(on_done)));
+}
+
+receipt file::fdatasync(completion on_done) noexcept {
+  return submit_one(state_, make_op(op_kind::fdatasync, 0, nullptr, 0, std::move(on_done)));
+}
+
+receipt file::submit(std::function<result<std::size_t>()> task, completion on_done) noexcept {
+  detail::op* o = make_op(op_kind::task, 0, nullptr, 0, std::move(on_done));
+  o->task = std::move(task);
+  return submit_one(state_, o);
+}
+
+result<void> file::close() noexcept {
+  if (!state_) return {};
+  detail::file_state& f = *state_;
+  f.closed.store(true);
+  for (std::uint32_t n = f.in_flight.load(); n != 0; n = f.in_flight.load())
+    base::futex_wait(f.in_flight, n, nullptr);
+  controller::impl& c = *f.owner;
+  // The cache's bytes go out first, then the engine lets go (a ring that registered the
+  // file holds it open in the kernel past close(2)), then the descriptor closes.
+  result<void> r;
+  if (f.cache) r = c.cache->detach(f);
+  if (auto e = c.engine->closing(f); !e && r) r = e;
+  if (auto e = f.handle.close(); !e && r) r = e;
+  state_.reset();
+  return r;
+}
+
+}  // namespace keel::aio

@@ -1,0 +1,92 @@
+// Receipts: the claim on a request, and waiting for it.
+
+#include "keel/aio/receipt.hpp"
+
+#include "detail.hpp"
+#include "keel/aio/errors.hpp"
+
+namespace keel::aio {
+namespace {
+
+thread_local base::adaptive_spin waiter_spin;  // this thread's waits on receipts
+
+}  // namespace
+
+receipt::receipt(const receipt& other) noexcept : op_(other.op_) {
+  if (op_ != nullptr) op_->ref();
+}
+
+receipt& receipt::operator=(const receipt& other) noexcept {
+  if (this != &other) {
+    if (other.op_ != nullptr) other.op_->ref();
+    if (op_ != nullptr) op_->unref();
+    op_ = other.op_;
+  }
+  return *this;
+}
+
+receipt::receipt(receipt&& other) noexcept : op_(other.op_) {
+  other.op_ = nullptr;
+}
+
+receipt& receipt::operator=(receipt&& other) noexcept {
+  if (this != &other) {
+    if (op_ != nullptr) op_->unref();
+    op_ = other.op_;
+    other.op_ = nullptr;
+  }
+  return *this;
+}
+
+receipt::~receipt() {
+  if (op_ != nullptr) op_->unref();
+}
+
+status receipt::state() const noexcept {
+  if (op_ == nullptr) return status::failed;
+  return static_cast<status>(detail::status_of(op_->state.load(std::memory_order_acquire)));
+}
+
+result<std::size_t> receipt::wait() const noexcept {
+  return wait(io::deadline::never());
+}
+
+result<std::size_t> receipt::wait(io::deadline d) const noexcept {
+  if (op_ == nullptr) return errc_error(std::errc::invalid_argument);
+  const io::countdown cd = d.start();
+  bool spun = false;
+  for (;;) {
+    std::uint32_t s = op_->state.load(std::memory_order_acquire);
+    switch (static_cast<status>(detail::status_of(s))) {
+      case status::done:
+        return op_->done;
+      case status::failed:
+        return std::unexpected(op_->error);
+      case status::cancelled:
+        return std::unexpected(make_error_code(errc::controller_stopped));
+      case status::pending:
+        break;
+    }
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    // Rather than wait for a worker, run what the workers have not started (when waiting
+    // without a deadline: a request run here could outlast it).
+    if (cd.is_infinite() && op_->file && op_->file->owner->help()) continue;
+    if (!spun && cd.is_infinite()) {
+      // Requests that end within microseconds are caught without a sleep (see adaptive_spin).
+      spun = true;
+      if (waiter_spin.spin([&] {
+            return detail::status_of(op_->state.load(std::memory_order_acquire)) !=
+                   static_cast<std::uint32_t>(status::pending);
+          })) {
+        continue;
+      }
+    }
+    if ((s & detail::op::has_waiters) == 0) {
+      if (!op_->state.compare_exchange_weak(s, s | detail::op::has_waiters)) continue;
+      s |= detail::op::has_waiters;
+    }
+    base::futex_wait(op_->state, s, &cd);
+  }
+}
+
+}  // namespace keel::aio

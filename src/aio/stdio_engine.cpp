@@ -1,0 +1,144 @@
+// The stdio engine: <cstdio> (fseeko/fread/fwrite, fflush+fsync), for comparison. Each file
+// gets a FILE stream of its own descriptor (a dup), used under the file's mutex.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <mutex>
+#include <new>
+
+#include "detail.hpp"
+#include "keel/aio/errors.hpp"
+#include "sync_engine.hpp"
+
+namespace keel::aio::detail {
+namespace {
+
+struct stdio_file final : engine_file {
+  std::mutex mutex;
+  std::FILE* stream = nullptr;
+  ~stdio_file() override {
+    if (stream != nullptr) std::fclose(stream);
+  }
+};
+
+stdio_file& of(file_state& f) noexcept {
+  return static_cast<stdio_file&>(*f.engine_data);
+}
+
+class stdio_engine final : public sync_engine {
+ public:
+  stdio_engine() noexcept : sync_engine(engine_kind::stdio) {}
+
+  result<void> accepts(const open_options& how) const noexcept override {
+    if (how.direct) return std::unexpected(make_error_code(errc::not_supported_by_engine));
+    return {};
+  }
+
+  result<void> opened(file_state& f, const open_options& how) noexcept override {
+    auto sf = std::unique_ptr<stdio_file>(new (std::nothrow) stdio_file);
+    if (!sf) return errc_error(std::errc::not_enough_memory);
+    // <cstdio> does its own I/O on a descriptor of its own: it cannot go through a
+    // filesystem other than the OS's (the controller refuses stdio with one), so this
+    // engine's calls bypass the seam.
+    const int dup_fd = ::fcntl(f.handle.fd(), F_DUPFD_CLOEXEC, 0);  // bypasses the seam
+    if (dup_fd < 0) return last_errno_error();
+    // A FILE of its own (stdio bypasses the seam).
+    sf->stream = ::fdopen(dup_fd, how.read && how.write ? "r+" : how.write ? "w" : "r");
+    if (sf->stream == nullptr) {
+      const int e = errno;
+      ::close(dup_fd);  // the dup above, outside the seam
+      return errno_error(e);
+    }
+    f.engine_data = std::move(sf);
+    return {};
+  }
+
+  result<void> closing(file_state& f) noexcept override {
+    stdio_file& sf = of(f);
+    result<void> r;
+    if (std::fclose(sf.stream) != 0) r = last_errno_error();
+    sf.stream = nullptr;
+    return r;
+  }
+
+  result<std::size_t> run(op& o) noexcept override {
+    stdio_file& sf = of(*o.file);
+    if (o.kind == op_kind::task) {
+      // A task sees the file as the thread's earlier requests left it: what they wrote
+      // through the stdio buffer is flushed first (the task runs without the lock).
+      {
+        const std::scoped_lock lock(sf.mutex);
+        if (std::fflush(sf.stream) != 0) return last_errno_error();
+      }
+      return o.task();
+    }
+    const std::scoped_lock lock(sf.mutex);
+    std::FILE* s = sf.stream;
+    // A positioning call between reads and writes, as C requires, before every request.
+    const auto seek = [&]() -> result<void> {
+      if (::fseeko(s, static_cast<off_t>(o.offset), SEEK_SET) != 0) return last_errno_error();
+      return {};
+    };
+    switch (o.kind) {
+      case op_kind::read: {
+        if (auto r = seek(); !r) return std::unexpected(r.error());
+        const std::size_t n = std::fread(o.buffer, 1, o.length, s);
+        if (n < o.length && std::ferror(s) != 0) {
+          std::clearerr(s);
+          return errc_error(std::errc::io_error);
+        }
+        std::clearerr(s);  // end of file is not sticky for the next request
+        return n;
+      }
+      case op_kind::write: {
+        if (auto r = seek(); !r) return std::unexpected(r.error());
+        const std::size_t n = std::fwrite(o.buffer, 1, o.length, s);
+        if (n < o.length) {
+          const int e = errno != 0 ? errno : EIO;
+          std::clearerr(s);
+          return errno_error(e);
+        }
+        return n;
+      }
+      case op_kind::fsync:
+      case op_kind::fdatasync:
+        if (std::fflush(s) != 0) return last_errno_error();
+        // The stream's descriptor, outside the seam like all of stdio.
+        if ((o.kind == op_kind::fsync ? ::fsync(fileno(s)) : ::fdatasync(fileno(s))) != 0) {
+          return last_errno_error();
+        }
+        return 0;
+      case op_kind::task:
+        break;
+    }
+    return errc_error(std::errc::invalid_argument);
+  }
+
+  // Through the stream, so that its reads see the bytes and its buffer never holds older
+  // ones.
+  result<void> write_out(file_state& f, std::uint64_t offset,
+                         std::span<const iovec> data) noexcept override {
+    stdio_file& sf = of(f);
+    const std::scoped_lock lock(sf.mutex);
+    if (::fseeko(sf.stream, static_cast<off_t>(offset), SEEK_SET) != 0) return last_errno_error();
+    for (const iovec& v : data) {
+      errno = 0;
+      if (std::fwrite(v.iov_base, 1, v.iov_len, sf.stream) != v.iov_len) {
+        const int e = errno != 0 ? errno : EIO;
+        std::clearerr(sf.stream);
+        return errno_error(e);
+      }
+    }
+    return {};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<engine> make_stdio_engine() noexcept {
+  return std::unique_ptr<engine>(new (std::nothrow) stdio_engine);
+}
+
+}  // namespace keel::aio::detail

@@ -1,0 +1,19 @@
+#pragma once
+// The engines that run one request at a time per thread (posix, stdio, null): each says how
+// to run one request; their workers (sync_engine.cpp) are alike.
+
+#include "engine.hpp"
+#include "op.hpp"
+
+namespace keel::aio::detail {
+
+class sync_engine : public engine {
+ public:
+  using engine::engine;
+  //! Runs `o` (a task too) on the calling thread: the bytes transferred, or the error.
+  [[nodiscard]] virtual result<std::size_t> run(op& o) noexcept = 0;
+  [[nodiscard]] std::unique_ptr<worker> make_worker(controller::impl& c,
+                                                    unsigned index) noexcept override;
+};
+
+}  // namespace keel::aio::detail
