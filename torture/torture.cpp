@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "cache_workload.hpp"
 #include "keel/io/fault_filesystem.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/lock/atomic_append.hpp"
@@ -43,14 +44,26 @@ std::string_view to_string(mode m) noexcept {
 }
 
 std::string_view to_string(workload w) noexcept {
-  return w == workload::atomic_append ? "atomic_append" : "memory_map";
+  switch (w) {
+    case workload::atomic_append:
+      return "atomic_append";
+    case workload::memory_map:
+      return "memory_map";
+    case workload::cache:
+      return "cache";
+  }
+  return "?";
+}
+
+bool applies(mode m, workload w) noexcept {
+  return !(m == mode::corrupt && w == workload::cache);
 }
 
 std::vector<mode> all_modes() {
   return {mode::kill, mode::powerloss, mode::io_errors, mode::corrupt};
 }
 std::vector<workload> all_workloads() {
-  return {workload::atomic_append, workload::memory_map};
+  return {workload::atomic_append, workload::memory_map, workload::cache};
 }
 
 bool mode_from(std::string_view s, mode& out) noexcept {
@@ -577,6 +590,70 @@ failure_text corrupt_cycle(const config& c, const places& at, std::uint64_t seed
   return f;
 }
 
+// ---- the write-back cache ----
+
+// kill: the writer is killed at a random moment; what its successful fsyncs covered must be
+// in the file. powerloss: the power goes at a random operation of the writer (torn writes in
+// half the cycles); the same must survive. io-errors: the writer's N-th operation fails, once
+// or from then on; a failed write-out must come back from the next fsync, so what a
+// successful one covered is in the file.
+failure_text cache_cycle(const config& c, const places& at, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  start_afresh(at);
+  const std::string root = at.dir + "/root";
+  const std::string shadow = at.dir + "/shadow";
+  std::filesystem::create_directories(root);
+  const std::string data = root + "/data";
+  detail::cache_run run;
+  const std::uint64_t child_seed = rng();
+  std::string how;
+  if (c.how == mode::kill) {
+    const pid_t pid = spawn([&] { return run.write(data, io::os(), child_seed, 4000); });
+    std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 20000));
+    ::kill(pid, SIGKILL);
+    (void)wait_for(pid, 10s);
+    how = "killed";
+  } else {
+    io::fault_filesystem::fault bad;
+    bad.nth = 1 + rng() % 300;
+    if (c.how == mode::powerloss) {
+      bad.crash = true;
+      how = "power cut at operation " + std::to_string(bad.nth);
+    } else {
+      bad.repeat = rng() % 2 == 0 ? io::fault_filesystem::fault::repeat::once
+                                  : io::fault_filesystem::fault::repeat::forever;
+      bad.error = rng() % 3 == 0 ? ENOSPC : EIO;
+      bad.partial = rng() % 4 == 0;
+      how = "operation " + std::to_string(bad.nth) + " failing " +
+            (bad.repeat == io::fault_filesystem::fault::repeat::once ? "once" : "forever") +
+            " with " + std::strerror(bad.error) + (bad.partial ? " after a short transfer" : "");
+    }
+    const pid_t pid = spawn([&] {
+      io::fault_filesystem fs(io::os(), child_seed);
+      if (!fs.track(root, shadow)) return 6;
+      fs.inject(bad);
+      const int code = run.write(data, fs, child_seed, 200);
+      if (c.how == mode::powerloss) fs.crash_now();
+      return code;
+    });
+    const exit_status s = wait_for(pid, 60s);
+    if (c.how == mode::powerloss) {
+      if (s.signal != SIGKILL) return fail("the writer that lost power %s", s.describe().c_str());
+      io::fault_filesystem::crash_options cut;
+      cut.torn = rng() % 2 == 0;
+      cut.seed = rng();
+      auto r = io::fault_filesystem::restore(root, shadow, cut);
+      if (!r) return fail("restore failed: %s", r.error().message().c_str());
+      how += cut.torn ? ", torn writes kept" : ", unsynced writes lost";
+    } else if (!s.clean()) {
+      return fail("the writer whose I/O failed %s (%s)", s.describe().c_str(), how.c_str());
+    }
+  }
+  failure_text f = run.check(data);
+  if (f) *f += " (" + how + ")";
+  return f;
+}
+
 }  // namespace
 
 outcome run(const config& c, const std::function<void(std::uint64_t)>& progress) {
@@ -588,8 +665,9 @@ outcome run(const config& c, const std::function<void(std::uint64_t)>& progress)
   std::filesystem::remove_all(at.dir);
   std::filesystem::create_directories(at.dir);
   std::filesystem::create_directories(at.map_dir);
+  if (!applies(c.how, c.what)) return out;
   std::unique_ptr<lock::shared_fs_mutex> checker;
-  if (c.how == mode::kill) {
+  if (c.how == mode::kill && c.what != workload::cache) {
     auto m = open_lock(c.what, at, io::os());
     if (!m) {
       out.failures.push_back({c.seed, "opening the lock failed: " + m.error().message()});
@@ -600,19 +678,23 @@ outcome run(const config& c, const std::function<void(std::uint64_t)>& progress)
   for (std::uint64_t i = 0; i < c.cycles; ++i) {
     const std::uint64_t seed = c.seed + i;
     failure_text f;
-    switch (c.how) {
-      case mode::kill:
-        f = kill_cycle(c, at, seed, *checker);
-        break;
-      case mode::powerloss:
-        f = powerloss_cycle(c, at, seed);
-        break;
-      case mode::io_errors:
-        f = io_errors_cycle(c, at, seed, seed);
-        break;
-      case mode::corrupt:
-        f = corrupt_cycle(c, at, seed);
-        break;
+    if (c.what == workload::cache) {
+      f = cache_cycle(c, at, seed);
+    } else {
+      switch (c.how) {
+        case mode::kill:
+          f = kill_cycle(c, at, seed, *checker);
+          break;
+        case mode::powerloss:
+          f = powerloss_cycle(c, at, seed);
+          break;
+        case mode::io_errors:
+          f = io_errors_cycle(c, at, seed, seed);
+          break;
+        case mode::corrupt:
+          f = corrupt_cycle(c, at, seed);
+          break;
+      }
     }
     ++out.cycles;
     if (progress) progress(out.cycles);

@@ -24,7 +24,7 @@
 namespace keel::torture {
 
 enum class mode : std::uint8_t { kill, powerloss, io_errors, corrupt };
-enum class workload : std::uint8_t { atomic_append, memory_map };
+enum class workload : std::uint8_t { atomic_append, memory_map, cache };
 
 [[nodiscard]] std::string_view to_string(mode m) noexcept;
 [[nodiscard]] std::string_view to_string(workload w) noexcept;
@@ -32,6 +32,8 @@ enum class workload : std::uint8_t { atomic_append, memory_map };
 [[nodiscard]] bool workload_from(std::string_view s, workload& out) noexcept;
 [[nodiscard]] std::vector<mode> all_modes();
 [[nodiscard]] std::vector<workload> all_workloads();
+//! Whether `m` means anything for `w` (the cache has no file format to corrupt).
+[[nodiscard]] bool applies(mode m, workload w) noexcept;
 
 struct config {
   mode how = mode::kill;
@@ -57,7 +59,8 @@ struct outcome {
   std::vector<failure> failures;
 };
 
-//! Runs `c.cycles` cycles (fewer if one fails and c.stop_at_first_failure); `progress` is
+//! Runs `c.cycles` cycles (fewer if one fails and c.stop_at_first_failure; none where the
+//! mode does not apply to the workload); `progress` is
 //! called after each cycle with the cycles done so far.
 [[nodiscard]] outcome run(const config& c,
                           const std::function<void(std::uint64_t done)>& progress = {});

@@ -14,6 +14,8 @@
 #include <span>
 #include <vector>
 
+#include "base/planted.hpp"
+
 namespace keel::aio::detail {
 namespace {
 
@@ -133,16 +135,17 @@ class write_out_batch {
   //! Under the file's mutex again: pages not written since they were added are clean now;
   //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go.
   void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept {
+    const bool forget = base::is_planted(base::planted_bug::cache_forgets_failed_write_out);
     for (const entry& e : pages_) {
       e.page->flushing = false;
-      if (!e.page->detached && written && e.page->generation == e.generation) {
+      if (!e.page->detached && (written || forget) && e.page->generation == e.generation) {
         mark_clean(fc, *e.page);
         cc.dirty_pages.fetch_sub(1, std::memory_order_relaxed);
       }
     }
     fc.detached.clear();  // one write-out at a time: all of them were this batch's
     cc.written_out.fetch_add(bytes_, std::memory_order_relaxed);
-    if (!written && !fc.flush_error) fc.flush_error = written.error();
+    if (!written && !fc.flush_error && !forget) fc.flush_error = written.error();
   }
 
  private:
@@ -196,7 +199,10 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
       const std::scoped_lock lock(fc.mutex);
       b.settle(cc, fc, written);
     }
-    if (!written && outcome) outcome = written;
+    if (!written && outcome &&
+        !base::is_planted(base::planted_bug::cache_forgets_failed_write_out)) {
+      outcome = written;
+    }
   }
   return outcome;
 }
@@ -557,6 +563,8 @@ std::optional<result<std::size_t>> write_back_cache::on_worker(op& o) noexcept {
       return cache_read(cc_, *f.cache, o);
     case op_kind::fsync:
     case op_kind::fdatasync:
+      if (base::is_planted(base::planted_bug::cache_skips_fsync)) return result<std::size_t>(0);
+      [[fallthrough]];
     case op_kind::task:
       // The file as the earlier requests left it: their cached bytes written out first.
       if (auto w = write_out_file(cc_, f); !w) {

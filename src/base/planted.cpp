@@ -8,12 +8,14 @@ namespace keel::base {
 std::atomic<planted_bug> planted{planted_bug::none};
 
 namespace {
-constexpr std::array<std::pair<planted_bug, std::string_view>, 5> names{{
+constexpr std::array<std::pair<planted_bug, std::string_view>, 7> names{{
     {planted_bug::none, "none"},
     {planted_bug::memory_map_skips_recovery, "memory_map_skips_recovery"},
     {planted_bug::atomic_append_skips_header_sync, "atomic_append_skips_header_sync"},
     {planted_bug::atomic_append_ignores_failed_append, "atomic_append_ignores_failed_append"},
     {planted_bug::atomic_append_skips_checksum, "atomic_append_skips_checksum"},
+    {planted_bug::cache_skips_fsync, "cache_skips_fsync"},
+    {planted_bug::cache_forgets_failed_write_out, "cache_forgets_failed_write_out"},
 }};
 }  // namespace
 

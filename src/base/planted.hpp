@@ -15,6 +15,8 @@ enum class planted_bug : std::uint8_t {
   atomic_append_skips_header_sync,      //!< a new log's header is not fsynced (powerloss catches)
   atomic_append_ignores_failed_append,  //!< a failed append is taken as held (io-errors)
   atomic_append_skips_checksum,         //!< records are believed without their checksum (corrupt)
+  cache_skips_fsync,  //!< the aio cache answers fsync without writing out or syncing (powerloss)
+  cache_forgets_failed_write_out,  //!< the cache drops pages it failed to write (io-errors)
 };
 
 //! The bug planted in this process (none by default).
