@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -125,6 +126,57 @@ TEST(MemoryMap, ADamagedMapPathIsCorruptNotFollowed) {
   EXPECT_EQ(b.error().offset(), at);
   EXPECT_EQ(read_all(victim), std::string(2 << 20, 'v'));
   write_all(dir.file("lock"), page);  // so the first user's tear-down finds its own file
+}
+
+// A first user whose set-up fails (its header write, here) must give the lock back as it
+// found it before the next opener looks: the next opener then sets it up itself. It used to
+// let the init lock go first and its in-use marker only later, and an opener in between
+// found a lock in use that nobody had set up: corrupt. The wrapper opens that next user at
+// the very moment the failing opener lets go of the init lock.
+TEST(MemoryMap, AFailedFirstUserLeavesNoHalfSetUpLock) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  struct racing_fs final : io::filesystem_wrapper {
+    using filesystem_wrapper::filesystem_wrapper;
+    std::string lock_path, map_dir;
+    bool failed = false;
+    std::optional<error> next_user_error;
+    bool next_user_opened = false;
+    result<std::size_t> write(const io::file_handle& f, off_t offset,
+                              std::span<const iovec> buffers) noexcept override {
+      if (offset == 0 && f.path() == lock_path && !failed) {
+        failed = true;
+        return std::unexpected(error(std::error_code(EIO, std::system_category())));
+      }
+      return filesystem_wrapper::write(f, offset, buffers);
+    }
+    result<void> lock(const io::file_handle& f, off_t offset, off_t length,
+                      io::lock_request request, bool wait) noexcept override {
+      auto r = filesystem_wrapper::lock(f, offset, length, request, wait);
+      const off_t init_byte = (off_t{1} << 20) + 2;  // doc/lock-formats.md
+      if (failed && !next_user_opened && request == io::lock_request::unlock &&
+          offset == init_byte) {
+        next_user_opened = true;
+        std::thread([&] {
+          memory_map::options o;
+          o.map_directory = map_dir;
+          auto m = memory_map::open(lock_path, o);
+          if (!m) next_user_error = m.error();
+        }).join();
+      }
+      return r;
+    }
+  } fs(io::os());
+  fs.lock_path = dir.file("lock");
+  fs.map_dir = maps.path().string();
+  memory_map::options o;
+  o.map_directory = fs.map_dir;
+  o.fs = &fs;
+  auto m = memory_map::open(fs.lock_path, o);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), std::errc::io_error);
+  ASSERT_TRUE(fs.next_user_opened);
+  EXPECT_FALSE(fs.next_user_error) << fs.next_user_error->message();
 }
 
 // A lock file of another format version is refused as such.

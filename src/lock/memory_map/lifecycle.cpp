@@ -113,7 +113,9 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
     auto first = io::try_lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
     if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
     if (first) {
-      first->release();
+      // Held until converted to shared below: should set-up fail, the guard unlocks it
+      // before the init lock is let go, so the next opener is the first user again (and
+      // never finds a lock in use but never set up).
       // Nobody uses this lock. If its last users died instead of closing, their map is
       // still named in the header and belongs to nobody: remove it, then start afresh.
       if (!old->blank && !old->map_path.empty() &&
@@ -147,6 +149,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
       auto shared = io::lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
+      first->release();  // converted: nothing of it left to unlock
     } else {
       if (old->blank) return corrupt_here(error(errc::corrupt));  // in use, yet never set up
       auto shared = io::lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::shared);
