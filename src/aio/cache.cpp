@@ -21,13 +21,13 @@ namespace {
 
 // ---- a file's list of pages by last write (under its mutex) ----
 
-void unlink_page(file_cache& fc, cache_page& p) noexcept {
+void unlink_page(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
   (p.older != nullptr ? p.older->newer : fc.oldest) = p.newer;
   (p.newer != nullptr ? p.newer->older : fc.newest) = p.older;
   p.older = p.newer = nullptr;
 }
 
-void link_newest(file_cache& fc, cache_page& p) noexcept {
+void link_newest(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
   p.older = fc.newest;
   p.newer = nullptr;
   (fc.newest != nullptr ? fc.newest->newer : fc.oldest) = &p;
@@ -35,7 +35,7 @@ void link_newest(file_cache& fc, cache_page& p) noexcept {
 }
 
 // The list of dirty pages (so that write-outs never walk clean ones).
-void mark_dirty(file_cache& fc, cache_page& p) noexcept {
+void mark_dirty(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
   p.prev_dirty = nullptr;
   p.next_dirty = fc.dirty;
   if (fc.dirty != nullptr) fc.dirty->prev_dirty = &p;
@@ -43,7 +43,7 @@ void mark_dirty(file_cache& fc, cache_page& p) noexcept {
   ++fc.dirty_pages;
 }
 
-void mark_clean(file_cache& fc, cache_page& p) noexcept {
+void mark_clean(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
   (p.prev_dirty != nullptr ? p.prev_dirty->next_dirty : fc.dirty) = p.next_dirty;
   if (p.next_dirty != nullptr) p.next_dirty->prev_dirty = p.prev_dirty;
   p.next_dirty = p.prev_dirty = nullptr;
@@ -134,7 +134,8 @@ class write_out_batch {
 
   //! Under the file's mutex again: pages not written since they were added are clean now;
   //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go.
-  void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept {
+  void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept
+      KEEL_REQUIRES(fc.mutex) {
     const bool forget = base::is_planted(base::planted_bug::cache_forgets_failed_write_out);
     for (const entry& e : pages_) {
       e.page->flushing = false;
@@ -173,7 +174,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
   file_cache& fc = *f.cache;
   std::vector<cache_page*> dirty;
   try {
-    const std::scoped_lock lock(fc.mutex);
+    const base::lock_guard lock(fc.mutex);
     dirty.reserve(fc.dirty_pages);
     for (cache_page* p = fc.dirty; p != nullptr; p = p->next_dirty)
       dirty.push_back(p);
@@ -185,7 +186,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
   for (std::size_t at = 0; at < dirty.size();) {
     write_out_batch b;
     try {
-      const std::scoped_lock lock(fc.mutex);
+      const base::lock_guard lock(fc.mutex);
       for (const std::size_t end = std::min(dirty.size(), at + 256); at < end; ++at) {
         if (dirty[at]->dirty.any()) b.add(*dirty[at]);
       }
@@ -196,7 +197,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
     if (b.empty()) continue;
     const result<void> written = b.write_through(*cc.write_engine, f);
     {
-      const std::scoped_lock lock(fc.mutex);
+      const base::lock_guard lock(fc.mutex);
       b.settle(cc, fc, written);
     }
     if (!written && outcome &&
@@ -209,7 +210,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
 
 // Takes the error a write-out left for the next fsync or close (once).
 result<void> take_flush_error(file_cache& fc, result<void> r) noexcept {
-  const std::scoped_lock lock(fc.mutex);
+  const base::lock_guard lock(fc.mutex);
   if (fc.flush_error) {
     if (r) r = std::unexpected(fc.flush_error);
     fc.flush_error = {};
@@ -223,11 +224,11 @@ result<void> take_flush_error(file_cache& fc, result<void> r) noexcept {
 // drops those of them that are clean. Whether anything was written or dropped.
 bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexcept {
   file_cache& fc = *f.cache;
-  const std::scoped_lock flush_lock(fc.flush_mutex);
+  const base::lock_guard flush_lock(fc.flush_mutex);
   if (fc.closed) return false;
   write_out_batch b;
   try {
-    const std::scoped_lock lock(fc.mutex);
+    const base::lock_guard lock(fc.mutex);
     std::vector<cache_page*> chosen;
     std::size_t n = 0;
     for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
@@ -238,14 +239,14 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       b.add(*p);
   } catch (const std::bad_alloc&) {
     // Settle what was copied; nothing is written this round.
-    const std::scoped_lock lock(fc.mutex);
+    const base::lock_guard lock(fc.mutex);
     b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
     return false;
   }
   const result<void> written = b.empty() ? result<void>() : b.write_through(*cc.write_engine, f);
   std::size_t dropped = 0;
   {
-    const std::scoped_lock lock(fc.mutex);
+    const base::lock_guard lock(fc.mutex);
     b.settle(cc, fc, written);
     if (fc.reads_from_file == 0) {
       std::size_t n = 0;
@@ -269,7 +270,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
 
 std::vector<std::shared_ptr<file_state>> cached_files(cache_control& cc) {
   std::vector<std::shared_ptr<file_state>> out;
-  const std::scoped_lock lock(cc.files_mutex);
+  const base::lock_guard lock(cc.files_mutex);
   std::erase_if(cc.files, [&](const std::weak_ptr<file_state>& w) {
     auto f = w.lock();
     if (!f) return true;
@@ -294,7 +295,7 @@ void shrink_to(cache_control& cc, std::size_t target) noexcept {
     std::uint64_t oldest = std::numeric_limits<std::uint64_t>::max();
     for (std::size_t i = 0; i < files.size(); ++i) {
       file_cache& fc = *files[i]->cache;
-      const std::scoped_lock lock(fc.mutex);
+      const base::lock_guard lock(fc.mutex);
       if (fc.oldest != nullptr && fc.oldest->stamp < oldest) {
         oldest = fc.oldest->stamp;
         pick = i;
@@ -328,7 +329,7 @@ void flusher_main(cache_control& cc) noexcept {
         return;  // each file writes its pages out when it closes
       }
       for (const auto& f : files) {
-        const std::scoped_lock flush_lock(f->cache->flush_mutex);
+        const base::lock_guard flush_lock(f->cache->flush_mutex);
         if (!f->cache->closed) (void)write_out_all(cc, *f);  // errors wait in the file
       }
       return;
@@ -352,7 +353,7 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
   if (o.length == 0) return result<std::size_t>(0);
   const std::uint64_t end = o.offset + o.length;
   const std::uint64_t first = o.offset & ~std::uint64_t{page_size - 1};
-  std::unique_lock lock(fc.mutex);
+  base::unique_lock lock(fc.mutex);
   fc.logical_size = std::max(fc.logical_size, end);
   std::size_t missing = 0;
   std::size_t being_written = 0;  // pages a write-out is writing from: copied first
@@ -396,7 +397,9 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
   try {
     pages.reserve(static_cast<std::size_t>((end - first + page_size - 1) / page_size));
     for (std::uint64_t p = first; p < end; p += page_size) {
-      pages.push_back(&fc.pages.get_or_make(p, [&] {
+      // get_or_make calls it at once, under fc.mutex still (which the analysis cannot follow
+      // into the tree's template).
+      pages.push_back(&fc.pages.get_or_make(p, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
         std::unique_ptr<cache_page> n = new_page();
         n->offset = p;
         link_newest(fc, *n);
@@ -462,7 +465,7 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
 std::optional<result<std::size_t>> cache_read(cache_control& cc, file_cache& fc, op& o) noexcept {
   o.cache_checked = true;
   if (o.length == 0) return result<std::size_t>(0);
-  const std::scoped_lock lock(fc.mutex);
+  const base::lock_guard lock(fc.mutex);
   // Only a read wholly in the pages: where a read passes them, the file (which may be
   // longer than this controller knows) says where it ends.
   const std::uint64_t end = o.offset + o.length;
@@ -498,7 +501,7 @@ result<void> write_out_file(cache_control& cc, file_state& f) noexcept {
   file_cache& fc = *f.cache;
   result<void> r;
   {
-    const std::scoped_lock flush_lock(fc.flush_mutex);
+    const base::lock_guard flush_lock(fc.flush_mutex);
     if (fc.closed) return {};
     r = write_out_all(cc, f);
   }
@@ -531,8 +534,11 @@ result<void> write_back_cache::attach(const std::shared_ptr<file_state>& f,
                                       std::uint64_t size) noexcept {
   try {
     f->cache = std::make_unique<file_cache>();
-    f->cache->logical_size = size;
-    const std::scoped_lock lock(cc_.files_mutex);
+    {
+      const base::lock_guard size_lock(f->cache->mutex);  // not shared yet: for the analysis
+      f->cache->logical_size = size;
+    }
+    const base::lock_guard lock(cc_.files_mutex);
     cc_.files.push_back(f);
   } catch (const std::bad_alloc&) {
     f->cache.reset();
@@ -577,7 +583,7 @@ std::optional<result<std::size_t>> write_back_cache::on_worker(op& o) noexcept {
 
 void write_back_cache::read_finished(op& o, result<std::size_t>& outcome) noexcept {
   file_cache& fc = *o.file->cache;
-  const std::scoped_lock lock(fc.mutex);
+  const base::lock_guard lock(fc.mutex);
   --fc.reads_from_file;
   o.reads_file = false;
   if (!outcome) return;
@@ -608,14 +614,14 @@ result<void> write_back_cache::detach(file_state& f) noexcept {
   file_cache& fc = *f.cache;
   result<void> r;
   {
-    const std::scoped_lock flush_lock(fc.flush_mutex);
+    const base::lock_guard flush_lock(fc.flush_mutex);
     if (fc.closed) return {};
     r = write_out_all(cc_, f);
     fc.closed = true;
   }
   r = take_flush_error(fc, r);
   // The pages stay allocated until the file's state goes; they no longer count.
-  const std::scoped_lock lock(fc.mutex);
+  const base::lock_guard lock(fc.mutex);
   cc_.bytes.fetch_sub(fc.pages.size() * page_size);
   cc_.dirty_pages.fetch_sub(fc.dirty_pages);
   return r;

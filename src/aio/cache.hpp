@@ -33,6 +33,7 @@
 #include <system_error>
 #include <vector>
 
+#include "base/thread_safety.hpp"
 #include "detail.hpp"
 #include "engine.hpp"
 #include "radix_tree.hpp"
@@ -140,23 +141,27 @@ static_assert(page_tree::leaf_span == page_size);
 
 //! The cache of one file.
 struct file_cache {
-  std::mutex mutex;
-  page_tree pages;
-  cache_page* oldest = nullptr;  // the list of pages by last write
-  cache_page* newest = nullptr;
-  std::uint64_t logical_size = 0;   // the file's size once every cached write is out
-  std::size_t reads_from_file = 0;  // reads at the engine: no page may be dropped meanwhile
-  std::size_t dirty_pages = 0;      // pages with a dirty byte, listed from `dirty`
-  cache_page* dirty = nullptr;
-  keel::error flush_error;  // a failed write-out, reported by the next fsync/close
+  base::mutex mutex;
+  page_tree pages KEEL_GUARDED_BY(mutex);
+  cache_page* oldest KEEL_GUARDED_BY(mutex) = nullptr;  // the list of pages by last write
+  cache_page* newest KEEL_GUARDED_BY(mutex) = nullptr;
+  // The file's size once every cached write is out.
+  std::uint64_t logical_size KEEL_GUARDED_BY(mutex) = 0;
+  // Reads at the engine: no page may be dropped meanwhile.
+  std::size_t reads_from_file KEEL_GUARDED_BY(mutex) = 0;
+  // Pages with a dirty byte, listed from `dirty`.
+  std::size_t dirty_pages KEEL_GUARDED_BY(mutex) = 0;
+  cache_page* dirty KEEL_GUARDED_BY(mutex) = nullptr;
+  // A failed write-out, reported by the next fsync/close.
+  keel::error flush_error KEEL_GUARDED_BY(mutex);
   // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in.
   std::vector<std::unique_ptr<cache_page>> spare;
   static constexpr std::size_t max_spare = 256;
   // Pages replaced by copies while the running write-out writes from them (cache_write).
   std::vector<std::unique_ptr<cache_page>> detached;
 
-  std::mutex flush_mutex;
-  bool closed = false;  // under flush_mutex: no write-out after the file closed
+  base::mutex flush_mutex;
+  bool closed KEEL_GUARDED_BY(flush_mutex) = false;  // no write-out after the file closed
 };
 
 //! The controller's side: quotas, counters and the flusher thread.
@@ -172,8 +177,8 @@ struct cache_control {
   std::atomic<std::uint64_t> bypassed{0};
   std::atomic<std::uint64_t> written_out{0};  // bytes written to files by write-outs
 
-  std::mutex files_mutex;
-  std::vector<std::weak_ptr<file_state>> files;  // files with a cache
+  base::mutex files_mutex;
+  std::vector<std::weak_ptr<file_state>> files KEEL_GUARDED_BY(files_mutex);  // with a cache
 
   std::thread flusher;
   std::atomic<std::uint32_t> signal{0};  // futex word the flusher sleeps on

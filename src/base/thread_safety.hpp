@@ -51,4 +51,28 @@ class KEEL_SCOPED_CAPABILITY lock_guard {
   mutex& m_;
 };
 
+//! Holds a base::mutex from construction, and may let it go and take it again in between
+//! (std::unique_lock, as the analysis sees it).
+class KEEL_SCOPED_CAPABILITY unique_lock {
+ public:
+  explicit unique_lock(mutex& m) KEEL_ACQUIRE(m) : m_(m) { m_.lock(); }
+  ~unique_lock() KEEL_RELEASE() {
+    if (held_) m_.unlock();
+  }
+  void lock() KEEL_ACQUIRE() {
+    m_.lock();
+    held_ = true;
+  }
+  void unlock() KEEL_RELEASE() {
+    m_.unlock();
+    held_ = false;
+  }
+  unique_lock(const unique_lock&) = delete;
+  unique_lock& operator=(const unique_lock&) = delete;
+
+ private:
+  mutex& m_;
+  bool held_ = true;
+};
+
 }  // namespace keel::base
