@@ -86,7 +86,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   const bool may_chain = c.engine->chains_batches();
   unsigned first_worker = 0;
   {
-    const std::scoped_lock lock(s.mutex);
+    const base::lock_guard lock(s.mutex);
     const std::size_t first = s.unfinished.size();
     bool chained = false;
     for (op* o : accepted) {

@@ -57,7 +57,7 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
 
 void controller::stop() noexcept {
   impl& c = *impl_;
-  const std::scoped_lock lock(c.stop_mutex);
+  const base::lock_guard lock(c.stop_mutex);
   if (c.stopped) return;
   c.stopping.store(true);
   for (auto& w : c.workers)

@@ -17,13 +17,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/futex.hpp"
 #include "base/per_thread.hpp"
+#include "base/thread_safety.hpp"
 #include "engine.hpp"
 #include "keel/aio/controller.hpp"
 #include "keel/io/file_handle.hpp"
@@ -75,8 +75,8 @@ struct controller::impl {
   std::string fallback_reason;
   std::vector<std::unique_ptr<detail::worker>> workers;
   std::atomic<bool> stopping{false};
-  std::mutex stop_mutex;
-  bool stopped = false;  // under stop_mutex
+  base::mutex stop_mutex;
+  bool stopped KEEL_GUARDED_BY(stop_mutex) = false;
   // Requests submitted and not finished (stop waits for zero; workers exit at zero).
   std::atomic<std::uint64_t> outstanding{0};
   std::unique_ptr<detail::write_back_cache> cache;  // null when the hard limit is zero

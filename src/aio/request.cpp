@@ -84,7 +84,7 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
   bool ready = true;
   unsigned worker_index = 0;
   {
-    const std::scoped_lock lock(s.mutex);
+    const base::lock_guard lock(s.mutex);
     ready = s.append(*o);
     if (ready) {
       o->dispatched = true;

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <mutex>
 #include <new>
 
+#include "base/thread_safety.hpp"
 #include "detail.hpp"
 #include "keel/aio/errors.hpp"
 #include "sync_engine.hpp"
@@ -16,8 +16,8 @@ namespace keel::aio::detail {
 namespace {
 
 struct stdio_file final : engine_file {
-  std::mutex mutex;
-  std::FILE* stream = nullptr;
+  base::mutex mutex;
+  std::FILE* stream KEEL_PT_GUARDED_BY(mutex) = nullptr;
   ~stdio_file() override {
     if (stream != nullptr) std::fclose(stream);
   }
@@ -69,12 +69,12 @@ class stdio_engine final : public sync_engine {
       // A task sees the file as the thread's earlier requests left it: what they wrote
       // through the stdio buffer is flushed first (the task runs without the lock).
       {
-        const std::scoped_lock lock(sf.mutex);
+        const base::lock_guard lock(sf.mutex);
         if (std::fflush(sf.stream) != 0) return last_errno_error();
       }
       return o.task();
     }
-    const std::scoped_lock lock(sf.mutex);
+    const base::lock_guard lock(sf.mutex);
     std::FILE* s = sf.stream;
     // A positioning call between reads and writes, as C requires, before every request.
     const auto seek = [&]() -> result<void> {
@@ -121,7 +121,7 @@ class stdio_engine final : public sync_engine {
   result<void> write_out(file_state& f, std::uint64_t offset,
                          std::span<const iovec> data) noexcept override {
     stdio_file& sf = of(f);
-    const std::scoped_lock lock(sf.mutex);
+    const base::lock_guard lock(sf.mutex);
     if (::fseeko(sf.stream, static_cast<off_t>(offset), SEEK_SET) != 0) return last_errno_error();
     for (const iovec& v : data) {
       errno = 0;

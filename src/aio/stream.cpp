@@ -104,7 +104,7 @@ void stream::remove(op& o) noexcept {
 }
 
 void stream::finished(op& o, released& out) noexcept {
-  const std::scoped_lock lock(mutex);
+  const base::lock_guard lock(mutex);
   remove(o);
   for (std::size_t i = 0; held_back != 0 && i < unfinished.size(); ++i) {
     op* y = unfinished[i];

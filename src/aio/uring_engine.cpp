@@ -13,11 +13,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <new>
 #include <utility>
 
+#include "base/thread_safety.hpp"
 #include "detail.hpp"
 
 namespace keel::aio::detail {
@@ -106,8 +107,8 @@ class uring_engine final : public engine {
 
  private:
   //! A free table index for a new file, or -1 (none left, or not registering).
-  int take_slot() noexcept {
-    const std::scoped_lock lock(slots_mutex_);
+  int take_slot() noexcept KEEL_EXCLUDES(slots_mutex_) {
+    const base::lock_guard lock(slots_mutex_);
     if (!free_slots_.empty()) {
       const int slot = free_slots_.back();
       free_slots_.pop_back();
@@ -118,9 +119,9 @@ class uring_engine final : public engine {
 
   std::vector<std::span<std::byte>> buffers_;  // in address order: their index in the tables
   unsigned file_slots_ = 0;                    // the size of every ring's table of files
-  std::mutex slots_mutex_;
-  std::vector<int> free_slots_;  // reserved for every index at start
-  int next_slot_ = 0;
+  base::mutex slots_mutex_;
+  std::vector<int> free_slots_ KEEL_GUARDED_BY(slots_mutex_);  // reserved for every index at start
+  int next_slot_ KEEL_GUARDED_BY(slots_mutex_) = 0;
   std::vector<uring_worker*> workers_;  // owned by the controller, which outlives the files
 };
 
@@ -147,10 +148,8 @@ class uring_worker final : public worker {
     } catch (const std::system_error& e) {
       return std::unexpected(e.code());
     }
-    std::unique_lock lock(start_mutex_);
-    start_cv_.wait(lock, [&] { return started_; });
+    started_.wait(false);  // start_error_ is written before started_ is set
     if (start_error_) {
-      lock.unlock();
       join();
       return std::unexpected(start_error_);
     }
@@ -158,11 +157,10 @@ class uring_worker final : public worker {
   }
 
  private:
-  void report_start(std::error_code ec) {
-    const std::scoped_lock lock(start_mutex_);
+  void report_start(std::error_code ec) noexcept {
     start_error_ = ec;
-    started_ = true;
-    start_cv_.notify_all();
+    started_.store(true);
+    started_.notify_all();
   }
 
   void run() noexcept {
@@ -202,6 +200,7 @@ class uring_worker final : public worker {
     if (slots != 0 && ::io_uring_register_files_sparse(&ring_, slots) == 0) {
       try {
         slot_file_.assign(slots, 0);
+        const base::lock_guard lock(forget_mutex_);
         forget_.reserve(slots);  // one file per index at most waits to be let go
       } catch (const std::bad_alloc&) {
         slot_file_.clear();
@@ -214,7 +213,7 @@ class uring_worker final : public worker {
     // The files go first, at once (the ring itself is torn down later, in the background).
     if (!slot_file_.empty()) (void)::io_uring_unregister_files(&ring_);
     ::io_uring_queue_exit(&ring_);
-    const std::scoped_lock lock(forget_mutex_);
+    const base::lock_guard lock(forget_mutex_);
     exited_ = true;
     forget_done_.store(forget_asked_.load());
     forget_done_.notify_all();
@@ -229,9 +228,9 @@ class uring_worker final : public worker {
 
   //! Makes the ring let go of file `id` at table index `slot` if it registered it, and
   //! returns when it has (at once when the thread ended).
-  void forget(int slot, std::uint64_t id) noexcept {
+  void forget(int slot, std::uint64_t id) noexcept KEEL_EXCLUDES(forget_mutex_) {
     if (slot_file_.empty()) return;  // set before start() returned, never changed after
-    std::unique_lock lock(forget_mutex_);
+    base::unique_lock lock(forget_mutex_);
     if (exited_) return;
     try {
       forget_.push_back({slot, id});  // reserved for one file per index
@@ -256,8 +255,8 @@ class uring_worker final : public worker {
 
  private:
   // Lets go of the files close() asked about (worker thread).
-  void forget_files() noexcept {
-    const std::scoped_lock lock(forget_mutex_);
+  void forget_files() noexcept KEEL_EXCLUDES(forget_mutex_) {
+    const base::lock_guard lock(forget_mutex_);
     for (const auto& [slot, id] : forget_) {
       if (slot_file_[static_cast<std::size_t>(slot)] != id) continue;
       int none = -1;
@@ -489,20 +488,19 @@ class uring_worker final : public worker {
   io_uring ring_{};
   std::vector<std::uint64_t> slot_file_;  // the file id at each table index (0: none)
   // close()'s requests to let go of a file: (index, file id), counted in and out.
-  std::mutex forget_mutex_;
-  std::vector<std::pair<int, std::uint64_t>> forget_;
+  base::mutex forget_mutex_;
+  std::vector<std::pair<int, std::uint64_t>> forget_ KEEL_GUARDED_BY(forget_mutex_);
   std::atomic<std::uint64_t> forget_asked_{0};  // changed under forget_mutex_
   std::atomic<std::uint64_t> forget_done_{0};
-  bool exited_ = false;  // under forget_mutex_
+  bool exited_ KEEL_GUARDED_BY(forget_mutex_) = false;
   int efd_ = -1;
   std::uint64_t efd_value_ = 0;
   bool armed_ = false;
   std::deque<op*> pending_;  // ready, waiting for a submission slot
   unsigned in_flight_ = 0;
 
-  std::mutex start_mutex_;
-  std::condition_variable start_cv_;
-  bool started_ = false;
+  // start() waits for the worker thread to set up its ring: the outcome, then the flag.
+  std::atomic<bool> started_{false};
   std::error_code start_error_;
 };
 
@@ -526,7 +524,7 @@ void uring_engine::release_slot(uring_file& f) noexcept {
   for (std::size_t i = 0; i < workers_.size(); ++i) {
     if ((rings & (std::uint64_t{1} << (i % 64))) != 0) workers_[i]->forget(f.slot, f.file_id);
   }
-  const std::scoped_lock lock(slots_mutex_);
+  const base::lock_guard lock(slots_mutex_);
   free_slots_.push_back(f.slot);  // reserved for every slot at start
   f.slot = -1;
 }

@@ -28,13 +28,13 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "base/thread_safety.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/fs_info.hpp"
@@ -178,25 +178,29 @@ bytes tear(const bytes& durable, const bytes& current, double keep, std::mt19937
 struct fault_filesystem::state {
   explicit state(std::uint64_t seed) : rng(seed) {}
 
-  std::mutex mutex;  // everything below
+  base::mutex mutex;  // everything below
   struct rule {
     fault f;
     std::uint64_t seen = 0;
     bool done = false;
   };
-  std::vector<rule> rules;
-  std::array<std::uint64_t, fs_op_count> counts{};
-  std::uint64_t injected = 0;
-  std::mt19937_64 rng;
+  std::vector<rule> rules KEEL_GUARDED_BY(mutex);
+  std::array<std::uint64_t, fs_op_count> counts KEEL_GUARDED_BY(mutex){};
+  std::uint64_t injected KEEL_GUARDED_BY(mutex) = 0;
+  std::mt19937_64 rng KEEL_GUARDED_BY(mutex);
 
   // ---- the model ----
-  bool tracking = false;
-  std::string root;
-  std::string shadow;
-  file_handle lock_file;  // the shadow's .lock, opened by each process for itself
-  pid_t lock_pid = 0;
-  std::map<file_key, std::uint64_t> ids;  // inode -> model id, as far as `inodes` was read
-  off_t inodes_read = 0;
+  // Set once track() has set up the model (root and shadow then never change): read without
+  // the mutex, to skip the model when not tracking.
+  std::atomic<bool> tracking{false};
+  std::string root KEEL_GUARDED_BY(mutex);
+  std::string shadow KEEL_GUARDED_BY(mutex);
+  file_handle lock_file
+      KEEL_GUARDED_BY(mutex);  // the shadow's .lock, opened by each process for itself
+  pid_t lock_pid KEEL_GUARDED_BY(mutex) = 0;
+  std::map<file_key, std::uint64_t> ids
+      KEEL_GUARDED_BY(mutex);  // inode -> model id, as far as `inodes` was read
+  off_t inodes_read KEEL_GUARDED_BY(mutex) = 0;
   struct mapping {
     std::byte* address;
     std::size_t length;
@@ -204,7 +208,7 @@ struct fault_filesystem::state {
     std::uint64_t id;  // 0: not modelled
     keel::detail::shared_path path;
   };
-  std::vector<mapping> maps;
+  std::vector<mapping> maps KEEL_GUARDED_BY(mutex);
 
   struct decision {
     int error = 0;
@@ -214,7 +218,7 @@ struct fault_filesystem::state {
   };
 
   decision decide(fs_op op, std::string_view path) {
-    const std::scoped_lock lock(mutex);
+    const base::lock_guard lock(mutex);
     ++counts[static_cast<std::size_t>(op)];
     for (rule& r : rules) {
       if (r.done || !r.f.on.has(op)) continue;
@@ -241,15 +245,15 @@ struct fault_filesystem::state {
   }
 
   std::size_t random_below(std::size_t n) {
-    const std::scoped_lock lock(mutex);
+    const base::lock_guard lock(mutex);
     return n == 0 ? 0 : static_cast<std::size_t>(rng() % n);
   }
 
   // The model's lock, across processes (and, with `mutex`, threads). Each process opens the
   // lock file for itself: an inherited descriptor would share the parent's lock.
-  class model_lock {
+  class KEEL_SCOPED_CAPABILITY model_lock {
    public:
-    explicit model_lock(state& s) : s_(s), lock_(s.mutex) {
+    explicit model_lock(state& s) KEEL_ACQUIRE(s.mutex) : s_(s), lock_(s.mutex) {
       if (s_.lock_pid != ::getpid()) {
         (void)s_.lock_file.release();  // the parent's description: never close or unlock it
         auto f = file_handle::open(os(), (s_.shadow + "/.lock").c_str(),
@@ -264,20 +268,23 @@ struct fault_filesystem::state {
         }
       }
     }
+    ~model_lock() KEEL_RELEASE() = default;
+    model_lock(const model_lock&) = delete;
+    model_lock& operator=(const model_lock&) = delete;
 
    private:
     state& s_;
-    std::unique_lock<std::mutex> lock_;
+    base::lock_guard lock_;
     extent_guard guard_;
   };
 
   // ---- under model_lock ----
 
-  [[nodiscard]] bool crashed() const noexcept {
+  [[nodiscard]] bool crashed() const noexcept KEEL_REQUIRES(mutex) {
     return os().stat_at(nullptr, (shadow + "/crashed").c_str(), false).has_value();
   }
 
-  void load_ids() {
+  void load_ids() KEEL_REQUIRES(mutex) {
     auto f = file_handle::open(os(), (shadow + "/inodes").c_str(), open_flags::read);
     if (!f) return;
     auto size = f->size();
@@ -297,13 +304,13 @@ struct fault_filesystem::state {
     inodes_read += static_cast<off_t>(complete + 1);
   }
 
-  std::uint64_t id_of(const file_key& k) {
+  std::uint64_t id_of(const file_key& k) KEEL_REQUIRES(mutex) {
     load_ids();
     auto it = ids.find(k);
     return it == ids.end() ? 0 : it->second;
   }
 
-  std::uint64_t bind(const file_key& k) {
+  std::uint64_t bind(const file_key& k) KEEL_REQUIRES(mutex) {
     load_ids();
     const std::uint64_t id = std::max<std::uint64_t>(
         1, std::strtoull(text_of(read_path_or_empty(shadow + "/next_id")).c_str(), nullptr, 10));
@@ -318,11 +325,15 @@ struct fault_filesystem::state {
     return id;
   }
 
-  std::string data_path(std::uint64_t id) const { return shadow + "/data/" + std::to_string(id); }
-  std::string dir_path(std::uint64_t id) const { return shadow + "/dirs/" + std::to_string(id); }
+  std::string data_path(std::uint64_t id) const KEEL_REQUIRES(mutex) {
+    return shadow + "/data/" + std::to_string(id);
+  }
+  std::string dir_path(std::uint64_t id) const KEEL_REQUIRES(mutex) {
+    return shadow + "/dirs/" + std::to_string(id);
+  }
 
   // Makes the current entries of directory `dir` (model id `id`) its durable ones.
-  void save_directory(const file_handle& dir, std::uint64_t id) {
+  void save_directory(const file_handle& dir, std::uint64_t id) KEEL_REQUIRES(mutex) {
     auto list = os().list_directory(dir);
     if (!list) return;
     std::vector<dir_entry_record> entries;
@@ -339,13 +350,13 @@ struct fault_filesystem::state {
   }
 
   // Makes the current content of `file` (model id `id`) its durable one.
-  void save_content(const file_handle& file, std::uint64_t id) {
+  void save_content(const file_handle& file, std::uint64_t id) KEEL_REQUIRES(mutex) {
     auto b = read_whole(plain(file, open_flags::read));
     if (b) (void)write_path(data_path(id), *b);
   }
 
   // Puts the durable content of model file `id` back into `file` (a failed fsync).
-  void revert_content(const file_handle& file, std::uint64_t id) {
+  void revert_content(const file_handle& file, std::uint64_t id) KEEL_REQUIRES(mutex) {
     const bytes durable = read_path_or_empty(data_path(id));
     const file_handle f = plain(file, open_flags::write);
     (void)f.truncate(0);
@@ -354,7 +365,7 @@ struct fault_filesystem::state {
   }
 
   // Everything below `path` (model directory `id`) as durable as it is now.
-  void snapshot(const std::string& path, std::uint64_t id) {
+  void snapshot(const std::string& path, std::uint64_t id) KEEL_REQUIRES(mutex) {
     auto dir = file_handle::open_directory(os(), path.c_str());
     if (!dir) return;
     save_directory(*dir, id);
@@ -380,17 +391,17 @@ fault_filesystem::fault_filesystem(filesystem& target, std::uint64_t seed)
 fault_filesystem::~fault_filesystem() = default;
 
 void fault_filesystem::inject(fault f) {
-  const std::scoped_lock lock(state_->mutex);
+  const base::lock_guard lock(state_->mutex);
   state_->rules.push_back({std::move(f)});
 }
 
 void fault_filesystem::clear_faults() {
-  const std::scoped_lock lock(state_->mutex);
+  const base::lock_guard lock(state_->mutex);
   state_->rules.clear();
 }
 
 std::uint64_t fault_filesystem::count(fs_ops ops) const {
-  const std::scoped_lock lock(state_->mutex);
+  const base::lock_guard lock(state_->mutex);
   std::uint64_t n = 0;
   for (std::size_t i = 0; i < fs_op_count; ++i) {
     if (ops.has(static_cast<fs_op>(i))) n += state_->counts[i];
@@ -399,21 +410,23 @@ std::uint64_t fault_filesystem::count(fs_ops ops) const {
 }
 
 std::uint64_t fault_filesystem::injected() const {
-  const std::scoped_lock lock(state_->mutex);
+  const base::lock_guard lock(state_->mutex);
   return state_->injected;
 }
 
 result<void> fault_filesystem::track(const std::string& root, const std::string& shadow) {
   state& s = *state_;
-  {
-    const std::scoped_lock lock(s.mutex);
-    s.root = absolute(root);
-    s.shadow = absolute(shadow);
-  }
+  const std::string root_path = absolute(root);
+  const std::string shadow_path = absolute(shadow);
   std::error_code ec;
-  std::filesystem::create_directories(s.shadow + "/data", ec);
-  std::filesystem::create_directories(s.shadow + "/dirs", ec);
+  std::filesystem::create_directories(shadow_path + "/data", ec);
+  std::filesystem::create_directories(shadow_path + "/dirs", ec);
   if (ec) return errno_error(ec.value());
+  {
+    const base::lock_guard lock(s.mutex);
+    s.root = root_path;
+    s.shadow = shadow_path;
+  }
   const state::model_lock lock(s);
   auto known = read_path(s.shadow + "/root");
   if (known && text_of(*known) != s.root) return errc_error(std::errc::invalid_argument);
@@ -462,8 +475,11 @@ result<fault_filesystem::restore_report> fault_filesystem::restore(const std::st
   auto known = read_path(shadow + "/root");
   if (!known || text_of(*known) != root) return errc_error(std::errc::invalid_argument);
   state s(options.seed);
-  s.root = root;
-  s.shadow = shadow;
+  {
+    const base::lock_guard lock(s.mutex);
+    s.root = root;
+    s.shadow = shadow;
+  }
   restore_report report;
   std::mt19937_64 rng(options.seed);
   {
@@ -490,7 +506,7 @@ result<fault_filesystem::restore_report> fault_filesystem::restore(const std::st
     };
     std::vector<node> nodes;
     const std::function<void(std::uint64_t, const std::string&)> collect =
-        [&](std::uint64_t dir_id, const std::string& rel) {
+        [&](std::uint64_t dir_id, const std::string& rel) KEEL_REQUIRES(s.mutex) {
           for (auto& e : parse_entries(text_of(read_path_or_empty(s.dir_path(dir_id))))) {
             const std::string p = rel + "/" + e.name;
             nodes.push_back({p, e});
@@ -815,7 +831,7 @@ result<void*> fault_filesystem::map(const file_handle& file, std::size_t length,
       id = s.id_of(key_of(*st));
     }
   }
-  const std::scoped_lock lock(s.mutex);
+  const base::lock_guard lock(s.mutex);
   s.maps.push_back({static_cast<std::byte*>(*addr), length, offset, id, file.shared_path()});
   return addr;
 }
@@ -825,7 +841,7 @@ result<void*> fault_filesystem::remap(void* address, std::size_t length,
   state& s = *state_;
   keel::detail::shared_path path;
   {
-    const std::scoped_lock lock(s.mutex);
+    const base::lock_guard lock(s.mutex);
     for (const auto& m : s.maps) {
       if (m.address == address) path = m.path;
     }
@@ -833,7 +849,7 @@ result<void*> fault_filesystem::remap(void* address, std::size_t length,
   KEEL_FAULT_GATE(fs_op::map, path.view());
   auto addr = filesystem_wrapper::remap(address, length, new_length);
   if (!addr) return addr;
-  const std::scoped_lock lock(s.mutex);
+  const base::lock_guard lock(s.mutex);
   for (auto& m : s.maps) {
     if (m.address == address) {
       m.address = static_cast<std::byte*>(*addr);
@@ -847,7 +863,7 @@ result<void> fault_filesystem::sync_map(void* address, std::size_t length, bool 
   state& s = *state_;
   std::optional<state::mapping> hit;
   {
-    const std::scoped_lock lock(s.mutex);
+    const base::lock_guard lock(s.mutex);
     auto* a = static_cast<std::byte*>(address);
     for (const auto& m : s.maps) {
       if (a >= m.address && a < m.address + m.length) hit = m;
@@ -875,7 +891,7 @@ result<void> fault_filesystem::sync_map(void* address, std::size_t length, bool 
 result<void> fault_filesystem::unmap(void* address, std::size_t length) noexcept {
   state& s = *state_;
   {
-    const std::scoped_lock lock(s.mutex);
+    const base::lock_guard lock(s.mutex);
     std::erase_if(s.maps, [&](const state::mapping& m) { return m.address == address; });
   }
   const auto decided = s.decide(fs_op::unmap, {});

@@ -40,6 +40,13 @@ if "$clang" "${flags[@]}" "$bad" 2>/dev/null; then
 fi
 
 cd "$src"
+# Every mutex is one the analysis knows: a plain std::mutex (or its guards) would go unchecked.
+if plain=$(grep -rnE 'std::(mutex|recursive_mutex|shared_mutex|scoped_lock|lock_guard|unique_lock)\b' \
+             src include | grep -v '^src/base/thread_safety.hpp:' | grep -v '//.*std::mutex'); then
+  echo "FAIL: a lock the analysis cannot see (use base::mutex and its guards):" >&2
+  echo "$plain" >&2
+  exit 1
+fi
 mapfile -t files < <(find src -name '*.cpp' | sort)
 printf '%s\n' "${files[@]}" |
   xargs -P "$(nproc)" -I{} "$clang" "${flags[@]}" -Wno-everything -Wthread-safety \
