@@ -10,8 +10,9 @@
 // Asserts, whatever the table held: no access outside the map (ASan); next_waiter names a
 // sleeper other than the one asking, or no_slot; a user of ours that holds a slot
 // exclusively is its writer and no other user reads it; one that holds it shared has its
-// reader bit set and no other writer; the writer word names one of ours only while it holds
-// the slot or sleeps on it for exclusive use (a hand-over); sleeper bits of ours are set
+// reader bit set and no other writer; the writer word names one of ours as holder only while
+// it holds the slot, and as grantee only while it sleeps on it for exclusive use (a grant
+// withdrawn late by anyone never takes a held lock away); sleeper bits of ours are set
 // exactly while sleeping; and a user of ours that holds nothing (after giving everything
 // back, giving up its sleep, or dying and being cleared) has no mark in any slot.
 
@@ -242,8 +243,8 @@ class harness {
       case 4:
         table_.hand_on(r.slot, user());
         break;
-      case 5:
-        table_.withdraw_grant(r.slot, other());
+      case 5:  // a releaser withdraws a grant it made, late: to anyone, ours too
+        table_.withdraw_grant(r.slot, user());
         break;
       case 6:  // a dead user is cleared (by a waiter that found its liveness byte free)
         table_.clear_user_in(r.slot, other());
@@ -286,12 +287,12 @@ class harness {
         const bool sh = o.su.shared_holds[i] != 0;
         const bool reader = (s.readers(u / 64).load() & bit(u)) != 0;
         const bool sleeper = (s.waiters(u / 64).load() & bit(u)) != 0;
+        const bool grant = w == ((u + 1) | mm::granted);
         if (ex) KEEL_FUZZ_CHECK(w == u + 1 && !s.other_readers(u));
-        if (sh) KEEL_FUZZ_CHECK(reader && (w == 0 || (w == u + 1 && ex)));
+        if (sh) KEEL_FUZZ_CHECK(reader && (w == 0 || (w == u + 1 && ex) || grant));
         KEEL_FUZZ_CHECK(reader == sh);
-        if (w == u + 1 && !ex) {
-          KEEL_FUZZ_CHECK(o.waiting && o.want.slot == i && o.want.exclusive);
-        }
+        KEEL_FUZZ_CHECK(w != u + 1 || ex);  // named as holder only while it holds
+        if (grant) KEEL_FUZZ_CHECK(o.waiting && o.want.slot == i && o.want.exclusive);
         KEEL_FUZZ_CHECK(sleeper == (o.waiting && o.want.slot == i));
       }
     }

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "keel/io/file_handle.hpp"
+#include "lock/memory_map/slot_table.hpp"
 #include "support/process.hpp"
 
 namespace keel::lock {
@@ -428,6 +432,161 @@ TEST(MemoryMap, KilledSleepingWaiterDoesNotStrandTheSlot) {
     EXPECT_TRUE(again) << again.error().message();
   }).join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// Review finding (issue 15 #2): a child using an instance its parent opened shares the
+// parent's descriptor of the markers. When the parent closed its instance (a daemon's parent
+// exits), its unlocks dropped the child's markers too, the parent judged itself the last user
+// and removed the map under the child, and the next opener made a second map: two holders.
+// `first_use_after_close`: the parent closes before the child's first lock (the child then
+// finds the map gone); else while the child holds the entity.
+// A lock path and a map directory of the test's own.
+struct lock_place {
+  temp_dir dir;
+  temp_dir maps{"/dev/shm"};
+  memory_map::options o;
+  std::string path = dir.file("lock");
+  lock_place() { o.map_directory = maps.path().string(); }
+};
+
+// Whether the other side's "go on" arrives in time (a bug must fail the test, not hang it).
+bool arrives(const signal_pipe& p) {
+  return p.ready_within(10s) && p.wait() == '!';
+}
+
+void forked_child_keeps_exclusion(bool first_use_after_close) {
+  const lock_place at;
+  const memory_map::options& o = at.o;
+  const std::string& path = at.path;
+  auto m = memory_map::open(path, o);
+  ASSERT_TRUE(m);
+  signal_pipe go, holding, may_leave;
+  const pid_t child = fork_child([&] {
+    if (first_use_after_close && !arrives(go)) return 2;
+    auto g = (*m)->lock({entity(3)}, 5s);
+    if (!g) return 3;
+    holding.notify();
+    if (!arrives(may_leave)) return 4;
+    return g->unlock() ? 0 : 5;
+  });
+  if (!first_use_after_close) {
+    ASSERT_TRUE(arrives(holding));
+  }
+  m->reset();  // the parent's instance closes
+  if (first_use_after_close) {
+    go.notify();
+    ASSERT_TRUE(arrives(holding));
+  }
+  auto other = memory_map::open(path, o);
+  ASSERT_TRUE(other);
+  EXPECT_FALSE((*other)->try_lock({entity(3)})) << "a second holder beside the child";
+  EXPECT_EQ(maps_in(o.map_directory), 1u);
+  may_leave.notify();
+  EXPECT_EQ(wait_exit(child), 0);
+  EXPECT_TRUE((*other)->try_lock({entity(3)}));
+}
+
+TEST(MemoryMap, AForkedChildKeepsExclusionWhenItsParentCloses) {
+  forked_child_keeps_exclusion(false);
+}
+
+TEST(MemoryMap, AForkedChildKeepsExclusionWhenItsParentClosedFirst) {
+  forked_child_keeps_exclusion(true);
+}
+
+// Review finding (issue 15 #7, last part): a forked child could never move to the fallback
+// (it left the parent's markers alone, so the switch never saw it leave the map).
+TEST(MemoryMap, AForkedChildSwitchesToTheFallback) {
+  const lock_place at;
+  const memory_map::options& o = at.o;
+  const std::string& path = at.path;
+  auto m = memory_map::open(path, o);
+  ASSERT_TRUE(m);
+  signal_pipe used, degraded, done;
+  const pid_t child = fork_child([&] {
+    if (!(*m)->lock({entity(4)}, 5s)) return 2;  // locked and unlocked on the map
+    used.notify();
+    if (!arrives(degraded)) return 3;
+    auto g = (*m)->lock({entity(4)}, 5s);
+    if (!g) return 4;
+    if (!(*m)->is_degraded()) return 5;
+    return 0;
+  });
+  ASSERT_TRUE(arrives(used));
+  m->reset();
+  memory_map::options f = o;
+  f.force_fallback = true;
+  auto degrader = memory_map::open(path, f);
+  ASSERT_TRUE(degrader);
+  degraded.notify();
+  EXPECT_EQ(wait_exit(child), 0);
+  EXPECT_TRUE((*degrader)->lock({entity(4)}, 5s));
+}
+
+// The only map in `map_dir`, mapped for a look at its slots.
+struct mapped_table {
+  explicit mapped_table(const std::string& map_dir) {
+    for (const auto& e : std::filesystem::directory_iterator(map_dir)) {
+      if (e.path().filename().string().rfind("keel-mm-", 0) != 0) continue;
+      const int fd = ::open(e.path().c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) break;
+      void* p = ::mmap(nullptr, mm::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (p != MAP_FAILED) base = static_cast<std::byte*>(p);
+      break;
+    }
+  }
+  ~mapped_table() {
+    if (base != nullptr) ::munmap(base, mm::map_size);
+  }
+  mapped_table(const mapped_table&) = delete;
+  mapped_table& operator=(const mapped_table&) = delete;
+  [[nodiscard]] mm::slot_ref slot_of_entity(std::uint64_t v) const {
+    return mm::slot_table(base).slot(mm::slot_of(v));
+  }
+  std::byte* base = nullptr;
+};
+
+// Review finding (issue 15 #10b): a shared sleeper killed in its sleep left its sleeper bit
+// and count in the slot for good: nothing cleared them (recovery looked at holders only), so
+// no locker of that slot would spin again and every release woke a dead process.
+TEST(MemoryMap, AKilledSharedSleeperIsClearedFromItsSlot) {
+  const lock_place at;
+  const memory_map::options& o = at.o;
+  const std::string& path = at.path;
+  auto m = memory_map::open(path, o);
+  ASSERT_TRUE(m);
+  auto g = (*m)->lock({entity(9)});
+  ASSERT_TRUE(g);
+  const mapped_table map(o.map_directory);
+  ASSERT_NE(map.base, nullptr);
+  const mm::slot_ref s = map.slot_of_entity(9);
+  signal_pipe about_to_lock;
+  const pid_t sleeper = fork_child([&] {
+    auto mine = memory_map::open(path, o);
+    if (!mine) return 2;
+    about_to_lock.notify();
+    auto h = (*mine)->lock({entity(9, false)}, 20s);
+    return h ? 0 : 3;
+  });
+  ASSERT_EQ(about_to_lock.wait(), '!');
+  for (int i = 0; i < 500 && s.waiter_count().load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(s.waiter_count().load(), 1u) << "the child sleeps on the slot";
+  ::kill(sleeper, SIGKILL);
+  EXPECT_EQ(wait_exit(sleeper), 128 + SIGKILL);
+
+  // Another locker waits on the slot: its recovery finds the dead sleeper.
+  std::thread other([&] {
+    auto h = (*m)->lock({entity(9)}, 10s);
+    EXPECT_TRUE(h) << h.error().message();
+  });
+  std::this_thread::sleep_for(500ms);
+  ASSERT_TRUE(g->unlock());
+  other.join();
+  EXPECT_EQ(s.waiter_count().load(), 0u) << "the dead sleeper is still counted";
+  for (std::size_t w = 0; w < mm::bitset_words; ++w)
+    EXPECT_EQ(s.waiters(w).load(), 0u) << "a dead sleeper's bit in word " << w;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <memory>
 
@@ -31,6 +32,153 @@ TEST(SlotTable, ASpinBudgetDamagedInTheMapIsBounded) {
   EXPECT_FALSE(table.spin_for(me, {3, true}, io::deadline(10s).start()));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
   EXPECT_LE(s.spin_budget_ns().load(), 200'000u) << "the halved budget is written back bounded";
+}
+
+// A table in memory and its users, each acting as memory_map's lock path does.
+struct table_fixture {
+  std::unique_ptr<std::byte[]> map{new std::byte[map_size]()};
+  slot_table table{map.get()};
+  std::array<slot_user, 3> users;
+  table_fixture() {
+    for (std::uint32_t u = 0; u < users.size(); ++u) {
+      users[u].index = u;
+      users[u].exclusive_holds.assign(slots, 0);
+      users[u].shared_holds.assign(slots, 0);
+      table.wants_word(u).store(no_slot);
+    }
+  }
+  // wait_for's first steps: asleep on `slot` since long ago (due a grant) or just now.
+  void sleep_on(std::uint32_t u, std::uint32_t slot, bool exclusive, bool long_ago) const {
+    std::atomic_ref<std::uint64_t>(table.user(u)->waiting_since_ns)
+        .store(long_ago ? 0 : monotonic_ns());
+    table.wants_word(u).store(slot | (exclusive ? wants_exclusive : 0));
+    table.slot(slot).waiters(u / 64).fetch_or(std::uint64_t{1} << (u % 64));
+    table.slot(slot).waiter_count().fetch_add(1);
+  }
+  // wait_for's leave().
+  void leave(std::uint32_t u, std::uint32_t slot) const {
+    const slot_ref s = table.slot(slot);
+    s.waiters(u / 64).fetch_and(~(std::uint64_t{1} << (u % 64)));
+    s.waiter_count().fetch_sub(1);
+    table.wants_word(u).store(no_slot);
+    std::uint64_t me = u + 1;
+    s.woken().compare_exchange_strong(me, 0);
+  }
+};
+
+// What the hook makes the target do inside hand_on (hooks are plain functions).
+table_fixture* hooked = nullptr;
+hand_on_point hook_at{};
+bool target_collects = false;  // takes the slot, then leaves; else only leaves
+int hook_calls = 0;
+
+void act_in_hand_on(hand_on_point p, std::size_t slot, std::uint32_t target) {
+  if (p != hook_at || hooked == nullptr) return;
+  if (++hook_calls > 1) return;  // the first target only
+  if (target_collects) {
+    EXPECT_TRUE(
+        hooked->table.take(hooked->users[target], {static_cast<std::uint32_t>(slot), true}));
+  }
+  hooked->leave(target, static_cast<std::uint32_t>(slot));
+}
+
+struct hook_scope {
+  hook_scope(table_fixture& f, hand_on_point at, bool collects) {
+    hooked = &f;
+    hook_at = at;
+    target_collects = collects;
+    hook_calls = 0;
+    test_hand_on_hook.store(&act_in_hand_on);
+  }
+  ~hook_scope() {
+    test_hand_on_hook.store(nullptr);
+    hooked = nullptr;
+  }
+  hook_scope(const hook_scope&) = delete;
+  hook_scope& operator=(const hook_scope&) = delete;
+};
+
+// Review finding (issue 15 #1): hand_on granted the slot, then found the target's sleeper
+// bit clear, because the target had meanwhile collected the grant and left, and withdrew
+// what was by then a held lock: the slot looked free and a third user got in beside it.
+TEST(SlotTable, AGrantItsTargetCollectedIsNeverWithdrawn) {
+  table_fixture f;
+  auto& [holder, target, third] = f.users;
+  ASSERT_TRUE(f.table.take(holder, {5, true}));
+  f.sleep_on(1, 5, true, /*long_ago=*/true);
+  {
+    const hook_scope hook(f, hand_on_point::made_grant, /*collects=*/true);
+    f.table.give(holder, {5, true});
+    EXPECT_EQ(hook_calls, 1) << "the release granted the slot to the sleeper";
+  }
+  EXPECT_EQ(target.exclusive_holds[5], 1u);
+  EXPECT_EQ(f.table.slot(5).writer_user(), 1u) << "the target's lock was taken back";
+  EXPECT_FALSE(f.table.take(third, {5, true})) << "two exclusive holders";
+  EXPECT_FALSE(f.table.take(third, {5, false})) << "a reader beside an exclusive holder";
+}
+
+// The other half of the hand-over: a grant whose target gave up before collecting it is
+// taken back and passed on, not left to block the slot.
+TEST(SlotTable, AGrantNobodyCollectsIsPassedOn) {
+  table_fixture f;
+  auto& [holder, target, third] = f.users;
+  ASSERT_TRUE(f.table.take(holder, {5, true}));
+  f.sleep_on(1, 5, true, true);
+  f.sleep_on(2, 5, true, true);
+  {
+    const hook_scope hook(f, hand_on_point::made_grant, /*collects=*/false);
+    f.table.give(holder, {5, true});
+    EXPECT_EQ(hook_calls, 2) << "granted to the first sleeper, then to the next";
+  }
+  EXPECT_EQ(target.exclusive_holds[5], 0u);
+  EXPECT_EQ(f.table.slot(5).writer().load(), (2u + 1) | granted) << "passed on to the next";
+  EXPECT_TRUE(f.table.take(third, {5, true}));
+}
+
+// Review finding (issue 15 #10a): the mark "a sleeper woken to compete is on its way" was set
+// after its target had left, so nobody ever cleared it, and no release woke a sleeper of
+// that slot again (they waited for their timers).
+TEST(SlotTable, AWakeUpMarkForASleeperThatLeftIsNotLeftBehind) {
+  table_fixture f;
+  auto& [holder, leaver, sleeper] = f.users;
+  ASSERT_TRUE(f.table.take(holder, {6, true}));
+  f.sleep_on(1, 6, true, /*long_ago=*/false);
+  {
+    const hook_scope hook(f, hand_on_point::chose_exclusive_target, /*collects=*/false);
+    f.table.give(holder, {6, true});
+    EXPECT_EQ(hook_calls, 1);
+  }
+  EXPECT_EQ(f.table.slot(6).woken().load(), 0u);
+
+  ASSERT_TRUE(f.table.take(holder, {6, true}));
+  f.sleep_on(2, 6, true, false);
+  const std::uint32_t before = f.table.wake_word(2).load();
+  f.table.give(holder, {6, true});
+  EXPECT_NE(f.table.wake_word(2).load(), before) << "the next sleeper was not woken";
+  (void)leaver;
+  (void)sleeper;
+}
+
+// Review finding (issue 15 #10c): a reader that waits to become the writer (an upgrade)
+// counted its own reader bit as "readers still in", so the last other reader's release
+// neither woke it nor handed it the slot: it went on only at its timer.
+TEST(SlotTable, AnUpgradingReaderIsWokenWhenTheLastOtherReaderLeaves) {
+  for (const bool long_ago : {false, true}) {
+    SCOPED_TRACE(long_ago ? "slept long: granted" : "slept briefly: woken to compete");
+    table_fixture f;
+    auto& [upgrader, reader, third] = f.users;
+    ASSERT_TRUE(f.table.take(upgrader, {7, false}));
+    ASSERT_TRUE(f.table.take(reader, {7, false}));
+    EXPECT_FALSE(f.table.take(upgrader, {7, true}));
+    f.sleep_on(0, 7, true, long_ago);
+    const std::uint32_t before = f.table.wake_word(0).load();
+    f.table.give(reader, {7, false});
+    EXPECT_NE(f.table.wake_word(0).load(), before) << "the upgrader was not woken";
+    EXPECT_TRUE(f.table.take(upgrader, {7, true}));
+    f.leave(0, 7);
+    EXPECT_FALSE(f.table.take(third, {7, false}));
+    EXPECT_FALSE(f.table.take(third, {7, true}));
+  }
 }
 
 }  // namespace

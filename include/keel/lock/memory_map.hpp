@@ -41,6 +41,11 @@ namespace keel::lock {
 //!   it), so two exclusive holders never coexist; lock calls made during the switch wait
 //!   (within their deadline) for the map's holders to unlock. The lock stays degraded until
 //!   its last user closes it.
+//! - **Fork**: a child may use an instance its parent opened. Before its first use there, it
+//!   joins the lock again through descriptors of its own, so the parent's close never drops
+//!   the child's markers (and never removes the map under it); if the parent was the last
+//!   user and removed the map first, the child sets up a new one. A lock file removed and
+//!   made again in between is another lock: the child's calls fail with ESTALE.
 //! - **Network filesystems**: degrades to byte_ranges (see above), which then decides.
 //! - **Caveats**: a process that dies while it *registers* or *recovers* may leave a user
 //!   slot to the next registrant, which clears it; one that dies while it spins leaves the

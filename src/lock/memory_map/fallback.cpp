@@ -16,7 +16,7 @@ bool memory_map::impl::degraded() const noexcept {
 }
 
 void memory_map::impl::release_map_in_use_if_idle() noexcept {
-  if (base::self().pid != creator_pid) return;  // the parent's marker, not ours
+  if (base::self().pid != creator_pid.load()) return;  // the parent's marker, not ours
   const base::lock_guard lock(switch_mutex);
   if (map_in_use_released || !degraded()) return;
   if (map.size() != 0 && table.marks_of(my_users)) return;

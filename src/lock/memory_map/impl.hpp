@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/per_thread.hpp"
+#include "base/process.hpp"
 #include "base/thread_safety.hpp"
 #include "format.hpp"
 #include "keel/io/file_handle.hpp"
@@ -70,9 +71,28 @@ struct memory_map::impl {
   //! The user indexes this instance registered.
   std::vector<std::uint32_t> my_users KEEL_GUARDED_BY(switch_mutex);
   std::atomic<bool> fallback_ready{false};
-  std::uint32_t creator_pid = 0;  // a forked child shares the markers' descriptor: hands off
+  // The process whose descriptor `marker` is. A forked child shares its parent's, so that the
+  // parent's unlocks (its close) would drop the child's markers too: a child joins again
+  // through a descriptor of its own before its first use (rejoin_after_fork).
+  std::atomic<std::uint32_t> creator_pid{0};
+  std::uint64_t dev = 0;  // the lock file's identity: a child rejoins only the same file
+  std::uint64_t ino = 0;
+  base::mutex rejoin_mutex;  // one thread of a child rejoins; the others wait for it
 
   [[nodiscard]] bool degraded() const noexcept;
+
+  // lifecycle.cpp
+  //! Joins the users through `marker` (under the init lock): whether the lock must degrade.
+  result<bool> join() noexcept;
+  //! In a forked child, before its first use of an instance its parent opened: joins again
+  //! through descriptors of its own. Cheap (a pid compare) when there is nothing to do.
+  result<void> ensure_own_process() noexcept {
+    if (creator_pid.load(std::memory_order_acquire) == base::self().pid) [[likely]] {
+      return {};
+    }
+    return rejoin_after_fork();
+  }
+  result<void> rejoin_after_fork() noexcept KEEL_EXCLUDES(rejoin_mutex, switch_mutex);
   result<mm::thread_user*> mine() noexcept;
 
   // users.cpp
@@ -97,6 +117,7 @@ struct memory_map::impl {
   result<wait_outcome> wait_for(mm::thread_user& me, const mm::slot_request& r,
                                 const io::countdown& cd,
                                 std::chrono::milliseconds& recovery) const noexcept;
+  void give_up_turn(const mm::thread_user& me, const mm::slot_request& r) const noexcept;
 };
 
 }  // namespace keel::lock

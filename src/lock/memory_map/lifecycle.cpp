@@ -6,6 +6,7 @@
 // when closing) removes the map and zeroes the header.
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -67,39 +68,21 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p) noexc
 
 }  // namespace
 
-memory_map::memory_map(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
-    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
-
-result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
-                                                     options opts) noexcept {
-  auto p = std::make_unique<impl>();
-  p->path = path;
-  p->opts = opts;
-  if (opts.fs != nullptr) p->fs = opts.fs;
-  io::filesystem& fs = *p->fs;
-  p->creator_pid = base::self().pid;
-  p->fallback_path = path + ".fallback";
-  if (auto fb = detail::identify_lock_file(fs, p->fallback_path); !fb) {
-    return std::unexpected(fb.error());
-  }
-  auto mk =
-      io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
-  if (!mk) return std::unexpected(mk.error());
-  p->marker = std::move(*mk);
-  auto id = detail::identify(p->marker);
-  if (!id) return std::unexpected(id.error());
+// Joins the lock's users through `marker`, under the init lock: as the first user (sets up
+// the map, or the degraded header) or beside the others (maps theirs). Takes *in use* and, on
+// the map, *map in use*. Whether the lock must degrade.
+result<bool> memory_map::impl::join() noexcept {
   const auto corrupt_here = [&](const error& e) {
-    return std::unexpected(e.about(p->marker.shared_path()));
+    return std::unexpected(e.about(marker.shared_path()));
   };
-
   bool must_degrade = opts.force_fallback;
   {
     // One opener or closer at a time: the first user's set-up and the last user's tear-down
     // never interleave with anyone reading the header.
-    auto init = io::lock_extent(p->marker, mm::init_byte, 1, io::lock_kind::exclusive);
+    auto init = io::lock_extent(marker, mm::init_byte, 1, io::lock_kind::exclusive);
     if (!init) return std::unexpected(init.error());
     std::vector<std::byte> page(mm::lockfile_page + 1);
-    auto got = p->marker.read_at(0, page);
+    auto got = marker.read_at(0, page);
     if (!got) return std::unexpected(got.error());
     // Whatever the file holds, it must be a lock file of ours before we write to it: empty,
     // a header, or the page of zeros a last user leaves.
@@ -110,7 +93,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
          std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; }))) {
       return corrupt_here(error(errc::not_keel_file));
     }
-    auto first = io::try_lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
+    auto first = io::try_lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
     if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
     if (first) {
       // Held until converted to shared below: should set-up fail, the guard unlocks it
@@ -122,46 +105,46 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
           std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0 &&
           old->map_path.starts_with(opts.map_directory + "/") &&
           mm::is_map_name(std::string_view(old->map_path).substr(opts.map_directory.size() + 1))) {
-        (void)io::unlink(fs, old->map_path.c_str());
+        (void)io::unlink(*fs, old->map_path.c_str());
       }
       mm::lockfile_header h{};
       h.head = mm::lockfile_format.header();
       std::memcpy(h.boot_id, base::self().boot_id.data(), sizeof h.boot_id);
-      auto fsi = io::stat_fs(p->marker);
+      auto fsi = io::stat_fs(marker);
       const bool local = fsi && fsi->is_local;
       if (local && !opts.force_fallback) {
-        auto m = create_map(fs, opts.map_directory, p->map_path);
+        auto m = create_map(*fs, opts.map_directory, map_path);
         if (!m) return std::unexpected(m.error());
-        p->map = std::move(*m);
-        if (p->map_path.size() >= sizeof h.map_path) {
-          (void)io::unlink(fs, p->map_path.c_str());
+        map = std::move(*m);
+        if (map_path.size() >= sizeof h.map_path) {
+          (void)io::unlink(*fs, map_path.c_str());
           return std::unexpected(
-              error(std::make_error_code(std::errc::filename_too_long)).about(p->map_path));
+              error(std::make_error_code(std::errc::filename_too_long)).about(map_path));
         }
-        std::memcpy(h.map_path, p->map_path.c_str(), p->map_path.size() + 1);
+        std::memcpy(h.map_path, map_path.c_str(), map_path.size() + 1);
       } else {
         h.degraded = 1;
       }
       std::vector<std::byte> whole(mm::lockfile_page);
       std::memcpy(whole.data(), &h, sizeof h);
-      if (auto w = p->marker.write_at(0, whole); !w) return std::unexpected(w.error());
+      if (auto w = marker.write_at(0, whole); !w) return std::unexpected(w.error());
       // Converting our exclusive marker to shared keeps it held throughout.
-      auto shared = io::lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
       first->release();  // converted: nothing of it left to unlock
     } else {
       if (old->blank) return corrupt_here(error(errc::corrupt));  // in use, yet never set up
-      auto shared = io::lock_extent(p->marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
       const bool same_boot = std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0;
       if (!old->degraded) {
         if (same_boot && !opts.force_fallback) {
-          auto m = open_map(fs, old->map_path);
+          auto m = open_map(*fs, old->map_path);
           if (m) {
-            p->map = std::move(*m);
-            p->map_path = old->map_path;
+            map = std::move(*m);
+            map_path = old->map_path;
           } else {
             must_degrade = true;  // the memory is not ours to share
           }
@@ -170,31 +153,98 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
         }
       }
     }
-    if (p->map.size() != 0) {
-      p->table = mm::slot_table(p->map.data());
-      auto miu = io::lock_extent(p->marker, mm::map_in_use_byte, 1, io::lock_kind::shared);
+    if (map.size() != 0) {
+      table = mm::slot_table(map.data());
+      auto miu = io::lock_extent(marker, mm::map_in_use_byte, 1, io::lock_kind::shared);
       if (!miu) return std::unexpected(miu.error());
       miu->release();
     }
-    auto size = p->marker.size();
+    auto size = marker.size();
     if (!size) return std::unexpected(size.error());
     if (*size < static_cast<off_t>(mm::lockfile_page)) {
       return corrupt_here(error(make_error_code(errc::corrupt), std::string_view{},
                                 static_cast<std::uint64_t>(*size)));
     }
-    auto view = io::mapped_file::map(p->marker, io::map_access::read_only, mm::lockfile_page, 0);
+    auto view = io::mapped_file::map(marker, io::map_access::read_only, mm::lockfile_page, 0);
     if (!view) return std::unexpected(view.error());
-    p->lock_view = std::move(*view);
+    lock_view = std::move(*view);
     if (must_degrade) {
-      if (auto d = p->mark_degraded(); !d) return std::unexpected(d.error());
+      if (auto d = mark_degraded(); !d) return std::unexpected(d.error());
     }
   }
-  if (p->map.size() == 0) {
-    const base::lock_guard lock(p->switch_mutex);
-    p->map_in_use_released = true;
+  {
+    const base::lock_guard lock(switch_mutex);
+    map_in_use_released = map.size() == 0;
   }
+  return must_degrade;
+}
+
+result<void> memory_map::impl::rejoin_after_fork() noexcept {
+  const base::lock_guard lock(rejoin_mutex);
+  const std::uint32_t me = base::self().pid;
+  if (creator_pid.load() == me) return {};  // another thread of ours did it
+  auto d = io::file_handle::open(*fs, path.c_str(), io::open_flags::read_write);
+  if (!d) return std::unexpected(d.error());
+  auto id = detail::identify(*d);
+  if (!id) return std::unexpected(id.error());
+  if (id->dev != dev || id->ino != ino) {
+    // Removed and made again since the parent opened it: another lock now.
+    return std::unexpected(
+        error(std::error_code(ESTALE, std::generic_category())).about(d->shared_path()));
+  }
+  // The parent's descriptor is closed only after ours holds the markers: until then it keeps
+  // the parent's holds (if the parent is gone, this child's copy is their last reference).
+  io::file_handle parents = std::move(marker);
+  marker = std::move(*d);
+  map = io::mapped_file{};
+  map_path.clear();
+  table = mm::slot_table();
+  lock_view = io::mapped_file{};
+  {
+    const base::lock_guard sw(switch_mutex);
+    my_users.clear();
+  }
+  fallback_ready.store(false);
+  auto must_degrade = join();
+  if (!must_degrade) return std::unexpected(must_degrade.error());
+  creator_pid.store(me, std::memory_order_release);
+  if (*must_degrade) {
+    if (auto s = switch_to_fallback(io::deadline::zero().start(), false);
+        !s && !detail::is_contention(s.error())) {
+      return std::unexpected(s.error());
+    }
+  }
+  return {};
+}
+
+memory_map::memory_map(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
+    : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
+
+result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
+                                                     options opts) noexcept {
+  auto p = std::make_unique<impl>();
+  p->path = path;
+  p->opts = opts;
+  if (opts.fs != nullptr) p->fs = opts.fs;
+  io::filesystem& fs = *p->fs;
+  p->fallback_path = path + ".fallback";
+  if (auto fb = detail::identify_lock_file(fs, p->fallback_path); !fb) {
+    return std::unexpected(fb.error());
+  }
+  auto mk =
+      io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
+  if (!mk) return std::unexpected(mk.error());
+  p->marker = std::move(*mk);
+  auto id = detail::identify(p->marker);
+  if (!id) return std::unexpected(id.error());
+
+  p->dev = id->dev;
+  p->ino = id->ino;
+  auto must_degrade = p->join();
+  if (!must_degrade) return std::unexpected(must_degrade.error());
+  p->creator_pid.store(base::self().pid);
   auto m = std::unique_ptr<memory_map>(new memory_map(id->dev, id->ino, std::move(p)));
-  if (must_degrade) {
+  if (*must_degrade) {
     // Outside the init lock: users leaving the map must be able to close meanwhile. Only a
     // try: while others still hold slots on the map, the switch waits in `lock`, within the
     // caller's deadline (open has none: waiting here for an idle user would never end).
@@ -208,7 +258,8 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
 
 memory_map::~memory_map() {
   impl& p = *impl_;
-  if (base::self().pid != p.creator_pid) return;  // the parent's markers, not ours
+  // A child that never used it: the markers are the parent's, not ours to drop.
+  if (base::self().pid != p.creator_pid.load()) return;
   // Leave the map first (so a degrader waiting for it is not held up by our init wait).
   {
     const base::lock_guard lock(p.switch_mutex);

@@ -28,6 +28,16 @@ std::chrono::nanoseconds recovery_pause(std::chrono::milliseconds own,
 
 }  // namespace
 
+// A waiter that leaves without the slot passes on what reached it meanwhile: a grant, or the
+// wake-up to compete that another sleeper may now need.
+void memory_map::impl::give_up_turn(const mm::thread_user& me,
+                                    const mm::slot_request& r) const noexcept {
+  if (r.exclusive && me.exclusive_holds[r.slot] == 0 && table.withdraw_grant(r.slot, me.index)) {
+    return;
+  }
+  table.hand_on(r.slot, me.index);
+}
+
 // Sleeps until slot `r` is `me`'s (taken), the deadline passes, or the lock degrades.
 // Holders that died are looked for every `recovery` (doubling up to 320 ms).
 result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
@@ -57,8 +67,9 @@ result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
     }
     if (degraded() || cd.expired()) {
       leave();
-      // Handed the slot as we left: pass it on.
-      if (r.exclusive && me.exclusive_holds[r.slot] == 0) table.withdraw_grant(r.slot, u);
+      // Handed the slot as we left: pass it on. Or woken to compete: another may need the
+      // wake-up we used.
+      give_up_turn(me, r);
       return degraded() ? wait_outcome::degraded : wait_outcome::expired;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -66,7 +77,7 @@ result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
       auto rec = recover_blockers(me, r.slot);
       if (!rec) {
         leave();
-        if (r.exclusive && me.exclusive_holds[r.slot] == 0) table.withdraw_grant(r.slot, u);
+        give_up_turn(me, r);
         return std::unexpected(rec.error());
       }
       recovery = std::min(recovery * 2, std::chrono::milliseconds(320));
@@ -146,6 +157,7 @@ result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<con
 result<std::uint64_t> memory_map::do_lock(std::span<const entity> sorted, const io::countdown& cd,
                                           bool spin) noexcept {
   impl& p = *impl_;
+  if (auto j = p.ensure_own_process(); !j) return std::unexpected(j.error());
   if (!p.fallback_ready.load(std::memory_order_acquire) && !p.degraded()) {
     auto on_map = p.lock_on_map(sorted, cd, spin);
     if (!on_map) {

@@ -8,6 +8,39 @@
 
 namespace keel::lock::mm {
 
+std::atomic<hand_on_hook> test_hand_on_hook{nullptr};
+
+namespace {
+
+void reached(hand_on_point p, std::size_t slot, std::uint32_t target) noexcept {
+  if (const hand_on_hook h = test_hand_on_hook.load(std::memory_order_relaxed); h != nullptr) {
+    h(p, slot, target);
+  }
+}
+
+bool is_waiting(const slot_ref& s, std::uint32_t u) noexcept {
+  return (s.waiters(u / 64).load() & (std::uint64_t{1} << (u % 64))) != 0;
+}
+
+// The one reader in `s`, or no_slot when there is none or more than one.
+std::uint32_t sole_reader(const slot_ref& s) noexcept {
+  std::uint32_t found = no_slot;
+  for (std::size_t w = 0; w < bitset_words; ++w) {
+    const std::uint64_t bits = s.readers(w).load();
+    if (bits == 0) continue;
+    if (found != no_slot || (bits & (bits - 1)) != 0) return no_slot;
+    found = static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
+  }
+  return found;
+}
+
+}  // namespace
+
+std::uint32_t slot_ref::writer_user() const noexcept {
+  const std::uint64_t w = writer().load() & ~granted;
+  return w == 0 ? no_slot : static_cast<std::uint32_t>(w - 1);
+}
+
 bool slot_ref::other_readers(std::uint32_t u) const noexcept {
   std::uint64_t any = 0;
   for (std::size_t w = 0; w < bitset_words; ++w)
@@ -84,45 +117,77 @@ std::uint32_t slot_table::next_waiter(const slot_ref& s, std::uint32_t from) noe
 
 void slot_table::hand_on(std::size_t i, std::uint32_t from) const noexcept {
   const slot_ref s = slot(i);
-  if (s.waiter_count().load() == 0) return;
-  if (s.writer().load() != 0) return;    // taken again: its holder hands on
-  if (s.other_readers(no_slot)) return;  // the last reader out hands on
-  const std::uint32_t target = next_waiter(s, from);
-  if (target == no_slot) return;
   const auto slot_index = static_cast<std::uint32_t>(i);
-  if (wants_word(target).load() == (slot_index | wants_exclusive)) {
-    const std::uint64_t since =
-        std::atomic_ref<std::uint64_t>(user(target)->waiting_since_ns).load();
-    if (monotonic_ns() - since < hand_over_after_ns) {
-      // Not waited long: wake it to compete, unless a woken sleeper is on its way already
-      // (one wake-up per round, not one per release).
-      std::uint64_t none = 0;
-      if (s.woken().compare_exchange_strong(none, target + 1)) wake(target);
+  const auto wants_it_exclusive = [&](std::uint32_t u) {
+    return wants_word(u).load() == (slot_index | wants_exclusive);
+  };
+  // A target woken to compete that turned out to have left already: choose again (it may
+  // have left after its own hand_on saw our mark and woke nobody). Bounded: waiters that
+  // keep coming and going are left to their own timers.
+  for (int round = 0; round < 4; ++round) {
+    if (s.waiter_count().load() == 0) return;
+    if (s.writer().load() != 0) return;  // taken (or granted) again: its holder hands on
+    std::uint32_t target = no_slot;
+    if (s.other_readers(no_slot)) {
+      // Readers in: the last one out hands on, unless the one reader left waits for the slot
+      // exclusively itself (an upgrade from shared): then it goes next.
+      const std::uint32_t r = sole_reader(s);
+      if (r == no_slot || r >= max_users || !is_waiting(s, r) || !wants_it_exclusive(r)) return;
+      target = r;
+    } else {
+      target = next_waiter(s, from);
+      if (target == no_slot) return;
+    }
+    if (!wants_it_exclusive(target)) {
+      // Shared sleepers: all woken to take their bits.
+      for (std::size_t w = 0; w < bitset_words; ++w) {
+        std::uint64_t bits = s.waiters(w).load();
+        while (bits != 0) {
+          const auto u = static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
+          bits &= bits - 1;
+          if (!wants_it_exclusive(u)) wake(u);
+        }
+      }
       return;
     }
-    std::uint64_t expected = 0;
-    if (!s.writer().compare_exchange_strong(expected, target + 1)) return;
-    // The target may have given up meanwhile; then its grant is withdrawn by it or here.
-    if ((s.waiters(target / 64).load() & (std::uint64_t{1} << (target % 64))) == 0) {
-      withdraw_grant(i, target);
+    reached(hand_on_point::chose_exclusive_target, i, target);
+    const std::uint64_t since =
+        std::atomic_ref<std::uint64_t>(user(target)->waiting_since_ns).load();
+    if (monotonic_ns() - since >= hand_over_after_ns) {
+      std::uint64_t expected = 0;
+      if (!s.writer().compare_exchange_strong(expected, (target + 1) | granted)) return;
+      reached(hand_on_point::made_grant, i, target);
+      // The target may have given up meanwhile: then the grant is withdrawn, by it or here
+      // (only an uncollected grant matches, never the lock it became).
+      if (!is_waiting(s, target)) {
+        withdraw_grant(i, target);
+        return;
+      }
+      wake(target);
       return;
+    }
+    // Not waited long: wake it to compete, unless a woken sleeper is on its way already
+    // (one wake-up per round, not one per release).
+    std::uint64_t none = 0;
+    if (!s.woken().compare_exchange_strong(none, target + 1)) return;
+    // Set after the target left, the mark would never be cleared, and no release would wake
+    // a sleeper of this slot again: take it back and choose again.
+    if (!is_waiting(s, target)) {
+      std::uint64_t mark = target + 1;
+      s.woken().compare_exchange_strong(mark, 0);
+      from = target;
+      continue;
     }
     wake(target);
     return;
   }
-  for (std::size_t w = 0; w < bitset_words; ++w) {
-    std::uint64_t bits = s.waiters(w).load();
-    while (bits != 0) {
-      const auto u = static_cast<std::uint32_t>(w * 64 + __builtin_ctzll(bits));
-      bits &= bits - 1;
-      if (wants_word(u).load() != (slot_index | wants_exclusive)) wake(u);
-    }
-  }
 }
 
-void slot_table::withdraw_grant(std::size_t i, std::uint32_t u) const noexcept {
-  std::uint64_t granted = u + 1;
-  if (slot(i).writer().compare_exchange_strong(granted, 0)) hand_on(i, u);
+bool slot_table::withdraw_grant(std::size_t i, std::uint32_t u) const noexcept {
+  std::uint64_t grant = (u + 1) | granted;
+  if (!slot(i).writer().compare_exchange_strong(grant, 0)) return false;
+  hand_on(i, u);
+  return true;
 }
 
 void slot_table::clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
@@ -131,8 +196,10 @@ void slot_table::clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
   if ((s.waiters(u / 64).fetch_and(~bit) & bit) != 0) s.waiter_count().fetch_sub(1);
   std::uint64_t was_woken = u + 1;
   s.woken().compare_exchange_strong(was_woken, 0);
-  std::uint64_t w = u + 1;
-  bool freed = s.writer().compare_exchange_strong(w, 0);
+  std::uint64_t held = u + 1;
+  std::uint64_t grant = (u + 1) | granted;
+  bool freed =
+      s.writer().compare_exchange_strong(held, 0) || s.writer().compare_exchange_strong(grant, 0);
   freed |= (s.readers(u / 64).fetch_and(~bit) & bit) != 0;
   if (freed) hand_on(i, u);
 }
@@ -147,8 +214,15 @@ bool slot_table::take(slot_user& me, const slot_request& r) const noexcept {
       return true;
     }
     std::uint64_t expected = 0;
-    // A writer word already naming us is a hand-over from the last holder.
-    if (!s.writer().compare_exchange_strong(expected, u + 1) && expected != u + 1) return false;
+    if (!s.writer().compare_exchange_strong(expected, u + 1)) {
+      // Granted to us by the last holder: collect it (unless it is withdrawn first). A word
+      // naming us already (a hold this thread's counts lost track of) is ours too.
+      if (expected == ((u + 1) | granted)) {
+        if (!s.writer().compare_exchange_strong(expected, u + 1)) return false;
+      } else if (expected != u + 1) {
+        return false;
+      }
+    }
     if (s.other_readers(u)) {
       s.writer().store(0);
       hand_on(r.slot, u);
@@ -204,7 +278,7 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
   bool got = false;
   for (unsigned i = 1;; ++i) {
     const std::uint64_t w = s.writer().load(std::memory_order_relaxed);
-    if ((w == 0 || w == me.index + 1) && take(me, r)) {
+    if ((w == 0 || (w & ~granted) == me.index + 1) && take(me, r)) {
       got = true;
       break;
     }
@@ -224,7 +298,7 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
 bool slot_table::marks_of(std::span<const std::uint32_t> users) const noexcept {
   for (std::size_t i = 0; i < slots; ++i) {
     const slot_ref s = slot(i);
-    const std::uint64_t w = s.writer().load();
+    const std::uint64_t w = s.writer().load() & ~granted;
     for (const std::uint32_t u : users) {
       if (w == u + 1) return true;
       if ((s.readers(u / 64).load() & (std::uint64_t{1} << (u % 64))) != 0) return true;

@@ -11,8 +11,11 @@
 // Waiters sleep on their own futex word (user_entry::wake) after setting their bit in the
 // slot's waiter set and counting themselves in. A releaser that finds waiters hands the slot
 // to the next one after itself in user order (round robin, so every waiter gets its turn):
-// an exclusive waiter gets the writer word set to its index + 1 before it is woken, so a
-// releaser that comes straight back cannot take the slot again in front of it.
+// an exclusive waiter that has slept long is granted the slot (the writer word set to its
+// index + 1 | `granted`) before it is woken, so a releaser that comes straight back cannot
+// take the slot again in front of it. The target collects a grant by clearing `granted`;
+// one nobody will collect (the target gave up) is withdrawn by a compare-and-swap that only
+// matches the uncollected grant, so a grant that became a held lock is never taken back.
 
 #include <array>
 #include <atomic>
@@ -29,6 +32,8 @@ namespace keel::lock::mm {
 
 constexpr std::uint32_t no_slot = 0xffffffffu;
 constexpr std::uint32_t wants_exclusive = 0x80000000u;
+//! In a writer word: handed to that user, not yet collected by it.
+constexpr std::uint64_t granted = std::uint64_t{1} << 32;
 
 //! A sleeper that has waited this long is handed the slot; before, a release only wakes it
 //! and anyone may take the slot first (short holds then run back to back without a
@@ -62,6 +67,8 @@ struct slot_ref {
   }
   //! Whether any reader other than user `u` is in (`no_slot`: any reader).
   [[nodiscard]] bool other_readers(std::uint32_t u) const noexcept;
+  //! The user the writer word names (held or granted), or no_slot when it is free.
+  [[nodiscard]] std::uint32_t writer_user() const noexcept;
 
  private:
   [[nodiscard]] std::atomic_ref<std::uint64_t> word(std::size_t i) const noexcept {
@@ -94,6 +101,15 @@ struct slot_user {
 
 [[nodiscard]] std::uint64_t monotonic_ns() noexcept;
 
+//! Test-only: points inside hand_on where a test makes the target act, to reproduce races
+//! deterministically. Null (the default) costs one relaxed load on the hand-over path.
+enum class hand_on_point : std::uint8_t {
+  chose_exclusive_target,  //!< decided to wake or grant to an exclusive waiter
+  made_grant,              //!< granted the slot, before checking the target still waits
+};
+using hand_on_hook = void (*)(hand_on_point, std::size_t slot, std::uint32_t target);
+extern std::atomic<hand_on_hook> test_hand_on_hook;
+
 //! The protocol over one map's bytes (map_size of them).
 class slot_table {
  public:
@@ -125,12 +141,16 @@ class slot_table {
   //! The first waiter of `s` after user `from` in circular user order, not `from`.
   [[nodiscard]] static std::uint32_t next_waiter(const slot_ref& s, std::uint32_t from) noexcept;
   //! Called by user `from` after it released slot `i` (or backed off from it; seq_cst): if the
-  //! slot is free and someone sleeps on it, hands it to the next waiter. Exclusive waiters get
-  //! the writer word; shared waiters are woken to take their bits.
+  //! slot is free and someone sleeps on it, hands it to the next waiter. Exclusive waiters are
+  //! woken to compete, or granted the writer word after hand_over_after_ns; shared waiters
+  //! are woken to take their bits. A waiter whose own reader bit is the only one (a
+  //! shared-to-exclusive upgrade) counts as free for it.
   void hand_on(std::size_t i, std::uint32_t from) const noexcept;
-  //! Takes back a grant to `u` that nobody will collect, and hands the slot on.
-  void withdraw_grant(std::size_t i, std::uint32_t u) const noexcept;
-  //! Removes every mark user `u` left in slot `i`, and hands the slot on if that freed it.
+  //! Takes back a grant to `u` that nobody will collect, and hands the slot on: whether
+  //! there was one (a grant `u` collected is its lock and is never taken back).
+  bool withdraw_grant(std::size_t i, std::uint32_t u) const noexcept;
+  //! Removes every mark user `u` left in slot `i` (held, granted, reading, waiting, woken),
+  //! and hands the slot on if that freed it.
   void clear_user_in(std::size_t i, std::uint32_t u) const noexcept;
   //! One attempt at slot `r` for `me`; counts the hold on success.
   bool take(slot_user& me, const slot_request& r) const noexcept;

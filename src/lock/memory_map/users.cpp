@@ -100,14 +100,15 @@ result<bool> memory_map::impl::recover_blockers(const mm::thread_user& t,
                                                 std::size_t i) const noexcept {
   const mm::slot_ref s = table.slot(i);
   bool any = false;
-  const std::uint64_t w = s.writer().load();
-  if (w != 0) {
-    auto r = recover_if_dead(t, static_cast<std::uint32_t>(w - 1), i);
+  if (const std::uint32_t w = s.writer_user(); w != mm::no_slot) {
+    auto r = recover_if_dead(t, w, i);
     if (!r) return r;
     any |= *r;
   }
+  // Readers block a writer; dead sleepers keep the sleeper count up (no spinning, wake-ups
+  // sent to nobody) and, if woken to compete, stop every other wake-up.
   for (std::size_t word = 0; word < mm::bitset_words; ++word) {
-    std::uint64_t bits = s.readers(word).load();
+    std::uint64_t bits = s.readers(word).load() | s.waiters(word).load();
     while (bits != 0) {
       const auto b = static_cast<std::uint32_t>(__builtin_ctzll(bits));
       bits &= bits - 1;
@@ -115,6 +116,11 @@ result<bool> memory_map::impl::recover_blockers(const mm::thread_user& t,
       if (!r) return r;
       any |= *r;
     }
+  }
+  if (const std::uint64_t woken = s.woken().load(); woken != 0 && woken <= mm::max_users) {
+    auto r = recover_if_dead(t, static_cast<std::uint32_t>(woken - 1), i);
+    if (!r) return r;
+    any |= *r;
   }
   return any;
 }
