@@ -118,6 +118,7 @@ struct thread_log final : base::thread_state {
 
 struct atomic_append::impl {
   std::string path;
+  detail::file_id id;  // a thread reopens `path`: it must still be this file
   io::filesystem* fs = &io::os();
   io::file_handle file;  // owns the header map's descriptor
   io::mapped_file header_map;
@@ -129,10 +130,9 @@ struct atomic_append::impl {
 
   result<thread_log*> mine() noexcept {
     return threads.get<thread_log>([&]() -> result<std::unique_ptr<thread_log>> {
-      auto a =
-          io::file_handle::open(*fs, path.c_str(), io::open_flags::write | io::open_flags::append);
+      auto a = detail::reopen(*fs, path, io::open_flags::write | io::open_flags::append, id);
       if (!a) return std::unexpected(a.error());
-      auto rw = io::file_handle::open(*fs, path.c_str(), io::open_flags::read_write);
+      auto rw = detail::reopen(*fs, path, io::open_flags::read_write, id);
       if (!rw) return std::unexpected(rw.error());
       auto s = std::make_unique<thread_log>();
       s->append = std::move(*a);
@@ -211,6 +211,7 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
   if (!map) return std::unexpected(map.error());
   auto p = std::make_unique<impl>();
   p->path = path;
+  p->id = *id;
   p->fs = &fs;
   p->file = std::move(*f);
   p->header_map = std::move(*map);

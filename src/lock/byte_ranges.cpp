@@ -17,6 +17,7 @@ result<std::unique_ptr<byte_ranges>> byte_ranges::open(const std::string& path,
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->path = path;
+  p->id = *id;
   p->fs = &fs;
   return std::unique_ptr<byte_ranges>(new byte_ranges(id->dev, id->ino, std::move(p)));
 }

@@ -17,6 +17,7 @@ result<std::unique_ptr<fcntl_ofd>> fcntl_ofd::open(const std::string& path,
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->path = path;
+  p->id = *id;
   p->fs = &fs;
   return std::unique_ptr<fcntl_ofd>(new fcntl_ofd(id->dev, id->ino, std::move(p)));
 }

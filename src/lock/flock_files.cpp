@@ -19,6 +19,7 @@ struct thread_files final : base::thread_state {
 
 struct flock_files::impl {
   std::string dir;
+  detail::file_id dir_id;  // threads open `dir` by name: it must still be this directory
   io::filesystem* fs = &io::os();
   base::per_thread_states threads;
 
@@ -26,6 +27,9 @@ struct flock_files::impl {
     return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
       auto d = io::file_handle::open_directory(*fs, dir.c_str());
       if (!d) return std::unexpected(d.error());
+      if (auto same = detail::check_same_file(*d, dir_id, dir); !same) {
+        return std::unexpected(same.error());
+      }
       auto s = std::make_unique<thread_files>();
       s->dir = std::move(*d);
       return s;
@@ -72,6 +76,7 @@ result<std::unique_ptr<flock_files>> flock_files::open(const std::string& dir,
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->dir = dir;
+  p->dir_id = *id;
   p->fs = &fs;
   return std::unique_ptr<flock_files>(new flock_files(id->dev, id->ino, std::move(p)));
 }

@@ -51,6 +51,10 @@ struct thread_files final : base::thread_state {
 
 struct lock_files::impl {
   std::string dir;
+  // Threads open the directory and the breakers' file by name: they must still be these
+  // (else threads of one instance would lock, or take turns, in different places).
+  detail::file_id dir_id;
+  detail::file_id breaker_id;
   io::filesystem* fs = &io::os();
   base::per_thread_states threads;
 
@@ -58,9 +62,14 @@ struct lock_files::impl {
     return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
       auto d = io::file_handle::open_directory(*fs, dir.c_str());
       if (!d) return std::unexpected(d.error());
-      auto b = io::file_handle::open_at(*d, breaker_name,
-                                        io::open_flags::read_write | io::open_flags::create);
+      if (auto same = detail::check_same_file(*d, dir_id, dir); !same) {
+        return std::unexpected(same.error());
+      }
+      auto b = io::file_handle::open_at(*d, breaker_name, io::open_flags::read_write);
       if (!b) return std::unexpected(b.error());
+      if (auto same = detail::check_same_file(*b, breaker_id, dir + "/" + breaker_name); !same) {
+        return std::unexpected(same.error());
+      }
       auto s = std::make_unique<thread_files>();
       s->dir = std::move(*d);
       s->breaker = std::move(*b);
@@ -80,7 +89,18 @@ result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
   p->dir = dir;
+  p->dir_id = *id;
   p->fs = &fs;
+  auto d = io::file_handle::open_directory(fs, dir.c_str());
+  if (!d) return std::unexpected(d.error());
+  if (auto same = detail::check_same_file(*d, *id, dir); !same)
+    return std::unexpected(same.error());
+  auto b = io::file_handle::open_at(*d, breaker_name,
+                                    io::open_flags::read_write | io::open_flags::create);
+  if (!b) return std::unexpected(b.error());
+  auto bid = detail::identify(*b);
+  if (!bid) return std::unexpected(bid.error());
+  p->breaker_id = *bid;
   return std::unique_ptr<lock_files>(new lock_files(id->dev, id->ino, std::move(p)));
 }
 

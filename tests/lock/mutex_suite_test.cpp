@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -383,6 +384,29 @@ TEST_P(MutexSuite, ThreadsSeeEachOthersLocks) {
   });
   third.join();
   EXPECT_EQ(seen, std::errc::timed_out);
+}
+
+// Review finding (issue 15 #5): threads of one instance opened the lock file by path, so
+// after it was removed and made again (a clean-up script, another user) a new thread locked
+// the new file: a second holder inside one instance. It must fail instead (ESTALE).
+TEST_P(MutexSuite, ThreadsOfOneInstanceNeverLockAReplacedFile) {
+  auto m = open();
+  auto g = m->lock({entity(1)});
+  ASSERT_TRUE(g);
+  std::filesystem::remove_all(lock_path());
+  if (uses_directory(algo())) {
+    std::filesystem::create_directory(lock_path());
+  } else {
+    ASSERT_TRUE(io::file_handle::open(lock_path().c_str(),
+                                      io::open_flags::read_write | io::open_flags::create));
+  }
+  std::thread([&] {
+    auto h = m->try_lock({entity(1)});
+    EXPECT_FALSE(h) << "a second holder in one instance";
+    if (!h && h.error() != std::errc::operation_would_block) {
+      EXPECT_EQ(h.error().code().value(), ESTALE) << h.error().message();
+    }
+  }).join();
 }
 
 TEST_P(MutexSuite, RelockingIsADeadlockNotAWait) {

@@ -107,8 +107,9 @@ class shared_fs_mutex {
   //! CPU) instead of sleeping: lower latency at the price of a busy core.
   //! Errors: timed_out (finite deadline passed), operation_would_block (zero deadline and
   //! something is held), resource_deadlock_would_occur (this thread already holds one of
-  //! them through this lock path), and the I/O error that stopped it (never reported as
-  //! contention).
+  //! them through this lock path), ESTALE (a thread of this instance found the lock path
+  //! removed or replaced since the instance opened it: it never locks another file), and
+  //! the I/O error that stopped it (never reported as contention).
   [[nodiscard]] result<entities_guard> lock(std::span<const entity> set, deadline d = {},
                                             bool spin_not_sleep = false) noexcept;
   [[nodiscard]] result<entities_guard> lock(std::initializer_list<entity> set, deadline d = {},

@@ -1,5 +1,6 @@
 #include "common.hpp"
 
+#include <cerrno>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -7,6 +8,27 @@
 #include "keel/io/byte_lock.hpp"
 
 namespace keel::lock::detail {
+
+result<void> check_same_file(const io::file_handle& f, file_id id,
+                             const std::string& path) noexcept {
+  auto got = identify(f);
+  if (!got) return std::unexpected(got.error());
+  if (got->dev == id.dev && got->ino == id.ino) return {};
+  return std::unexpected(error(std::error_code(ESTALE, std::generic_category())).about(path));
+}
+
+result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::open_flags flags,
+                               file_id id) noexcept {
+  auto f = io::file_handle::open(fs, path.c_str(), flags);
+  if (!f) {
+    if (f.error() == std::errc::no_such_file_or_directory) {
+      return std::unexpected(error(std::error_code(ESTALE, std::generic_category())).about(path));
+    }
+    return std::unexpected(f.error());
+  }
+  if (auto same = check_same_file(*f, id, path); !same) return std::unexpected(same.error());
+  return f;
+}
 
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept {
   auto f =
@@ -26,10 +48,9 @@ result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& d
 }
 
 result<thread_file*> thread_file_of(base::per_thread_states& threads, io::filesystem& fs,
-                                    const std::string& path) noexcept {
+                                    const std::string& path, file_id id) noexcept {
   return threads.get<thread_file>([&]() -> result<std::unique_ptr<thread_file>> {
-    auto f = io::file_handle::open(fs, path.c_str(),
-                                   io::open_flags::read_write | io::open_flags::create);
+    auto f = reopen(fs, path, io::open_flags::read_write, id);
     if (!f) return std::unexpected(f.error());
     auto s = std::make_unique<thread_file>();
     s->file = std::move(*f);

@@ -56,6 +56,16 @@ inline result<file_id> identify(const io::file_handle& f) noexcept {
   return file_id{st->device, st->inode};
 }
 
+//! Whether `f`, opened again by path for a thread of an instance that opened the path as
+//! `id`, is that same file. Else ESTALE about `path`: it was removed or replaced since, and
+//! threads locking different files would not exclude each other.
+result<void> check_same_file(const io::file_handle& f, file_id id,
+                             const std::string& path) noexcept;
+//! `path` opened again (never created) for a thread of an instance that opened it as `id`:
+//! the same file, or ESTALE (see check_same_file).
+result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::open_flags flags,
+                               file_id id) noexcept;
+
 //! The identity of the lock file at `path`, created (mode 0644) if missing.
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept;
 //! The identity of the lock directory `dir`, created (mode 0755) if missing.
@@ -65,16 +75,17 @@ result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& d
 struct thread_file final : base::thread_state {
   io::file_handle file;
 };
-//! This thread's descriptor of `path`, opened read-write on first use.
+//! This thread's descriptor of `path` (the file `id`), opened read-write on first use.
 result<thread_file*> thread_file_of(base::per_thread_states& threads, io::filesystem& fs,
-                                    const std::string& path) noexcept;
+                                    const std::string& path, file_id id) noexcept;
 
 //! A lock file that every thread opens for itself (the state of byte_ranges and fcntl_ofd).
 struct lock_file_per_thread {
   std::string path;
+  file_id id;
   io::filesystem* fs = &io::os();
   base::per_thread_states threads;
-  result<thread_file*> mine() noexcept { return thread_file_of(threads, *fs, path); }
+  result<thread_file*> mine() noexcept { return thread_file_of(threads, *fs, path, id); }
 };
 
 //! Unlocks the byte of every entity of `set` through `file`; the first error, if any.

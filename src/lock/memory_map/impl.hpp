@@ -61,6 +61,7 @@ struct memory_map::impl {
   mm::slot_table table;
   std::string map_path;
   std::string fallback_path;
+  detail::file_id fallback_id;  // threads reopen it by path: it must still be this file
   base::per_thread_states threads;
 
   // The map-in-use marker is dropped only when the degraded flags are set and no slot

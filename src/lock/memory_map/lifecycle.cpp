@@ -6,7 +6,6 @@
 // when closing) removes the map and zeroes the header.
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -183,15 +182,9 @@ result<void> memory_map::impl::rejoin_after_fork() noexcept {
   const base::lock_guard lock(rejoin_mutex);
   const std::uint32_t me = base::self().pid;
   if (creator_pid.load() == me) return {};  // another thread of ours did it
-  auto d = io::file_handle::open(*fs, path.c_str(), io::open_flags::read_write);
+  // Removed and made again since the parent opened it: another lock now (ESTALE).
+  auto d = detail::reopen(*fs, path, io::open_flags::read_write, {dev, ino});
   if (!d) return std::unexpected(d.error());
-  auto id = detail::identify(*d);
-  if (!id) return std::unexpected(id.error());
-  if (id->dev != dev || id->ino != ino) {
-    // Removed and made again since the parent opened it: another lock now.
-    return std::unexpected(
-        error(std::error_code(ESTALE, std::generic_category())).about(d->shared_path()));
-  }
   // The parent's descriptor is closed only after ours holds the markers: until then it keeps
   // the parent's holds (if the parent is gone, this child's copy is their last reference).
   io::file_handle parents = std::move(marker);
@@ -228,9 +221,9 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
   if (opts.fs != nullptr) p->fs = opts.fs;
   io::filesystem& fs = *p->fs;
   p->fallback_path = path + ".fallback";
-  if (auto fb = detail::identify_lock_file(fs, p->fallback_path); !fb) {
-    return std::unexpected(fb.error());
-  }
+  auto fb = detail::identify_lock_file(fs, p->fallback_path);
+  if (!fb) return std::unexpected(fb.error());
+  p->fallback_id = *fb;
   auto mk =
       io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
   if (!mk) return std::unexpected(mk.error());

@@ -33,7 +33,7 @@ thread_user::~thread_user() {
 result<mm::thread_user*> memory_map::impl::mine() noexcept {
   return threads.get<mm::thread_user>([&]() -> result<std::unique_ptr<mm::thread_user>> {
     auto s = std::make_unique<mm::thread_user>();
-    auto lf = io::file_handle::open(*fs, path.c_str(), io::open_flags::read_write);
+    auto lf = detail::reopen(*fs, path, io::open_flags::read_write, {dev, ino});
     if (!lf) return std::unexpected(lf.error());
     s->lock_fd = std::move(*lf);
     return s;
