@@ -1,8 +1,10 @@
 #include "process.hpp"
 
+#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,10 +27,9 @@ std::size_t read_small(io::filesystem& fs, const char* path, std::array<char, N>
   return *n;
 }
 
-std::array<std::uint8_t, 16> read_boot_id() noexcept {
+// 32 hex digits (machine-id and boot_id, with or without dashes) as 16 bytes; zero if short.
+std::array<std::uint8_t, 16> id_of_hex(const char* text, std::size_t n) noexcept {
   std::array<std::uint8_t, 16> id{};
-  std::array<char, 64> text{};
-  const std::size_t n = read_small(io::os(), "/proc/sys/kernel/random/boot_id", text);
   std::size_t k = 0;
   for (std::size_t i = 0; i < n && k < 32; ++i) {
     const char c = text[i];
@@ -39,7 +40,25 @@ std::array<std::uint8_t, 16> read_boot_id() noexcept {
     id[k / 2] = static_cast<std::uint8_t>(id[k / 2] | (k % 2 == 0 ? v << 4 : v));
     ++k;
   }
+  if (k < 32) return {};
   return id;
+}
+
+std::array<std::uint8_t, 16> read_id(const char* path) noexcept {
+  std::array<char, 64> text{};
+  const std::size_t n = read_small(io::os(), path, text);
+  return id_of_hex(text.data(), n);
+}
+
+std::uint32_t read_pid_ns() noexcept {
+  auto st = io::os().stat_at(nullptr, "/proc/self/ns/pid", true);
+  return st ? static_cast<std::uint32_t>(st->inode) : 0;
+}
+
+bool is_zero(const std::array<std::uint8_t, 16>& id) noexcept {
+  for (const std::uint8_t b : id)
+    if (b != 0) return false;
+  return true;
 }
 
 }  // namespace
@@ -64,19 +83,32 @@ const process_identity& self() noexcept {
   static thread_local std::uint64_t generation = ~std::uint64_t{0};
   const std::uint64_t gen = fork_generation();
   if (generation != gen || me.pid == 0) {
-    static const auto boot = read_boot_id();
+    static const auto boot = read_id("/proc/sys/kernel/random/boot_id");
+    static const auto machine = read_id("/etc/machine-id");
     me.pid = static_cast<std::uint32_t>(::getpid());
+    me.pid_ns = read_pid_ns();  // again after fork: the child may be in a new namespace
     me.start_time = start_time_of(::getpid());
     me.boot_id = boot;
+    me.machine_id = machine;
     generation = gen;
   }
   return me;
 }
 
 liveness check(const process_identity& who, io::filesystem& fs) noexcept {
-  if (who.boot_id != self().boot_id) return liveness::unknown;
+  const process_identity& me = self();
+  if (is_zero(who.boot_id) || is_zero(me.boot_id)) return liveness::unknown;
+  if (who.boot_id != me.boot_id) {
+    // Another boot: of this machine, then everything of that boot is gone; of another
+    // machine (a shared network filesystem), nothing can be told from here.
+    const bool same_machine = !is_zero(me.machine_id) && who.machine_id == me.machine_id;
+    return same_machine ? liveness::dead : liveness::unknown;
+  }
+  if (who.pid == 0 || who.pid_ns == 0 || who.pid_ns != me.pid_ns) return liveness::unknown;
+  if (::kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH) return liveness::dead;
+  // It exists (perhaps another user's: EPERM). The same process, or a recycled pid?
   const std::uint64_t started = start_time_of(static_cast<pid_t>(who.pid), fs);
-  if (started == 0) return liveness::dead;  // no such process on this machine now
+  if (started == 0 || who.start_time == 0) return liveness::unknown;
   return started == who.start_time ? liveness::alive : liveness::dead;
 }
 

@@ -1,8 +1,13 @@
 #pragma once
 // Who a process is, in a form another process can check: pid, the process's start time (so a
-// recycled pid is not mistaken for the owner) and the boot id (so a pid from another boot or
-// another machine is never judged from this machine's process table). Shared by every layer
-// that records owners in files or shared memory (lock owners, the store's reader table).
+// recycled pid is not mistaken for the owner), its pid namespace (so a pid is judged only in
+// the namespace it means something in), the boot id and the machine id (so a pid from another
+// boot or another machine is never judged from this machine's process table). Shared by every
+// layer that records owners in files or shared memory (lock owners, the store's readers).
+//
+// Death must be proven, never presumed: anything that cannot be read (/proc hidden or
+// unmounted, EMFILE, another namespace, another machine) makes a process `unknown`, which
+// callers treat as alive.
 
 #include <sys/types.h>
 
@@ -16,8 +21,10 @@ namespace keel::base {
 
 struct process_identity {
   std::uint32_t pid = 0;
-  std::uint64_t start_time = 0;  // clock ticks since boot (/proc/PID/stat field 22)
-  std::array<std::uint8_t, 16> boot_id{};
+  std::uint32_t pid_ns = 0;      // inode of /proc/self/ns/pid (0: unknown)
+  std::uint64_t start_time = 0;  // clock ticks since boot (/proc/PID/stat field 22; 0: unknown)
+  std::array<std::uint8_t, 16> boot_id{};     // all zero: unknown
+  std::array<std::uint8_t, 16> machine_id{};  // /etc/machine-id; all zero: unknown
 };
 
 //! This process (refreshed after fork).
@@ -25,11 +32,13 @@ const process_identity& self() noexcept;
 
 enum class liveness { alive, dead, unknown };
 
-//! Whether the process `who` still runs, read from /proc through `fs`. `unknown` when it is
-//! not of this boot (another machine, or this one before a reboot: callers decide).
+//! Whether the process `who` still runs. `dead` only with a proof: this machine (machine id)
+//! booted since `who` started (boot id), or, in this boot and pid namespace, no process has
+//! its pid (kill(pid, 0) fails with ESRCH) or the one that has it started at another time.
+//! Anything else it cannot tell is `unknown` (treat as alive). /proc is read through `fs`.
 liveness check(const process_identity& who, io::filesystem& fs = io::os()) noexcept;
 
-//! The start time of `pid`, or 0 if it does not exist (or cannot be read).
+//! The start time of `pid`, or 0 if it does not exist or cannot be read.
 std::uint64_t start_time_of(pid_t pid, io::filesystem& fs = io::os()) noexcept;
 
 //! A fast random generator for this thread, seeded from the OS.

@@ -320,6 +320,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     r.index = static_cast<std::uint16_t>(k);
     r.count = static_cast<std::uint16_t>(n_records);
     r.pid = me.pid;
+    r.pid_ns = me.pid_ns;
     r.start_time = me.start_time;
     r.time_ns = now_ns;
     std::memcpy(r.boot_id, me.boot_id.data(), sizeof r.boot_id);

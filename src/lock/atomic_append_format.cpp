@@ -32,6 +32,7 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
   if (released != 0 && released != released_mark) return keel_error(errc::corrupt);
   c.released = released == released_mark;
   c.owner.pid = first.pid;
+  c.owner.pid_ns = first.pid_ns;
   c.owner.start_time = first.start_time;
   std::memcpy(c.owner.boot_id.data(), first.boot_id, sizeof first.boot_id);
   for (std::size_t k = 0; k < first.count; ++k) {

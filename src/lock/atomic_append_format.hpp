@@ -35,14 +35,14 @@ struct record {
   std::uint64_t checksum;  // XXH3 of the record with checksum and released zeroed
   std::uint32_t released;  // released_mark, set by the owner on unlock (or by anyone who finds
                            // it dead); 0 while held
-  std::uint32_t reserved;
+  std::uint32_t pid_ns;    // the owner's pid namespace (0: unknown)
   std::uint64_t entities[atomic_append::entities_per_record];  // value | exclusive << 63
 };
 static_assert(sizeof(record) == 256);
 constexpr off_t record_size = sizeof(record);
 constexpr off_t released_at = offsetof(record, released);
 constexpr base::format log_format{
-    "KEELAALG", 2,
+    "KEELAALG", 3,
     base::layout_of({header_size, record_size, first_live_at, atomic_append::entities_per_record})};
 
 //! XXH3 of `r` with its checksum and released flag zeroed.

@@ -16,15 +16,16 @@ namespace {
 
 // The owner record every lock file holds (doc/lock-formats.md).
 struct owner_record {
-  char magic[8];  // "KEELLF01"
+  char magic[8];  // "KEELLF02"
   std::uint32_t pid;
-  std::uint32_t reserved;
+  std::uint32_t pid_ns;
   std::uint64_t start_time;
   std::uint8_t boot_id[16];
-  char host[64];
+  std::uint8_t machine_id[16];
+  char host[48];  // for people reading the file: never used to judge
 };
 static_assert(sizeof(owner_record) == 104);
-constexpr char record_magic[8] = {'K', 'E', 'E', 'L', 'L', 'F', '0', '1'};
+constexpr char record_magic[8] = {'K', 'E', 'E', 'L', 'L', 'F', '0', '2'};
 constexpr const char* breaker_name = ".keel-break";
 
 owner_record my_record() noexcept {
@@ -32,8 +33,10 @@ owner_record my_record() noexcept {
   std::memcpy(r.magic, record_magic, sizeof r.magic);
   const auto& me = base::self();
   r.pid = me.pid;
+  r.pid_ns = me.pid_ns;
   r.start_time = me.start_time;
   std::memcpy(r.boot_id, me.boot_id.data(), sizeof r.boot_id);
+  std::memcpy(r.machine_id, me.machine_id.data(), sizeof r.machine_id);
   ::gethostname(r.host, sizeof r.host - 1);
   return r;
 }
@@ -141,16 +144,25 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name) noexcep
   }
   base::process_identity who;
   who.pid = rec.pid;
+  who.pid_ns = rec.pid_ns;
   who.start_time = rec.start_time;
   std::memcpy(who.boot_id.data(), rec.boot_id, sizeof rec.boot_id);
-  const auto state = base::check(who, t.dir.fs());
-  if (state != base::liveness::dead) {
-    // Not of this boot: if the record names this host, it was left by a previous boot.
-    char host[64] = {};
-    ::gethostname(host, sizeof host - 1);
-    const bool this_host = std::strncmp(host, rec.host, sizeof host) == 0;
-    if (state == base::liveness::alive || !this_host) return false;
+  std::memcpy(who.machine_id.data(), rec.machine_id, sizeof rec.machine_id);
+  // Only a proven death breaks a lock: an owner we cannot judge (another machine, another
+  // pid namespace, /proc unreadable) is alive.
+  if (base::check(who, t.dir.fs()) != base::liveness::dead) return false;
+  detail::reached("lock_files.judged_stale");
+  // Remove only the file judged: the name may have been made again since (by a breaker that
+  // did not take turns with us, or an owner judged dead wrongly). Between this look and the
+  // unlink nobody else removes the dead owner's name, so the file looked at is the one removed.
+  auto judged = f->status();
+  if (!judged) return std::unexpected(judged.error());
+  auto there = t.dir.fs().stat_at(&t.dir, name, false);
+  if (!there) {
+    if (there.error() == std::errc::no_such_file_or_directory) return true;
+    return std::unexpected(there.error());
   }
+  if (!there->same_file(*judged)) return false;
   if (auto u = io::unlink_at(t.dir, name);
       !u && u.error() != std::errc::no_such_file_or_directory) {
     return std::unexpected(u.error());

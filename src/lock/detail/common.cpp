@@ -9,6 +9,8 @@
 
 namespace keel::lock::detail {
 
+std::atomic<test_hook_fn> test_hook{nullptr};
+
 result<void> check_same_file(const io::file_handle& f, file_id id,
                              const std::string& path) noexcept {
   auto got = identify(f);

@@ -2,10 +2,12 @@
 // Small pieces every algorithm uses.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "base/per_thread.hpp"
 #include "base/process.hpp"
@@ -14,6 +16,14 @@
 #include "keel/lock/shared_fs_mutex.hpp"
 
 namespace keel::lock::detail {
+
+//! Test-only: called at named points where a race can happen, so a test can make the other
+//! side act there deterministically. Null by default: one relaxed load, off the fast path.
+using test_hook_fn = void (*)(std::string_view point);
+extern std::atomic<test_hook_fn> test_hook;
+inline void reached(std::string_view point) noexcept {
+  if (const test_hook_fn h = test_hook.load(std::memory_order_relaxed); h != nullptr) h(point);
+}
 
 //! The rest of a countdown as a deadline for a nested wait.
 inline io::deadline rest_of(const io::countdown& cd) noexcept {

@@ -1,0 +1,97 @@
+// What only lock_files has: owner records, and breaking the files of dead owners.
+
+#include "keel/lock/lock_files.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "base/process.hpp"
+#include "lock/detail/common.hpp"
+#include "support/process.hpp"
+
+namespace keel::lock {
+namespace {
+
+using test::fork_child;
+using test::temp_dir;
+using test::wait_exit;
+
+// A lock directory with entity 5's file left by a holder that died (its guard never ran).
+struct dead_holder {
+  temp_dir dir;
+  std::string path = dir.file("locks");
+  std::string name = path + "/0000000000000005";
+  dead_holder() {
+    const pid_t child = fork_child([&] {
+      auto m = lock_files::open(path);
+      if (!m) return 2;
+      auto g = (*m)->lock({entity(5)});
+      if (!g) return 3;
+      ::_exit(0);  // no unlock: the file stays, its owner gone
+    });
+    if (wait_exit(child) != 0) std::abort();
+  }
+};
+
+std::string content_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(LockFiles, ADeadHoldersFileIsBroken) {
+  dead_holder d;
+  auto m = lock_files::open(d.path);
+  ASSERT_TRUE(m);
+  EXPECT_TRUE((*m)->try_lock({entity(5)}));
+}
+
+// Review finding (issue 15 #3): the breaker read the owner record, judged the owner dead,
+// and removed the name, which by then could be another holder's freshly linked file.
+std::string replaced_name;
+void replace_the_name(std::string_view point) {
+  if (point != "lock_files.judged_stale") return;
+  std::filesystem::remove(replaced_name);
+  std::ofstream(replaced_name) << "a live holder's file";
+}
+
+TEST(LockFiles, ABreakerNeverRemovesAFileMadeAfterItsJudgement) {
+  dead_holder d;
+  auto m = lock_files::open(d.path);
+  ASSERT_TRUE(m);
+  replaced_name = d.name;
+  detail::test_hook.store(&replace_the_name);
+  auto g = (*m)->try_lock({entity(5)});
+  detail::test_hook.store(nullptr);
+  EXPECT_FALSE(g) << "locked beside the holder whose file the breaker removed";
+  EXPECT_EQ(content_of(d.name), "a live holder's file");
+}
+
+// Review finding (issue 15 #4): an owner whose liveness cannot be read (here: a record from
+// another pid namespace, as a container's process would leave) was judged dead.
+TEST(LockFiles, AnOwnerThatCannotBeJudgedIsAlive) {
+  temp_dir dir;
+  const std::string path = dir.file("locks");
+  {
+    auto m = lock_files::open(path);
+    ASSERT_TRUE(m);
+  }
+  // Entity 6's file, written as a process of another namespace: its pid means nothing here.
+  std::string rec(104, '\0');
+  std::memcpy(rec.data(), "KEELLF02", 8);
+  const std::uint32_t pid = 999999, ns = base::self().pid_ns + 1;
+  std::memcpy(rec.data() + 8, &pid, 4);
+  std::memcpy(rec.data() + 12, &ns, 4);
+  std::memcpy(rec.data() + 24, base::self().boot_id.data(), 16);
+  std::memcpy(rec.data() + 40, base::self().machine_id.data(), 16);
+  std::ofstream(path + "/0000000000000006", std::ios::binary) << rec;
+  auto m = lock_files::open(path);
+  ASSERT_TRUE(m);
+  EXPECT_FALSE((*m)->try_lock({entity(6)})) << "an owner in another namespace judged dead";
+}
+
+}  // namespace
+}  // namespace keel::lock
