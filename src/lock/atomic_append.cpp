@@ -108,9 +108,15 @@ struct thread_log final : base::thread_state {
   // thread knows better: it skips them, and marks them again when it meets them. It never
   // probes them through its own descriptor (that would convert or drop its own lock).
   std::vector<off_t> stuck;
+  // The chunks this thread holds. Their byte is locked through `rw`, so a probe through `rw`
+  // would succeed, convert the lock to shared and, unlocking, drop it: never probe them.
+  std::vector<off_t> held;
 
   [[nodiscard]] bool is_stuck(off_t chunk) const noexcept {
     return std::find(stuck.begin(), stuck.end(), chunk) != stuck.end();
+  }
+  [[nodiscard]] bool is_mine(off_t chunk) const noexcept {
+    return is_stuck(chunk) || std::find(held.begin(), held.end(), chunk) != held.end();
   }
 };
 
@@ -293,8 +299,22 @@ result<off_t> scan(const io::file_handle& rw, live_hint first_live, off_t from, 
   return at;
 }
 
-bool owner_is_dead(const base::process_identity& who, io::filesystem& fs) noexcept {
-  return base::check(who, fs) == base::liveness::dead;
+// Whether the chunk at `offset` (another thread's), found unlocked while its flag says held,
+// is abandoned (its owner died) rather than between its append and its lock. Appenders hold
+// the header lock shared across both steps, so under the header lock held exclusively, a
+// chunk still unlocked has no owner that will ever lock it: a proof that needs no /proc.
+result<bool> is_abandoned(const thread_log& t, off_t offset) noexcept {
+  auto h = io::try_lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::exclusive);
+  if (!h) {
+    if (detail::is_contention(h.error())) return false;  // appenders at work: later
+    return std::unexpected(h.error());
+  }
+  auto probe = io::try_lock_extent(t.rw, offset, 1, io::lock_kind::shared);
+  if (!probe) {
+    if (detail::is_contention(probe.error())) return false;  // locked: its owner lives
+    return std::unexpected(probe.error());
+  }
+  return true;
 }
 
 }  // namespace
@@ -352,6 +372,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
           error(std::make_error_code(std::errc::no_space_on_device))
               .about(t.append.shared_path(), static_cast<std::uint64_t>(mine_at)));
     }
+    detail::reached("atomic_append.appended");
     // A waiter may hold our record's byte shared for an instant while it finds the record
     // not yet locked: retry until ours.
     for (;;) {
@@ -404,19 +425,22 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                return true;
              }
              if (!released && conflicts(c.entities, sorted)) {
+               // A try (zero deadline) looks once too: a caller that only polls must see a
+               // dead holder's chunk for what it is.
                for (;;) {
-                 if (cd.is_zero() || (!cd.is_infinite() && cd.expired())) {
+                 if (!cd.is_zero() && !cd.is_infinite() && cd.expired()) {
                    failure = detail::contention_error(cd).error();
                    return false;
                  }
-                 const io::deadline d = spin ? io::deadline::zero() : detail::rest_of(cd);
+                 const io::deadline d =
+                     spin || cd.is_zero() ? io::deadline::zero() : detail::rest_of(cd);
                  auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
                  if (!g) {
                    if (!detail::is_contention(g.error())) {
                      failure = g.error();
                      return false;
                    }
-                   if (!spin || cd.expired()) {
+                   if (!spin || cd.is_zero() || cd.expired()) {
                      failure = detail::contention_error(cd).error();
                      return false;
                    }
@@ -437,19 +461,28 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                    failure = corrupt_at(t.rw, c.offset + released_at).error();
                    return false;
                  }
-                 if (owner_is_dead(c.owner, *impl_->fs)) {
+                 auto gone = is_abandoned(t, c.offset);
+                 if (!gone) {
+                   failure = gone.error();
+                   return false;
+                 }
+                 if (*gone) {
                    (void)mark_released(t.rw, c.offset);  // spare the next reader the check
                    break;
+                 }
+                 if (cd.is_zero()) {  // its owner is between append and lock: held
+                   failure = detail::contention_error(cd).error();
+                   return false;
                  }
                  std::this_thread::yield();
                }
                released = true;
              } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns &&
-                        !t.is_stuck(c.offset)) {
+                        !t.is_mine(c.offset)) {
                // An old live record holds back the hint: if its owner died, it is released. (Only
-               // old ones are checked: reading /proc for every live record would cost too much.)
-               auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-               if (probe && owner_is_dead(c.owner, *impl_->fs)) {
+               // old ones are checked: a look for every live record would cost too much.)
+               auto gone = is_abandoned(t, c.offset);
+               if (gone && *gone) {
                  (void)mark_released(t.rw, c.offset);
                  released = true;
                }
@@ -479,6 +512,11 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
       break;
     }
   }
+  try {
+    t.held.push_back(mine_at);
+  } catch (const std::bad_alloc&) {
+    return withdraw(error(std::make_error_code(std::errc::not_enough_memory)));
+  }
   return static_cast<std::uint64_t>(mine_at);
 }
 
@@ -487,6 +525,7 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   if (!state) return std::unexpected(state.error());
   thread_log& t = **state;
   const auto at = static_cast<off_t>(token);
+  std::erase(t.held, at);
   // Released first, then the lock: a waiter woken by the unlock already sees the flag. If
   // the flag cannot be written, the lock stays held (a free lock on a record that says held,
   // with its owner alive, is a state nobody could tell from an owner about to lock it).
@@ -511,12 +550,14 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   auto scanned =
       scan(t.rw, impl_->first_live(), from, *size, [&](const chunk_view& c) -> result<bool> {
         if (c.released) return true;
-        if (t.is_stuck(c.offset)) {
+        if (t.is_mine(c.offset)) {
           all_released = false;
           return false;
         }
+        // Under the exclusive header lock no append is in flight: an unlocked chunk whose
+        // flag says held was abandoned by a dead owner.
         auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-        if (probe && owner_is_dead(c.owner, *impl_->fs)) return true;
+        if (probe) return true;
         all_released = false;
         return false;
       });

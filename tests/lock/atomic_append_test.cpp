@@ -9,13 +9,16 @@
 #include <thread>
 #include <vector>
 
+#include "keel/io/fault_filesystem.hpp"
 #include "keel/io/file_handle.hpp"
+#include "lock/detail/common.hpp"
 #include "support/process.hpp"
 
 namespace keel::lock {
 namespace {
 
 using namespace std::chrono_literals;
+using test::signal_pipe;
 using test::temp_dir;
 
 TEST(AtomicAppend, LogIsResetWhenEverythingIsReleased) {
@@ -186,6 +189,70 @@ TEST(AtomicAppend, AFlippedBitInTheHintNeverSkipsALiveRecord) {
     EXPECT_EQ(seen, std::errc::timed_out) << "bit " << bit << ": the holder was skipped";
     ASSERT_TRUE(f->write_at(64, std::as_bytes(std::span(&good, 1))));
   }
+}
+
+// Review finding (issue 15 #6, the probe): the look for dead owners of old records
+// try-locked every old record through the thread's own descriptor, its own too, which
+// converted the thread's own lock to shared and then dropped it: the entity stayed held to
+// its owner but its lock was gone. A dead owner is now proven by a free record lock under
+// the exclusive header lock, so a dropped lock would let a second holder in: the thread's
+// own records are never probed.
+TEST(AtomicAppend, AThreadsLookForDeadOwnersNeverDropsItsOwnLock) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto a = (*m)->lock({entity(1)});
+  ASSERT_TRUE(a);
+  std::this_thread::sleep_for(1100ms);  // its record is old now: the look includes it
+  auto b = (*m)->lock({entity(2)});     // scans past it
+  ASSERT_TRUE(b);
+  auto other = atomic_append::open(path);
+  ASSERT_TRUE(other);
+  std::thread([&] {
+    EXPECT_FALSE((*other)->try_lock({entity(1)})) << "a second holder of entity 1";
+    EXPECT_FALSE((*other)->lock({entity(1)}, 300ms));
+  }).join();
+}
+
+// Review finding (issue 15 #4, atomic_append): a chunk found unlocked with its flag saying
+// held was judged from /proc: an owner whose /proc entry could not be read (EMFILE, hidepid,
+// another pid namespace) was taken for dead, though it was only between its append and its
+// lock, and a second holder got in. Here the owner pauses at that point (a test hook) and
+// the waiter cannot read /proc at all.
+signal_pipe* appended = nullptr;
+void pause_after_append(std::string_view point) {
+  if (point != "atomic_append.appended") return;
+  appended->notify();
+  std::this_thread::sleep_for(1s);
+}
+
+TEST(AtomicAppend, AnOwnerBetweenAppendAndLockIsNotTakenForDead) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  io::fault_filesystem no_proc;
+  io::fault_filesystem::fault f;
+  f.repeat = io::fault_filesystem::fault::repeat::forever;
+  f.error = EMFILE;
+  f.path_contains = "/proc/";
+  no_proc.inject(f);
+  auto waiter = atomic_append::open(path, no_proc);
+  ASSERT_TRUE(waiter);
+  signal_pipe about, may_leave;
+  const pid_t owner = test::fork_child([&] {
+    appended = &about;
+    detail::test_hook.store(&pause_after_append);
+    auto mine = atomic_append::open(path);
+    if (!mine) return 2;
+    auto g = (*mine)->lock({entity(1)});
+    if (!g) return 3;
+    return may_leave.ready_within(10s) ? 0 : 4;
+  });
+  ASSERT_TRUE(about.ready_within(10s));
+  auto g = (*waiter)->lock({entity(1)}, 300ms);
+  EXPECT_FALSE(g) << "locked beside an owner about to take its lock";
+  may_leave.notify();
+  EXPECT_EQ(test::wait_exit(owner), 0);
 }
 
 TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {

@@ -283,6 +283,33 @@ TEST_P(MutexSuite, KilledHolderReleases) {
 
 // Processes that open and close the lock in a loop while others hold it: catches a
 // first-user/last-user protocol that resets a lock in use.
+// Review finding (issue 15 #8): try_lock never looked for a dead holder (atomic_append and
+// memory_map answered would-block first), so a caller that only polls waited forever after
+// a crash.
+TEST_P(MutexSuite, PollingWithTryLockRecoversFromAKilledHolder) {
+  auto m = open();
+  signal_pipe holding;
+  const pid_t holder = fork_child([&] {
+    auto mine = open();
+    auto g = mine->lock({entity(1)});
+    if (!g) return 2;
+    holding.notify();
+    for (;;)
+      ::pause();
+  });
+  ASSERT_EQ(holding.wait(), '!');
+  ASSERT_FALSE(m->try_lock({entity(1)}));
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  const auto t0 = clock_type::now();
+  bool got = false;
+  while (!got && clock_type::now() - t0 < 10s) {
+    got = static_cast<bool>(m->try_lock({entity(1)}));
+    if (!got) std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(got) << "polling never recovered the dead holder's entity";
+}
+
 TEST_P(MutexSuite, OpenCloseChurnKeepsExclusion) {
   constexpr int churners = 8;
   constexpr int rounds = 40;

@@ -23,7 +23,9 @@ namespace keel::lock {
 //!   conflicting requests, so nobody starves. No deadlock: everyone waits only on earlier
 //!   records.
 //! - **Crash**: a record whose owner died is released with it: its record lock is gone, and
-//!   the owner (pid and start time) is checked dead on this machine, so waiters go on at once.
+//!   a waiter that finds it so while holding the header lock exclusively (appenders hold it
+//!   shared from their append until they lock their record) knows the owner will never
+//!   lock it: a proof that needs no /proc, so waiters go on at once, and `try_lock` too.
 //! - **Log reset**: the log is truncated back to its header by whoever finds every record
 //!   released (and can take the header lock exclusively, which appenders hold shared while
 //!   they append): the file stays small, and a hint in the header skips released records.

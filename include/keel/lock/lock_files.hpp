@@ -22,10 +22,13 @@ namespace keel::lock {
 //!   rest are reshuffled, and the thread sleeps with an exponential backoff (up to 2 ms; it
 //!   only spins if asked). No deadlock in any order; no fairness at all.
 //! - **Crash**: the files of a dead holder stay. A waiter that finds a file whose owner
-//!   (pid, process start time, boot id, host name) is provably dead on this machine removes
-//!   it, under a byte-range lock that serialises breakers, so a live owner's lock is never
-//!   broken. It checks at most every `stale_check_interval` (10 ms by default). An owner on
-//!   another machine is never judged dead: its files stay until removed by hand.
+//!   (pid, pid namespace, process start time, boot id, machine id) is provably dead removes
+//!   it, under a byte-range lock that serialises breakers, and only if the name is still the
+//!   file it judged, so a live owner's lock is never broken. Proof: in this boot and pid
+//!   namespace, no process has the pid (or the one that has it started at another time); or
+//!   this machine rebooted since. It checks at most every `stale_check_interval` (10 ms by
+//!   default). An owner that cannot be judged (another machine, another pid namespace, /proc
+//!   unreadable) is alive: its files stay until removed by hand.
 //! - **Network filesystems**: safe where link(2) is atomic (NFSv3+); crash recovery then only
 //!   covers owners of this machine. All users must share a pid namespace.
 class lock_files final : public shared_fs_mutex {

@@ -38,6 +38,9 @@ struct thread_user final : base::thread_state, slot_user {
   bool registered = false;
   user_entry* entry = nullptr;  // in the map, which outlives this state
   std::uint32_t pid = 0;
+  // When a try (zero deadline) last looked for dead holders: a caller that only polls
+  // recovers from a crash too, at most every 10 ms of its polling.
+  std::chrono::steady_clock::time_point last_try_recovery{};
 
   thread_user() = default;
   thread_user(const thread_user&) = delete;

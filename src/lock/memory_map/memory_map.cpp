@@ -120,7 +120,18 @@ result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<con
       table.give(me, want[j]);
     have_first = false;
     if (degraded()) break;  // go and join the others on the fallback
-    if (cd.is_zero()) return errc_error(std::errc::operation_would_block);
+    if (cd.is_zero()) {
+      // A try looks for dead holders too (now and then), or a caller that only polls would
+      // wait forever after a crash.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - me.last_try_recovery >= std::chrono::milliseconds(10)) {
+        me.last_try_recovery = now;
+        auto rec = recover_blockers(me, want[k].slot);
+        if (!rec) return std::unexpected(rec.error());
+        if (*rec) continue;
+      }
+      return errc_error(std::errc::operation_would_block);
+    }
     // The contended slot first next time, the rest reshuffled.
     std::swap(want[0], want[k]);
     if (want.size() > 2) std::shuffle(want.begin() + 1, want.end(), base::thread_rng());
