@@ -155,8 +155,7 @@ atomic_append::~atomic_append() = default;
 
 result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& path,
                                                            io::filesystem& fs) noexcept {
-  auto f =
-      io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
+  auto f = io::file_handle::open(fs, path.c_str(), detail::lock_file_flags);
   if (!f) return std::unexpected(f.error());
   auto id = detail::identify(*f);
   if (!id) return std::unexpected(id.error());

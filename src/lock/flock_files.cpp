@@ -25,7 +25,7 @@ struct flock_files::impl {
 
   result<thread_files*> mine() noexcept {
     return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
-      auto d = io::file_handle::open_directory(*fs, dir.c_str());
+      auto d = detail::open_lock_directory(*fs, dir);
       if (!d) return std::unexpected(d.error());
       if (auto same = detail::check_same_file(*d, dir_id, dir); !same) {
         return std::unexpected(same.error());
@@ -45,8 +45,7 @@ result<int> file_of(thread_files& t, entity e) noexcept {
   if (it != t.files.end()) return it->second.fd();
   char name[17];
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
-  auto f =
-      io::file_handle::open_at(t.dir, name, io::open_flags::read_write | io::open_flags::create);
+  auto f = io::file_handle::open_at(t.dir, name, detail::lock_file_flags);
   if (!f) return std::unexpected(f.error());
   const int fd = f->fd();
   t.files.emplace(value, std::move(*f));

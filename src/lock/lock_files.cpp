@@ -63,7 +63,7 @@ struct lock_files::impl {
 
   result<thread_files*> mine() noexcept {
     return threads.get<thread_files>([&]() -> result<std::unique_ptr<thread_files>> {
-      auto d = io::file_handle::open_directory(*fs, dir.c_str());
+      auto d = detail::open_lock_directory(*fs, dir);
       if (!d) return std::unexpected(d.error());
       if (auto same = detail::check_same_file(*d, dir_id, dir); !same) {
         return std::unexpected(same.error());
@@ -94,12 +94,11 @@ result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
   p->dir = dir;
   p->dir_id = *id;
   p->fs = &fs;
-  auto d = io::file_handle::open_directory(fs, dir.c_str());
+  auto d = detail::open_lock_directory(fs, dir);
   if (!d) return std::unexpected(d.error());
   if (auto same = detail::check_same_file(*d, *id, dir); !same)
     return std::unexpected(same.error());
-  auto b = io::file_handle::open_at(*d, breaker_name,
-                                    io::open_flags::read_write | io::open_flags::create);
+  auto b = io::file_handle::open_at(*d, breaker_name, detail::lock_file_flags);
   if (!b) return std::unexpected(b.error());
   auto bid = detail::identify(*b);
   if (!bid) return std::unexpected(bid.error());

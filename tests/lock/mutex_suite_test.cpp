@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -436,6 +438,28 @@ TEST_P(MutexSuite, ThreadsOfOneInstanceNeverLockAReplacedFile) {
   }).join();
 }
 
+// Review finding (issue 15 #12): lock files were opened through symlinks, so a link planted
+// at a lock path made keel lock, and memory_map and atomic_append write a header into, the
+// file it pointed to. Opening must refuse it and leave the target alone.
+TEST_P(MutexSuite, ASymlinkAtTheLockPathIsRefused) {
+  const std::string target = dir_.file("victim");
+  if (uses_directory(algo())) {
+    std::filesystem::create_directory(target);
+  } else {
+    ASSERT_TRUE(
+        io::file_handle::open(target.c_str(), io::open_flags::read_write | io::open_flags::create));
+  }
+  std::filesystem::create_symlink(target, lock_path());
+  auto m = open_mutex(algo(), lock_path());
+  EXPECT_FALSE(m) << "opened through a symlink";
+  if (uses_directory(algo())) {
+    EXPECT_TRUE(std::filesystem::is_empty(target)) << "files made in the link's target";
+  } else {
+    EXPECT_EQ(std::filesystem::file_size(target), 0u) << "the link's target was written";
+  }
+  std::filesystem::remove(lock_path());
+}
+
 TEST_P(MutexSuite, RelockingIsADeadlockNotAWait) {
   auto m = open();
   auto g = m->lock({entity(30), entity(31)});
@@ -526,6 +550,22 @@ TEST(Algorithms, UnknownNameIsAnError) {
   ASSERT_FALSE(m);
   EXPECT_EQ(m.error(), std::errc::invalid_argument);
   EXPECT_FALSE(open_mutex("byte_ranges", dir.file("missing/dir/lock")));
+}
+
+// Review finding (issue 15 #12): a lock directory someone else made was used as it was,
+// though its owner can plant and replace entries in it at will.
+TEST(LockDirectories, ALockDirectoryOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory to another user";
+  for (const std::string_view algo : {"lock_files", "flock"}) {
+    ASSERT_TRUE(uses_directory(algo));
+    temp_dir dir;
+    const std::string path = dir.file("locks");
+    std::filesystem::create_directory(path);
+    ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+    auto m = open_mutex(algo, path);
+    ASSERT_FALSE(m) << algo << " used a directory another user owns";
+    EXPECT_EQ(m.error().code(), std::errc::operation_not_permitted) << m.error().message();
+  }
 }
 
 }  // namespace

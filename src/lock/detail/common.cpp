@@ -1,5 +1,7 @@
 #include "common.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <numeric>
 #include <thread>
@@ -21,7 +23,7 @@ result<void> check_same_file(const io::file_handle& f, file_id id,
 
 result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::open_flags flags,
                                file_id id) noexcept {
-  auto f = io::file_handle::open(fs, path.c_str(), flags);
+  auto f = io::file_handle::open(fs, path.c_str(), flags | io::open_flags::no_follow);
   if (!f) {
     if (f.error() == std::errc::no_such_file_or_directory) {
       return std::unexpected(error(std::error_code(ESTALE, std::generic_category())).about(path));
@@ -33,10 +35,22 @@ result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::
 }
 
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept {
-  auto f =
-      io::file_handle::open(fs, path.c_str(), io::open_flags::read_write | io::open_flags::create);
+  auto f = io::file_handle::open(fs, path.c_str(), lock_file_flags);
   if (!f) return std::unexpected(f.error());
   return identify(*f);
+}
+
+result<io::file_handle> open_lock_directory(io::filesystem& fs, const std::string& dir) noexcept {
+  auto d = fs.open(nullptr, dir.c_str(),
+                   io::open_flags::read | io::open_flags::directory | io::open_flags::no_follow, 0);
+  if (!d) return std::unexpected(d.error().about(dir));
+  auto st = d->status();
+  if (!st) return std::unexpected(st.error());
+  if (st->owner != ::geteuid() && st->owner != 0) {
+    return std::unexpected(
+        error(std::make_error_code(std::errc::operation_not_permitted)).about(dir));
+  }
+  return d;
 }
 
 result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& dir) noexcept {
@@ -44,7 +58,7 @@ result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& d
       !m && m.error() != std::errc::file_exists) {
     return std::unexpected(m.error().about(dir));
   }
-  auto d = io::file_handle::open_directory(fs, dir.c_str());
+  auto d = open_lock_directory(fs, dir);
   if (!d) return std::unexpected(d.error());
   return identify(*d);
 }

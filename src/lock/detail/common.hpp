@@ -66,6 +66,11 @@ inline result<file_id> identify(const io::file_handle& f) noexcept {
   return file_id{st->device, st->inode};
 }
 
+//! How lock files are opened: made if missing, and never through a symlink (ELOOP): a link
+//! planted at a lock path must not make keel lock, or write to, a file it points to.
+constexpr io::open_flags lock_file_flags =
+    io::open_flags::read_write | io::open_flags::create | io::open_flags::no_follow;
+
 //! Whether `f`, opened again by path for a thread of an instance that opened the path as
 //! `id`, is that same file. Else ESTALE about `path`: it was removed or replaced since, and
 //! threads locking different files would not exclude each other.
@@ -78,7 +83,12 @@ result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::
 
 //! The identity of the lock file at `path`, created (mode 0644) if missing.
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept;
-//! The identity of the lock directory `dir`, created (mode 0755) if missing.
+//! The lock directory `dir` opened, never through a symlink (ELOOP), and only if it is the
+//! caller's or root's: a directory another user made (at a path like /tmp/x) is theirs to
+//! plant and replace entries in, so it is refused (EPERM, naming it).
+result<io::file_handle> open_lock_directory(io::filesystem& fs, const std::string& dir) noexcept;
+//! The identity of the lock directory `dir`, created (mode 0755) if missing, checked as
+//! open_lock_directory does.
 result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& dir) noexcept;
 
 //! A thread's own descriptor of a lock file (see base/per_thread.hpp for why).
