@@ -354,10 +354,19 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
 
   // Append under the shared header lock, so a truncation cannot drop a record that is not
   // yet locked; then lock the record and let truncators in again.
+  // Neither step waits past the deadline: openers and truncators hold the header lock
+  // exclusively for an instant, and a waiter our record's byte shared, but a stopped process
+  // could hold either for good. A try gets a few milliseconds for them.
+  const io::countdown steps =
+      cd.is_zero() ? io::deadline(std::chrono::milliseconds(10)).start() : cd;
   off_t mine_at = 0;
   {
-    auto h = io::lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::shared);
-    if (!h) return std::unexpected(h.error());
+    auto h =
+        io::lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::shared, detail::rest_of(steps));
+    if (!h) {
+      if (detail::is_contention(h.error())) return detail::contention_error(cd);
+      return std::unexpected(h.error());
+    }
     auto w = t.append.append(std::as_bytes(std::span(chunk)));
     if (!w) {
       if (base::is_planted(base::planted_bug::atomic_append_ignores_failed_append)) return 0;
@@ -383,6 +392,10 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
       if (!detail::is_contention(g.error())) {
         (void)mark_released(t.rw, mine_at);
         return std::unexpected(g.error());
+      }
+      if (!steps.is_infinite() && steps.expired()) {
+        (void)mark_released(t.rw, mine_at);
+        return detail::contention_error(cd);
       }
       std::this_thread::yield();
     }
@@ -564,7 +577,9 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
     // The hint first: a process killed between the two steps leaves a hint that is merely
     // too low (a longer scan), never one past records that are live.
     impl_->first_live().store(header_size, std::memory_order_release);
-    if (auto tr = t.rw.truncate(header_size); !tr) return tr;
+    // Housekeeping: the unlock itself succeeded, and a log that could not shrink is still
+    // whole (every record in it released), so a failure here is not the unlock's.
+    (void)t.rw.truncate(header_size);
   }
   return {};
 }

@@ -10,6 +10,8 @@
 namespace keel::lock {
 namespace {
 
+constexpr std::size_t kept_files = 64;  // idle entity files a thread keeps open
+
 struct thread_files final : base::thread_state {
   io::file_handle dir;
   std::unordered_map<std::uint64_t, io::file_handle> files;  // kept open: flock is per open
@@ -123,6 +125,11 @@ result<void> flock_files::do_unlock(std::span<const entity> sorted, std::uint64_
       continue;
     }
     if (bsd_lock(*fd, LOCK_UN) != 0 && r) r = last_errno_error();
+    // Kept open for the next lock of the entity, but not without bound: past `kept_files`
+    // idle ones, the file just unlocked is closed (a held entity's never is: closing it
+    // would release its lock). Otherwise a thread locking many entities ran out of
+    // descriptors (EMFILE), and everything after it failed.
+    if ((*state)->files.size() > kept_files) (*state)->files.erase(e.value);
   }
   return r;
 }

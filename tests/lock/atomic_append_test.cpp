@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "keel/io/byte_lock.hpp"
 #include "keel/io/fault_filesystem.hpp"
 #include "keel/io/file_handle.hpp"
 #include "lock/detail/common.hpp"
@@ -253,6 +255,57 @@ TEST(AtomicAppend, AnOwnerBetweenAppendAndLockIsNotTakenForDead) {
   EXPECT_FALSE(g) << "locked beside an owner about to take its lock";
   may_leave.notify();
   EXPECT_EQ(test::wait_exit(owner), 0);
+}
+
+// Review finding (issue 15 #11): the steps before the wait (the shared header lock, then the
+// record's own lock) had no deadline, so a process stopped while it held the header lock
+// (an opener, a truncator; here the test itself) blocked even try_lock for good.
+TEST(AtomicAppend, AHeldHeaderLockDoesNotBlockATryOrOutlastADeadline) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto raw = io::file_handle::open(path.c_str(), io::open_flags::read_write);
+  ASSERT_TRUE(raw);
+  auto header = io::lock_extent(*raw, 8, 1, io::lock_kind::exclusive);  // the header lock
+  ASSERT_TRUE(header);
+  std::promise<void> done;
+  auto finished = done.get_future();
+  std::thread t([&] {
+    EXPECT_FALSE((*m)->try_lock({entity(1)}));
+    auto g = (*m)->lock({entity(1)}, 200ms);
+    EXPECT_FALSE(g);
+    if (!g) {
+      EXPECT_EQ(g.error().code(), std::errc::timed_out) << g.error().message();
+    }
+    done.set_value();
+  });
+  const bool returned = finished.wait_for(5s) == std::future_status::ready;
+  (void)header->unlock();  // lets a blocked call go on, so the thread can be joined
+  t.join();
+  EXPECT_TRUE(returned) << "blocked behind the header lock past its deadline";
+}
+
+// Review finding (issue 15 #11): an unlock whose housekeeping truncation failed reported
+// that error, though the entity had been unlocked.
+TEST(AtomicAppend, AFailedTruncationIsNotTheUnlocksError) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  io::fault_filesystem fs;
+  auto m = atomic_append::open(path, fs);
+  ASSERT_TRUE(m);
+  auto keep = (*m)->lock({entity(0)});  // holds the log back from its reset meanwhile
+  ASSERT_TRUE(keep);
+  for (int i = 0; i < 1100; ++i)  // past the 256 KiB a reset waits for
+    ASSERT_TRUE((*m)->lock({entity(1)}));
+  io::fault_filesystem::fault f;
+  f.on = io::fs_op::truncate;
+  f.repeat = io::fault_filesystem::fault::repeat::forever;
+  fs.inject(f);
+  auto u = keep->unlock();
+  EXPECT_TRUE(u) << u.error().message();
+  EXPECT_GE(fs.injected(), 1u) << "the reset was not tried: the test proves nothing";
+  EXPECT_TRUE((*m)->try_lock({entity(0)}));
 }
 
 TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {

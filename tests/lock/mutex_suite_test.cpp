@@ -568,5 +568,26 @@ TEST(LockDirectories, ALockDirectoryOfAnotherUserIsRefused) {
   }
 }
 
+// Review finding (issue 15 #11): flock kept one descriptor per entity per thread for good,
+// so a thread that locked many entities ran out of descriptors (EMFILE).
+TEST(FlockFiles, DescriptorsDoNotGrowWithTheEntitiesLocked) {
+  const auto open_fds = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+      ++n;
+    return n;
+  };
+  std::error_code ec;
+  if (!std::filesystem::exists("/proc/self/fd", ec)) GTEST_SKIP() << "no /proc/self/fd here";
+  temp_dir dir;
+  auto m = open_mutex("flock", dir.file("locks"));
+  ASSERT_TRUE(m);
+  ASSERT_TRUE((*m)->lock({entity(1)}));  // the thread's state exists
+  const std::size_t before = open_fds();
+  for (std::uint64_t v = 100; v < 3100; ++v)
+    ASSERT_TRUE((*m)->lock({entity(v)}));
+  EXPECT_LT(open_fds(), before + 100) << "a descriptor kept per entity ever locked";
+}
+
 }  // namespace
 }  // namespace keel::lock

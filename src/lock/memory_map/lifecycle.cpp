@@ -75,11 +75,26 @@ result<bool> memory_map::impl::join() noexcept {
     return std::unexpected(e.about(marker.shared_path()));
   };
   bool must_degrade = opts.force_fallback;
+  // A first user whose set-up fails after it made the map removes it (1.4 MB of /dev/shm a
+  // time otherwise); the next first user starts afresh.
+  bool made_map = false;
+  struct remove_map_on_failure {
+    impl& p;
+    bool& made;
+    bool done = false;
+    ~remove_map_on_failure() {
+      if (!made || done) return;
+      (void)io::unlink(*p.fs, p.map_path.c_str());
+      p.map = io::mapped_file{};
+      p.map_path.clear();
+    }
+  };
   {
     // One opener or closer at a time: the first user's set-up and the last user's tear-down
     // never interleave with anyone reading the header.
     auto init = io::lock_extent(marker, mm::init_byte, 1, io::lock_kind::exclusive);
     if (!init) return std::unexpected(init.error());
+    remove_map_on_failure cleanup{*this, made_map};  // before the init lock is let go
     std::vector<std::byte> page(mm::lockfile_page + 1);
     auto got = marker.read_at(0, page);
     if (!got) return std::unexpected(got.error());
@@ -115,6 +130,7 @@ result<bool> memory_map::impl::join() noexcept {
         auto m = create_map(*fs, opts.map_directory, map_path);
         if (!m) return std::unexpected(m.error());
         map = std::move(*m);
+        made_map = true;
         if (map_path.size() >= sizeof h.map_path) {
           (void)io::unlink(*fs, map_path.c_str());
           return std::unexpected(
@@ -170,6 +186,7 @@ result<bool> memory_map::impl::join() noexcept {
     if (must_degrade) {
       if (auto d = mark_degraded(); !d) return std::unexpected(d.error());
     }
+    cleanup.done = true;
   }
   {
     const base::lock_guard lock(switch_mutex);
