@@ -4,7 +4,8 @@
 #   make bench [QUICK=1|FULL=1] [BENCH_DIR=PATH]  build, run the benchmarks, write build/report/
 #   make test                               build release, run every test (ctest)
 #   make build                              build the release preset (build/release/bin/keel)
-#   make torture [TORTURE_CYCLES=N]         the long pass of the crash and fault harness
+#   make torture [TORTURE_CYCLES=N] [STRESS_ROUNDS=N]  the crash and fault harness's long pass,
+#                                           then the lock stress for every algorithm
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
 #   make fuzz [FUZZ_SECONDS=60]             build the libFuzzer harnesses (clang), run each that long
 #   make install [PREFIX=/usr/local]        install headers, libraries, CMake and pkg-config files
@@ -15,6 +16,7 @@ PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 
+STRESS_ROUNDS ?= 4
 TORTURE_CYCLES ?= 10000
 
 .PHONY: all deps build test bench torture fuzz install format clean test-asan test-tsan test-debug
@@ -47,6 +49,8 @@ bench: build
 # on 2 cores). Prints cycles, failures and the seed that replays a failure.
 torture: build
 	build/release/bin/keel torture --cycles $(TORTURE_CYCLES) --keep-going
+	for a in lock_files byte_ranges atomic_append memory_map flock fcntl sysv; do \
+	  scripts/stress-locks.sh $$a $(STRESS_ROUNDS) || exit 1; done
 
 # New inputs go to build/fuzz/new/, crashes to build/fuzz/crashes/ (README: Fuzzing).
 fuzz:
