@@ -6,9 +6,11 @@
 
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -29,10 +31,20 @@ std::vector<std::string> accepted_algorithms() {
   return {lock::algorithm_names().begin(), lock::algorithm_names().end()};
 }
 
+// nanosleep(2) for `us` µs, made even for 0 as the original lockscale does (a system call,
+// and the timer slack's wait): the same options then give the same figures for the same
+// kernel lock. (std::this_thread::sleep_for skips the call for 0.) keel lockmatrix measures
+// the lock alone.
+void sleep_us(long us) {
+  timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
+  while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
 void hold_for(long busy_us) {
-  if (busy_us > 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(busy_us));
-  } else if (busy_us < 0) {
+  if (busy_us >= 0) {
+    sleep_us(busy_us);
+  } else {
     // A real busy-wait, as lockscale does for negative values.
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(-busy_us);
     while (std::chrono::steady_clock::now() < until) {
@@ -85,10 +97,13 @@ int run_lockscale_command(int argc, char** argv) {
   std::string dir;
   std::string json_path;
   bool break_exclusion = false;
-  app.add_option("-i", idle_us, "Idle time after releasing, µs")
+  app.add_option("-i", idle_us,
+                 "Idle time after releasing, µs (nanosleep, called for 0 too, as lockscale does)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("-b", busy_us, "Time holding the lock, µs (negative: busy-wait)")
+  app.add_option("-b", busy_us,
+                 "Time holding the lock, µs (nanosleep, called for 0 too, as lockscale does; "
+                 "negative: busy-wait)")
       ->capture_default_str();
   app.add_option("-t", seconds, "Seconds per worker count")
       ->capture_default_str()
@@ -168,7 +183,7 @@ int run_lockscale_command(int argc, char** argv) {
             return;
           }
           ctx.count();
-          if (idle_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+          sleep_us(idle_us);
         }
       });
     } catch (const std::exception& e) {
