@@ -133,6 +133,9 @@ struct atomic_append::impl {
   live_hint first_live() noexcept {
     return live_hint(reinterpret_cast<std::uint64_t*>(header_map.data() + first_live_at));
   }
+  live_hint punched_to() noexcept {
+    return live_hint(reinterpret_cast<std::uint64_t*>(header_map.data() + punched_to_at));
+  }
 
   result<thread_log*> mine() noexcept {
     return threads.get<thread_log>([&]() -> result<std::unique_ptr<thread_log>> {
@@ -206,6 +209,9 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
       return std::unexpected(w.error());
     }
     if (auto t = f->truncate(header_size); !t) return std::unexpected(t.error());
+    if (auto w = f->write_at(punched_to_at, std::as_bytes(std::span(&from, 1))); !w) {
+      return std::unexpected(w.error());
+    }
   }
   auto in_use = io::lock_extent(*f, in_use_byte, 1, io::lock_kind::shared);  // converts ours
   if (!in_use) return std::unexpected(in_use.error());
@@ -231,18 +237,22 @@ result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
 
 // Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
 // stops early when `visit` returns false. Returns the offset it stopped at. Records before
-// `first_live` may be punched out (zeros) under a slow reader's feet: where what is read does
-// not parse, a reader that finds `first_live` past that point jumps to it; anywhere else it
-// is corruption.
+// `first_live` may be punched out (zeros) under a slow reader's feet, and the punched prefix
+// ends at `punched_to` (recorded before the punch, reset after the truncation that removes
+// it, so a hint reset by a truncation that then failed, or was killed, still finds it):
+// where what is read does not parse, a reader that finds either past that point jumps to
+// it; anywhere else it is corruption.
 template <class Visit>
-result<off_t> scan(const io::file_handle& rw, live_hint first_live, off_t from, off_t to,
-                   Visit&& visit) {
+result<off_t> scan(const io::file_handle& rw, live_hint first_live, live_hint punched_to,
+                   off_t from, off_t to, Visit&& visit) {
   std::vector<record> buf;
   off_t at = from;
   const auto skip_or_fail = [&]() -> bool {
     const auto live = static_cast<off_t>(first_live.load(std::memory_order_acquire));
-    if (live > at) {
-      at = live;
+    const auto punched = static_cast<off_t>(punched_to.load(std::memory_order_acquire));
+    const off_t past = std::max(live, punched);
+    if (past > at) {
+      at = past;
       return true;
     }
     return false;
@@ -424,7 +434,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   off_t released_prefix = from;
   error failure;
   auto scanned =
-      scan(t.rw, first_live, std::max(from, header_size), mine_at,
+      scan(t.rw, first_live, impl_->punched_to(), std::max(from, header_size), mine_at,
            [&](const chunk_view& c) -> result<bool> {
              bool released = c.released;
              if (!released && t.is_stuck(c.offset)) {
@@ -515,11 +525,17 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     if (first_live.compare_exchange(expected, static_cast<std::uint64_t>(released_prefix),
                                     std::memory_order_acq_rel)) {
       // Give back the space of the released prefix now and then (the log only shrinks for
-      // real when it is truncated in a quiet moment).
+      // real when it is truncated in a quiet moment). Its end is recorded first, so that
+      // zeros below it are known for what they are even after the hint is reset.
       const off_t old_mib = static_cast<off_t>(expected) / punch_every;
       const off_t new_mib = released_prefix / punch_every;
-      if (new_mib > old_mib && new_mib * punch_every > header_size) {
-        (void)t.rw.punch_hole(header_size, new_mib * punch_every - header_size);
+      if (new_mib > old_mib) {
+        auto punched = impl_->punched_to();
+        auto was = punched.load();
+        while (was < static_cast<std::uint64_t>(released_prefix) &&
+               !punched.compare_exchange(was, static_cast<std::uint64_t>(released_prefix))) {
+        }
+        (void)t.rw.punch_hole(header_size, released_prefix - header_size);
       }
       break;
     }
@@ -559,27 +575,28 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   if (!size) return {};
   const off_t from = std::max<off_t>(header_size, static_cast<off_t>(impl_->first_live().load()));
   bool all_released = true;
-  auto scanned =
-      scan(t.rw, impl_->first_live(), from, *size, [&](const chunk_view& c) -> result<bool> {
-        if (c.released) return true;
-        if (t.is_mine(c.offset)) {
-          all_released = false;
-          return false;
-        }
-        // Under the exclusive header lock no append is in flight: an unlocked chunk whose
-        // flag says held was abandoned by a dead owner.
-        auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-        if (probe) return true;
-        all_released = false;
-        return false;
-      });
+  auto scanned = scan(t.rw, impl_->first_live(), impl_->punched_to(), from, *size,
+                      [&](const chunk_view& c) -> result<bool> {
+                        if (c.released) return true;
+                        if (t.is_mine(c.offset)) {
+                          all_released = false;
+                          return false;
+                        }
+                        // Under the exclusive header lock no append is in flight: an unlocked chunk
+                        // whose flag says held was abandoned by a dead owner.
+                        auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+                        if (probe) return true;
+                        all_released = false;
+                        return false;
+                      });
   if (scanned && all_released) {
     // The hint first: a process killed between the two steps leaves a hint that is merely
     // too low (a longer scan), never one past records that are live.
     impl_->first_live().store(header_size, std::memory_order_release);
     // Housekeeping: the unlock itself succeeded, and a log that could not shrink is still
-    // whole (every record in it released), so a failure here is not the unlock's.
-    (void)t.rw.truncate(header_size);
+    // whole (every record in it released, its punched prefix still recorded), so a failure
+    // here is not the unlock's.
+    if (t.rw.truncate(header_size)) impl_->punched_to().store(header_size);
   }
   return {};
 }

@@ -308,6 +308,40 @@ TEST(AtomicAppend, AFailedTruncationIsNotTheUnlocksError) {
   EXPECT_TRUE((*m)->try_lock({entity(0)}));
 }
 
+// Review finding (issue 15 #9, the punched prefix): the reset of a grown log sets the hint
+// back to the header, then truncates. Killed in between, or with the truncation failing, it
+// left the hint pointing at the zeros of the punched prefix, and every later lock failed
+// with `corrupt`: the log was bricked for every user.
+TEST(AtomicAppend, ALogWhoseResetStoppedHalfWayIsNotBricked) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  io::fault_filesystem fs;
+  auto m = atomic_append::open(path, fs);
+  ASSERT_TRUE(m);
+  auto other = atomic_append::open(path);  // keeps the log in use (no first-user reset)
+  ASSERT_TRUE(other);
+  auto first = (*m)->lock({entity(0)});  // holds the reset back while the log grows
+  ASSERT_TRUE(first);
+  std::vector<entity> many;  // 10 records a lock: the log passes 1 MiB in 420 locks
+  for (std::uint64_t v = 1000; v < 1240; ++v)
+    many.emplace_back(v);
+  for (int i = 0; i < 420; ++i)
+    ASSERT_TRUE((*m)->lock(many));
+  auto last = (*m)->lock({entity(2)});  // a live record past 1 MiB: no reset when...
+  ASSERT_TRUE(last);
+  ASSERT_TRUE(first->unlock());              // ...the first is released
+  ASSERT_TRUE((*other)->lock({entity(3)}));  // moves the hint up to `last`: punches before it
+  io::fault_filesystem::fault f;
+  f.on = io::fs_op::truncate;
+  f.repeat = io::fault_filesystem::fault::repeat::forever;
+  fs.inject(f);
+  ASSERT_TRUE(last->unlock());  // every record released: resets the hint, fails to truncate
+  EXPECT_GE(fs.injected(), 1u) << "no reset was tried: the test proves nothing";
+  fs.clear_faults();
+  auto g = (*other)->lock({entity(1)}, 2s);
+  EXPECT_TRUE(g) << g.error().message();
+}
+
 TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
   temp_dir dir;
   const std::string path = dir.file("log");
