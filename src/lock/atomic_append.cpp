@@ -1,9 +1,11 @@
 #include "keel/lock/atomic_append.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -28,23 +30,32 @@ std::unexpected<error> corrupt_at(const io::file_handle& f, off_t offset) noexce
       error(errc::corrupt).about(f.shared_path(), static_cast<std::uint64_t>(offset)));
 }
 
-// The first-live hint: an offset in the log (a multiple of the record size) shared by every
-// user through the header map and updated with compare-and-swap, so it cannot have a
-// checksum of its own beside it. It carries one inside: 40 bits of offset / 256 and 24 bits
-// of a hash of them. A damaged hint (a flipped bit would otherwise make readers skip a live
-// record) reads as the start of the log: a longer scan, never a wrong answer.
+// The first-live hint: an offset in the log (a chunk's start: after a torn append, not
+// always a multiple of the record size) shared by every user through the header map and
+// updated with compare-and-swap, so it cannot have a checksum of its own beside it. It
+// carries one inside: 40 bits of offset (logs up to 1 TiB) and 24 bits of a hash of them. A damaged
+// hint (a flipped bit would otherwise make readers skip a live record) reads as the start of the
+// log: a longer scan, never a wrong answer.
 class live_hint {
  public:
   explicit live_hint(std::uint64_t* word) noexcept : word_(*word) {}
 
   static constexpr std::uint64_t encode(std::uint64_t offset) noexcept {
-    const std::uint64_t units = (offset / record_size) & units_mask;
+    const std::uint64_t units = offset & units_mask;
     return units | check_of(units) << 40;
+  }
+  //! A 40-bit value as `encode` stores it, or nullopt if its check does not match.
+  static constexpr std::optional<std::uint64_t> checked(std::uint64_t raw) noexcept {
+    const std::uint64_t units = raw & units_mask;
+    if (raw >> 40 != check_of(units)) return std::nullopt;
+    return units;
   }
   static constexpr std::uint64_t decode(std::uint64_t raw) noexcept {
     const std::uint64_t units = raw & units_mask;
-    if (raw >> 40 != check_of(units) || units * record_size < header_size) return header_size;
-    return units * record_size;
+    if (raw >> 40 != check_of(units) || units < static_cast<std::uint64_t>(header_size)) {
+      return header_size;
+    }
+    return units;
   }
 
   [[nodiscard]] std::uint64_t load(std::memory_order o = std::memory_order_seq_cst) const noexcept {
@@ -136,6 +147,47 @@ struct atomic_append::impl {
   live_hint punched_to() noexcept {
     return live_hint(reinterpret_cast<std::uint64_t*>(header_map.data() + punched_to_at));
   }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> torn_word(std::size_t note, int field) noexcept {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(
+        header_map.data() + torn_notes_at + note * 16 + static_cast<std::size_t>(field) * 8));
+  }
+  //! Notes that `length` bytes at `offset` are a torn append (under the shared header lock,
+  //! before letting go of it). A note is taken from free ones, or from ones wholly below
+  //! the first-live hint (never scanned again). Whether there was room.
+  bool note_torn(off_t offset, std::uint64_t length) noexcept {
+    constexpr std::uint64_t claimed = 1;  // a raw word no note has (its check fails)
+    const auto live = first_live().load();
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t k = 0; k < torn_notes; ++k) {
+        std::uint64_t was = torn_word(k, 0).load();
+        const auto at = live_hint::checked(was);
+        const auto len = live_hint::checked(torn_word(k, 1).load());
+        const bool reusable = pass == 1 && at && *at != 0 && len && *at + *len <= live;
+        if (was != 0 && !reusable) continue;
+        if (!torn_word(k, 0).compare_exchange_strong(was, claimed)) continue;
+        // Each word self-checked as the hints are: a damaged note is no note (the log then
+        // reads as corrupt there), never a skip over records. The offset is published last.
+        torn_word(k, 1).store(live_hint::encode(length));
+        torn_word(k, 0).store(live_hint::encode(static_cast<std::uint64_t>(offset)));
+        return true;
+      }
+    }
+    return false;
+  }
+  //! The length of the torn append noted at `offset`, or 0.
+  std::uint64_t torn_at(off_t offset) noexcept {
+    for (std::size_t k = 0; k < torn_notes; ++k) {
+      const auto at = live_hint::checked(torn_word(k, 0).load());
+      if (!at || *at != static_cast<std::uint64_t>(offset)) continue;
+      return live_hint::checked(torn_word(k, 1).load()).value_or(0);
+    }
+    return 0;
+  }
+  //! Forgets every note (the log was truncated: under the exclusive header lock).
+  void clear_torn() noexcept {
+    for (std::size_t k = 0; k < torn_notes; ++k)
+      torn_word(k, 0).store(0);
+  }
 
   result<thread_log*> mine() noexcept {
     return threads.get<thread_log>([&]() -> result<std::unique_ptr<thread_log>> {
@@ -212,6 +264,10 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
     if (auto w = f->write_at(punched_to_at, std::as_bytes(std::span(&from, 1))); !w) {
       return std::unexpected(w.error());
     }
+    const std::array<std::uint64_t, torn_notes * 2> no_notes{};
+    if (auto w = f->write_at(torn_notes_at, std::as_bytes(std::span(no_notes))); !w) {
+      return std::unexpected(w.error());
+    }
   }
   auto in_use = io::lock_extent(*f, in_use_byte, 1, io::lock_kind::shared);  // converts ours
   if (!in_use) return std::unexpected(in_use.error());
@@ -241,10 +297,11 @@ result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
 // ends at `punched_to` (recorded before the punch, reset after the truncation that removes
 // it, so a hint reset by a truncation that then failed, or was killed, still finds it):
 // where what is read does not parse, a reader that finds either past that point jumps to
-// it; anywhere else it is corruption.
-template <class Visit>
+// it. Else `heal(at)` is asked: the end of a torn append noted at `at` (a full disk took
+// part of it), or 0: then it is corruption.
+template <class Visit, class Heal>
 result<off_t> scan(const io::file_handle& rw, live_hint first_live, live_hint punched_to,
-                   off_t from, off_t to, Visit&& visit) {
+                   off_t from, off_t to, Visit&& visit, Heal&& heal) {
   std::vector<record> buf;
   off_t at = from;
   const auto skip_or_fail = [&]() -> bool {
@@ -257,14 +314,25 @@ result<off_t> scan(const io::file_handle& rw, live_hint first_live, live_hint pu
     }
     return false;
   };
+  // Whether `at` moved past what did not parse there; an error if it is corruption.
+  const auto step_over = [&]() -> result<void> {
+    if (skip_or_fail()) return {};
+    auto end = heal(at);
+    if (!end) return std::unexpected(end.error());
+    if (*end > at) {
+      at = *end;
+      return {};
+    }
+    return corrupt_at(rw, at);
+  };
   while (at < to) {
     const auto want = static_cast<std::size_t>(std::min<off_t>(to - at, 64 * record_size));
     buf.resize(want / record_size);
     auto n = rw.read_at(at, std::as_writable_bytes(std::span(buf)));
     if (!n) return std::unexpected(n.error());
     if (*n < static_cast<std::size_t>(record_size)) {
-      if (skip_or_fail()) continue;
-      return corrupt_at(rw, at);
+      if (auto s = step_over(); !s) return std::unexpected(s.error());
+      continue;
     }
     std::size_t have = *n / record_size;
     std::size_t k = 0;
@@ -278,11 +346,9 @@ result<off_t> scan(const io::file_handle& rw, live_hint first_live, live_hint pu
           if (!m) return std::unexpected(m.error());
           have = *m / record_size;
           if (buf[0].count > have) {
-            if (skip_or_fail()) {
-              reread = true;
-              break;
-            }
-            return corrupt_at(rw, at);
+            if (auto s = step_over(); !s) return std::unexpected(s.error());
+            reread = true;
+            break;
           }
           continue;
         }
@@ -290,11 +356,9 @@ result<off_t> scan(const io::file_handle& rw, live_hint first_live, live_hint pu
       }
       auto c = parse_chunk(at, std::span(buf).subspan(k, have - k));
       if (!c) {
-        if (skip_or_fail()) {
-          reread = true;
-          break;
-        }
-        return corrupt_at(rw, at);
+        if (auto s = step_over(); !s) return std::unexpected(s.error());
+        reread = true;
+        break;
       }
       const off_t len = static_cast<off_t>(buf[k].count) * record_size;
       auto go_on = visit(*c);
@@ -384,8 +448,12 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     }
     mine_at = w->offset;
     if (w->length != bytes) {
-      // The filesystem took part of the chunk (full disk): make what landed harmless.
-      if (w->length >= sizeof(record)) (void)mark_released(t.rw, mine_at);
+      // The filesystem took part of the chunk (full disk). Noted before the header lock is
+      // let go, so readers step over it rather than find the log corrupt from here on (and
+      // one that finds it first waits for the header lock, then for this note).
+      if (!impl_->note_torn(mine_at, w->length) && w->length >= sizeof(record)) {
+        (void)mark_released(t.rw, mine_at);  // no room for a note: harmless at least
+      }
       return std::unexpected(
           error(std::make_error_code(std::errc::no_space_on_device))
               .about(t.append.shared_path(), static_cast<std::uint64_t>(mine_at)));
@@ -433,89 +501,99 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   bool all_released = true;
   off_t released_prefix = from;
   error failure;
-  auto scanned =
-      scan(t.rw, first_live, impl_->punched_to(), std::max(from, header_size), mine_at,
-           [&](const chunk_view& c) -> result<bool> {
-             bool released = c.released;
-             if (!released && t.is_stuck(c.offset)) {
-               // Ours, released but not marked: try the mark again; free it for us anyway.
-               if (mark_released(t.rw, c.offset)) {
-                 (void)io::unlock_extent(t.rw, c.offset, 1);
-                 std::erase(t.stuck, c.offset);
-               }
-               all_released = false;  // to the others it is held until marked
-               return true;
-             }
-             if (!released && conflicts(c.entities, sorted)) {
-               // A try (zero deadline) looks once too: a caller that only polls must see a
-               // dead holder's chunk for what it is.
-               for (;;) {
-                 if (!cd.is_zero() && !cd.is_infinite() && cd.expired()) {
-                   failure = detail::contention_error(cd).error();
-                   return false;
-                 }
-                 const io::deadline d =
-                     spin || cd.is_zero() ? io::deadline::zero() : detail::rest_of(cd);
-                 auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
-                 if (!g) {
-                   if (!detail::is_contention(g.error())) {
-                     failure = g.error();
-                     return false;
-                   }
-                   if (!spin || cd.is_zero() || cd.expired()) {
-                     failure = detail::contention_error(cd).error();
-                     return false;
-                   }
-                   std::this_thread::yield();
-                   continue;
-                 }
-                 (void)g->unlock();
-                 // Its lock was free: released, dead, or its owner is between append and lock.
-                 std::uint32_t flag = 0;
-                 auto rd = t.rw.read_at(c.offset + released_at,
-                                        std::as_writable_bytes(std::span(&flag, 1)));
-                 if (!rd) {
-                   failure = rd.error();
-                   return false;
-                 }
-                 if (flag == released_mark) break;
-                 if (flag != 0) {
-                   failure = corrupt_at(t.rw, c.offset + released_at).error();
-                   return false;
-                 }
-                 auto gone = is_abandoned(t, c.offset);
-                 if (!gone) {
-                   failure = gone.error();
-                   return false;
-                 }
-                 if (*gone) {
-                   (void)mark_released(t.rw, c.offset);  // spare the next reader the check
-                   break;
-                 }
-                 if (cd.is_zero()) {  // its owner is between append and lock: held
-                   failure = detail::contention_error(cd).error();
-                   return false;
-                 }
-                 std::this_thread::yield();
-               }
-               released = true;
-             } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns &&
-                        !t.is_mine(c.offset)) {
-               // An old live record holds back the hint: if its owner died, it is released. (Only
-               // old ones are checked: a look for every live record would cost too much.)
-               auto gone = is_abandoned(t, c.offset);
-               if (gone && *gone) {
-                 (void)mark_released(t.rw, c.offset);
-                 released = true;
-               }
-             }
-             if (all_released && released) {
-               released_prefix = c.offset + c.length;
-             } else {
-               all_released = false;
-             }
-             return true;
-           });
+  // A torn append (noted by its appender before it lets go of the shared header lock):
+  // once the header lock is ours exclusively, every torn append is noted.
+  const auto heal = [&](off_t at) -> result<off_t> {
+    if (const std::uint64_t n = impl_->torn_at(at); n != 0) return at + static_cast<off_t>(n);
+    auto h = io::lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::exclusive,
+                             detail::rest_of(steps));
+    if (!h) return std::unexpected(h.error());
+    return at + static_cast<off_t>(impl_->torn_at(at));
+  };
+  auto scanned = scan(
+      t.rw, first_live, impl_->punched_to(), std::max(from, header_size), mine_at,
+      [&](const chunk_view& c) -> result<bool> {
+        bool released = c.released;
+        if (!released && t.is_stuck(c.offset)) {
+          // Ours, released but not marked: try the mark again; free it for us anyway.
+          if (mark_released(t.rw, c.offset)) {
+            (void)io::unlock_extent(t.rw, c.offset, 1);
+            std::erase(t.stuck, c.offset);
+          }
+          all_released = false;  // to the others it is held until marked
+          return true;
+        }
+        if (!released && conflicts(c.entities, sorted)) {
+          // A try (zero deadline) looks once too: a caller that only polls must see a
+          // dead holder's chunk for what it is.
+          for (;;) {
+            if (!cd.is_zero() && !cd.is_infinite() && cd.expired()) {
+              failure = detail::contention_error(cd).error();
+              return false;
+            }
+            const io::deadline d =
+                spin || cd.is_zero() ? io::deadline::zero() : detail::rest_of(cd);
+            auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
+            if (!g) {
+              if (!detail::is_contention(g.error())) {
+                failure = g.error();
+                return false;
+              }
+              if (!spin || cd.is_zero() || cd.expired()) {
+                failure = detail::contention_error(cd).error();
+                return false;
+              }
+              std::this_thread::yield();
+              continue;
+            }
+            (void)g->unlock();
+            // Its lock was free: released, dead, or its owner is between append and lock.
+            std::uint32_t flag = 0;
+            auto rd =
+                t.rw.read_at(c.offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
+            if (!rd) {
+              failure = rd.error();
+              return false;
+            }
+            if (flag == released_mark) break;
+            if (flag != 0) {
+              failure = corrupt_at(t.rw, c.offset + released_at).error();
+              return false;
+            }
+            auto gone = is_abandoned(t, c.offset);
+            if (!gone) {
+              failure = gone.error();
+              return false;
+            }
+            if (*gone) {
+              (void)mark_released(t.rw, c.offset);  // spare the next reader the check
+              break;
+            }
+            if (cd.is_zero()) {  // its owner is between append and lock: held
+              failure = detail::contention_error(cd).error();
+              return false;
+            }
+            std::this_thread::yield();
+          }
+          released = true;
+        } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns &&
+                   !t.is_mine(c.offset)) {
+          // An old live record holds back the hint: if its owner died, it is released. (Only
+          // old ones are checked: a look for every live record would cost too much.)
+          auto gone = is_abandoned(t, c.offset);
+          if (gone && *gone) {
+            (void)mark_released(t.rw, c.offset);
+            released = true;
+          }
+        }
+        if (all_released && released) {
+          released_prefix = c.offset + c.length;
+        } else {
+          all_released = false;
+        }
+        return true;
+      },
+      heal);
   if (!scanned) return withdraw(scanned.error());
   if (failure) return withdraw(failure);
 
@@ -575,20 +653,24 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   if (!size) return {};
   const off_t from = std::max<off_t>(header_size, static_cast<off_t>(impl_->first_live().load()));
   bool all_released = true;
-  auto scanned = scan(t.rw, impl_->first_live(), impl_->punched_to(), from, *size,
-                      [&](const chunk_view& c) -> result<bool> {
-                        if (c.released) return true;
-                        if (t.is_mine(c.offset)) {
-                          all_released = false;
-                          return false;
-                        }
-                        // Under the exclusive header lock no append is in flight: an unlocked chunk
-                        // whose flag says held was abandoned by a dead owner.
-                        auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
-                        if (probe) return true;
-                        all_released = false;
-                        return false;
-                      });
+  auto scanned = scan(
+      t.rw, impl_->first_live(), impl_->punched_to(), from, *size,
+      [&](const chunk_view& c) -> result<bool> {
+        if (c.released) return true;
+        if (t.is_mine(c.offset)) {
+          all_released = false;
+          return false;
+        }
+        // Under the exclusive header lock no append is in flight: an unlocked chunk
+        // whose flag says held was abandoned by a dead owner.
+        auto probe = io::try_lock_extent(t.rw, c.offset, 1, io::lock_kind::shared);
+        if (probe) return true;
+        all_released = false;
+        return false;
+      },
+      [&](off_t torn) -> result<off_t> {  // the header lock is ours: every note is in
+        return torn + static_cast<off_t>(impl_->torn_at(torn));
+      });
   if (scanned && all_released) {
     // The hint first: a process killed between the two steps leaves a hint that is merely
     // too low (a longer scan), never one past records that are live.
@@ -596,7 +678,10 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
     // Housekeeping: the unlock itself succeeded, and a log that could not shrink is still
     // whole (every record in it released, its punched prefix still recorded), so a failure
     // here is not the unlock's.
-    if (t.rw.truncate(header_size)) impl_->punched_to().store(header_size);
+    if (t.rw.truncate(header_size)) {
+      impl_->punched_to().store(header_size);
+      impl_->clear_torn();
+    }
   }
   return {};
 }

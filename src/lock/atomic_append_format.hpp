@@ -21,6 +21,10 @@ constexpr off_t header_lock_byte = 8;      // shared: appending; exclusive: trun
 constexpr off_t in_use_byte = 9;           // shared by every open instance
 constexpr std::size_t first_live_at = 64;  // live hint (atomic_append.cpp): no live record before
 constexpr std::size_t punched_to_at = 72;  // the end of the punched prefix (a hint, likewise)
+// Torn appends: (offset, length) of appends the filesystem took only part of (a full disk),
+// noted by their appender before it lets go of the header lock, so readers step over them.
+constexpr std::size_t torn_notes_at = 128;
+constexpr std::size_t torn_notes = 8;
 constexpr std::uint32_t record_magic = 0x3152414b;   // "KAR1"
 constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD"
 
@@ -44,8 +48,8 @@ constexpr off_t record_size = sizeof(record);
 constexpr off_t released_at = offsetof(record, released);
 constexpr base::format log_format{
     "KEELAALG", 3,
-    base::layout_of({header_size, record_size, first_live_at, punched_to_at,
-                     atomic_append::entities_per_record})};
+    base::layout_of({header_size, record_size, first_live_at, punched_to_at, torn_notes_at,
+                     torn_notes, atomic_append::entities_per_record})};
 
 //! XXH3 of `r` with its checksum and released flag zeroed.
 [[nodiscard]] std::uint64_t checksum_of(record r) noexcept;
