@@ -45,6 +45,15 @@ void increment(const io::file_handle& f) {
   if (!f.write_at(0, std::as_bytes(std::span(&v, 1)))) std::abort();
 }
 
+// A lock path and a map directory of the test's own.
+struct lock_place {
+  temp_dir dir;
+  temp_dir maps{"/dev/shm"};
+  memory_map::options o;
+  std::string path = dir.file("lock");
+  lock_place() { o.map_directory = maps.path().string(); }
+};
+
 TEST(MemoryMap, FirstUserCreatesTheMapLastUserRemovesIt) {
   temp_dir dir;
   temp_dir maps("/dev/shm");
@@ -292,6 +301,53 @@ TEST(MemoryMap, OpeningADegraderBesideAnIdleUserReturns) {
   EXPECT_EQ(wait_exit(child), 0);
 }
 
+// Review finding (issue 15 #7): the switch to the fallback waited for every map user to
+// lock or unlock again (to drop its map-in-use marker): one idle user (open, not locking)
+// held it back until every deadline passed. Now it waits only for users holding slots.
+TEST(MemoryMap, AnIdleUserDoesNotHoldBackTheSwitch) {
+  const lock_place at;
+  auto idle = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(idle);
+  ASSERT_TRUE((*idle)->lock({entity(1)}));  // used the map once, then idle
+  memory_map::options f = at.o;
+  f.force_fallback = true;
+  auto degrader = memory_map::open(at.path, f);
+  ASSERT_TRUE(degrader);
+  std::thread([&] {
+    auto g = (*degrader)->lock({entity(1)}, 2s);
+    EXPECT_TRUE(g) << g.error().message();
+    EXPECT_TRUE((*degrader)->is_degraded());
+  }).join();
+  // The idle user moves over when it next locks, and still excludes.
+  auto g = (*idle)->lock({entity(2)}, 2s);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_TRUE((*idle)->is_degraded());
+  std::thread([&] { EXPECT_FALSE((*degrader)->try_lock({entity(2)})); }).join();
+}
+
+// Review finding (issue 15 #7): a thread holding a map guard that locked again after a
+// degrade waited for the switch, which waited for its guard: it spun until its deadline
+// (for ever without one). It is a deadlock, and is reported as one at once.
+TEST(MemoryMap, LockingAfterADegradeWhileHoldingAMapGuardIsADeadlock) {
+  const lock_place at;
+  auto m = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(m);
+  auto held = (*m)->lock({entity(1)});
+  ASSERT_TRUE(held);
+  memory_map::options f = at.o;
+  f.force_fallback = true;
+  auto degrader = memory_map::open(at.path, f);
+  ASSERT_TRUE(degrader);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto again = (*m)->lock({entity(2)}, 3s);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), std::errc::resource_deadlock_would_occur)
+      << again.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  ASSERT_TRUE(held->unlock());
+  EXPECT_TRUE((*m)->lock({entity(2)}, 2s));
+}
+
 TEST(MemoryMap, DegradeUnderLoadKeepsExclusion) {
   temp_dir dir;
   const std::string lock = dir.file("lock");
@@ -460,15 +516,6 @@ TEST(MemoryMap, KilledSleepingWaiterDoesNotStrandTheSlot) {
 // and removed the map under the child, and the next opener made a second map: two holders.
 // `first_use_after_close`: the parent closes before the child's first lock (the child then
 // finds the map gone); else while the child holds the entity.
-// A lock path and a map directory of the test's own.
-struct lock_place {
-  temp_dir dir;
-  temp_dir maps{"/dev/shm"};
-  memory_map::options o;
-  std::string path = dir.file("lock");
-  lock_place() { o.map_directory = maps.path().string(); }
-};
-
 // Whether the other side's "go on" arrives in time (a bug must fail the test, not hang it).
 bool arrives(const signal_pipe& p) {
   return p.ready_within(10s) && p.wait() == '!';

@@ -37,10 +37,14 @@ namespace keel::lock {
 //! - **Safe degrade**: a user that cannot share the memory (the lock file is on a network
 //!   filesystem, the map is not visible to it, or it asks with `force_fallback`) marks the
 //!   lock degraded; every user then moves to a byte_ranges lock on `<path>.fallback`. Nobody
-//!   uses the fallback before every user has left the map (an exclusive byte lock proves
-//!   it), so two exclusive holders never coexist; lock calls made during the switch wait
-//!   (within their deadline) for the map's holders to unlock. The lock stays degraded until
-//!   its last user closes it.
+//!   uses the fallback while a live user holds a slot of the map (a look at every slot after
+//!   the flag is set proves it; where the map is not visible, an exclusive byte lock that
+//!   every user on the map holds shared until it sees the flag), so two exclusive holders
+//!   never coexist; lock calls made during the switch wait (within their deadline) for the
+//!   map's holders to unlock, and users holding nothing hold nobody back. A thread that
+//!   holds a map guard and locks again after a degrade gets resource_deadlock_would_occur
+//!   (the switch would wait for its own guard). The lock stays degraded until its last
+//!   user closes it.
 //! - **Fork**: a child may use an instance its parent opened. Before its first use there, it
 //!   joins the lock again through descriptors of its own, so the parent's close never drops
 //!   the child's markers (and never removes the map under it); if the parent was the last

@@ -1,10 +1,14 @@
 // The safe degrade: a user that cannot share the memory marks the lock degraded, and every
-// user moves to byte locks on `<path>.fallback`, but only once every user has left the map
-// (an exclusive lock on the map-in-use marker proves it), so two holders never coexist.
+// user moves to byte locks on `<path>.fallback`, but only once no live user holds a slot of
+// the map, so two holders never coexist. The proof is a look at every slot after the flag
+// is set: a locker publishes its slot, then reads the flag (seq_cst both), and gives the
+// slot back if it is set, so a hold that a look after the flag does not find is one that
+// will never be used. Users that hold nothing (idle ones) play no part: nobody waits for them.
 
 #include "base/process.hpp"
 #include "impl.hpp"
 #include "keel/io/byte_lock.hpp"
+#include "lock/detail/common.hpp"
 
 namespace keel::lock {
 
@@ -24,26 +28,106 @@ void memory_map::impl::release_map_in_use_if_idle() noexcept {
   map_in_use_released = true;
 }
 
+namespace mm {
+
+result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
+                               std::uint32_t me) noexcept {
+  bool mine_seen = false;
+  // Whether user `u`, marked in slot `i`, still lives; a dead one's marks are cleared while
+  // its liveness byte is held (so nobody takes the index meanwhile).
+  const auto lives = [&](std::uint32_t u, std::size_t i) -> result<bool> {
+    if (u == me) {
+      mine_seen = true;
+      return false;
+    }
+    if (u >= max_users) return true;  // damaged: wait (a bounded wait, the caller's deadline)
+    auto g = io::try_lock_extent(map_fd, liveness_base + u, 1, io::lock_kind::exclusive);
+    if (!g) {
+      if (detail::is_contention(g.error())) return true;
+      return std::unexpected(g.error());
+    }
+    table.clear_user_in(i, u);
+    return false;
+  };
+  for (std::size_t i = 0; i < slots; ++i) {
+    const slot_ref s = table.slot(i);
+    if (const std::uint32_t w = s.writer_user(); w != no_slot) {
+      auto live = lives(w, i);
+      if (!live) return std::unexpected(live.error());
+      if (*live) return map_holders::others;
+    }
+    for (std::size_t word = 0; word < bitset_words; ++word) {
+      std::uint64_t bits = s.readers(word).load();
+      while (bits != 0) {
+        const auto u = static_cast<std::uint32_t>(word * 64 + __builtin_ctzll(bits));
+        bits &= bits - 1;
+        auto live = lives(u, i);
+        if (!live) return std::unexpected(live.error());
+        if (*live) return map_holders::others;
+      }
+    }
+  }
+  return mine_seen ? map_holders::only_me : map_holders::none;
+}
+
+}  // namespace mm
+
 result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool spin) noexcept {
   if (fallback_ready.load(std::memory_order_acquire)) return {};
-  detail::backoff pause(spin);
-  for (;;) {
-    release_map_in_use_if_idle();
-    {
-      const base::lock_guard lock(switch_mutex);
-      if (map_in_use_released || map.size() == 0) break;
-    }
-    // Another thread of this instance still holds map guards.
-    if (!pause.pause(cd)) return detail::contention_error(cd);
-  }
+  release_map_in_use_if_idle();
   auto t = mine();
   if (!t) return std::unexpected(t.error());
-  // Every user on the map holds the marker shared: getting it exclusively proves that all of
-  // them have left it (and will use the fallback from now on).
-  auto probe = io::lock_extent((*t)->lock_fd, mm::map_in_use_byte, 1, io::lock_kind::exclusive,
-                               detail::rest_of(cd));
-  if (!probe) return std::unexpected(probe.error());
-  (void)probe->unlock();
+  mm::thread_user& me = **t;
+  // The map to look at: ours, or (an instance that never used it, as a forced degrader) the
+  // one the lock file names, if it is visible here.
+  const mm::slot_table* on = map.size() != 0 ? &table : nullptr;
+  io::mapped_file theirs;
+  mm::slot_table their_table;
+  io::file_handle probe_fd;
+  std::string looked_at = map_path;
+  if (on == nullptr) {
+    auto state = mm::parse_lock_file(std::span(lock_view.data(), mm::lockfile_page));
+    const bool visible = state && !state->blank && !state->map_path.empty() &&
+                         state->boot_id == base::self().boot_id;
+    if (visible) {
+      if (auto m = mm::open_map(*fs, state->map_path); m) {
+        theirs = std::move(*m);
+        their_table = mm::slot_table(theirs.data());
+        on = &their_table;
+        looked_at = state->map_path;
+      }
+    }
+  }
+  if (on != nullptr) {
+    const io::file_handle* fd = &me.map_fd;
+    if (!me.map_fd.is_open()) {  // to probe the users' liveness bytes
+      auto mf = io::file_handle::open(*fs, looked_at.c_str(),
+                                      io::open_flags::read_write | io::open_flags::no_follow);
+      if (!mf) return std::unexpected(mf.error());
+      probe_fd = std::move(*mf);
+      fd = &probe_fd;
+    }
+    const std::uint32_t mine_index = me.registered && on == &table ? me.index : mm::no_slot;
+    detail::backoff pause(spin);
+    for (;;) {
+      auto holders = mm::holders_of(*on, *fd, mine_index);
+      if (!holders) return std::unexpected(holders.error());
+      if (*holders == mm::map_holders::none) break;
+      if (*holders == mm::map_holders::only_me) {
+        // This thread holds a map guard: the switch waits for it, and it for the switch.
+        return errc_error(std::errc::resource_deadlock_would_occur);
+      }
+      if (!pause.pause(cd)) return detail::contention_error(cd);
+    }
+  } else {
+    // The map is not visible here (another machine's memory): every user on it holds the
+    // map-in-use marker shared, so getting it exclusively proves they all left it. (Idle
+    // users there are waited for, within the deadline.)
+    auto probe = io::lock_extent(me.lock_fd, mm::map_in_use_byte, 1, io::lock_kind::exclusive,
+                                 detail::rest_of(cd));
+    if (!probe) return std::unexpected(probe.error());
+    (void)probe->unlock();
+  }
   fallback_ready.store(true, std::memory_order_release);
   return {};
 }

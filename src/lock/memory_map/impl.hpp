@@ -48,6 +48,17 @@ struct thread_user final : base::thread_state, slot_user {
   ~thread_user() override;
 };
 
+//! Maps the map file at `path` (checked: a map of this format, whole). Errors: those of
+//! open/mmap; not_keel_file, unsupported_version, corrupt naming the file.
+result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path) noexcept;
+
+//! What holds slots of a map: nothing, only the user `me` (a thread holding a map guard
+//! while it switches: waiting for itself would never end), or others. Marks of dead users
+//! (their liveness byte free, probed through `map_fd`) are cleared, not waited for.
+enum class map_holders { none, only_me, others };
+result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
+                               std::uint32_t me) noexcept;
+
 //! do_lock's token for a set held on the fallback (a map token is a thread_user address,
 //! never odd).
 constexpr std::uint64_t fallback_token = 1;

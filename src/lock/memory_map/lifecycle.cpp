@@ -47,24 +47,6 @@ result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
   return errc_error(std::errc::file_exists);
 }
 
-result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p) noexcept {
-  auto f = io::file_handle::open(fs, p.c_str(), io::open_flags::read_write);
-  if (!f) return std::unexpected(f.error());
-  auto size = f->size();
-  if (!size) return std::unexpected(size.error());
-  std::array<std::byte, sizeof(base::format_header)> head{};
-  auto n = f->read_at(0, head);
-  if (!n) return std::unexpected(n.error());
-  if (auto c = mm::check_map(std::span(head).first(*n)); !c) {
-    return std::unexpected(c.error().about(f->shared_path(), 0));
-  }
-  if (*size < static_cast<off_t>(mm::map_size)) {
-    return std::unexpected(
-        error(errc::corrupt).about(f->shared_path(), static_cast<std::uint64_t>(*size)));
-  }
-  return io::mapped_file::map(*f, io::map_access::read_write, mm::map_size, 0);
-}
-
 }  // namespace
 
 // Joins the lock's users through `marker`, under the init lock: as the first user (sets up
@@ -156,7 +138,7 @@ result<bool> memory_map::impl::join() noexcept {
       const bool same_boot = std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0;
       if (!old->degraded) {
         if (same_boot && !opts.force_fallback) {
-          auto m = open_map(*fs, old->map_path);
+          auto m = mm::open_map(*fs, old->map_path);
           if (m) {
             map = std::move(*m);
             map_path = old->map_path;
@@ -226,6 +208,28 @@ result<void> memory_map::impl::rejoin_after_fork() noexcept {
   }
   return {};
 }
+
+namespace mm {
+
+result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p) noexcept {
+  auto f = io::file_handle::open(fs, p.c_str(), io::open_flags::read_write);
+  if (!f) return std::unexpected(f.error());
+  auto size = f->size();
+  if (!size) return std::unexpected(size.error());
+  std::array<std::byte, sizeof(base::format_header)> head{};
+  auto n = f->read_at(0, head);
+  if (!n) return std::unexpected(n.error());
+  if (auto c = mm::check_map(std::span(head).first(*n)); !c) {
+    return std::unexpected(c.error().about(f->shared_path(), 0));
+  }
+  if (*size < static_cast<off_t>(mm::map_size)) {
+    return std::unexpected(
+        error(errc::corrupt).about(f->shared_path(), static_cast<std::uint64_t>(*size)));
+  }
+  return io::mapped_file::map(*f, io::map_access::read_write, mm::map_size, 0);
+}
+
+}  // namespace mm
 
 memory_map::memory_map(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
     : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
