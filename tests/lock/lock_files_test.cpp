@@ -10,6 +10,7 @@
 #include <string>
 
 #include "base/process.hpp"
+#include "keel/io/file_handle.hpp"
 #include "lock/detail/common.hpp"
 #include "support/process.hpp"
 
@@ -38,8 +39,12 @@ struct dead_holder {
 };
 
 std::string content_of(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  auto f = io::file_handle::open(path.c_str(), io::open_flags::read);
+  if (!f) return {};
+  std::string text(256, '\0');
+  auto n = f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
+  text.resize(n ? *n : 0);
+  return text;
 }
 
 TEST(LockFiles, ADeadHoldersFileIsBroken) {
