@@ -7,7 +7,7 @@
 // and every record of it carries its checksum; and one flipped bit anywhere in an accepted
 // chunk (the selected one) turns it into corrupt, never into another chunk or a release:
 // the checksum covers every field but the released flag, which takes no value a single flip
-// of 0 or of released_mark makes.
+// of 0, released_mark or passed_mark makes.
 
 #include <cstring>
 #include <vector>
@@ -43,7 +43,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   KEEL_FUZZ_CHECK(c->time_ns == first.time_ns && c->owner.pid == first.pid &&
                   c->owner.start_time == first.start_time &&
                   std::memcmp(c->owner.boot_id.data(), first.boot_id, 16) == 0);
-  KEEL_FUZZ_CHECK(c->released == (first.released == aa::released_mark));
+  KEEL_FUZZ_CHECK(c->released ==
+                  (first.released == aa::released_mark || first.released == aa::passed_mark));
+  KEEL_FUZZ_CHECK(c->passed == (first.released == aa::passed_mark));
   std::vector<std::uint64_t> entities;
   for (std::size_t k = 0; k < first.count; ++k) {
     const aa::record& r = records[k];

@@ -11,6 +11,7 @@
 
 #include "atomic_append_format.hpp"
 #include "base/planted.hpp"
+#include "base/spin.hpp"
 #include "detail/common.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/mapped_file.hpp"
@@ -89,20 +90,21 @@ std::uint64_t pack(entity e) noexcept {
   return e.value | (static_cast<std::uint64_t>(e.exclusive) << 63);
 }
 
-// Whether a chunk's entities (sorted) and a request's (sorted) share an entity that either
+// Whether two sets of packed entities (each sorted by value) share an entity that either
 // side wants exclusively.
-bool conflicts(const std::vector<std::uint64_t>& theirs, std::span<const entity> mine) noexcept {
+bool conflicts(const std::vector<std::uint64_t>& a, const std::vector<std::uint64_t>& b) noexcept {
+  constexpr std::uint64_t excl_bit = std::uint64_t{1} << 63;
   std::size_t i = 0;
   std::size_t j = 0;
-  constexpr std::uint64_t excl_bit = std::uint64_t{1} << 63;
-  while (i < theirs.size() && j < mine.size()) {
-    const std::uint64_t tv = theirs[i] & ~excl_bit;
-    if (tv < mine[j].value) {
+  while (i < a.size() && j < b.size()) {
+    const std::uint64_t av = a[i] & ~excl_bit;
+    const std::uint64_t bv = b[j] & ~excl_bit;
+    if (av < bv) {
       ++i;
-    } else if (tv > mine[j].value) {
+    } else if (av > bv) {
       ++j;
     } else {
-      if ((theirs[i] & excl_bit) != 0 || mine[j].is_exclusive()) return true;
+      if (((a[i] | b[j]) & excl_bit) != 0) return true;
       ++i;
       ++j;
     }
@@ -122,6 +124,9 @@ struct thread_log final : base::thread_state {
   // The chunks this thread holds. Their byte is locked through `rw`, so a probe through `rw`
   // would succeed, convert the lock to shared and, unlocking, drop it: never probe them.
   std::vector<off_t> held;
+  // How long to watch the first-live hint for the chunk ahead's unlock before sleeping in
+  // the kernel (base::next_spin_budget: follows what watching achieves).
+  std::uint64_t watch_ns = 50'000;
 
   [[nodiscard]] bool is_stuck(off_t chunk) const noexcept {
     return std::find(stuck.begin(), stuck.end(), chunk) != stuck.end();
@@ -187,6 +192,27 @@ struct atomic_append::impl {
   void clear_torn() noexcept {
     for (std::size_t k = 0; k < torn_notes; ++k)
       torn_word(k, 0).store(0);
+  }
+
+  //! Moves the first-live hint from `from` to `to` (everything before `to` is released for
+  //! good) if it is still at `from`; else loads it into `from`. Gives back the space of the
+  //! released prefix now and then (the log only shrinks for real when it is truncated in a
+  //! quiet moment); its end is recorded first, so that zeros below it are known for what
+  //! they are even after the hint is reset.
+  bool advance_live(const io::file_handle& rw, std::uint64_t& from, off_t to) noexcept {
+    if (!first_live().compare_exchange(from, static_cast<std::uint64_t>(to),
+                                       std::memory_order_acq_rel)) {
+      return false;
+    }
+    if (to / punch_every > static_cast<off_t>(from) / punch_every) {
+      auto punched = punched_to();
+      auto was = punched.load();
+      while (was < static_cast<std::uint64_t>(to) &&
+             !punched.compare_exchange(was, static_cast<std::uint64_t>(to))) {
+      }
+      (void)rw.punch_hole(header_size, to - header_size);
+    }
+    return true;
   }
 
   result<thread_log*> mine() noexcept {
@@ -287,8 +313,8 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
 
 namespace {
 
-result<void> mark_released(const io::file_handle& rw, off_t chunk) noexcept {
-  return rw.write_at(chunk + released_at, std::as_bytes(std::span(&released_mark, 1)));
+result<void> mark_released(const io::file_handle& rw, off_t chunk, std::uint32_t mark) noexcept {
+  return rw.write_at(chunk + released_at, std::as_bytes(std::span(&mark, 1)));
 }
 
 // Reads every chunk in [from, to) of the log and calls `visit(chunk)` for each, in order;
@@ -390,6 +416,54 @@ result<bool> is_abandoned(const thread_log& t, off_t offset) noexcept {
   return true;
 }
 
+// Waits until the chunk at `offset` (another's, conflicting with ours) is released, within
+// `cd`; a try (zero countdown) makes one look. Whether its owner passed it on (held it).
+result<bool> wait_out(thread_log& t, live_hint first_live, off_t offset, const io::countdown& cd,
+                      bool spin) noexcept {
+  const auto passed = [&] {
+    return first_live.load(std::memory_order_acquire) > static_cast<std::uint64_t>(offset);
+  };
+  if (passed()) return true;
+  if (!cd.is_zero() &&
+      first_live.load(std::memory_order_relaxed) == static_cast<std::uint64_t>(offset)) {
+    // The chunk ahead is the first live one: its owner holds it (or is about to), and its
+    // unlock moves the hint past it. A kernel sleep and wake-up cost more than a short hold.
+    constexpr std::uint64_t least = 1'000, most = 200'000;
+    const std::uint64_t budget = std::clamp(t.watch_ns, least, most);
+    const bool won = base::spin_until(passed, std::chrono::nanoseconds(budget));
+    t.watch_ns = base::next_spin_budget(budget, won, least, most);
+    if (won) return true;
+  }
+  for (;;) {
+    if (!cd.is_zero() && !cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
+    const io::deadline d = spin || cd.is_zero() ? io::deadline::zero() : detail::rest_of(cd);
+    if (!d.is_zero()) detail::reached("atomic_append.sleeps");
+    auto g = io::lock_extent(t.rw, offset, 1, io::lock_kind::shared, d);
+    if (!g) {
+      if (!detail::is_contention(g.error())) return std::unexpected(g.error());
+      if (!spin || cd.is_zero() || cd.expired()) return detail::contention_error(cd);
+      std::this_thread::yield();
+      continue;
+    }
+    (void)g->unlock();
+    // Its lock was free: released, dead, or its owner is between append and lock.
+    std::uint32_t flag = 0;
+    auto rd = t.rw.read_at(offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
+    if (!rd) return std::unexpected(rd.error());
+    if (flag == passed_mark) return true;
+    if (flag == released_mark) return false;
+    if (flag != 0) return corrupt_at(t.rw, offset + released_at);
+    auto gone = is_abandoned(t, offset);
+    if (!gone) return std::unexpected(gone.error());
+    if (*gone) {
+      (void)mark_released(t.rw, offset, released_mark);  // spare the next reader the check
+      return false;
+    }
+    if (cd.is_zero()) return detail::contention_error(cd);  // between append and lock: held
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace
 
 result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
@@ -452,7 +526,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
       // let go, so readers step over it rather than find the log corrupt from here on (and
       // one that finds it first waits for the header lock, then for this note).
       if (!impl_->note_torn(mine_at, w->length) && w->length >= sizeof(record)) {
-        (void)mark_released(t.rw, mine_at);  // no room for a note: harmless at least
+        (void)mark_released(t.rw, mine_at, released_mark);  // no room for a note: harmless at least
       }
       return std::unexpected(
           error(std::make_error_code(std::errc::no_space_on_device))
@@ -468,18 +542,18 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
         break;
       }
       if (!detail::is_contention(g.error())) {
-        (void)mark_released(t.rw, mine_at);
+        (void)mark_released(t.rw, mine_at, released_mark);
         return std::unexpected(g.error());
       }
       if (!steps.is_infinite() && steps.expired()) {
-        (void)mark_released(t.rw, mine_at);
+        (void)mark_released(t.rw, mine_at, released_mark);
         return detail::contention_error(cd);
       }
       std::this_thread::yield();
     }
   }
   const auto withdraw = [&](const error& ec) -> result<std::uint64_t> {
-    if (mark_released(t.rw, mine_at)) {
+    if (mark_released(t.rw, mine_at, released_mark)) {
       (void)io::unlock_extent(t.rw, mine_at, 1);
     } else {
       t.stuck.push_back(mine_at);  // held to the others until marked (see thread_log)
@@ -487,7 +561,11 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     return std::unexpected(ec);
   };
 
-  // Wait for every earlier live chunk that conflicts with ours, in log order.
+  // Find the earlier live chunks that conflict with ours, then wait them out nearest first:
+  // one that its owner passed on (held, then unlocked) was granted only after every chunk
+  // before it that conflicts with it was released, so those need no look of their own. With
+  // one entity, a waiter sleeps on the one chunk ahead of it, and each unlock wakes one
+  // waiter.
   auto first_live = impl_->first_live();
   auto hint = first_live.load(std::memory_order_acquire);
   if (hint > static_cast<std::uint64_t>(mine_at)) {
@@ -497,9 +575,12 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
                                 std::memory_order_acq_rel);
     hint = static_cast<std::uint64_t>(header_size);
   }
-  const auto from = static_cast<off_t>(hint);
-  bool all_released = true;
-  off_t released_prefix = from;
+  const auto from = std::max(static_cast<off_t>(hint), header_size);
+  std::vector<std::uint64_t> want(sorted.size());
+  std::transform(sorted.begin(), sorted.end(), want.begin(), pack);
+  std::vector<chunk_view> ahead;  // conflicting and live, in log order
+  off_t released_prefix = from;   // every chunk before it is released
+  std::optional<off_t> blocker;   // the first live chunk we do not wait for
   error failure;
   // A torn append (noted by its appender before it lets go of the shared header lock):
   // once the header lock is ours exclusively, every torn append is noted.
@@ -511,112 +592,65 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     return at + static_cast<off_t>(impl_->torn_at(at));
   };
   auto scanned = scan(
-      t.rw, first_live, impl_->punched_to(), std::max(from, header_size), mine_at,
-      [&](const chunk_view& c) -> result<bool> {
-        bool released = c.released;
-        if (!released && t.is_stuck(c.offset)) {
+      t.rw, first_live, impl_->punched_to(), from, mine_at,
+      [&](chunk_view& c) -> result<bool> {
+        if (c.released) {
+          if (!blocker && ahead.empty()) released_prefix = c.offset + c.length;
+          return true;
+        }
+        if (t.is_stuck(c.offset)) {
           // Ours, released but not marked: try the mark again; free it for us anyway.
-          if (mark_released(t.rw, c.offset)) {
+          if (mark_released(t.rw, c.offset, released_mark)) {
             (void)io::unlock_extent(t.rw, c.offset, 1);
             std::erase(t.stuck, c.offset);
           }
-          all_released = false;  // to the others it is held until marked
+          if (!blocker) blocker = c.offset;  // to the others it is held until marked
           return true;
         }
-        if (!released && conflicts(c.entities, sorted)) {
-          // A try (zero deadline) looks once too: a caller that only polls must see a
-          // dead holder's chunk for what it is.
-          for (;;) {
-            if (!cd.is_zero() && !cd.is_infinite() && cd.expired()) {
-              failure = detail::contention_error(cd).error();
-              return false;
-            }
-            const io::deadline d =
-                spin || cd.is_zero() ? io::deadline::zero() : detail::rest_of(cd);
-            auto g = io::lock_extent(t.rw, c.offset, 1, io::lock_kind::shared, d);
-            if (!g) {
-              if (!detail::is_contention(g.error())) {
-                failure = g.error();
-                return false;
-              }
-              if (!spin || cd.is_zero() || cd.expired()) {
-                failure = detail::contention_error(cd).error();
-                return false;
-              }
-              std::this_thread::yield();
-              continue;
-            }
-            (void)g->unlock();
-            // Its lock was free: released, dead, or its owner is between append and lock.
-            std::uint32_t flag = 0;
-            auto rd =
-                t.rw.read_at(c.offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
-            if (!rd) {
-              failure = rd.error();
-              return false;
-            }
-            if (flag == released_mark) break;
-            if (flag != 0) {
-              failure = corrupt_at(t.rw, c.offset + released_at).error();
-              return false;
-            }
-            auto gone = is_abandoned(t, c.offset);
-            if (!gone) {
-              failure = gone.error();
-              return false;
-            }
-            if (*gone) {
-              (void)mark_released(t.rw, c.offset);  // spare the next reader the check
-              break;
-            }
-            if (cd.is_zero()) {  // its owner is between append and lock: held
-              failure = detail::contention_error(cd).error();
-              return false;
-            }
-            std::this_thread::yield();
+        if (conflicts(c.entities, want)) {
+          // Held by this thread through a guard it released: it stays locked until the
+          // process exits, and a probe through our own descriptor would drop it.
+          if (t.is_mine(c.offset)) {
+            failure = error(std::make_error_code(std::errc::resource_deadlock_would_occur));
+            return false;
           }
-          released = true;
-        } else if (!released && all_released && now_ns > c.time_ns + stale_after_ns &&
-                   !t.is_mine(c.offset)) {
+          ahead.push_back(std::move(c));
+          return true;
+        }
+        if (!blocker && now_ns > c.time_ns + stale_after_ns && !t.is_mine(c.offset)) {
           // An old live record holds back the hint: if its owner died, it is released. (Only
           // old ones are checked: a look for every live record would cost too much.)
           auto gone = is_abandoned(t, c.offset);
           if (gone && *gone) {
-            (void)mark_released(t.rw, c.offset);
-            released = true;
+            (void)mark_released(t.rw, c.offset, released_mark);
+            if (ahead.empty()) released_prefix = c.offset + c.length;
+            return true;
           }
         }
-        if (all_released && released) {
-          released_prefix = c.offset + c.length;
-        } else {
-          all_released = false;
-        }
+        if (!blocker) blocker = c.offset;
         return true;
       },
       heal);
   if (!scanned) return withdraw(scanned.error());
   if (failure) return withdraw(failure);
+  while (!ahead.empty()) {
+    const chunk_view q = std::move(ahead.back());
+    ahead.pop_back();
+    auto passed = wait_out(t, first_live, q.offset, cd, spin);
+    if (!passed) return withdraw(passed.error());
+    if (first_live.load(std::memory_order_acquire) > static_cast<std::uint64_t>(q.offset)) {
+      ahead.clear();  // everything before the hint is released
+    } else if (*passed) {
+      std::erase_if(ahead, [&](const chunk_view& c) { return conflicts(c.entities, q.entities); });
+    }
+  }
+  // Every chunk we waited for is released now.
+  released_prefix = std::max(released_prefix, blocker.value_or(mine_at));
 
   // Everything before `released_prefix` is released for good: later scans may skip it.
   auto expected = first_live.load(std::memory_order_relaxed);
-  while (expected < static_cast<std::uint64_t>(released_prefix)) {
-    if (first_live.compare_exchange(expected, static_cast<std::uint64_t>(released_prefix),
-                                    std::memory_order_acq_rel)) {
-      // Give back the space of the released prefix now and then (the log only shrinks for
-      // real when it is truncated in a quiet moment). Its end is recorded first, so that
-      // zeros below it are known for what they are even after the hint is reset.
-      const off_t old_mib = static_cast<off_t>(expected) / punch_every;
-      const off_t new_mib = released_prefix / punch_every;
-      if (new_mib > old_mib) {
-        auto punched = impl_->punched_to();
-        auto was = punched.load();
-        while (was < static_cast<std::uint64_t>(released_prefix) &&
-               !punched.compare_exchange(was, static_cast<std::uint64_t>(released_prefix))) {
-        }
-        (void)t.rw.punch_hole(header_size, released_prefix - header_size);
-      }
-      break;
-    }
+  while (expected < static_cast<std::uint64_t>(released_prefix) &&
+         !impl_->advance_live(t.rw, expected, released_prefix)) {
   }
   try {
     t.held.push_back(mine_at);
@@ -626,7 +660,8 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   return static_cast<std::uint64_t>(mine_at);
 }
 
-result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t token) noexcept {
+result<void> atomic_append::do_unlock(std::span<const entity> sorted,
+                                      std::uint64_t token) noexcept {
   auto state = impl_->mine();
   if (!state) return std::unexpected(state.error());
   thread_log& t = **state;
@@ -635,16 +670,30 @@ result<void> atomic_append::do_unlock(std::span<const entity>, std::uint64_t tok
   // Released first, then the lock: a waiter woken by the unlock already sees the flag. If
   // the flag cannot be written, the lock stays held (a free lock on a record that says held,
   // with its owner alive, is a state nobody could tell from an owner about to lock it).
-  if (auto r = mark_released(t.rw, at); !r) {
+  if (auto r = mark_released(t.rw, at, passed_mark); !r) {
     t.stuck.push_back(at);
     return r;
   }
+  // Ours was the first live chunk: now the hint may pass it. The waiter next in line
+  // watches the hint (shared memory) before it sleeps on our chunk's lock.
+  const off_t end =
+      at + static_cast<off_t>((sorted.size() + entities_per_record - 1) / entities_per_record) *
+               record_size;
+  std::uint64_t head = static_cast<std::uint64_t>(at);
+  (void)impl_->advance_live(t.rw, head, end);
   if (auto u = io::unlock_extent(t.rw, at, 1); !u) return u;
 
   // Reset the log when it has grown and nobody holds or waits: under the exclusive header
-  // lock no append is in flight, and every record found released stays released.
+  // lock no append is in flight, and every record found released stays released. A live
+  // chunk right after ours (a waiter, under contention) ends it with one read: a look per
+  // unlock would stall appenders for nothing.
   auto size = t.rw.size();
   if (!size || *size < truncate_above) return {};
+  if (*size > end) {
+    record next{};
+    auto n = t.rw.read_at(end, std::as_writable_bytes(std::span(&next, 1)));
+    if (n && *n == sizeof next && next.magic == record_magic && next.released == 0) return {};
+  }
   auto h = io::try_lock_extent(t.rw, header_lock_byte, 1, io::lock_kind::exclusive);
   if (!h) return {};  // appenders at work: someone else will do it later
   // The size again, now that no append can be in flight: records appended since the first

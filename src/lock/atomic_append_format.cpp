@@ -27,10 +27,14 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
   c.length = static_cast<off_t>(first.count) * record_size;
   c.time_ns = first.time_ns;
   // The released flag is outside the checksum (its owner sets it later), so it takes one
-  // value that no bit flip of 0 can make: anything else is corruption, never a release.
+  // of two values that no bit flip of 0 or of each other makes: anything else is
+  // corruption, never a release.
   const std::uint32_t released = std::atomic_ref<const std::uint32_t>(first.released).load();
-  if (released != 0 && released != released_mark) return keel_error(errc::corrupt);
-  c.released = released == released_mark;
+  if (released != 0 && released != released_mark && released != passed_mark) {
+    return keel_error(errc::corrupt);
+  }
+  c.released = released != 0;
+  c.passed = released == passed_mark;
   c.owner.pid = first.pid;
   c.owner.pid_ns = first.pid_ns;
   c.owner.start_time = first.start_time;

@@ -26,7 +26,10 @@ constexpr std::size_t punched_to_at = 72;  // the end of the punched prefix (a h
 constexpr std::size_t torn_notes_at = 128;
 constexpr std::size_t torn_notes = 8;
 constexpr std::uint32_t record_magic = 0x3152414b;   // "KAR1"
-constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD"
+constexpr std::uint32_t released_mark = 0x444c5352;  // "RSLD": withdrawn, or its owner died
+// Released by an owner that held it: every earlier chunk that conflicts with this one was
+// released before it was granted (waiters rely on it to wait on the nearest chunk only).
+constexpr std::uint32_t passed_mark = 0x53534150;  // "PASS"
 
 struct record {
   std::uint32_t magic;
@@ -38,8 +41,8 @@ struct record {
   std::uint64_t time_ns;
   std::uint8_t boot_id[16];
   std::uint64_t checksum;  // XXH3 of the record with checksum and released zeroed
-  std::uint32_t released;  // released_mark, set by the owner on unlock (or by anyone who finds
-                           // it dead); 0 while held
+  std::uint32_t released;  // passed_mark, set by the owner on unlock; released_mark when it
+                           // gave up waiting or was found dead; 0 while held
   std::uint32_t pid_ns;    // the owner's pid namespace (0: unknown)
   std::uint64_t entities[atomic_append::entities_per_record];  // value | exclusive << 63
 };
@@ -47,7 +50,7 @@ static_assert(sizeof(record) == 256);
 constexpr off_t record_size = sizeof(record);
 constexpr off_t released_at = offsetof(record, released);
 constexpr base::format log_format{
-    "KEELAALG", 3,
+    "KEELAALG", 4,
     base::layout_of({header_size, record_size, first_live_at, punched_to_at, torn_notes_at,
                      torn_notes, atomic_append::entities_per_record})};
 
@@ -60,6 +63,7 @@ struct chunk_view {
   off_t length = 0;
   std::uint64_t time_ns = 0;
   bool released = false;
+  bool passed = false;  // released with passed_mark
   base::process_identity owner;
   std::vector<std::uint64_t> entities;  // sorted, as written
 };
@@ -67,8 +71,8 @@ struct chunk_view {
 //! Reads the chunk starting at `offset`; `records` holds what was read from there on (at
 //! least the whole chunk). Errors: corrupt (without a file or offset: the caller knows them)
 //! when the first record does not start a chunk, the chunk is longer than `records`, any of
-//! its records fails its checksum or names another chunk, or a released flag is neither 0
-//! nor released_mark.
+//! its records fails its checksum or names another chunk, or a released flag is not 0,
+//! released_mark or passed_mark.
 [[nodiscard]] result<chunk_view> parse_chunk(off_t offset,
                                              std::span<const record> records) noexcept;
 

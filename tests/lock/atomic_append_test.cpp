@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <future>
 #include <optional>
@@ -473,6 +474,114 @@ TEST(AtomicAppend, WaiterBehindAGiveUpStillWaitsForTheHolder) {
   ASSERT_TRUE(held->unlock());
   EXPECT_EQ(waiter_in.wait(), '!');
   EXPECT_EQ(test::wait_exit(waiter), 0);
+}
+
+// Issue 15 (scaling): every release woke every waiter, and each went back to sleep on the
+// next request: a queue of n waiters cost O(n) wake-ups a release. A waiter now sleeps on the
+// request just ahead of it, and is woken once.
+std::atomic<int> kernel_sleeps{0};
+void count_sleeps(std::string_view point) {
+  if (point == "atomic_append.sleeps") kernel_sleeps.fetch_add(1);
+}
+
+TEST(AtomicAppend, AWaiterSleepsOnceWhateverTheQueueAhead) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto first = (*m)->lock({entity(1)});
+  ASSERT_TRUE(first);
+  constexpr int waiters = 8;
+  std::vector<pid_t> pids;
+  for (int c = 0; c < waiters; ++c) {
+    test::signal_pipe queued;
+    pids.push_back(test::fork_child([&] {
+      detail::test_hook.store(count_sleeps);
+      auto mm = atomic_append::open(path);
+      if (!mm) return 100;
+      std::thread tell([&] {
+        std::this_thread::sleep_for(100ms);  // long enough for the append to have happened
+        queued.notify();
+      });
+      auto g = (*mm)->lock({entity(1)}, 20s);
+      tell.join();
+      if (!g) return 101;
+      std::this_thread::sleep_for(20ms);  // longer than the next waiter watches the hint
+      return kernel_sleeps.load();
+    }));
+    ASSERT_EQ(queued.wait(), '!');
+  }
+  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(first->unlock());
+  for (int c = 0; c < waiters; ++c) {
+    const int sleeps = test::wait_exit(pids[static_cast<std::size_t>(c)]);
+    EXPECT_GE(sleeps, 1) << "waiter " << c << " never slept: the test proves nothing";
+    EXPECT_LE(sleeps, 2) << "waiter " << c << " was woken for others' releases";
+  }
+}
+
+// A chunk passed on (held, then unlocked) vouches for the earlier chunks it conflicts with;
+// two shared holders do not conflict, so one passing on says nothing of the other.
+TEST(AtomicAppend, ASharedHolderPassingOnDoesNotVouchForAnotherSharedHolder) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto reader = (*m)->lock({entity(7, false)});
+  ASSERT_TRUE(reader);
+  test::signal_pipe second_out, writer_queued, writer_in;
+  const pid_t second = test::fork_child([&] {
+    auto mm = atomic_append::open(path);
+    if (!mm) return 1;
+    auto g = (*mm)->lock({entity(7, false)}, 2s);  // shares with `reader`
+    if (!g) return 2;
+    if (!writer_queued.ready_within(5s)) return 3;  // still held while the writer queues
+    std::this_thread::sleep_for(100ms);
+    return g->unlock() ? 0 : 4;  // passes on, with `reader` still in
+  });
+  const pid_t writer = test::fork_child([&] {
+    std::this_thread::sleep_for(200ms);  // after `second`
+    auto mm = atomic_append::open(path);
+    if (!mm) return 1;
+    std::thread tell([&] {
+      std::this_thread::sleep_for(100ms);
+      writer_queued.notify();
+    });
+    auto g = (*mm)->lock({entity(7)}, 20s);
+    tell.join();
+    if (!g) return 2;
+    writer_in.notify();
+    return 0;
+  });
+  EXPECT_EQ(test::wait_exit(second), 0);
+  EXPECT_FALSE(writer_in.ready_within(500ms)) << "the writer got in beside a reader";
+  ASSERT_TRUE(reader->unlock());
+  EXPECT_EQ(writer_in.wait(), '!');
+  EXPECT_EQ(test::wait_exit(writer), 0);
+}
+
+// Found while making waits O(1): a thread that released a guard (its entities stay locked
+// until the process exits) and locks one of them again probed its own chunk through its own
+// descriptor, which drops that lock, found it "abandoned" and walked in.
+TEST(AtomicAppend, RelockingAReleasedGuardsEntityIsADeadlockNotABreak) {
+  temp_dir dir;
+  const std::string path = dir.file("log");
+  auto m = atomic_append::open(path);
+  ASSERT_TRUE(m);
+  auto g = (*m)->lock({entity(4)});
+  ASSERT_TRUE(g);
+  g->release();
+  auto again = (*m)->lock({entity(4)}, 200ms);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error(), std::errc::resource_deadlock_would_occur);
+  // Still held to everyone else.
+  const pid_t other = test::fork_child([&] {
+    auto mm = atomic_append::open(path);
+    if (!mm) return 1;
+    auto t = (*mm)->try_lock({entity(4)});
+    return !t && t.error() == std::errc::operation_would_block ? 0 : 2;
+  });
+  EXPECT_EQ(test::wait_exit(other), 0);
 }
 
 }  // namespace
