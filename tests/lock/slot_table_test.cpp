@@ -159,6 +159,40 @@ TEST(SlotTable, AWakeUpMarkForASleeperThatLeftIsNotLeftBehind) {
   (void)sleeper;
 }
 
+// Adversarial review of issue 15: a releaser killed between making a grant and taking it
+// back (its target had stopped waiting) left the slot granted to a live user that never
+// collects it: everyone else waited until that user happened to lock the slot again.
+TEST(SlotTable, AGrantLeftToALiveUserThatStoppedWaitingIsTakenBack) {
+  table_fixture f;
+  auto& [holder, gone, sleeper] = f.users;
+  f.table.slot(5).writer().store((1u + 1) | granted);  // the dead releaser's grant to user 1
+  f.sleep_on(2, 5, true, /*long_ago=*/true);
+  EXPECT_FALSE(f.table.take(holder, {5, true}));
+  EXPECT_TRUE(f.table.drop_orphans(5));
+  EXPECT_EQ(f.table.slot(5).writer().load(), (2u + 1) | granted) << "passed on to the sleeper";
+  EXPECT_FALSE(f.table.drop_orphans(5)) << "a grant to a sleeper is no orphan";
+  (void)gone;
+  (void)sleeper;
+}
+
+// The same for a woken mark naming a user that no longer waits (set by a releaser killed
+// before it took the mark back): no release woke a sleeper of the slot again.
+TEST(SlotTable, AWokenMarkLeftToAUserThatStoppedWaitingIsTakenBack) {
+  table_fixture f;
+  auto& [holder, gone, sleeper] = f.users;
+  f.table.slot(6).woken().store(1u + 1);
+  ASSERT_TRUE(f.table.take(holder, {6, true}));
+  f.sleep_on(2, 6, true, /*long_ago=*/false);
+  std::uint32_t before = f.table.wake_word(2).load();
+  f.table.give(holder, {6, true});
+  ASSERT_EQ(f.table.wake_word(2).load(), before) << "the mark did not hold the wake-up back";
+  EXPECT_TRUE(f.table.drop_orphans(6));
+  EXPECT_EQ(f.table.slot(6).woken().load(), 2u + 1) << "the sleeper was not woken";
+  EXPECT_NE(f.table.wake_word(2).load(), before);
+  (void)gone;
+  (void)sleeper;
+}
+
 // Review finding (issue 15 #10c): a reader that waits to become the writer (an upgrade)
 // counted its own reader bit as "readers still in", so the last other reader's release
 // neither woke it nor handed it the slot: it went on only at its timer.

@@ -51,6 +51,7 @@ result<map_holders> holders_of(const slot_table& table, const io::file_handle& m
   };
   for (std::size_t i = 0; i < slots; ++i) {
     const slot_ref s = table.slot(i);
+    (void)table.drop_orphans(i);  // a grant nobody waits for holds nothing
     if (const std::uint32_t w = s.writer_user(); w != no_slot) {
       auto live = lives(w, i);
       if (!live) return std::unexpected(live.error());

@@ -61,6 +61,11 @@ result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
       std::chrono::steady_clock::now() + recovery_pause(recovery, s.waiter_count().load());
   for (;;) {
     const std::uint32_t seen = table.wake_word(u).load();
+    // Our woken mark goes before we look: one set before `seen` has had its wake-up (we
+    // see it in `seen`), and left on while we sleep on it, it would stop every later
+    // release from waking any sleeper of this slot.
+    std::uint64_t me_woken = u + 1;
+    s.woken().compare_exchange_strong(me_woken, 0);
     if (table.take(me, r)) {
       leave();
       return wait_outcome::taken;
@@ -88,8 +93,6 @@ result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
     if (!cd.is_infinite()) nap = std::min(nap, cd.remaining());
     base::futex_wait(&table.user(u)->wake, seen, std::max(nap, std::chrono::nanoseconds(1000)),
                      base::futex_scope::shared);
-    std::uint64_t me_woken = u + 1;  // on our way: the next release may wake another
-    s.woken().compare_exchange_strong(me_woken, 0);
   }
 }
 

@@ -190,6 +190,26 @@ bool slot_table::withdraw_grant(std::size_t i, std::uint32_t u) const noexcept {
   return true;
 }
 
+bool slot_table::drop_orphans(std::size_t i) const noexcept {
+  const slot_ref s = slot(i);
+  bool dropped = false;
+  // Only an uncollected grant matches withdraw_grant's compare-and-swap: if the target
+  // collects it first (its lock), it stays.
+  if (const std::uint64_t w = s.writer().load(); (w & granted) != 0) {
+    const auto u = static_cast<std::uint32_t>((w & ~granted) - 1);
+    if (u < max_users && !is_waiting(s, u)) dropped |= withdraw_grant(i, u);
+  }
+  if (std::uint64_t mark = s.woken().load(); mark != 0) {
+    const bool orphan = mark > max_users || !is_waiting(s, static_cast<std::uint32_t>(mark - 1));
+    if (orphan && s.woken().compare_exchange_strong(mark, 0)) {
+      // The wake-up it held back.
+      hand_on(i, mark <= max_users ? static_cast<std::uint32_t>(mark - 1) : 0);
+      dropped = true;
+    }
+  }
+  return dropped;
+}
+
 void slot_table::clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
   const slot_ref s = slot(i);
   const std::uint64_t bit = std::uint64_t{1} << (u % 64);

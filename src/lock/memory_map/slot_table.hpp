@@ -149,6 +149,11 @@ class slot_table {
   //! Takes back a grant to `u` that nobody will collect, and hands the slot on: whether
   //! there was one (a grant `u` collected is its lock and is never taken back).
   bool withdraw_grant(std::size_t i, std::uint32_t u) const noexcept;
+  //! Takes back what a releaser killed half-way through `hand_on` left to a live user that
+  //! no longer waits on slot `i`: a grant (nobody would collect it, and the slot would stay
+  //! taken while its owner lives) or a woken mark (no release would wake a sleeper again).
+  //! Whether there was one.
+  bool drop_orphans(std::size_t i) const noexcept;
   //! Removes every mark user `u` left in slot `i` (held, granted, reading, waiting, woken),
   //! and hands the slot on if that freed it.
   void clear_user_in(std::size_t i, std::uint32_t u) const noexcept;

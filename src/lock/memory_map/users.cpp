@@ -99,7 +99,7 @@ result<bool> memory_map::impl::recover_if_dead(const mm::thread_user& t, std::ui
 result<bool> memory_map::impl::recover_blockers(const mm::thread_user& t,
                                                 std::size_t i) const noexcept {
   const mm::slot_ref s = table.slot(i);
-  bool any = false;
+  bool any = table.drop_orphans(i);
   if (const std::uint32_t w = s.writer_user(); w != mm::no_slot) {
     auto r = recover_if_dead(t, w, i);
     if (!r) return r;
