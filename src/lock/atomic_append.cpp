@@ -281,7 +281,9 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
   // ones too), so the log starts afresh instead of being scanned, or refused, forever.
   auto first = io::try_lock_extent(*f, in_use_byte, 1, io::lock_kind::exclusive);
   if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
-  if (first && *size > header_size) {
+  if (first) {
+    // Also when the log is no longer than its header: a reset killed after its truncation
+    // leaves the hints and torn notes of the log it removed.
     const std::uint64_t from = live_hint::encode(header_size);
     if (auto w = f->write_at(first_live_at, std::as_bytes(std::span(&from, 1))); !w) {
       return std::unexpected(w.error());
@@ -574,6 +576,13 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
     first_live.compare_exchange(hint, static_cast<std::uint64_t>(header_size),
                                 std::memory_order_acq_rel);
     hint = static_cast<std::uint64_t>(header_size);
+  }
+  // Likewise the end of the punched prefix (a reset killed between its truncation and the
+  // reset of this hint): believed, it would make a reader that meets zeros jump past live
+  // chunks. Every locker checks it before it scans, so none scans with it.
+  auto punched = impl_->punched_to();
+  if (auto p = punched.load(); p > static_cast<std::uint64_t>(mine_at)) {
+    punched.compare_exchange(p, static_cast<std::uint64_t>(header_size));
   }
   const auto from = std::max(static_cast<off_t>(hint), header_size);
   std::vector<std::uint64_t> want(sorted.size());
