@@ -55,6 +55,7 @@ int to_posix_flags(open_flags flags) noexcept {
   if (has(flags, open_flags::append)) f |= O_APPEND;
   if (has(flags, open_flags::directory)) f |= O_DIRECTORY;
   if (has(flags, open_flags::no_follow)) f |= O_NOFOLLOW;
+  if (has(flags, open_flags::non_blocking)) f |= O_NONBLOCK;
   if (has(flags, open_flags::temporary)) f = (f & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_TMPFILE;
   return f;
 }

@@ -130,10 +130,18 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name) noexcep
     if (detail::is_contention(turn.error())) return false;  // someone else is on it
     return std::unexpected(turn.error());
   }
-  auto f = io::file_handle::open_at(t.dir, name, io::open_flags::read);
+  // Without following a link or blocking on a FIFO someone made at the name: what is not a
+  // regular file is not a lock file, and is never judged (nor removed).
+  auto f = io::file_handle::open_at(
+      t.dir, name, io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) {
     if (f.error() == std::errc::no_such_file_or_directory) return true;
+    if (f.error() == std::errc::too_many_symbolic_link_levels) return false;
     return std::unexpected(f.error());
+  }
+  if (auto st = f->status(); !st || !st->is_regular()) {
+    if (!st) return std::unexpected(st.error());
+    return false;
   }
   owner_record rec{};
   auto n = f->read_at(0, std::as_writable_bytes(std::span(&rec, 1)));

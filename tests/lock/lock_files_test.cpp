@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +55,32 @@ TEST(LockFiles, ADeadHoldersFileIsBroken) {
   auto m = lock_files::open(d.path);
   ASSERT_TRUE(m);
   EXPECT_TRUE((*m)->try_lock({entity(5)}));
+}
+
+// Adversarial review of issue 15: the breaker opened the file at an entity's name without
+// O_NONBLOCK, so a FIFO someone made there (the directory may be shared) blocked even a try,
+// forever, while it held the breakers' turn. What is not a regular file is never judged.
+TEST(LockFiles, AFifoAtAnEntitysNameNeverBlocksATry) {
+  temp_dir dir;
+  const std::string path = dir.file("locks");
+  {
+    auto m = lock_files::open(path);  // makes the directory
+    ASSERT_TRUE(m);
+  }
+  ASSERT_EQ(::mkfifo((path + "/0000000000000005").c_str(), 0600), 0);
+  test::signal_pipe returned;
+  const pid_t child = fork_child([&] {
+    auto m = lock_files::open(path);
+    if (!m) return 1;
+    auto g = (*m)->try_lock({entity(5)});
+    returned.notify();
+    return !g && g.error() == std::errc::operation_would_block ? 0 : 2;
+  });
+  const bool back = returned.ready_within(std::chrono::seconds(5));
+  if (!back) ::kill(child, SIGKILL);
+  EXPECT_TRUE(back) << "the try blocked on the FIFO";
+  EXPECT_EQ(wait_exit(child), back ? 0 : 128 + SIGKILL);
+  EXPECT_TRUE(std::filesystem::is_fifo(path + "/0000000000000005")) << "a foreign file removed";
 }
 
 // Review finding (issue 15 #3): the breaker read the owner record, judged the owner dead,

@@ -31,17 +31,18 @@ struct fs_info;
 //! How a file is opened. Combine with `|`. Every descriptor keel opens is O_CLOEXEC.
 enum class open_flags : std::uint32_t {
   none = 0,
-  read = 1u << 0,        //!< O_RDONLY (with write: O_RDWR)
-  write = 1u << 1,       //!< O_WRONLY (with read: O_RDWR)
-  create = 1u << 2,      //!< O_CREAT
-  exclusive = 1u << 3,   //!< O_EXCL: fail with file_exists if it exists (needs create)
-  truncate = 1u << 4,    //!< O_TRUNC
-  direct = 1u << 5,      //!< O_DIRECT: transfers must be aligned to the device's block size
-  sync = 1u << 6,        //!< O_DSYNC: each write returns once its data is durable
-  append = 1u << 7,      //!< O_APPEND: every write goes to the end, atomically
-  directory = 1u << 8,   //!< O_DIRECTORY: only a directory (read, no write)
-  no_follow = 1u << 9,   //!< O_NOFOLLOW: a symlink as the last component fails with ELOOP
-  temporary = 1u << 10,  //!< O_TMPFILE: an unnamed file in the directory `path` (needs write)
+  read = 1u << 0,           //!< O_RDONLY (with write: O_RDWR)
+  write = 1u << 1,          //!< O_WRONLY (with read: O_RDWR)
+  create = 1u << 2,         //!< O_CREAT
+  exclusive = 1u << 3,      //!< O_EXCL: fail with file_exists if it exists (needs create)
+  truncate = 1u << 4,       //!< O_TRUNC
+  direct = 1u << 5,         //!< O_DIRECT: transfers must be aligned to the device's block size
+  sync = 1u << 6,           //!< O_DSYNC: each write returns once its data is durable
+  append = 1u << 7,         //!< O_APPEND: every write goes to the end, atomically
+  directory = 1u << 8,      //!< O_DIRECTORY: only a directory (read, no write)
+  no_follow = 1u << 9,      //!< O_NOFOLLOW: a symlink as the last component fails with ELOOP
+  temporary = 1u << 10,     //!< O_TMPFILE: an unnamed file in the directory `path` (needs write)
+  non_blocking = 1u << 11,  //!< O_NONBLOCK: opening a FIFO or device at the path never blocks
   read_write = read | write,
 };
 [[nodiscard]] constexpr open_flags operator|(open_flags a, open_flags b) noexcept {

@@ -68,8 +68,8 @@ inline result<file_id> identify(const io::file_handle& f) noexcept {
 
 //! How lock files are opened: made if missing, and never through a symlink (ELOOP): a link
 //! planted at a lock path must not make keel lock, or write to, a file it points to.
-constexpr io::open_flags lock_file_flags =
-    io::open_flags::read_write | io::open_flags::create | io::open_flags::no_follow;
+constexpr io::open_flags lock_file_flags = io::open_flags::read_write | io::open_flags::create |
+                                           io::open_flags::no_follow | io::open_flags::non_blocking;
 
 //! Whether `f`, opened again by path for a thread of an instance that opened the path as
 //! `id`, is that same file. Else ESTALE about `path`: it was removed or replaced since, and
