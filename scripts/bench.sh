@@ -78,7 +78,7 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
 done
 
 step 3/7 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
-for algo in flock fcntl sysv memory_map; do
+for algo in flock fcntl sysv atomic_append memory_map; do
   "$keel" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")

@@ -459,6 +459,27 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
                            fmt_ratio(ratio), "≥ 1×", ratio >= 1.0});
         measured_short = true;
       }
+      // Issue 15: atomic_append against the kernel locks with short holds.
+      const auto total_of = [&](const std::string& k) {
+        return short_rows.contains(k) && short_rows[k].contains(n)
+                   ? short_rows[k][n]["total"].get<double>()
+                   : 0.0;
+      };
+      const double aa = total_of("atomic_append");
+      const double fcntl = total_of("fcntl");
+      const double flock = total_of("flock");
+      if (aa > 0 && fcntl > 0 && flock > 0) {
+        const std::string hold =
+            fmt::format("busy {} µs, {} workers", short_params["busy_us"].dump(), n);
+        targets.push_back({fmt::format("lockscale {}: atomic_append total vs fcntl", hold),
+                           fmt_ratio(aa / fcntl), "≥ 0.9×", aa / fcntl >= 0.9});
+        const double aa_sys = short_rows["atomic_append"][n]["system_cpu"].get<double>() / aa;
+        const double flock_sys = short_rows["flock"][n]["system_cpu"].get<double>() / flock;
+        targets.push_back(
+            {fmt::format("lockscale {}: atomic_append system CPU per acquisition", hold),
+             fmt::format("{:.1f} µs (flock {:.1f} µs)", aa_sys * 1e6, flock_sys * 1e6),
+             "≤ 2× flock's", aa_sys <= 2 * flock_sys});
+      }
     }
   }
   bool measured_cas = false;
