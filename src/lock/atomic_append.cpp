@@ -86,6 +86,11 @@ class live_hint {
   std::atomic_ref<std::uint64_t> word_;
 };
 
+// The records one lock call of `entities` entities appends (its chunk).
+constexpr std::size_t records_for(std::size_t entities) noexcept {
+  return (entities + atomic_append::entities_per_record - 1) / atomic_append::entities_per_record;
+}
+
 std::uint64_t pack(entity e) noexcept {
   return e.value | (static_cast<std::uint64_t>(e.exclusive) << 63);
 }
@@ -418,14 +423,21 @@ result<bool> is_abandoned(const thread_log& t, off_t offset) noexcept {
   return true;
 }
 
+// How a chunk waited for was released, and what that says of the chunks before it.
+enum class released_as : std::uint8_t {
+  given_up,     // withdrawn or abandoned (RSLD): nothing
+  passed_on,    // PASS: every earlier chunk that conflicts with it is released
+  behind_hint,  // the first-live hint is past it: every earlier chunk is released
+};
+
 // Waits until the chunk at `offset` (another's, conflicting with ours) is released, within
-// `cd`; a try (zero countdown) makes one look. Whether its owner passed it on (held it).
-result<bool> wait_out(thread_log& t, live_hint first_live, off_t offset, const io::countdown& cd,
-                      bool spin) noexcept {
+// `cd`; a try (zero countdown) makes one look.
+result<released_as> wait_out(thread_log& t, live_hint first_live, off_t offset,
+                             const io::countdown& cd, bool spin) noexcept {
   const auto passed = [&] {
     return first_live.load(std::memory_order_acquire) > static_cast<std::uint64_t>(offset);
   };
-  if (passed()) return true;
+  if (passed()) return released_as::behind_hint;
   if (!cd.is_zero() &&
       first_live.load(std::memory_order_relaxed) == static_cast<std::uint64_t>(offset)) {
     // The chunk ahead is the first live one: its owner holds it (or is about to), and its
@@ -434,7 +446,7 @@ result<bool> wait_out(thread_log& t, live_hint first_live, off_t offset, const i
     const std::uint64_t budget = std::clamp(t.watch_ns, least, most);
     const bool won = base::spin_until(passed, std::chrono::nanoseconds(budget));
     t.watch_ns = base::next_spin_budget(budget, won, least, most);
-    if (won) return true;
+    if (won) return released_as::behind_hint;
   }
   for (;;) {
     if (!cd.is_zero() && !cd.is_infinite() && cd.expired()) return detail::contention_error(cd);
@@ -452,14 +464,14 @@ result<bool> wait_out(thread_log& t, live_hint first_live, off_t offset, const i
     std::uint32_t flag = 0;
     auto rd = t.rw.read_at(offset + released_at, std::as_writable_bytes(std::span(&flag, 1)));
     if (!rd) return std::unexpected(rd.error());
-    if (flag == passed_mark) return true;
-    if (flag == released_mark) return false;
+    if (flag == passed_mark) return released_as::passed_on;
+    if (flag == released_mark) return released_as::given_up;
     if (flag != 0) return corrupt_at(t.rw, offset + released_at);
     auto gone = is_abandoned(t, offset);
     if (!gone) return std::unexpected(gone.error());
     if (*gone) {
       (void)mark_released(t.rw, offset, released_mark);  // spare the next reader the check
-      return false;
+      return released_as::given_up;
     }
     if (cd.is_zero()) return detail::contention_error(cd);  // between append and lock: held
     std::this_thread::yield();
@@ -475,7 +487,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   thread_log& t = **state;
 
   // Build the chunk: ceil(n / 24) records, entities in sorted order.
-  const std::size_t n_records = (sorted.size() + entities_per_record - 1) / entities_per_record;
+  const std::size_t n_records = records_for(sorted.size());
   if (n_records > 0xffff) return errc_error(std::errc::argument_list_too_long);
   std::vector<record> chunk(n_records);
   const auto& me = base::self();
@@ -568,22 +580,19 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   // before it that conflicts with it was released, so those need no look of their own. With
   // one entity, a waiter sleeps on the one chunk ahead of it, and each unlock wakes one
   // waiter.
+  // A hint past our own chunk cannot be true: a reset of the log was killed between its
+  // truncation and the reset of the hint. Believed, the first-live hint would skip live
+  // chunks, and the punched end would make a reader that meets zeros jump past them. Every
+  // locker mends both before it scans, so none scans with them.
+  const auto believed = [&](live_hint h) {
+    auto v = h.load(std::memory_order_acquire);
+    if (v <= static_cast<std::uint64_t>(mine_at)) return v;
+    h.compare_exchange(v, static_cast<std::uint64_t>(header_size), std::memory_order_acq_rel);
+    return static_cast<std::uint64_t>(header_size);
+  };
   auto first_live = impl_->first_live();
-  auto hint = first_live.load(std::memory_order_acquire);
-  if (hint > static_cast<std::uint64_t>(mine_at)) {
-    // A hint past our own record cannot be true: the log was truncated and the hint not reset
-    // (a process killed in between, by an older keel). Scan it all, and mend the hint.
-    first_live.compare_exchange(hint, static_cast<std::uint64_t>(header_size),
-                                std::memory_order_acq_rel);
-    hint = static_cast<std::uint64_t>(header_size);
-  }
-  // Likewise the end of the punched prefix (a reset killed between its truncation and the
-  // reset of this hint): believed, it would make a reader that meets zeros jump past live
-  // chunks. Every locker checks it before it scans, so none scans with it.
-  auto punched = impl_->punched_to();
-  if (auto p = punched.load(); p > static_cast<std::uint64_t>(mine_at)) {
-    punched.compare_exchange(p, static_cast<std::uint64_t>(header_size));
-  }
+  const auto hint = believed(first_live);
+  (void)believed(impl_->punched_to());
   const auto from = std::max(static_cast<off_t>(hint), header_size);
   std::vector<std::uint64_t> want(sorted.size());
   std::transform(sorted.begin(), sorted.end(), want.begin(), pack);
@@ -645,11 +654,11 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   while (!ahead.empty()) {
     const chunk_view q = std::move(ahead.back());
     ahead.pop_back();
-    auto passed = wait_out(t, first_live, q.offset, cd, spin);
-    if (!passed) return withdraw(passed.error());
-    if (first_live.load(std::memory_order_acquire) > static_cast<std::uint64_t>(q.offset)) {
-      ahead.clear();  // everything before the hint is released
-    } else if (*passed) {
+    auto how = wait_out(t, first_live, q.offset, cd, spin);
+    if (!how) return withdraw(how.error());
+    if (*how == released_as::behind_hint) {
+      ahead.clear();
+    } else if (*how == released_as::passed_on) {
       std::erase_if(ahead, [&](const chunk_view& c) { return conflicts(c.entities, q.entities); });
     }
   }
@@ -685,9 +694,7 @@ result<void> atomic_append::do_unlock(std::span<const entity> sorted,
   }
   // Ours was the first live chunk: now the hint may pass it. The waiter next in line
   // watches the hint (shared memory) before it sleeps on our chunk's lock.
-  const off_t end =
-      at + static_cast<off_t>((sorted.size() + entities_per_record - 1) / entities_per_record) *
-               record_size;
+  const off_t end = at + static_cast<off_t>(records_for(sorted.size())) * record_size;
   std::uint64_t head = static_cast<std::uint64_t>(at);
   (void)impl_->advance_live(t.rw, head, end);
   if (auto u = io::unlock_extent(t.rw, at, 1); !u) return u;
