@@ -424,6 +424,22 @@ TEST(AtomicAppend, ATornAppendIsSteppedOverNotCorruption) {
   }
 }
 
+// In a child: opens the log at `path` and locks `e` within `d`, telling `queued` 100 ms in
+// (long enough for the append to have happened, so children queue in the order they were
+// started). Returns what `then(guard)` returns, or 100 if the log would not open.
+template <class Then>
+int lock_queued(const std::string& path, entity e, deadline d, signal_pipe& queued, Then&& then) {
+  auto m = atomic_append::open(path);
+  if (!m) return 100;
+  std::thread tell([&] {
+    std::this_thread::sleep_for(100ms);
+    queued.notify();
+  });
+  auto g = (*m)->lock({e}, d);
+  tell.join();
+  return then(g);
+}
+
 TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
   temp_dir dir;
   const std::string path = dir.file("log");
@@ -440,19 +456,13 @@ TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
   for (int c = 0; c < 5; ++c) {
     test::signal_pipe queued;
     pids.push_back(test::fork_child([&, c] {
-      auto mm = atomic_append::open(path);
-      if (!mm) return 1;
-      std::thread tell([&] {
-        std::this_thread::sleep_for(100ms);  // long enough for the append to have happened
-        queued.notify();
+      return lock_queued(path, entity(1), 20s, queued, [&](const auto& g) {
+        if (!g) return 2;
+        const char id = static_cast<char>('0' + c);
+        if (::write(order->fd(), &id, 1) != 1) return 3;
+        std::this_thread::sleep_for(5ms);
+        return 0;
       });
-      auto g = (*mm)->lock({entity(1)}, 20s);
-      tell.join();
-      if (!g) return 2;
-      const char id = static_cast<char>('0' + c);
-      if (::write(order->fd(), &id, 1) != 1) return 3;
-      std::this_thread::sleep_for(5ms);
-      return 0;
     }));
     ASSERT_EQ(queued.wait(), '!');
   }
@@ -477,29 +487,17 @@ TEST(AtomicAppend, WaiterBehindAGiveUpStillWaitsForTheHolder) {
   ASSERT_TRUE(held);
   test::signal_pipe quitter_queued, waiter_queued, waiter_in;
   const pid_t quitter = test::fork_child([&] {
-    auto mm = atomic_append::open(path);
-    if (!mm) return 1;
-    std::thread tell([&] {
-      std::this_thread::sleep_for(100ms);
-      quitter_queued.notify();
+    return lock_queued(path, entity(1), 400ms, quitter_queued, [](const auto& g) {
+      return !g && g.error() == std::errc::timed_out ? 0 : 2;
     });
-    auto g = (*mm)->lock({entity(1)}, 400ms);
-    tell.join();
-    return !g && g.error() == std::errc::timed_out ? 0 : 2;
   });
   ASSERT_EQ(quitter_queued.wait(), '!');
   const pid_t waiter = test::fork_child([&] {
-    auto mm = atomic_append::open(path);
-    if (!mm) return 1;
-    std::thread tell([&] {
-      std::this_thread::sleep_for(100ms);
-      waiter_queued.notify();
+    return lock_queued(path, entity(1), 20s, waiter_queued, [&](const auto& g) {
+      if (!g) return 2;
+      waiter_in.notify();
+      return 0;
     });
-    auto g = (*mm)->lock({entity(1)}, 20s);
-    tell.join();
-    if (!g) return 2;
-    waiter_in.notify();
-    return 0;
   });
   ASSERT_EQ(waiter_queued.wait(), '!');
   EXPECT_EQ(test::wait_exit(quitter), 0);  // gave up: the waiter behind it was woken
@@ -531,17 +529,11 @@ TEST(AtomicAppend, AWaiterSleepsOnceWhateverTheQueueAhead) {
     test::signal_pipe queued;
     pids.push_back(test::fork_child([&] {
       detail::test_hook.store(count_sleeps);
-      auto mm = atomic_append::open(path);
-      if (!mm) return 100;
-      std::thread tell([&] {
-        std::this_thread::sleep_for(100ms);  // long enough for the append to have happened
-        queued.notify();
+      return lock_queued(path, entity(1), 20s, queued, [](const auto& g) {
+        if (!g) return 101;
+        std::this_thread::sleep_for(20ms);  // longer than the next waiter watches the hint
+        return kernel_sleeps.load();
       });
-      auto g = (*mm)->lock({entity(1)}, 20s);
-      tell.join();
-      if (!g) return 101;
-      std::this_thread::sleep_for(20ms);  // longer than the next waiter watches the hint
-      return kernel_sleeps.load();
     }));
     ASSERT_EQ(queued.wait(), '!');
   }
@@ -575,17 +567,11 @@ TEST(AtomicAppend, ASharedHolderPassingOnDoesNotVouchForAnotherSharedHolder) {
   });
   const pid_t writer = test::fork_child([&] {
     std::this_thread::sleep_for(200ms);  // after `second`
-    auto mm = atomic_append::open(path);
-    if (!mm) return 1;
-    std::thread tell([&] {
-      std::this_thread::sleep_for(100ms);
-      writer_queued.notify();
+    return lock_queued(path, entity(7), 20s, writer_queued, [&](const auto& g) {
+      if (!g) return 2;
+      writer_in.notify();
+      return 0;
     });
-    auto g = (*mm)->lock({entity(7)}, 20s);
-    tell.join();
-    if (!g) return 2;
-    writer_in.notify();
-    return 0;
   });
   EXPECT_EQ(test::wait_exit(second), 0);
   EXPECT_FALSE(writer_in.ready_within(500ms)) << "the writer got in beside a reader";
