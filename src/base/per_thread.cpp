@@ -9,7 +9,6 @@ namespace keel::base {
 namespace {
 
 std::atomic<std::uint64_t> next_instance_id{1};
-std::atomic<std::uint64_t> forks{0};
 
 struct cache_entry {
   std::uint64_t id;
@@ -48,21 +47,20 @@ struct thread_cache {
 
 thread_local thread_cache cache;
 
+// Registered while the program starts, before any thread can fork: every later fork counts.
+const bool fork_handler_registered = [] {
+  ::pthread_atfork(nullptr, nullptr,
+                   [] { detail::fork_count.fetch_add(1, std::memory_order_relaxed); });
+  return true;
+}();
+
 }  // namespace
 
-std::uint64_t fork_generation() noexcept {
-  static const bool registered = [] {
-    ::pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); });
-    return true;
-  }();
-  (void)registered;
-  return forks.load(std::memory_order_relaxed);
-}
+std::atomic<std::uint64_t> detail::fork_count{0};
 
 per_thread_states::per_thread_states(bool keep_after_exit)
     : id_(next_instance_id.fetch_add(1)), registry_(std::make_shared<thread_state_registry>()) {
   registry_->keep_after_exit = keep_after_exit;
-  (void)fork_generation();  // registers the fork handler before any state exists
 }
 
 per_thread_states::~per_thread_states() {
@@ -74,7 +72,7 @@ per_thread_states::~per_thread_states() {
 }
 
 thread_state* per_thread_states::find() noexcept {
-  const std::uint64_t gen = forks.load(std::memory_order_relaxed);
+  const std::uint64_t gen = fork_generation();
   if (last.id == id_ && last.generation == gen) return last.state;
   if (cache.generation != gen) {
     // A forked child: what the cache holds is the parent's (its descriptors share the

@@ -8,6 +8,7 @@
 // may outlive the thread). After fork() the child starts afresh: descriptors inherited from
 // the parent share the parent's locks and must not be reused.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -32,8 +33,15 @@ struct thread_state_registry {
   bool keep_after_exit = false;  // set before the registry is shared
 };
 
+namespace detail {
+extern std::atomic<std::uint64_t> fork_count;  // the atfork handler is registered at start-up
+}
+
 //! Incremented in the child after every fork(): cached per-thread state from before is stale.
-std::uint64_t fork_generation() noexcept;
+//! One relaxed load.
+inline std::uint64_t fork_generation() noexcept {
+  return detail::fork_count.load(std::memory_order_relaxed);
+}
 
 class per_thread_states {
  public:
@@ -41,6 +49,12 @@ class per_thread_states {
   per_thread_states(const per_thread_states&) = delete;
   per_thread_states& operator=(const per_thread_states&) = delete;
   ~per_thread_states();
+
+  //! This thread's state if it has one already (no allocation, no lock): the fast paths'.
+  template <class T>
+  [[nodiscard]] T* existing() noexcept {
+    return static_cast<T*>(find());
+  }
 
   //! This thread's state, made by `make()` (returning result<std::unique_ptr<T>>) on first use.
   template <class T, class Make>

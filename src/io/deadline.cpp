@@ -12,7 +12,7 @@ timespec to_timespec(std::chrono::nanoseconds ns) noexcept {
 
 }  // namespace
 
-countdown deadline::start() const noexcept {
+countdown deadline::start_finite() const noexcept {
   countdown c;
   switch (kind_) {
     case kind::never:

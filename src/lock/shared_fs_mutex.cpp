@@ -13,8 +13,7 @@ namespace {
 
 // The entities this thread holds, by lock path: what makes a relock a deadlock. A guard is
 // unlocked on the thread that locked it (documented), so no synchronisation is needed.
-// The fork generation check costs a relaxed load; detail::fork_generation registers the
-// atfork handler on first use.
+// The fork generation check costs a relaxed load.
 struct held_entry {
   std::uint64_t dev;
   std::uint64_t ino;
@@ -47,6 +46,12 @@ bool held(const std::vector<held_entry>& v, std::uint64_t dev, std::uint64_t ino
 
 void forget(std::uint64_t dev, std::uint64_t ino, std::span<const entity> set) noexcept {
   auto& v = held_by_this_thread_now();
+  // The common case: one entity, locked last (guards nest like scopes).
+  if (set.size() == 1 && !v.empty() && v.back().value == set[0].value && v.back().ino == ino &&
+      v.back().dev == dev) {
+    v.pop_back();
+    return;
+  }
   for (const entity e : set) {
     for (std::size_t i = v.size(); i-- > 0;) {
       if (v[i].value == e.value && v[i].ino == ino && v[i].dev == dev) {
@@ -68,8 +73,15 @@ entity entity::from_string(std::string_view name, bool exclusive) noexcept {
   return from_bytes(std::as_bytes(std::span(name.data(), name.size())), exclusive);
 }
 
-entities_guard::entities_guard(entities_guard&& other) noexcept {
-  *this = std::move(other);
+entities_guard::entities_guard(entities_guard&& other) noexcept
+    : mutex_(other.mutex_),
+      size_(other.size_),
+      heap_(std::move(other.heap_)),
+      token_(other.token_) {
+  // The whole inline array, used or not: a fixed-size copy the compiler inlines.
+  if (!heap_) std::memcpy(inline_, other.inline_, sizeof inline_);
+  other.mutex_ = nullptr;
+  other.size_ = 0;
 }
 
 entities_guard& entities_guard::operator=(entities_guard&& other) noexcept {
@@ -103,8 +115,7 @@ void entities_guard::reset() noexcept {
   heap_.reset();
 }
 
-result<void> entities_guard::unlock() noexcept {
-  if (mutex_ == nullptr) return {};
+result<void> entities_guard::unlock_held() noexcept {
   shared_fs_mutex* m = mutex_;
   const auto set = entities();
   forget(m->dev_, m->ino_, set);
@@ -127,8 +138,11 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
                                              bool spin_not_sleep) noexcept {
   entities_guard g;
   if (set.empty()) return g;
-  g.assign(set);
-  if (g.size_ > 1) {
+  if (set.size() == 1) {
+    g.size_ = 1;
+    g.inline_data()[0] = set[0];
+  } else {
+    g.assign(set);
     // Sort by value and merge duplicates (exclusive wins): every algorithm sees a canonical
     // set.
     entity* first = g.data();
@@ -146,9 +160,11 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
   }
   const auto sorted = g.entities();
   auto& held_now = held_by_this_thread_now();
-  for (const entity e : sorted) {
-    if (held(held_now, dev_, ino_, e.value)) {
-      return errc_error(std::errc::resource_deadlock_would_occur);
+  if (!held_now.empty()) {
+    for (const entity e : sorted) {
+      if (held(held_now, dev_, ino_, e.value)) {
+        return errc_error(std::errc::resource_deadlock_would_occur);
+      }
     }
   }
   const io::countdown cd = d.start();

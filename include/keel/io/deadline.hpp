@@ -44,6 +44,7 @@ class deadline {
   [[nodiscard]] countdown start() const noexcept;
 
  private:
+  [[nodiscard]] countdown start_finite() const noexcept;
   enum class kind : std::uint8_t { never, zero, relative, steady, system };
   constexpr deadline(kind k, std::int64_t ns) noexcept : kind_(k), ns_(ns) {}
 
@@ -88,5 +89,15 @@ class countdown {
   bool infinite_ = false;
   bool zero_ = false;
 };
+
+// The common case (no deadline) inline: it starts every lock call.
+inline countdown deadline::start() const noexcept {
+  if (kind_ == kind::never) {
+    countdown c;
+    c.infinite_ = true;
+    return c;
+  }
+  return start_finite();
+}
 
 }  // namespace keel::io

@@ -63,7 +63,10 @@ class entities_guard {
 
   //! Unlocks now. The guard owns nothing afterwards, even when an error is returned (the
   //! algorithm's I/O failed: the entities may stay locked until this process exits).
-  result<void> unlock() noexcept;
+  result<void> unlock() noexcept {
+    if (mutex_ == nullptr) return {};
+    return unlock_held();
+  }
   //! Stops owning the entities without unlocking them. They stay locked until the process
   //! exits (or, for lock_files, until a waiter finds this process dead).
   void release() noexcept;
@@ -72,6 +75,7 @@ class entities_guard {
   friend class shared_fs_mutex;
   static constexpr std::size_t inline_capacity = 8;
 
+  result<void> unlock_held() noexcept;
   void assign(std::span<const entity> sorted);
   void reset() noexcept;
   [[nodiscard]] entity* inline_data() noexcept { return reinterpret_cast<entity*>(inline_); }
