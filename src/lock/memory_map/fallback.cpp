@@ -12,13 +12,6 @@
 
 namespace keel::lock {
 
-bool memory_map::impl::degraded() const noexcept {
-  const auto* lv = reinterpret_cast<std::uint64_t*>(lock_view.data() + mm::lockfile_degraded_at);
-  if (std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(lv)).load() != 0) return true;
-  if (map.size() == 0) return true;
-  return table.degraded_word().load() != 0;
-}
-
 void memory_map::impl::release_map_in_use_if_idle() noexcept {
   if (base::self().pid != creator_pid.load()) return;  // the parent's marker, not ours
   const base::lock_guard lock(switch_mutex);

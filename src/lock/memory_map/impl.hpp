@@ -94,7 +94,13 @@ struct memory_map::impl {
   std::uint64_t ino = 0;
   base::mutex rejoin_mutex;  // one thread of a child rejoins; the others wait for it
 
-  [[nodiscard]] bool degraded() const noexcept;
+  //! Whether the lock degraded (either flag set, or no map). On every lock: inline.
+  [[nodiscard]] bool degraded() const noexcept {
+    auto* lv = reinterpret_cast<std::uint64_t*>(lock_view.data() + mm::lockfile_degraded_at);
+    if (std::atomic_ref<std::uint64_t>(*lv).load() != 0) return true;
+    if (map.size() == 0) return true;
+    return table.degraded_word().load() != 0;
+  }
 
   // lifecycle.cpp
   //! Joins the users through `marker` (under the init lock): whether the lock must degrade.
@@ -126,6 +132,10 @@ struct memory_map::impl {
   result<void> unlock_on_fallback(std::span<const entity> sorted) noexcept;
 
   // memory_map.cpp
+  //! One entity when nothing stands in the way (this thread registered, the instance its
+  //! process's own, the slot free, the lock not degraded): the token, else nullopt (nothing
+  //! taken; the general path decides).
+  std::optional<std::uint64_t> take_one_fast(entity e) noexcept;
   enum class wait_outcome { taken, expired, degraded };
   result<std::optional<std::uint64_t>> lock_on_map(std::span<const entity> sorted,
                                                    const io::countdown& cd, bool spin) noexcept;

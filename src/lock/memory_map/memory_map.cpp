@@ -168,9 +168,29 @@ result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<con
   return std::nullopt;
 }
 
+std::optional<std::uint64_t> memory_map::impl::take_one_fast(entity e) noexcept {
+  if (fallback_ready.load(std::memory_order_acquire)) return std::nullopt;
+  // A state of this thread exists only in the process that made it (a forked child starts
+  // without), and it is made after ensure_own_process succeeded there: no pid check needed.
+  mm::thread_user* me = threads.existing<mm::thread_user>();
+  if (me == nullptr || !me->registered) return std::nullopt;
+  const mm::slot_request r{static_cast<std::uint32_t>(mm::slot_of(e.value)), e.is_exclusive()};
+  if (!table.take(*me, r)) return std::nullopt;
+  // Published (seq_cst), then looked: a degrade that began meanwhile waits for this mark to
+  // go, or this thread sees the flag and leaves for the fallback.
+  if (degraded()) [[unlikely]] {
+    table.give(*me, r);
+    return std::nullopt;
+  }
+  return reinterpret_cast<std::uint64_t>(me);
+}
+
 result<std::uint64_t> memory_map::do_lock(std::span<const entity> sorted, const io::countdown& cd,
                                           bool spin) noexcept {
   impl& p = *impl_;
+  if (sorted.size() == 1) [[likely]] {
+    if (const auto token = p.take_one_fast(sorted[0])) return *token;
+  }
   if (auto j = p.ensure_own_process(); !j) return std::unexpected(j.error());
   if (!p.fallback_ready.load(std::memory_order_acquire) && !p.degraded()) {
     auto on_map = p.lock_on_map(sorted, cd, spin);
@@ -190,6 +210,13 @@ result<void> memory_map::do_unlock(std::span<const entity> sorted, std::uint64_t
   if (token == mm::fallback_token) return p.unlock_on_fallback(sorted);
   // This thread's user (unlocks happen on the locking thread, which keeps its state).
   auto& me = *reinterpret_cast<mm::thread_user*>(token);
+  if (sorted.size() == 1) [[likely]] {
+    p.table.give(
+        me, {static_cast<std::uint32_t>(mm::slot_of(sorted[0].value)), sorted[0].is_exclusive()});
+    if (p.degraded()) [[unlikely]]
+      p.release_map_in_use_if_idle();
+    return {};
+  }
   std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
   std::vector<mm::slot_request> big;
   for (const mm::slot_request& r : mm::collect_slots(sorted, small, big))

@@ -41,11 +41,7 @@ std::uint32_t slot_ref::writer_user() const noexcept {
   return w == 0 ? no_slot : static_cast<std::uint32_t>(w - 1);
 }
 
-bool slot_ref::other_readers(std::uint32_t u) const noexcept {
-  std::uint64_t any = 0;
-  for (std::size_t w = 0; w < bitset_words; ++w)
-    any |= readers(w).load();
-  if (any == 0) return false;  // the common case: one pass, no branch per word
+bool slot_ref::other_readers_slow(std::uint32_t u) const noexcept {
   for (std::size_t w = 0; w < bitset_words; ++w) {
     std::uint64_t bits = readers(w).load();
     if (w == u / 64) bits &= ~(std::uint64_t{1} << (u % 64));
@@ -59,11 +55,6 @@ std::uint64_t monotonic_ns() noexcept {
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000 +
          static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-std::size_t slot_of(std::uint64_t value) noexcept {
-  static_assert((slots & (slots - 1)) == 0);
-  return static_cast<std::size_t>((value * 0x9e3779b97f4a7c15ULL) >> 52) & (slots - 1);
 }
 
 std::span<slot_request> collect_slots(std::span<const entity> sorted,
@@ -115,7 +106,7 @@ std::uint32_t slot_table::next_waiter(const slot_ref& s, std::uint32_t from) noe
   return no_slot;
 }
 
-void slot_table::hand_on(std::size_t i, std::uint32_t from) const noexcept {
+void slot_table::hand_on_to_waiters(std::size_t i, std::uint32_t from) const noexcept {
   const slot_ref s = slot(i);
   const auto slot_index = static_cast<std::uint32_t>(i);
   const auto wants_it_exclusive = [&](std::uint32_t u) {

@@ -65,12 +65,19 @@ struct slot_ref {
   [[nodiscard]] std::atomic_ref<std::uint64_t> waiters(std::size_t w) const noexcept {
     return word(8 + bitset_words + w);
   }
-  //! Whether any reader other than user `u` is in (`no_slot`: any reader).
-  [[nodiscard]] bool other_readers(std::uint32_t u) const noexcept;
+  //! Whether any reader other than user `u` is in (`no_slot`: any reader). Every exclusive
+  //! take asks: the common case (no reader at all) is one inline pass.
+  [[nodiscard]] bool other_readers(std::uint32_t u) const noexcept {
+    std::uint64_t any = 0;
+    for (std::size_t w = 0; w < bitset_words; ++w)
+      any |= readers(w).load();
+    return any != 0 && other_readers_slow(u);
+  }
   //! The user the writer word names (held or granted), or no_slot when it is free.
   [[nodiscard]] std::uint32_t writer_user() const noexcept;
 
  private:
+  [[nodiscard]] bool other_readers_slow(std::uint32_t u) const noexcept;
   [[nodiscard]] std::atomic_ref<std::uint64_t> word(std::size_t i) const noexcept {
     return std::atomic_ref<std::uint64_t>(base[i]);
   }
@@ -83,7 +90,10 @@ struct slot_request {
 };
 
 //! The slot of an entity's value.
-[[nodiscard]] std::size_t slot_of(std::uint64_t value) noexcept;
+[[nodiscard]] inline std::size_t slot_of(std::uint64_t value) noexcept {
+  static_assert((slots & (slots - 1)) == 0);
+  return static_cast<std::size_t>((value * 0x9e3779b97f4a7c15ULL) >> 52) & (slots - 1);
+}
 
 //! The slots a set needs, each once (exclusive wins where two entities share one). Uses
 //! `small` when it fits, else `big`.
@@ -145,7 +155,10 @@ class slot_table {
   //! woken to compete, or granted the writer word after hand_over_after_ns; shared waiters
   //! are woken to take their bits. A waiter whose own reader bit is the only one (a
   //! shared-to-exclusive upgrade) counts as free for it.
-  void hand_on(std::size_t i, std::uint32_t from) const noexcept;
+  void hand_on(std::size_t i, std::uint32_t from) const noexcept {
+    if (slot(i).waiter_count().load() == 0) return;  // nobody sleeps on it: the common case
+    hand_on_to_waiters(i, from);
+  }
   //! Takes back a grant to `u` that nobody will collect, and hands the slot on: whether
   //! there was one (a grant `u` collected is its lock and is never taken back).
   bool withdraw_grant(std::size_t i, std::uint32_t u) const noexcept;
@@ -168,6 +181,8 @@ class slot_table {
   [[nodiscard]] bool marks_of(std::span<const std::uint32_t> users) const noexcept;
 
  private:
+  void hand_on_to_waiters(std::size_t i, std::uint32_t from) const noexcept;
+
   std::byte* map_;
 };
 
