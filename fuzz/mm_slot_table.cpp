@@ -159,7 +159,7 @@ class harness {
         s.woken().store(u + 1);
         break;
       default:
-        s.spinners().store(in_.byte() % 2);
+        s.spinner().store(in_.byte() % 2 == 0 ? 0 : u + 1);
         s.spin_budget_ns().store(in_.take<std::uint64_t>());
     }
   }

@@ -52,8 +52,9 @@ namespace keel::lock {
 //!   made again in between is another lock: the child's calls fail with ESTALE.
 //! - **Network filesystems**: degrades to byte_ranges (see above), which then decides.
 //! - **Caveats**: a process that dies while it *registers* or *recovers* may leave a user
-//!   slot to the next registrant, which clears it; one that dies while it spins leaves the
-//!   slot without a spinner for good (waiters then sleep at once: slower, still correct).
+//!   slot to the next registrant, which clears it; one that dies while it spins stops others
+//!   spinning on that slot (they sleep at once: slower, still correct) until a sleeper's
+//!   look for dead holders clears it.
 //!   A thread holding an entity shared and asking for another of the same slot
 //!   exclusively waits for the slot's other readers, like any upgrade: two threads doing
 //!   that at once wait for each other until their deadlines.

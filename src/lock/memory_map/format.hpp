@@ -54,7 +54,7 @@ constexpr std::size_t slots_at = users_at + max_users * user_size;
 constexpr std::size_t map_size = slots_at + slots * slot_size;
 constexpr off_t liveness_base = off_t{1} << 40;
 constexpr base::format map_format{
-    "KEELMMT1", 4,
+    "KEELMMT1", 5,
     base::layout_of({map_header_size, user_size, max_users, slots, slot_size, liveness_base})};
 
 //! The prefix of a map file's name (then 16 lowercase hex digits).

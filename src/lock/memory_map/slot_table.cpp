@@ -207,6 +207,8 @@ void slot_table::clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
   if ((s.waiters(u / 64).fetch_and(~bit) & bit) != 0) s.waiter_count().fetch_sub(1);
   std::uint64_t was_woken = u + 1;
   s.woken().compare_exchange_strong(was_woken, 0);
+  std::uint64_t spinning = u + 1;
+  s.spinner().compare_exchange_strong(spinning, 0);
   std::uint64_t held = u + 1;
   std::uint64_t grant = (u + 1) | granted;
   bool freed =
@@ -277,10 +279,8 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
   constexpr std::uint64_t least = 1'000, most = 200'000, initial = 20'000;
   const slot_ref s = slot(r.slot);
   if (s.waiter_count().load() != 0) return false;
-  if (s.spinners().fetch_add(1) != 0) {
-    s.spinners().fetch_sub(1);
-    return false;
-  }
+  std::uint64_t none = 0;
+  if (!s.spinner().compare_exchange_strong(none, me.index + 1)) return false;
   // The budget lives in the shared map: bound what is read, not only what is written, or a
   // word damaged by another process (or a build with other bounds) spins for hours.
   std::uint64_t budget = s.spin_budget_ns().load(std::memory_order_relaxed);
@@ -302,7 +302,7 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
   }
   s.spin_budget_ns().store(base::next_spin_budget(budget, got, least, most),
                            std::memory_order_relaxed);
-  s.spinners().fetch_sub(1);
+  s.spinner().store(0);
   return got;
 }
 

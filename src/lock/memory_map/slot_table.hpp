@@ -56,7 +56,9 @@ struct slot_ref {
   std::uint64_t* base;
   [[nodiscard]] std::atomic_ref<std::uint64_t> writer() const noexcept { return word(0); }
   [[nodiscard]] std::atomic_ref<std::uint64_t> waiter_count() const noexcept { return word(1); }
-  [[nodiscard]] std::atomic_ref<std::uint64_t> spinners() const noexcept { return word(2); }
+  //! The user spinning on the slot (index + 1), or 0: one spinner per slot at a time, named
+  //! so that one that died spinning can be cleared.
+  [[nodiscard]] std::atomic_ref<std::uint64_t> spinner() const noexcept { return word(2); }
   [[nodiscard]] std::atomic_ref<std::uint64_t> spin_budget_ns() const noexcept { return word(3); }
   [[nodiscard]] std::atomic_ref<std::uint64_t> woken() const noexcept { return word(4); }
   [[nodiscard]] std::atomic_ref<std::uint64_t> readers(std::size_t w) const noexcept {

@@ -117,8 +117,11 @@ result<bool> memory_map::impl::recover_blockers(const mm::thread_user& t,
       any |= *r;
     }
   }
-  if (const std::uint64_t woken = s.woken().load(); woken != 0 && woken <= mm::max_users) {
-    auto r = recover_if_dead(t, static_cast<std::uint32_t>(woken - 1), i);
+  // Named in the woken word, it stops every other wake-up; named as the spinner, it stops
+  // everyone else spinning.
+  for (const std::uint64_t named : {s.woken().load(), s.spinner().load()}) {
+    if (named == 0 || named > mm::max_users) continue;
+    auto r = recover_if_dead(t, static_cast<std::uint32_t>(named - 1), i);
     if (!r) return r;
     any |= *r;
   }
