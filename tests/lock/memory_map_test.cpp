@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/io/byte_lock.hpp"
 #include "keel/io/fault_filesystem.hpp"
 #include "keel/io/file_handle.hpp"
 #include "lock/memory_map/slot_table.hpp"
@@ -551,6 +552,40 @@ void forked_child_keeps_exclusion(bool first_use_after_close) {
   may_leave.notify();
   EXPECT_EQ(wait_exit(child), 0);
   EXPECT_TRUE((*other)->try_lock({entity(3)}));
+}
+
+// Second review (issue 15, finding 6): a forked child's first lock joins the lock again
+// under the init lock, which it waited for without a deadline: one opener stopped inside
+// open() (SIGSTOP, a debugger) made even the child's try_lock hang.
+TEST(MemoryMap, AForkedChildsFirstLockKeepsItsDeadlineWhileAnOpenerIsStuck) {
+  const lock_place at;
+  auto m = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(m);
+  // A stuck opener: the init lock held through a description of another "process".
+  auto stuck = io::file_handle::open(at.path.c_str(), io::open_flags::read_write);
+  ASSERT_TRUE(stuck);
+  auto init = io::lock_extent(*stuck, mm::init_byte, 1, io::lock_kind::exclusive);
+  ASSERT_TRUE(init);
+  signal_pipe tried, timed, go_on, locked;
+  const pid_t child = fork_child([&] {
+    auto t = (*m)->try_lock({entity(5)});
+    if (t || t.error() != std::errc::operation_would_block) return 2;
+    tried.notify();
+    auto d = (*m)->lock({entity(5)}, 200ms);
+    if (d || d.error() != std::errc::timed_out) return 3;
+    timed.notify();
+    if (!arrives(go_on)) return 4;
+    auto g = (*m)->lock({entity(5)}, 5s);  // the opener got on: the child joins and locks
+    if (!g) return 5;
+    locked.notify();
+    return 0;
+  });
+  EXPECT_TRUE(arrives(tried)) << "the child's try_lock waited for the stuck opener";
+  EXPECT_TRUE(arrives(timed)) << "the child's lock overran its deadline";
+  ASSERT_TRUE(init->unlock());
+  go_on.notify();
+  EXPECT_TRUE(arrives(locked));
+  EXPECT_EQ(wait_exit(child), 0);
 }
 
 TEST(MemoryMap, AForkedChildKeepsExclusionWhenItsParentCloses) {

@@ -103,17 +103,20 @@ struct memory_map::impl {
   }
 
   // lifecycle.cpp
-  //! Joins the users through `marker` (under the init lock): whether the lock must degrade.
-  result<bool> join() noexcept;
+  //! Joins the users through `marker` (under the init lock, waited for until `d`): whether
+  //! the lock must degrade.
+  result<bool> join(io::deadline d = {}) noexcept;
   //! In a forked child, before its first use of an instance its parent opened: joins again
   //! through descriptors of its own. Cheap (a pid compare) when there is nothing to do.
-  result<void> ensure_own_process() noexcept {
+  //! Keeps the lock call's deadline `cd` (an opener may hold the init lock).
+  result<void> ensure_own_process(const io::countdown& cd) noexcept {
     if (creator_pid.load(std::memory_order_acquire) == base::self().pid) [[likely]] {
       return {};
     }
-    return rejoin_after_fork();
+    return rejoin_after_fork(cd);
   }
-  result<void> rejoin_after_fork() noexcept KEEL_EXCLUDES(rejoin_mutex, switch_mutex);
+  result<void> rejoin_after_fork(const io::countdown& cd) noexcept
+      KEEL_EXCLUDES(rejoin_mutex, switch_mutex);
   result<mm::thread_user*> mine() noexcept;
 
   // users.cpp

@@ -52,7 +52,7 @@ result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
 // Joins the lock's users through `marker`, under the init lock: as the first user (sets up
 // the map, or the degraded header) or beside the others (maps theirs). Takes *in use* and, on
 // the map, *map in use*. Whether the lock must degrade.
-result<bool> memory_map::impl::join() noexcept {
+result<bool> memory_map::impl::join(io::deadline d) noexcept {
   const auto corrupt_here = [&](const error& e) {
     return std::unexpected(e.about(marker.shared_path()));
   };
@@ -74,7 +74,7 @@ result<bool> memory_map::impl::join() noexcept {
   {
     // One opener or closer at a time: the first user's set-up and the last user's tear-down
     // never interleave with anyone reading the header.
-    auto init = io::lock_extent(marker, mm::init_byte, 1, io::lock_kind::exclusive);
+    auto init = io::lock_extent(marker, mm::init_byte, 1, io::lock_kind::exclusive, d);
     if (!init) return std::unexpected(init.error());
     remove_map_on_failure cleanup{*this, made_map};  // before the init lock is let go
     std::vector<std::byte> page(mm::lockfile_page + 1);
@@ -166,7 +166,7 @@ result<bool> memory_map::impl::join() noexcept {
     if (!view) return std::unexpected(view.error());
     lock_view = std::move(*view);
     if (must_degrade) {
-      if (auto d = mark_degraded(); !d) return std::unexpected(d.error());
+      if (auto md = mark_degraded(); !md) return std::unexpected(md.error());
     }
     cleanup.done = true;
   }
@@ -177,7 +177,7 @@ result<bool> memory_map::impl::join() noexcept {
   return must_degrade;
 }
 
-result<void> memory_map::impl::rejoin_after_fork() noexcept {
+result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexcept {
   const base::lock_guard lock(rejoin_mutex);
   const std::uint32_t me = base::self().pid;
   if (creator_pid.load() == me) return {};  // another thread of ours did it
@@ -197,8 +197,16 @@ result<void> memory_map::impl::rejoin_after_fork() noexcept {
     my_users.clear();
   }
   fallback_ready.store(false);
-  auto must_degrade = join();
-  if (!must_degrade) return std::unexpected(must_degrade.error());
+  const io::deadline until = cd.is_infinite() ? io::deadline::never()
+                             : cd.is_zero()   ? io::deadline::zero()
+                                              : io::deadline(cd.expiry());
+  auto must_degrade = join(until);
+  if (!must_degrade) {
+    // Not joined (timed out behind an opener, or failed): the parent's descriptor stays
+    // ours, keeping its holds, and the next call tries again.
+    marker = std::move(parents);
+    return std::unexpected(must_degrade.error());
+  }
   creator_pid.store(me, std::memory_order_release);
   if (*must_degrade) {
     if (auto s = switch_to_fallback(io::deadline::zero().start(), false);

@@ -191,7 +191,7 @@ result<std::uint64_t> memory_map::do_lock(std::span<const entity> sorted, const 
   if (sorted.size() == 1) [[likely]] {
     if (const auto token = p.take_one_fast(sorted[0])) return *token;
   }
-  if (auto j = p.ensure_own_process(); !j) return std::unexpected(j.error());
+  if (auto j = p.ensure_own_process(cd); !j) return std::unexpected(j.error());
   if (!p.fallback_ready.load(std::memory_order_acquire) && !p.degraded()) {
     auto on_map = p.lock_on_map(sorted, cd, spin);
     if (!on_map) {
