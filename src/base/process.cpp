@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "keel/io/file_handle.hpp"
 #include "per_thread.hpp"
@@ -61,6 +62,39 @@ bool is_zero(const std::array<std::uint8_t, 16>& id) noexcept {
   return true;
 }
 
+// The boottime offset of this process's time namespace, in clock ticks: the start times in
+// /proc/PID/stat are shifted by the reader's offset, so two readers in different time
+// namespaces see different start times for one process. 0 where the kernel has no time
+// namespaces (no such file); nullopt when it cannot be read.
+std::optional<std::int64_t> boottime_offset_ticks(io::filesystem& fs) noexcept {
+  auto f = io::file_handle::open(fs, "/proc/self/timens_offsets", io::open_flags::read);
+  if (!f) {
+    if (f.error() == std::errc::no_such_file_or_directory) return 0;
+    return std::nullopt;
+  }
+  std::array<char, 512> text{};
+  auto n = f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size() - 1)));
+  if (!n) return std::nullopt;
+  text[*n] = '\0';
+  const char* line = std::strstr(text.data(), "boottime");
+  if (line == nullptr) return std::nullopt;
+  long long secs = 0;
+  long long nanos = 0;
+  if (std::sscanf(line, "boottime %lld %lld", &secs, &nanos) != 2) return std::nullopt;
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) return std::nullopt;
+  return static_cast<std::int64_t>(secs * ticks + nanos * ticks / 1'000'000'000);
+}
+
+// Whether /proc is this process's pid namespace's: /proc/self names the pid getpid() gives.
+// A /proc of an ancestor namespace numbers processes otherwise, and /proc/PID there is
+// another process than the pid recorded (or none).
+bool proc_is_ours() noexcept {
+  std::array<char, 128> stat{};
+  if (read_small(io::os(), "/proc/self/stat", stat) == 0) return false;
+  return std::strtol(stat.data(), nullptr, 10) == static_cast<long>(::getpid());
+}
+
 }  // namespace
 
 std::uint64_t start_time_of(pid_t pid, io::filesystem& fs) noexcept {
@@ -68,6 +102,8 @@ std::uint64_t start_time_of(pid_t pid, io::filesystem& fs) noexcept {
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   std::array<char, 1024> buf{};
   if (read_small(fs, path, buf) == 0) return 0;
+  const auto offset = boottime_offset_ticks(fs);
+  if (!offset) return 0;
   // The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
   const char* p = std::strrchr(buf.data(), ')');
   if (p == nullptr) return 0;
@@ -75,7 +111,9 @@ std::uint64_t start_time_of(pid_t pid, io::filesystem& fs) noexcept {
   for (; *p != '\0' && field < 22; ++p) {
     if (*p == ' ') ++field;
   }
-  return std::strtoull(p, nullptr, 10);
+  // As the initial time namespace sees it: the same for every reader.
+  const auto seen = static_cast<std::int64_t>(std::strtoull(p, nullptr, 10));
+  return seen > *offset ? static_cast<std::uint64_t>(seen - *offset) : 0;
 }
 
 const process_identity& self() noexcept {
@@ -86,8 +124,11 @@ const process_identity& self() noexcept {
     static const auto boot = read_id("/proc/sys/kernel/random/boot_id");
     static const auto machine = read_id("/etc/machine-id");
     me.pid = static_cast<std::uint32_t>(::getpid());
-    me.pid_ns = read_pid_ns();  // again after fork: the child may be in a new namespace
-    me.start_time = start_time_of(::getpid());
+    // Again after fork: the child may be in a new namespace. A /proc that is not of our
+    // namespace tells nothing about our pids: unknown, for us and for everyone we judge.
+    const bool ours = proc_is_ours();
+    me.pid_ns = ours ? read_pid_ns() : 0;
+    me.start_time = ours ? start_time_of(::getpid()) : 0;
     me.boot_id = boot;
     me.machine_id = machine;
     generation = gen;

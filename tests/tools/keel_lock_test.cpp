@@ -32,16 +32,22 @@ class KeelLock : public ::testing::TestWithParam<std::string_view> {
     return keel::test::run_program(KEEL_BINARY, args, dir_.path().string());
   }
 
-  // A background `keel lock` holding NAME until killed; returns once it holds it.
-  pid_t hold(const std::string& name, bool shared = false) {
+  // A background `keel lock` holding NAME until killed; returns once it holds it. `wrapper`:
+  // a program (and its arguments) that runs keel (unshare, to put it in a namespace).
+  pid_t hold(const std::string& name, bool shared = false,
+             const std::vector<std::string>& wrapper = {}) {
     const std::string ready = dir_.file("ready." + std::to_string(runs_));
-    std::vector<std::string> args = {"lock", "--algo", std::string(GetParam())};
+    std::vector<std::string> args = wrapper;
+    if (!wrapper.empty()) args.push_back(KEEL_BINARY);
+    args.insert(args.end(), {"lock", "--algo", std::string(GetParam())});
     if (shared) args.push_back("--shared");
     args.insert(args.end(), {lock_path(), name, "--", "sh", "-c",
                              "echo $$ > '" + ready + ".tmp'; mv '" + ready + ".tmp' '" + ready +
                                  "'; exec sleep 30"});
     const std::string log = dir_.file("holder." + std::to_string(runs_++));
-    const pid_t pid = keel::test::start_program(KEEL_BINARY, args, log + ".out", log + ".err");
+    const std::string program = wrapper.empty() ? std::string(KEEL_BINARY) : wrapper.front();
+    if (!wrapper.empty()) args.erase(args.begin());
+    const pid_t pid = keel::test::start_program(program, args, log + ".out", log + ".err");
     const auto t0 = clock_type::now();
     while (!std::filesystem::exists(ready) && clock_type::now() - t0 < 10s) {
       std::this_thread::sleep_for(5ms);
@@ -113,6 +119,29 @@ TEST_P(KeelLock, KillingKeelLockReleasesTheLock) {
   EXPECT_EQ(after.code, 0) << after.err;
   EXPECT_LT(clock_type::now() - t0, 2s);
   if (command_pid_ > 0) ::kill(command_pid_, SIGKILL);  // the orphaned command
+}
+
+// Second review (issue 15, finding 8): /proc/PID/stat's start time is shifted by the
+// reader's time namespace (its boottime offset). A holder in a time namespace recorded a
+// start time no reader outside would ever see again, so lock_files and atomic_append judged
+// it dead and let a second holder in. Start times are now read as the initial namespace
+// sees them.
+TEST_P(KeelLock, AHolderInAnotherTimeNamespaceIsNotJudgedDead) {
+  const std::string unshare = "/usr/bin/unshare";
+  const std::vector<std::string> in_time_ns = {unshare, "--time", "--boottime", "100000", "--fork"};
+  if (::geteuid() != 0 || !std::filesystem::exists(unshare)) {
+    GTEST_SKIP() << "needs root and unshare(1) to make a time namespace";
+  }
+  std::vector<std::string> probe(in_time_ns.begin() + 1, in_time_ns.end());
+  probe.emplace_back("/bin/true");
+  if (keel::test::run_program(unshare, probe, dir_.path().string()).code != 0) {
+    GTEST_SKIP() << "this kernel or sandbox makes no time namespaces";
+  }
+  const pid_t holder = hold("t", false, in_time_ns);
+  const auto other = run({"--timeout", "1", lock_path(), "t", "--", "true"});
+  EXPECT_EQ(other.code, 1) << "a second holder got in beside one in a time namespace";
+  if (command_pid_ > 0) ::kill(command_pid_, SIGKILL);  // keel lock, then unshare, exit
+  EXPECT_EQ(keel::test::wait_exit(holder), 128 + SIGKILL);
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, KeelLock, ::testing::ValuesIn(keel::lock::algorithm_names()),
