@@ -459,7 +459,7 @@ TEST(AtomicAppend, ConflictingRequestsAreServedInArrivalOrder) {
       return lock_queued(path, entity(1), 20s, queued, [&](const auto& g) {
         if (!g) return 2;
         const char id = static_cast<char>('0' + c);
-        if (::write(order->fd(), &id, 1) != 1) return 3;
+        if (!order->append(std::as_bytes(std::span(&id, 1)))) return 3;
         std::this_thread::sleep_for(5ms);
         return 0;
       });
