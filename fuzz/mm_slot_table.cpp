@@ -145,7 +145,7 @@ class harness {
     switch (kind % 4) {
       case 0:
         s.waiters(u / 64).fetch_or(bit(u));
-        if ((in_.byte() & 1) != 0) s.waiter_count().fetch_add(1);
+        if ((in_.byte() & 1) != 0) s.maybe_waiters().store(1);  // else: killed between the two
         break;
       case 1: {
         const std::uint8_t how = in_.byte();
@@ -185,7 +185,7 @@ class harness {
         .store(long_ago ? 0 : mm::monotonic_ns());
     table_.wants_word(u).store(r.slot | (r.exclusive ? mm::wants_exclusive : 0));
     table_.slot(r.slot).waiters(u / 64).fetch_or(bit(u));
-    table_.slot(r.slot).waiter_count().fetch_add(1);
+    table_.slot(r.slot).maybe_waiters().store(1);
     o.waiting = true;
     o.want = r;
   }
@@ -193,7 +193,6 @@ class harness {
     const std::uint32_t u = o.su.index;
     const mm::slot_ref s = table_.slot(o.want.slot);
     s.waiters(u / 64).fetch_and(~bit(u));
-    s.waiter_count().fetch_sub(1);
     table_.wants_word(u).store(mm::no_slot);
     std::uint64_t me_woken = u + 1;
     s.woken().compare_exchange_strong(me_woken, 0);

@@ -53,13 +53,12 @@ struct table_fixture {
         .store(long_ago ? 0 : monotonic_ns());
     table.wants_word(u).store(slot | (exclusive ? wants_exclusive : 0));
     table.slot(slot).waiters(u / 64).fetch_or(std::uint64_t{1} << (u % 64));
-    table.slot(slot).waiter_count().fetch_add(1);
+    table.slot(slot).maybe_waiters().store(1);
   }
   // wait_for's leave().
   void leave(std::uint32_t u, std::uint32_t slot) const {
     const slot_ref s = table.slot(slot);
     s.waiters(u / 64).fetch_and(~(std::uint64_t{1} << (u % 64)));
-    s.waiter_count().fetch_sub(1);
     table.wants_word(u).store(no_slot);
     std::uint64_t me = u + 1;
     s.woken().compare_exchange_strong(me, 0);

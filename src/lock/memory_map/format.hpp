@@ -47,14 +47,14 @@ constexpr std::size_t users_at = map_header_size;
 constexpr std::size_t max_users = memory_map::max_users;
 constexpr std::size_t slots = memory_map::slots;
 constexpr std::size_t bitset_words = max_users / 64;
-// Writer word, waiter count, spinners, spin budget, woken on one cache line, then the
+// Writer word, a reserved word, the spinner, spin budget, woken on one cache line, then the
 // reader set, then the waiter set.
 constexpr std::size_t slot_size = 64 + 2 * bitset_words * 8;
 constexpr std::size_t slots_at = users_at + max_users * user_size;
 constexpr std::size_t map_size = slots_at + slots * slot_size;
 constexpr off_t liveness_base = off_t{1} << 40;
 constexpr base::format map_format{
-    "KEELMMT1", 5,
+    "KEELMMT1", 6,
     base::layout_of({map_header_size, user_size, max_users, slots, slot_size, liveness_base})};
 
 //! The prefix of a map file's name (then 16 lowercase hex digits).

@@ -49,16 +49,15 @@ result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
   std::atomic_ref<std::uint64_t>(table.user(u)->waiting_since_ns).store(mm::monotonic_ns());
   table.wants_word(u).store(r.slot | (r.exclusive ? mm::wants_exclusive : 0));
   s.waiters(u / 64).fetch_or(bit);
-  s.waiter_count().fetch_add(1);  // after the bit: a releaser that counts us finds us
+  s.maybe_waiters().store(1);  // after the bit: a releaser that reads it finds us
   const auto leave = [&]() noexcept {
     s.waiters(u / 64).fetch_and(~bit);
-    s.waiter_count().fetch_sub(1);
     table.wants_word(u).store(mm::no_slot);
     std::uint64_t me_woken = u + 1;
     s.woken().compare_exchange_strong(me_woken, 0);
   };
   auto next_recovery =
-      std::chrono::steady_clock::now() + recovery_pause(recovery, s.waiter_count().load());
+      std::chrono::steady_clock::now() + recovery_pause(recovery, s.waiter_total());
   for (;;) {
     const std::uint32_t seen = table.wake_word(u).load();
     // Our woken mark goes before we look: one set before `seen` has had its wake-up (we
@@ -86,7 +85,7 @@ result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
         return std::unexpected(rec.error());
       }
       recovery = std::min(recovery * 2, std::chrono::milliseconds(320));
-      next_recovery = now + recovery_pause(recovery, s.waiter_count().load());
+      next_recovery = now + recovery_pause(recovery, s.waiter_total());
       if (*rec) continue;
     }
     auto nap = std::chrono::duration_cast<std::chrono::nanoseconds>(next_recovery - now);

@@ -41,6 +41,13 @@ std::uint32_t slot_ref::writer_user() const noexcept {
   return w == 0 ? no_slot : static_cast<std::uint32_t>(w - 1);
 }
 
+std::uint64_t slot_ref::waiter_total() const noexcept {
+  std::uint64_t n = 0;
+  for (std::size_t w = 0; w < bitset_words; ++w)
+    n += static_cast<std::uint64_t>(__builtin_popcountll(waiters(w).load()));
+  return n;
+}
+
 bool slot_ref::other_readers_slow(std::uint32_t u) const noexcept {
   for (std::size_t w = 0; w < bitset_words; ++w) {
     std::uint64_t bits = readers(w).load();
@@ -116,7 +123,14 @@ void slot_table::hand_on_to_waiters(std::size_t i, std::uint32_t from) const noe
   // have left after its own hand_on saw our mark and woke nobody). Bounded: waiters that
   // keep coming and going are left to their own timers.
   for (int round = 0; round < 4; ++round) {
-    if (s.waiter_count().load() == 0) return;
+    if (!s.has_waiters()) {
+      // Nobody: clear the hint, then look again, as a sleeper may have set its bit between
+      // the look and the clear (its own store of the hint may have come first).
+      std::uint64_t set = 1;
+      s.maybe_waiters().compare_exchange_strong(set, 0);
+      if (!s.has_waiters()) return;
+      s.maybe_waiters().store(1);
+    }
     if (s.writer().load() != 0) return;  // taken (or granted) again: its holder hands on
     std::uint32_t target = no_slot;
     if (s.other_readers(no_slot)) {
@@ -204,7 +218,7 @@ bool slot_table::drop_orphans(std::size_t i) const noexcept {
 void slot_table::clear_user_in(std::size_t i, std::uint32_t u) const noexcept {
   const slot_ref s = slot(i);
   const std::uint64_t bit = std::uint64_t{1} << (u % 64);
-  if ((s.waiters(u / 64).fetch_and(~bit) & bit) != 0) s.waiter_count().fetch_sub(1);
+  s.waiters(u / 64).fetch_and(~bit);
   std::uint64_t was_woken = u + 1;
   s.woken().compare_exchange_strong(was_woken, 0);
   std::uint64_t spinning = u + 1;
@@ -278,7 +292,7 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
   using std::chrono::nanoseconds;
   constexpr std::uint64_t least = 1'000, most = 200'000, initial = 20'000;
   const slot_ref s = slot(r.slot);
-  if (s.waiter_count().load() != 0) return false;
+  if (s.maybe_waiters().load() != 0) return false;
   std::uint64_t none = 0;
   if (!s.spinner().compare_exchange_strong(none, me.index + 1)) return false;
   // The budget lives in the shared map: bound what is read, not only what is written, or a
@@ -295,7 +309,7 @@ bool slot_table::spin_for(slot_user& me, const slot_request& r,
     }
     base::cpu_relax();
     if (i % 16 == 0) {
-      if (s.waiter_count().load(std::memory_order_relaxed) != 0) break;
+      if (s.maybe_waiters().load(std::memory_order_relaxed) != 0) break;
       const auto now = std::chrono::steady_clock::now();
       if (now >= until || (!cd.is_infinite() && now >= cd.expiry())) break;
     }

@@ -9,7 +9,7 @@
 // least one of two racing lockers sees the other and backs off: never both inside.
 //
 // Waiters sleep on their own futex word (user_entry::wake) after setting their bit in the
-// slot's waiter set and counting themselves in. A releaser that finds waiters hands the slot
+// slot's waiter set. A releaser that finds waiters hands the slot
 // to the next one after itself in user order (round robin, so every waiter gets its turn):
 // an exclusive waiter that has slept long is granted the slot (the writer word set to its
 // index + 1 | `granted`) before it is woken, so a releaser that comes straight back cannot
@@ -55,7 +55,6 @@ static_assert(sizeof(user_entry) <= user_size);
 struct slot_ref {
   std::uint64_t* base;
   [[nodiscard]] std::atomic_ref<std::uint64_t> writer() const noexcept { return word(0); }
-  [[nodiscard]] std::atomic_ref<std::uint64_t> waiter_count() const noexcept { return word(1); }
   //! The user spinning on the slot (index + 1), or 0: one spinner per slot at a time, named
   //! so that one that died spinning can be cleared.
   [[nodiscard]] std::atomic_ref<std::uint64_t> spinner() const noexcept { return word(2); }
@@ -67,6 +66,22 @@ struct slot_ref {
   [[nodiscard]] std::atomic_ref<std::uint64_t> waiters(std::size_t w) const noexcept {
     return word(8 + bitset_words + w);
   }
+  //! Non-zero when someone may sleep on the slot: set by each sleeper after its bit, cleared
+  //! by a releaser that finds the waiter set empty (and that then looks again, restoring it if
+  //! a bit appeared). Never 0 while a live sleeper's bit is set and no releaser is between
+  //! the two looks, so a release that reads 0 has nobody to wake; a stale 1 costs one look.
+  //! (Up to format 5 this word counted sleepers, and drifted for good when a sleeper died
+  //! between its bit and its count.)
+  [[nodiscard]] std::atomic_ref<std::uint64_t> maybe_waiters() const noexcept { return word(1); }
+  //! Whether anyone sleeps on the slot: the waiter set itself, which recovery clears exactly.
+  [[nodiscard]] bool has_waiters() const noexcept {
+    std::uint64_t any = 0;
+    for (std::size_t w = 0; w < bitset_words; ++w)
+      any |= waiters(w).load();
+    return any != 0;
+  }
+  //! How many sleep on the slot.
+  [[nodiscard]] std::uint64_t waiter_total() const noexcept;
   //! Whether any reader other than user `u` is in (`no_slot`: any reader). Every exclusive
   //! take asks: the common case (no reader at all) is one inline pass.
   [[nodiscard]] bool other_readers(std::uint32_t u) const noexcept {
@@ -158,7 +173,7 @@ class slot_table {
   //! are woken to take their bits. A waiter whose own reader bit is the only one (a
   //! shared-to-exclusive upgrade) counts as free for it.
   void hand_on(std::size_t i, std::uint32_t from) const noexcept {
-    if (slot(i).waiter_count().load() == 0) return;  // nobody sleeps on it: the common case
+    if (slot(i).maybe_waiters().load() == 0) return;  // nobody sleeps on it: the common case
     hand_on_to_waiters(i, from);
   }
   //! Takes back a grant to `u` that nobody will collect, and hands the slot on: whether

@@ -105,7 +105,7 @@ result<bool> memory_map::impl::recover_blockers(const mm::thread_user& t,
     if (!r) return r;
     any |= *r;
   }
-  // Readers block a writer; dead sleepers keep the sleeper count up (no spinning, wake-ups
+  // Readers block a writer; dead sleepers keep the sleeper set busy (no spinning, wake-ups
   // sent to nobody) and, if woken to compete, stop every other wake-up.
   for (std::size_t word = 0; word < mm::bitset_words; ++word) {
     std::uint64_t bits = s.readers(word).load() | s.waiters(word).load();
