@@ -214,6 +214,32 @@ TEST(MemoryMap, AFailedFirstUserLeavesNoMapBehind) {
   EXPECT_EQ(maps_in(o.map_directory), 0u) << "the failed first user's map is left behind";
 }
 
+// Review finding (issue 15, second review #10): any failure to open the map (EMFILE here)
+// was read as "the memory is not ours to share" and degraded the lock for every user, the
+// errno lost. Only a map that is not there, not ours, or not keel's degrades; anything else
+// is the opener's error.
+TEST(MemoryMap, AMapThatCannotBeOpenedForNowIsAnErrorNotADegrade) {
+  const lock_place at;
+  auto first = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(first);
+  io::fault_filesystem fs;
+  io::fault_filesystem::fault f;
+  f.on = io::fs_op::open;
+  f.error = EMFILE;
+  f.path_contains = "keel-mm-";
+  fs.inject(f);
+  memory_map::options o = at.o;
+  o.fs = &fs;
+  auto second = memory_map::open(at.path, o);
+  EXPECT_EQ(fs.injected(), 1u);
+  ASSERT_FALSE(second) << "opened, degraded: " << (*second)->is_degraded();
+  EXPECT_EQ(second.error(), std::errc::too_many_files_open) << second.error().message();
+  EXPECT_FALSE((*first)->is_degraded()) << "one process out of descriptors degraded the lock";
+  auto third = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(third) << third.error().message();
+  EXPECT_FALSE((*third)->is_degraded());
+}
+
 TEST(MemoryMap, AnotherVersionIsUnsupported) {
   temp_dir dir;
   std::string page(4096, '\0');

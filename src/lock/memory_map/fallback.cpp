@@ -84,11 +84,17 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
     const bool visible = state && !state->blank && !state->map_path.empty() &&
                          state->boot_id == base::self().boot_id;
     if (visible) {
-      if (auto m = mm::open_map(*fs, state->map_path); m) {
+      auto m = mm::open_map(*fs, state->map_path);
+      if (m) {
         theirs = std::move(*m);
         their_table = mm::slot_table(theirs.data());
         on = &their_table;
         looked_at = state->map_path;
+        // The flag goes into their map before the look, as a store that orders before our
+        // loads of its slots (the lock file's flag was written by pwrite: no such order).
+        their_table.degraded_word().store(1);
+      } else if (!mm::map_not_ours(m.error())) {
+        return std::unexpected(m.error());
       }
     }
   }

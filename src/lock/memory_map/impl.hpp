@@ -52,6 +52,11 @@ struct thread_user final : base::thread_state, slot_user {
 //! open/mmap; not_keel_file, unsupported_version, corrupt naming the file.
 result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path) noexcept;
 
+//! Whether open_map's error says the map is not this process's to share (gone, another
+//! user's, a symlink, not keel's or another version): the lock degrades. Any other (EMFILE,
+//! ENOMEM, EIO, ...) is the caller's error, not a reason to move every user off the map.
+[[nodiscard]] bool map_not_ours(const error& e) noexcept;
+
 //! What holds slots of a map: nothing, only the user `me` (a thread holding a map guard
 //! while it switches: waiting for itself would never end), or others. Marks of dead users
 //! (their liveness byte free, probed through `map_fd`) are cleared, not waited for.

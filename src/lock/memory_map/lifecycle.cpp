@@ -142,8 +142,10 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
           if (m) {
             map = std::move(*m);
             map_path = old->map_path;
+          } else if (mm::map_not_ours(m.error())) {
+            must_degrade = true;
           } else {
-            must_degrade = true;  // the memory is not ours to share
+            return std::unexpected(m.error());
           }
         } else {
           must_degrade = true;
@@ -220,7 +222,8 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
 namespace mm {
 
 result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p) noexcept {
-  auto f = io::file_handle::open(fs, p.c_str(), io::open_flags::read_write);
+  auto f =
+      io::file_handle::open(fs, p.c_str(), io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) return std::unexpected(f.error());
   auto size = f->size();
   if (!size) return std::unexpected(size.error());
@@ -235,6 +238,13 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p) noexc
         error(errc::corrupt).about(f->shared_path(), static_cast<std::uint64_t>(*size)));
   }
   return io::mapped_file::map(*f, io::map_access::read_write, mm::map_size, 0);
+}
+
+bool map_not_ours(const error& e) noexcept {
+  return e == std::errc::no_such_file_or_directory || e == std::errc::permission_denied ||
+         e == std::errc::operation_not_permitted || e == std::errc::too_many_symbolic_link_levels ||
+         e == std::errc::no_such_device || e == keel::errc::not_keel_file ||
+         e == keel::errc::unsupported_version || e == keel::errc::corrupt;
 }
 
 }  // namespace mm
