@@ -136,13 +136,16 @@ const process_identity& self() noexcept {
   return me;
 }
 
-liveness check(const process_identity& who, io::filesystem& fs) noexcept {
+liveness check(const process_identity& who, recorded_on where, io::filesystem& fs) noexcept {
   const process_identity& me = self();
   if (is_zero(who.boot_id) || is_zero(me.boot_id)) return liveness::unknown;
   if (who.boot_id != me.boot_id) {
     // Another boot: of this machine, then everything of that boot is gone; of another
-    // machine (a shared network filesystem), nothing can be told from here.
-    const bool same_machine = !is_zero(me.machine_id) && who.machine_id == me.machine_id;
+    // machine (a shared network filesystem), nothing can be told from here. Only a local
+    // filesystem proves it is this machine: on a shared one, a clone of this machine's image
+    // has our machine id and may run now.
+    const bool same_machine = where == recorded_on::local_filesystem && !is_zero(me.machine_id) &&
+                              who.machine_id == me.machine_id;
     return same_machine ? liveness::dead : liveness::unknown;
   }
   if (who.pid == 0 || who.pid_ns == 0 || who.pid_ns != me.pid_ns) return liveness::unknown;

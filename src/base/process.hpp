@@ -32,11 +32,18 @@ const process_identity& self() noexcept;
 
 enum class liveness { alive, dead, unknown };
 
+//! Where the record of `who` was found: on a filesystem only this machine writes (local), or
+//! on one other machines may share (a network or cluster filesystem, FUSE, or unknown).
+enum class recorded_on { local_filesystem, shared_filesystem };
+
 //! Whether the process `who` still runs. `dead` only with a proof: this machine (machine id)
-//! booted since `who` started (boot id), or, in this boot and pid namespace, no process has
-//! its pid (kill(pid, 0) fails with ESRCH) or the one that has it started at another time.
-//! Anything else it cannot tell is `unknown` (treat as alive). /proc is read through `fs`.
-liveness check(const process_identity& who, io::filesystem& fs = io::os()) noexcept;
+//! booted since `who` started (boot id) and the record is on a local filesystem (on a shared
+//! one, machines cloned from one image share a machine id: another boot may run now), or, in
+//! this boot and pid namespace, no process has its pid (kill(pid, 0) fails with ESRCH) or the
+//! one that has it started at another time. Anything else it cannot tell is `unknown` (treat
+//! as alive). /proc is read through `fs`.
+liveness check(const process_identity& who, recorded_on where,
+               io::filesystem& fs = io::os()) noexcept;
 
 //! The start time of `pid`, or 0 if it does not exist or cannot be read.
 std::uint64_t start_time_of(pid_t pid, io::filesystem& fs = io::os()) noexcept;

@@ -10,6 +10,7 @@
 
 #include "detail/common.hpp"
 #include "keel/io/byte_lock.hpp"
+#include "keel/io/fs_info.hpp"
 
 namespace keel::lock {
 namespace {
@@ -59,6 +60,9 @@ struct lock_files::impl {
   detail::file_id dir_id;
   detail::file_id breaker_id;
   io::filesystem* fs = &io::os();
+  //! Where owner records are: only on a local filesystem is another boot of this machine id
+  //! this machine's (unknown counts as shared).
+  base::recorded_on records = base::recorded_on::shared_filesystem;
   base::per_thread_states threads;
 
   result<thread_files*> mine() noexcept {
@@ -103,6 +107,9 @@ result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
   auto bid = detail::identify(*b);
   if (!bid) return std::unexpected(bid.error());
   p->breaker_id = *bid;
+  if (auto where = fs.statfs(*d); where && where->is_local) {
+    p->records = base::recorded_on::local_filesystem;
+  }
   return std::unique_ptr<lock_files>(new lock_files(id->dev, id->ino, std::move(p)));
 }
 
@@ -122,7 +129,8 @@ result<io::temp_file> make_owner_file(const io::file_handle& dir) noexcept {
 }
 
 // Removes `name` if its owner is provably dead. Returns true if it was removed (or is gone).
-result<bool> break_if_stale(thread_files& t, entity e, const char* name) noexcept {
+result<bool> break_if_stale(thread_files& t, entity e, const char* name,
+                            base::recorded_on records) noexcept {
   // Breakers of one entity take turns, so the file judged stale is the file removed: nobody
   // else unlinks a dead owner's file, and nobody can create the name while it exists.
   auto turn = io::try_lock_extent(t.breaker, detail::entity_offset(e), 1, io::lock_kind::exclusive);
@@ -157,7 +165,7 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name) noexcep
   std::memcpy(who.machine_id.data(), rec.machine_id, sizeof rec.machine_id);
   // Only a proven death breaks a lock: an owner we cannot judge (another machine, another
   // pid namespace, /proc unreadable) is alive.
-  if (base::check(who, t.dir.fs()) != base::liveness::dead) return false;
+  if (base::check(who, records, t.dir.fs()) != base::liveness::dead) return false;
   detail::reached("lock_files.judged_stale");
   // Remove only the file judged: the name may have been made again since (by a breaker that
   // did not take turns with us, or an owner judged dead wrongly). Between this look and the
@@ -231,7 +239,7 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
     const auto now = std::chrono::steady_clock::now();
     if (now - last_stale_check >= stale_check_interval) {
       last_stale_check = now;
-      auto broken = break_if_stale(t, sorted[order[contended]], name);
+      auto broken = break_if_stale(t, sorted[order[contended]], name, impl_->records);
       if (!broken) {
         done();
         return std::unexpected(broken.error());

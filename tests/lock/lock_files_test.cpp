@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,8 @@
 
 #include "base/process.hpp"
 #include "keel/io/file_handle.hpp"
+#include "keel/io/filesystem.hpp"
+#include "keel/io/fs_info.hpp"
 #include "lock/detail/common.hpp"
 #include "support/process.hpp"
 
@@ -131,6 +134,60 @@ TEST(LockFiles, AnOwnerThatCannotBeJudgedIsAlive) {
   auto m = lock_files::open(path);
   ASSERT_TRUE(m);
   EXPECT_FALSE((*m)->try_lock({entity(6)})) << "an owner in another namespace judged dead";
+}
+
+// A filesystem that says it is NFS: what a lock directory on a network share looks like.
+struct network_share final : io::filesystem_wrapper {
+  network_share() noexcept : io::filesystem_wrapper(io::os()) {}
+  static result<io::fs_info> as_nfs(result<io::fs_info> i) noexcept {
+    if (i) {
+      i->type = io::fs_type::nfs;
+      i->is_local = false;
+    }
+    return i;
+  }
+  result<io::fs_info> statfs(const char* path) noexcept override {
+    return as_nfs(filesystem_wrapper::statfs(path));
+  }
+  result<io::fs_info> statfs(const io::file_handle& file) noexcept override {
+    return as_nfs(filesystem_wrapper::statfs(file));
+  }
+};
+
+// Entity 7's file, written by a process of another boot of a machine with our machine id.
+void write_other_boot_owner(const std::string& path) {
+  std::string rec(104, '\0');
+  std::memcpy(rec.data(), "KEELLF02", 8);
+  const std::uint32_t pid = 1, ns = base::self().pid_ns;
+  std::memcpy(rec.data() + 8, &pid, 4);
+  std::memcpy(rec.data() + 12, &ns, 4);
+  std::array<std::uint8_t, 16> boot = base::self().boot_id;
+  boot[0] ^= 0xff;
+  std::memcpy(rec.data() + 24, boot.data(), 16);
+  std::memcpy(rec.data() + 40, base::self().machine_id.data(), 16);
+  std::ofstream(path + "/0000000000000007", std::ios::binary) << rec;
+}
+
+// Review finding (issue 15, second review #9): "another boot of this machine, so dead" was
+// judged by machine id alone. Machines cloned from one image share it, and on a network
+// share the other boot may be another machine running now: its lock was broken. Only a lock
+// directory on a local filesystem (no running machine but this one writes there) proves it.
+TEST(LockFiles, AnotherBootWithOurMachineIdIsDeadOnlyOnALocalFilesystem) {
+  temp_dir dir;
+  const std::string path = dir.file("locks");
+  {
+    auto m = lock_files::open(path);
+    ASSERT_TRUE(m);
+  }
+  write_other_boot_owner(path);
+  network_share nfs;
+  auto shared = lock_files::open(path, nfs);
+  ASSERT_TRUE(shared);
+  EXPECT_FALSE((*shared)->try_lock({entity(7)}))
+      << "on a network share, another boot with our machine id was judged dead";
+  auto local = lock_files::open(path);
+  ASSERT_TRUE(local);
+  EXPECT_TRUE((*local)->try_lock({entity(7)})) << "on a local filesystem, a reboot ends owners";
 }
 
 }  // namespace

@@ -26,11 +26,12 @@ namespace keel::lock {
 //!   it, under a byte-range lock that serialises breakers, and only if the name is still the
 //!   file it judged, so a live owner's lock is never broken. Proof: in this boot and pid
 //!   namespace, no process has the pid (or the one that has it started at another time); or
-//!   this machine rebooted since. It checks at most every `stale_check_interval` (10 ms by
-//!   default). An owner that cannot be judged (another machine, another pid namespace, /proc
-//!   unreadable) is alive: its files stay until removed by hand.
+//!   this machine rebooted since (judged on local filesystems only: on a network share, a
+//!   machine cloned from this one's image has the same machine id). It checks at most every
+//!   `stale_check_interval` (10 ms by default). An owner that cannot be judged (another machine,
+//!   another pid namespace, /proc unreadable) is alive: its files stay until removed by hand.
 //! - **Network filesystems**: safe where link(2) is atomic (NFSv3+); crash recovery then only
-//!   covers owners of this machine. All users must share a pid namespace.
+//!   covers owners of this machine's current boot. All users must share a pid namespace.
 class lock_files final : public shared_fs_mutex {
  public:
   //! Opens (creating if needed) the lock directory `dir`.
