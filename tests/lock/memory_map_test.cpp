@@ -300,12 +300,10 @@ TEST(MemoryMap, ForcedFallbackAloneUsesNoMap) {
   }).join();
 }
 
-// Users hammer one entity on the map; midway a user that asks for the fallback appears.
-// Every user must move over without two holders ever being inside at once (the counter
-// would lose updates), and nobody may get stuck.
 // Opening with force_fallback while another instance of the same thread is on the map used
 // to wait in open, without a deadline, for that instance to leave the map: a certain
-// self-deadlock. Open returns now; the switch waits in lock, within its deadline.
+// self-deadlock. Open returns now; the switch is tried again by each lock, which reports the
+// deadlock while this thread still holds its guard on the map.
 TEST(MemoryMap, OpeningADegraderBesideAnIdleUserReturns) {
   temp_dir dir;
   temp_dir maps("/dev/shm");
@@ -320,8 +318,9 @@ TEST(MemoryMap, OpeningADegraderBesideAnIdleUserReturns) {
     o.force_fallback = true;
     auto b = memory_map::open(dir.file("lock"), o);
     if (!b) return 3;
+    // This thread still holds a slot of the map through `a`: the switch would wait for it.
     auto g = (*b)->lock({entity(1)}, 100ms);
-    if (g || g.error() != std::errc::timed_out) return 4;  // a still holds a slot of the map
+    if (g || g.error() != std::errc::resource_deadlock_would_occur) return 4;
     if (!held->unlock()) return 5;
     return 0;
   });
@@ -352,29 +351,51 @@ TEST(MemoryMap, AnIdleUserDoesNotHoldBackTheSwitch) {
   std::thread([&] { EXPECT_FALSE((*degrader)->try_lock({entity(2)})); }).join();
 }
 
-// Review finding (issue 15 #7): a thread holding a map guard that locked again after a
-// degrade waited for the switch, which waited for its guard: it spun until its deadline
-// (for ever without one). It is a deadlock, and is reported as one at once.
-TEST(MemoryMap, LockingAfterADegradeWhileHoldingAMapGuardIsADeadlock) {
-  const lock_place at;
-  auto m = memory_map::open(at.path, at.o);
-  ASSERT_TRUE(m);
-  auto held = (*m)->lock({entity(1)});
+// A thread holds entity 1 on the map through `holder`, a degrader appears, and the thread
+// locks entity 2 through `locker`: the switch would wait for the thread's own guard, so it is
+// a deadlock, reported at once (not after the deadline, nor never without one).
+void expect_deadlock_after_degrade(const lock_place& at, memory_map& holder, memory_map& locker) {
+  auto held = holder.lock({entity(1)});
   ASSERT_TRUE(held);
   memory_map::options f = at.o;
   f.force_fallback = true;
   auto degrader = memory_map::open(at.path, f);
   ASSERT_TRUE(degrader);
   const auto t0 = std::chrono::steady_clock::now();
-  auto again = (*m)->lock({entity(2)}, 3s);
+  auto again = locker.lock({entity(2)}, 3s);
   ASSERT_FALSE(again);
   EXPECT_EQ(again.error().code(), std::errc::resource_deadlock_would_occur)
       << again.error().message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   ASSERT_TRUE(held->unlock());
-  EXPECT_TRUE((*m)->lock({entity(2)}, 2s));
+  EXPECT_TRUE(locker.lock({entity(2)}, 2s));
 }
 
+// Review finding (issue 15 #7): a thread holding a map guard that locked again after a
+// degrade waited for the switch, which waited for its guard: it spun until its deadline
+// (for ever without one).
+TEST(MemoryMap, LockingAfterADegradeWhileHoldingAMapGuardIsADeadlock) {
+  const lock_place at;
+  auto m = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(m);
+  expect_deadlock_after_degrade(at, **m, **m);
+}
+
+// Review finding (issue 15, second review #11): the same deadlock through two instances of
+// one lock path: the switch knew only the calling instance's user as "this thread", so it
+// waited for the guard of the thread's other instance, which waited for it.
+TEST(MemoryMap, LockingAfterADegradeWhileHoldingAGuardOfAnotherInstanceIsADeadlock) {
+  const lock_place at;
+  auto a = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(a);
+  auto b = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(b);
+  expect_deadlock_after_degrade(at, **a, **b);
+}
+
+// Users hammer one entity on the map; midway a user that asks for the fallback appears.
+// Every user must move over without two holders ever being inside at once (the counter
+// would lose updates), and nobody may get stuck.
 TEST(MemoryMap, DegradeUnderLoadKeepsExclusion) {
   temp_dir dir;
   const std::string lock = dir.file("lock");

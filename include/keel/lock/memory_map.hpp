@@ -42,8 +42,9 @@ namespace keel::lock {
 //!   every user on the map holds shared until it sees the flag), so two exclusive holders
 //!   never coexist; lock calls made during the switch wait (within their deadline) for the
 //!   map's holders to unlock, and users holding nothing hold nobody back. A thread that
-//!   holds a map guard and locks again after a degrade gets resource_deadlock_would_occur
-//!   (the switch would wait for its own guard). The lock stays degraded until its last
+//!   holds a map guard (of this instance or another one of the same lock) and locks again
+//!   after a degrade gets resource_deadlock_would_occur (the switch would wait for its own
+//!   guard). The lock stays degraded until its last
 //!   user closes it.
 //! - **Fork**: a child may use an instance its parent opened. Before its first use there, it
 //!   joins the lock again through descriptors of its own, so the parent's close never drops

@@ -5,6 +5,9 @@
 // slot back if it is set, so a hold that a look after the flag does not find is one that
 // will never be used. Users that hold nothing (idle ones) play no part: nobody waits for them.
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "base/process.hpp"
 #include "impl.hpp"
 #include "keel/io/byte_lock.hpp"
@@ -23,17 +26,22 @@ void memory_map::impl::release_map_in_use_if_idle() noexcept {
 
 namespace mm {
 
-result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
-                               std::uint32_t me) noexcept {
+result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd) noexcept {
   bool mine_seen = false;
+  const base::process_identity& self = base::self();
+  const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
   // Whether user `u`, marked in slot `i`, still lives; a dead one's marks are cleared while
   // its liveness byte is held (so nobody takes the index meanwhile).
   const auto lives = [&](std::uint32_t u, std::size_t i) -> result<bool> {
-    if (u == me) {
+    if (u >= max_users) return true;  // damaged: wait (a bounded wait, the caller's deadline)
+    // This thread, through this instance or another one of the same lock.
+    user_entry* e = table.user(u);
+    if (std::atomic_ref<std::uint32_t>(e->tid).load() == tid &&
+        std::atomic_ref<std::uint32_t>(e->pid).load() == self.pid &&
+        std::atomic_ref<std::uint64_t>(e->start_time).load() == self.start_time) {
       mine_seen = true;
       return false;
     }
-    if (u >= max_users) return true;  // damaged: wait (a bounded wait, the caller's deadline)
     auto g = io::try_lock_extent(map_fd, liveness_base + u, 1, io::lock_kind::exclusive);
     if (!g) {
       if (detail::is_contention(g.error())) return true;
@@ -107,10 +115,9 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
       probe_fd = std::move(*mf);
       fd = &probe_fd;
     }
-    const std::uint32_t mine_index = me.registered && on == &table ? me.index : mm::no_slot;
     detail::backoff pause(spin);
     for (;;) {
-      auto holders = mm::holders_of(*on, *fd, mine_index);
+      auto holders = mm::holders_of(*on, *fd);
       if (!holders) return std::unexpected(holders.error());
       if (*holders == mm::map_holders::none) break;
       if (*holders == mm::map_holders::only_me) {

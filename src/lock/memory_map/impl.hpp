@@ -57,12 +57,12 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path) no
 //! ENOMEM, EIO, ...) is the caller's error, not a reason to move every user off the map.
 [[nodiscard]] bool map_not_ours(const error& e) noexcept;
 
-//! What holds slots of a map: nothing, only the user `me` (a thread holding a map guard
-//! while it switches: waiting for itself would never end), or others. Marks of dead users
-//! (their liveness byte free, probed through `map_fd`) are cleared, not waited for.
+//! What holds slots of a map: nothing, only the calling thread (through any instance of the
+//! lock in this process: a thread holding a map guard while it switches would wait for
+//! itself for ever), or others. Marks of dead users (their liveness byte free, probed
+//! through `map_fd`) are cleared, not waited for.
 enum class map_holders { none, only_me, others };
-result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
-                               std::uint32_t me) noexcept;
+result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd) noexcept;
 
 //! do_lock's token for a set held on the fallback (a map token is a thread_user address,
 //! never odd).

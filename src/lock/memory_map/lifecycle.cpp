@@ -17,6 +17,13 @@
 namespace keel::lock {
 namespace {
 
+// Whether an open's try at the switch failed only for now: other users still hold slots of
+// the map, or this thread does through another instance (then its lock calls report the
+// deadlock). The switch is tried again by every lock call.
+bool switch_later(const result<void>& s) noexcept {
+  return detail::is_contention(s.error()) || s.error() == std::errc::resource_deadlock_would_occur;
+}
+
 // Creates a map file in `dir` with a fresh random name, its blocks reserved.
 result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
                                    std::string& path_out) noexcept {
@@ -211,8 +218,7 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
   }
   creator_pid.store(me, std::memory_order_release);
   if (*must_degrade) {
-    if (auto s = switch_to_fallback(io::deadline::zero().start(), false);
-        !s && !detail::is_contention(s.error())) {
+    if (auto s = switch_to_fallback(io::deadline::zero().start(), false); !s && !switch_later(s)) {
       return std::unexpected(s.error());
     }
   }
@@ -280,7 +286,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
     // try: while others still hold slots on the map, the switch waits in `lock`, within the
     // caller's deadline (open has none: waiting here for an idle user would never end).
     if (auto s = m->impl_->switch_to_fallback(io::deadline::zero().start(), false);
-        !s && !detail::is_contention(s.error())) {
+        !s && !switch_later(s)) {
       return std::unexpected(s.error());
     }
   }

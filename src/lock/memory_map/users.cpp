@@ -41,7 +41,8 @@ result<mm::thread_user*> memory_map::impl::mine() noexcept {
 }
 
 result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
-  auto mf = io::file_handle::open(*fs, map_path.c_str(), io::open_flags::read_write);
+  auto mf = io::file_handle::open(*fs, map_path.c_str(),
+                                  io::open_flags::read_write | io::open_flags::no_follow);
   if (!mf) return std::unexpected(mf.error());
   t.map_fd = std::move(*mf);
   const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
@@ -62,9 +63,10 @@ result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
         table.clear_user_in(i, u);
     }
     std::atomic_ref<std::uint32_t>(e->clean).store(0);
-    e->pid = base::self().pid;
-    e->tid = tid;
-    e->start_time = base::self().start_time;
+    // Read by other threads' degrade switches (is it the switching thread?): atomic stores.
+    std::atomic_ref<std::uint32_t>(e->pid).store(base::self().pid);
+    std::atomic_ref<std::uint32_t>(e->tid).store(tid);
+    std::atomic_ref<std::uint64_t>(e->start_time).store(base::self().start_time);
     table.wants_word(u).store(mm::no_slot);
     t.exclusive_holds.assign(mm::slots, 0);
     t.shared_holds.assign(mm::slots, 0);
