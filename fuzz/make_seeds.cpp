@@ -17,6 +17,7 @@
 
 #include "keel/lock/atomic_append.hpp"
 #include "keel/lock/memory_map.hpp"
+#include "kv/format.hpp"
 #include "lock/memory_map/format.hpp"
 
 namespace {
@@ -153,6 +154,62 @@ int main(int argc, char** argv) {
              {1,      5,    6,    1,      /**/ 7, 9, 3,      0, 0x00, 0xa0, 0xb8,   0x30, 0x46,
               0x03,   0x00, 0x00,
               /**/ 1, 0x80, 3,    /**/ 0, 0x89,   3, /**/ 0, 4, 3,    2,    /**/ 1, 11,   3});
+
+  // ---- keel::kv's blocks and headers (fuzz/kv_block.cpp, fuzz/kv_headers.cpp) ----
+  {
+    namespace f = kv::fmt;
+    constexpr std::uint64_t salt = 0x0123456789abcdefULL;
+    const auto salted = [&](const std::vector<std::byte>& block) {
+      bytes b(8);
+      std::memcpy(b.data(), &salt, 8);
+      for (const std::byte x : block)
+        b.push_back(static_cast<std::uint8_t>(x));
+      return b;
+    };
+    const std::string k1 = "key", v1 = "a value of some length", k2 = "gone";
+    f::record_in put;
+    put.key = std::as_bytes(std::span(k1.data(), k1.size()));
+    put.value = std::as_bytes(std::span(v1.data(), v1.size()));
+    put.prev = f::make_location(1, 4096);
+    put.prev_seq = 3;
+    f::record_in erase;
+    erase.key = std::as_bytes(std::span(k2.data(), k2.size()));
+    erase.what = f::op::erase;
+    f::record_in blob;
+    blob.key = put.key;
+    blob.what = f::op::put_blob;
+    blob.blob = {f::make_location(2, 4096), 77};
+    blob.value_length = 100000;
+    const std::vector<f::record_in> three{put, erase, blob};
+    std::vector<std::byte> commit(f::block_size(three));
+    f::encode_block(commit, f::block_kind::commit, 4, three, salt);
+    write_seed(out / "kv_block", "commit", salted(commit));
+    put.seq = 2;
+    std::vector<std::byte> moved(f::block_size(std::span(&put, 1)));
+    f::encode_block(moved, f::block_kind::relocation, 0, std::span(&put, 1), salt);
+    write_seed(out / "kv_block", "relocation", salted(moved));
+    std::vector<std::byte> value(21, std::byte{0x5a});
+    std::vector<std::byte> blob_block(f::blob_block_size(value.size()));
+    f::encode_blob_block(blob_block, value, salt);
+    write_seed(out / "kv_block", "blob", salted(blob_block));
+    std::vector<std::byte> pad(96);
+    f::encode_pad_block(pad, salt);
+    write_seed(out / "kv_block", "pad", salted(pad));
+
+    f::store_params p;
+    p.id = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    p.salt = salt;
+    const auto store_file = f::encode_store_file(p);
+    write_seed(out / "kv_headers", "store-file",
+               bytes(reinterpret_cast<const std::uint8_t*>(store_file.data()),
+                     reinterpret_cast<const std::uint8_t*>(store_file.data()) + store_file.size()));
+    const auto seg = f::encode_segment_header({p.id, 5, f::default_segment_size}, salt);
+    bytes seg_seed(reinterpret_cast<const std::uint8_t*>(seg.data()),
+                   reinterpret_cast<const std::uint8_t*>(seg.data()) + 128);
+    seg_seed.resize(seg_seed.size() + 8);
+    std::memcpy(seg_seed.data() + 128, &salt, 8);
+    write_seed(out / "kv_headers", "segment-header", seg_seed);
+  }
 
   std::error_code ec;
   fs::remove_all(tmp, ec);

@@ -1,0 +1,217 @@
+#pragma once
+// keel::kv's bytes on disk (doc/kv-format.md): the store file, segment headers, blocks and
+// their records, and the checks that are everything the store believes about bytes before
+// it uses them. Pure functions over spans, no files: fuzz/ feeds them garbage.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "base/format_header.hpp"
+#include "keel/result.hpp"
+
+namespace keel::kv::fmt {
+
+constexpr std::size_t page_size = 4096;
+constexpr std::size_t max_key = 1024;
+//! The largest value a record can describe (the API may allow less).
+constexpr std::uint64_t max_value = (std::uint64_t{1} << 36);
+
+// ---- Locations: segment number (top 24 bits) and offset in it (low 40 bits); 0 is none ----
+
+constexpr unsigned offset_bits = 40;
+constexpr std::uint64_t max_segment_number = (std::uint64_t{1} << 24) - 1;
+constexpr std::uint64_t max_segment_offset = (std::uint64_t{1} << offset_bits) - 1;
+
+[[nodiscard]] constexpr std::uint64_t make_location(std::uint64_t segment,
+                                                    std::uint64_t offset) noexcept {
+  return (segment << offset_bits) | offset;
+}
+[[nodiscard]] constexpr std::uint64_t segment_of(std::uint64_t location) noexcept {
+  return location >> offset_bits;
+}
+[[nodiscard]] constexpr std::uint64_t offset_of(std::uint64_t location) noexcept {
+  return location & max_segment_offset;
+}
+
+// ---- Hashes and checksums ----
+
+//! XXH3-128 of a key, `hi` never 0 (0 marks an empty index entry).
+struct key_hash {
+  std::uint64_t hi;
+  std::uint64_t lo;
+  friend bool operator==(const key_hash&, const key_hash&) = default;
+};
+[[nodiscard]] key_hash hash_key(std::span<const std::byte> key) noexcept;
+
+//! XXH3-64 seeded with the store's salt: what every checksum of a store is.
+[[nodiscard]] std::uint64_t checksum(std::span<const std::byte> bytes, std::uint64_t salt) noexcept;
+
+// ---- The store file `keel-kv` ----
+
+constexpr std::uint64_t min_segment_size = std::uint64_t{1} << 20;
+constexpr std::uint64_t max_segment_size = std::uint64_t{1} << 30;
+constexpr std::uint64_t default_segment_size = std::uint64_t{64} << 20;
+constexpr std::uint64_t default_blob_threshold = std::uint64_t{64} << 10;
+
+struct store_params {
+  std::array<std::uint8_t, 16> id{};
+  std::uint64_t salt = 0;  //!< never 0
+  std::uint64_t segment_size = default_segment_size;
+  //! Values at least this long are written as blobs (at most the segment size less its
+  //! header: a smaller value always fits a commit block of one segment).
+  std::uint64_t blob_threshold = default_blob_threshold;
+  std::uint64_t created_ns = 0;
+  friend bool operator==(const store_params&, const store_params&) = default;
+};
+
+constexpr std::size_t store_file_size = page_size;
+constexpr std::size_t store_checksum_at = page_size - 8;
+inline constexpr base::format store_format{
+    "KEELKVS1", 1, base::layout_of({store_file_size, 72, store_checksum_at})};
+
+//! The store file's 4096 bytes for `p` (checksummed; the checksum's seed is 0, since the
+//! salt is read from this file).
+[[nodiscard]] std::array<std::byte, store_file_size> encode_store_file(
+    const store_params& p) noexcept;
+
+//! Reads a store file. Errors: not_keel_file (another magic, or too short to be one),
+//! unsupported_version, corrupt at the offset of the bad part (checksum, a parameter out of
+//! its range).
+[[nodiscard]] result<store_params> parse_store_file(std::span<const std::byte> bytes) noexcept;
+
+// ---- Segment headers ----
+
+constexpr std::size_t segment_header_size = page_size;
+inline constexpr base::format segment_format{"KEELKVG1", 1,
+                                             base::layout_of({segment_header_size, 64})};
+
+struct segment_params {
+  std::array<std::uint8_t, 16> store_id{};
+  std::uint64_t number = 0;
+  std::uint64_t size = 0;
+  friend bool operator==(const segment_params&, const segment_params&) = default;
+};
+
+[[nodiscard]] std::array<std::byte, segment_header_size> encode_segment_header(
+    const segment_params& p, std::uint64_t salt) noexcept;
+
+//! Reads a segment's header and checks it belongs: `store_id`, `number` (its name). Errors:
+//! not_keel_file, unsupported_version, corrupt (checksum, another store, another number, a
+//! size below the header).
+[[nodiscard]] result<segment_params> parse_segment_header(std::span<const std::byte> bytes,
+                                                          const std::array<std::uint8_t, 16>& id,
+                                                          std::uint64_t number,
+                                                          std::uint64_t salt) noexcept;
+
+// ---- Blocks and records ----
+
+constexpr std::uint32_t block_magic = 0x314b4256;  // "VBK1"
+enum class block_kind : std::uint16_t { commit = 1, blob = 2, relocation = 3 };
+enum class op : std::uint8_t { put = 1, erase = 2, put_blob = 3 };
+
+struct block_header {
+  std::uint32_t magic;
+  std::uint16_t kind;
+  std::uint16_t flags;  // blob: its padding bytes (0-7); otherwise 0
+  std::uint64_t seq;
+  std::uint64_t length;  // the whole block, header included; a multiple of 8
+  std::uint32_t records;
+  std::uint32_t reserved;
+  std::uint64_t payload_checksum;
+  std::uint64_t header_checksum;  // of the 40 bytes before it
+};
+static_assert(sizeof(block_header) == 48);
+
+struct record_header {
+  std::uint32_t key_length;
+  std::uint8_t op;
+  std::uint8_t reserved[3];
+  std::uint64_t value_length;
+  std::uint64_t seq;
+  std::uint64_t prev;      // location of the key's previous version, or 0
+  std::uint64_t prev_seq;  // its seq, or 0
+  std::uint64_t checksum;  // of the 40 bytes before it, the key and the inline part
+};
+static_assert(sizeof(record_header) == 48);
+
+//! A blob reference: the inline part of a put_blob record.
+struct blob_ref {
+  std::uint64_t location;
+  std::uint64_t checksum;  // the blob block's payload checksum
+};
+static_assert(sizeof(blob_ref) == 16);
+
+//! What a record says, to write one.
+struct record_in {
+  std::span<const std::byte> key;
+  op what = op::put;
+  std::span<const std::byte> value;  //!< put: the value (inline)
+  blob_ref blob{};                   //!< put_blob: where the value is
+  std::uint64_t value_length = 0;    //!< put_blob: the value's length (put: value.size())
+  std::uint64_t prev = 0;
+  std::uint64_t prev_seq = 0;
+  std::uint64_t seq = 0;  //!< relocation: the version's own seq (commit: the block's is used)
+};
+
+[[nodiscard]] constexpr std::uint64_t pad8(std::uint64_t n) noexcept {
+  return (n + 7) & ~7ULL;
+}
+
+//! Bytes a record takes in a block (header, key, inline part, padding).
+[[nodiscard]] std::uint64_t record_size(const record_in& r) noexcept;
+//! Bytes a commit or relocation block of `records` takes.
+[[nodiscard]] std::uint64_t block_size(std::span<const record_in> records) noexcept;
+//! Bytes a blob block of a `length`-byte value takes.
+[[nodiscard]] constexpr std::uint64_t blob_block_size(std::uint64_t length) noexcept {
+  return sizeof(block_header) + pad8(length);
+}
+
+//! Writes a commit block (its records carry `seq`) or a relocation block (`seq` 0; each
+//! record keeps its own) into `out`, exactly block_size(records) bytes. The header goes
+//! last, so a block is complete only once all of it is. Keys and lengths must already be
+//! valid (1–max_key bytes, values ≤ max_value).
+void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
+                  std::span<const record_in> records, std::uint64_t salt) noexcept;
+//! Writes a blob block (exactly blob_block_size(value.size()) bytes). Returns the payload
+//! checksum a put_blob record carries.
+std::uint64_t encode_blob_block(std::span<std::byte> out, std::span<const std::byte> value,
+                                std::uint64_t salt) noexcept;
+//! Writes a pad block of `length` bytes (≥ 48, a multiple of 8): space a commit reserved and
+//! gave up, stepped over by replay.
+void encode_pad_block(std::span<std::byte> out, std::uint64_t salt) noexcept;
+
+//! A record as read from a block.
+struct record_view {
+  record_header head;
+  std::span<const std::byte> key;
+  std::span<const std::byte> value;  //!< put: the value; otherwise empty
+  blob_ref blob{};                   //!< put_blob
+  std::uint64_t size = 0;            //!< bytes it takes, padding included
+};
+
+//! Reads the block header at the start of `bytes` (which may run on past the block: the rest
+//! of the segment). Errors: corrupt at offset 0 (no magic, a bad header checksum, an unknown
+//! kind, a length below 48, not a multiple of 8 or past the end of `bytes`).
+[[nodiscard]] result<block_header> parse_block_header(std::span<const std::byte> bytes,
+                                                      std::uint64_t salt) noexcept;
+
+//! Reads the record at the start of `bytes` (the rest of its block). With `verify`, checks
+//! its checksum. Errors: corrupt at offset 0 (lengths out of range or past the end, unknown
+//! op, nonzero reserved bytes, a bad checksum).
+[[nodiscard]] result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t salt,
+                                               bool verify) noexcept;
+
+//! A blob block's value (its header already parsed).
+[[nodiscard]] std::span<const std::byte> blob_value(std::span<const std::byte> block,
+                                                    const block_header& h) noexcept;
+
+//! Whether the block at the start of `bytes` is complete: its header, its payload checksum
+//! and every record check out and the records fill it exactly. The one test for "this commit
+//! happened", shared by replay and by users clearing up after a dead writer. Returns the
+//! header when complete; corrupt (at the offset of the first bad part) when not.
+[[nodiscard]] result<block_header> check_block(std::span<const std::byte> bytes,
+                                               std::uint64_t salt) noexcept;
+
+}  // namespace keel::kv::fmt

@@ -1,0 +1,297 @@
+// keel::kv's bytes (doc/kv-format.md): what is written reads back, and no damage to a
+// checksummed byte is ever read as data.
+
+#include "kv/format.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace keel::kv::fmt {
+namespace {
+
+constexpr std::uint64_t salt = 0x5eed'1234'abcd'0001ULL;
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+store_params some_store() {
+  store_params p;
+  for (std::size_t i = 0; i < p.id.size(); ++i)
+    p.id[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  p.salt = salt;
+  p.created_ns = 1'700'000'000'000'000'000ULL;
+  return p;
+}
+
+// ---- The store file ----
+
+TEST(KvFormat, AStoreFileReadsBackAsWritten) {
+  const store_params p = some_store();
+  const auto file = encode_store_file(p);
+  auto back = parse_store_file(file);
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(*back, p);
+}
+
+TEST(KvFormat, AStoreFileWithAnyByteChangedIsRefused) {
+  const auto file = encode_store_file(some_store());
+  for (std::size_t i = 0; i < file.size(); ++i) {
+    auto damaged = file;
+    damaged[i] ^= std::byte{0x01};
+    auto r = parse_store_file(damaged);
+    ASSERT_FALSE(r) << "byte " << i << " changed, still read";
+    if (i < 8) {
+      EXPECT_EQ(r.error(), errc::not_keel_file) << i;
+    } else if (i < 24 && (i < 12 || i >= 16)) {  // the version, the layout
+      EXPECT_EQ(r.error(), errc::unsupported_version) << i;
+    } else {
+      EXPECT_EQ(r.error(), errc::corrupt) << i;
+    }
+  }
+}
+
+TEST(KvFormat, AShortOrBlankFileIsNotAStore) {
+  const auto file = encode_store_file(some_store());
+  for (const std::size_t n :
+       {std::size_t{0}, std::size_t{10}, std::size_t{24}, std::size_t{4095}}) {
+    auto r = parse_store_file(std::span(file).first(n));
+    ASSERT_FALSE(r) << n;
+    EXPECT_EQ(r.error(), errc::not_keel_file) << n;
+  }
+  const std::array<std::byte, store_file_size> zeros{};
+  EXPECT_EQ(parse_store_file(zeros).error(), errc::not_keel_file);
+}
+
+TEST(KvFormat, StoreParametersOutOfRangeAreCorruptWhereTheyAre) {
+  struct bad {
+    std::uint64_t segment_size, blob_threshold, salt;
+    std::uint64_t at;
+  };
+  for (const bad b : {bad{1000, 100, salt, 48}, bad{(1ULL << 20) + 8, 100, salt, 48},
+                      bad{1ULL << 31, 100, salt, 48}, bad{1ULL << 20, 0, salt, 56},
+                      bad{1ULL << 20, 1ULL << 20, salt, 56}, bad{1ULL << 20, 100, 0, 40}}) {
+    store_params p = some_store();
+    p.segment_size = b.segment_size;
+    p.blob_threshold = b.blob_threshold;
+    p.salt = b.salt;
+    auto r = parse_store_file(encode_store_file(p));
+    ASSERT_FALSE(r) << b.at;
+    EXPECT_EQ(r.error(), errc::corrupt);
+    EXPECT_EQ(r.error().offset(), b.at);
+  }
+}
+
+// ---- Segment headers ----
+
+TEST(KvFormat, ASegmentHeaderBelongsToOneStoreAndOneNumber) {
+  const store_params s = some_store();
+  const segment_params p{s.id, 42, 1ULL << 20};
+  const auto head = encode_segment_header(p, salt);
+  auto back = parse_segment_header(head, s.id, 42, salt);
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(*back, p);
+
+  auto other_number = parse_segment_header(head, s.id, 43, salt);
+  ASSERT_FALSE(other_number);
+  EXPECT_EQ(other_number.error(), errc::corrupt);
+  auto other_id = s.id;
+  other_id[0] ^= 1;
+  EXPECT_FALSE(parse_segment_header(head, other_id, 42, salt));
+  EXPECT_FALSE(parse_segment_header(head, s.id, 42, salt + 1)) << "another store's salt";
+  for (std::size_t i = 0; i < 64; ++i) {
+    auto damaged = head;
+    damaged[i] ^= std::byte{0x80};
+    EXPECT_FALSE(parse_segment_header(damaged, s.id, 42, salt)) << "byte " << i;
+  }
+}
+
+// ---- Blocks ----
+
+struct sample_block {
+  std::string k1 = "alpha", v1 = "the first value", k2 = "b", k3 = std::string(1024, 'k');
+  std::vector<record_in> records;
+  std::vector<std::byte> bytes;
+  sample_block() {
+    record_in put;
+    put.key = bytes_of(k1);
+    put.value = bytes_of(v1);
+    put.prev = make_location(3, 4096);
+    put.prev_seq = 9;
+    record_in erase;
+    erase.key = bytes_of(k2);
+    erase.what = op::erase;
+    record_in blob;
+    blob.key = bytes_of(k3);
+    blob.what = op::put_blob;
+    blob.blob = {make_location(7, 8192), 0x1234};
+    blob.value_length = 1 << 20;
+    records = {put, erase, blob};
+    bytes.resize(block_size(records));
+    encode_block(bytes, block_kind::commit, 17, records, salt);
+  }
+};
+
+TEST(KvFormat, ACommitBlockReadsBackRecordByRecord) {
+  const sample_block b;
+  EXPECT_EQ(b.bytes.size() % 8, 0u);
+  auto h = check_block(b.bytes, salt);
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->seq, 17u);
+  EXPECT_EQ(h->records, 3u);
+  EXPECT_EQ(h->length, b.bytes.size());
+
+  std::size_t at = sizeof(block_header);
+  auto put = parse_record(std::span(b.bytes).subspan(at), salt, true);
+  ASSERT_TRUE(put);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(put->key.data()), put->key.size()), b.k1);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(put->value.data()), put->value.size()), b.v1);
+  EXPECT_EQ(put->head.seq, 17u);
+  EXPECT_EQ(put->head.prev, make_location(3, 4096));
+  EXPECT_EQ(put->head.prev_seq, 9u);
+  at += put->size;
+  auto erase = parse_record(std::span(b.bytes).subspan(at), salt, true);
+  ASSERT_TRUE(erase);
+  EXPECT_EQ(erase->head.op, static_cast<std::uint8_t>(op::erase));
+  EXPECT_TRUE(erase->value.empty());
+  at += erase->size;
+  auto blob = parse_record(std::span(b.bytes).subspan(at), salt, true);
+  ASSERT_TRUE(blob);
+  EXPECT_EQ(blob->key.size(), 1024u);
+  EXPECT_EQ(blob->blob.location, make_location(7, 8192));
+  EXPECT_EQ(blob->blob.checksum, 0x1234u);
+  EXPECT_EQ(blob->head.value_length, 1u << 20);
+  EXPECT_EQ(at + blob->size, b.bytes.size());
+}
+
+TEST(KvFormat, ABlockWithAnyByteChangedIsNotComplete) {
+  const sample_block b;
+  for (std::size_t i = 0; i < b.bytes.size(); ++i) {
+    for (const std::byte flip : {std::byte{0x01}, std::byte{0x80}}) {
+      auto damaged = b.bytes;
+      damaged[i] ^= flip;
+      EXPECT_FALSE(check_block(damaged, salt)) << "byte " << i << " changed, still complete";
+    }
+  }
+}
+
+TEST(KvFormat, ABlockIsCompleteOnlyUnderItsStoresSaltAndOnlyWhole) {
+  const sample_block b;
+  EXPECT_FALSE(check_block(b.bytes, salt ^ 1)) << "another store's salt";
+  for (std::size_t n = 0; n < b.bytes.size(); n += 8)
+    EXPECT_FALSE(check_block(std::span(b.bytes).first(n), salt)) << n << " bytes of the block";
+  // The header written last: the records alone, under a zero header, are nothing.
+  auto unheaded = b.bytes;
+  std::memset(unheaded.data(), 0, sizeof(block_header));
+  EXPECT_FALSE(check_block(unheaded, salt));
+}
+
+TEST(KvFormat, ARecordsChecksumIsCheckedOnlyWhenAsked) {
+  const sample_block b;
+  auto damaged = b.bytes;
+  damaged[sizeof(block_header) + sizeof(record_header)] ^= std::byte{1};  // the key's first byte
+  const auto at = std::span<const std::byte>(damaged).subspan(sizeof(block_header));
+  auto checked = parse_record(at, salt, true);
+  ASSERT_FALSE(checked);
+  EXPECT_EQ(checked.error(), errc::corrupt);
+  EXPECT_TRUE(parse_record(at, salt, false)) << "verify_checksums off reads it";
+}
+
+TEST(KvFormat, RecordLengthsBeyondTheBlockAreCorruptNotRead) {
+  const sample_block b;
+  auto damaged = b.bytes;
+  record_header h{};
+  std::memcpy(&h, damaged.data() + sizeof(block_header), sizeof h);
+  for (const std::uint64_t value_length :
+       {std::uint64_t{1} << 40, std::uint64_t{1} << 30, std::uint64_t{1000}}) {
+    h.value_length = value_length;
+    std::memcpy(damaged.data() + sizeof(block_header), &h, sizeof h);
+    EXPECT_FALSE(parse_record(std::span<const std::byte>(damaged).subspan(sizeof(block_header)),
+                              salt, false))
+        << value_length;
+  }
+  h.value_length = b.v1.size();
+  for (const std::uint32_t key_length : {0u, 1025u, 0xffffffffu}) {
+    h.key_length = key_length;
+    std::memcpy(damaged.data() + sizeof(block_header), &h, sizeof h);
+    EXPECT_FALSE(parse_record(std::span<const std::byte>(damaged).subspan(sizeof(block_header)),
+                              salt, false))
+        << key_length;
+  }
+}
+
+TEST(KvFormat, ABlobBlockChecksItsValue) {
+  for (const std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{65537}}) {
+    std::vector<std::byte> value(n);
+    for (std::size_t i = 0; i < n; ++i)
+      value[i] = static_cast<std::byte>(i * 31);
+    std::vector<std::byte> block(blob_block_size(n));
+    const std::uint64_t sum = encode_blob_block(block, value, salt);
+    auto h = check_block(block, salt);
+    ASSERT_TRUE(h) << n;
+    EXPECT_EQ(h->payload_checksum, sum);
+    const auto back = blob_value(block, *h);
+    ASSERT_EQ(back.size(), n);
+    EXPECT_EQ(std::memcmp(back.data(), value.data(), n), 0);
+    if (n > 0) {
+      block[sizeof(block_header) + n / 2] ^= std::byte{4};
+      EXPECT_FALSE(check_block(block, salt)) << "a changed value byte, " << n;
+    }
+  }
+}
+
+TEST(KvFormat, APadBlockIsCompleteAndHoldsNothing) {
+  std::vector<std::byte> pad(256, std::byte{0xee});
+  encode_pad_block(pad, salt);
+  auto h = check_block(pad, salt);
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->kind, static_cast<std::uint16_t>(block_kind::relocation));
+  EXPECT_EQ(h->records, 0u);
+  EXPECT_EQ(h->length, 256u);
+  pad[200] = std::byte{1};
+  EXPECT_FALSE(check_block(pad, salt)) << "a pad with bytes in it";
+}
+
+TEST(KvFormat, ARelocatedRecordKeepsItsOwnSeq) {
+  const std::string k = "moved", v = "value";
+  record_in r;
+  r.key = bytes_of(k);
+  r.value = bytes_of(v);
+  r.seq = 5;
+  std::vector<std::byte> block(block_size(std::span(&r, 1)));
+  encode_block(block, block_kind::relocation, 0, std::span(&r, 1), salt);
+  auto h = check_block(block, salt);
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->seq, 0u);
+  auto rec =
+      parse_record(std::span<const std::byte>(block).subspan(sizeof(block_header)), salt, true);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->head.seq, 5u);
+}
+
+// ---- Locations and hashes ----
+
+TEST(KvFormat, LocationsSplitIntoSegmentAndOffset) {
+  const std::uint64_t l = make_location(max_segment_number, max_segment_offset);
+  EXPECT_EQ(segment_of(l), max_segment_number);
+  EXPECT_EQ(offset_of(l), max_segment_offset);
+  EXPECT_EQ(segment_of(make_location(1, 0)), 1u);
+  EXPECT_NE(make_location(1, 0), 0u) << "segments start at 1: location 0 is none";
+}
+
+TEST(KvFormat, KeyHashesAreStableAndNeverMarkAnEmptyEntry) {
+  const std::string a = "a", b = "b";
+  EXPECT_EQ(hash_key(bytes_of(a)), hash_key(bytes_of(a)));
+  EXPECT_NE(hash_key(bytes_of(a)), hash_key(bytes_of(b)));
+  for (int i = 0; i < 10000; ++i) {
+    const std::string k = std::to_string(i);
+    EXPECT_NE(hash_key(bytes_of(k)).hi, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace keel::kv::fmt
