@@ -29,7 +29,7 @@ void store(std::span<std::byte> bytes, std::size_t at, const T& v) noexcept {
 
 // Store file fields (doc/kv-format.md).
 constexpr std::size_t store_id_at = 24, salt_at = 40, segment_size_at = 48, blob_threshold_at = 56,
-                      created_at = 64;
+                      created_at = 64, reserved_at = 72;
 // Segment header fields.
 constexpr std::size_t seg_store_id_at = 24, seg_number_at = 40, seg_size_at = 48,
                       seg_checksum_at = 56;
@@ -104,6 +104,10 @@ result<store_params> parse_store_file(std::span<const std::byte> bytes) noexcept
   p.segment_size = load<std::uint64_t>(bytes, segment_size_at);
   p.blob_threshold = load<std::uint64_t>(bytes, blob_threshold_at);
   p.created_ns = load<std::uint64_t>(bytes, created_at);
+  // The reserved bytes are zero in version 1 (a version that uses them says so).
+  for (std::size_t i = reserved_at; i < store_checksum_at; ++i) {
+    if (bytes[i] != std::byte{0}) return std::unexpected(corrupt_at(i).error());
+  }
   if (p.salt == 0) return std::unexpected(corrupt_at(salt_at).error());
   if (p.segment_size < min_segment_size || p.segment_size > max_segment_size ||
       (p.segment_size & (p.segment_size - 1)) != 0) {
@@ -187,7 +191,10 @@ void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
     const std::size_t body = r.key.size() + inline_part.size();
     store(out, at, h);
     std::memcpy(out.data() + at + sizeof h, r.key.data(), r.key.size());
-    std::memcpy(out.data() + at + sizeof h + r.key.size(), inline_part.data(), inline_part.size());
+    if (!inline_part.empty()) {  // an empty value's span may have no data at all
+      std::memcpy(out.data() + at + sizeof h + r.key.size(), inline_part.data(),
+                  inline_part.size());
+    }
     std::memset(out.data() + at + sizeof h + body, 0, pad8(body) - body);
     XXH3_64bits_update(&payload, &h, sizeof h);
     at += sizeof h + pad8(body);
@@ -205,7 +212,7 @@ void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
 
 std::uint64_t encode_blob_block(std::span<std::byte> out, std::span<const std::byte> value,
                                 std::uint64_t salt) noexcept {
-  std::memcpy(out.data() + sizeof(block_header), value.data(), value.size());
+  if (!value.empty()) std::memcpy(out.data() + sizeof(block_header), value.data(), value.size());
   const std::size_t end = sizeof(block_header) + value.size();
   std::memset(out.data() + end, 0, pad8(value.size()) - value.size());
   block_header b{};
@@ -302,6 +309,10 @@ result<block_header> check_block(std::span<const std::byte> bytes, std::uint64_t
   if (b->kind == static_cast<std::uint16_t>(block_kind::blob)) {
     if (checksum(blob_value(block, *b), salt) != b->payload_checksum) {
       return std::unexpected(corrupt_at(sizeof(block_header)).error());
+    }
+    // The padding after the value is zero: the checksum does not cover it.
+    for (std::size_t i = block.size() - b->flags; i < block.size(); ++i) {
+      if (block[i] != std::byte{0}) return std::unexpected(corrupt_at(i).error());
     }
     return b;
   }
