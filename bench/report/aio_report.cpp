@@ -129,6 +129,11 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
          {std::pair{"keel_io_uring", "keel io_uring"},
           std::pair{"keel_io_uring_cache", "keel io_uring + write-back cache"}}) {
       const double keel = workload_rate(rows, method, 1, 30);
+      for (const auto& skip : doc["workload"].value("skipped", json::array())) {
+        if (skip["method"] != method) continue;
+        targets.push_back({fmt::format("workload, 1 thread, fsync every 30: {}", name),
+                           "not measured: " + skip["reason"].get<std::string>(), "", false, false});
+      }
       if (std::isfinite(keel) && std::isfinite(posix)) {
         targets.push_back({fmt::format("workload, 1 thread, fsync every 30: {} vs plain POSIX "
                                        "calls",
