@@ -267,7 +267,9 @@ TEST(KvFormat, ABlobBlockChecksItsValue) {
     EXPECT_EQ(h->payload_checksum, sum);
     const auto back = blob_value(block, *h);
     ASSERT_EQ(back.size(), n);
-    EXPECT_EQ(std::memcmp(back.data(), value.data(), n), 0);
+    if (n > 0) {  // memcmp of an empty value's null pointer is undefined
+      EXPECT_EQ(std::memcmp(back.data(), value.data(), n), 0);
+    }
     const std::size_t step = block.size() > 4096 ? 509 : 1;  // a sample of a large one
     for (std::size_t i = sizeof(block_header); i < block.size(); i += step) {
       auto damaged = block;
