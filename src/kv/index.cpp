@@ -1,0 +1,130 @@
+#include "kv/index.hpp"
+
+#include <system_error>
+
+namespace keel::kv::ix {
+namespace {
+
+constexpr std::size_t words_per_page = page_size / sizeof(std::uint64_t);
+
+std::size_t directory_pages(unsigned depth) noexcept {
+  const std::size_t words = std::size_t{1} << depth;
+  return (words + words_per_page - 1) / words_per_page;
+}
+
+void init_bucket(const bucket_ref& b, unsigned depth, std::uint64_t prefix) noexcept {
+  b.local_depth().store(depth);
+  b.prefix().store(prefix);
+  b.used().store(0);
+  b.retired_at().store(0);
+  b.magic().store(bucket_magic, std::memory_order_release);
+}
+
+// Places a copy of an entry in a page being filled (nobody reads it yet): from its home slot
+// on, the first empty one. A page split into two never overflows: each gets at most what
+// the old page held.
+void place(const bucket_ref& b, std::uint64_t hi, std::uint64_t lo, std::uint64_t location,
+           std::uint64_t seq) noexcept {
+  const std::size_t start = lo % entries_per_page;
+  for (std::size_t k = 0; k < entries_per_page; ++k) {
+    const entry_ref e = b.entry((start + k) % entries_per_page);
+    if (e.hi().load(std::memory_order_relaxed) != 0) continue;
+    e.lo().store(lo, std::memory_order_relaxed);
+    e.location().store(location, std::memory_order_relaxed);
+    e.seq().store(seq, std::memory_order_relaxed);
+    e.hi().store(hi, std::memory_order_relaxed);
+    b.used().fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+}
+
+}  // namespace
+
+std::atomic_ref<std::uint64_t> table::directory_entry(std::uint64_t first,
+                                                      std::uint64_t i) const noexcept {
+  return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base_ + first * page_size + i * 8));
+}
+
+result<void> table::create(page_source& pages) noexcept {
+  auto dir = pages.allocate(directory_pages(0));
+  if (!dir) return std::unexpected(dir.error());
+  auto bucket = pages.allocate(1);
+  if (!bucket) {
+    pages.retire(*dir, directory_pages(0));
+    return std::unexpected(bucket.error());
+  }
+  init_bucket(page(*bucket), 0, 0);
+  directory_entry(*dir, 0).store(*bucket, std::memory_order_release);
+  directory_.store(directory_word(*dir, 0), std::memory_order_release);
+  return {};
+}
+
+std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {
+  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  const unsigned depth = static_cast<unsigned>(dir & 0xff);
+  const std::uint64_t i = depth == 0 ? 0 : h.hi >> (64 - depth);
+  return directory_entry(dir >> 8, i).load(std::memory_order_acquire);
+}
+
+result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
+  const bucket_ref old = page(p);
+  const unsigned local = old.local_depth().load();
+  if (local >= max_depth) return errc_error(std::errc::file_too_large);
+  std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  auto low = pages.allocate(1);
+  if (!low) return std::unexpected(low.error());
+  auto high = pages.allocate(1);
+  if (!high) {
+    pages.retire(*low, 1);
+    return std::unexpected(high.error());
+  }
+  unsigned global = static_cast<unsigned>(dir & 0xff);
+  std::uint64_t first = dir >> 8;
+  if (local == global) {
+    // Double the directory: each entry i of the old one becomes entries 2i and 2i + 1 of
+    // the new one, published by one store of the directory word.
+    auto bigger = pages.allocate(directory_pages(global + 1));
+    if (!bigger) {
+      pages.retire(*low, 1);
+      pages.retire(*high, 1);
+      return std::unexpected(bigger.error());
+    }
+    const std::uint64_t n = std::uint64_t{1} << global;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t v = directory_entry(first, i).load(std::memory_order_relaxed);
+      directory_entry(*bigger, 2 * i).store(v, std::memory_order_relaxed);
+      directory_entry(*bigger, 2 * i + 1).store(v, std::memory_order_relaxed);
+    }
+    directory_.store(directory_word(*bigger, global + 1), std::memory_order_release);
+    pages.retire(first, directory_pages(global));
+    first = *bigger;
+    ++global;
+  }
+  // The two halves, by bit `local` from the top of hi, filled before anyone can see them.
+  const std::uint64_t prefix = old.prefix().load();
+  init_bucket(page(*low), local + 1, prefix << 1);
+  init_bucket(page(*high), local + 1, (prefix << 1) | 1);
+  for (std::size_t k = 0; k < entries_per_page; ++k) {
+    const entry_ref e = old.entry(k);
+    const std::uint64_t hi = e.hi().load();
+    if (hi == 0) continue;
+    const std::uint64_t seq = e.seq().load();
+    const std::uint64_t location = e.location().load();
+    if (location == 0 && (seq & pending) == 0) continue;  // holds nothing
+    const bool upper = ((hi >> (63 - local)) & 1) != 0;
+    place(page(upper ? *high : *low), hi, e.lo().load(), location, seq);
+  }
+  // The directory entries that named the old page: a run of 2^(global - local), whose first
+  // half now names the low page and second half the high one. Each is one store; a reader
+  // between them finds its key in the old page or in the new one, both complete.
+  const unsigned spread = global - local;
+  const std::uint64_t begin = prefix << spread;
+  const std::uint64_t half = std::uint64_t{1} << (spread - 1);
+  for (std::uint64_t i = 0; i < 2 * half; ++i) {
+    directory_entry(first, begin + i).store(i < half ? *low : *high, std::memory_order_release);
+  }
+  pages.retire(p, 1);
+  return {};
+}
+
+}  // namespace keel::kv::ix
