@@ -50,6 +50,7 @@ std::uint64_t inline_length(op what, std::uint64_t value_length) noexcept {
 std::uint64_t record_checksum(const record_header& h, std::span<const std::byte> key,
                               std::span<const std::byte> inline_part, std::uint64_t salt) noexcept {
   XXH3_state_t state;
+  XXH3_INITSTATE(&state);  // on the stack: a seeded reset reads its seed field first
   XXH3_64bits_reset_withSeed(&state, salt);
   XXH3_64bits_update(&state, &h, offsetof(record_header, checksum));
   XXH3_64bits_update(&state, key.data(), key.size());
@@ -173,6 +174,7 @@ std::uint64_t block_size(std::span<const record_in> records) noexcept {
 void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
                   std::span<const record_in> records, std::uint64_t salt) noexcept {
   XXH3_state_t payload;
+  XXH3_INITSTATE(&payload);  // as above
   XXH3_64bits_reset_withSeed(&payload, salt);
   std::size_t at = sizeof(block_header);
   for (const record_in& r : records) {
@@ -317,6 +319,7 @@ result<block_header> check_block(std::span<const std::byte> bytes, std::uint64_t
     return b;
   }
   XXH3_state_t payload;
+  XXH3_INITSTATE(&payload);  // as above
   XXH3_64bits_reset_withSeed(&payload, salt);
   std::size_t at = sizeof(block_header);
   for (std::uint32_t i = 0; i < b->records; ++i) {
