@@ -1,0 +1,135 @@
+#include "kv/store_dir.hpp"
+
+#include <sys/random.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+
+namespace keel::kv {
+namespace {
+
+// What a crashed creator may leave beside nothing else: its temporary store file.
+constexpr std::string_view temp_prefix = ".keel-kv.";
+
+bool is_creators_leftover(const io::directory_entry& e) noexcept {
+  return e.name.starts_with(temp_prefix);
+}
+
+result<void> fill_random(std::span<std::uint8_t> out) noexcept {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::getrandom(out.data() + done, out.size() - done, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return last_errno_error();
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return {};
+}
+
+result<fmt::store_params> read_store_file(const io::file_handle& f) noexcept {
+  std::array<std::byte, fmt::store_file_size> page{};
+  auto n = f.read_at(0, page);
+  if (!n) return std::unexpected(n.error());
+  auto p = fmt::parse_store_file(std::span(page).first(*n));
+  if (!p) return std::unexpected(p.error().about(f.shared_path()));
+  return p;
+}
+
+// Writes a new store file under a temporary name and links it into place. file_exists:
+// another creator was first (its store is the one to open).
+result<fmt::store_params> create_store_file(const io::file_handle& dir,
+                                            const store_dir_options& o) noexcept {
+  fmt::store_params p;
+  p.segment_size = o.segment_size;
+  p.created_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count());
+  if (auto r = fill_random(p.id); !r) return std::unexpected(r.error());
+  while (p.salt == 0) {  // 0 is not a salt (the format refuses it)
+    std::array<std::uint8_t, 8> salt{};
+    if (auto r = fill_random(salt); !r) return std::unexpected(r.error());
+    std::memcpy(&p.salt, salt.data(), salt.size());
+  }
+  const auto bytes = fmt::encode_store_file(p);
+  auto t = io::make_temp_file(dir, temp_prefix, io::open_flags::read_write, 0644);
+  if (!t) return std::unexpected(t.error());
+  auto written = t->file.write_at(0, bytes);
+  if (written) written = t->file.sync_all();
+  if (written) written = t->link_as(dir, store_file_name);
+  (void)t->remove_name(dir);
+  if (!written) return std::unexpected(written.error());
+  if (auto s = dir.sync_all(); !s) return std::unexpected(s.error());
+  return p;
+}
+
+}  // namespace
+
+result<store_dir> open_store_dir(const std::string& path,
+                                 const store_dir_options& options) noexcept {
+  io::filesystem& fs = options.fs != nullptr ? *options.fs : io::os();
+  if (options.segment_size < fmt::min_segment_size ||
+      options.segment_size > fmt::max_segment_size ||
+      (options.segment_size & (options.segment_size - 1)) != 0) {
+    return errc_error(std::errc::invalid_argument);
+  }
+  if (options.create_if_missing) {
+    if (auto m = fs.make_directory(nullptr, path.c_str(), 0755);
+        !m && m.error() != std::errc::file_exists) {
+      return std::unexpected(m.error().about(path));
+    }
+  }
+  store_dir out;
+  auto d = io::file_handle::open_directory(fs, path.c_str());
+  if (!d) return std::unexpected(d.error().about(path));
+  out.dir = std::move(*d);
+  for (;;) {
+    auto f = io::file_handle::open_at(out.dir, store_file_name,
+                                      io::open_flags::read | io::open_flags::no_follow);
+    if (f) {
+      if (options.error_if_exists) return errc_error(std::errc::file_exists);
+      auto p = read_store_file(*f);
+      if (!p) return std::unexpected(p.error());
+      out.params = *p;
+      break;
+    }
+    if (f.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(f.error().about(path + "/" + store_file_name));
+    }
+    // No store file: a store only if the directory holds nothing else (but what a crashed
+    // creator of this store left). Anything else is somebody's, and stays untouched.
+    auto entries = fs.list_directory(out.dir);
+    if (!entries) return std::unexpected(entries.error());
+    for (const auto& e : *entries) {
+      if (!is_creators_leftover(e) && e.name != segments_dir_name) {
+        return std::unexpected(error(errc::not_keel_file).about(path));
+      }
+    }
+    if (!options.create_if_missing) return errc_error(std::errc::no_such_file_or_directory);
+    auto made = create_store_file(out.dir, options);
+    if (made) {
+      out.params = *made;
+      out.created = true;
+      break;
+    }
+    if (made.error() != std::errc::file_exists) return std::unexpected(made.error());
+    // Another creator linked its store file first: open that one.
+  }
+  if (auto m = fs.make_directory(&out.dir, segments_dir_name, 0755);
+      !m && m.error() != std::errc::file_exists) {
+    return std::unexpected(m.error().about(path + "/" + segments_dir_name));
+  }
+  auto seg = io::file_handle::open_at(
+      out.dir, segments_dir_name,
+      io::open_flags::read | io::open_flags::directory | io::open_flags::no_follow);
+  if (!seg) return std::unexpected(seg.error().about(path + "/" + segments_dir_name));
+  out.segments = std::move(*seg);
+  if (out.created) {
+    if (auto s = out.dir.sync_all(); !s) return std::unexpected(s.error());
+  }
+  return out;
+}
+
+}  // namespace keel::kv
