@@ -77,7 +77,8 @@ entities_guard::entities_guard(entities_guard&& other) noexcept
     : mutex_(other.mutex_),
       size_(other.size_),
       heap_(std::move(other.heap_)),
-      token_(other.token_) {
+      token_(other.token_),
+      generation_(other.generation_) {
   // The whole inline array, used or not: a fixed-size copy the compiler inlines.
   if (!heap_) std::memcpy(inline_, other.inline_, sizeof inline_);
   other.mutex_ = nullptr;
@@ -90,6 +91,7 @@ entities_guard& entities_guard::operator=(entities_guard&& other) noexcept {
     mutex_ = other.mutex_;
     size_ = other.size_;
     token_ = other.token_;
+    generation_ = other.generation_;
     heap_ = std::move(other.heap_);
     // The whole inline array, used or not: a fixed-size copy the compiler inlines.
     if (!heap_) std::memcpy(inline_, other.inline_, sizeof inline_);
@@ -116,6 +118,12 @@ void entities_guard::reset() noexcept {
 }
 
 result<void> entities_guard::unlock_held() noexcept {
+  // Made before a fork and unlocked in the child: the locks are the parent's (they may share
+  // the parent's descriptors and map, so unlocking here would unlock them for the parent).
+  if (generation_ != base::fork_generation()) {
+    reset();
+    return {};
+  }
   shared_fs_mutex* m = mutex_;
   const auto set = entities();
   forget(m->dev_, m->ino_, set);
@@ -177,6 +185,7 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
     held_now.push_back({dev_, ino_, e.value});
   g.mutex_ = this;
   g.token_ = *token;
+  g.generation_ = base::fork_generation();
   return g;
 }
 

@@ -312,6 +312,32 @@ TEST_P(MutexSuite, PollingWithTryLockRecoversFromAKilledHolder) {
   EXPECT_TRUE(got) << "polling never recovered the dead holder's entity";
 }
 
+// Adversarial review of issue 15 (third): a guard taken before fork() is copied into the
+// child, and a child that unlocked it (unwinding the scope it was forked in) let go of the
+// parent's lock: memory_map cleared the parent's slot in the shared map, and the kernel
+// locks released the open file description the two processes share. The parent still held
+// it, and a third process got in beside it. A forked child holds none of its parent's
+// locks, so it has none to unlock: its copy of the guard does nothing.
+TEST_P(MutexSuite, AChildUnlockingItsParentsGuardLeavesTheParentHolding) {
+  auto m = open();
+  auto g = m->lock({entity(21), entity(22, false)});
+  ASSERT_TRUE(g);
+  const pid_t child = fork_child([&] {
+    if (!g->unlock()) return 2;  // the copy of the parent's guard
+    return 0;
+  });
+  ASSERT_EQ(wait_exit(child), 0);
+  const pid_t third = fork_child([&] {
+    auto other = open();
+    auto e = other->try_lock({entity(21)});
+    auto s = other->try_lock({entity(22)});
+    return e || s ? 3 : 0;
+  });
+  EXPECT_EQ(wait_exit(third), 0) << "a third process got an entity the parent still holds";
+  ASSERT_TRUE(g->unlock());
+  EXPECT_TRUE(m->try_lock({entity(21), entity(22)})) << "the parent's unlock frees them";
+}
+
 TEST_P(MutexSuite, OpenCloseChurnKeepsExclusion) {
   constexpr int churners = 8;
   constexpr int rounds = 40;

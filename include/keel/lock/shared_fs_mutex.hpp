@@ -44,7 +44,9 @@ class shared_fs_mutex;
 
 //! Holds the entities one `lock` call acquired; unlocks them on destruction. Move-only.
 //! Like std::mutex, a guard must be unlocked (or destroyed) on the thread that locked it:
-//! deadlock detection keeps each thread's held entities in that thread.
+//! deadlock detection keeps each thread's held entities in that thread. A forked child holds
+//! none of its parent's locks: its copy of a guard made before the fork unlocks nothing (the
+//! parent still holds the entities) and succeeds.
 class entities_guard {
  public:
   entities_guard() noexcept = default;
@@ -89,7 +91,8 @@ class entities_guard {
   // Raw storage: only the first size_ entities are ever written or read (no start-up cost).
   alignas(entity) std::byte inline_[inline_capacity * sizeof(entity)];
   std::unique_ptr<entity[]> heap_;
-  std::uint64_t token_ = 0;  // the algorithm's own (a record offset, a user index, ...)
+  std::uint64_t token_ = 0;       // the algorithm's own (a record offset, a user index, ...)
+  std::uint64_t generation_ = 0;  // the fork generation it was locked in
 };
 
 //! A mutex over sets of entities, shared between threads and processes through the
