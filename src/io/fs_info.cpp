@@ -46,6 +46,9 @@ constexpr known known_filesystems[] = {
 
 fs_info detail::fs_info_of(const struct statfs& s) noexcept {
   fs_info info;
+  // A filesystem not in the table may be a network or cluster one (Lustre, GPFS, 9p,
+  // AFS, ...): it is not called local, so nothing relies on it being this machine's alone.
+  info.is_local = false;
   // f_type is a signed word; magics with the top bit set (CIFS) must not sign-extend.
   info.magic = static_cast<std::uint32_t>(s.f_type);
   for (const known& k : known_filesystems) {

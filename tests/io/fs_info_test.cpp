@@ -1,7 +1,9 @@
 #include "keel/io/fs_info.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/vfs.h>
 
+#include "io/fs_info_detail.hpp"
 #include "support/process.hpp"
 
 namespace keel::io {
@@ -19,6 +21,21 @@ TEST(FsInfo, RecognisesTmpfsAndProc) {
   ASSERT_TRUE(proc);
   EXPECT_EQ(proc->type, fs_type::proc);
   EXPECT_EQ(to_string(fs_type::nfs), "nfs");
+}
+
+// Adversarial review of issue 15 (third): a filesystem keel does not know was called local,
+// so lock_files judged "another boot with our machine id" dead on Lustre or GPFS, where that
+// boot may be a cloned machine running now. Unknown is not local.
+TEST(FsInfo, AFilesystemNotInTheTableIsNotCalledLocal) {
+  struct statfs s {};
+  s.f_type = 0x0bd00bd0;  // Lustre
+  const fs_info lustre = detail::fs_info_of(s);
+  EXPECT_EQ(lustre.type, fs_type::unknown);
+  EXPECT_FALSE(lustre.is_local);
+  s.f_type = 0xef53;  // ext4
+  EXPECT_TRUE(detail::fs_info_of(s).is_local);
+  s.f_type = 0x6969;  // nfs
+  EXPECT_FALSE(detail::fs_info_of(s).is_local);
 }
 
 TEST(FsInfo, HandleAndPathAgree) {

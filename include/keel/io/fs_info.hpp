@@ -38,9 +38,10 @@ struct fs_info {
   std::uint64_t free_bytes = 0;       //!< free, counting blocks reserved for root
   std::uint64_t available_bytes = 0;  //!< free for an unprivileged user
   std::uint64_t max_name_length = 0;
-  //! False for network and cluster filesystems (nfs, cifs, ceph, gfs2, ocfs2) and for FUSE,
-  //! whose backing store may be anywhere: there, shared memory and advisory locks may not be
-  //! shared with every user of the files.
+  //! False for network and cluster filesystems (nfs, cifs, ceph, gfs2, ocfs2), for FUSE,
+  //! whose backing store may be anywhere, and for every filesystem not in keel's table
+  //! (`type` unknown: Lustre, GPFS, 9p and others look like that): there, shared memory and
+  //! advisory locks may not be shared with every user of the files.
   bool is_local = true;
 
   [[nodiscard]] std::string_view type_name() const noexcept;
