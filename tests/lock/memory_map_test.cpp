@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 
 #include <filesystem>
 #include <optional>
@@ -826,6 +827,42 @@ TEST(MemoryMap, ASleeperKilledBetweenItsTwoMarksLeavesNoWaiterBehind) {
   other.join();
   EXPECT_FALSE(s.has_waiters()) << "a dead sleeper's bit is left";
   EXPECT_EQ(s.maybe_waiters().load(), 0u) << "nobody sleeps on the slot, yet it reads as waited on";
+}
+
+// Adversarial review of issue 15 (third): the switch took a user whose entry named this
+// thread (pid, tid, start time) for this thread before probing its liveness, so a dead
+// thread of this process whose tid had been reused (it died holding a released guard) was
+// "this thread": every lock after a degrade was a deadlock, and its marks were never
+// cleared. A user is now this thread only if it is alive.
+TEST(MemoryMap, ADeadThreadWhoseTidWasReusedIsClearedNotTakenForThisThread) {
+  const lock_place at;
+  auto m = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(m);
+  std::uint32_t dead_tid = 0;
+  std::thread([&] {
+    auto g = (*m)->lock({entity(1)});
+    ASSERT_TRUE(g);
+    g->release();  // its mark stays in the slot; its state, and liveness, go with the thread
+    dead_tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
+  }).join();
+  const mapped_table map(at.o.map_directory);
+  ASSERT_NE(map.base, nullptr);
+  const mm::slot_table table(map.base);
+  std::uint32_t u = mm::max_users;
+  for (std::uint32_t i = 0; i < mm::max_users; ++i) {
+    if (table.user(i)->tid == dead_tid) u = i;
+  }
+  ASSERT_LT(u, mm::max_users) << "the dead thread's user entry";
+  // Its tid reused by this thread (made directly: tids wrap only after ~4 million threads).
+  table.user(u)->tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
+  memory_map::options f = at.o;
+  f.force_fallback = true;
+  auto degrader = memory_map::open(at.path, f);
+  ASSERT_TRUE(degrader);
+  auto g = (*m)->lock({entity(2)}, 3s);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_TRUE((*m)->is_degraded());
+  EXPECT_EQ(map.slot_of_entity(1).writer().load(), 0u) << "the dead thread's mark is left";
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ void memory_map::impl::release_map_in_use_if_idle() noexcept {
 
 namespace mm {
 
-result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd) noexcept {
+result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
+                               std::uint32_t me) noexcept {
   bool mine_seen = false;
   const base::process_identity& self = base::self();
   const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
@@ -34,21 +35,28 @@ result<map_holders> holders_of(const slot_table& table, const io::file_handle& m
   // its liveness byte is held (so nobody takes the index meanwhile).
   const auto lives = [&](std::uint32_t u, std::size_t i) -> result<bool> {
     if (u >= max_users) return true;  // damaged: wait (a bounded wait, the caller's deadline)
-    // This thread, through this instance or another one of the same lock.
+    // This thread's own user on `map_fd`: its liveness byte is held through that very
+    // descriptor, so a probe would take it and call it dead.
+    if (u == me) {
+      mine_seen = true;
+      return false;
+    }
+    auto g = io::try_lock_extent(map_fd, liveness_base + u, 1, io::lock_kind::exclusive);
+    if (g) {
+      table.clear_user_in(i, u);  // dead (a dead thread of ours whose tid was reused, too)
+      return false;
+    }
+    if (!detail::is_contention(g.error())) return std::unexpected(g.error());
+    // Alive: this thread through another instance of the same lock, or another user. An
+    // unknown start time (another pid namespace's /proc) tells nobody apart: another user.
     user_entry* e = table.user(u);
-    if (std::atomic_ref<std::uint32_t>(e->tid).load() == tid &&
+    if (self.start_time != 0 && std::atomic_ref<std::uint32_t>(e->tid).load() == tid &&
         std::atomic_ref<std::uint32_t>(e->pid).load() == self.pid &&
         std::atomic_ref<std::uint64_t>(e->start_time).load() == self.start_time) {
       mine_seen = true;
       return false;
     }
-    auto g = io::try_lock_extent(map_fd, liveness_base + u, 1, io::lock_kind::exclusive);
-    if (!g) {
-      if (detail::is_contention(g.error())) return true;
-      return std::unexpected(g.error());
-    }
-    table.clear_user_in(i, u);
-    return false;
+    return true;
   };
   for (std::size_t i = 0; i < slots; ++i) {
     const slot_ref s = table.slot(i);
@@ -117,7 +125,8 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
     }
     detail::backoff pause(spin);
     for (;;) {
-      auto holders = mm::holders_of(*on, *fd);
+      auto holders =
+          mm::holders_of(*on, *fd, me.registered && on == &table ? me.index : mm::no_slot);
       if (!holders) return std::unexpected(holders.error());
       if (*holders == mm::map_holders::none) break;
       if (*holders == mm::map_holders::only_me) {

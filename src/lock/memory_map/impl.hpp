@@ -62,7 +62,10 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path) no
 //! itself for ever), or others. Marks of dead users (their liveness byte free, probed
 //! through `map_fd`) are cleared, not waited for.
 enum class map_holders { none, only_me, others };
-result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd) noexcept;
+//! `me`: the calling thread's user on `map_fd` (no_slot: none), whose byte a probe through
+//! `map_fd` would take.
+result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
+                               std::uint32_t me) noexcept;
 
 //! do_lock's token for a set held on the fallback (a map token is a thread_user address,
 //! never odd).
