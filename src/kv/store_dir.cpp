@@ -102,11 +102,14 @@ result<store_dir> open_store_dir(const std::string& path,
     // creator of this store left). Anything else is somebody's, and stays untouched.
     auto entries = fs.list_directory(out.dir);
     if (!entries) return std::unexpected(entries.error());
+    bool appeared = false;  // a racing creator linked it since we looked: open that
     for (const auto& e : *entries) {
-      if (!is_creators_leftover(e) && e.name != segments_dir_name) {
+      appeared |= e.name == store_file_name;
+      if (!is_creators_leftover(e) && e.name != segments_dir_name && e.name != store_file_name) {
         return std::unexpected(error(errc::not_keel_file).about(path));
       }
     }
+    if (appeared) continue;
     if (!options.create_if_missing) return errc_error(std::errc::no_such_file_or_directory);
     auto made = create_store_file(out.dir, options);
     if (made) {

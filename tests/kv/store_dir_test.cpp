@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -21,8 +22,12 @@ using test::temp_dir;
 using test::wait_exit;
 
 std::string content_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  auto f = io::file_handle::open(path.c_str(), io::open_flags::read);
+  if (!f) return {};
+  std::string text(8192, '\0');
+  auto n = f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
+  text.resize(n ? *n : 0);
+  return text;
 }
 
 TEST(KvStoreDir, MakesAStoreThenOpensTheSameOne) {
@@ -123,7 +128,10 @@ TEST(KvStoreDir, RacingCreatorsOpenOneStore) {
   for (int i = 0; i < 8; ++i) {
     kids.push_back(fork_child([&, i] {
       auto s = open_store_dir(path, {});
-      if (!s) return 2;
+      if (!s) {
+        std::fprintf(stderr, "creator %d: %s\n", i, s.error().message().c_str());
+        return 2;
+      }
       std::ofstream(ids + std::to_string(i), std::ios::binary)
           .write(reinterpret_cast<const char*>(s->params.id.data()), 16);
       return 0;
