@@ -865,5 +865,34 @@ TEST(MemoryMap, ADeadThreadWhoseTidWasReusedIsClearedNotTakenForThisThread) {
   EXPECT_EQ(map.slot_of_entity(1).writer().load(), 0u) << "the dead thread's mark is left";
 }
 
+// Adversarial review of issue 15 (third): a closing user waited for the init lock without
+// a deadline, so an opener stuck holding it (here: a descriptor that holds it) made every
+// close, and every failed open, hang. A close now gives up the last user's clean-up after a
+// bounded wait; the next first user does it instead.
+TEST(MemoryMap, ClosingDoesNotHangBehindAStuckOpener) {
+  const lock_place at;
+  auto m = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(m);
+  ASSERT_TRUE((*m)->lock({entity(1)}));
+  auto stuck = io::file_handle::open(at.path.c_str(), io::open_flags::read_write);
+  ASSERT_TRUE(stuck);
+  auto init = io::lock_extent(*stuck, mm::init_byte, 1, io::lock_kind::exclusive);
+  ASSERT_TRUE(init);
+  std::atomic<bool> closed{false};
+  std::thread closer([&] {
+    m->reset();
+    closed = true;
+  });
+  for (int i = 0; i < 100 && !closed; ++i)
+    std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(closed.load()) << "close still waits for the init lock after 5 s";
+  ASSERT_TRUE(init->unlock());
+  closer.join();
+  auto again = memory_map::open(at.path, at.o);
+  ASSERT_TRUE(again) << again.error().message();
+  EXPECT_TRUE((*again)->lock({entity(1)}));
+  EXPECT_EQ(maps_in(at.o.map_directory), 1u) << "the skipped clean-up was done by the next user";
+}
+
 }  // namespace
 }  // namespace keel::lock

@@ -33,7 +33,9 @@ namespace keel::lock {
 //!   what a dead user held or was handed, so the others go on.
 //! - **First and last user**: the lock file carries byte-range markers held by a descriptor
 //!   used for nothing else, so no unlock of ours can drop them: the first user creates the
-//!   map, the last one removes it, one at a time under an init lock.
+//!   map, the last one removes it, one at a time under an init lock. A closing user waits
+//!   at most 2 s for that lock (an opener may be stuck in its set-up); past that it leaves
+//!   without the clean-up, and the next first user removes the map instead.
 //! - **Safe degrade**: a user that cannot share the memory (the lock file is on a network
 //!   filesystem, the map is not visible to it, or it asks with `force_fallback`) marks the
 //!   lock degraded; every user then moves to a byte_ranges lock on `<path>.fallback`. Nobody

@@ -5,6 +5,7 @@
 // everything memory_map believes about a file before it uses it; fuzz/ feeds them garbage.
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -24,6 +25,8 @@ constexpr off_t marker_base = off_t{1} << 20;
 constexpr off_t in_use_byte = marker_base + 0;      // shared by every open instance
 constexpr off_t map_in_use_byte = marker_base + 1;  // shared by every instance on the map
 constexpr off_t init_byte = marker_base + 2;        // exclusive while opening or closing
+//! How long a closing user waits for the init lock before it leaves without the clean-up.
+constexpr std::chrono::seconds close_init_wait{2};
 
 struct lockfile_header {
   base::format_header head;

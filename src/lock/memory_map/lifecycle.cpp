@@ -302,10 +302,15 @@ memory_map::~memory_map() {
     const base::lock_guard lock(p.switch_mutex);
     if (!p.map_in_use_released) (void)io::unlock_extent(p.marker, mm::map_in_use_byte, 1);
   }
-  auto init = io::lock_extent(p.marker, mm::init_byte, 1, io::lock_kind::exclusive);
+  // A destructor cannot fail, nor may it hang behind an opener stuck in its set-up: after
+  // close_init_wait it leaves without the last user's clean-up, which the next first user
+  // does instead (it removes a map of this boot that the lock file still names).
+  auto init = io::lock_extent(p.marker, mm::init_byte, 1, io::lock_kind::exclusive,
+                              io::deadline(mm::close_init_wait));
   (void)io::unlock_extent(p.marker, mm::in_use_byte, 1);
+  if (!init) return;
   auto last = io::try_lock_extent(p.marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
-  if (init && last) {
+  if (last) {
     // The last user: remove the map and reset the lock file for the next first user.
     if (!p.map_path.empty()) (void)io::unlink(*p.fs, p.map_path.c_str());
     std::vector<std::byte> zeros(mm::lockfile_page);
