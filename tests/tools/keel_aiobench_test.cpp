@@ -16,7 +16,7 @@ using keel::test::run_program;
 
 // Whether this process may use io_uring (a seccomp filter, as containers have, forbids it;
 // the keel it runs inherits the filter).
-bool io_uring_here() {
+bool uring_works_here() {
   keel::aio::options o;
   o.engine = keel::aio::engine_kind::io_uring;
   o.workers = 1;
@@ -45,7 +45,7 @@ TEST(KeelAiobench, NullAndWorkloadPartsReportEveryMethod) {
   // 9 methods (3 peers, keel's 3 engines without and with the cache) x fsync every 1, 30,
   // 300 x 1 and 2 threads; where io_uring is forbidden, keel's 2 io_uring methods are
   // reported skipped, with the reason, and the rest still run.
-  if (io_uring_here()) {
+  if (uring_works_here()) {
     EXPECT_TRUE(skipped.empty()) << skipped.dump();
     EXPECT_NE(r.out.find("keel_io_uring"), std::string::npos) << r.out;
   } else {
