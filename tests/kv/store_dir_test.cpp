@@ -13,22 +13,15 @@
 
 #include "keel/io/fault_filesystem.hpp"
 #include "support/process.hpp"
+#include "support/run_program.hpp"
 
 namespace keel::kv {
 namespace {
 
 using test::fork_child;
+using test::slurp;
 using test::temp_dir;
 using test::wait_exit;
-
-std::string content_of(const std::string& path) {
-  auto f = io::file_handle::open(path.c_str(), io::open_flags::read);
-  if (!f) return {};
-  std::string text(8192, '\0');
-  auto n = f->read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
-  text.resize(n ? *n : 0);
-  return text;
-}
 
 TEST(KvStoreDir, MakesAStoreThenOpensTheSameOne) {
   temp_dir dir;
@@ -59,7 +52,7 @@ TEST(KvStoreDir, ADirectoryHoldingSomethingElseIsRefusedAndLeftAlone) {
   EXPECT_EQ(r.error().path(), path);
   EXPECT_FALSE(std::filesystem::exists(path + "/keel-kv"));
   EXPECT_FALSE(std::filesystem::exists(path + "/seg"));
-  EXPECT_EQ(content_of(path + "/holiday.jpg"), "not a store");
+  EXPECT_EQ(slurp(path + "/holiday.jpg"), "not a store");
 }
 
 TEST(KvStoreDir, WhatIsAtTheStoreFilesNameDecides) {
@@ -67,7 +60,7 @@ TEST(KvStoreDir, WhatIsAtTheStoreFilesNameDecides) {
   const std::string path = dir.file("store");
   ASSERT_TRUE(open_store_dir(path, {}));
   const std::string file = path + "/keel-kv";
-  const std::string good = content_of(file);
+  const std::string good = slurp(file);
 
   std::ofstream(file, std::ios::binary | std::ios::trunc) << std::string(4096, 'x');
   auto foreign = open_store_dir(path, {});
@@ -89,7 +82,7 @@ TEST(KvStoreDir, WhatIsAtTheStoreFilesNameDecides) {
   EXPECT_EQ(bad.error(), errc::corrupt);
   EXPECT_EQ(bad.error().path(), file);
   EXPECT_TRUE(bad.error().has_offset());
-  EXPECT_EQ(content_of(file), damaged) << "a damaged store file is never rewritten";
+  EXPECT_EQ(slurp(file), damaged) << "a damaged store file is never rewritten";
 }
 
 TEST(KvStoreDir, OptionsSayWhetherToMakeOrOnlyOpen) {
@@ -139,10 +132,10 @@ TEST(KvStoreDir, RacingCreatorsOpenOneStore) {
   }
   for (const pid_t k : kids)
     ASSERT_EQ(wait_exit(k), 0);
-  const std::string first = content_of(ids + "0");
+  const std::string first = slurp(ids + "0");
   ASSERT_EQ(first.size(), 16u);
   for (int i = 1; i < 8; ++i)
-    EXPECT_EQ(content_of(ids + std::to_string(i)), first) << "creator " << i;
+    EXPECT_EQ(slurp(ids + std::to_string(i)), first) << "creator " << i;
 }
 
 // The maker dies before each mutating step of making a store in turn, by SIGKILL (what it
