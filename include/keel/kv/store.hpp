@@ -1,0 +1,186 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/io/deadline.hpp"
+#include "keel/io/filesystem.hpp"
+#include "keel/result.hpp"
+
+//! keel::kv: an embedded transactional key-value store, shared by every thread and process
+//! that opens it, with no server (formats and protocols: doc/kv-format.md).
+//!
+//! - **Data**: keys are 1 B to 1 KiB of any bytes, values 0 B to `max_value_size`. Keys are
+//!   found through a memory-mapped hash index of their 128-bit hash; the full key is stored
+//!   and compared, so a collision costs a probe, never an error.
+//! - **Transactions** read a snapshot (the store as of `begin`, plus their own writes) and
+//!   commit all or nothing. A commit fails with `errc::conflict` when another transaction
+//!   committed a key this one read or wrote since its snapshot (serializable, optimistic):
+//!   nothing of it was applied; retry it. Single-key calls are one-operation transactions.
+//! - **Concurrency**: readers never wait; writers of different keys commit in parallel (they
+//!   lock only the index pages of their keys), and only the final "make visible" step is
+//!   taken in commit order. A process that dies at any point blocks nobody: what it held is
+//!   taken over and its half-done commit is either completed or never seen.
+//! - **Durability**: `durability::none` survives any process crash (the OS writes back);
+//!   `durability::sync` returns once the commit is on stable storage, and concurrent sync
+//!   committers of all processes share one fdatasync (group commit). A failed fdatasync is
+//!   returned to every commit of its group and turns the store read-only until reopened.
+//! - **Integrity**: every record and header carries an XXH3 checksum; with
+//!   `verify_checksums` (the default) every read checks it, and damage is `errc::corrupt`
+//!   naming the file and offset, never wrong data.
+//!
+//! Thread-safe: one `store` may be used by any number of threads at once. A `transaction`
+//! belongs to one thread at a time. A forked child may use its parent's store.
+namespace keel::kv {
+
+//! The largest key (bytes).
+constexpr std::size_t max_key_size = 1024;
+//! The largest value (bytes) this version writes.
+constexpr std::uint64_t max_value_size = std::uint64_t{1} << 30;
+
+enum class durability : std::uint8_t {
+  none,  //!< survives a process crash; a power loss may lose the latest commits
+  sync,  //!< on stable storage when commit returns (group commit)
+};
+
+struct options {
+  bool create_if_missing = true;
+  bool error_if_exists = false;
+  //! Reads only: every change fails with errc::read_only.
+  bool read_only = false;
+  //! The default of every commit (a transaction may ask for another).
+  durability durable = durability::none;
+  //! Check the checksum of every record and value read (cheap; on by default).
+  bool verify_checksums = true;
+  //! For a new store: the size of its segment files (a power of two, 1 MiB to 1 GiB).
+  std::uint64_t segment_size = std::uint64_t{64} << 20;
+  //! How long a commit may wait for the locks of its keys (held by other commits) before it
+  //! fails with timed_out.
+  std::chrono::milliseconds lock_timeout{30'000};
+  //! The filesystem the store's files are reached through (null: io::os()).
+  io::filesystem* fs = nullptr;
+};
+
+//! What a store holds, as of a snapshot of its counters.
+struct store_stats {
+  std::uint64_t records = 0;        //!< live keys
+  std::uint64_t live_bytes = 0;     //!< bytes of their newest records (keys, values, headers)
+  std::uint64_t dead_bytes = 0;     //!< bytes of superseded records and abandoned space
+  std::uint64_t segments = 0;       //!< segment files
+  std::uint64_t segment_bytes = 0;  //!< their allocated size
+  std::uint64_t index_bytes = 0;    //!< the index file's size
+  std::uint64_t index_pages = 0;    //!< bucket pages reachable from the directory
+  double index_load = 0;            //!< used entries / entries, over those pages
+  std::uint64_t visible_seq = 0;    //!< the newest commit visible
+};
+
+class store;
+
+//! One key and its value, as a scan returns them.
+struct item {
+  std::string key;
+  std::string value;
+};
+
+//! A page of a scan and where the next one starts.
+struct scan_page {
+  std::vector<item> items;
+  //! Pass back to `scan` for the next page; `done` when there is none.
+  std::string cursor;
+  bool done = false;
+};
+
+//! A transaction: reads see the snapshot taken when it began plus its own writes; writes are
+//! buffered until `commit`. Destroying it without committing aborts it. Move-only; one thread
+//! at a time.
+class transaction {
+ public:
+  transaction() noexcept;
+  transaction(transaction&&) noexcept;
+  transaction& operator=(transaction&&) noexcept;
+  transaction(const transaction&) = delete;
+  transaction& operator=(const transaction&) = delete;
+  ~transaction();
+
+  //! The value of `key` (a copy). Errors: not_found, invalid_argument (empty key), too_large
+  //! (key), corrupt (file, offset), and the store's I/O errors.
+  [[nodiscard]] result<std::string> get(std::string_view key) noexcept;
+  //! The value of `key` without a copy: valid until this transaction ends (a value written by
+  //! this transaction: until it writes the key again).
+  [[nodiscard]] result<std::span<const std::byte>> get_view(std::string_view key) noexcept;
+  //! Copies the value of `key` into `out` and returns its full length (only the first
+  //! out.size() bytes are copied when it is longer).
+  [[nodiscard]] result<std::size_t> get_into(std::string_view key,
+                                             std::span<std::byte> out) noexcept;
+  //! Buffers a write. Errors: invalid_argument, too_large, read_only, and misuse (a finished
+  //! transaction: invalid_argument).
+  [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
+  [[nodiscard]] result<void> erase(std::string_view key) noexcept;
+  //! Applies every write at once, or none. Errors: conflict (retry), timed_out (the keys'
+  //! locks), read_only, and I/O errors (for `sync`, a failed fdatasync). Ends the
+  //! transaction either way.
+  [[nodiscard]] result<void> commit() noexcept;
+  [[nodiscard]] result<void> commit(durability d) noexcept;
+  //! Ends the transaction with no trace.
+  void abort() noexcept;
+
+  //! The seq of the snapshot it reads.
+  [[nodiscard]] std::uint64_t snapshot() const noexcept;
+  [[nodiscard]] bool active() const noexcept { return impl_ != nullptr; }
+
+  struct impl;
+
+ private:
+  friend class store;
+  explicit transaction(std::unique_ptr<impl> p) noexcept;
+  std::unique_ptr<impl> impl_;
+};
+
+class store {
+ public:
+  //! Opens the store at `path` (a directory), making it if asked. Recovers by itself from
+  //! any crash of its users. Errors: no_such_file_or_directory, file_exists, not_keel_file
+  //! (a directory holding something else: it is left alone), unsupported_version (a store of
+  //! another format), corrupt, invalid_argument (bad options), and the errno of what failed
+  //! (permission_denied, read_only_file_system, ...).
+  [[nodiscard]] static result<std::unique_ptr<store>> open(const std::string& path,
+                                                           const options& o) noexcept;
+  [[nodiscard]] static result<std::unique_ptr<store>> open(const std::string& path) noexcept {
+    return open(path, options{});
+  }
+  ~store();
+  store(const store&) = delete;
+  store& operator=(const store&) = delete;
+
+  [[nodiscard]] result<std::string> get(std::string_view key) noexcept;
+  [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
+  //! Errors: not_found when the key is absent (nothing is written).
+  [[nodiscard]] result<void> erase(std::string_view key) noexcept;
+  [[nodiscard]] result<transaction> begin() noexcept;
+
+  //! Up to `limit` items of the store's newest snapshot, in hash order, from `cursor` ("" for
+  //! the start). Resumable across commits and reopening: a key present throughout is
+  //! returned exactly once.
+  [[nodiscard]] result<scan_page> scan(std::string_view cursor, std::size_t limit,
+                                       bool keys_only = false) noexcept;
+  [[nodiscard]] result<store_stats> stats() noexcept;
+  //! Reads every block of every segment and checks every checksum. Returns the number of
+  //! complete commit blocks; errors: corrupt (the first damage, file and offset).
+  [[nodiscard]] result<std::uint64_t> verify() noexcept;
+
+  [[nodiscard]] const std::string& path() const noexcept;
+
+  struct impl;
+
+ private:
+  explicit store(std::unique_ptr<impl> p) noexcept;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace keel::kv

@@ -1,0 +1,634 @@
+// Transactions and the commit protocol (doc/kv-format.md, "Committing", "Dead users",
+// "Growth").
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "base/futex.hpp"
+#include "base/spin.hpp"
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+constexpr auto u64 = [](auto v) { return static_cast<std::uint64_t>(v); };
+
+void step(commit_step at) noexcept {
+  if (commit_hook != nullptr) commit_hook(at);
+}
+
+std::uint64_t stored_size(const fmt::record_view& r) noexcept {
+  return r.size + (r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob)
+                       ? fmt::blob_block_size(r.head.value_length)
+                       : 0);
+}
+
+}  // namespace
+
+// ---- Settling what dead writers left ----
+
+void store::impl::resolve_pending(ix::entry_ref e, const fmt::key_hash& h) noexcept {
+  std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+  if ((seq & ix::pending) == 0) return;
+  const std::uint64_t block = seq & ~ix::pending;
+  if (auto head = complete_block(block)) {
+    // The commit happened: its writer died before publishing this entry.
+    if (auto at = record_in_block(block, *head, h, {})) {
+      e.location().store(*at, std::memory_order_release);
+      e.seq().compare_exchange_strong(seq, head->seq, std::memory_order_acq_rel);
+      return;
+    }
+  }
+  // It never completed: the entry goes back to the version its location still names.
+  const std::uint64_t at = e.location().load(std::memory_order_acquire);
+  std::uint64_t restored = 0;
+  if (at != 0) {
+    if (auto r = record_at(at, false)) restored = r->rec.head.seq;
+  }
+  e.seq().compare_exchange_strong(seq, restored, std::memory_order_acq_rel);
+}
+
+bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
+  const std::uint64_t next = h64(hdr::next_seq).load(std::memory_order_acquire);
+  if (v >= next) return false;  // not handed out yet
+  std::optional<std::uint32_t> owner;
+  bool live_taker = false;
+  std::vector<std::uint32_t> dead_takers;
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    const slot_ref s = slot(u);
+    const auto state = s.state().load(std::memory_order_acquire);
+    if (state == u64(commit_state::writing) && s.seq().load(std::memory_order_acquire) == v) {
+      owner = u;
+      break;
+    }
+    if (state == u64(commit_state::taking)) {
+      if (slot_owner_dead(u)) {
+        dead_takers.push_back(u);
+      } else {
+        live_taker = true;
+      }
+    }
+  }
+  std::uint64_t expect = v - 1;
+  if (owner) {
+    if (!slot_owner_dead(*owner)) return false;
+    // Complete or not, its seq is settled now: made visible, holding whatever its block
+    // holds (its entries are settled by the next holders of their pages, and readers check
+    // its block meanwhile).
+    if (h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
+      base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
+                       base::futex_scope::shared);
+    }
+    const slot_ref s = slot(*owner);
+    s.snapshot().store(0);
+    s.state().store(u64(commit_state::idle), std::memory_order_release);
+    return true;
+  }
+  if (live_taker || dead_takers.empty()) return false;  // its taker is about to say so
+  // Nobody claims v and only dead writers were taking a seq: one of them took v and died
+  // before writing it down. A hole.
+  if (h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
+    base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
+                     base::futex_scope::shared);
+  }
+  // A dead taker's seq is below the next seq as of now; once all of those are visible, none
+  // is owed any more and its slot can go.
+  if (h64(hdr::visible).load() + 1 >= h64(hdr::next_seq).load()) {
+    for (const std::uint32_t u : dead_takers) {
+      slot(u).state().store(u64(commit_state::idle), std::memory_order_release);
+    }
+  }
+  return true;
+}
+
+void store::impl::wait_visible(std::uint64_t seq) noexcept {
+  auto visible = h64(hdr::visible);
+  if (visible.load(std::memory_order_acquire) >= seq) return;
+  // The commits in front already hold their seqs and are past waiting for anybody: a spin
+  // usually sees them through.
+  if (base::spin_until([&] { return visible.load(std::memory_order_acquire) >= seq; },
+                       std::chrono::microseconds(50))) {
+    return;
+  }
+  auto* word = reinterpret_cast<std::uint32_t*>(base() + hdr::visible);
+  auto waiters = h64(hdr::visible_waiters);
+  auto last_check = clock::now();
+  for (;;) {
+    const std::uint64_t v = visible.load(std::memory_order_acquire);
+    if (v >= seq) return;
+    waiters.fetch_add(1);
+    if (visible.load() == v) {
+      base::futex_wait(word, static_cast<std::uint32_t>(v), std::chrono::milliseconds(2),
+                       base::futex_scope::shared);
+    }
+    waiters.fetch_sub(1);
+    if (clock::now() - last_check >= std::chrono::milliseconds(2)) {
+      last_check = clock::now();
+      const std::uint64_t now = visible.load(std::memory_order_acquire);
+      if (now < seq) (void)settle_dead_commit(now + 1);
+    }
+  }
+}
+
+void store::impl::publish_visible(std::uint64_t seq) noexcept {
+  wait_visible(seq - 1);
+  h64(hdr::visible).store(seq, std::memory_order_seq_cst);
+  if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
+    base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
+                     base::futex_scope::shared);
+  }
+}
+
+// ---- Group commit ----
+
+result<void> store::impl::group_sync() noexcept {
+  // Everything this commit depends on is written (every seq up to ours is visible): a sync
+  // that starts from now on covers it.
+  const std::uint64_t s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
+  while (h64(hdr::sync_done).load(std::memory_order_acquire) <= s) {
+    auto g = locks->lock({lock::entity(entity_sync)}, opts.lock_timeout);
+    if (!g) return std::unexpected(g.error());
+    if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
+    const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
+    const std::uint64_t last = h64(hdr::next_segment).load();
+    result<void> r;
+    for (std::uint64_t n = last > segtab_entries ? last - segtab_entries : 1; n < last && r; ++n) {
+      if (segtab(n, 0).load() != n || segtab(n, 3).load() == 0) continue;
+      segtab(n, 3).store(0, std::memory_order_seq_cst);
+      auto seg = segment_at(n);
+      if (!seg) {
+        r = std::unexpected(seg.error());
+        break;
+      }
+      r = (*seg)->file.sync_data();
+    }
+    if (!r) {
+      // Never retried: the kernel may have dropped the pages it could not write. Every
+      // commit of this group and after fails; the store is read-only until reopened.
+      h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
+    }
+    h64(hdr::sync_done).store(mine, std::memory_order_release);
+  }
+  if (const auto e = h64(hdr::sync_error).load(); e != 0) {
+    failed.store(true);
+    return errno_error(static_cast<int>(e));
+  }
+  return {};
+}
+
+// ---- Growth ----
+
+result<void> store::impl::split_page(std::uint64_t page, const io::countdown& cd) noexcept {
+  const std::array<lock::entity, 2> want{lock::entity(page), lock::entity(entity_directory)};
+  auto g = locks->lock(want, io::deadline(cd.expiry()));
+  if (!g) return std::unexpected(g.error());
+  const ix::bucket_ref b = table->page(page);
+  if (b.retired_at().load() != 0) return {};  // split by someone else meanwhile
+  return table->split(page, *this);
+}
+
+// ---- Transactions ----
+
+struct transaction::impl {
+  store::impl* s = nullptr;
+  slot_lease lease;
+  std::uint64_t snapshot = 0;
+  struct write {
+    bool erase = false;
+    std::string value;
+  };
+  std::map<std::string, write, std::less<>> writes;
+  std::set<std::string, std::less<>> reads;
+
+  ~impl() { s->release_slot(lease); }
+
+  result<std::span<const std::byte>> view(std::string_view key) noexcept;
+  result<void> commit(durability d) noexcept;
+};
+
+result<std::span<const std::byte>> transaction::impl::view(std::string_view key) noexcept {
+  if (auto k = check_key(key); !k) return std::unexpected(k.error());
+  if (auto w = writes.find(key); w != writes.end()) {
+    if (w->second.erase) return keel_error(errc::not_found);
+    return as_bytes(w->second.value);
+  }
+  try {
+    reads.emplace(key);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  const auto kb = as_bytes(key);
+  auto r = s->read_at_snapshot(kb, fmt::hash_key(kb), snapshot);
+  if (!r) return std::unexpected(r.error());
+  if (!*r) return keel_error(errc::not_found);
+  return s->value_of(**r, s->opts.verify_checksums);
+}
+
+namespace {
+
+// One key of a commit as it goes through the protocol.
+struct key_plan {
+  std::string_view key;
+  fmt::key_hash h{};
+  const transaction::impl::write* w = nullptr;  // null: only read
+  std::uint64_t page = 0;
+  std::optional<ix::entry_ref> entry;  // its entry, if it has one
+  std::uint64_t prev = 0;              // the entry's location and seq at validation
+  std::uint64_t prev_seq = 0;
+  std::uint64_t prev_size = 0;  // bytes of the previous version, 0 if none or an erase
+  fmt::blob_ref blob{};
+  std::uint64_t record_at = 0;
+};
+
+}  // namespace
+
+result<void> transaction::impl::commit(durability d) noexcept {
+  if (writes.empty()) return {};  // a reader: serialised at its snapshot
+  if (s->opts.read_only) return keel_error(errc::read_only);
+  if (s->failed.load() || s->h64(hdr::sync_error).load() != 0) {
+    s->failed.store(true);
+    return keel_error(errc::read_only);
+  }
+  const io::countdown cd = io::deadline(s->opts.lock_timeout).start();
+  std::vector<key_plan> keys;
+  try {
+    keys.reserve(writes.size() + reads.size());
+    const auto plan = [](std::string_view k, const write* w) {
+      key_plan p;
+      p.key = k;
+      p.h = fmt::hash_key(as_bytes(k));
+      p.w = w;
+      return p;
+    };
+    for (const auto& [k, w] : writes)
+      keys.push_back(plan(k, &w));
+    for (const auto& k : reads) {
+      if (!writes.contains(k)) keys.push_back(plan(k, nullptr));
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+
+  // 1. Blobs, before any lock.
+  const std::uint64_t threshold = s->dir.params.blob_threshold;
+  for (key_plan& k : keys) {
+    if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;
+    const auto value = as_bytes(k.w->value);
+    const std::uint64_t len = fmt::blob_block_size(value.size());
+    std::uint64_t at = 0;
+    if (len <= s->dir.params.segment_size - fmt::segment_header_size) {
+      auto r = s->reserve(len);
+      if (!r) return std::unexpected(r.error());
+      at = *r;
+    } else {
+      // Larger than a segment: a segment of its own.
+      auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
+      if (!g) return std::unexpected(g.error());
+      auto n = s->make_segment(fmt::segment_header_size + len);
+      if (!n) return std::unexpected(n.error());
+      at = fmt::make_location(*n, fmt::segment_header_size);
+    }
+    auto bytes = s->bytes_at(at);
+    if (!bytes) return std::unexpected(bytes.error());
+    k.blob = {at, fmt::encode_blob_block(bytes->first(len), value, s->salt)};
+    s->segtab(fmt::segment_of(at), 3).store(1, std::memory_order_seq_cst);
+  }
+
+  // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
+  lock::entities_guard held;
+  std::vector<fmt::record_in> records;
+  for (;;) {
+    std::vector<lock::entity> want;
+    for (key_plan& k : keys) {
+      k.page = s->table->page_of(k.h);
+      want.emplace_back(k.page, k.w != nullptr);
+    }
+    auto g = s->locks->lock(want, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    held = std::move(*g);
+    bool moved = false;
+    for (const key_plan& k : keys)
+      moved |= s->table->page_of(k.h) != k.page;
+    if (moved) {
+      (void)held.unlock();
+      continue;
+    }
+    std::map<std::uint64_t, std::size_t> new_keys;  // per page
+    for (key_plan& k : keys) {
+      k.entry.reset();
+      k.prev = k.prev_seq = k.prev_size = 0;
+      const ix::bucket_ref b = s->table->page(k.page);
+      const std::size_t start = k.h.lo % ix::entries_per_page;
+      for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
+        const ix::entry_ref e = b.entry((start + j) % ix::entries_per_page);
+        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+        if (hi == 0) break;
+        if (hi != k.h.hi || e.lo().load() != k.h.lo) continue;
+        s->resolve_pending(e, k.h);  // only a dead writer's can be pending while we hold it
+        const std::uint64_t at = e.location().load(std::memory_order_acquire);
+        if (at == 0) continue;
+        auto rec = s->record_at(at, s->opts.verify_checksums);
+        if (!rec) return std::unexpected(rec.error());
+        if (!std::ranges::equal(rec->rec.key, as_bytes(k.key))) continue;
+        k.entry = e;
+        k.prev = at;
+        k.prev_seq = e.seq().load(std::memory_order_acquire);
+        if (rec->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
+          k.prev_size = stored_size(rec->rec);
+        }
+        break;
+      }
+      // Anything newer than the snapshot (visible or not yet) was committed by somebody else.
+      // (Still pending: its block could not be read; never build on it.)
+      if (k.entry && ((k.prev_seq & ix::pending) != 0 || k.prev_seq > snapshot)) {
+        // Not visible yet: wait until it is (settling it if its writer died), so that the
+        // retry's snapshot sees it rather than conflicting with it again.
+        if ((k.prev_seq & ix::pending) == 0) s->wait_visible(k.prev_seq);
+        return keel_error(errc::conflict);
+      }
+      if (!k.entry && k.w != nullptr) ++new_keys[k.page];
+    }
+    std::optional<std::uint64_t> full;
+    for (const auto& [page, count] : new_keys) {
+      if (s->table->page(page).used().load() + count > ix::entries_per_page) full = page;
+    }
+    if (!full) break;
+    (void)held.unlock();
+    if (auto r = s->split_page(*full, cd); !r) return r;
+  }
+
+  step(commit_step::locked);
+  // The block: its records, in key order.
+  try {
+    for (const key_plan& k : keys) {
+      if (k.w == nullptr) continue;
+      fmt::record_in r;
+      r.key = as_bytes(k.key);
+      r.prev = k.prev;
+      r.prev_seq = k.prev_seq;
+      if (k.w->erase) {
+        r.what = fmt::op::erase;
+      } else if (k.blob.location != 0) {
+        r.what = fmt::op::put_blob;
+        r.blob = k.blob;
+        r.value_length = k.w->value.size();
+      } else {
+        r.what = fmt::op::put;
+        r.value = as_bytes(k.w->value);
+      }
+      records.push_back(r);
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  const std::uint64_t length = fmt::block_size(records);
+  const slot_ref me = s->slot(lease.index);
+  auto L = s->reserve(length);
+  if (!L) return std::unexpected(L.error());
+  me.block().store(*L);
+  me.block_length().store(length);
+  me.state().store(u64(commit_state::reserved), std::memory_order_seq_cst);
+  step(commit_step::reserved);
+  auto bytes = s->bytes_at(*L);
+  if (!bytes) {
+    me.state().store(u64(commit_state::idle));
+    return std::unexpected(bytes.error());
+  }
+
+  // 5. Mark: each written key's entry is pending on our block (new keys take an entry).
+  std::uint64_t at = *L + sizeof(fmt::block_header);
+  std::size_t ri = 0;
+  for (key_plan& k : keys) {
+    if (k.w == nullptr) continue;
+    k.record_at = at;
+    at += fmt::record_size(records[ri++]);
+    if (!k.entry) {
+      const ix::bucket_ref b = s->table->page(k.page);
+      const std::size_t start = k.h.lo % ix::entries_per_page;
+      for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
+        const ix::entry_ref e = b.entry((start + j) % ix::entries_per_page);
+        const std::uint64_t hi = e.hi().load();
+        if (hi == 0) {
+          e.seq().store(ix::pending | *L);
+          e.location().store(0);
+          e.lo().store(k.h.lo);
+          e.hi().store(k.h.hi, std::memory_order_release);
+          b.used().fetch_add(1);
+          k.entry = e;
+          break;
+        }
+        if (hi == k.h.hi && e.lo().load() == k.h.lo && e.location().load() == 0 &&
+            (e.seq().load() & ix::pending) == 0) {
+          e.seq().store(ix::pending | *L, std::memory_order_release);  // an undone insert's
+          k.entry = e;
+          break;
+        }
+      }
+      // Room was made under this lock: an entry is always found.
+    } else {
+      k.entry->seq().store(ix::pending | *L, std::memory_order_release);
+    }
+  }
+
+  step(commit_step::marked);
+
+  // 6. Sequence.
+  me.state().store(u64(commit_state::taking), std::memory_order_seq_cst);
+  const std::uint64_t seq = s->h64(hdr::next_seq).fetch_add(1, std::memory_order_seq_cst);
+  step(commit_step::took_seq);
+  me.seq().store(seq, std::memory_order_seq_cst);
+  me.state().store(u64(commit_state::writing), std::memory_order_seq_cst);
+  step(commit_step::recorded);
+
+  // 7. Write the block (header last), and note its segment for the next group sync.
+  fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
+  s->segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
+  step(commit_step::written);
+
+  // 9. Publish: each entry names the new record, then the seq (the pending mark goes last).
+  std::int64_t d_records = 0;
+  std::int64_t d_live = 0;
+  std::uint64_t d_dead = 0;
+  ri = 0;
+  for (key_plan& k : keys) {
+    if (k.w == nullptr) continue;
+    const std::uint64_t size = fmt::record_size(records[ri++]) +
+                               (k.blob.location != 0 ? fmt::blob_block_size(k.w->value.size()) : 0);
+    if (k.prev_size != 0) {
+      --d_records;
+      d_live -= static_cast<std::int64_t>(k.prev_size);
+      d_dead += k.prev_size;
+    }
+    if (k.w->erase) {
+      d_dead += size;
+    } else {
+      ++d_records;
+      d_live += static_cast<std::int64_t>(size);
+    }
+    k.entry->location().store(k.record_at, std::memory_order_release);
+    k.entry->seq().store(seq, std::memory_order_release);
+    if (ri == 1) step(commit_step::published_one);
+  }
+  step(commit_step::published);
+  s->h64(hdr::live_records).fetch_add(static_cast<std::uint64_t>(d_records));
+  s->h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d_live));
+  s->h64(hdr::dead_bytes).fetch_add(d_dead);
+
+  // 10. Visible, in seq order.
+  s->publish_visible(seq);
+  step(commit_step::visible);
+  me.state().store(u64(commit_state::idle), std::memory_order_release);
+  (void)held.unlock();
+
+  // 8. Durable: a sync that starts after every commit up to ours is written covers it.
+  if (d == durability::sync) return s->group_sync();
+  return {};
+}
+
+transaction::transaction() noexcept = default;
+transaction::transaction(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
+transaction::transaction(transaction&&) noexcept = default;
+transaction& transaction::operator=(transaction&&) noexcept = default;
+transaction::~transaction() = default;
+
+result<std::string> transaction::get(std::string_view key) noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  auto v = impl_->view(key);
+  if (!v) return std::unexpected(v.error());
+  try {
+    return std::string(reinterpret_cast<const char*>(v->data()), v->size());
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+}
+
+result<std::span<const std::byte>> transaction::get_view(std::string_view key) noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  return impl_->view(key);
+}
+
+result<std::size_t> transaction::get_into(std::string_view key, std::span<std::byte> out) noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  auto v = impl_->view(key);
+  if (!v) return std::unexpected(v.error());
+  std::memcpy(out.data(), v->data(), std::min(out.size(), v->size()));
+  return v->size();
+}
+
+result<void> transaction::put(std::string_view key, std::string_view value) noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  if (auto k = check_key(key); !k) return k;
+  if (value.size() > max_value_size) return keel_error(errc::too_large);
+  if (impl_->s->opts.read_only) return keel_error(errc::read_only);
+  try {
+    auto& w = impl_->writes[std::string(key)];
+    w.erase = false;
+    w.value.assign(value);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return {};
+}
+
+result<void> transaction::erase(std::string_view key) noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  if (auto k = check_key(key); !k) return k;
+  if (impl_->s->opts.read_only) return keel_error(errc::read_only);
+  try {
+    auto& w = impl_->writes[std::string(key)];
+    w.erase = true;
+    w.value.clear();
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return {};
+}
+
+result<void> transaction::commit() noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  return commit(impl_->s->opts.durable);
+}
+
+result<void> transaction::commit(durability d) noexcept {
+  if (!impl_) return errc_error(std::errc::invalid_argument);
+  auto r = impl_->commit(d);
+  impl_.reset();
+  return r;
+}
+
+void transaction::abort() noexcept {
+  impl_.reset();
+}
+
+std::uint64_t transaction::snapshot() const noexcept {
+  return impl_ ? impl_->snapshot : 0;
+}
+
+// ---- store's one-key calls ----
+
+result<transaction> store::begin() noexcept {
+  auto lease = impl_->acquire_slot();
+  if (!lease) return std::unexpected(lease.error());
+  std::unique_ptr<transaction::impl> t;
+  try {
+    t = std::make_unique<transaction::impl>();
+  } catch (const std::bad_alloc&) {
+    impl_->release_slot(*lease);
+    return errc_error(std::errc::not_enough_memory);
+  }
+  t->s = impl_.get();
+  t->lease = *lease;
+  // The snapshot is published in the slot before it is used, so nothing it reads is
+  // reclaimed under it (compaction looks at every slot's snapshot).
+  const slot_ref me = impl_->slot(lease->index);
+  std::uint64_t snap = impl_->h64(hdr::visible).load(std::memory_order_acquire);
+  for (;;) {
+    me.snapshot().store(snap, std::memory_order_seq_cst);
+    const std::uint64_t again = impl_->h64(hdr::visible).load(std::memory_order_seq_cst);
+    if (again == snap) break;
+    snap = again;
+  }
+  t->snapshot = snap;
+  return transaction(std::move(t));
+}
+
+result<std::string> store::get(std::string_view key) noexcept {
+  auto t = begin();
+  if (!t) return std::unexpected(t.error());
+  return t->get(key);
+}
+
+result<void> store::put(std::string_view key, std::string_view value) noexcept {
+  auto t = begin();
+  if (!t) return std::unexpected(t.error());
+  if (auto r = t->put(key, value); !r) return r;
+  // A blind write: it conflicts only with a commit of the same key since its snapshot, which
+  // it then simply follows.
+  for (;;) {
+    auto r = t->commit();
+    if (r || r.error() != errc::conflict) return r;
+    t = begin();
+    if (!t) return std::unexpected(t.error());
+    if (auto p = t->put(key, value); !p) return p;
+  }
+}
+
+result<void> store::erase(std::string_view key) noexcept {
+  for (;;) {
+    auto t = begin();
+    if (!t) return std::unexpected(t.error());
+    auto v = t->get_view(key);
+    if (!v) return std::unexpected(v.error());
+    if (auto e = t->erase(key); !e) return e;
+    auto r = t->commit();
+    if (r || r.error() != errc::conflict) return r;
+  }
+}
+
+}  // namespace keel::kv

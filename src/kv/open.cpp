@@ -1,0 +1,626 @@
+// The store's life: opening (and, alone, checking or rebuilding) the index, the users' slots
+// and their liveness, and the segments (doc/kv-format.md, "The index", "Segments",
+// "Checkpoints and recovery").
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "base/per_thread.hpp"
+#include "base/process.hpp"
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+// ---- Every open store of this process, for fork: a child closes its inherited liveness
+// descriptors at once, so the parent's slots read as gone the moment the parent is. ----
+
+base::mutex registry_mutex;
+std::vector<store::impl*>& registry() noexcept {
+  static std::vector<store::impl*> r;
+  return r;
+}
+
+void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  registry_mutex.lock();
+  for (store::impl* s : registry())
+    s->live_mutex.lock();
+}
+void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  for (store::impl* s : registry())
+    s->live_mutex.unlock();
+  registry_mutex.unlock();
+}
+void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  for (store::impl* s : registry()) {
+    // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
+    // slots are the parent's, not ours.
+    (void)s->live.close();
+    s->free_slots.clear();
+    s->ours.fill(false);
+    s->live_mutex.unlock();
+  }
+  registry_mutex.unlock();
+}
+
+void register_store(store::impl* s) noexcept {
+  static const bool once = [] {
+    ::pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    return true;
+  }();
+  (void)once;
+  base::lock_guard g(registry_mutex);
+  registry().push_back(s);
+}
+
+void unregister_store(store::impl* s) noexcept {
+  base::lock_guard g(registry_mutex);
+  auto& r = registry();
+  r.erase(std::remove(r.begin(), r.end(), s), r.end());
+}
+
+std::string segment_name(std::uint64_t n) {
+  char name[17];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(n));
+  return name;
+}
+
+std::optional<std::uint64_t> parse_segment_name(std::string_view name) noexcept {
+  if (name.size() != 16) return std::nullopt;
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), n, 16);
+  if (ec != std::errc{} || end != name.data() + name.size()) return std::nullopt;
+  if (segment_name(n) != name || n == 0 || n > fmt::max_segment_number) return std::nullopt;
+  return n;
+}
+
+constexpr std::string_view segment_temp_prefix = ".seg.";
+
+std::uint64_t now_ms() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+}  // namespace
+
+result<void> check_key(std::string_view key) noexcept {
+  if (key.empty()) return errc_error(std::errc::invalid_argument);
+  if (key.size() > max_key_size) return keel_error(errc::too_large);
+  return {};
+}
+
+store::impl::~impl() {
+  unregister_store(this);
+  base::lock_guard g(live_mutex);
+  if (live.is_open() && live_generation == base::fork_generation() && index_map.data()) {
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      if (!ours[u]) continue;
+      const slot_ref s = slot(u);
+      s.snapshot().store(0);
+      s.pid().store(0, std::memory_order_release);
+      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+    }
+  }
+  // Closing `live` drops the open byte: the last user out leaves the index as it is (valid,
+  // and used as it is by the next opener of this boot).
+}
+
+// ---- Liveness and slots ----
+
+result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with live_mutex held.
+  if (live.is_open() && live_generation == base::fork_generation()) return {};
+  if (live.is_open()) {
+    // A forked child whose atfork handler did not run (vfork-like paths): never unlock through
+    // the parent's description; just stop using it.
+    (void)live.close();
+  }
+  free_slots.clear();
+  ours.fill(false);
+  auto f = io::file_handle::open_at(dir.dir, "index",
+                                    io::open_flags::read_write | io::open_flags::no_follow);
+  if (!f) return std::unexpected(f.error());
+  // Shared on the open byte for as long as this process uses the store: an opener that gets
+  // it exclusively knows it is alone.
+  const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  for (;;) {
+    auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
+    if (r) break;
+    if (r.error() != std::errc::operation_would_block &&
+        r.error() != std::errc::resource_unavailable_try_again) {
+      return std::unexpected(r.error());
+    }
+    if (now_ms() > until) return errc_error(std::errc::timed_out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  live = std::move(*f);
+  live_generation = base::fork_generation();
+  return {};
+}
+
+result<slot_lease> store::impl::acquire_slot() noexcept {
+  base::lock_guard g(live_mutex);
+  if (auto r = ensure_live(); !r) return std::unexpected(r.error());
+  if (!free_slots.empty()) {
+    const std::uint32_t u = free_slots.back();
+    free_slots.pop_back();
+    return slot_lease{u};
+  }
+  const std::uint32_t start = static_cast<std::uint32_t>(::getpid()) % max_slots;
+  for (std::uint32_t k = 0; k < max_slots; ++k) {
+    const std::uint32_t u = (start + k) % max_slots;
+    if (ours[u]) continue;
+    const slot_ref s = slot(u);
+    if (s.state().load() != static_cast<std::uint64_t>(commit_state::idle)) continue;
+    auto got = fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false);
+    if (!got) {
+      if (got.error() == std::errc::operation_would_block ||
+          got.error() == std::errc::resource_unavailable_try_again) {
+        continue;  // a live user's
+      }
+      return std::unexpected(got.error());
+    }
+    // Its byte is ours: whoever had the slot is gone. A dead writer's slot is left to the
+    // commits that settle it (they need what it says).
+    if (s.state().load() != static_cast<std::uint64_t>(commit_state::idle)) {
+      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      continue;
+    }
+    s.snapshot().store(0);
+    s.seq().store(0);
+    s.block().store(0);
+    s.block_length().store(0);
+    s.start_time().store(base::self().start_time);
+    s.tid().store(static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
+    ours[u] = true;
+    return slot_lease{u};
+  }
+  return keel_error(errc::too_many_users);
+}
+
+void store::impl::release_slot(slot_lease s) noexcept {
+  if (!s.held()) return;
+  slot(s.index).snapshot().store(0, std::memory_order_release);
+  base::lock_guard g(live_mutex);
+  // A slot leased before a fork is the parent's: the child forgets it.
+  if (live_generation == base::fork_generation() && ours[s.index]) free_slots.push_back(s.index);
+}
+
+bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
+  base::lock_guard g(live_mutex);
+  if (!ensure_live()) return false;
+  if (ours[u]) return false;
+  auto is_free = fs->lock_is_free(live, user_byte + u, 1, io::lock_request::exclusive);
+  return is_free && *is_free;  // unknown: alive
+}
+
+// ---- Index pages ----
+
+result<std::uint64_t> store::impl::allocate(std::size_t count) noexcept {
+  // Callers hold the directory lock (or are alone): one allocator at a time.
+  const std::uint64_t used = h64(hdr::pages_used).load();
+  const std::uint64_t need = used + count;
+  if (need * fmt::page_size > index_window) return errc_error(std::errc::file_too_large);
+  std::uint64_t have = h64(hdr::pages_allocated).load();
+  if (need > have) {
+    std::uint64_t grow = std::max<std::uint64_t>({need, have + have / 4, have + 256});
+    grow = std::min<std::uint64_t>(grow, index_window / fmt::page_size);
+    if (auto r = index_file.allocate(0, static_cast<off_t>(grow * fmt::page_size)); !r) {
+      return std::unexpected(r.error());
+    }
+    h64(hdr::pages_allocated).store(grow, std::memory_order_release);
+  }
+  h64(hdr::pages_used).store(need, std::memory_order_release);
+  return used;
+}
+
+void store::impl::retire(std::uint64_t first, std::size_t count) noexcept {
+  // Retired pages are kept (readers that raced with a split may still be in them) until a
+  // rebuild; reusing them once no snapshot can read them is future work.
+  for (std::size_t i = 0; i < count; ++i) {
+    const ix::bucket_ref b = table->page(first + i);
+    if (b.magic().load() == ix::bucket_magic) b.retired_at().store(h64(hdr::next_seq).load());
+  }
+  h64(hdr::retired_pages).fetch_add(count);
+}
+
+// ---- Segments ----
+
+result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
+  if (number == 0 || number > fmt::max_segment_number) {
+    return std::unexpected(error(errc::corrupt).about(path));
+  }
+  auto* chunk = segment_chunks[number >> chunk_bits].load(std::memory_order_acquire);
+  if (chunk != nullptr) {
+    if (segment* s = chunk[number & ((1u << chunk_bits) - 1)].load(std::memory_order_acquire)) {
+      return s;
+    }
+  }
+  base::lock_guard g(segments_mutex);
+  chunk = segment_chunks[number >> chunk_bits].load(std::memory_order_acquire);
+  if (chunk == nullptr) {
+    auto fresh = std::make_unique<std::atomic<segment*>[]>(std::size_t{1} << chunk_bits);
+    chunk = fresh.get();
+    chunks_owned.push_back(std::move(fresh));
+    segment_chunks[number >> chunk_bits].store(chunk, std::memory_order_release);
+  }
+  auto& cell = chunk[number & ((1u << chunk_bits) - 1)];
+  if (segment* s = cell.load(std::memory_order_acquire)) return s;
+  const std::string name = segment_name(number);
+  const bool writable = !opts.read_only;
+  auto f = io::file_handle::open_at(
+      dir.segments, name.c_str(),
+      (writable ? io::open_flags::read_write : io::open_flags::read) | io::open_flags::no_follow);
+  if (!f) return std::unexpected(f.error().about(path + "/seg/" + name));
+  auto size = f->size();
+  if (!size) return std::unexpected(size.error());
+  if (static_cast<std::uint64_t>(*size) < fmt::segment_header_size) {
+    return std::unexpected(error(errc::corrupt).about(f->shared_path(), 0));
+  }
+  auto m =
+      io::mapped_file::map(*f, writable ? io::map_access::read_write : io::map_access::read_only,
+                           static_cast<std::size_t>(*size));
+  if (!m) return std::unexpected(m.error().about(f->shared_path()));
+  auto head = fmt::parse_segment_header(m->bytes(), dir.params.id, number, salt);
+  if (!head) return std::unexpected(head.error().about(f->shared_path()));
+  if (head->size != static_cast<std::uint64_t>(*size)) {
+    return std::unexpected(error(errc::corrupt).about(f->shared_path(), 48));
+  }
+  auto s = std::make_unique<segment>();
+  s->number = number;
+  s->size = head->size;
+  s->file = std::move(*f);
+  s->map = std::move(*m);
+  segment* raw = s.get();
+  segments_owned.push_back(std::move(s));
+  cell.store(raw, std::memory_order_release);
+  return raw;
+}
+
+result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
+  // Under the `segment` lock (or alone): one maker at a time.
+  const std::uint64_t number = h64(hdr::next_segment).load();
+  if (number > fmt::max_segment_number) return errc_error(std::errc::file_too_large);
+  h64(hdr::next_segment).store(number + 1);  // a maker that dies leaves a gap, no harm
+  const std::string name = segment_name(number);
+  auto t = io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
+  if (!t) return std::unexpected(t.error());
+  // Allocated whole, header written and synced, then named: a named segment is always whole.
+  auto r = t->file.allocate(0, static_cast<off_t>(size));
+  if (r) {
+    const auto head = fmt::encode_segment_header({dir.params.id, number, size}, salt);
+    r = t->file.write_at(0, head);
+  }
+  if (r) r = t->file.sync_data();
+  if (r) r = t->link_as(dir.segments, name.c_str());
+  (void)t->remove_name(dir.segments);
+  if (!r) return std::unexpected(r.error().about(path + "/seg/" + name));
+  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error());
+  segtab(number, 0).store(number);
+  segtab(number, 1).store(size);
+  segtab(number, 2).store(0);
+  segtab(number, 3).store(0);
+  return number;
+}
+
+result<std::uint64_t> store::impl::reserve(std::uint64_t length) noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
+  auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
+  std::atomic_ref<std::uint64_t> t(tail);
+  for (;;) {
+    std::uint64_t at = t.load(std::memory_order_acquire);
+    if (at != 0 && fmt::offset_of(at) + length <= seg_size) {
+      if (t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) return at;
+      continue;
+    }
+    // The active segment is full (or there is none yet): make the next one, once.
+    auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
+    if (!g) return std::unexpected(g.error());
+    if (t.load(std::memory_order_acquire) != at) continue;
+    auto n = make_segment(seg_size);
+    if (!n) return std::unexpected(n.error());
+    if (at != 0) {
+      // What is left at the end of the old one is dead space.
+      const std::uint64_t left = seg_size - fmt::offset_of(at);
+      h64(hdr::dead_bytes).fetch_add(left);
+    }
+    t.store(fmt::make_location(*n, fmt::segment_header_size), std::memory_order_release);
+  }
+}
+
+result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexcept {
+  auto s = segment_at(fmt::segment_of(location));
+  if (!s) return std::unexpected(s.error());
+  const std::uint64_t off = fmt::offset_of(location);
+  if (off < fmt::segment_header_size || off >= (*s)->size) {
+    return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+  }
+  return (*s)->map.bytes().subspan(off);
+}
+
+// ---- Opening the index ----
+
+namespace {
+
+bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noexcept {
+  if (file_size < first_free_page * fmt::page_size) return false;
+  const std::span<const std::byte> page(s.base(), fmt::page_size);
+  auto h = base::check_header(page, index_format);
+  if (!h) {
+    why = h.error();
+    return false;
+  }
+  if (*h != base::header_state::ours) return false;
+  if (std::memcmp(s.base() + hdr::store_id, s.dir.params.id.data(), 16) != 0) return false;
+  std::uint64_t sum = 0;
+  std::memcpy(&sum, s.base() + hdr::checksum, 8);
+  if (sum != fmt::checksum(page.first(hdr::checksummed), s.salt)) return false;
+  if (s.h64(hdr::state).load(std::memory_order_acquire) != state_valid) return false;
+  const auto& boot = base::self().boot_id;
+  if (std::all_of(boot.begin(), boot.end(), [](std::uint8_t b) { return b == 0; })) return false;
+  return std::memcmp(s.base() + hdr::boot_id, boot.data(), 16) == 0;
+}
+
+}  // namespace
+
+result<void> store::impl::open_index() noexcept {
+  auto f = io::file_handle::open_at(
+      dir.dir, "index",
+      io::open_flags::read_write | io::open_flags::create | io::open_flags::no_follow, 0644);
+  if (!f) return std::unexpected(f.error().about(path + "/index"));
+  index_file = std::move(*f);
+  auto m = io::mapped_file::map(index_file, io::map_access::read_write, index_window, 0);
+  if (!m) return std::unexpected(m.error().about(index_file.shared_path()));
+  index_map = std::move(*m);
+  table.emplace(base(), h64(hdr::directory));
+
+  auto probe = io::file_handle::open_at(dir.dir, "index",
+                                        io::open_flags::read_write | io::open_flags::no_follow);
+  if (!probe) return std::unexpected(probe.error());
+  const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  for (;;) {
+    auto alone = fs->lock(*probe, open_byte, 1, io::lock_request::exclusive, false);
+    if (alone) {
+      // Nobody else has the store open: check the index, or rebuild it.
+      auto size = index_file.size();
+      if (!size) return std::unexpected(size.error());
+      error why;
+      auto r =
+          header_valid(*this, static_cast<std::uint64_t>(*size), why) ? recover_alone() : rebuild();
+      if (!r) return r;
+      if (auto d = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false); !d) {
+        return std::unexpected(d.error());
+      }
+      break;
+    }
+    if (alone.error() != std::errc::operation_would_block &&
+        alone.error() != std::errc::resource_unavailable_try_again) {
+      return std::unexpected(alone.error());
+    }
+    auto shared = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false);
+    if (shared) {
+      auto size = index_file.size();
+      if (!size) return std::unexpected(size.error());
+      error why;
+      if (header_valid(*this, static_cast<std::uint64_t>(*size), why)) break;
+      if (why) return std::unexpected(why.about(index_file.shared_path(), 0));
+      // Its rebuilder died part-way: let go, and try to be alone again.
+      (void)fs->lock(*probe, open_byte, 1, io::lock_request::unlock, false);
+    }
+    if (now_ms() > until) return errc_error(std::errc::timed_out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  base::lock_guard g(live_mutex);
+  live = std::move(*probe);
+  live_generation = base::fork_generation();
+  return {};
+}
+
+result<void> store::impl::recover_alone() noexcept {
+  // Every other user is gone. What they left in flight: a commit whose block is complete
+  // happened (its entries are settled by the next holder of their pages), one whose block is
+  // not is a hole. Every seq handed out is therefore settled.
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    const slot_ref s = slot(u);
+    s.state().store(0);
+    s.seq().store(0);
+    s.block().store(0);
+    s.block_length().store(0);
+    s.snapshot().store(0);
+    s.pid().store(0);
+  }
+  const std::uint64_t next = h64(hdr::next_seq).load();
+  h64(hdr::visible).store(next - 1);
+  h64(hdr::sync_error).store(0);
+  h64(hdr::visible_waiters).store(0);
+  // Leftovers of segment makers that died.
+  if (auto entries = fs->list_directory(dir.segments)) {
+    for (const auto& e : *entries) {
+      if (e.name.starts_with(segment_temp_prefix))
+        (void)io::unlink_at(dir.segments, e.name.c_str());
+    }
+  }
+  return {};
+}
+
+result<void> store::impl::rebuild() noexcept {
+  if (auto r = index_file.truncate(0); !r) return r;
+  const std::uint64_t pages = first_free_page + 256;
+  if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
+  const auto head = index_format.header();
+  std::memcpy(base(), &head, sizeof head);
+  std::memcpy(base() + hdr::store_id, dir.params.id.data(), 16);
+  h64(hdr::state).store(state_building);
+  h64(hdr::pages_allocated).store(pages);
+  h64(hdr::pages_used).store(first_free_page);
+  h64(hdr::next_segment).store(1);
+  if (auto r = table->create(*this); !r) return r;
+
+  auto entries = fs->list_directory(dir.segments);
+  if (!entries) return std::unexpected(entries.error().about(path + "/seg"));
+  std::vector<std::uint64_t> numbers;
+  for (const auto& e : *entries) {
+    if (auto n = parse_segment_name(e.name)) {
+      numbers.push_back(*n);
+    } else if (e.name.starts_with(segment_temp_prefix)) {
+      (void)io::unlink_at(dir.segments, e.name.c_str());
+    }
+  }
+  std::sort(numbers.begin(), numbers.end());
+  std::uint64_t max_seq = 0;
+  std::uint64_t tail = 0;
+  for (const std::uint64_t n : numbers) {
+    auto s = segment_at(n);
+    if (!s) return std::unexpected(s.error());
+    segtab(n, 0).store(n);
+    segtab(n, 1).store((*s)->size);
+    std::uint64_t end = fmt::segment_header_size;
+    if (auto r = replay_segment(**s, max_seq, end); !r) return r;
+    if ((*s)->size == dir.params.segment_size) tail = fmt::make_location(n, end);
+  }
+  h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
+  h64(hdr::tail).store(tail);
+  h64(hdr::visible).store(max_seq);
+  h64(hdr::next_seq).store(max_seq + 1);
+  const auto& boot = base::self().boot_id;
+  std::memcpy(base() + hdr::boot_id, boot.data(), 16);
+  const std::uint64_t sum =
+      fmt::checksum(std::span<const std::byte>(base(), hdr::checksummed), salt);
+  std::memcpy(base() + hdr::checksum, &sum, 8);
+  h64(hdr::state).store(state_valid, std::memory_order_release);
+  return {};
+}
+
+result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
+                                         std::uint64_t& end) noexcept {
+  const std::span<const std::byte> bytes = s.bytes();
+  std::uint64_t off = fmt::segment_header_size;
+  while (off + sizeof(fmt::block_header) <= s.size) {
+    std::uint32_t magic = 0;
+    std::memcpy(&magic, bytes.data() + off, 4);
+    if (magic != fmt::block_magic) {
+      off += 8;
+      continue;
+    }
+    auto head = fmt::parse_block_header(bytes.subspan(off), salt);
+    if (!head) {
+      off += 8;
+      continue;
+    }
+    const std::uint64_t at = fmt::make_location(s.number, off);
+    if (head->kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+      if (auto whole = complete_block(at)) {
+        std::uint64_t r = off + sizeof(fmt::block_header);
+        for (std::uint32_t i = 0; i < whole->records; ++i) {
+          auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
+          if (!rec) break;  // cannot happen: complete_block parsed them all
+          if (auto a = apply_record(fmt::make_location(s.number, r), *rec, whole->seq); !a) {
+            return a;
+          }
+          r += rec->size;
+        }
+        max_seq = std::max(max_seq, whole->seq);
+        end = off + head->length;
+      }
+    } else if (fmt::check_block(bytes.subspan(off), salt)) {
+      end = off + head->length;
+    }
+    off += head->length;  // its writer reserved all of it: no other block starts inside
+  }
+  return {};
+}
+
+result<void> store::impl::apply_record(std::uint64_t location, const fmt::record_view& r,
+                                       std::uint64_t seq) noexcept {
+  const fmt::key_hash h = fmt::hash_key(r.key);
+  for (;;) {
+    const std::uint64_t page = table->page_of(h);
+    error unreadable;
+    auto e = table->entry_for(page, h, [&](std::uint64_t at) {
+      auto other = record_at(at, false);
+      if (!other) {
+        unreadable = other.error();
+        return false;
+      }
+      return std::ranges::equal(other->rec.key, r.key);
+    });
+    if (unreadable) return std::unexpected(unreadable);
+    if (!e) {
+      if (auto s = table->split(page, *this); !s) return s;
+      continue;
+    }
+    const std::uint64_t old_at = e->location().load();
+    const std::uint64_t old_seq = e->seq().load();
+    if (old_at != 0 && old_seq >= seq) return {};  // a newer version is there already
+    const std::uint64_t size = r.size + (r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob)
+                                             ? fmt::blob_block_size(r.head.value_length)
+                                             : 0);
+    if (old_at != 0) {
+      auto old = record_at(old_at, false);
+      if (old && old->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
+        const std::uint64_t old_size =
+            old->rec.size + (old->rec.head.op == static_cast<std::uint8_t>(fmt::op::put_blob)
+                                 ? fmt::blob_block_size(old->rec.head.value_length)
+                                 : 0);
+        h64(hdr::live_records).fetch_sub(1);
+        h64(hdr::live_bytes).fetch_sub(old_size);
+        h64(hdr::dead_bytes).fetch_add(old_size);
+      }
+    }
+    if (r.head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
+      h64(hdr::dead_bytes).fetch_add(size);
+    } else {
+      h64(hdr::live_records).fetch_add(1);
+      h64(hdr::live_bytes).fetch_add(size);
+    }
+    e->location().store(location);
+    e->seq().store(seq);
+    return {};
+  }
+}
+
+// ---- store ----
+
+store::store(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
+store::~store() = default;
+
+const std::string& store::path() const noexcept {
+  return impl_->path;
+}
+
+result<std::unique_ptr<store>> store::open(const std::string& path, const options& o) noexcept {
+  store_dir_options d;
+  d.create_if_missing = o.create_if_missing && !o.read_only;
+  d.error_if_exists = o.error_if_exists;
+  d.segment_size = o.segment_size;
+  d.fs = o.fs;
+  auto sd = open_store_dir(path, d);
+  if (!sd) return std::unexpected(sd.error());
+  auto p = std::make_unique<impl>();
+  p->path = path;
+  p->opts = o;
+  p->fs = o.fs != nullptr ? o.fs : &io::os();
+  p->dir = std::move(*sd);
+  p->salt = p->dir.params.salt;
+  lock::memory_map::options lo;
+  lo.fs = o.fs;
+  auto locks = lock::memory_map::open(path + "/lock", lo);
+  if (!locks) return std::unexpected(locks.error());
+  p->locks = std::move(*locks);
+  if (auto r = p->open_index(); !r) return std::unexpected(r.error());
+  register_store(p.get());
+  return std::unique_ptr<store>(new store(std::move(p)));
+}
+
+}  // namespace keel::kv

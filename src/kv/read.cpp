@@ -1,0 +1,338 @@
+// Reading: records, values, snapshot lookups, scans, stats and verify (doc/kv-format.md,
+// "Reading at a snapshot", "Scanning").
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+bool is_blob(const fmt::record_view& r) noexcept {
+  return r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob);
+}
+
+}  // namespace
+
+result<found_record> store::impl::record_at(std::uint64_t location, bool verify) noexcept {
+  auto s = segment_at(fmt::segment_of(location));
+  if (!s) return std::unexpected(s.error());
+  const std::uint64_t off = fmt::offset_of(location);
+  if (off < fmt::segment_header_size + sizeof(fmt::block_header) || off >= (*s)->size) {
+    return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+  }
+  auto r = fmt::parse_record((*s)->bytes().subspan(off), salt, verify);
+  if (!r) return std::unexpected(r.error().about((*s)->file.shared_path(), off));
+  return found_record{location, *r, *s};
+}
+
+result<std::span<const std::byte>> store::impl::value_of(const found_record& r,
+                                                         bool verify) noexcept {
+  if (!is_blob(r.rec)) return r.rec.value;
+  auto s = segment_at(fmt::segment_of(r.rec.blob.location));
+  if (!s) return std::unexpected(s.error());
+  const std::uint64_t off = fmt::offset_of(r.rec.blob.location);
+  const auto bad = [&] {
+    return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+  };
+  if (off < fmt::segment_header_size || off >= (*s)->size) return bad();
+  const auto bytes = (*s)->bytes().subspan(off);
+  auto head = fmt::parse_block_header(bytes, salt);
+  if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::blob) ||
+      head->payload_checksum != r.rec.blob.checksum) {
+    return bad();
+  }
+  const auto value = fmt::blob_value(bytes, *head);
+  if (value.size() != r.rec.head.value_length) return bad();
+  if (verify && fmt::checksum(value, salt) != head->payload_checksum) return bad();
+  return value;
+}
+
+std::optional<fmt::block_header> store::impl::complete_block(std::uint64_t location) noexcept {
+  auto bytes = bytes_at(location);
+  if (!bytes) return std::nullopt;
+  auto head = fmt::check_block(*bytes, salt);
+  if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+    return std::nullopt;
+  }
+  // A commit is complete only with every blob it names (a `none` commit's blob may not have
+  // reached the disk before a power cut when its commit block did).
+  std::uint64_t r = sizeof(fmt::block_header);
+  for (std::uint32_t i = 0; i < head->records; ++i) {
+    auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), salt, false);
+    if (!rec) return std::nullopt;
+    if (is_blob(*rec)) {
+      if (!value_of(found_record{location + r, *rec, nullptr}, true)) return std::nullopt;
+    }
+    r += rec->size;
+  }
+  return *head;
+}
+
+std::optional<std::uint64_t> store::impl::record_in_block(std::uint64_t block,
+                                                          const fmt::block_header& head,
+                                                          const fmt::key_hash& h,
+                                                          std::span<const std::byte> key) noexcept {
+  auto bytes = bytes_at(block);
+  if (!bytes) return std::nullopt;
+  std::uint64_t r = sizeof(fmt::block_header);
+  for (std::uint32_t i = 0; i < head.records; ++i) {
+    auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), salt, false);
+    if (!rec) return std::nullopt;
+    if (fmt::hash_key(rec->key) == h && (key.empty() || std::ranges::equal(rec->key, key))) {
+      return block + r;
+    }
+    r += rec->size;
+  }
+  return std::nullopt;
+}
+
+result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<const std::byte> key,
+                                                                  const fmt::key_hash& h,
+                                                                  std::uint64_t snapshot) noexcept {
+  const std::uint64_t page = table->page_of(h);
+  const ix::bucket_ref b = table->page(page);
+  const std::size_t start = h.lo % ix::entries_per_page;
+  for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+    const ix::entry_ref e = b.entry((start + k) % ix::entries_per_page);
+    const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+    if (hi == 0) break;
+    if (hi != h.hi || e.lo().load(std::memory_order_acquire) != h.lo) continue;
+    const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+    std::uint64_t at = e.location().load(std::memory_order_acquire);
+    if ((seq & ix::pending) != 0) {
+      // A writer marked it and has not published: its version counts only if its block is
+      // complete and the snapshot sees its seq (then the writer died, and the commit was
+      // settled as made).
+      const std::uint64_t block = seq & ~ix::pending;
+      if (auto head = complete_block(block); head && head->seq <= snapshot) {
+        if (auto rec_at = record_in_block(block, *head, h, key)) at = *rec_at;
+      }
+    }
+    if (at == 0) continue;
+    auto rec = record_at(at, opts.verify_checksums);
+    if (!rec) return std::unexpected(rec.error());
+    if (!std::ranges::equal(rec->rec.key, key)) continue;  // another key with this hash
+    // Back through the versions to the newest one the snapshot sees.
+    while (rec->rec.head.seq > snapshot) {
+      if (rec->rec.head.prev == 0) return std::optional<found_record>{};
+      rec = record_at(rec->rec.head.prev, opts.verify_checksums);
+      if (!rec) return std::unexpected(rec.error());
+    }
+    if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
+      return std::optional<found_record>{};
+    }
+    return std::optional<found_record>(*rec);
+  }
+  return std::optional<found_record>{};
+}
+
+// ---- scan, stats, verify ----
+
+namespace {
+
+std::string cursor_of(std::uint64_t hi, std::uint64_t lo) {
+  char out[33];
+  std::snprintf(out, sizeof out, "%016llx%016llx", static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return out;
+}
+
+bool parse_cursor(std::string_view c, std::uint64_t& hi, std::uint64_t& lo) noexcept {
+  if (c.size() != 32) return false;
+  auto a = std::from_chars(c.data(), c.data() + 16, hi, 16);
+  auto b = std::from_chars(c.data() + 16, c.data() + 32, lo, 16);
+  return a.ec == std::errc{} && a.ptr == c.data() + 16 && b.ec == std::errc{} &&
+         b.ptr == c.data() + 32;
+}
+
+}  // namespace
+
+result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool keys_only) noexcept {
+  std::uint64_t after_hi = 0;
+  std::uint64_t after_lo = 0;
+  const bool from_start = cursor.empty();
+  if (!from_start && !parse_cursor(cursor, after_hi, after_lo)) {
+    return errc_error(std::errc::invalid_argument);
+  }
+  if (limit == 0) return errc_error(std::errc::invalid_argument);
+  auto lease = impl_->acquire_slot();
+  if (!lease) return std::unexpected(lease.error());
+  const std::uint64_t snap = impl_->h64(hdr::visible).load(std::memory_order_acquire);
+  impl_->slot(lease->index).snapshot().store(snap);
+  struct guard {
+    impl* s;
+    slot_lease l;
+    ~guard() { s->release_slot(l); }
+  } g{impl_.get(), *lease};
+
+  scan_page out;
+  try {
+    const std::uint64_t word = impl_->h64(hdr::directory).load(std::memory_order_acquire);
+    const std::uint64_t first = word >> 8;
+    const unsigned depth = static_cast<unsigned>(word & 0xff);
+    const std::uint64_t n = std::uint64_t{1} << depth;
+    // The directory entry to start from: the cursor's prefix.
+    std::uint64_t i = (from_start || depth == 0) ? 0 : after_hi >> (64 - depth);
+    std::uint64_t last_page = 0;
+    struct key_entry {
+      std::uint64_t hi, lo;
+    };
+    for (; i < n; ++i) {
+      const std::uint64_t page =
+          std::atomic_ref(
+              *reinterpret_cast<std::uint64_t*>(impl_->base() + first * fmt::page_size + i * 8))
+              .load(std::memory_order_acquire);
+      if (page == last_page) continue;
+      last_page = page;
+      const ix::bucket_ref b = impl_->table->page(page);
+      std::vector<key_entry> keys;
+      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+        const ix::entry_ref e = b.entry(k);
+        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+        if (hi == 0) continue;
+        const std::uint64_t lo = e.lo().load(std::memory_order_acquire);
+        if (!from_start && (hi < after_hi || (hi == after_hi && lo <= after_lo))) continue;
+        keys.push_back({hi, lo});
+      }
+      std::sort(keys.begin(), keys.end(), [](const key_entry& x, const key_entry& y) {
+        return x.hi != y.hi ? x.hi < y.hi : x.lo < y.lo;
+      });
+      keys.erase(std::unique(keys.begin(), keys.end(),
+                             [](const key_entry& x, const key_entry& y) {
+                               return x.hi == y.hi && x.lo == y.lo;
+                             }),
+                 keys.end());
+      for (const key_entry& k : keys) {
+        // Every key of this hash in the page (a collision is two of them).
+        for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
+          const ix::entry_ref e = b.entry(j);
+          if (e.hi().load(std::memory_order_acquire) != k.hi ||
+              e.lo().load(std::memory_order_acquire) != k.lo) {
+            continue;
+          }
+          std::uint64_t at = e.location().load(std::memory_order_acquire);
+          const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+          if ((seq & ix::pending) != 0) {
+            const std::uint64_t block = seq & ~ix::pending;
+            if (auto head = impl_->complete_block(block); head && head->seq <= snap) {
+              if (auto r = impl_->record_in_block(block, *head, {k.hi, k.lo}, {})) at = *r;
+            }
+          }
+          if (at == 0) continue;
+          auto rec = impl_->record_at(at, impl_->opts.verify_checksums);
+          if (!rec) return std::unexpected(rec.error());
+          auto seen = impl_->read_at_snapshot(rec->rec.key, {k.hi, k.lo}, snap);
+          if (!seen) return std::unexpected(seen.error());
+          if (!*seen) continue;
+          item it;
+          it.key.assign(reinterpret_cast<const char*>((*seen)->rec.key.data()),
+                        (*seen)->rec.key.size());
+          if (!keys_only) {
+            auto v = impl_->value_of(**seen, impl_->opts.verify_checksums);
+            if (!v) return std::unexpected(v.error());
+            it.value.assign(reinterpret_cast<const char*>(v->data()), v->size());
+          }
+          out.items.push_back(std::move(it));
+        }
+        out.cursor = cursor_of(k.hi, k.lo);
+        if (out.items.size() >= limit) return out;
+      }
+    }
+    out.done = true;
+    return out;
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+}
+
+result<store_stats> store::stats() noexcept {
+  store_stats st;
+  st.records = impl_->h64(hdr::live_records).load();
+  st.live_bytes = impl_->h64(hdr::live_bytes).load();
+  st.dead_bytes = impl_->h64(hdr::dead_bytes).load();
+  st.visible_seq = impl_->h64(hdr::visible).load();
+  st.index_bytes = impl_->h64(hdr::pages_allocated).load() * fmt::page_size;
+  auto entries = impl_->fs->list_directory(impl_->dir.segments);
+  if (!entries) return std::unexpected(entries.error());
+  for (const auto& e : *entries) {
+    if (e.name.size() != 16 || e.name.starts_with(".")) continue;
+    auto s = impl_->fs->stat_at(&impl_->dir.segments, e.name.c_str(), false);
+    if (!s) continue;
+    ++st.segments;
+    st.segment_bytes += s->size;
+  }
+  const std::uint64_t word = impl_->h64(hdr::directory).load(std::memory_order_acquire);
+  const std::uint64_t n = std::uint64_t{1} << (word & 0xff);
+  std::uint64_t last = 0;
+  std::uint64_t used = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t page =
+        std::atomic_ref(
+            *reinterpret_cast<std::uint64_t*>(impl_->base() + (word >> 8) * fmt::page_size + i * 8))
+            .load(std::memory_order_acquire);
+    if (page == last) continue;
+    last = page;
+    ++st.index_pages;
+    used += impl_->table->page(page).used().load();
+  }
+  if (st.index_pages > 0) {
+    st.index_load =
+        static_cast<double>(used) / static_cast<double>(st.index_pages * ix::entries_per_page);
+  }
+  return st;
+}
+
+result<std::uint64_t> store::verify() noexcept {
+  auto entries = impl_->fs->list_directory(impl_->dir.segments);
+  if (!entries) return std::unexpected(entries.error());
+  std::vector<std::uint64_t> numbers;
+  for (const auto& e : *entries) {
+    std::uint64_t n = 0;
+    if (e.name.size() != 16) continue;
+    auto [p, ec] = std::from_chars(e.name.data(), e.name.data() + 16, n, 16);
+    if (ec == std::errc{} && p == e.name.data() + 16 && n != 0) numbers.push_back(n);
+  }
+  std::sort(numbers.begin(), numbers.end());
+  std::uint64_t commits = 0;
+  for (const std::uint64_t n : numbers) {
+    auto s = impl_->segment_at(n);
+    if (!s) return std::unexpected(s.error());
+    const auto bytes = (*s)->bytes();
+    std::uint64_t off = fmt::segment_header_size;
+    while (off + sizeof(fmt::block_header) <= (*s)->size) {
+      std::uint32_t magic = 0;
+      std::memcpy(&magic, bytes.data() + off, 4);
+      if (magic != fmt::block_magic) {
+        off += 8;
+        continue;
+      }
+      auto head = fmt::parse_block_header(bytes.subspan(off), impl_->salt);
+      if (!head) {
+        off += 8;
+        continue;
+      }
+      auto whole = fmt::check_block(bytes.subspan(off), impl_->salt);
+      if (whole && head->kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+        if (!impl_->complete_block(fmt::make_location(n, off))) {
+          return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+        }
+        ++commits;
+      }
+      off += head->length;
+    }
+  }
+  // Then every live key's newest record and value, checksums and all.
+  std::string cursor;
+  for (;;) {
+    auto page = scan(cursor, 1024, false);
+    if (!page) return std::unexpected(page.error());
+    if (page->done) break;
+    cursor = page->cursor;
+  }
+  return commits;
+}
+
+}  // namespace keel::kv

@@ -1,0 +1,259 @@
+#pragma once
+// The store's insides, shared by its parts (open.cpp: the index's life and recovery;
+// commit.cpp: transactions; read.cpp: lookups, scans, stats). Layouts and protocols are
+// doc/kv-format.md's; the names here follow it.
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/format_header.hpp"
+#include "base/thread_safety.hpp"
+#include "keel/io/file_handle.hpp"
+#include "keel/io/mapped_file.hpp"
+#include "keel/kv/store.hpp"
+#include "keel/lock/memory_map.hpp"
+#include "kv/format.hpp"
+#include "kv/index.hpp"
+#include "kv/store_dir.hpp"
+
+namespace keel::kv {
+
+// ---- The index file's fixed part (doc/kv-format.md, "The index") ----
+
+namespace hdr {
+constexpr std::size_t store_id = 24;
+constexpr std::size_t boot_id = 40;
+constexpr std::size_t state = 56;
+constexpr std::size_t visible = 64;
+constexpr std::size_t next_seq = 72;
+constexpr std::size_t tail = 80;
+constexpr std::size_t next_segment = 88;
+constexpr std::size_t sync_started = 96;
+constexpr std::size_t sync_done = 104;
+constexpr std::size_t sync_error = 112;
+constexpr std::size_t directory = 120;
+constexpr std::size_t pages_allocated = 128;
+constexpr std::size_t pages_used = 136;
+constexpr std::size_t live_records = 160;
+constexpr std::size_t live_bytes = 168;
+constexpr std::size_t dead_bytes = 176;
+constexpr std::size_t visible_waiters = 184;
+constexpr std::size_t retired_pages = 192;
+constexpr std::size_t checksum = 4088;
+constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
+}  // namespace hdr
+
+constexpr std::uint64_t state_building = 0;
+constexpr std::uint64_t state_valid = 1;
+
+constexpr std::size_t slot_first_page = 1;
+constexpr std::size_t max_slots = 1024;
+constexpr std::size_t slot_size = 256;
+constexpr std::size_t segtab_first_page = 65;
+constexpr std::size_t segtab_entries = 8064;
+constexpr std::size_t segtab_entry_size = 32;
+constexpr std::size_t first_free_page = 128;
+
+// Byte-range locks on the index file (through the liveness descriptor).
+constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
+constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
+
+// Lock entities beside the bucket pages' numbers.
+constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
+constexpr std::uint64_t entity_segment = entity_base + 2;
+constexpr std::uint64_t entity_directory = entity_base + 3;
+constexpr std::uint64_t entity_sync = entity_base + 4;
+
+//! How far the index may grow: the size of the window every user maps (pages past the file's
+//! end are never touched).
+constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
+
+inline constexpr base::format index_format{
+    "KEELKVX1", 1,
+    base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
+                     ix::entries_per_page, hdr::retired_pages, index_window})};
+
+enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
+
+//! A user slot (256 bytes at page 1 + slot × 256).
+struct slot_ref {
+  std::byte* base;
+  std::atomic_ref<std::uint32_t> pid() const noexcept { return u32(0); }
+  std::atomic_ref<std::uint32_t> tid() const noexcept { return u32(4); }
+  std::atomic_ref<std::uint64_t> start_time() const noexcept { return u64(8); }
+  std::atomic_ref<std::uint64_t> snapshot() const noexcept { return u64(16); }
+  std::atomic_ref<std::uint64_t> state() const noexcept { return u64(24); }
+  std::atomic_ref<std::uint64_t> seq() const noexcept { return u64(32); }
+  std::atomic_ref<std::uint64_t> block() const noexcept { return u64(40); }
+  std::atomic_ref<std::uint64_t> block_length() const noexcept { return u64(48); }
+
+ private:
+  std::atomic_ref<std::uint32_t> u32(std::size_t at) const noexcept {
+    return std::atomic_ref(*reinterpret_cast<std::uint32_t*>(base + at));
+  }
+  std::atomic_ref<std::uint64_t> u64(std::size_t at) const noexcept {
+    return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base + at));
+  }
+};
+
+//! A segment as this process has it: its descriptor and a map of all of it.
+struct segment {
+  std::uint64_t number = 0;
+  std::uint64_t size = 0;
+  io::file_handle file;
+  io::mapped_file map;
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
+    return {map.data(), map.size()};
+  }
+};
+
+//! A record found by a lookup, with its location.
+struct found_record {
+  std::uint64_t location = 0;
+  fmt::record_view rec;
+  segment* seg = nullptr;
+};
+
+//! A slot this process holds (its byte locked through the liveness descriptor).
+struct slot_lease {
+  std::uint32_t index = max_slots;
+  [[nodiscard]] bool held() const noexcept { return index < max_slots; }
+};
+
+struct store::impl final : ix::page_source {
+  impl() = default;
+  impl(const impl&) = delete;
+  impl& operator=(const impl&) = delete;
+  ~impl();
+
+  // ---- set once by open ----
+  std::string path;
+  options opts;
+  io::filesystem* fs = nullptr;
+  store_dir dir;
+  io::file_handle index_file;
+  io::mapped_file index_map;
+  std::unique_ptr<lock::memory_map> locks;
+  std::optional<ix::table> table;
+  std::uint64_t salt = 0;
+
+  // ---- per process (reopened after fork) ----
+  base::mutex live_mutex;
+  io::file_handle live KEEL_GUARDED_BY(live_mutex);  // holds the open byte and our slots' bytes
+  std::uint64_t live_generation KEEL_GUARDED_BY(live_mutex) = 0;
+  std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(live_mutex);
+  std::array<bool, max_slots> ours KEEL_GUARDED_BY(live_mutex){};
+  std::atomic<bool> failed{false};  // a sync failed: read-only until reopened
+
+  // ---- segments mapped in this process ----
+  static constexpr std::size_t chunk_bits = 12;
+  std::array<std::atomic<std::atomic<segment*>*>, std::size_t{1} << chunk_bits> segment_chunks{};
+  base::mutex segments_mutex;
+  std::vector<std::unique_ptr<segment>> segments_owned KEEL_GUARDED_BY(segments_mutex);
+  std::vector<std::unique_ptr<std::atomic<segment*>[]>> chunks_owned
+      KEEL_GUARDED_BY(segments_mutex);
+
+  // ---- the index ----
+  [[nodiscard]] std::byte* base() const noexcept { return index_map.data(); }
+  [[nodiscard]] std::atomic_ref<std::uint64_t> h64(std::size_t at) const noexcept {
+    return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base() + at));
+  }
+  [[nodiscard]] slot_ref slot(std::size_t u) const noexcept {
+    return {base() + slot_first_page * fmt::page_size + u * slot_size};
+  }
+  //! The segment table entry of segment `n`: number, size, dead bytes, dirty (written since
+  //! the last group sync).
+  [[nodiscard]] std::atomic_ref<std::uint64_t> segtab(std::uint64_t n,
+                                                      std::size_t field) const noexcept {
+    return std::atomic_ref(
+        *reinterpret_cast<std::uint64_t*>(base() + segtab_first_page * fmt::page_size +
+                                          (n % segtab_entries) * segtab_entry_size + field * 8));
+  }
+
+  // page_source
+  result<std::uint64_t> allocate(std::size_t count) noexcept override;
+  void retire(std::uint64_t first, std::size_t count) noexcept override;
+
+  // ---- open.cpp ----
+  [[nodiscard]] result<void> open_index() noexcept;
+  [[nodiscard]] result<void> rebuild() noexcept;
+  [[nodiscard]] result<void> recover_alone() noexcept;
+  [[nodiscard]] result<void> replay_segment(segment& s, std::uint64_t& max_seq,
+                                            std::uint64_t& end) noexcept;
+  [[nodiscard]] result<void> apply_record(std::uint64_t location, const fmt::record_view& r,
+                                          std::uint64_t seq) noexcept;
+  //! The liveness descriptor of this process (opened again in a forked child).
+  [[nodiscard]] result<void> ensure_live() noexcept;
+  [[nodiscard]] result<slot_lease> acquire_slot() noexcept;
+  void release_slot(slot_lease s) noexcept;
+  //! Whether the user of slot `u` is gone (its byte is free and it is not one of ours).
+  [[nodiscard]] bool slot_owner_dead(std::uint32_t u) noexcept;
+
+  // ---- segments (open.cpp) ----
+  [[nodiscard]] result<segment*> segment_at(std::uint64_t number) noexcept;
+  [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
+  //! Reserves `length` bytes in the active segment (a new one when it is full).
+  [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length) noexcept;
+  //! A location's bytes from there to the end of its segment.
+  [[nodiscard]] result<std::span<std::byte>> bytes_at(std::uint64_t location) noexcept;
+
+  // ---- reading (read.cpp) ----
+  //! The record at `location`, checked as the options say. Errors: corrupt (file, offset).
+  [[nodiscard]] result<found_record> record_at(std::uint64_t location, bool verify) noexcept;
+  //! A value's bytes (inline, or its blob's, checked as the options say).
+  [[nodiscard]] result<std::span<const std::byte>> value_of(const found_record& r,
+                                                            bool verify) noexcept;
+  //! The version of `key` a snapshot sees: its record, or nullopt (absent or erased).
+  [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(
+      std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot) noexcept;
+  //! The complete commit block at `location`, if it is one: its header.
+  [[nodiscard]] std::optional<fmt::block_header> complete_block(std::uint64_t location) noexcept;
+  //! In the complete block at `block`, the record of the key whose hash is `h` (and, when
+  //! given, whose bytes are `key`): its location.
+  [[nodiscard]] std::optional<std::uint64_t> record_in_block(
+      std::uint64_t block, const fmt::block_header& head, const fmt::key_hash& h,
+      std::span<const std::byte> key) noexcept;
+
+  // ---- writing (commit.cpp) ----
+  //! Settles an entry a dead writer left pending (doc/kv-format.md, "Dead users").
+  void resolve_pending(ix::entry_ref e, const fmt::key_hash& h) noexcept;
+  //! Waits until every commit up to `seq` is visible, settling dead writers' commits.
+  void wait_visible(std::uint64_t seq) noexcept;
+  //! Settles commit `v` (= visible + 1) if its writer is dead. Returns whether it did.
+  bool settle_dead_commit(std::uint64_t v) noexcept;
+  void publish_visible(std::uint64_t seq) noexcept;
+  [[nodiscard]] result<void> group_sync() noexcept;
+  [[nodiscard]] result<void> split_page(std::uint64_t page, const io::countdown& cd) noexcept;
+};
+
+//! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).
+enum class commit_step : std::uint8_t {
+  locked,         //!< its pages locked and validated
+  reserved,       //!< its block's space reserved
+  marked,         //!< its entries marked pending
+  took_seq,       //!< its seq taken, not yet written in its slot
+  recorded,       //!< its seq in its slot, its block not yet written
+  written,        //!< its block complete, nothing published
+  published_one,  //!< its first entry published
+  published,      //!< every entry published, not yet visible
+  visible,        //!< visible, pages still locked
+};
+//! Called at each step of every commit when set (tests only; null otherwise).
+inline void (*commit_hook)(commit_step) noexcept = nullptr;
+
+[[nodiscard]] inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+//! Checks a key's size: invalid_argument (empty), too_large.
+[[nodiscard]] result<void> check_key(std::string_view key) noexcept;
+
+}  // namespace keel::kv

@@ -1,0 +1,482 @@
+// keel::kv::store: what a user of the store relies on, one claim per test. Concurrency and
+// crash claims are tested with real processes (fork, SIGKILL); kv/store_crash_test.cpp has
+// the power-loss ones.
+
+#include "keel/kv/store.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kv/store_impl.hpp"
+#include "support/process.hpp"
+
+namespace keel::kv {
+namespace {
+
+using test::fork_child;
+using test::temp_dir;
+using test::wait_exit;
+
+options small() {
+  options o;
+  o.segment_size = std::uint64_t{1} << 20;
+  return o;
+}
+
+std::unique_ptr<store> open_ok(const std::string& path, const options& o = small()) {
+  auto s = store::open(path, o);
+  if (!s) ADD_FAILURE() << s.error().message();
+  return s ? std::move(*s) : nullptr;
+}
+
+TEST(KvStore, PutGetEraseAndReopen) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->get("a").error(), errc::not_found);
+    ASSERT_TRUE(s->put("a", "one"));
+    ASSERT_TRUE(s->put("b", std::string("\0two\xff", 5)));
+    EXPECT_EQ(*s->get("a"), "one");
+    ASSERT_TRUE(s->put("a", "uno"));
+    EXPECT_EQ(*s->get("a"), "uno");
+    EXPECT_EQ(*s->get("b"), std::string("\0two\xff", 5));
+    ASSERT_TRUE(s->erase("b"));
+    EXPECT_EQ(s->get("b").error(), errc::not_found);
+    EXPECT_EQ(s->erase("b").error(), errc::not_found);
+    ASSERT_TRUE(s->put("", "x").error() == std::errc::invalid_argument);
+    EXPECT_EQ(s->put(std::string(max_key_size + 1, 'k'), "x").error(), errc::too_large);
+    ASSERT_TRUE(s->put(std::string(max_key_size, 'k'), ""));
+    EXPECT_EQ(*s->get(std::string(max_key_size, 'k')), "");
+  }
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(*s->get("a"), "uno");
+  EXPECT_EQ(s->get("b").error(), errc::not_found);
+  EXPECT_EQ(*s->get(std::string(max_key_size, 'k')), "");
+  auto st = s->stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->records, 2u);
+}
+
+TEST(KvStore, ATransactionReadsItsSnapshotAndItsOwnWrites) {
+  temp_dir dir;
+  auto s = open_ok(dir.file("s"));
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("k", "old"));
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(s->put("k", "new"));
+  ASSERT_TRUE(s->put("other", "x"));
+  EXPECT_EQ(*t->get("k"), "old") << "the snapshot, not the newer commit";
+  EXPECT_EQ(t->get("other").error(), errc::not_found);
+  ASSERT_TRUE(t->put("mine", "m"));
+  EXPECT_EQ(*t->get("mine"), "m");
+  ASSERT_TRUE(t->erase("mine"));
+  EXPECT_EQ(t->get("mine").error(), errc::not_found);
+  t->abort();
+  EXPECT_EQ(s->get("mine").error(), errc::not_found);
+  EXPECT_EQ(*s->get("k"), "new");
+}
+
+TEST(KvStore, ACommitOverAKeyCommittedSinceItsSnapshotConflictsAndLeavesNoTrace) {
+  temp_dir dir;
+  auto s = open_ok(dir.file("s"));
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("x", "1"));
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(*t->get("x"), "1");
+  ASSERT_TRUE(t->put("y", "from t"));
+  ASSERT_TRUE(s->put("x", "2"));  // commits a key t read
+  auto r = t->commit();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::conflict);
+  EXPECT_EQ(s->get("y").error(), errc::not_found) << "nothing of a failed commit is applied";
+  // A blind write over a key committed since the snapshot conflicts too.
+  auto u = s->begin();
+  ASSERT_TRUE(u);
+  ASSERT_TRUE(s->put("z", "a"));
+  ASSERT_TRUE(u->put("z", "b"));
+  EXPECT_EQ(u->commit().error(), errc::conflict);
+  EXPECT_EQ(*s->get("z"), "a");
+  // Disjoint keys do not conflict.
+  auto v = s->begin();
+  ASSERT_TRUE(v);
+  ASSERT_TRUE(s->put("p", "1"));
+  ASSERT_TRUE(v->put("q", "1"));
+  EXPECT_TRUE(v->commit());
+}
+
+TEST(KvStore, ManyKeysGrowTheIndexAndAScanReturnsEachOnce) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  constexpr int n = 20000;
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(s->put("key-" + std::to_string(i), "value-" + std::to_string(i))) << i;
+    }
+    for (int i = 0; i < n; i += 7) {
+      auto v = s->get("key-" + std::to_string(i));
+      ASSERT_TRUE(v) << i << " " << v.error().message();
+      EXPECT_EQ(*v, "value-" + std::to_string(i));
+    }
+  }
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  std::set<std::string> seen;
+  std::string cursor;
+  for (;;) {
+    auto page = s->scan(cursor, 333);
+    ASSERT_TRUE(page) << page.error().message();
+    for (const auto& it : page->items) {
+      EXPECT_TRUE(seen.insert(it.key).second) << "twice: " << it.key;
+      EXPECT_EQ(it.value, "value-" + it.key.substr(4));
+    }
+    if (page->done) break;
+    cursor = page->cursor;
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(n));
+  auto st = s->stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->records, static_cast<std::uint64_t>(n));
+  EXPECT_GT(st->index_pages, 100u);
+  auto checked = s->verify();
+  ASSERT_TRUE(checked) << checked.error().message();
+  EXPECT_EQ(*checked, static_cast<std::uint64_t>(n));
+}
+
+TEST(KvStore, LargeValuesGoToBlobsAndComeBackWhole) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  std::string mid(200 << 10, '\0');
+  std::string huge(3 << 20, '\0');  // larger than a segment: a segment of its own
+  std::mt19937_64 rng(7);
+  for (auto& c : mid)
+    c = static_cast<char>(rng());
+  for (auto& c : huge)
+    c = static_cast<char>(rng());
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("mid", mid));
+    auto r = s->put("huge", huge);
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(*s->get("mid"), mid);
+    EXPECT_EQ(*s->get("huge"), huge);
+  }
+  std::filesystem::remove(path + "/index");  // a rebuild finds them too
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(*s->get("mid"), mid);
+  EXPECT_EQ(*s->get("huge"), huge);
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  auto view = t->get_view("huge");
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->size(), huge.size());
+  EXPECT_EQ(std::memcmp(view->data(), huge.data(), huge.size()), 0);
+}
+
+TEST(KvStore, ARebuiltIndexHasEveryCommitAndNoUndoneOne) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    for (int i = 0; i < 500; ++i)
+      ASSERT_TRUE(s->put("k" + std::to_string(i % 50), std::to_string(i)));
+    for (int i = 0; i < 50; i += 5)
+      ASSERT_TRUE(s->erase("k" + std::to_string(i)));
+  }
+  std::filesystem::remove(path + "/index");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  for (int i = 0; i < 50; ++i) {
+    auto v = s->get("k" + std::to_string(i));
+    if (i % 5 == 0) {
+      EXPECT_EQ(v.error(), errc::not_found) << i;
+    } else {
+      ASSERT_TRUE(v) << i;
+      EXPECT_EQ(*v, std::to_string(450 + i));
+    }
+  }
+  EXPECT_EQ(s->stats()->records, 40u);
+}
+
+// Increments `counters` counters `rounds` times in read-modify-write transactions, retrying
+// conflicts. Returns the number of commits that succeeded.
+int increment(store& s, int counters, int rounds, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  int done = 0;
+  for (int i = 0; i < rounds; ++i) {
+    const std::string key = "c" + std::to_string(rng() % static_cast<std::uint64_t>(counters));
+    for (;;) {
+      auto t = s.begin();
+      if (!t) return -1;
+      auto v = t->get(key);
+      long n = 0;
+      if (v) {
+        n = std::stol(*v);
+      } else if (v.error() != errc::not_found) {
+        return -1;
+      }
+      if (!t->put(key, std::to_string(n + 1))) return -1;
+      auto r = t->commit();
+      if (r) {
+        ++done;
+        break;
+      }
+      if (r.error() != errc::conflict) {
+        std::fprintf(stderr, "commit: %s\n", r.error().message().c_str());
+        return -1;
+      }
+    }
+  }
+  return done;
+}
+
+long total(store& s, int counters) {
+  long sum = 0;
+  for (int c = 0; c < counters; ++c) {
+    auto v = s.get("c" + std::to_string(c));
+    if (v) sum += std::stol(*v);
+  }
+  return sum;
+}
+
+TEST(KvStore, ThreadsIncrementingSharedCountersLoseNoUpdate) {
+  temp_dir dir;
+  auto s = open_ok(dir.file("s"));
+  ASSERT_TRUE(s);
+  constexpr int threads = 8;
+  constexpr int rounds = 500;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      if (increment(*s, 4, rounds, static_cast<std::uint64_t>(t)) == rounds) ok.fetch_add(1);
+    });
+  }
+  for (auto& t : ts)
+    t.join();
+  EXPECT_EQ(ok.load(), threads);
+  EXPECT_EQ(total(*s, 4), threads * rounds);
+}
+
+TEST(KvStore, FortyEightWriterProcessesIncrementingSharedCountersLoseNoUpdate) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+  }
+  constexpr int writers = 48;
+  constexpr int rounds = 100;
+  constexpr int counters = 8;
+  std::vector<pid_t> pids;
+  for (int w = 0; w < writers; ++w) {
+    pids.push_back(fork_child([&, w] {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      return increment(**s, counters, rounds, static_cast<std::uint64_t>(w) + 100) == rounds ? 0
+                                                                                             : 1;
+    }));
+  }
+  for (const pid_t p : pids)
+    EXPECT_EQ(wait_exit(p), 0);
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(total(*s, counters), writers * rounds);
+}
+
+TEST(KvStore, WritersKilledAtAnyPointBlockNobodyAndLoseNoAcknowledgedCommit) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+  }
+  constexpr int counters = 4;
+  constexpr int victims = 16;
+  constexpr int survivors = 3;
+  constexpr int survivor_rounds = 400;
+  // Every writer reports each acknowledged increment through a pipe. Victims are killed at
+  // random moments, mid-commit or not, while the survivors go on.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const auto writer = [&](int w, int rounds) {
+    ::close(fds[0]);
+    auto s = store::open(path, small());
+    if (!s) return 2;
+    for (int i = 0; rounds < 0 || i < rounds; ++i) {
+      if (increment(**s, counters, 1, static_cast<std::uint64_t>(w * 100000 + i)) != 1) return 1;
+      if (::write(fds[1], "+", 1) != 1) return 3;
+    }
+    return 0;
+  };
+  std::vector<pid_t> kept;
+  for (int w = 0; w < survivors; ++w) {
+    kept.push_back(fork_child([&, w] { return writer(w, survivor_rounds); }));
+  }
+  std::vector<pid_t> pids;
+  std::mt19937_64 rng(3);
+  for (int w = 0; w < victims; ++w) {
+    pids.push_back(fork_child([&, w] { return writer(survivors + w, -1); }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + rng() % 15));
+    ::kill(pids.back(), SIGKILL);
+  }
+  ::close(fds[1]);
+  const auto start = std::chrono::steady_clock::now();
+  for (const pid_t p : kept)
+    EXPECT_EQ(wait_exit(p), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  for (const pid_t p : pids)
+    test::wait_status(p);
+  long acknowledged = 0;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    acknowledged += n;
+  }
+  ::close(fds[0]);
+  EXPECT_GE(acknowledged, survivors * survivor_rounds);
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  const long before = total(*s, counters);
+  EXPECT_GE(before, acknowledged);
+  EXPECT_LE(before, acknowledged + victims) << "at most one unacknowledged commit per victim";
+  ASSERT_EQ(increment(*s, counters, 200, 9), 200);
+  EXPECT_EQ(total(*s, counters), before + 200);
+}
+
+TEST(KvStore, AForeignDirectoryIsRefusedAndLeftAlone) {
+  temp_dir dir;
+  const std::string path = dir.file("foreign");
+  std::filesystem::create_directory(path);
+  {
+    std::FILE* f = std::fopen((path + "/notes.txt").c_str(), "w");
+    std::fputs("mine", f);
+    std::fclose(f);
+  }
+  auto s = store::open(path, small());
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), errc::not_keel_file);
+  EXPECT_FALSE(std::filesystem::exists(path + "/index"));
+  EXPECT_FALSE(std::filesystem::exists(path + "/lock"));
+  options o = small();
+  o.create_if_missing = false;
+  EXPECT_EQ(store::open(dir.file("absent"), o).error(), std::errc::no_such_file_or_directory);
+}
+
+// A writer killed at each step of its commit: the others go on at once, and the commit is
+// all there (its block was complete) or not at all.
+class KvStoreKilledAt : public ::testing::TestWithParam<commit_step> {};
+
+TEST_P(KvStoreKilledAt, TheCommitIsWholeOrAbsentAndNobodyWaitsForIt) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);  // open throughout: the survivors settle, not a lone reopener
+  ASSERT_TRUE(s);
+  for (const char* k : {"a", "b", "c"})
+    ASSERT_TRUE(s->put(k, "0"));
+  const commit_step at = GetParam();
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    static commit_step kill_at;
+    kill_at = at;
+    commit_hook = [](commit_step now) noexcept {
+      if (now == kill_at) ::raise(SIGKILL);
+    };
+    auto t = (*mine)->begin();
+    if (!t || !t->get("c") || !t->put("a", "1") || !t->put("b", "1")) return 3;
+    (void)t->commit();
+    return 4;  // not killed: the step was not reached
+  });
+  const int status = test::wait_status(victim);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  const bool happened = at >= commit_step::written;
+  const auto start = std::chrono::steady_clock::now();
+  // Another writer of the same keys.
+  for (;;) {
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    auto a = t->get("a");
+    auto b = t->get("b");
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(*a, *b) << "half a commit is visible";
+    ASSERT_TRUE(t->put("a", *a + "+"));
+    ASSERT_TRUE(t->put("b", *b + "+"));
+    ASSERT_TRUE(t->put("c", "1"));
+    auto r = t->commit();
+    if (r) break;
+    ASSERT_EQ(r.error(), errc::conflict) << r.error().message();
+    ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  const std::string want = happened ? "1+" : "0+";
+  EXPECT_EQ(*s->get("a"), want);
+  EXPECT_EQ(*s->get("b"), want);
+  // And after every user is gone, the next opener finds the same.
+  s.reset();
+  auto again = open_ok(path);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again->get("a"), want);
+  EXPECT_EQ(*again->get("b"), want);
+  again.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  EXPECT_EQ(*rebuilt->get("a"), want);
+  EXPECT_EQ(*rebuilt->get("b"), want);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
+                         ::testing::Values(commit_step::locked, commit_step::reserved,
+                                           commit_step::marked, commit_step::took_seq,
+                                           commit_step::recorded, commit_step::written,
+                                           commit_step::published_one, commit_step::published,
+                                           commit_step::visible),
+                         [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
+
+TEST(KvStoreKilled, AReaderSeesADeadWritersCompleteCommitOnlyOnceItIsSettled) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("a", "0"));
+  auto before = s->begin();  // a snapshot from before the dead commit
+  ASSERT_TRUE(before);
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    commit_hook = [](commit_step now) noexcept {
+      if (now == commit_step::written) ::raise(SIGKILL);
+    };
+    (void)(*mine)->put("a", "1");
+    return 4;
+  });
+  test::wait_status(victim);
+  EXPECT_EQ(*before->get("a"), "0");
+  ASSERT_TRUE(s->put("z", "z"));  // settles the dead commit on its way to visible
+  EXPECT_EQ(*s->get("a"), "1");
+  EXPECT_EQ(*before->get("a"), "0") << "an older snapshot still reads its own version";
+}
+
+}  // namespace
+}  // namespace keel::kv
