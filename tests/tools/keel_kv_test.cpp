@@ -1,0 +1,86 @@
+// keel kv, run as a user would: binary-safe values through stdin and stdout, hex keys, the
+// documented exit codes, JSON, and a directory that is not a store left alone.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "support/process.hpp"
+#include "support/run_program.hpp"
+
+namespace {
+
+using keel::test::run_program;
+
+keel::test::program_outcome kv(const keel::test::temp_dir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), "kv");
+  return run_program(KEEL_BINARY, args, dir.path().string());
+}
+
+TEST(KeelKv, PutGetDelScanStatsVerifyWithTheirExitCodes) {
+  keel::test::temp_dir dir;
+  const std::string s = dir.file("store");
+  auto r = kv(dir, {s, "put", "greeting", "hello"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = kv(dir, {s, "get", "greeting"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "hello") << "the value as it is, no newline added";
+  r = kv(dir, {s, "get", "absent"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("not found"), std::string::npos);
+  // Binary values through stdin and stdout; keys in hex.
+  r = run_program("/bin/sh",
+                  {"-c", std::string("printf 'a\\000b\\377' | ") + KEEL_BINARY + " kv " + s +
+                             " --hex put 00ff"},
+                  dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = kv(dir, {s, "--hex", "get", "00ff"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, std::string("a\0b\xff", 4));
+  r = kv(dir, {s, "scan", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  int n = 0;
+  bool saw_hex = false;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    saw_hex |= j["key"].is_object() && j["key"]["hex"] == "00ff" && j["value"]["hex"] == "610062ff";
+    ++n;
+  }
+  EXPECT_EQ(n, 2);
+  EXPECT_TRUE(saw_hex) << r.out;
+  r = kv(dir, {s, "del", "greeting"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = kv(dir, {s, "del", "greeting"});
+  EXPECT_EQ(r.code, 1);
+  r = kv(dir, {s, "stats", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["records"], 1);
+  r = kv(dir, {s, "verify"});
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {
+  keel::test::temp_dir dir;
+  EXPECT_EQ(kv(dir, {}).code, 2);
+  EXPECT_EQ(kv(dir, {dir.file("s"), "frobnicate"}).code, 2);
+  EXPECT_EQ(kv(dir, {dir.file("s"), "--hex", "get", "zz"}).code, 2);
+  auto help = kv(dir, {"--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("Exit status"), std::string::npos);
+  const std::string foreign = dir.file("foreign");
+  std::filesystem::create_directory(foreign);
+  std::ofstream(foreign + "/notes") << "mine";
+  auto r = kv(dir, {foreign, "put", "k", "v"});
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_EQ(std::filesystem::directory_iterator(foreign)->path().filename(), "notes");
+  EXPECT_EQ(kv(dir, {dir.file("absent"), "get", "k"}).code, 5) << "no store is made by get";
+  EXPECT_FALSE(std::filesystem::exists(dir.file("absent")));
+}
+
+}  // namespace

@@ -1,0 +1,216 @@
+// keel kv: the store from the shell. Binary-safe (values through stdin and stdout, keys in hex
+// with --hex), with exit codes scripts can test (see kv_command.hpp).
+
+#include "kv_command.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "keel/kv/store.hpp"
+
+namespace keel::tools {
+namespace {
+
+constexpr int exit_ok = 0;
+constexpr int exit_not_found = 1;
+constexpr int exit_usage = 2;
+constexpr int exit_corrupt = 3;
+constexpr int exit_conflict = 4;
+constexpr int exit_error = 5;
+
+int fail(const std::string& what, const error& e) {
+  fmt::print(stderr, "keel kv: {}: {}\n", what, e.message());
+  if (e == errc::not_found) return exit_not_found;
+  if (e == errc::corrupt || e == errc::not_keel_file || e == errc::unsupported_version) {
+    return exit_corrupt;
+  }
+  if (e == errc::conflict) return exit_conflict;
+  return exit_error;
+}
+
+bool from_hex(const std::string& in, std::string& out) {
+  if (in.size() % 2 != 0) return false;
+  out.clear();
+  for (std::size_t i = 0; i < in.size(); i += 2) {
+    unsigned v = 0;
+    if (std::sscanf(in.c_str() + i, "%2x", &v) != 1 ||
+        std::isxdigit(static_cast<unsigned char>(in[i])) == 0 ||
+        std::isxdigit(static_cast<unsigned char>(in[i + 1])) == 0) {
+      return false;
+    }
+    out.push_back(static_cast<char>(v));
+  }
+  return true;
+}
+
+std::string to_hex(std::string_view in) {
+  std::string out;
+  for (const char c : in)
+    out += fmt::format("{:02x}", static_cast<unsigned char>(c));
+  return out;
+}
+
+// A key or value for JSON: text when it is valid printable UTF-8-free ASCII, else hex.
+nlohmann::json printable(std::string_view s) {
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) return {{"hex", to_hex(s)}};
+  }
+  return std::string(s);
+}
+
+bool write_all(std::string_view s) {
+  std::size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = ::write(STDOUT_FILENO, s.data() + done, s.size() - done);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_kv_command(int argc, char** argv) {
+  CLI::App app{kv_command_summary, "keel kv"};
+  app.footer(
+      "Exit status: 0 ok, 1 key not found, 2 usage error, 3 corrupt or not a store, 4 conflict,\n"
+      "5 any other error (the message says which).");
+  std::string path;
+  bool hex = false;
+  bool sync = false;
+  app.add_option("PATH", path, "The store (a directory; made by put if absent)")->required();
+  app.add_flag("--hex", hex, "Keys (and, for put, the value argument) are given in hex");
+  app.add_flag("--sync", sync, "put/del: return once the change is on stable storage");
+  app.require_subcommand(1, 1);
+  app.fallthrough();  // --hex and --sync after the subcommand too
+
+  std::string key;
+  std::string value;
+  auto* put = app.add_subcommand("put", "Store VALUE (or stdin when it is - or absent) at KEY");
+  put->add_option("KEY", key, "The key (1 to 1024 bytes)")->required();
+  put->add_option("VALUE", value, "The value; - or absent: read it from stdin");
+  auto* get = app.add_subcommand("get", "Write the value of KEY to stdout, as it is");
+  get->add_option("KEY", key, "The key")->required();
+  auto* del = app.add_subcommand("del", "Remove KEY (exit 1 if absent)");
+  del->add_option("KEY", key, "The key")->required();
+  bool keys_only = false;
+  bool json = false;
+  auto* scan = app.add_subcommand("scan", "List every key and value (hash order)");
+  scan->add_flag("--keys-only", keys_only, "Keys only");
+  scan->add_flag("--json", json, "JSON lines: {\"key\":...,\"value\":...} (hex objects for bytes)");
+  auto* stats = app.add_subcommand("stats", "Counts and sizes");
+  stats->add_flag("--json", json, "As JSON");
+  auto* verify = app.add_subcommand("verify", "Read every block and live value; check checksums");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? exit_ok : exit_usage;
+  }
+  const bool from_stdin = put->parsed() && (put->count("VALUE") == 0 || value == "-");
+  if (hex) {
+    std::string raw;
+    if ((*put || *get || *del) && !from_hex(key, raw)) {
+      fmt::print(stderr, "keel kv: --hex: '{}' is not hex\n", key);
+      return exit_usage;
+    }
+    key = raw;
+    if (*put && !from_stdin) {
+      if (!from_hex(value, raw)) {
+        fmt::print(stderr, "keel kv: --hex: the value is not hex\n");
+        return exit_usage;
+      }
+      value = raw;
+    }
+  }
+  kv::options o;
+  o.create_if_missing = put->parsed();
+  o.read_only = !(put->parsed() || del->parsed());
+  o.durable = sync ? kv::durability::sync : kv::durability::none;
+  auto s = kv::store::open(path, o);
+  if (!s) return fail("open", s.error());
+
+  if (*put) {
+    if (from_stdin) {
+      value.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    }
+    auto r = (*s)->put(key, value);
+    return r ? exit_ok : fail("put", r.error());
+  }
+  if (*get) {
+    auto v = (*s)->get(key);
+    if (!v) return fail("get", v.error());
+    return write_all(*v) ? exit_ok : exit_error;
+  }
+  if (*del) {
+    auto r = (*s)->erase(key);
+    return r ? exit_ok : fail("del", r.error());
+  }
+  if (*scan) {
+    std::string cursor;
+    for (;;) {
+      auto page = (*s)->scan(cursor, 1024, keys_only);
+      if (!page) return fail("scan", page.error());
+      for (const auto& it : page->items) {
+        if (json) {
+          nlohmann::json line{{"key", printable(it.key)}};
+          if (!keys_only) line["value"] = printable(it.value);
+          fmt::print("{}\n", line.dump());
+        } else if (keys_only) {
+          fmt::print("{}\n", hex ? to_hex(it.key) : it.key);
+        } else {
+          fmt::print("{}\t{}\n", hex ? to_hex(it.key) : it.key, it.value);
+        }
+      }
+      if (page->done) break;
+      cursor = page->cursor;
+    }
+    return exit_ok;
+  }
+  if (*stats) {
+    auto st = (*s)->stats();
+    if (!st) return fail("stats", st.error());
+    if (json) {
+      nlohmann::json j{{"records", st->records},
+                       {"live_bytes", st->live_bytes},
+                       {"dead_bytes", st->dead_bytes},
+                       {"segments", st->segments},
+                       {"segment_bytes", st->segment_bytes},
+                       {"index_bytes", st->index_bytes},
+                       {"index_pages", st->index_pages},
+                       {"index_load", st->index_load},
+                       {"visible_seq", st->visible_seq}};
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("records        {}\n", st->records);
+      fmt::print("live bytes     {}\n", st->live_bytes);
+      fmt::print("dead bytes     {}\n", st->dead_bytes);
+      fmt::print("segments       {} ({} bytes)\n", st->segments, st->segment_bytes);
+      fmt::print("index          {} bytes, {} bucket pages, load {:.2f}\n", st->index_bytes,
+                 st->index_pages, st->index_load);
+      fmt::print("visible seq    {}\n", st->visible_seq);
+    }
+    return exit_ok;
+  }
+  if (*verify) {
+    auto v = (*s)->verify();
+    if (!v) return fail("verify", v.error());
+    fmt::print("ok: {} commits, every checksum matches\n", *v);
+    return exit_ok;
+  }
+  return exit_usage;
+}
+
+}  // namespace keel::tools
