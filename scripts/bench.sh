@@ -62,14 +62,14 @@ keel=build/release/bin/keel
 
 step() { echo "bench: [$1] $2" >&2; }
 
-step 1/7 "io micro-benchmarks ($reps repetitions, interleaved)"
+step 1/8 "io micro-benchmarks ($reps repetitions, interleaved)"
 "$bin/keel_bench_io" --dir="$dir" \
   --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=false \
   --benchmark_out="$out/raw/io.json" --benchmark_out_format=json \
   --benchmark_format=console --benchmark_display_aggregates_only=true >&2
 
-step 2/7 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
+step 2/8 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
 scale_files=()
 for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   "$keel" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
@@ -77,14 +77,14 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   scale_files+=(--lockscale "$out/raw/lockscale-$algo.json")
 done
 
-step 3/7 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
+step 3/8 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
 for algo in flock fcntl sysv atomic_append memory_map; do
   "$keel" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
-step 4/7 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
+step 4/8 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
 "$keel" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 
@@ -97,7 +97,7 @@ if [ "${NO_FS:-}" = "1" ]; then
 elif [ "$(id -u)" -ne 0 ]; then
   fs_skip="mounting loop devices needs root"
 fi
-step 5/7 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
+step 5/8 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
 if [ -z "$fs_skip" ]; then
   mkdir -p "$fs_root/mnt"
   for fs in ext4 xfs btrfs; do
@@ -130,10 +130,15 @@ else
 fi
 
 aio_dir=${AIO_DIR:-build/aiobench}
-step 6/7 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
+step 6/8 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
 "$keel" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
 
-step 7/7 "report"
+kv_keys=200000
+[ "${QUICK:-}" = 1 ] && kv_keys=20000
+step 7/8 "kvbench on $dir: keel::kv beside LMDB, $kv_keys keys"
+"$keel" kvbench --keys "$kv_keys" --dir "$dir" --json "$out/raw/kvbench.json" >&2
+
+step 8/8 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
   "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" \
-  --aiobench "$out/raw/aiobench.json" "$out/raw/io.json"
+  --aiobench "$out/raw/aiobench.json" --kvbench "$out/raw/kvbench.json" "$out/raw/io.json"

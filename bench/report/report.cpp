@@ -29,6 +29,7 @@
 #include "aio_report.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/version.hpp"
+#include "kv_report.hpp"
 #include "lock_report.hpp"
 #include "render.hpp"
 
@@ -215,6 +216,8 @@ int main(int argc, char** argv) {
   std::string aiobench_file;
   app.add_option("--aiobench", aiobench_file, "keel aiobench --json file")
       ->check(CLI::ExistingFile);
+  std::string kvbench_file;
+  app.add_option("--kvbench", kvbench_file, "keel kvbench --json file")->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
       ->required()
       ->check(CLI::ExistingFile);
@@ -335,6 +338,13 @@ int main(int argc, char** argv) {
       results["aio"] = aio.results;
       missed += aio.missed;
       fmt::print("\naio: targets (same run)\n{}", aio.summary);
+    }
+    if (!kvbench_file.empty()) {
+      const auto kv = keel::report::render_kv(out, kvbench_file);
+      html_sections += kv.html;
+      results["kv"] = kv.results;
+      missed += kv.missed;
+      fmt::print("\nkv: targets (same run)\n{}", kv.summary);
     }
 
     results["benchmarks"] = json::object();

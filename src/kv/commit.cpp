@@ -182,6 +182,19 @@ result<void> store::impl::group_sync() noexcept {
   return {};
 }
 
+std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
+  // Published in the slot before it is used, so nothing it reads is reclaimed under it
+  // (compaction and page reuse look at every slot's snapshot).
+  const slot_ref me = slot(lease.index);
+  std::uint64_t snap = h64(hdr::visible).load(std::memory_order_acquire);
+  for (;;) {
+    me.snapshot().store(snap, std::memory_order_seq_cst);
+    const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
+    if (again == snap) return snap;
+    snap = again;
+  }
+}
+
 // ---- Growth ----
 
 result<void> store::impl::split_page(std::uint64_t page, const io::countdown& cd) noexcept {
@@ -584,24 +597,32 @@ result<transaction> store::begin() noexcept {
   }
   t->s = impl_.get();
   t->lease = *lease;
-  // The snapshot is published in the slot before it is used, so nothing it reads is
-  // reclaimed under it (compaction looks at every slot's snapshot).
-  const slot_ref me = impl_->slot(lease->index);
-  std::uint64_t snap = impl_->h64(hdr::visible).load(std::memory_order_acquire);
-  for (;;) {
-    me.snapshot().store(snap, std::memory_order_seq_cst);
-    const std::uint64_t again = impl_->h64(hdr::visible).load(std::memory_order_seq_cst);
-    if (again == snap) break;
-    snap = again;
-  }
-  t->snapshot = snap;
+  t->snapshot = impl_->take_snapshot(*lease);
   return transaction(std::move(t));
 }
 
 result<std::string> store::get(std::string_view key) noexcept {
-  auto t = begin();
-  if (!t) return std::unexpected(t.error());
-  return t->get(key);
+  // A snapshot of one read: no transaction to build, nothing to remember.
+  if (auto k = check_key(key); !k) return std::unexpected(k.error());
+  auto lease = impl_->acquire_slot();
+  if (!lease) return std::unexpected(lease.error());
+  struct release {
+    store::impl* s;
+    slot_lease l;
+    ~release() { s->release_slot(l); }
+  } hold{impl_.get(), *lease};
+  const std::uint64_t snap = impl_->take_snapshot(*lease);
+  const auto kb = as_bytes(key);
+  auto r = impl_->read_at_snapshot(kb, fmt::hash_key(kb), snap);
+  if (!r) return std::unexpected(r.error());
+  if (!*r) return keel_error(errc::not_found);
+  auto v = impl_->value_of(**r, impl_->opts.verify_checksums);
+  if (!v) return std::unexpected(v.error());
+  try {
+    return std::string(reinterpret_cast<const char*>(v->data()), v->size());
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
 }
 
 result<void> store::put(std::string_view key, std::string_view value) noexcept {

@@ -160,8 +160,7 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
   if (limit == 0) return errc_error(std::errc::invalid_argument);
   auto lease = impl_->acquire_slot();
   if (!lease) return std::unexpected(lease.error());
-  const std::uint64_t snap = impl_->h64(hdr::visible).load(std::memory_order_acquire);
-  impl_->slot(lease->index).snapshot().store(snap);
+  const std::uint64_t snap = impl_->take_snapshot(*lease);
   struct guard {
     impl* s;
     slot_lease l;

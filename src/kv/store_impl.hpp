@@ -194,6 +194,8 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> ensure_live() noexcept;
   [[nodiscard]] result<slot_lease> acquire_slot() noexcept;
   void release_slot(slot_lease s) noexcept;
+  //! Takes a snapshot (the visible seq) for the slot, published in it first.
+  [[nodiscard]] std::uint64_t take_snapshot(slot_lease lease) noexcept;
   //! Whether the user of slot `u` is gone (its byte is free and it is not one of ours).
   [[nodiscard]] bool slot_owner_dead(std::uint32_t u) noexcept;
 

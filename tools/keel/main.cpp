@@ -10,6 +10,7 @@
 #include "keel/io/fs_info.hpp"
 #include "keel/version.hpp"
 #include "kv_command.hpp"
+#include "kvbench_command.hpp"
 #include "lock_command.hpp"
 #include "lockmatrix_command.hpp"
 #include "lockscale_command.hpp"
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "kv") {
     return keel::tools::run_kv_command(argc - 1, argv + 1);
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "kvbench") {
+    return keel::tools::run_kvbench_command(argc - 1, argv + 1);
+  }
   if (argc >= 2 && std::string_view(argv[1]) == "torture") {
     return keel::tools::run_torture_command(argc - 1, argv + 1);
   }
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("aiobench", keel::tools::aiobench_command_summary)->allow_extras();
   app.add_subcommand("torture", keel::tools::torture_command_summary)->allow_extras();
   app.add_subcommand("kv", keel::tools::kv_command_summary)->allow_extras();
+  app.add_subcommand("kvbench", keel::tools::kvbench_command_summary)->allow_extras();
 
   std::string path;
   auto* fsinfo = app.add_subcommand("fsinfo", "Show what keel sees of the filesystem at a path");
