@@ -81,10 +81,11 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
     // Complete or not, its seq is settled now: made visible, holding whatever its block
     // holds (its entries are settled by the next holders of their pages, and readers check
     // its block meanwhile).
-    if (h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
-      base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
-                       base::futex_scope::shared);
+    if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
+      return true;  // another settler did it, and frees the slot (which may be reused now)
     }
+    base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
+                     base::futex_scope::shared);
     const slot_ref s = slot(*owner);
     s.snapshot().store(0);
     s.state().store(u64(commit_state::idle), std::memory_order_release);
@@ -93,10 +94,11 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
   if (live_taker || dead_takers.empty()) return false;  // its taker is about to say so
   // Nobody claims v and only dead writers were taking a seq: one of them took v and died
   // before writing it down. A hole.
-  if (h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
-    base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
-                     base::futex_scope::shared);
+  if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
+    return true;  // another settler made the hole, and frees what it may
   }
+  base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
+                   base::futex_scope::shared);
   // A dead taker's seq is below the next seq as of now; once all of those are visible, none
   // is owed any more and its slot can go.
   if (h64(hdr::visible).load() + 1 >= h64(hdr::next_seq).load()) {
@@ -155,11 +157,14 @@ result<void> store::impl::group_sync() noexcept {
     auto g = locks->lock({lock::entity(entity_sync)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
+    // A leader before us that started and never finished died, maybe after clearing dirty
+    // words and before syncing: then sync every segment, dirty or not.
+    const bool all = h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
     const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
     const std::uint64_t last = h64(hdr::next_segment).load();
     result<void> r;
     for (std::uint64_t n = last > segtab_entries ? last - segtab_entries : 1; n < last && r; ++n) {
-      if (segtab(n, 0).load() != n || segtab(n, 3).load() == 0) continue;
+      if (segtab(n, 0).load() != n || (!all && segtab(n, 3).load() == 0)) continue;
       segtab(n, 3).store(0, std::memory_order_seq_cst);
       auto seg = segment_at(n);
       if (!seg) {
@@ -309,8 +314,8 @@ result<void> transaction::impl::commit(durability d) noexcept {
     }
     auto bytes = s->bytes_at(at);
     if (!bytes) return std::unexpected(bytes.error());
-    k.blob = {at, fmt::encode_blob_block(bytes->first(len), value, s->salt)};
     s->segtab(fmt::segment_of(at), 3).store(1, std::memory_order_seq_cst);
+    k.blob = {at, fmt::encode_blob_block(bytes->first(len), value, s->salt)};
   }
 
   // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
@@ -460,8 +465,10 @@ result<void> transaction::impl::commit(durability d) noexcept {
   step(commit_step::recorded);
 
   // 7. Write the block (header last), and note its segment for the next group sync.
-  fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
+  // Dirty before the block is written: a block that completes is always synced by the
+  // next group sync, even if its writer dies right after writing it.
   s->segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
+  fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
   step(commit_step::written);
 
   // 9. Publish: each entry names the new record, then the seq (the pending mark goes last).

@@ -190,10 +190,11 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
 
 void store::impl::release_slot(slot_lease s) noexcept {
   if (!s.held()) return;
-  slot(s.index).snapshot().store(0, std::memory_order_release);
   base::lock_guard g(live_mutex);
-  // A slot leased before a fork is the parent's: the child forgets it.
-  if (live_generation == base::fork_generation() && ours[s.index]) free_slots.push_back(s.index);
+  // A slot leased before a fork is the parent's: the child forgets it and leaves it alone.
+  if (live_generation != base::fork_generation() || !ours[s.index]) return;
+  slot(s.index).snapshot().store(0, std::memory_order_release);
+  free_slots.push_back(s.index);
 }
 
 bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
@@ -488,6 +489,19 @@ result<void> store::impl::rebuild() noexcept {
     std::uint64_t end = fmt::segment_header_size;
     if (auto r = replay_segment(**s, max_seq, end); !r) return r;
     if ((*s)->size == dir.params.segment_size) tail = fmt::make_location(n, end);
+  }
+  if (tail != 0) {
+    // Past the last complete block lie only blocks that never completed; one whose header
+    // survived would make a later replay step over new blocks written inside it. Zeroed, and
+    // synced, before anything new goes there.
+    auto s = segment_at(fmt::segment_of(tail));
+    if (!s) return std::unexpected(s.error());
+    const std::uint64_t from = fmt::offset_of(tail);
+    const auto rest = (*s)->map.bytes().subspan(from);
+    if (std::any_of(rest.begin(), rest.end(), [](std::byte b) { return b != std::byte{0}; })) {
+      std::memset(rest.data(), 0, rest.size());
+      if (auto r = (*s)->file.sync_data(); !r) return r;
+    }
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
   h64(hdr::tail).store(tail);
