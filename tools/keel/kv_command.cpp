@@ -4,7 +4,6 @@
 #include "kv_command.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -66,17 +65,9 @@ nlohmann::json printable(std::string_view s) {
   return std::string(s);
 }
 
+// The value as it is, through stdio (binary-safe): a short write is an error.
 bool write_all(std::string_view s) {
-  std::size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t n = ::write(STDOUT_FILENO, s.data() + done, s.size() - done);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return false;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  return true;
+  return std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0;
 }
 
 }  // namespace

@@ -86,7 +86,6 @@ result<figures> run_keel(const std::string& dir, const workload& w, unsigned thr
   auto s = kv::store::open(dir + "/keel", o);
   if (!s) return std::unexpected(s.error());
   const std::size_t n = w.keys.size();
-  error failed;
   auto start = clock_type::now();
   for (std::size_t i = 0; i < n; ++i) {
     if (auto r = (*s)->put(w.keys[i], w.value); !r) return std::unexpected(r.error());
