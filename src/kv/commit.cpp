@@ -84,8 +84,7 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
     if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
       return true;  // another settler did it, and frees the slot (which may be reused now)
     }
-    base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
-                     base::futex_scope::shared);
+    wake_visible();
     const slot_ref s = slot(*owner);
     s.snapshot().store(0);
     s.state().store(u64(commit_state::idle), std::memory_order_release);
@@ -97,8 +96,7 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
   if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
     return true;  // another settler made the hole, and frees what it may
   }
-  base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
-                   base::futex_scope::shared);
+  wake_visible();
   // A dead taker's seq is below the next seq as of now; once all of those are visible, none
   // is owed any more and its slot can go.
   if (h64(hdr::visible).load() + 1 >= h64(hdr::next_seq).load()) {
@@ -142,9 +140,13 @@ void store::impl::publish_visible(std::uint64_t seq) noexcept {
   wait_visible(seq - 1);
   h64(hdr::visible).store(seq, std::memory_order_seq_cst);
   if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
-    base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
-                     base::futex_scope::shared);
+    wake_visible();
   }
+}
+
+void store::impl::wake_visible() noexcept {
+  base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
+                   base::futex_scope::shared);
 }
 
 // ---- Group commit ----

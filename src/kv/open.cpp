@@ -67,12 +67,6 @@ void unregister_store(store::impl* s) noexcept {
   r.erase(std::remove(r.begin(), r.end(), s), r.end());
 }
 
-std::string segment_name(std::uint64_t n) {
-  char name[17];
-  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(n));
-  return name;
-}
-
 std::optional<std::uint64_t> parse_segment_name(std::string_view name) noexcept {
   if (name.size() != 16) return std::nullopt;
   std::uint64_t n = 0;
@@ -91,6 +85,12 @@ std::uint64_t now_ms() noexcept {
 }
 
 }  // namespace
+
+std::string segment_name(std::uint64_t n) {
+  char name[17];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(n));
+  return name;
+}
 
 result<void> check_key(std::string_view key) noexcept {
   if (key.empty()) return errc_error(std::errc::invalid_argument);
@@ -468,17 +468,9 @@ result<void> store::impl::rebuild() noexcept {
   h64(hdr::next_segment).store(1);
   if (auto r = table->create(*this); !r) return r;
 
-  auto entries = fs->list_directory(dir.segments);
-  if (!entries) return std::unexpected(entries.error().about(path + "/seg"));
-  std::vector<std::uint64_t> numbers;
-  for (const auto& e : *entries) {
-    if (auto n = parse_segment_name(e.name)) {
-      numbers.push_back(*n);
-    } else if (e.name.starts_with(segment_temp_prefix)) {
-      (void)io::unlink_at(dir.segments, e.name.c_str());
-    }
-  }
-  std::sort(numbers.begin(), numbers.end());
+  auto listed = segment_numbers(true);
+  if (!listed) return std::unexpected(listed.error());
+  const std::vector<std::uint64_t>& numbers = *listed;
   std::uint64_t max_seq = 0;
   std::uint64_t tail = 0;
   for (const std::uint64_t n : numbers) {
@@ -519,21 +511,9 @@ result<void> store::impl::rebuild() noexcept {
 result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
                                          std::uint64_t& end) noexcept {
   const std::span<const std::byte> bytes = s.bytes();
-  std::uint64_t off = fmt::segment_header_size;
-  while (off + sizeof(fmt::block_header) <= s.size) {
-    std::uint32_t magic = 0;
-    std::memcpy(&magic, bytes.data() + off, 4);
-    if (magic != fmt::block_magic) {
-      off += 8;
-      continue;
-    }
-    auto head = fmt::parse_block_header(bytes.subspan(off), salt);
-    if (!head) {
-      off += 8;
-      continue;
-    }
+  return for_each_block(s, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
     const std::uint64_t at = fmt::make_location(s.number, off);
-    if (head->kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+    if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
       if (auto whole = complete_block(at)) {
         std::uint64_t r = off + sizeof(fmt::block_header);
         for (std::uint32_t i = 0; i < whole->records; ++i) {
@@ -545,14 +525,32 @@ result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
           r += rec->size;
         }
         max_seq = std::max(max_seq, whole->seq);
-        end = off + head->length;
+        end = off + head.length;
       }
     } else if (fmt::check_block(bytes.subspan(off), salt)) {
-      end = off + head->length;
+      end = off + head.length;
     }
-    off += head->length;  // its writer reserved all of it: no other block starts inside
+    return {};
+  });
+}
+
+result<std::vector<std::uint64_t>> store::impl::segment_numbers(bool remove_leftovers) noexcept {
+  auto entries = fs->list_directory(dir.segments);
+  if (!entries) return std::unexpected(entries.error().about(path + "/seg"));
+  std::vector<std::uint64_t> numbers;
+  try {
+    for (const auto& e : *entries) {
+      if (auto n = parse_segment_name(e.name)) {
+        numbers.push_back(*n);
+      } else if (remove_leftovers && e.name.starts_with(segment_temp_prefix)) {
+        (void)io::unlink_at(dir.segments, e.name.c_str());
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
   }
-  return {};
+  std::sort(numbers.begin(), numbers.end());
+  return numbers;
 }
 
 result<void> store::impl::apply_record(std::uint64_t location, const fmt::record_view& r,

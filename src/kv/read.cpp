@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 
 #include "kv/store_impl.hpp"
@@ -254,11 +255,10 @@ result<store_stats> store::stats() noexcept {
   st.dead_bytes = impl_->h64(hdr::dead_bytes).load();
   st.visible_seq = impl_->h64(hdr::visible).load();
   st.index_bytes = impl_->h64(hdr::pages_allocated).load() * fmt::page_size;
-  auto entries = impl_->fs->list_directory(impl_->dir.segments);
-  if (!entries) return std::unexpected(entries.error());
-  for (const auto& e : *entries) {
-    if (e.name.size() != 16 || e.name.starts_with(".")) continue;
-    auto s = impl_->fs->stat_at(&impl_->dir.segments, e.name.c_str(), false);
+  auto numbers = impl_->segment_numbers(false);
+  if (!numbers) return std::unexpected(numbers.error());
+  for (const std::uint64_t n : *numbers) {
+    auto s = impl_->fs->stat_at(&impl_->dir.segments, segment_name(n).c_str(), false);
     if (!s) continue;
     ++st.segments;
     st.segment_bytes += s->size;
@@ -285,43 +285,25 @@ result<store_stats> store::stats() noexcept {
 }
 
 result<std::uint64_t> store::verify() noexcept {
-  auto entries = impl_->fs->list_directory(impl_->dir.segments);
-  if (!entries) return std::unexpected(entries.error());
-  std::vector<std::uint64_t> numbers;
-  for (const auto& e : *entries) {
-    std::uint64_t n = 0;
-    if (e.name.size() != 16) continue;
-    auto [p, ec] = std::from_chars(e.name.data(), e.name.data() + 16, n, 16);
-    if (ec == std::errc{} && p == e.name.data() + 16 && n != 0) numbers.push_back(n);
-  }
-  std::sort(numbers.begin(), numbers.end());
+  auto numbers = impl_->segment_numbers(false);
+  if (!numbers) return std::unexpected(numbers.error());
   std::uint64_t commits = 0;
-  for (const std::uint64_t n : numbers) {
+  for (const std::uint64_t n : *numbers) {
     auto s = impl_->segment_at(n);
     if (!s) return std::unexpected(s.error());
-    const auto bytes = (*s)->bytes();
-    std::uint64_t off = fmt::segment_header_size;
-    while (off + sizeof(fmt::block_header) <= (*s)->size) {
-      std::uint32_t magic = 0;
-      std::memcpy(&magic, bytes.data() + off, 4);
-      if (magic != fmt::block_magic) {
-        off += 8;
-        continue;
-      }
-      auto head = fmt::parse_block_header(bytes.subspan(off), impl_->salt);
-      if (!head) {
-        off += 8;
-        continue;
-      }
-      auto whole = fmt::check_block(bytes.subspan(off), impl_->salt);
-      if (whole && head->kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-        if (!impl_->complete_block(fmt::make_location(n, off))) {
-          return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
-        }
-        ++commits;
-      }
-      off += head->length;
-    }
+    auto walked = impl_->for_each_block(
+        **s, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+          if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) ||
+              !fmt::check_block((*s)->bytes().subspan(off), impl_->salt)) {
+            return {};
+          }
+          if (!impl_->complete_block(fmt::make_location(n, off))) {
+            return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+          }
+          ++commits;
+          return {};
+        });
+    if (!walked) return std::unexpected(walked.error());
   }
   // Then every live key's newest record and value, checksums and all.
   std::string cursor;

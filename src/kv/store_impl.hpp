@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -188,6 +189,29 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> recover_alone() noexcept;
   [[nodiscard]] result<void> replay_segment(segment& s, std::uint64_t& max_seq,
                                             std::uint64_t& end) noexcept;
+  //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
+  [[nodiscard]] result<std::vector<std::uint64_t>> segment_numbers(bool remove_leftovers) noexcept;
+  //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header
+  //! checks out, complete or not, in order; space between them is stepped over 8 bytes at a
+  //! time, and a block by its length (its writer reserved all of it).
+  template <class F>
+  [[nodiscard]] result<void> for_each_block(const segment& s, F&& f) const noexcept {
+    const std::span<const std::byte> bytes = s.bytes();
+    std::uint64_t off = fmt::segment_header_size;
+    while (off + sizeof(fmt::block_header) <= s.size) {
+      std::uint32_t magic = 0;
+      std::memcpy(&magic, bytes.data() + off, 4);
+      auto head = magic == fmt::block_magic ? fmt::parse_block_header(bytes.subspan(off), salt)
+                                            : keel_error(errc::corrupt);
+      if (!head) {
+        off += 8;
+        continue;
+      }
+      if (auto r = f(off, *head); !r) return r;
+      off += head->length;
+    }
+    return {};
+  }
   [[nodiscard]] result<void> apply_record(std::uint64_t location, const fmt::record_view& r,
                                           std::uint64_t seq) noexcept;
   //! The liveness descriptor of this process (opened again in a forked child).
@@ -232,6 +256,8 @@ struct store::impl final : ix::page_source {
   //! Settles commit `v` (= visible + 1) if its writer is dead. Returns whether it did.
   bool settle_dead_commit(std::uint64_t v) noexcept;
   void publish_visible(std::uint64_t seq) noexcept;
+  //! Wakes every thread sleeping on *visible* (all processes).
+  void wake_visible() noexcept;
   [[nodiscard]] result<void> group_sync() noexcept;
   [[nodiscard]] result<void> split_page(std::uint64_t page, const io::countdown& cd) noexcept;
 };
@@ -254,6 +280,9 @@ inline void (*commit_hook)(commit_step) noexcept = nullptr;
 [[nodiscard]] inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
+
+//! A segment's file name in `seg/` (16 hex digits).
+[[nodiscard]] std::string segment_name(std::uint64_t number);
 
 //! Checks a key's size: invalid_argument (empty), too_large.
 [[nodiscard]] result<void> check_key(std::string_view key) noexcept;
