@@ -5,6 +5,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
 
 namespace keel::kv::fmt {
@@ -209,7 +211,23 @@ void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
   b.records = static_cast<std::uint32_t>(records.size());
   b.payload_checksum = XXH3_64bits_digest(&payload);
   b.header_checksum = header_checksum(b, salt);
-  store(out, 0, b);
+  // All but the seq word, then the seq word: a reader that loads it (block_seq) and finds
+  // the seq it waits for sees a whole block.
+  constexpr std::size_t seq_at = offsetof(block_header, seq);
+  std::memcpy(out.data(), &b, seq_at);
+  std::memcpy(out.data() + seq_at + 8, reinterpret_cast<const std::byte*>(&b) + seq_at + 8,
+              sizeof b - seq_at - 8);
+  std::atomic_ref(*reinterpret_cast<std::uint64_t*>(out.data() + seq_at))
+      .store(b.seq, std::memory_order_release);
+}
+
+std::uint64_t block_seq(std::span<const std::byte> block) noexcept {
+  if (block.size() < sizeof(block_header)) return 0;
+  // The word is only ever written through an atomic_ref (encode_block) or before the
+  // segment is shared; const_cast for the load only.
+  auto* word = const_cast<std::uint64_t*>(
+      reinterpret_cast<const std::uint64_t*>(block.data() + offsetof(block_header, seq)));
+  return std::atomic_ref(*word).load(std::memory_order_acquire);
 }
 
 std::uint64_t encode_blob_block(std::span<std::byte> out, std::span<const std::byte> value,

@@ -170,10 +170,16 @@ struct record_in {
 
 //! Writes a commit block (its records carry `seq`) or a relocation block (`seq` 0; each
 //! record keeps its own) into `out`, exactly block_size(records) bytes. The header goes
-//! last, so a block is complete only once all of it is. Keys and lengths must already be
-//! valid (1–max_key bytes, values ≤ max_value).
+//! last, and of the header its seq word, stored with release order: a block is complete
+//! only once all of it is, and a reader that sees the seq word (block_seq) sees the rest.
+//! Keys and lengths must already be valid (1–max_key bytes, values ≤ max_value); `out`
+//! starts 8-aligned.
 void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
                   std::span<const record_in> records, std::uint64_t salt) noexcept;
+//! The seq word of the commit block that starts at `block` (8-aligned), loaded with acquire
+//! order: 0 while its writer has not finished it. Safe to call while a writer in this or
+//! another process is still writing the block, which no other read of it is.
+[[nodiscard]] std::uint64_t block_seq(std::span<const std::byte> block) noexcept;
 //! Writes a blob block (exactly blob_block_size(value.size()) bytes). Returns the payload
 //! checksum a put_blob record carries.
 std::uint64_t encode_blob_block(std::span<std::byte> out, std::span<const std::byte> value,

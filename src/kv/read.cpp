@@ -72,6 +72,15 @@ std::optional<fmt::block_header> store::impl::complete_block(std::uint64_t locat
   return *head;
 }
 
+std::optional<fmt::block_header> store::impl::settled_block(std::uint64_t location,
+                                                            std::uint64_t snapshot) noexcept {
+  auto bytes = bytes_at(location);
+  if (!bytes) return std::nullopt;
+  const std::uint64_t seq = fmt::block_seq(*bytes);
+  if (seq == 0 || seq > snapshot) return std::nullopt;
+  return complete_block(location);
+}
+
 std::optional<std::uint64_t> store::impl::record_in_block(std::uint64_t block,
                                                           const fmt::block_header& head,
                                                           const fmt::key_hash& h,
@@ -108,7 +117,7 @@ result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<cons
       // complete and the snapshot sees its seq (then the writer died, and the commit was
       // settled as made).
       const std::uint64_t block = seq & ~ix::pending;
-      if (auto head = complete_block(block); head && head->seq <= snapshot) {
+      if (auto head = settled_block(block, snapshot)) {
         if (auto rec_at = record_in_block(block, *head, h, key)) at = *rec_at;
       }
     }
@@ -217,7 +226,7 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
           const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
           if ((seq & ix::pending) != 0) {
             const std::uint64_t block = seq & ~ix::pending;
-            if (auto head = impl_->complete_block(block); head && head->seq <= snap) {
+            if (auto head = impl_->settled_block(block, snap)) {
               if (auto r = impl_->record_in_block(block, *head, {k.hi, k.lo}, {})) at = *r;
             }
           }

@@ -242,6 +242,12 @@ struct store::impl final : ix::page_source {
       std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot) noexcept;
   //! The complete commit block at `location`, if it is one: its header.
   [[nodiscard]] std::optional<fmt::block_header> complete_block(std::uint64_t location) noexcept;
+  //! The complete commit block at `location` if its seq is at most `snapshot`: how a reader
+  //! looks at the block of an entry still marked pending. Its writer may be writing it right
+  //! now; then its seq word is 0 or above any snapshot (a live writer clears the mark before
+  //! its seq is visible), and nothing past that word is read.
+  [[nodiscard]] std::optional<fmt::block_header> settled_block(std::uint64_t location,
+                                                               std::uint64_t snapshot) noexcept;
   //! In the complete block at `block`, the record of the key whose hash is `h` (and, when
   //! given, whose bytes are `key`): its location.
   [[nodiscard]] std::optional<std::uint64_t> record_in_block(
