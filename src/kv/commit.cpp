@@ -204,13 +204,31 @@ std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
 
 // ---- Growth ----
 
-result<void> store::impl::split_page(std::uint64_t page, const io::countdown& cd) noexcept {
-  const std::array<lock::entity, 2> want{lock::entity(page), lock::entity(entity_directory)};
-  auto g = locks->lock(want, io::deadline(cd.expiry()));
-  if (!g) return std::unexpected(g.error());
-  const ix::bucket_ref b = table->page(page);
-  if (b.retired_at().load() != 0) return {};  // split by someone else meanwhile
-  return table->split(page, *this);
+result<void> store::impl::settle_split(const io::countdown& cd) noexcept {
+  for (;;) {
+    const ix::split_journal j = table->pending_split();
+    if (j.old == 0) return {};
+    const std::array<lock::entity, 4> want{lock::entity(entity_directory), lock::entity(j.old),
+                                           lock::entity(j.low), lock::entity(j.high)};
+    auto g = locks->lock(want, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    // Still the same split (a live splitter finishes its own before it lets go): finish it.
+    if (table->pending_split() == j) table->finish_split(*this);
+  }
+}
+
+result<void> store::impl::split_page(std::uint64_t page, const fmt::key_hash& h,
+                                     const io::countdown& cd) noexcept {
+  for (;;) {
+    if (auto r = settle_split(cd); !r) return r;
+    const std::array<lock::entity, 2> want{lock::entity(page), lock::entity(entity_directory)};
+    auto g = locks->lock(want, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    if (table->pending_split().old != 0) continue;  // a splitter died since: finish it first
+    // Split by someone else meanwhile: the key is routed elsewhere now.
+    if (table->page_of(h) != page) return {};
+    return table->split(page, *this);
+  }
 }
 
 // ---- Transactions ----
@@ -339,6 +357,18 @@ result<void> transaction::impl::commit(durability d) noexcept {
       (void)held.unlock();
       continue;
     }
+    // A split a splitter died in the middle of: nobody may change its pages before it is
+    // finished (index.hpp, table::split).
+    if (const ix::split_journal j = s->table->pending_split(); j.old != 0) {
+      const bool touched = std::ranges::any_of(keys, [&](const key_plan& k) {
+        return k.page == j.old || k.page == j.low || k.page == j.high;
+      });
+      if (touched) {
+        (void)held.unlock();
+        if (auto r = s->settle_split(cd); !r) return r;
+        continue;
+      }
+    }
     std::map<std::uint64_t, std::size_t> new_keys;  // per page
     for (key_plan& k : keys) {
       k.entry.reset();
@@ -374,13 +404,16 @@ result<void> transaction::impl::commit(durability d) noexcept {
       }
       if (!k.entry && k.w != nullptr) ++new_keys[k.page];
     }
-    std::optional<std::uint64_t> full;
+    const key_plan* full = nullptr;
     for (const auto& [page, count] : new_keys) {
-      if (s->table->page(page).used().load() + count > ix::entries_per_page) full = page;
+      if (s->table->page(page).used().load() + count <= ix::entries_per_page) continue;
+      for (const key_plan& k : keys) {
+        if (k.page == page) full = &k;
+      }
     }
-    if (!full) break;
+    if (full == nullptr) break;
     (void)held.unlock();
-    if (auto r = s->split_page(*full, cd); !r) return r;
+    if (auto r = s->split_page(full->page, full->h, cd); !r) return r;
   }
 
   step(commit_step::locked);

@@ -70,7 +70,7 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
   const bucket_ref old = page(p);
   const unsigned local = old.local_depth().load();
   if (local >= max_depth) return errc_error(std::errc::file_too_large);
-  std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
   auto low = pages.allocate(1);
   if (!low) return std::unexpected(low.error());
   auto high = pages.allocate(1);
@@ -78,8 +78,8 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
     pages.retire(*low, 1);
     return std::unexpected(high.error());
   }
-  unsigned global = static_cast<unsigned>(dir & 0xff);
-  std::uint64_t first = dir >> 8;
+  const unsigned global = static_cast<unsigned>(dir & 0xff);
+  const std::uint64_t first = dir >> 8;
   if (local == global) {
     // Double the directory: each entry i of the old one becomes entries 2i and 2i + 1 of
     // the new one, published by one store of the directory word.
@@ -97,8 +97,6 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
     }
     directory_.store(directory_word(*bigger, global + 1), std::memory_order_release);
     pages.retire(first, directory_pages(global));
-    first = *bigger;
-    ++global;
   }
   // The two halves, by bit `local` from the top of hi, filled before anyone can see them.
   const std::uint64_t prefix = old.prefix().load();
@@ -114,17 +112,48 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
     const bool upper = ((hi >> (63 - local)) & 1) != 0;
     place(page(upper ? *high : *low), hi, e.lo().load(), location, seq);
   }
-  // The directory entries that named the old page: a run of 2^(global - local), whose first
-  // half now names the low page and second half the high one. Each is one store; a reader
-  // between them finds its key in the old page or in the new one, both complete.
-  const unsigned spread = global - local;
-  const std::uint64_t begin = prefix << spread;
+  // The journal, before the first switch: a writer routed to a half by a switched entry
+  // sees it, and so does whoever takes the old page after a splitter died.
+  journal(1).store(*low, std::memory_order_relaxed);
+  journal(2).store(*high, std::memory_order_relaxed);
+  journal(0).store(p, std::memory_order_seq_cst);
+  finish_split(pages);
+  return {};
+}
+
+split_journal table::pending_split() const noexcept {
+  split_journal j;
+  j.old = journal(0).load(std::memory_order_acquire);
+  if (j.old == 0) return {};
+  j.low = journal(1).load(std::memory_order_relaxed);
+  j.high = journal(2).load(std::memory_order_relaxed);
+  return j;
+}
+
+void table::switch_entries(const bucket_ref& old, std::uint64_t low, std::uint64_t high) noexcept {
+  // The directory entries of the old page: a run of 2^(global - local), whose first half
+  // names the low page and second half the high one once switched. Each is one store; a
+  // reader between them finds its key in the old page or in the new one, both complete.
+  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  const unsigned global = static_cast<unsigned>(dir & 0xff);
+  const std::uint64_t first = dir >> 8;
+  const unsigned spread = global - old.local_depth().load();
+  const std::uint64_t begin = old.prefix().load() << spread;
   const std::uint64_t half = std::uint64_t{1} << (spread - 1);
   for (std::uint64_t i = 0; i < 2 * half; ++i) {
-    directory_entry(first, begin + i).store(i < half ? *low : *high, std::memory_order_release);
+    directory_entry(first, begin + i).store(i < half ? low : high, std::memory_order_release);
+    if (split_hook != nullptr) split_hook();
   }
-  pages.retire(p, 1);
-  return {};
+}
+
+void table::finish_split(page_source& pages) noexcept {
+  const split_journal j = pending_split();
+  if (j.old == 0) return;
+  switch_entries(page(j.old), j.low, j.high);
+  // Cleared before the old page is retired: a finisher that dies between the two leaks one
+  // page rather than retiring it twice.
+  journal(0).store(0, std::memory_order_seq_cst);
+  pages.retire(j.old, 1);
 }
 
 }  // namespace keel::kv::ix

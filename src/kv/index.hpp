@@ -85,11 +85,22 @@ class page_source {
   ~page_source() = default;
 };
 
-//! The table over an index mapped at `base`, whose directory word lives at `directory`.
+//! For tests: called after each directory entry a split switches (to kill a splitter there).
+inline void (*split_hook)() noexcept = nullptr;
+
+//! A split in progress: the page being split and its two halves. Written (old last) before
+//! the first directory entry is switched, cleared once the last one is. old 0: none.
+struct split_journal {
+  std::uint64_t old = 0, low = 0, high = 0;
+  friend bool operator==(const split_journal&, const split_journal&) = default;
+};
+
+//! The table over an index mapped at `base`, whose directory word lives at `directory` and
+//! whose split journal is the three words at `journal` (old, low, high).
 class table {
  public:
-  table(std::byte* base, std::atomic_ref<std::uint64_t> directory) noexcept
-      : base_(base), directory_(directory) {}
+  table(std::byte* base, std::atomic_ref<std::uint64_t> directory, std::uint64_t* journal) noexcept
+      : base_(base), directory_(directory), journal_(journal) {}
 
   //! Makes the first directory (depth 0) and its one bucket page. For an empty index.
   [[nodiscard]] result<void> create(page_source& pages) noexcept;
@@ -157,7 +168,21 @@ class table {
   //! hold nothing (location 0, not pending) are left behind. The old page (and an old
   //! directory) go to `pages.retire`. Errors: the allocation's; when the
   //! page is at max_depth: file_too_large (2^40 directory entries). Nothing is changed on error.
+  //! No split may be pending (finish_split first).
+  //!
+  //! The directory entries that named `p` are switched one 8-byte store at a time, so a
+  //! splitter that dies leaves some naming `p` and some naming a half, with the journal
+  //! saying so. Until finish_split, nobody may change `p` or either half: a key's newest
+  //! version must stay in both the copy its entry names now and the one it will name.
   [[nodiscard]] result<void> split(std::uint64_t p, page_source& pages) noexcept;
+
+  //! The split in progress, if any (old 0: none).
+  [[nodiscard]] split_journal pending_split() const noexcept;
+  //! Finishes the pending split a dead splitter left, if any: switches the directory
+  //! entries that still name the old page, clears the journal, retires the old page. The
+  //! caller holds the directory lock and the old page and both halves exclusively (or is
+  //! alone). Idempotent: a finisher that dies is replaced by the next.
+  void finish_split(page_source& pages) noexcept;
 
   [[nodiscard]] unsigned depth() const noexcept {
     return static_cast<unsigned>(directory_.load(std::memory_order_acquire) & 0xff);
@@ -167,8 +192,15 @@ class table {
   [[nodiscard]] std::atomic_ref<std::uint64_t> directory_entry(std::uint64_t first,
                                                                std::uint64_t i) const noexcept;
 
+  [[nodiscard]] std::atomic_ref<std::uint64_t> journal(std::size_t i) const noexcept {
+    return std::atomic_ref(journal_[i]);
+  }
+  // Points the directory entries of the page `old` describes, still naming it, at its halves.
+  void switch_entries(const bucket_ref& old, std::uint64_t low, std::uint64_t high) noexcept;
+
   std::byte* base_;
   std::atomic_ref<std::uint64_t> directory_;
+  std::uint64_t* journal_;
 };
 
 }  // namespace keel::kv::ix

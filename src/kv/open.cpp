@@ -384,7 +384,8 @@ result<void> store::impl::open_index() noexcept {
   auto m = io::mapped_file::map(index_file, io::map_access::read_write, index_window, 0);
   if (!m) return std::unexpected(m.error().about(index_file.shared_path()));
   index_map = std::move(*m);
-  table.emplace(base(), h64(hdr::directory));
+  table.emplace(base(), h64(hdr::directory),
+                reinterpret_cast<std::uint64_t*>(base() + hdr::split_journal));
 
   auto probe = io::file_handle::open_at(dir.dir, "index",
                                         io::open_flags::read_write | io::open_flags::no_follow);
@@ -445,6 +446,7 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible).store(next - 1);
   h64(hdr::sync_error).store(0);
   h64(hdr::visible_waiters).store(0);
+  table->finish_split(*this);  // alone: no locks to take
   // Leftovers of segment makers that died.
   if (auto entries = fs->list_directory(dir.segments)) {
     for (const auto& e : *entries) {

@@ -48,6 +48,7 @@ constexpr std::size_t live_bytes = 168;
 constexpr std::size_t dead_bytes = 176;
 constexpr std::size_t visible_waiters = 184;
 constexpr std::size_t retired_pages = 192;
+constexpr std::size_t split_journal = 200;  // old, low, high: ix::split_journal
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
 }  // namespace hdr
@@ -265,7 +266,11 @@ struct store::impl final : ix::page_source {
   //! Wakes every thread sleeping on *visible* (all processes).
   void wake_visible() noexcept;
   [[nodiscard]] result<void> group_sync() noexcept;
-  [[nodiscard]] result<void> split_page(std::uint64_t page, const io::countdown& cd) noexcept;
+  [[nodiscard]] result<void> split_page(std::uint64_t page, const fmt::key_hash& h,
+                                        const io::countdown& cd) noexcept;
+  //! Finishes the split a dead splitter left half done, if any, taking the locks it needs
+  //! (a live splitter's is waited for).
+  [[nodiscard]] result<void> settle_split(const io::countdown& cd) noexcept;
 };
 
 //! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).

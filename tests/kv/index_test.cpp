@@ -39,7 +39,8 @@ class arena_pages final : public page_source {
 struct fixture {
   arena_pages pages{1 << 16};
   std::uint64_t directory = 0;
-  table t{pages.base(), std::atomic_ref<std::uint64_t>(directory)};
+  std::uint64_t journal[3]{};
+  table t{pages.base(), std::atomic_ref<std::uint64_t>(directory), journal};
   fixture() {
     if (!t.create(pages)) std::abort();
   }
@@ -140,7 +141,8 @@ TEST(KvIndex, UnpublishedEntriesAreInvisibleReusedAndDroppedBySplits) {
 TEST(KvIndex, AFailedAllocationChangesNothing) {
   arena_pages small(3);  // header, directory, one bucket: no room to split
   std::uint64_t directory = 0;
-  table t(small.base(), std::atomic_ref<std::uint64_t>(directory));
+  std::uint64_t journal[3]{};
+  table t(small.base(), std::atomic_ref<std::uint64_t>(directory), journal);
   ASSERT_TRUE(t.create(small));
   const std::uint64_t before = directory;
   std::uint64_t k = 1;

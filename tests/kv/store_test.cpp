@@ -454,6 +454,86 @@ INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
                                            commit_step::visible),
                          [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
 
+// A splitter killed after switching the first of the directory entries that named the page
+// it split: the others must finish that split before they change its pages, or an update
+// made through one half is lost when the old page is split again.
+TEST(KvStoreKilled, ASplitHalfDoneIsFinishedAndLosesNoUpdate) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);  // open throughout: a survivor finishes it, not a lone reopener
+  ASSERT_TRUE(s);
+  const auto key = [](const char* p, int i) { return p + std::to_string(i); };
+  for (int i = 0; i < 100; ++i)
+    ASSERT_TRUE(s->put(key("k", i), "v1"));
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    ix::split_hook = []() noexcept { ::raise(SIGKILL); };
+    for (int i = 100; i < 200; ++i) {
+      if (!(*mine)->put(key("k", i), "v1")) return 3;
+    }
+    return 4;  // not killed: no split
+  });
+  const int status = test::wait_status(victim);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  // The one page held 126 keys when the 127th came: k0-k125 were acknowledged.
+  for (int i = 0; i < 126; ++i)
+    ASSERT_TRUE(s->put(key("k", i), "v2")) << i;
+  for (int i = 0; i < 1000; ++i)
+    ASSERT_TRUE(s->put(key("n", i), "n")) << i;  // splits again, the old page's range too
+  const auto check = [&](store& st, const char* when) {
+    for (int i = 0; i < 126; ++i) {
+      auto v = st.get(key("k", i));
+      ASSERT_TRUE(v) << when << ": k" << i << ": " << v.error().message();
+      EXPECT_EQ(*v, "v2") << when << ": k" << i;
+    }
+    for (int i = 0; i < 1000; ++i)
+      EXPECT_TRUE(st.get(key("n", i))) << when << ": n" << i;
+    auto st_stats = st.stats();
+    ASSERT_TRUE(st_stats);
+    EXPECT_EQ(st_stats->records, 1126u) << when;
+  };
+  check(*s, "while open");
+  s.reset();
+  auto again = open_ok(path);
+  ASSERT_TRUE(again);
+  check(*again, "reopened");
+  again.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  check(*rebuilt, "rebuilt");
+}
+
+// Alone, the next opener finishes a split its dead splitter left.
+TEST(KvStoreKilled, ALoneOpenerFinishesAHalfDoneSplit) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const auto key = [](int i) { return "k" + std::to_string(i); };
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    ix::split_hook = []() noexcept { ::raise(SIGKILL); };
+    for (int i = 0; i < 200; ++i) {
+      if (!(*mine)->put(key(i), "v1")) return 3;
+    }
+    return 4;
+  });
+  const int status = test::wait_status(victim);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  for (int i = 0; i < 126; ++i)
+    ASSERT_TRUE(s->put(key(i), "v2")) << i;
+  for (int i = 126; i < 1000; ++i)
+    ASSERT_TRUE(s->put(key(i), "v3")) << i;
+  for (int i = 0; i < 1000; ++i) {
+    auto v = s->get(key(i));
+    ASSERT_TRUE(v) << i;
+    EXPECT_EQ(*v, i < 126 ? "v2" : "v3") << i;
+  }
+}
+
 TEST(KvStoreKilled, AReaderSeesADeadWritersCompleteCommitOnlyOnceItIsSettled) {
   temp_dir dir;
   const std::string path = dir.file("s");
