@@ -85,9 +85,7 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
       return true;  // another settler did it, and frees the slot (which may be reused now)
     }
     wake_visible();
-    const slot_ref s = slot(*owner);
-    s.snapshot().store(0);
-    s.state().store(u64(commit_state::idle), std::memory_order_release);
+    free_dead_slot(*owner);
     return true;
   }
   if (live_taker || dead_takers.empty()) return false;  // its taker is about to say so
@@ -98,12 +96,9 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
   }
   wake_visible();
   // A dead taker's seq is below the next seq as of now; once all of those are visible, none
-  // is owed any more and its slot can go.
-  if (h64(hdr::visible).load() + 1 >= h64(hdr::next_seq).load()) {
-    for (const std::uint32_t u : dead_takers) {
-      slot(u).state().store(u64(commit_state::idle), std::memory_order_release);
-    }
-  }
+  // is owed any more and its slot can go (free_dead_slot checks).
+  for (const std::uint32_t u : dead_takers)
+    free_dead_slot(u);
   return true;
 }
 

@@ -160,7 +160,7 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     const std::uint32_t u = (start + k) % max_slots;
     if (ours[u]) continue;
     const slot_ref s = slot(u);
-    if (s.state().load() != static_cast<std::uint64_t>(commit_state::idle)) continue;
+    if (!slot_reclaimable(s)) continue;  // in use, or a dead writer's still needed
     auto got = fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false);
     if (!got) {
       if (got.error() == std::errc::operation_would_block ||
@@ -170,11 +170,12 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
       return std::unexpected(got.error());
     }
     // Its byte is ours: whoever had the slot is gone. A dead writer's slot is left to the
-    // commits that settle it (they need what it says).
-    if (s.state().load() != static_cast<std::uint64_t>(commit_state::idle)) {
+    // commits that settle it while they need what it says.
+    if (!slot_reclaimable(s)) {
       (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
       continue;
     }
+    s.state().store(static_cast<std::uint64_t>(commit_state::idle));
     s.snapshot().store(0);
     s.seq().store(0);
     s.block().store(0);
@@ -195,6 +196,41 @@ void store::impl::release_slot(slot_lease s) noexcept {
   if (live_generation != base::fork_generation() || !ours[s.index]) return;
   slot(s.index).snapshot().store(0, std::memory_order_release);
   free_slots.push_back(s.index);
+}
+
+bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {
+  switch (static_cast<commit_state>(s.state().load(std::memory_order_acquire))) {
+    case commit_state::idle:
+      return true;
+    case commit_state::reserved:
+      // No seq taken: the entries it marked are resolved by their pages' holders from its
+      // block alone, which will never be complete.
+      return true;
+    case commit_state::writing:
+      // Its seq is settled once visible (by itself before it died, or by a settler).
+      return s.seq().load(std::memory_order_acquire) <=
+             h64(hdr::visible).load(std::memory_order_acquire);
+    case commit_state::taking:
+      // It may have taken a seq it never wrote down; once every seq handed out is visible,
+      // that one is settled too (a hole).
+      return h64(hdr::visible).load(std::memory_order_acquire) + 1 >=
+             h64(hdr::next_seq).load(std::memory_order_acquire);
+  }
+  return false;  // not a state: never touched
+}
+
+void store::impl::free_dead_slot(std::uint32_t u) noexcept {
+  base::lock_guard g(live_mutex);
+  if (!ensure_live() || ours[u]) return;
+  // Holding its byte, nobody else can be using the slot: not its dead owner, and not a new
+  // user (who would hold the byte); so this never frees a slot someone just took.
+  if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
+  const slot_ref s = slot(u);
+  if (slot_reclaimable(s)) {
+    s.snapshot().store(0);
+    s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
+  }
+  (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
 }
 
 bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {

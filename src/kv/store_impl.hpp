@@ -221,6 +221,11 @@ struct store::impl final : ix::page_source {
   void release_slot(slot_lease s) noexcept;
   //! Takes a snapshot (the visible seq) for the slot, published in it first.
   [[nodiscard]] std::uint64_t take_snapshot(slot_lease lease) noexcept;
+  //! Whether a slot whose user is gone may be taken by another: idle, or a dead writer's
+  //! that no settling will need any more (doc/kv-format.md, "Dead users").
+  [[nodiscard]] bool slot_reclaimable(const slot_ref& s) noexcept;
+  //! Frees slot `u` of a dead user if it is reclaimable, holding its byte meanwhile.
+  void free_dead_slot(std::uint32_t u) noexcept;
   //! Whether the user of slot `u` is gone (its byte is free and it is not one of ours).
   [[nodiscard]] bool slot_owner_dead(std::uint32_t u) noexcept;
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -453,6 +454,55 @@ INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
                                            commit_step::published_one, commit_step::published,
                                            commit_step::visible),
                          [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
+
+// Writers killed where their slots used to stay taken for as long as anybody had the store
+// open (reserved, marked, after their commit was visible): more victims than there are
+// slots, and new users still get one. (Those killed holding a seq are freed by the settler;
+// KvStoreKilledAt covers them.)
+TEST(KvStoreKilled, DeadWritersSlotsAreReclaimedWhileTheStoreStaysOpen) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);  // open throughout: no lone opener clears the slots
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("a", "0"));
+  static constexpr std::array steps{commit_step::reserved, commit_step::marked,
+                                    commit_step::visible};
+  const int victims = static_cast<int>(max_slots) + 32;
+  for (int i = 0; i < victims; ++i) {
+    const pid_t victim = fork_child([&] {
+      auto mine = store::open(path, small());
+      if (!mine) return 2;
+      static commit_step kill_at;
+      kill_at = steps[static_cast<std::size_t>(i) % steps.size()];
+      commit_hook = [](commit_step now) noexcept {
+        if (now == kill_at) ::raise(SIGKILL);
+      };
+      auto r = (*mine)->put("k" + std::to_string(i), "v");
+      return r ? 4 : r.error() == errc::too_many_users ? 5 : 3;
+    });
+    const int status = test::wait_status(victim);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "victim " << i << ": status " << status << " (exit 5: no slot left)";
+  }
+  // A new process, and new threads here, still get slots and commit.
+  const pid_t late = fork_child([&] {
+    auto mine = store::open(path, small());
+    return mine && (*mine)->put("late", "1") ? 0 : 1;
+  });
+  EXPECT_EQ(test::wait_exit(late), 0);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      if (s->put("t" + std::to_string(t), "1")) ++ok;
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_TRUE(s->get("late"));
+  EXPECT_EQ(*s->get("a"), "0");
+}
 
 // A splitter killed after switching the first of the directory entries that named the page
 // it split: the others must finish that split before they change its pages, or an update
