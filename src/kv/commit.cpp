@@ -242,7 +242,7 @@ struct transaction::impl {
   ~impl() { s->release_slot(lease); }
 
   result<std::span<const std::byte>> view(std::string_view key) noexcept;
-  result<void> commit(durability d) noexcept;
+  result<std::uint64_t> commit(durability d) noexcept;
 };
 
 result<std::span<const std::byte>> transaction::impl::view(std::string_view key) noexcept {
@@ -281,8 +281,8 @@ struct key_plan {
 
 }  // namespace
 
-result<void> transaction::impl::commit(durability d) noexcept {
-  if (writes.empty()) return {};  // a reader: serialised at its snapshot
+result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
+  if (writes.empty()) return snapshot;  // a reader: serialised at its snapshot
   if (s->opts.read_only) return keel_error(errc::read_only);
   if (s->failed.load() || s->h64(hdr::sync_error).load() != 0) {
     s->failed.store(true);
@@ -360,7 +360,7 @@ result<void> transaction::impl::commit(durability d) noexcept {
       });
       if (touched) {
         (void)held.unlock();
-        if (auto r = s->settle_split(cd); !r) return r;
+        if (auto r = s->settle_split(cd); !r) return std::unexpected(r.error());
         continue;
       }
     }
@@ -408,7 +408,7 @@ result<void> transaction::impl::commit(durability d) noexcept {
     }
     if (full == nullptr) break;
     (void)held.unlock();
-    if (auto r = s->split_page(full->page, full->h, cd); !r) return r;
+    if (auto r = s->split_page(full->page, full->h, cd); !r) return std::unexpected(r.error());
   }
 
   step(commit_step::locked);
@@ -537,8 +537,10 @@ result<void> transaction::impl::commit(durability d) noexcept {
   (void)held.unlock();
 
   // 8. Durable: a sync that starts after every commit up to ours is written covers it.
-  if (d == durability::sync) return s->group_sync();
-  return {};
+  if (d == durability::sync) {
+    if (auto r = s->group_sync(); !r) return std::unexpected(r.error());
+  }
+  return seq;
 }
 
 transaction::transaction() noexcept = default;
@@ -600,12 +602,12 @@ result<void> transaction::erase(std::string_view key) noexcept {
   return {};
 }
 
-result<void> transaction::commit() noexcept {
+result<std::uint64_t> transaction::commit() noexcept {
   if (!impl_) return errc_error(std::errc::invalid_argument);
   return commit(impl_->s->opts.durable);
 }
 
-result<void> transaction::commit(durability d) noexcept {
+result<std::uint64_t> transaction::commit(durability d) noexcept {
   if (!impl_) return errc_error(std::errc::invalid_argument);
   auto r = impl_->commit(d);
   impl_.reset();
@@ -670,7 +672,8 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
   // it then simply follows.
   for (;;) {
     auto r = t->commit();
-    if (r || r.error() != errc::conflict) return r;
+    if (r) return {};
+    if (r.error() != errc::conflict) return std::unexpected(r.error());
     t = begin();
     if (!t) return std::unexpected(t.error());
     if (auto p = t->put(key, value); !p) return p;
@@ -685,7 +688,8 @@ result<void> store::erase(std::string_view key) noexcept {
     if (!v) return std::unexpected(v.error());
     if (auto e = t->erase(key); !e) return e;
     auto r = t->commit();
-    if (r || r.error() != errc::conflict) return r;
+    if (r) return {};
+    if (r.error() != errc::conflict) return std::unexpected(r.error());
   }
 }
 

@@ -122,11 +122,13 @@ class transaction {
   //! transaction: invalid_argument).
   [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
   [[nodiscard]] result<void> erase(std::string_view key) noexcept;
-  //! Applies every write at once, or none. Errors: conflict (retry), timed_out (the keys'
-  //! locks), read_only, and I/O errors (for `sync`, a failed fdatasync). Ends the
-  //! transaction either way.
-  [[nodiscard]] result<void> commit() noexcept;
-  [[nodiscard]] result<void> commit(durability d) noexcept;
+  //! Applies every write at once, or none, and returns the commit's seq: its place in the
+  //! store's serial order (a transaction that wrote nothing returns its snapshot, where it
+  //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only, and
+  //! I/O errors (for `sync`, a failed fdatasync: the commit is visible but not known to be
+  //! durable). Ends the transaction either way.
+  [[nodiscard]] result<std::uint64_t> commit() noexcept;
+  [[nodiscard]] result<std::uint64_t> commit(durability d) noexcept;
   //! Ends the transaction with no trace.
   void abort() noexcept;
 
