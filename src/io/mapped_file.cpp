@@ -20,6 +20,12 @@ int to_madvise(map_advice a) noexcept {
       return MADV_WILLNEED;
     case map_advice::dont_need:
       return MADV_DONTNEED;
+    case map_advice::populate_read:
+#ifdef MADV_POPULATE_READ
+      return MADV_POPULATE_READ;
+#else
+      return 22;  // the kernel's value, for older headers
+#endif
   }
   return MADV_NORMAL;
 }

@@ -358,8 +358,14 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length) noexcept {
   for (;;) {
     std::uint64_t at = t.load(std::memory_order_acquire);
     if (at != 0 && fmt::offset_of(at) + length <= seg_size) {
-      if (t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) return at;
-      continue;
+      if (!t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) continue;
+      // Crossing into the next chunk: fault in the one after it now, so that writers never
+      // take page faults on fresh pages (nor wait for each other's, on the same page).
+      const std::uint64_t off = fmt::offset_of(at);
+      if (off / prefault_chunk != (off + length) / prefault_chunk) {
+        prefault(fmt::segment_of(at), ((off + length) / prefault_chunk + 1) * prefault_chunk);
+      }
+      return at;
     }
     // The active segment is full (or there is none yet): make the next one, once.
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
@@ -372,8 +378,18 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length) noexcept {
       const std::uint64_t left = seg_size - fmt::offset_of(at);
       h64(hdr::dead_bytes).fetch_add(left);
     }
+    prefault(*n, 0);
+    prefault(*n, prefault_chunk);
     t.store(fmt::make_location(*n, fmt::segment_header_size), std::memory_order_release);
   }
+}
+
+void store::impl::prefault(std::uint64_t segment, std::uint64_t offset) noexcept {
+  auto s = segment_at(segment);
+  if (!s || offset >= (*s)->size) return;
+  // A hint: where the kernel has no MADV_POPULATE_READ, the pages fault in on first touch.
+  (void)(*s)->map.advise(io::map_advice::populate_read, offset,
+                         std::min<std::uint64_t>(prefault_chunk, (*s)->size - offset));
 }
 
 result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexcept {

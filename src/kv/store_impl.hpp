@@ -234,6 +234,9 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
   //! Reserves `length` bytes in the active segment (a new one when it is full).
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length) noexcept;
+  //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.
+  void prefault(std::uint64_t segment, std::uint64_t offset) noexcept;
+  static constexpr std::uint64_t prefault_chunk = std::uint64_t{1} << 20;
   //! A location's bytes from there to the end of its segment.
   [[nodiscard]] result<std::span<std::byte>> bytes_at(std::uint64_t location) noexcept;
 

@@ -16,6 +16,9 @@ enum class map_advice {
   sequential,  //!< MADV_SEQUENTIAL: aggressive read-ahead
   will_need,   //!< MADV_WILLNEED: start reading now
   dont_need,   //!< MADV_DONTNEED: drop the pages (a shared map re-reads them from the file)
+  //! MADV_POPULATE_READ (Linux 5.14): fault the pages in now, without dirtying them, so
+  //! that the first touch later costs no page fault. Older kernels: invalid_argument.
+  populate_read,
 };
 
 //! A memory map of (part of) a file, made, synced and unmapped through the file's
