@@ -148,6 +148,7 @@ result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS 
 }
 
 result<slot_lease> store::impl::acquire_slot() noexcept {
+  unmap_removed_segments();
   base::lock_guard g(live_mutex);
   if (auto r = ensure_live(); !r) return std::unexpected(r.error());
   if (!free_slots.empty()) {
@@ -581,8 +582,24 @@ result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
         max_seq = std::max(max_seq, whole->seq);
         end = off + head.length;
       }
-    } else if (fmt::check_block(bytes.subspan(off), salt)) {
+    } else if (auto whole = fmt::check_block(bytes.subspan(off), salt)) {
       end = off + head.length;
+      if (whole->kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
+      // Records compaction moved, each with its own seq. One whose blob copy did not survive
+      // a power cut is skipped: its original is still there (compaction removes a segment
+      // only after its copies are synced).
+      std::uint64_t r = off + sizeof(fmt::block_header);
+      for (std::uint32_t i = 0; i < whole->records; ++i) {
+        auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
+        if (!rec) break;  // cannot happen: check_block parsed them all
+        const std::uint64_t rec_at = fmt::make_location(s.number, r);
+        if (value_of(found_record{rec_at, *rec, nullptr}, true)) {
+          if (auto a = apply_record(rec_at, *rec, rec->head.seq); !a) return a;
+          // Its commit block may be gone with a compacted segment: its seq still counts.
+          max_seq = std::max(max_seq, rec->head.seq);
+        }
+        r += rec->size;
+      }
     }
     return {};
   });

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,7 @@ constexpr std::size_t dead_bytes = 176;
 constexpr std::size_t visible_waiters = 184;
 constexpr std::size_t retired_pages = 192;
 constexpr std::size_t split_journal = 200;  // old, low, high: ix::split_journal
+constexpr std::size_t compactions = 224;    // segments removed by compaction so far (batches)
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
 }  // namespace hdr
@@ -73,6 +75,8 @@ constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
 constexpr std::uint64_t entity_segment = entity_base + 2;
 constexpr std::uint64_t entity_directory = entity_base + 3;
 constexpr std::uint64_t entity_sync = entity_base + 4;
+constexpr std::uint64_t entity_compact =
+    entity_base + 6;  // one compactor at a time (+5: checkpoint)
 
 //! How far the index may grow: the size of the window every user maps (pages past the file's
 //! end are never touched).
@@ -234,6 +238,19 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
   //! Reserves `length` bytes in the active segment (a new one when it is full).
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length) noexcept;
+  // ---- compaction (compact.cpp) ----
+  //! Waits until no live user holds a snapshot below `seq`. Errors: timed_out.
+  [[nodiscard]] result<void> wait_for_snapshots(std::uint64_t seq,
+                                                const io::countdown& cd) noexcept;
+  //! Copies the record at `at` to the tail (and its blob, if that lies in a victim) and
+  //! points its entry there, if its entry still names it: whether it did.
+  [[nodiscard]] result<bool> relocate(std::uint64_t at, const fmt::record_view& rec,
+                                      const std::set<std::uint64_t>& victims,
+                                      const io::countdown& cd, compact_stats& st) noexcept;
+  //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
+  void unmap_removed_segments() noexcept;
+  std::atomic<std::uint64_t> compactions_seen{0};
+
   //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.
   void prefault(std::uint64_t segment, std::uint64_t offset) noexcept;
   static constexpr std::uint64_t prefault_chunk = std::uint64_t{1} << 20;
@@ -280,6 +297,10 @@ struct store::impl final : ix::page_source {
   //! (a live splitter's is waited for).
   [[nodiscard]] result<void> settle_split(const io::countdown& cd) noexcept;
 };
+
+//! For tests: called by compact after it moved the live records, before it waits for the
+//! snapshots that may still read the originals.
+inline void (*compact_moved_hook)() noexcept = nullptr;
 
 //! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).
 enum class commit_step : std::uint8_t {

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv/kv_support.hpp"
 #include "kv/store_impl.hpp"
 #include "support/process.hpp"
 
@@ -28,17 +29,8 @@ using test::fork_child;
 using test::temp_dir;
 using test::wait_exit;
 
-options small() {
-  options o;
-  o.segment_size = std::uint64_t{1} << 20;
-  return o;
-}
-
-std::unique_ptr<store> open_ok(const std::string& path, const options& o = small()) {
-  auto s = store::open(path, o);
-  if (!s) ADD_FAILURE() << s.error().message();
-  return s ? std::move(*s) : nullptr;
-}
+using test_support::open_ok;
+using test_support::small;
 
 TEST(KvStore, PutGetEraseAndReopen) {
   temp_dir dir;

@@ -21,7 +21,7 @@ keel::test::program_outcome kv(const keel::test::temp_dir& dir, std::vector<std:
   return run_program(KEEL_BINARY, args, dir.path().string());
 }
 
-TEST(KeelKv, PutGetDelScanStatsVerifyWithTheirExitCodes) {
+TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {
   keel::test::temp_dir dir;
   const std::string s = dir.file("store");
   auto r = kv(dir, {s, "put", "greeting", "hello"});
@@ -63,6 +63,11 @@ TEST(KeelKv, PutGetDelScanStatsVerifyWithTheirExitCodes) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["records"], 1);
   r = kv(dir, {s, "verify"});
   EXPECT_EQ(r.code, 0) << r.err;
+  r = kv(dir, {s, "compact", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["segments_removed"].is_number()) << r.out;
+  r = kv(dir, {s, "--hex", "get", "00ff"});
+  EXPECT_EQ(r.out, std::string("a\0b\xff", 4)) << "compact kept it";
 }
 
 TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {

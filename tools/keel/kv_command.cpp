@@ -103,6 +103,9 @@ int run_kv_command(int argc, char** argv) {
   auto* stats = app.add_subcommand("stats", "Counts and sizes");
   stats->add_flag("--json", json, "As JSON");
   auto* verify = app.add_subcommand("verify", "Read every block and live value; check checksums");
+  auto* compact = app.add_subcommand(
+      "compact", "Move live records out of mostly dead segments and remove those files");
+  compact->add_flag("--json", json, "As JSON");
 
   try {
     app.parse(argc, argv);
@@ -128,7 +131,7 @@ int run_kv_command(int argc, char** argv) {
   }
   kv::options o;
   o.create_if_missing = put->parsed();
-  o.read_only = !(put->parsed() || del->parsed());
+  o.read_only = !(put->parsed() || del->parsed() || compact->parsed());
   o.durable = sync ? kv::durability::sync : kv::durability::none;
   auto s = kv::store::open(path, o);
   if (!s) return fail("open", s.error());
@@ -192,6 +195,21 @@ int run_kv_command(int argc, char** argv) {
       fmt::print("index          {} bytes, {} bucket pages, load {:.2f}\n", st->index_bytes,
                  st->index_pages, st->index_load);
       fmt::print("visible seq    {}\n", st->visible_seq);
+    }
+    return exit_ok;
+  }
+  if (*compact) {
+    auto c = (*s)->compact();
+    if (!c) return fail("compact", c.error());
+    if (json) {
+      nlohmann::json j{{"segments_removed", c->segments_removed},
+                       {"records_moved", c->records_moved},
+                       {"bytes_moved", c->bytes_moved},
+                       {"bytes_freed", c->bytes_freed}};
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("removed {} segments ({} bytes), moved {} records ({} bytes)\n",
+                 c->segments_removed, c->bytes_freed, c->records_moved, c->bytes_moved);
     }
     return exit_ok;
   }

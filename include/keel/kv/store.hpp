@@ -80,6 +80,14 @@ struct store_stats {
   std::uint64_t visible_seq = 0;    //!< the newest commit visible
 };
 
+//! What a compaction did.
+struct compact_stats {
+  std::uint64_t segments_removed = 0;
+  std::uint64_t records_moved = 0;
+  std::uint64_t bytes_moved = 0;  //!< written to the tail: moved records and blobs
+  std::uint64_t bytes_freed = 0;  //!< of segment files removed
+};
+
 class store;
 
 //! One key and its value, as a scan returns them.
@@ -175,6 +183,14 @@ class store {
   //! Reads every block of every segment and checks every checksum. Returns the number of
   //! complete commit blocks; errors: corrupt (the first damage, file and offset).
   [[nodiscard]] result<std::uint64_t> verify() noexcept;
+
+  //! Moves the live records out of every segment (but the one being appended to) that is at
+  //! most half live, and removes those files, while readers and writers go on. Needs no
+  //! more free space than the live records it moves. Waits, up to options::lock_timeout,
+  //! for transactions older than its start and than its moves to end (so do not call it
+  //! while this thread holds a transaction). Errors: timed_out, read_only, corrupt, and I/O
+  //! errors (nothing is removed unless its records' copies are synced first).
+  [[nodiscard]] result<compact_stats> compact() noexcept;
 
   [[nodiscard]] const std::string& path() const noexcept;
 

@@ -1,0 +1,291 @@
+// Compaction (doc/kv-format.md, "Compaction"): the live records of mostly dead segments are
+// copied to the tail, their entries pointed at the copies, and the segments removed once no
+// snapshot can reach them, while readers and writers go on.
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+bool is_blob(const fmt::record_view& r) noexcept {
+  return r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob);
+}
+
+struct segment_use {
+  std::uint64_t live = 0;             // bytes of records entries name, and of their blobs
+  std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
+  bool pinned = false;                // an entry here is pending: leave it alone
+};
+
+}  // namespace
+
+result<void> store::impl::wait_for_snapshots(std::uint64_t seq, const io::countdown& cd) noexcept {
+  for (;;) {
+    bool older = false;
+    for (std::uint32_t u = 0; u < max_slots && !older; ++u) {
+      const std::uint64_t snap = slot(u).snapshot().load(std::memory_order_seq_cst);
+      if (snap == 0 || snap >= seq) continue;
+      older = !slot_owner_dead(u);
+    }
+    if (!older) return {};
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec,
+                                   const std::set<std::uint64_t>& victims, const io::countdown& cd,
+                                   compact_stats& st) noexcept {
+  const fmt::key_hash h = fmt::hash_key(rec.key);
+  for (;;) {
+    const std::uint64_t page = table->page_of(h);
+    auto g = locks->lock({lock::entity(page)}, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    if (table->page_of(h) != page) continue;  // split meanwhile
+    if (const ix::split_journal j = table->pending_split();
+        j.old == page || j.low == page || j.high == page) {
+      (void)g->unlock();
+      if (auto r = settle_split(cd); !r) return std::unexpected(r.error());
+      continue;
+    }
+    // The entry that names this very record, if any still does.
+    const ix::bucket_ref b = table->page(page);
+    const std::size_t start = h.lo % ix::entries_per_page;
+    std::optional<ix::entry_ref> entry;
+    for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+      const ix::entry_ref e = b.entry((start + k) % ix::entries_per_page);
+      const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+      if (hi == 0) break;
+      if (hi != h.hi || e.lo().load() != h.lo) continue;
+      resolve_pending(e, h);  // only a dead writer's can be pending while we hold the page
+      if (e.location().load(std::memory_order_acquire) == at) {
+        entry = e;
+        break;
+      }
+    }
+    if (!entry) return false;  // superseded: dead
+
+    fmt::record_in r;
+    r.key = rec.key;
+    r.what = static_cast<fmt::op>(rec.head.op);
+    r.value = rec.value;
+    r.blob = rec.blob;
+    r.value_length = rec.head.value_length;
+    r.prev = rec.head.prev;
+    r.prev_seq = rec.head.prev_seq;
+    r.seq = rec.head.seq;
+    std::uint64_t moved = 0;
+    if (is_blob(rec) && victims.contains(fmt::segment_of(rec.blob.location))) {
+      // Its blob goes too (a victim's blobs are only ever this segment's records' or
+      // another victim's: see compact).
+      auto value = value_of(found_record{at, rec, nullptr}, opts.verify_checksums);
+      if (!value) return std::unexpected(value.error());
+      const std::uint64_t len = fmt::blob_block_size(value->size());
+      auto nb = reserve(len);
+      if (!nb) return std::unexpected(nb.error());
+      auto out = bytes_at(*nb);
+      if (!out) return std::unexpected(out.error());
+      segtab(fmt::segment_of(*nb), 3).store(1, std::memory_order_seq_cst);
+      r.blob = {*nb, fmt::encode_blob_block(out->first(len), *value, salt)};
+      moved += len;
+    }
+    const std::array<fmt::record_in, 1> records{r};
+    const std::uint64_t length = fmt::block_size(records);
+    auto L = reserve(length);
+    if (!L) return std::unexpected(L.error());
+    auto out = bytes_at(*L);
+    if (!out) return std::unexpected(out.error());
+    segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
+    fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
+    // The copy is whole before the entry names it; the seq stays (it is the same version).
+    entry->location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
+    st.records_moved += 1;
+    st.bytes_moved += moved + length;
+    return true;
+  }
+}
+
+void store::impl::unmap_removed_segments() noexcept {
+  const std::uint64_t now = h64(hdr::compactions).load(std::memory_order_acquire);
+  if (now == compactions_seen.load(std::memory_order_relaxed)) return;
+  base::lock_guard g(segments_mutex);
+  compactions_seen.store(now, std::memory_order_relaxed);
+  for (auto& s : segments_owned) {
+    if (!s->map.data() || segtab(s->number, 0).load() == s->number) continue;
+    // Removed by a compaction that waited until no snapshot could reach it: nobody here is
+    // reading it. The object stays (pointers to it are never kept past a snapshot).
+    auto& cell =
+        segment_chunks[s->number >> chunk_bits].load()[s->number & ((1u << chunk_bits) - 1)];
+    cell.store(nullptr, std::memory_order_release);
+    (void)s->map.unmap();
+    (void)s->file.close();
+  }
+}
+
+result<compact_stats> store::compact() noexcept {
+  impl& s = *impl_;
+  if (s.opts.read_only || s.failed.load() || s.h64(hdr::sync_error).load() != 0) {
+    return keel_error(errc::read_only);
+  }
+  const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
+  auto one = s.locks->lock({lock::entity(entity_compact)}, io::deadline(cd.expiry()));
+  if (!one) return std::unexpected(one.error());
+  compact_stats st;
+
+  // 1. Candidates: every segment but the one the tail is in. Writers that might still be
+  // writing into one began before now; wait for them to finish.
+  const std::uint64_t active = fmt::segment_of(s.h64(hdr::tail).load(std::memory_order_acquire));
+  auto numbers = s.segment_numbers(false);
+  if (!numbers) return std::unexpected(numbers.error());
+  if (auto w = s.wait_for_snapshots(s.h64(hdr::next_seq).load(), cd); !w) {
+    return std::unexpected(w.error());
+  }
+
+  // 2. What is live where: every entry of the index (as of one directory word: a split
+  // copies entries, never moves them, and retired pages are not reused, so every record
+  // live now is named by the pages that word reaches; records committed from now on live
+  // in newer segments, as do their blobs).
+  std::map<std::uint64_t, segment_use> use;
+  std::set<std::uint64_t> candidates;  // only these were waited for
+  try {
+    for (const std::uint64_t n : *numbers) {
+      if (n != active) candidates.insert(n);
+    }
+    const std::uint64_t word = s.h64(hdr::directory).load(std::memory_order_acquire);
+    const std::uint64_t first = word >> 8;
+    const std::uint64_t count = std::uint64_t{1} << (word & 0xff);
+    std::uint64_t last_page = 0;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::uint64_t page = std::atomic_ref(*reinterpret_cast<std::uint64_t*>(
+                                                     s.base() + first * fmt::page_size + i * 8))
+                                     .load(std::memory_order_acquire);
+      if (page == last_page) continue;
+      last_page = page;
+      const ix::bucket_ref b = s.table->page(page);
+      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+        const ix::entry_ref e = b.entry(k);
+        if (e.hi().load(std::memory_order_acquire) == 0) continue;
+        const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+        const std::uint64_t at = e.location().load(std::memory_order_acquire);
+        if ((seq & ix::pending) != 0) {
+          use[fmt::segment_of(seq & ~ix::pending)].pinned = true;
+          if (at != 0) use[fmt::segment_of(at)].pinned = true;
+          continue;
+        }
+        if (at == 0) continue;
+        auto rec = s.record_at(at, false);
+        if (!rec) return std::unexpected(rec.error());
+        use[fmt::segment_of(at)].live += rec->rec.size;
+        if (is_blob(rec->rec)) {
+          auto& u = use[fmt::segment_of(rec->rec.blob.location)];
+          u.live += fmt::blob_block_size(rec->rec.head.value_length);
+          u.blob_refs.insert(fmt::segment_of(at));
+        }
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+
+  // 3. Victims: at most half live, not pinned, and whose blobs only victims' records use
+  // (removing one may disqualify another: to a fixed point).
+  std::set<std::uint64_t> victims;
+  try {
+    for (const std::uint64_t n : candidates) {
+      const segment_use& u = use[n];
+      if (u.pinned) continue;
+      auto seg = s.segment_at(n);
+      if (!seg) return std::unexpected(seg.error());
+      if (u.live * 2 <= (*seg)->size) victims.insert(n);
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto it = victims.begin(); it != victims.end();) {
+        const auto& refs = use[*it].blob_refs;
+        const bool outside = std::ranges::any_of(
+            refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
+        if (outside) {
+          it = victims.erase(it);
+          changed = true;
+        } else {
+          ++it;
+        }
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  if (victims.empty()) return st;
+
+  // 4. Move every record still live out of each victim.
+  for (const std::uint64_t n : victims) {
+    auto seg = s.segment_at(n);
+    if (!seg) return std::unexpected(seg.error());
+    const auto bytes = (*seg)->bytes();
+    auto walked = s.for_each_block(
+        **seg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+          const std::uint64_t at = fmt::make_location(n, off);
+          std::optional<fmt::block_header> whole;
+          if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+            whole = s.complete_block(at);
+          } else if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
+            if (auto c = fmt::check_block(bytes.subspan(off), s.salt)) whole = *c;
+          }
+          if (!whole) return {};
+          std::uint64_t r = off + sizeof(fmt::block_header);
+          for (std::uint32_t i = 0; i < whole->records; ++i) {
+            auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), s.salt,
+                                         s.opts.verify_checksums);
+            if (!rec) return std::unexpected(rec.error().about((*seg)->file.shared_path(), r));
+            auto moved = s.relocate(fmt::make_location(n, r), *rec, victims, cd, st);
+            if (!moved) return std::unexpected(moved.error());
+            r += rec->size;
+          }
+          return {};
+        });
+    if (!walked) return std::unexpected(walked.error());
+  }
+
+  // 5. The copies on disk before any original goes; then nobody may still read an original
+  // (a snapshot from before the moves, or one walking back to older versions).
+  if (compact_moved_hook != nullptr) compact_moved_hook();
+  if (auto r = s.group_sync(); !r) return std::unexpected(r.error());
+  if (auto w = s.wait_for_snapshots(s.h64(hdr::next_seq).load(), cd); !w) {
+    return std::unexpected(w.error());
+  }
+
+  // 6. Remove them, under the sync lock (a group sync never meets a half-removed segment).
+  {
+    auto g = s.locks->lock({lock::entity(entity_sync)}, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    for (const std::uint64_t n : victims) {
+      auto seg = s.segment_at(n);
+      if (!seg) return std::unexpected(seg.error());
+      const std::uint64_t size = (*seg)->size;
+      s.segtab(n, 0).store(0, std::memory_order_seq_cst);
+      const std::string name = segment_name(n);
+      if (auto r = io::unlink_at(s.dir.segments, name.c_str()); !r) {
+        return std::unexpected(r.error().about(s.path + "/seg/" + name));
+      }
+      const std::uint64_t dead = size - fmt::segment_header_size > use[n].live
+                                     ? size - fmt::segment_header_size - use[n].live
+                                     : 0;
+      const std::uint64_t was = s.h64(hdr::dead_bytes).load();
+      s.h64(hdr::dead_bytes).fetch_sub(std::min(was, dead));
+      st.segments_removed += 1;
+      st.bytes_freed += size;
+    }
+    if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
+    s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
+  }
+  s.unmap_removed_segments();
+  return st;
+}
+
+}  // namespace keel::kv

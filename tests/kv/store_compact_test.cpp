@@ -1,0 +1,317 @@
+// keel::kv compaction: dead segments go, every live value stays (through reopening and a
+// rebuild from the segments alone), while others read and write, with a compactor killed at
+// any moment, and never under a snapshot that may still need an old version.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/kv/store.hpp"
+#include "kv/kv_support.hpp"
+#include "kv/store_impl.hpp"
+#include "support/process.hpp"
+
+namespace keel::kv {
+namespace {
+
+using test::fork_child;
+using test::temp_dir;
+
+using test_support::open_ok;
+using test_support::small;
+
+struct files {
+  std::size_t count = 0;
+  std::uintmax_t bytes = 0;
+};
+
+files segments_of(const std::string& path) {
+  files f;
+  for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
+    ++f.count;
+    f.bytes += e.file_size();
+  }
+  return f;
+}
+
+std::string value_of(int key, int version, std::size_t size = 1000) {
+  std::string v = "k" + std::to_string(key) + "v" + std::to_string(version) + ":";
+  v.resize(size, static_cast<char>('a' + (key + version) % 26));
+  return v;
+}
+
+// Every key has the value of `version[key]` (-1: absent).
+void expect_values(store& s, const std::vector<int>& version, const char* when,
+                   std::size_t size = 1000) {
+  int bad = 0;
+  for (int k = 0; k < static_cast<int>(version.size()); ++k) {
+    auto v = s.get("k" + std::to_string(k));
+    const int want = version[static_cast<std::size_t>(k)];
+    if (want < 0) {
+      if ((v || v.error() != errc::not_found) && bad++ < 5) {
+        ADD_FAILURE() << when << ": k" << k << " should be absent";
+      }
+    } else if ((!v || *v != value_of(k, want, size)) && bad++ < 5) {
+      ADD_FAILURE() << when << ": k" << k << ": " << (v ? v->substr(0, 20) : v.error().message());
+    }
+  }
+}
+
+TEST(KvCompact, RemovesDeadSegmentsAndKeepsEveryValue) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  constexpr int keys = 2000;
+  std::vector<int> version(keys, -1);
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < keys; ++k) {
+      if (round == 2 && k % 3 == 0) continue;  // a third stay live in older segments
+      ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+      version[static_cast<std::size_t>(k)] = round;
+    }
+  }
+  for (int k = 0; k < keys; k += 7) {
+    ASSERT_TRUE(s->erase("k" + std::to_string(k)));
+    version[static_cast<std::size_t>(k)] = -1;
+  }
+  const files before = segments_of(path);
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  const files after = segments_of(path);
+  EXPECT_GT(c->segments_removed, 0u);
+  EXPECT_GT(c->records_moved, 0u);
+  EXPECT_LT(after.count, before.count);
+  EXPECT_LT(after.bytes, before.bytes * 3 / 4)
+      << before.count << " segments before, " << after.count << " after";
+  expect_values(*s, version, "compacted");
+  // Twice in a row: nothing left to do is no error.
+  auto again = s->compact();
+  ASSERT_TRUE(again) << again.error().message();
+  expect_values(*s, version, "compacted twice");
+  // Writes go on, and the next open and a rebuild from the segments alone agree.
+  ASSERT_TRUE(s->put("k1", value_of(1, 9)));
+  version[1] = 9;
+  s.reset();
+  auto reopened = open_ok(path);
+  ASSERT_TRUE(reopened);
+  expect_values(*reopened, version, "reopened");
+  auto st = reopened->stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->records, static_cast<std::uint64_t>(keys - (keys + 6) / 7));
+  reopened.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, version, "rebuilt");
+  auto v = rebuilt->verify();
+  EXPECT_TRUE(v) << v.error().message();
+}
+
+TEST(KvCompact, MovesBlobsWithTheirRecords) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  constexpr int keys = 40;
+  constexpr std::size_t size = 100 * 1024;  // above the blob threshold
+  std::vector<int> version(keys, -1);
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < keys; ++k) {
+      if (round == 2 && k % 2 == 0) continue;  // half keep an old version: live in old files
+      ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round, size)));
+      version[static_cast<std::size_t>(k)] = round;
+    }
+  }
+  const files before = segments_of(path);
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_GT(c->segments_removed, 0u);
+  EXPECT_GT(c->records_moved, 0u);
+  EXPECT_LT(segments_of(path).bytes, before.bytes);
+  expect_values(*s, version, "compacted", size);
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, version, "rebuilt", size);
+}
+
+TEST(KvCompact, NeverRemovesWhatAnOlderSnapshotMayRead) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(200);
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  for (int k = 0; k < 1500; ++k)
+    ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, 0)));
+  auto old = s->begin();  // sees version 0 of everything
+  ASSERT_TRUE(old);
+  for (int k = 0; k < 1500; ++k)
+    ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, 1)));
+  // From another thread (this one holds a transaction): it must wait for `old`, and gives up.
+  result<compact_stats> c = errc_error(std::errc::invalid_argument);
+  std::thread([&] { c = s->compact(); }).join();
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error(), std::errc::timed_out);
+  for (int k = 0; k < 1500; k += 50) {
+    auto v = old->get("k" + std::to_string(k));
+    ASSERT_TRUE(v) << v.error().message();
+    EXPECT_EQ(*v, value_of(k, 0));
+  }
+  old->abort();
+  auto done = s->compact();
+  ASSERT_TRUE(done) << done.error().message();
+  EXPECT_GT(done->segments_removed, 0u);
+  std::vector<int> version(1500, 1);
+  expect_values(*s, version, "compacted");
+}
+
+// A transaction that begins while the records move may have read an entry before it named
+// the copy: the originals stay until it ends.
+TEST(KvCompact, WaitsForSnapshotsTakenWhileRecordsMoved) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  static std::unique_ptr<store> s;
+  s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < 1500; ++k) {
+      if (round == 2 && k % 3 == 0) continue;
+      ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+    }
+  }
+  static std::optional<transaction> during;
+  compact_moved_hook = []() noexcept {
+    if (auto t = s->begin()) during.emplace(std::move(*t));
+  };
+  auto c = s->compact();
+  compact_moved_hook = nullptr;
+  ASSERT_TRUE(during);
+  ASSERT_FALSE(c) << "removed segments a transaction begun meanwhile may read";
+  EXPECT_EQ(c.error(), std::errc::timed_out);
+  auto v = during->get("k0");
+  ASSERT_TRUE(v) << v.error().message();
+  EXPECT_EQ(*v, value_of(0, 1));
+  during.reset();
+  auto done = s->compact();
+  ASSERT_TRUE(done) << done.error().message();
+  s.reset();
+}
+
+TEST(KvCompact, ReadersAndWritersGoOnMeanwhile) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  constexpr int keys = 800;
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < keys; ++k)
+      ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::vector<std::atomic<int>> version(keys);
+  for (auto& v : version)
+    v = 2;
+  // A writer process and a reader thread, while this thread compacts again and again.
+  const pid_t writer = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    for (int round = 3; round < 6; ++round) {
+      for (int k = 0; k < keys; ++k) {
+        if (!(*mine)->put("k" + std::to_string(k), value_of(k, round))) return 3;
+      }
+    }
+    return 0;
+  });
+  std::thread reader([&] {
+    std::mt19937 rng(1);
+    while (!stop.load()) {
+      const int k = static_cast<int>(rng() % keys);
+      auto v = s->get("k" + std::to_string(k));
+      // Any version, but always a whole value of this key.
+      const std::string prefix = "k" + std::to_string(k) + "v";
+      if (!v || v->size() != 1000 || v->compare(0, prefix.size(), prefix) != 0) ++errors;
+    }
+  });
+  int removed = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto c = s->compact();
+    if (!c) {
+      ADD_FAILURE() << c.error().message();
+      break;
+    }
+    removed += static_cast<int>(c->segments_removed);
+  }
+  EXPECT_EQ(test::wait_exit(writer), 0);
+  auto last = s->compact();
+  ASSERT_TRUE(last) << last.error().message();
+  removed += static_cast<int>(last->segments_removed);
+  stop = true;
+  reader.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_GT(removed, 0);
+  std::vector<int> final_version(keys, 5);
+  expect_values(*s, final_version, "after");
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, final_version, "rebuilt");
+}
+
+// A compactor SIGKILLed at a random moment, again and again: nothing is lost, and the next
+// compaction (or a lone opener, or a rebuild) finds a sound store.
+TEST(KvCompact, ACompactorKilledAnywhereLosesNothing) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  constexpr int keys = 1500;
+  std::vector<int> version(keys, -1);
+  std::mt19937 rng(7);
+  for (int round = 0; round < 8; ++round) {
+    for (int k = 0; k < keys; ++k) {
+      if (rng() % 3 == 0) continue;
+      ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+      version[static_cast<std::size_t>(k)] = round;
+    }
+    const pid_t compactor = fork_child([&] {
+      auto mine = store::open(path, small());
+      if (!mine) return 2;
+      return (*mine)->compact() ? 0 : 3;
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    ::kill(compactor, SIGKILL);
+    const int status = test::wait_status(compactor);
+    EXPECT_TRUE(WIFSIGNALED(status) || WEXITSTATUS(status) == 0) << "status " << status;
+    expect_values(*s, version, "after a killed compactor");
+  }
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  expect_values(*s, version, "compacted");
+  s.reset();
+  auto reopened = open_ok(path);
+  ASSERT_TRUE(reopened);
+  expect_values(*reopened, version, "reopened");
+  reopened.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, version, "rebuilt");
+}
+
+}  // namespace
+}  // namespace keel::kv
