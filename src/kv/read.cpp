@@ -294,6 +294,9 @@ result<store_stats> store::stats() noexcept {
 }
 
 result<std::uint64_t> store::verify() noexcept {
+  // No compaction meanwhile: it would remove segments under the walk.
+  auto g = impl_->locks->lock({lock::entity(entity_compact, false)}, impl_->opts.lock_timeout);
+  if (!g) return std::unexpected(g.error());
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   std::uint64_t commits = 0;

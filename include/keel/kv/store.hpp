@@ -181,7 +181,9 @@ class store {
                                        bool keys_only = false) noexcept;
   [[nodiscard]] result<store_stats> stats() noexcept;
   //! Reads every block of every segment and checks every checksum. Returns the number of
-  //! complete commit blocks; errors: corrupt (the first damage, file and offset).
+  //! complete commit blocks; errors: corrupt (the first damage, file and offset). Waits for
+  //! a compaction to end, and keeps the next from starting until it is done. Meant for a
+  //! quiet store: blocks still being written are read as they are.
   [[nodiscard]] result<std::uint64_t> verify() noexcept;
 
   //! Moves the live records out of every segment (but the one being appended to) that is at
