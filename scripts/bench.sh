@@ -134,9 +134,11 @@ step 6/8 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${a
 "$keel" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
 
 kv_keys=200000
-[ "${QUICK:-}" = 1 ] && kv_keys=20000
+kv_seconds=2
+[ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5
 step 7/8 "kvbench on $dir: keel::kv beside LMDB, $kv_keys keys"
-"$keel" kvbench --keys "$kv_keys" --dir "$dir" --json "$out/raw/kvbench.json" >&2
+"$keel" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --dir "$dir" \
+  --json "$out/raw/kvbench.json" >&2
 
 step 8/8 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \

@@ -1,7 +1,7 @@
 // keel kvbench: keel::kv beside LMDB on the seed's workload (128-bit keys, 1 KiB values):
 // inserts, one per transaction, then fetches in random order, one thread, and the same
-// inserts from several threads. Both stores get the same keys, values and order in the
-// same run; the report is their ratio.
+// inserts from several threads, and from several processes. Both stores get the same keys,
+// values and order in the same run; the report is their ratio.
 
 #include "kvbench_command.hpp"
 
@@ -11,6 +11,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -20,6 +22,7 @@
 #include "cli_util.hpp"
 #include "keel/kv/store.hpp"
 #include "lockscale_command.hpp"
+#include "worker_pool.hpp"
 
 namespace keel::tools {
 namespace {
@@ -58,7 +61,39 @@ struct figures {
   double insert_per_s = 0;
   double fetch_per_s = 0;
   double insert_threads_per_s = 0;
+  double insert_processes_per_s = 0;
 };
+
+// `processes` forked writers, each putting its share of the keys (over and over) into the
+// store at `path` for `seconds`, one transaction per put: puts per second, all together.
+// `open` runs in each worker and returns its put function (or an error message).
+result<double> in_processes(
+    unsigned processes, double seconds,
+    const std::function<std::function<bool(std::size_t)>(std::string&)>& open, std::size_t keys) {
+  run_options ro;
+  ro.workers = processes;
+  ro.duration = std::chrono::duration<double>(seconds);
+  const run_result r = run_workers(ro, [&](worker_context& ctx) {
+    std::string why;
+    auto put = open(why);
+    if (!put) {
+      ctx.fail(why);
+      return;
+    }
+    for (std::size_t i = ctx.index(); !ctx.stopping(); i += processes) {
+      if (!put(i % keys)) {
+        ctx.fail("a put failed");
+        return;
+      }
+      ctx.count();
+    }
+  });
+  if (r.failures != 0) {
+    fmt::print(stderr, "keel kvbench: a writer process failed: {}\n", r.first_error);
+    return errc_error(std::errc::io_error);
+  }
+  return static_cast<double>(r.total()) / r.seconds;
+}
 
 double per_second(std::size_t n, clock_type::duration d) {
   return static_cast<double>(n) / std::chrono::duration<double>(d).count();
@@ -80,7 +115,8 @@ clock_type::duration in_threads(std::size_t n, unsigned threads, Body&& body) {
   return clock_type::now() - start;
 }
 
-result<figures> run_keel(const std::string& dir, const workload& w, unsigned threads) {
+result<figures> run_keel(const std::string& dir, const workload& w, unsigned threads,
+                         unsigned processes, double seconds) {
   figures f;
   kv::options o;
   auto s = kv::store::open(dir + "/keel", o);
@@ -108,10 +144,29 @@ result<figures> run_keel(const std::string& dir, const workload& w, unsigned thr
   });
   if (bad) return errc_error(std::errc::io_error);
   f.insert_threads_per_s = per_second(n, took);
+  s2->reset();
+  const std::string shared = dir + "/keel-processes";
+  if (auto made = kv::store::open(shared, o); !made) return std::unexpected(made.error());
+  std::unique_ptr<kv::store> mine;  // each worker's own, in its own process
+  auto procs = in_processes(
+      processes, seconds,
+      [&](std::string& why) -> std::function<bool(std::size_t)> {
+        auto opened = kv::store::open(shared, o);
+        if (!opened) {
+          why = opened.error().message();
+          return {};
+        }
+        mine = std::move(*opened);
+        return [&](std::size_t i) { return mine->put(w.keys[i], w.value).has_value(); };
+      },
+      n);
+  if (!procs) return std::unexpected(procs.error());
+  f.insert_processes_per_s = *procs;
   return f;
 }
 
-result<figures> run_lmdb(const std::string& dir, const workload& w, unsigned threads) {
+result<figures> run_lmdb(const std::string& dir, const workload& w, unsigned threads,
+                         unsigned processes, double seconds) {
   figures f;
   const std::size_t n = w.keys.size();
   const auto open_env = [&](const std::string& path, MDB_env** env, MDB_dbi* dbi) -> int {
@@ -177,6 +232,23 @@ result<figures> run_lmdb(const std::string& dir, const workload& w, unsigned thr
   mdb_env_close(env);
   if (bad) return errc_error(std::errc::io_error);
   f.insert_threads_per_s = per_second(n, took);
+  const std::string shared = dir + "/lmdb-processes";
+  if (int rc = open_env(shared, &env, &dbi); rc != 0) return errno_error(rc);
+  mdb_env_close(env);
+  MDB_env* mine = nullptr;  // each worker's own environment, in its own process
+  MDB_dbi mine_dbi = 0;
+  auto procs = in_processes(
+      processes, seconds,
+      [&](std::string& why) -> std::function<bool(std::size_t)> {
+        if (int rc = open_env(shared, &mine, &mine_dbi); rc != 0) {
+          why = mdb_strerror(rc);
+          return {};
+        }
+        return [&](std::size_t i) { return put(mine, mine_dbi, i) == 0; };
+      },
+      n);
+  if (!procs) return std::unexpected(procs.error());
+  f.insert_processes_per_s = *procs;
   return f;
 }
 
@@ -187,6 +259,8 @@ int run_kvbench_command(int argc, char** argv) {
   std::size_t keys = 200000;
   std::size_t value_size = 1024;
   unsigned threads = 2;
+  unsigned processes = 2;
+  double seconds = 2;
   std::string dir;
   std::string json;
   app.add_option("--keys", keys, "Keys inserted and fetched (16-byte random keys)")
@@ -195,6 +269,10 @@ int run_kvbench_command(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
   app.add_option("--threads", threads, "Writer threads of the threaded insert row")
       ->check(CLI::Range(1u, 256u));
+  app.add_option("--processes", processes, "Writer processes of the multi-process insert row")
+      ->check(CLI::Range(1u, 256u));
+  app.add_option("--seconds", seconds, "How long the multi-process row runs")
+      ->check(CLI::Range(0.1, 600.0));
   app.add_option("--dir", dir, "Where the stores go (default: a fresh directory on /dev/shm)");
   app.add_option("--json", json, "Write the figures as JSON to this file (- for stdout)");
   try {
@@ -211,12 +289,12 @@ int run_kvbench_command(int argc, char** argv) {
   const workload w = make_workload(keys, value_size);
   fmt::print(stderr, "keel kvbench: {} keys, {} B values, in {}\n", keys, value_size,
              scratch->path);
-  auto k = run_keel(scratch->path, w, threads);
+  auto k = run_keel(scratch->path, w, threads, processes, seconds);
   if (!k) {
     fmt::print(stderr, "keel kvbench: keel: {}\n", k.error().message());
     return 1;
   }
-  auto l = run_lmdb(scratch->path, w, threads);
+  auto l = run_lmdb(scratch->path, w, threads, processes, seconds);
   if (!l) {
     fmt::print(stderr, "keel kvbench: lmdb: {}\n", l.error().message());
     return 1;
@@ -229,18 +307,23 @@ int run_kvbench_command(int argc, char** argv) {
   row("fetch, 1 thread", k->fetch_per_s, l->fetch_per_s);
   row(fmt::format("insert, {} threads", threads).c_str(), k->insert_threads_per_s,
       l->insert_threads_per_s);
+  row(fmt::format("insert, {} processes", processes).c_str(), k->insert_processes_per_s,
+      l->insert_processes_per_s);
   if (!json.empty()) {
     nlohmann::json doc{{"keys", keys},
                        {"value_size", value_size},
                        {"threads", threads},
+                       {"processes", processes},
                        {"keel",
                         {{"insert", k->insert_per_s},
                          {"fetch", k->fetch_per_s},
-                         {"insert_threads", k->insert_threads_per_s}}},
+                         {"insert_threads", k->insert_threads_per_s},
+                         {"insert_processes", k->insert_processes_per_s}}},
                        {"lmdb",
                         {{"insert", l->insert_per_s},
                          {"fetch", l->fetch_per_s},
-                         {"insert_threads", l->insert_threads_per_s}}}};
+                         {"insert_threads", l->insert_threads_per_s},
+                         {"insert_processes", l->insert_processes_per_s}}}};
     if (!write_json("kvbench", json, doc)) return 1;
   }
   return 0;
