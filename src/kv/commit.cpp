@@ -158,10 +158,12 @@ result<void> store::impl::group_sync() noexcept {
     // words and before syncing: then sync every segment, dirty or not.
     const bool all = h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
     const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
-    const std::uint64_t last = h64(hdr::next_segment).load();
     result<void> r;
-    for (std::uint64_t n = last > segtab_entries ? last - segtab_entries : 1; n < last && r; ++n) {
-      if (segtab(n, 0).load() != n || (!all && segtab(n, 3).load() == 0)) continue;
+    // Every segment in the table (each has an entry of its own: make_segment skips numbers
+    // whose entry a live segment holds).
+    for (std::uint64_t i = 0; i < segtab_entries && r; ++i) {
+      const std::uint64_t n = segtab(i, 0).load();
+      if (n == 0 || n % segtab_entries != i || (!all && segtab(n, 3).load() == 0)) continue;
       segtab(n, 3).store(0, std::memory_order_seq_cst);
       auto seg = segment_at(n);
       if (!seg) {
@@ -188,9 +190,10 @@ std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
   // Published in the slot before it is used, so nothing it reads is reclaimed under it
   // (compaction and page reuse look at every slot's snapshot).
   const slot_ref me = slot(lease.index);
+  me.snapshots().fetch_add(1, std::memory_order_seq_cst);
   std::uint64_t snap = h64(hdr::visible).load(std::memory_order_acquire);
   for (;;) {
-    me.snapshot().store(snap, std::memory_order_seq_cst);
+    me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
     const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
     if (again == snap) return snap;
     snap = again;
@@ -331,6 +334,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     if (!bytes) return std::unexpected(bytes.error());
     s->segtab(fmt::segment_of(at), 3).store(1, std::memory_order_seq_cst);
     k.blob = {at, fmt::encode_blob_block(bytes->first(len), value, s->salt)};
+    s->segtab(fmt::segment_of(at), 3).store(1, std::memory_order_seq_cst);  // again: as below
   }
 
   // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
@@ -499,6 +503,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // next group sync, even if its writer dies right after writing it.
   s->segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
   fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
+  // And again after: a leader that cleared the word before our write landed and synced
+  // without it leaves it to the next one, which must know.
+  s->segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
   step(commit_step::written);
 
   // 9. Publish: each entry names the new record, then the seq (the pending mark goes last).

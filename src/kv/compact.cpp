@@ -25,18 +25,52 @@ struct segment_use {
 
 }  // namespace
 
-result<void> store::impl::wait_for_snapshots(std::uint64_t seq, const io::countdown& cd) noexcept {
+result<void> store::impl::wait_for_transactions(const io::countdown& cd) noexcept {
+  // Each transaction open now (a slot holding a snapshot) is waited for until it ends. One
+  // that begins meanwhile (its slot's snapshot count moves on) began after the caller's
+  // point, so it is not waited for: a stream of readers cannot starve us.
+  std::vector<std::uint64_t> count(max_slots);
+  std::vector<bool> waiting(max_slots);
+  try {
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      count[u] = slot(u).snapshots().load(std::memory_order_seq_cst);
+      waiting[u] = true;
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
   for (;;) {
     bool older = false;
-    for (std::uint32_t u = 0; u < max_slots && !older; ++u) {
-      const std::uint64_t snap = slot(u).snapshot().load(std::memory_order_seq_cst);
-      if (snap == 0 || snap >= seq) continue;
-      older = !slot_owner_dead(u);
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      if (!waiting[u]) continue;
+      const slot_ref sl = slot(u);
+      // The slot holds 1 + its snapshot (0: none), so one of an empty store counts too.
+      const std::uint64_t held = sl.snapshot().load(std::memory_order_seq_cst);
+      if (held == 0 || sl.snapshots().load(std::memory_order_seq_cst) != count[u] ||
+          slot_owner_dead(u)) {
+        waiting[u] = false;
+        continue;
+      }
+      older = true;
     }
     if (!older) return {};
     if (cd.expired()) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countdown& cd) noexcept {
+  auto visible = h64(hdr::visible);
+  auto last_settle = std::chrono::steady_clock::now();
+  while (visible.load(std::memory_order_acquire) < seq) {
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    if (std::chrono::steady_clock::now() - last_settle >= std::chrono::milliseconds(2)) {
+      (void)settle_dead_commit(visible.load(std::memory_order_acquire) + 1);
+      last_settle = std::chrono::steady_clock::now();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return {};
 }
 
 result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec,
@@ -93,6 +127,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       if (!out) return std::unexpected(out.error());
       segtab(fmt::segment_of(*nb), 3).store(1, std::memory_order_seq_cst);
       r.blob = {*nb, fmt::encode_blob_block(out->first(len), *value, salt)};
+      segtab(fmt::segment_of(*nb), 3).store(1, std::memory_order_seq_cst);
       moved += len;
     }
     const std::array<fmt::record_in, 1> records{r};
@@ -103,6 +138,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     if (!out) return std::unexpected(out.error());
     segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
     fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
+    segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);  // after, too
     // The copy is whole before the entry names it; the seq stays (it is the same version).
     entry->location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
     st.records_moved += 1;
@@ -143,9 +179,7 @@ result<compact_stats> store::compact() noexcept {
   const std::uint64_t active = fmt::segment_of(s.h64(hdr::tail).load(std::memory_order_acquire));
   auto numbers = s.segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
-  if (auto w = s.wait_for_snapshots(s.h64(hdr::next_seq).load(), cd); !w) {
-    return std::unexpected(w.error());
-  }
+  if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
 
   // 2. What is live where: every entry of the index (as of one directory word: a split
   // copies entries, never moves them, and retired pages are not reused, so every record
@@ -154,9 +188,36 @@ result<compact_stats> store::compact() noexcept {
   std::map<std::uint64_t, segment_use> use;
   std::set<std::uint64_t> candidates;  // only these were waited for
   try {
+    // Below the tail's segment only: a segment made and named, but not yet the tail's, is
+    // about to be written. (So the highest-numbered segment always stays, and a rebuild,
+    // which numbers new segments after it, never reuses a removed one's number.)
     for (const std::uint64_t n : *numbers) {
-      if (n != active) candidates.insert(n);
+      if (n < active) candidates.insert(n);
     }
+    // Pins the segment of a block (or record) and of every blob it names. A block is read
+    // only in a candidate segment, which nobody alive is writing any more.
+    const auto pin = [&](std::uint64_t at, bool block) {
+      use[fmt::segment_of(at)].pinned = true;
+      if (!candidates.contains(fmt::segment_of(at))) return;
+      const auto pin_blob = [&](const fmt::record_view& r) {
+        if (is_blob(r)) use[fmt::segment_of(r.blob.location)].pinned = true;
+      };
+      if (!block) {
+        if (auto r = s.record_at(at, false)) pin_blob(r->rec);
+        return;
+      }
+      auto bytes = s.bytes_at(at);
+      if (!bytes) return;
+      auto head = fmt::check_block(*bytes, s.salt);
+      if (!head) return;
+      std::uint64_t r = sizeof(fmt::block_header);
+      for (std::uint32_t i = 0; i < head->records; ++i) {
+        auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), s.salt, false);
+        if (!rec) return;
+        pin_blob(*rec);
+        r += rec->size;
+      }
+    };
     const std::uint64_t word = s.h64(hdr::directory).load(std::memory_order_acquire);
     const std::uint64_t first = word >> 8;
     const std::uint64_t count = std::uint64_t{1} << (word & 0xff);
@@ -174,8 +235,10 @@ result<compact_stats> store::compact() noexcept {
         const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
         const std::uint64_t at = e.location().load(std::memory_order_acquire);
         if ((seq & ix::pending) != 0) {
-          use[fmt::segment_of(seq & ~ix::pending)].pinned = true;
-          if (at != 0) use[fmt::segment_of(at)].pinned = true;
+          // A dead writer's commit, settled later either way: its block, the record it
+          // would restore, and the blobs of both must stay.
+          pin(seq & ~ix::pending, true);
+          if (at != 0) pin(at, false);
           continue;
         }
         if (at == 0) continue;
@@ -256,9 +319,13 @@ result<compact_stats> store::compact() noexcept {
   // (a snapshot from before the moves, or one walking back to older versions).
   if (compact_moved_hook != nullptr) compact_moved_hook();
   if (auto r = s.group_sync(); !r) return std::unexpected(r.error());
-  if (auto w = s.wait_for_snapshots(s.h64(hdr::next_seq).load(), cd); !w) {
-    return std::unexpected(w.error());
-  }
+  // A commit that superseded a record before it could move names the original as its
+  // previous version: every snapshot from now on must see that commit (so every seq handed
+  // out so far is visible first). And every transaction open now must end: it may hold an
+  // original's location, or a view into it.
+  const std::uint64_t moved_by = s.h64(hdr::next_seq).load(std::memory_order_seq_cst) - 1;
+  if (auto w = s.wait_visible_until(moved_by, cd); !w) return std::unexpected(w.error());
+  if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
 
   // 6. Remove them, under the sync lock (a group sync never meets a half-removed segment).
   {

@@ -327,7 +327,14 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
 
 result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   // Under the `segment` lock (or alone): one maker at a time.
-  const std::uint64_t number = h64(hdr::next_segment).load();
+  // A number whose segment table entry no live segment holds (compaction leaves live
+  // segments far apart in numbers; two must never share an entry).
+  std::uint64_t number = h64(hdr::next_segment).load();
+  for (std::size_t skipped = 0;; ++number, ++skipped) {
+    if (skipped >= segtab_entries) return errc_error(std::errc::file_too_large);
+    const std::uint64_t holder = segtab(number, 0).load();
+    if (holder == 0 || holder == number) break;
+  }
   if (number > fmt::max_segment_number) return errc_error(std::errc::file_too_large);
   h64(hdr::next_segment).store(number + 1);  // a maker that dies leaves a gap, no harm
   const std::string name = segment_name(number);
@@ -581,6 +588,12 @@ result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
         }
         max_seq = std::max(max_seq, whole->seq);
         end = off + head.length;
+      } else if (!opts.read_only && fmt::check_block(bytes.subspan(off), salt)) {
+        // Whole itself, but a blob it names did not survive: it never happened. Voided on
+        // disk, so that no later replay counts it once that blob's segment is compacted away
+        // (a missing segment means a removed blob, see complete_block).
+        std::memset(s.map.data() + off, 0, 8);
+        if (auto synced = s.file.sync_data(); !synced) return synced;
       }
     } else if (auto whole = fmt::check_block(bytes.subspan(off), salt)) {
       end = off + head.length;

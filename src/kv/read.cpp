@@ -59,13 +59,16 @@ std::optional<fmt::block_header> store::impl::complete_block(std::uint64_t locat
     return std::nullopt;
   }
   // A commit is complete only with every blob it names (a `none` commit's blob may not have
-  // reached the disk before a power cut when its commit block did).
+  // reached the disk before a power cut when its commit block did). A blob whose segment is
+  // gone was removed by a compaction, which removes only blobs no live record names: the
+  // commit was complete (a replay that once found it incomplete voided it for good).
   std::uint64_t r = sizeof(fmt::block_header);
   for (std::uint32_t i = 0; i < head->records; ++i) {
     auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), salt, false);
     if (!rec) return std::nullopt;
     if (is_blob(*rec)) {
-      if (!value_of(found_record{location + r, *rec, nullptr}, true)) return std::nullopt;
+      auto v = value_of(found_record{location + r, *rec, nullptr}, true);
+      if (!v && v.error() != std::errc::no_such_file_or_directory) return std::nullopt;
     }
     r += rec->size;
   }

@@ -100,6 +100,8 @@ struct slot_ref {
   std::atomic_ref<std::uint64_t> seq() const noexcept { return u64(32); }
   std::atomic_ref<std::uint64_t> block() const noexcept { return u64(40); }
   std::atomic_ref<std::uint64_t> block_length() const noexcept { return u64(48); }
+  //! Snapshots taken in this slot so far: a waiter sees a new transaction begin.
+  std::atomic_ref<std::uint64_t> snapshots() const noexcept { return u64(56); }
 
  private:
   std::atomic_ref<std::uint32_t> u32(std::size_t at) const noexcept {
@@ -239,8 +241,10 @@ struct store::impl final : ix::page_source {
   //! Reserves `length` bytes in the active segment (a new one when it is full).
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length) noexcept;
   // ---- compaction (compact.cpp) ----
-  //! Waits until no live user holds a snapshot below `seq`. Errors: timed_out.
-  [[nodiscard]] result<void> wait_for_snapshots(std::uint64_t seq,
+  //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
+  [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;
+  //! Waits, settling dead writers' commits, until every seq up to `seq` is visible.
+  [[nodiscard]] result<void> wait_visible_until(std::uint64_t seq,
                                                 const io::countdown& cd) noexcept;
   //! Copies the record at `at` to the tail (and its blob, if that lies in a victim) and
   //! points its entry there, if its entry still names it: whether it did.

@@ -145,6 +145,49 @@ TEST(KvCompact, MovesBlobsWithTheirRecords) {
   expect_values(*rebuilt, version, "rebuilt", size);
 }
 
+// A commit whose blob is dead (its key overwritten) and whose other record is live: once the
+// blob's segment is compacted away, the commit still counts as whole, at once and after a
+// rebuild, so its live record is neither lost nor rolled back.
+TEST(KvCompact, ACommitOutlivesItsRemovedDeadBlob) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  const std::string big((std::size_t{3} << 20) / 2, 'B');  // a segment of its own
+  {
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(t->put("blob", big));
+    ASSERT_TRUE(t->put("small", "kept"));
+    ASSERT_TRUE(t->commit());
+  }
+  ASSERT_TRUE(s->put("blob", "gone"));
+  for (int k = 0; k < 1500; ++k)  // moves the tail past the blob's segment
+    ASSERT_TRUE(s->put("f" + std::to_string(k), value_of(k, 0)));
+  const files before = segments_of(path);
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_GE(c->segments_removed, 1u);
+  EXPECT_LT(segments_of(path).bytes + big.size() / 2, before.bytes) << "the blob's file went";
+  EXPECT_EQ(*s->get("small"), "kept");
+  EXPECT_EQ(*s->get("blob"), "gone");
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  auto v = rebuilt->get("small");
+  ASSERT_TRUE(v) << "the commit was dropped: " << v.error().message();
+  EXPECT_EQ(*v, "kept");
+  EXPECT_EQ(*rebuilt->get("blob"), "gone");
+  auto checked = rebuilt->verify();
+  EXPECT_TRUE(checked) << checked.error().message();
+  // And a second compaction, with the commit's own segment perhaps a victim, keeps it too.
+  for (int k = 0; k < 1500; ++k)
+    ASSERT_TRUE(rebuilt->put("f" + std::to_string(k), value_of(k, 1)));
+  ASSERT_TRUE(rebuilt->compact());
+  EXPECT_EQ(*rebuilt->get("small"), "kept");
+}
+
 TEST(KvCompact, NeverRemovesWhatAnOlderSnapshotMayRead) {
   temp_dir dir;
   const std::string path = dir.file("s");
