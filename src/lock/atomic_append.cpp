@@ -685,7 +685,8 @@ result<void> atomic_append::do_unlock(std::span<const entity> sorted,
   thread_log& t = **state;
   const auto at = static_cast<off_t>(token);
   std::erase(t.held, at);
-  // Released first, then the lock: a waiter woken by the unlock already sees the flag. If
+  // Released first, then the lock: a waiter woken by the unlock already sees the flag (and
+  // a reset, which waits for every chunk byte to be free, for our hint move and punch). If
   // the flag cannot be written, the lock stays held (a free lock on a record that says held,
   // with its owner alive, is a state nobody could tell from an owner about to lock it).
   if (auto r = mark_released(t.rw, at, passed_mark); !r) {
@@ -716,6 +717,18 @@ result<void> atomic_append::do_unlock(std::span<const entity> sorted,
   // look must be scanned too, or a live one would be truncated away.
   size = t.rw.size();
   if (!size) return {};
+  // Nor an unlock: an unlocker marks its chunk released, then moves the hint past it and
+  // punches the released prefix, and only then unlocks its chunk's byte. A reset between the
+  // two (the scan below takes a marked chunk for released, and starts past it once the hint
+  // moved) would meet those late steps in the new log: a punch of the old prefix zeroes the
+  // records appended since, and a compare-and-swap from the old offset can move the hint
+  // past a live chunk that sits there now. Every held chunk's byte is locked too, so one look
+  // at the whole range (F_OFD_GETLK: our own locks do not count, the scan stops at them)
+  // tells whether anyone is at work in the log.
+  if (*size > header_size) {
+    auto quiet = io::extent_is_free(t.rw, header_size, *size - header_size, io::lock_kind::shared);
+    if (!quiet || !*quiet) return {};
+  }
   const off_t from = std::max<off_t>(header_size, static_cast<off_t>(impl_->first_live().load()));
   bool all_released = true;
   auto scanned = scan(
