@@ -66,16 +66,16 @@ struct figures {
 
 // `processes` forked writers, each putting its share of the keys (over and over) into the
 // store at `path` for `seconds`, one transaction per put: puts per second, all together.
-// `open` runs in each worker and returns its put function (or an error message).
+// `start` runs in each worker and returns its put function (or an error message).
 result<double> in_processes(
     unsigned processes, double seconds,
-    const std::function<std::function<bool(std::size_t)>(std::string&)>& open, std::size_t keys) {
+    const std::function<std::function<bool(std::size_t)>(std::string&)>& start, std::size_t keys) {
   run_options ro;
   ro.workers = processes;
   ro.duration = std::chrono::duration<double>(seconds);
   const run_result r = run_workers(ro, [&](worker_context& ctx) {
     std::string why;
-    auto put = open(why);
+    auto put = start(why);
     if (!put) {
       ctx.fail(why);
       return;
