@@ -23,12 +23,6 @@ void step(commit_step at) noexcept {
   if (commit_hook != nullptr) commit_hook(at);
 }
 
-std::uint64_t stored_size(const fmt::record_view& r) noexcept {
-  return r.size + (r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob)
-                       ? fmt::blob_block_size(r.head.value_length)
-                       : 0);
-}
-
 }  // namespace
 
 // ---- Settling what dead writers left ----
@@ -190,7 +184,9 @@ std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
   // Published in the slot before it is used, so nothing it reads is reclaimed under it
   // (compaction and page reuse look at every slot's snapshot).
   const slot_ref me = slot(lease.index);
-  me.snapshots().fetch_add(1, std::memory_order_seq_cst);
+  // Only this slot's holder writes it: a store, not a locked read-modify-write.
+  me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
+                       std::memory_order_seq_cst);
   std::uint64_t snap = h64(hdr::visible).load(std::memory_order_acquire);
   for (;;) {
     me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
@@ -332,9 +328,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     auto bytes = s->bytes_at(at);
     if (!bytes) return std::unexpected(bytes.error());
-    s->segtab(fmt::segment_of(at), 3).store(1, std::memory_order_seq_cst);
-    k.blob = {at, fmt::encode_blob_block(bytes->first(len), value, s->salt)};
-    s->segtab(fmt::segment_of(at), 3).store(1, std::memory_order_seq_cst);  // again: as below
+    k.blob = {at, s->write_dirty(at, [&] {
+                return fmt::encode_blob_block(bytes->first(len), value, s->salt);
+              })};
   }
 
   // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
@@ -389,7 +385,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
         k.prev = at;
         k.prev_seq = e.seq().load(std::memory_order_acquire);
         if (rec->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
-          k.prev_size = stored_size(rec->rec);
+          k.prev_size = fmt::stored_size(rec->rec);
         }
         break;
       }
@@ -498,14 +494,10 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   me.state().store(u64(commit_state::writing), std::memory_order_seq_cst);
   step(commit_step::recorded);
 
-  // 7. Write the block (header last), and note its segment for the next group sync.
-  // Dirty before the block is written: a block that completes is always synced by the
-  // next group sync, even if its writer dies right after writing it.
-  s->segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
-  fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
-  // And again after: a leader that cleared the word before our write landed and synced
-  // without it leaves it to the next one, which must know.
-  s->segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
+  // 7. Write the block (header last), noting its segment for the next group sync.
+  s->write_dirty(*L, [&] {
+    fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
+  });
   step(commit_step::written);
 
   // 9. Publish: each entry names the new record, then the seq (the pending mark goes last).

@@ -13,10 +13,6 @@
 namespace keel::kv {
 namespace {
 
-bool is_blob(const fmt::record_view& r) noexcept {
-  return r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob);
-}
-
 struct segment_use {
   std::uint64_t live = 0;             // bytes of records entries name, and of their blobs
   std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
@@ -115,7 +111,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     r.prev_seq = rec.head.prev_seq;
     r.seq = rec.head.seq;
     std::uint64_t moved = 0;
-    if (is_blob(rec) && victims.contains(fmt::segment_of(rec.blob.location))) {
+    if (fmt::is_blob(rec) && victims.contains(fmt::segment_of(rec.blob.location))) {
       // Its blob goes too (a victim's blobs are only ever this segment's records' or
       // another victim's: see compact).
       auto value = value_of(found_record{at, rec, nullptr}, opts.verify_checksums);
@@ -125,9 +121,9 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       if (!nb) return std::unexpected(nb.error());
       auto out = bytes_at(*nb);
       if (!out) return std::unexpected(out.error());
-      segtab(fmt::segment_of(*nb), 3).store(1, std::memory_order_seq_cst);
-      r.blob = {*nb, fmt::encode_blob_block(out->first(len), *value, salt)};
-      segtab(fmt::segment_of(*nb), 3).store(1, std::memory_order_seq_cst);
+      r.blob = {*nb, write_dirty(*nb, [&] {
+                  return fmt::encode_blob_block(out->first(len), *value, salt);
+                })};
       moved += len;
     }
     const std::array<fmt::record_in, 1> records{r};
@@ -136,9 +132,9 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     if (!L) return std::unexpected(L.error());
     auto out = bytes_at(*L);
     if (!out) return std::unexpected(out.error());
-    segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);
-    fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
-    segtab(fmt::segment_of(*L), 3).store(1, std::memory_order_seq_cst);  // after, too
+    write_dirty(*L, [&] {
+      fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
+    });
     // The copy is whole before the entry names it; the seq stays (it is the same version).
     entry->location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
     st.records_moved += 1;
@@ -200,7 +196,7 @@ result<compact_stats> store::compact() noexcept {
       use[fmt::segment_of(at)].pinned = true;
       if (!candidates.contains(fmt::segment_of(at))) return;
       const auto pin_blob = [&](const fmt::record_view& r) {
-        if (is_blob(r)) use[fmt::segment_of(r.blob.location)].pinned = true;
+        if (fmt::is_blob(r)) use[fmt::segment_of(r.blob.location)].pinned = true;
       };
       if (!block) {
         if (auto r = s.record_at(at, false)) pin_blob(r->rec);
@@ -218,16 +214,7 @@ result<compact_stats> store::compact() noexcept {
         r += rec->size;
       }
     };
-    const std::uint64_t word = s.h64(hdr::directory).load(std::memory_order_acquire);
-    const std::uint64_t first = word >> 8;
-    const std::uint64_t count = std::uint64_t{1} << (word & 0xff);
-    std::uint64_t last_page = 0;
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const std::uint64_t page = std::atomic_ref(*reinterpret_cast<std::uint64_t*>(
-                                                     s.base() + first * fmt::page_size + i * 8))
-                                     .load(std::memory_order_acquire);
-      if (page == last_page) continue;
-      last_page = page;
+    auto counted = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
       const ix::bucket_ref b = s.table->page(page);
       for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
         const ix::entry_ref e = b.entry(k);
@@ -245,13 +232,15 @@ result<compact_stats> store::compact() noexcept {
         auto rec = s.record_at(at, false);
         if (!rec) return std::unexpected(rec.error());
         use[fmt::segment_of(at)].live += rec->rec.size;
-        if (is_blob(rec->rec)) {
+        if (fmt::is_blob(rec->rec)) {
           auto& u = use[fmt::segment_of(rec->rec.blob.location)];
           u.live += fmt::blob_block_size(rec->rec.head.value_length);
           u.blob_refs.insert(fmt::segment_of(at));
         }
       }
-    }
+      return true;
+    });
+    if (!counted) return std::unexpected(counted.error());
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }

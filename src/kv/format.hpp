@@ -197,6 +197,14 @@ struct record_view {
   std::uint64_t size = 0;            //!< bytes it takes, padding included
 };
 
+[[nodiscard]] inline bool is_blob(const record_view& r) noexcept {
+  return r.head.op == static_cast<std::uint8_t>(op::put_blob);
+}
+//! Bytes a version takes in the segments: its record, and its blob block if it has one.
+[[nodiscard]] inline std::uint64_t stored_size(const record_view& r) noexcept {
+  return r.size + (is_blob(r) ? blob_block_size(r.head.value_length) : 0);
+}
+
 //! Reads the block header at the start of `bytes` (which may run on past the block: the rest
 //! of the segment). Errors: corrupt at offset 0 (no magic, a bad header checksum, an unknown
 //! kind, a length below 48, not a multiple of 8 or past the end of `bytes`).

@@ -659,16 +659,11 @@ result<void> store::impl::apply_record(std::uint64_t location, const fmt::record
     const std::uint64_t old_at = e->location().load();
     const std::uint64_t old_seq = e->seq().load();
     if (old_at != 0 && old_seq >= seq) return {};  // a newer version is there already
-    const std::uint64_t size = r.size + (r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob)
-                                             ? fmt::blob_block_size(r.head.value_length)
-                                             : 0);
+    const std::uint64_t size = fmt::stored_size(r);
     if (old_at != 0) {
       auto old = record_at(old_at, false);
       if (old && old->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
-        const std::uint64_t old_size =
-            old->rec.size + (old->rec.head.op == static_cast<std::uint8_t>(fmt::op::put_blob)
-                                 ? fmt::blob_block_size(old->rec.head.value_length)
-                                 : 0);
+        const std::uint64_t old_size = fmt::stored_size(old->rec);
         h64(hdr::live_records).fetch_sub(1);
         h64(hdr::live_bytes).fetch_sub(old_size);
         h64(hdr::dead_bytes).fetch_add(old_size);

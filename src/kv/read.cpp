@@ -9,13 +9,6 @@
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
-namespace {
-
-bool is_blob(const fmt::record_view& r) noexcept {
-  return r.head.op == static_cast<std::uint8_t>(fmt::op::put_blob);
-}
-
-}  // namespace
 
 result<found_record> store::impl::record_at(std::uint64_t location, bool verify) noexcept {
   auto s = segment_at(fmt::segment_of(location));
@@ -31,7 +24,7 @@ result<found_record> store::impl::record_at(std::uint64_t location, bool verify)
 
 result<std::span<const std::byte>> store::impl::value_of(const found_record& r,
                                                          bool verify) noexcept {
-  if (!is_blob(r.rec)) return r.rec.value;
+  if (!fmt::is_blob(r.rec)) return r.rec.value;
   auto s = segment_at(fmt::segment_of(r.rec.blob.location));
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(r.rec.blob.location);
@@ -66,7 +59,7 @@ std::optional<fmt::block_header> store::impl::complete_block(std::uint64_t locat
   for (std::uint32_t i = 0; i < head->records; ++i) {
     auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), salt, false);
     if (!rec) return std::nullopt;
-    if (is_blob(*rec)) {
+    if (fmt::is_blob(*rec)) {
       auto v = value_of(found_record{location + r, *rec, nullptr}, true);
       if (!v && v.error() != std::errc::no_such_file_or_directory) return std::nullopt;
     }
@@ -182,23 +175,11 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
 
   scan_page out;
   try {
-    const std::uint64_t word = impl_->h64(hdr::directory).load(std::memory_order_acquire);
-    const std::uint64_t first = word >> 8;
-    const unsigned depth = static_cast<unsigned>(word & 0xff);
-    const std::uint64_t n = std::uint64_t{1} << depth;
-    // The directory entry to start from: the cursor's prefix.
-    std::uint64_t i = (from_start || depth == 0) ? 0 : after_hi >> (64 - depth);
-    std::uint64_t last_page = 0;
     struct key_entry {
       std::uint64_t hi, lo;
     };
-    for (; i < n; ++i) {
-      const std::uint64_t page =
-          std::atomic_ref(
-              *reinterpret_cast<std::uint64_t*>(impl_->base() + first * fmt::page_size + i * 8))
-              .load(std::memory_order_acquire);
-      if (page == last_page) continue;
-      last_page = page;
+    // From the directory entry of the cursor's prefix.
+    auto walked = impl_->for_each_bucket_page(after_hi, [&](std::uint64_t page) -> result<bool> {
       const ix::bucket_ref b = impl_->table->page(page);
       std::vector<key_entry> keys;
       for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
@@ -250,10 +231,12 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
           out.items.push_back(std::move(it));
         }
         out.cursor = cursor_of(k.hi, k.lo);
-        if (out.items.size() >= limit) return out;
+        if (out.items.size() >= limit) return false;
       }
-    }
-    out.done = true;
+      return true;
+    });
+    if (!walked) return std::unexpected(walked.error());
+    out.done = out.items.size() < limit;
     return out;
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
@@ -275,20 +258,12 @@ result<store_stats> store::stats() noexcept {
     ++st.segments;
     st.segment_bytes += s->size;
   }
-  const std::uint64_t word = impl_->h64(hdr::directory).load(std::memory_order_acquire);
-  const std::uint64_t n = std::uint64_t{1} << (word & 0xff);
-  std::uint64_t last = 0;
   std::uint64_t used = 0;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint64_t page =
-        std::atomic_ref(
-            *reinterpret_cast<std::uint64_t*>(impl_->base() + (word >> 8) * fmt::page_size + i * 8))
-            .load(std::memory_order_acquire);
-    if (page == last) continue;
-    last = page;
+  (void)impl_->for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
     ++st.index_pages;
     used += impl_->table->page(page).used().load();
-  }
+    return true;
+  });
   if (st.index_pages > 0) {
     st.index_load =
         static_cast<double>(used) / static_cast<double>(st.index_pages * ix::entries_per_page);

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "base/format_header.hpp"
@@ -216,6 +217,46 @@ struct store::impl final : ix::page_source {
       }
       if (auto r = f(off, *head); !r) return r;
       off += head->length;
+    }
+    return {};
+  }
+  //! Runs `fill` (which writes a block at `location` through the map) between two settings of
+  //! the segment's dirty word (doc/kv-format.md, "Committing", step 7): before, so a block
+  //! that completes is synced by the next group sync even if its writer dies at once; after,
+  //! so a sync leader that cleared the word while the block landed leaves it to the next one.
+  //! Returns what `fill` returns.
+  template <class Fill>
+  auto write_dirty(std::uint64_t location, Fill&& fill) noexcept {
+    const auto dirty = segtab(fmt::segment_of(location), 3);
+    dirty.store(1, std::memory_order_seq_cst);
+    if constexpr (std::is_void_v<decltype(fill())>) {
+      fill();
+      dirty.store(1, std::memory_order_seq_cst);
+    } else {
+      auto r = fill();
+      dirty.store(1, std::memory_order_seq_cst);
+      return r;
+    }
+  }
+  //! Visits the bucket pages one directory word names, in directory order from the entry of
+  //! hash prefix `from_hi` (0: the first), each run of entries naming one page once;
+  //! `visit(page)` returns result<bool> (false: stop there). The word is read once: pages a
+  //! split retires meanwhile still hold their entries (they are never reused).
+  template <class Visit>
+  result<void> for_each_bucket_page(std::uint64_t from_hi, Visit&& visit) const {
+    const std::uint64_t word = h64(hdr::directory).load(std::memory_order_acquire);
+    const unsigned depth = static_cast<unsigned>(word & 0xff);
+    const std::uint64_t n = std::uint64_t{1} << depth;
+    std::uint64_t last = 0;
+    for (std::uint64_t i = depth == 0 ? 0 : from_hi >> (64 - depth); i < n; ++i) {
+      const std::uint64_t page = std::atomic_ref(*reinterpret_cast<std::uint64_t*>(
+                                                     base() + (word >> 8) * fmt::page_size + i * 8))
+                                     .load(std::memory_order_acquire);
+      if (page == last) continue;
+      last = page;
+      auto go = visit(page);
+      if (!go) return std::unexpected(go.error());
+      if (!*go) return {};
     }
     return {};
   }
