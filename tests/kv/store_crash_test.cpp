@@ -26,6 +26,21 @@ std::string value_of(int i, int round) {
          std::string(static_cast<std::size_t>(i % 7) * 100, 'v');
 }
 
+// A directory the fault seam tracks (a power cut applies to it), its shadow, and the store in
+// it.
+struct power_cut_dirs {
+  temp_dir base;
+  std::string root = base.file("root"), shadow = base.file("shadow"), path = root + "/store";
+  power_cut_dirs() { std::filesystem::create_directory(root); }
+  // What the power cut left (torn writes included), then a reboot: the index, a cache of one
+  // boot, goes and is rebuilt by the next open.
+  [[nodiscard]] bool restore_and_reboot(std::uint64_t seed) const {
+    if (!io::fault_filesystem::restore(root, shadow, {.torn = true, .seed = seed})) return false;
+    std::filesystem::remove(path + "/index");
+    return true;
+  }
+};
+
 // A writer commits `sync` transactions (two keys each, so a half-applied one shows) and
 // reports each one that returned; the power goes at the nth sync or write of the store's
 // files. After the restore (a reboot: the index, a cache of this boot, is rebuilt), every
@@ -34,10 +49,8 @@ class KvStorePowerCut : public ::testing::TestWithParam<int> {};
 
 TEST_P(KvStorePowerCut, EveryAcknowledgedSyncCommitSurvivesWhole) {
   const int nth = GetParam();
-  temp_dir base;
-  const std::string root = base.file("root"), shadow = base.file("shadow");
-  std::filesystem::create_directory(root);
-  const std::string path = root + "/store";
+  const power_cut_dirs dirs;
+  const std::string &root = dirs.root, &shadow = dirs.shadow, &path = dirs.path;
   {
     options o;
     o.segment_size = std::uint64_t{1} << 20;
@@ -79,9 +92,7 @@ TEST_P(KvStorePowerCut, EveryAcknowledgedSyncCommitSurvivesWhole) {
   }
   ::close(fds[0]);
   ASSERT_EQ(wait_exit(child), 128 + SIGKILL);
-  ASSERT_TRUE(io::fault_filesystem::restore(
-      root, shadow, {.torn = true, .seed = static_cast<std::uint64_t>(nth)}));
-  std::filesystem::remove(path + "/index");  // a reboot: the boot id changes
+  ASSERT_TRUE(dirs.restore_and_reboot(static_cast<std::uint64_t>(nth)));
   auto s = store::open(path);
   ASSERT_TRUE(s) << s.error().message();
   for (int i = 0; i < 40; ++i) {
@@ -123,10 +134,8 @@ class KvCompactPowerCut : public ::testing::TestWithParam<compact_cut> {};
 
 TEST_P(KvCompactPowerCut, EveryValueSurvives) {
   const compact_cut cut = GetParam();
-  temp_dir base;
-  const std::string root = base.file("root"), shadow = base.file("shadow");
-  std::filesystem::create_directory(root);
-  const std::string path = root + "/store";
+  const power_cut_dirs dirs;
+  const std::string &root = dirs.root, &shadow = dirs.shadow, &path = dirs.path;
   options o;
   o.segment_size = std::uint64_t{1} << 20;
   constexpr int keys = 1200;
@@ -160,9 +169,7 @@ TEST_P(KvCompactPowerCut, EveryValueSurvives) {
   });
   const int code = wait_exit(child);
   ASSERT_TRUE(code == 128 + SIGKILL || code == 0) << "exit " << code;
-  ASSERT_TRUE(io::fault_filesystem::restore(
-      root, shadow, {.torn = true, .seed = static_cast<std::uint64_t>(cut.nth)}));
-  std::filesystem::remove(path + "/index");
+  ASSERT_TRUE(dirs.restore_and_reboot(static_cast<std::uint64_t>(cut.nth)));
   auto s = store::open(path);
   ASSERT_TRUE(s) << s.error().message();
   int bad = 0;
