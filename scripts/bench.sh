@@ -9,6 +9,8 @@
 #   NO_FS=1        skip the lock rows on ext4, xfs and btrfs loop devices (they need root)
 #   AIO_DIR=DIR    where keel aiobench puts its files (default build/aiobench: a real disk,
 #                  for O_DIRECT; the randread file is kept there for the next run)
+#   KV_SYNC_DIR=DIR  where keel kvbench's durable rows put their stores (default
+#                  build/kvbench: a real disk, for fdatasync to cost what it costs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/release/bin
@@ -133,12 +135,17 @@ aio_dir=${AIO_DIR:-build/aiobench}
 step 6/8 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
 "$keel" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
 
-kv_keys=200000
+# The issue's 1 M records; an engine too slow to put them all within kv_fill seconds goes on
+# with those it put (the report says so). Durable rows on a disk: fdatasync on tmpfs is free.
+kv_keys=1000000
 kv_seconds=2
-[ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5
-step 7/8 "kvbench on $dir: keel::kv beside LMDB, $kv_keys keys"
-"$keel" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --dir "$dir" \
-  --json "$out/raw/kvbench.json" >&2
+kv_fill=60
+[ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5 && kv_fill=10
+kv_sync_dir=${KV_SYNC_DIR:-build/kvbench}
+mkdir -p "$kv_sync_dir"
+step 7/8 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
+"$keel" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
+  --dir "$dir" --sync-dir "$kv_sync_dir" --json "$out/raw/kvbench.json" >&2
 
 step 8/8 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \

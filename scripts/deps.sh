@@ -25,7 +25,8 @@ packages=(
   clang-19                   # the thread-safety analysis check that runs as a test
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
   fio                             # the peer of keel aiobench's random reads
-  liblmdb-dev                     # the peer of keel kvbench (benchmark-only)
+  # keel kvbench's peers (benchmark-only, never the library's)
+  liblmdb-dev libtkrzw-dev librocksdb-dev libleveldb-dev libsqlite3-dev libtdb-dev
 )
 
 # Only for `make fuzz`: clang with libFuzzer and the sanitizer runtimes (GCC has no

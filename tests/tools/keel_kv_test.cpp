@@ -92,22 +92,45 @@ TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {
 
 namespace {
 
-TEST(KeelKvbench, MeasuresKeelAndLmdbOnTheSameWorkload) {
+TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   keel::test::temp_dir dir;
   const std::string json = dir.file("kv.json");
-  const auto r = run_program(KEEL_BINARY,
-                             {"kvbench", "--keys", "2000", "--seconds", "0.2", "--dir",
-                              dir.path().string(), "--json", json},
-                             dir.path().string());
+  const auto r =
+      run_program(KEEL_BINARY,
+                  {"kvbench", "--keys", "2000", "--seconds", "0.2", "--durable-writers", "3",
+                   "--dir", dir.path().string(), "--sync-dir", dir.path().string(), "--json", json},
+                  dir.path().string());
   ASSERT_EQ(r.code, 0) << r.err;
   const auto doc = nlohmann::json::parse(keel::test::slurp(json));
-  for (const char* who : {"keel", "lmdb"}) {
-    for (const char* what : {"insert", "fetch", "insert_threads", "insert_processes"}) {
-      EXPECT_GT(doc[who][what].get<double>(), 0.0) << who << " " << what;
-    }
+  const auto& engines = doc["engines"];
+  ASSERT_EQ(doc["order"].size(), 7u) << doc.dump();
+  for (const auto& id : doc["order"]) {
+    const auto& e = engines[id.get<std::string>()];
+    ASSERT_FALSE(e.contains("error")) << e.dump();
+    EXPECT_EQ(e["keys"].get<std::size_t>(), 2000u) << id;
+    // Every engine does these; the rest only where it can (threads, several processes).
+    for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_per_million"})
+      EXPECT_GT(e[what].get<double>(), 0.0) << id << " " << what;
   }
-  EXPECT_NE(r.out.find("ratio"), std::string::npos);
+  for (const char* who : {"keel", "lmdb", "sqlite", "tdb"})
+    EXPECT_GT(engines[who]["insert_processes"].get<double>(), 0.0) << who;
+  for (const char* who : {"tkrzw", "rocksdb", "leveldb"})
+    EXPECT_TRUE(engines[who]["insert_processes"].is_null()) << who;
+  EXPECT_TRUE(engines["tdb"]["fetch_threads"].is_null());
+  EXPECT_GT(engines["keel"]["fetch_threads"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("durable, 3 writers"), std::string::npos) << r.out;
+  // Nothing of the stores is left behind.
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_FALSE(entry.is_directory()) << entry.path();
+}
+
+TEST(KeelKvbench, RefusesBadArguments) {
+  keel::test::temp_dir dir;
   EXPECT_EQ(run_program(KEEL_BINARY, {"kvbench", "--keys", "0"}, dir.path().string()).code, 2);
+  const auto r =
+      run_program(KEEL_BINARY, {"kvbench", "--peers", "keel,berkeleydb"}, dir.path().string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("berkeleydb"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -1,26 +1,39 @@
-// keel kvbench: keel::kv beside LMDB on the seed's workload (128-bit keys, 1 KiB values):
-// inserts, one per transaction, then fetches in random order, one thread, and the same
-// inserts from several threads, and from several processes. Both stores get the same keys,
-// values and order in the same run; the report is their ratio.
+// keel kvbench: keel::kv beside LMDB, tkrzw HashDBM, RocksDB, LevelDB, SQLite and Samba TDB
+// on the seed's workload (128-bit keys, 1 KiB values), in one run on one filesystem. Every
+// store gets the same keys, values and order; the report is their ratios.
+//
+// Each engine runs in a process of its own (its peak RSS is its own, and a crash is a failed
+// row, not a failed run):
+// - inserts, one put per transaction, then fetches in random order, on one thread, and the
+//   fetches again on several threads; peak RSS and bytes on disk after them;
+// - inserts from several threads into a fresh store;
+// - writers in 1 and in several processes on one store, for a fixed time (engines that allow
+//   several processes);
+// - durable commits (one put per commit, on stable storage when it returns) from 1 and from
+//   several writers, for a fixed time, on a disk-backed directory.
 
 #include "kvbench_command.hpp"
 
 #include <fmt/format.h>
-#include <lmdb.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli_util.hpp"
-#include "keel/kv/store.hpp"
+#include "keel/io/filesystem.hpp"
+#include "keel/io/fs_info.hpp"
+#include "kvbench_peers.hpp"
 #include "lockscale_command.hpp"
 #include "worker_pool.hpp"
 
@@ -28,6 +41,9 @@ namespace keel::tools {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+using kvbench::engine;
+using kvbench::kv_handle;
+using nlohmann::json;
 
 struct workload {
   std::vector<std::string> keys;
@@ -40,12 +56,11 @@ workload make_workload(std::size_t n, std::size_t value_size) {
   std::mt19937_64 rng(42);
   w.keys.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
-    std::string k(16, '\0');
+    std::string& k = w.keys.emplace_back(16, '\0');
     const std::uint64_t a = rng();
     const std::uint64_t b = rng();
     std::memcpy(k.data(), &a, 8);
     std::memcpy(k.data() + 8, &b, 8);
-    w.keys.push_back(std::move(k));
   }
   w.fetch_order.resize(n);
   for (std::size_t i = 0; i < n; ++i)
@@ -57,276 +72,408 @@ workload make_workload(std::size_t n, std::size_t value_size) {
   return w;
 }
 
-struct figures {
-  double insert_per_s = 0;
-  double fetch_per_s = 0;
-  double insert_threads_per_s = 0;
-  double insert_processes_per_s = 0;
+struct config {
+  std::size_t keys = 200000;
+  std::size_t value_size = 1024;
+  unsigned threads = 2;
+  unsigned processes = 2;
+  unsigned durable_writers = 8;
+  double seconds = 2;
+  double fill_seconds = 60;  // the most an insert row may take; slower engines fill less
+  std::string dir;           // where the stores of the unsynced rows go
+  std::string sync_dir;      // where the stores of the durable rows go
 };
-
-// `processes` forked writers, each putting its share of the keys (over and over) into the
-// store at `path` for `seconds`, one transaction per put: puts per second, all together.
-// `start` runs in each worker and returns its put function (or an error message).
-result<double> in_processes(
-    unsigned processes, double seconds,
-    const std::function<std::function<bool(std::size_t)>(std::string&)>& start, std::size_t keys) {
-  run_options ro;
-  ro.workers = processes;
-  ro.duration = std::chrono::duration<double>(seconds);
-  const run_result r = run_workers(ro, [&](worker_context& ctx) {
-    std::string why;
-    auto put = start(why);
-    if (!put) {
-      ctx.fail(why);
-      return;
-    }
-    for (std::size_t i = ctx.index(); !ctx.stopping(); i += processes) {
-      if (!put(i % keys)) {
-        ctx.fail("a put failed");
-        return;
-      }
-      ctx.count();
-    }
-  });
-  if (r.failures != 0) {
-    fmt::print(stderr, "keel kvbench: a writer process failed: {}\n", r.first_error);
-    return errc_error(std::errc::io_error);
-  }
-  return static_cast<double>(r.total()) / r.seconds;
-}
 
 double per_second(std::size_t n, clock_type::duration d) {
   return static_cast<double>(n) / std::chrono::duration<double>(d).count();
 }
 
-// Runs `body(i)` for i in [0, n) split over `threads` threads; returns the wall time.
+// A figure from /proc/self/status ("VmRSS", "VmHWM"), in bytes; 0 when unreadable.
+std::uint64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// Bytes of blocks allocated to the files under `dir`.
+std::uint64_t allocated_bytes(const std::string& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file()) continue;
+    if (auto st = io::os().stat_at(nullptr, entry.path().c_str(), false)) total += st->allocated;
+  }
+  return total;
+}
+
+void remove_store(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Runs body(t, i) for i in [0, n) split over `threads` threads (t: the thread's index), or
+// until `limit` has passed. Returns how many ran and the wall time.
 template <class Body>
-clock_type::duration in_threads(std::size_t n, unsigned threads, Body&& body) {
+std::pair<std::size_t, clock_type::duration> in_threads(std::size_t n, unsigned threads,
+                                                        clock_type::duration limit, Body&& body) {
   const auto start = clock_type::now();
+  std::atomic<std::size_t> done{0};
   std::vector<std::thread> ts;
   for (unsigned t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
-      for (std::size_t i = t; i < n; i += threads)
-        body(i);
+      std::size_t mine = 0;
+      for (std::size_t i = t; i < n; i += threads, ++mine) {
+        if ((mine & 1023) == 1023 && clock_type::now() - start > limit) break;
+        body(t, i);
+      }
+      done += mine;
     });
   }
   for (auto& t : ts)
     t.join();
-  return clock_type::now() - start;
+  return {done.load(), clock_type::now() - start};
 }
 
-result<figures> run_keel(const std::string& dir, const workload& w, unsigned threads,
-                         unsigned processes, double seconds) {
-  figures f;
-  kv::options o;
-  auto s = kv::store::open(dir + "/keel", o);
-  if (!s) return std::unexpected(s.error());
-  const std::size_t n = w.keys.size();
-  auto start = clock_type::now();
-  for (std::size_t i = 0; i < n; ++i) {
-    if (auto r = (*s)->put(w.keys[i], w.value); !r) return std::unexpected(r.error());
-  }
-  f.insert_per_s = per_second(n, clock_type::now() - start);
-  start = clock_type::now();
-  std::size_t bytes = 0;
-  for (const std::size_t i : w.fetch_order) {
-    auto v = (*s)->get(w.keys[i]);
-    if (!v) return std::unexpected(v.error());
-    bytes += v->size();
-  }
-  f.fetch_per_s = per_second(n, clock_type::now() - start);
-  if (bytes != n * w.value.size()) return errc_error(std::errc::bad_message);
-  std::atomic<bool> bad{false};
-  auto s2 = kv::store::open(dir + "/keel-threads", o);
-  if (!s2) return std::unexpected(s2.error());
-  const auto took = in_threads(n, threads, [&](std::size_t i) {
-    if (!(*s2)->put(w.keys[i], w.value)) bad = true;
-  });
-  if (bad) return errc_error(std::errc::io_error);
-  f.insert_threads_per_s = per_second(n, took);
-  s2->reset();
-  const std::string shared = dir + "/keel-processes";
-  if (auto made = kv::store::open(shared, o); !made) return std::unexpected(made.error());
-  std::unique_ptr<kv::store> mine;  // each worker's own, in its own process
-  auto procs = in_processes(
-      processes, seconds,
-      [&](std::string& why) -> std::function<bool(std::size_t)> {
-        auto opened = kv::store::open(shared, o);
-        if (!opened) {
-          why = opened.error().message();
-          return {};
-        }
-        mine = std::move(*opened);
-        return [&](std::size_t i) { return mine->put(w.keys[i], w.value).has_value(); };
-      },
-      n);
-  if (!procs) return std::unexpected(procs.error());
-  f.insert_processes_per_s = *procs;
-  return f;
-}
+// One engine's runs, in its own process.
+class engine_run {
+ public:
+  engine_run(const engine& e, const config& c, const workload& w) : e_(e), c_(c), w_(w) {}
 
-result<figures> run_lmdb(const std::string& dir, const workload& w, unsigned threads,
-                         unsigned processes, double seconds) {
-  figures f;
-  const std::size_t n = w.keys.size();
-  const auto open_env = [&](const std::string& path, MDB_env** env, MDB_dbi* dbi) -> int {
-    std::filesystem::create_directories(path);
-    int rc = mdb_env_create(env);
-    if (rc == 0) rc = mdb_env_set_mapsize(*env, (n * (w.value.size() + 128)) * 3 + (64 << 20));
-    if (rc == 0) rc = mdb_env_set_maxreaders(*env, 256);
-    // Durability as keel's `none`: a process crash loses nothing, the OS writes back.
-    if (rc == 0) rc = mdb_env_open(*env, path.c_str(), MDB_NOSYNC | MDB_NOMETASYNC, 0644);
-    MDB_txn* txn = nullptr;
-    if (rc == 0) rc = mdb_txn_begin(*env, nullptr, 0, &txn);
-    if (rc == 0) rc = mdb_dbi_open(txn, nullptr, 0, dbi);
-    if (rc == 0) rc = mdb_txn_commit(txn);
-    return rc;
-  };
-  const auto put = [&](MDB_env* env, MDB_dbi dbi, std::size_t i) -> int {
-    MDB_txn* txn = nullptr;
-    int rc = mdb_txn_begin(env, nullptr, 0, &txn);
-    if (rc != 0) return rc;
-    MDB_val k{w.keys[i].size(), const_cast<char*>(w.keys[i].data())};
-    MDB_val v{w.value.size(), const_cast<char*>(w.value.data())};
-    rc = mdb_put(txn, dbi, &k, &v, 0);
-    if (rc != 0) {
-      mdb_txn_abort(txn);
-      return rc;
+  json run() {
+    json out{{"name", e_.name}, {"setup", e_.setup}};
+    // The peak RSS counted from here: what the workload's own arrays take is the baseline.
+    { std::ofstream("/proc/self/clear_refs") << "5"; }
+    const std::uint64_t rss_before = status_bytes("VmRSS");
+    const std::string one = c_.dir + "/" + e_.id + "-one";
+    double per_million = 0;
+    {
+      auto h = open_store(one, false);
+      auto start = clock_type::now();
+      std::size_t n = 0;
+      for (; n < w_.keys.size(); ++n) {
+        if ((n & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
+        check(h->put(w_.keys[n], w_.value), *h, "insert");
+      }
+      out["insert"] = row("insert, 1 thread", per_second(n, clock_type::now() - start));
+      out["keys"] = n;
+      if (n < w_.keys.size()) {
+        fmt::print(stderr, "keel kvbench: {}: {} of {} keys in {} s; the rest is left out\n",
+                   e_.name, n, w_.keys.size(), c_.fill_seconds);
+      }
+      per_million = 1e6 / static_cast<double>(n);
+      for (const std::size_t i : w_.fetch_order) {
+        if (i < n) fetch_order_.push_back(i);
+      }
+      std::string v;
+      start = clock_type::now();
+      for (const std::size_t i : fetch_order_) {
+        check(h->get(w_.keys[i], v), *h, "fetch");
+        if (v.size() != w_.value.size()) throw std::runtime_error("fetch: a value came back short");
+      }
+      out["fetch"] = row("fetch, 1 thread", per_second(n, clock_type::now() - start));
+      out["fetch_threads"] = fetch_in_threads(*h, one);
+      const std::uint64_t hwm = status_bytes("VmHWM");
+      if (hwm > rss_before)
+        out["rss_per_million"] = static_cast<double>(hwm - rss_before) * per_million;
     }
-    return mdb_txn_commit(txn);
-  };
-  MDB_env* env = nullptr;
-  MDB_dbi dbi = 0;
-  if (int rc = open_env(dir + "/lmdb", &env, &dbi); rc != 0) return errno_error(rc);
-  auto start = clock_type::now();
-  for (std::size_t i = 0; i < n; ++i) {
-    if (int rc = put(env, dbi, i); rc != 0) return errno_error(rc);
+    // Closed: whatever it buffers is in its files now.
+    out["disk_per_million"] = static_cast<double>(allocated_bytes(one)) * per_million;
+    remove_store(one);
+    out["insert_threads"] = insert_in_threads();
+    out["insert_process"] = in_processes(1);
+    out["insert_processes"] = in_processes(c_.processes);
+    out["durable_1"] = durable(1);
+    out["durable_n"] = durable(c_.durable_writers);
+    return out;
   }
-  f.insert_per_s = per_second(n, clock_type::now() - start);
-  MDB_txn* rtxn = nullptr;
-  if (int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &rtxn); rc != 0) return errno_error(rc);
-  mdb_txn_reset(rtxn);
-  start = clock_type::now();
-  std::size_t bytes = 0;
-  for (const std::size_t i : w.fetch_order) {
-    // A read transaction per fetch, as keel's get takes a snapshot per call: LMDB's
-    // cheapest form (renew a reset one). The value is copied out, as keel's get does.
-    if (int rc = mdb_txn_renew(rtxn); rc != 0) return errno_error(rc);
-    MDB_val k{w.keys[i].size(), const_cast<char*>(w.keys[i].data())};
-    MDB_val v{};
-    if (int rc = mdb_get(rtxn, dbi, &k, &v); rc != 0)
-      return errno_error(rc == MDB_NOTFOUND ? ENOENT : rc);
-    std::string copy(static_cast<const char*>(v.mv_data), v.mv_size);
-    bytes += copy.size();
-    mdb_txn_reset(rtxn);
+
+ private:
+  [[nodiscard]] clock_type::duration fill_limit() const {
+    return std::chrono::duration_cast<clock_type::duration>(
+        std::chrono::duration<double>(c_.fill_seconds));
   }
-  f.fetch_per_s = per_second(n, clock_type::now() - start);
-  mdb_txn_abort(rtxn);
-  mdb_env_close(env);
-  if (bytes != n * w.value.size()) return errc_error(std::errc::bad_message);
-  if (int rc = open_env(dir + "/lmdb-threads", &env, &dbi); rc != 0) return errno_error(rc);
-  std::atomic<bool> bad{false};
-  const auto took = in_threads(n, threads, [&](std::size_t i) {
-    if (put(env, dbi, i) != 0) bad = true;
-  });
-  mdb_env_close(env);
-  if (bad) return errc_error(std::errc::io_error);
-  f.insert_threads_per_s = per_second(n, took);
-  const std::string shared = dir + "/lmdb-processes";
-  if (int rc = open_env(shared, &env, &dbi); rc != 0) return errno_error(rc);
-  mdb_env_close(env);
-  MDB_env* mine = nullptr;  // each worker's own environment, in its own process
-  MDB_dbi mine_dbi = 0;
-  auto procs = in_processes(
-      processes, seconds,
-      [&](std::string& why) -> std::function<bool(std::size_t)> {
-        if (int rc = open_env(shared, &mine, &mine_dbi); rc != 0) {
-          why = mdb_strerror(rc);
-          return {};
+  std::unique_ptr<kv_handle> open_store(const std::string& dir, bool durable) const {
+    std::string why;
+    auto h = e_.open({dir, durable, w_.keys.size(), w_.value.size()}, why);
+    if (!h) throw std::runtime_error(fmt::format("open {}: {}", dir, why));
+    return h;
+  }
+  static void check(bool ok, const kv_handle& h, const char* what) {
+    if (!ok) throw std::runtime_error(fmt::format("{}: {}", what, h.error()));
+  }
+  double row(const std::string& what, double rate) const {
+    fmt::print(stderr, "keel kvbench: {:<14} {:<26} {:>12.0f}/s\n", e_.name, what, rate);
+    return rate;
+  }
+  json skipped(const std::string& what, const std::string& why) const {
+    fmt::print(stderr, "keel kvbench: {:<14} {:<26} n/a: {}\n", e_.name, what, why);
+    return json();
+  }
+
+  // The same fetches split over c_.threads threads.
+  json fetch_in_threads(kv_handle& shared, const std::string& dir) const {
+    const std::string what = fmt::format("fetch, {} threads", c_.threads);
+    if (e_.threading == engine::threads::none) return skipped(what, "not for threads");
+    std::vector<std::unique_ptr<kv_handle>> own;
+    for (unsigned t = 0; e_.threading == engine::threads::own_handle && t < c_.threads; ++t)
+      own.push_back(open_store(dir, false));
+    std::atomic<bool> bad{false};
+    const auto [n, took] =
+        in_threads(fetch_order_.size(), c_.threads, clock_type::duration::max(),
+                   [&](unsigned t, std::size_t i) {
+                     thread_local std::string v;
+                     kv_handle& h = own.empty() ? shared : *own[t];
+                     if (!h.get(w_.keys[fetch_order_[i]], v) || v.size() != w_.value.size())
+                       bad = true;
+                   });
+    if (bad) throw std::runtime_error(what + ": a fetch failed");
+    return row(what, per_second(n, took));
+  }
+
+  json insert_in_threads() const {
+    const std::string what = fmt::format("insert, {} threads", c_.threads);
+    if (e_.threading == engine::threads::none) return skipped(what, "not for threads");
+    const std::string dir = c_.dir + "/" + e_.id + "-threads";
+    json rate;
+    {
+      auto shared = open_store(dir, false);
+      std::vector<std::unique_ptr<kv_handle>> own;
+      for (unsigned t = 0; e_.threading == engine::threads::own_handle && t < c_.threads; ++t)
+        own.push_back(open_store(dir, false));
+      std::atomic<bool> bad{false};
+      const auto [n, took] =
+          in_threads(w_.keys.size(), c_.threads, fill_limit(), [&](unsigned t, std::size_t i) {
+            kv_handle& h = own.empty() ? *shared : *own[t];
+            if (!h.put(w_.keys[i], w_.value)) bad = true;
+          });
+      if (bad) throw std::runtime_error(what + ": a put failed");
+      rate = row(what, per_second(n, took));
+    }
+    remove_store(dir);
+    return rate;
+  }
+
+  // `processes` forked writers, each with its own handle on one store, each putting its
+  // share of the keys (over and over) for c_.seconds: puts per second, all together.
+  json in_processes(unsigned processes, bool durable = false) const {
+    const std::string what =
+        durable ? fmt::format("durable, {} processes", processes)
+                : fmt::format("insert, {} process{}", processes, processes == 1 ? "" : "es");
+    if (!e_.multi_process) return skipped(what, "one process at a time");
+    const std::string dir =
+        (durable ? c_.sync_dir : c_.dir) + "/" + e_.id + fmt::format("-p{}", processes);
+    open_store(dir, durable).reset();  // made, and closed again before the fork
+    run_options ro;
+    ro.workers = processes;
+    ro.duration = std::chrono::duration<double>(c_.seconds);
+    std::unique_ptr<kv_handle> mine;  // each worker's own, in its own process
+    const std::size_t n = w_.keys.size();
+    const run_result r = run_workers(ro, [&](worker_context& ctx) {
+      std::string why;
+      mine = e_.open({dir, durable, n, w_.value.size()}, why);
+      if (!mine) {
+        ctx.fail("open: " + why);
+        return;
+      }
+      for (std::size_t i = ctx.index(); !ctx.stopping(); i += processes) {
+        if (!mine->put(w_.keys[i % n], w_.value)) {
+          ctx.fail("put: " + mine->error());
+          return;
         }
-        return [&](std::size_t i) { return put(mine, mine_dbi, i) == 0; };
-      },
-      n);
-  if (!procs) return std::unexpected(procs.error());
-  f.insert_processes_per_s = *procs;
-  return f;
+        ctx.count();
+      }
+    });
+    remove_store(dir);
+    if (r.failures != 0) throw std::runtime_error(what + ": " + r.first_error);
+    return row(what, static_cast<double>(r.total()) / r.seconds);
+  }
+
+  // Durable puts from `writers` writers for c_.seconds: threads of one process where the
+  // engine allows threads, else processes.
+  json durable(unsigned writers) const {
+    if (e_.threading == engine::threads::none) return in_processes(writers, true);
+    const std::string what = fmt::format("durable, {} thread{}", writers, writers == 1 ? "" : "s");
+    const std::string dir = c_.sync_dir + "/" + e_.id + fmt::format("-d{}", writers);
+    json rate;
+    {
+      auto shared = open_store(dir, true);
+      std::vector<std::unique_ptr<kv_handle>> own;
+      for (unsigned t = 0; e_.threading == engine::threads::own_handle && t < writers; ++t)
+        own.push_back(open_store(dir, true));
+      std::atomic<bool> stop{false};
+      std::atomic<std::uint64_t> done{0};
+      std::atomic<bool> bad{false};
+      const std::size_t n = w_.keys.size();
+      const auto start = clock_type::now();
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < writers; ++t) {
+        ts.emplace_back([&, t] {
+          kv_handle& h = own.empty() ? *shared : *own[t];
+          std::uint64_t mine = 0;
+          for (std::size_t i = t; !stop.load(std::memory_order_relaxed); i += writers) {
+            if (!h.put(w_.keys[i % n], w_.value)) {
+              bad = true;
+              break;
+            }
+            ++mine;
+          }
+          done += mine;
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(c_.seconds));
+      stop = true;
+      for (auto& t : ts)
+        t.join();
+      if (bad) throw std::runtime_error(what + ": a put failed");
+      rate = row(what, per_second(done.load(), clock_type::now() - start));
+    }
+    remove_store(dir);
+    return rate;
+  }
+
+  const engine& e_;
+  const config& c_;
+  const workload& w_;
+  std::vector<std::size_t> fetch_order_;  // the workload's, of the keys the insert row put
+};
+
+// The figures, one row per workload, one column per engine, on stdout.
+void print_table(const json& doc, const std::vector<const engine*>& chosen) {
+  const std::vector<std::pair<std::string, std::string>> rows{
+      {"insert", "insert, 1 thread"},
+      {"fetch", "fetch, 1 thread"},
+      {"fetch_threads", fmt::format("fetch, {} threads", doc["threads"].get<unsigned>())},
+      {"insert_threads", fmt::format("insert, {} threads", doc["threads"].get<unsigned>())},
+      {"insert_process", "insert, 1 process"},
+      {"insert_processes", fmt::format("insert, {} processes", doc["processes"].get<unsigned>())},
+      {"durable_1", "durable, 1 writer"},
+      {"durable_n", fmt::format("durable, {} writers", doc["durable_writers"].get<unsigned>())},
+      {"rss_per_million", "peak RSS MiB / 1 M records"},
+      {"disk_per_million", "disk MiB / 1 M records"},
+  };
+  fmt::print("{:<28}", "ops/s");
+  for (const auto* e : chosen)
+    fmt::print(" {:>13}", e->name.substr(0, 13));
+  fmt::print("\n");
+  for (const auto& [key, label] : rows) {
+    fmt::print("{:<28}", label);
+    const bool mib = key.find("per_million") != std::string::npos;
+    for (const auto* e : chosen) {
+      const auto& r = doc["engines"][e->id];
+      if (r.contains("error")) {
+        fmt::print(" {:>13}", "failed");
+      } else if (!r.contains(key) || r[key].is_null()) {
+        fmt::print(" {:>13}", "n/a");
+      } else {
+        fmt::print(" {:>13.0f}", r[key].get<double>() / (mib ? 1048576.0 : 1.0));
+      }
+    }
+    fmt::print("\n");
+  }
 }
 
 }  // namespace
 
 int run_kvbench_command(int argc, char** argv) {
   CLI::App app{kvbench_command_summary, "keel kvbench"};
-  std::size_t keys = 200000;
-  std::size_t value_size = 1024;
-  unsigned threads = 2;
-  unsigned processes = 2;
-  double seconds = 2;
-  std::string dir;
-  std::string json;
-  app.add_option("--keys", keys, "Keys inserted and fetched (16-byte random keys)")
+  config c;
+  std::string peers;
+  std::string json_path;
+  app.add_option("--keys", c.keys, "Keys inserted and fetched (16-byte random keys)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}));
-  app.add_option("--value-size", value_size, "Bytes per value")
+  app.add_option("--value-size", c.value_size, "Bytes per value")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
-  app.add_option("--threads", threads, "Writer threads of the threaded insert row")
+  app.add_option("--threads", c.threads, "Threads of the threaded fetch and insert rows")
       ->check(CLI::Range(1u, 256u));
-  app.add_option("--processes", processes, "Writer processes of the multi-process insert row")
+  app.add_option("--processes", c.processes, "Writer processes of the multi-process row")
       ->check(CLI::Range(1u, 256u));
-  app.add_option("--seconds", seconds, "How long the multi-process row runs")
+  app.add_option("--durable-writers", c.durable_writers,
+                 "Writers of the many-writer durable row (threads; processes for TDB)")
+      ->check(CLI::Range(1u, 256u));
+  app.add_option("--seconds", c.seconds, "How long each timed row (processes, durable) runs")
       ->check(CLI::Range(0.1, 600.0));
-  app.add_option("--dir", dir, "Where the stores go (default: a fresh directory on /dev/shm)");
-  app.add_option("--json", json, "Write the figures as JSON to this file (- for stdout)");
+  app.add_option("--fill-seconds", c.fill_seconds,
+                 "The most an insert row may take: an engine that has not put every key by "
+                 "then goes on with the keys it did")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--peers", peers,
+                 "Comma-separated engines to run (default all): keel,lmdb,tkrzw,rocksdb,"
+                 "leveldb,sqlite,tdb");
+  app.add_option("--dir", c.dir, "Where the stores go (default: a fresh directory on /dev/shm)");
+  app.add_option("--sync-dir", c.sync_dir,
+                 "Where the stores of the durable rows go: a disk, for fdatasync to mean "
+                 "something (default: a fresh directory under /var/tmp)");
+  app.add_option("--json", json_path, "Write the figures as JSON to this file (- for stdout)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  auto scratch = scratch_dir::make(dir);
+  std::vector<const engine*> chosen;
+  for (const auto& e : kvbench::engines()) {
+    if (peers.empty() || ("," + peers + ",").find("," + e.id + ",") != std::string::npos)
+      chosen.push_back(&e);
+  }
+  for (std::size_t at = 0; !peers.empty() && at <= peers.size();) {
+    const std::size_t comma = std::min(peers.find(',', at), peers.size());
+    const std::string id = peers.substr(at, comma - at);
+    const auto& all = kvbench::engines();
+    if (std::none_of(all.begin(), all.end(), [&](const engine& e) { return e.id == id; })) {
+      fmt::print(stderr, "keel kvbench: --peers: no engine '{}'\n", id);
+      return 2;
+    }
+    at = comma + 1;
+  }
+  auto scratch = scratch_dir::make(c.dir);
   if (!scratch) {
-    fmt::print(stderr, "keel kvbench: {}\n", scratch.error().message());
+    fmt::print(stderr, "keel kvbench: cannot make a directory in {}: {}\n",
+               c.dir.empty() ? "the default place" : c.dir, scratch.error().message());
     return 1;
   }
-  const workload w = make_workload(keys, value_size);
-  fmt::print(stderr, "keel kvbench: {} keys, {} B values, in {}\n", keys, value_size,
-             scratch->path);
-  auto k = run_keel(scratch->path, w, threads, processes, seconds);
-  if (!k) {
-    fmt::print(stderr, "keel kvbench: keel: {}\n", k.error().message());
+  auto sync_scratch = scratch_dir::make(c.sync_dir.empty() ? "/var/tmp" : c.sync_dir);
+  if (!sync_scratch) {
+    fmt::print(stderr, "keel kvbench: cannot make a directory in {}: {}\n",
+               c.sync_dir.empty() ? "/var/tmp" : c.sync_dir, sync_scratch.error().message());
     return 1;
   }
-  auto l = run_lmdb(scratch->path, w, threads, processes, seconds);
-  if (!l) {
-    fmt::print(stderr, "keel kvbench: lmdb: {}\n", l.error().message());
-    return 1;
-  }
-  fmt::print("{:<28} {:>14} {:>14} {:>8}\n", "workload", "keel ops/s", "LMDB ops/s", "ratio");
-  const auto row = [](const char* name, double a, double b) {
-    fmt::print("{:<28} {:>14.0f} {:>14.0f} {:>7.2f}x\n", name, a, b, a / b);
+  c.dir = scratch->path;
+  c.sync_dir = sync_scratch->path;
+  const auto fs_name = [](const std::string& path) {
+    auto info = io::stat_fs(path.c_str());
+    return info ? std::string(info->type_name()) : std::string("unknown");
   };
-  row("insert, 1 thread", k->insert_per_s, l->insert_per_s);
-  row("fetch, 1 thread", k->fetch_per_s, l->fetch_per_s);
-  row(fmt::format("insert, {} threads", threads).c_str(), k->insert_threads_per_s,
-      l->insert_threads_per_s);
-  row(fmt::format("insert, {} processes", processes).c_str(), k->insert_processes_per_s,
-      l->insert_processes_per_s);
-  if (!json.empty()) {
-    nlohmann::json doc{{"keys", keys},
-                       {"value_size", value_size},
-                       {"threads", threads},
-                       {"processes", processes},
-                       {"keel",
-                        {{"insert", k->insert_per_s},
-                         {"fetch", k->fetch_per_s},
-                         {"insert_threads", k->insert_threads_per_s},
-                         {"insert_processes", k->insert_processes_per_s}}},
-                       {"lmdb",
-                        {{"insert", l->insert_per_s},
-                         {"fetch", l->fetch_per_s},
-                         {"insert_threads", l->insert_threads_per_s},
-                         {"insert_processes", l->insert_processes_per_s}}}};
-    if (!write_json("kvbench", json, doc)) return 1;
+  const workload w = make_workload(c.keys, c.value_size);
+  fmt::print(stderr, "keel kvbench: {} keys, {} B values, in {} ({}); durable rows in {} ({})\n",
+             c.keys, c.value_size, c.dir, fs_name(c.dir), c.sync_dir, fs_name(c.sync_dir));
+  json doc{{"keys", c.keys},
+           {"value_size", c.value_size},
+           {"threads", c.threads},
+           {"processes", c.processes},
+           {"durable_writers", c.durable_writers},
+           {"seconds", c.seconds},
+           {"fill_seconds", c.fill_seconds},
+           {"filesystem", fs_name(c.dir)},
+           {"sync_filesystem", fs_name(c.sync_dir)},
+           {"order", json::array()},
+           {"engines", json::object()}};
+  for (const auto* e : chosen) {
+    const child_outcome got = run_in_child([&] { return engine_run(*e, c, w).run().dump(); });
+    doc["order"].push_back(e->id);
+    if (got.ok) {
+      doc["engines"][e->id] = json::parse(got.output);
+    } else {
+      fmt::print(stderr, "keel kvbench: {}: {}\n", e->name, got.error);
+      doc["engines"][e->id] = {{"name", e->name}, {"setup", e->setup}, {"error", got.error}};
+    }
   }
-  return 0;
+  print_table(doc, chosen);
+  if (!json_path.empty() && !write_json("kvbench", json_path, doc)) return 1;
+  // keel failing is a failed run; a peer failing is a gap in the table, said above.
+  return doc["engines"].contains("keel") && doc["engines"]["keel"].contains("error") ? 1 : 0;
 }
 
 }  // namespace keel::tools

@@ -159,4 +159,62 @@ run_result run_workers(const run_options& options,
   return r;
 }
 
+child_outcome run_in_child(const std::function<std::string()>& body) {
+  child_outcome out;
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    out.error = fmt::format("pipe: {}", std::strerror(errno));
+    return out;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    out.error = fmt::format("fork: {}", std::strerror(errno));
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return out;
+  }
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    // First byte: '1' for output, '0' for an error message; then the text.
+    std::string message;
+    try {
+      message = "1" + body();
+    } catch (const std::exception& e) {
+      message = std::string("0") + e.what();
+    }
+    for (std::size_t done = 0; done < message.size();) {
+      const ssize_t n = ::write(pipe_fds[1], message.data() + done, message.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) ::_exit(3);
+      done += static_cast<std::size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string got;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(pipe_fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    out.error =
+        fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  } else if (got.empty() || WEXITSTATUS(status) != 0) {
+    out.error = fmt::format("exited with status {}", WEXITSTATUS(status));
+  } else if (got[0] != '1') {
+    out.error = got.substr(1);
+  } else {
+    out.ok = true;
+    out.output = got.substr(1);
+  }
+  return out;
+}
+
 }  // namespace keel::tools

@@ -91,4 +91,16 @@ struct run_options {
 run_result run_workers(const run_options& options,
                        const std::function<void(worker_context&)>& body);
 
+//! What a child run by run_in_child did: its output, or why there is none.
+struct child_outcome {
+  bool ok = false;
+  std::string output;  // what `body` returned
+  std::string error;   // when not ok: how the child failed or died
+};
+
+//! Runs `body` in one forked process and returns the string it returned. A body that throws
+//! fails with the exception's message; a child that dies fails with its signal or status.
+//! Isolates a run from the next: its memory (peak RSS), its crashes and what it leaves open.
+child_outcome run_in_child(const std::function<std::string()>& body);
+
 }  // namespace keel::tools
