@@ -322,6 +322,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       // Larger than a segment: a segment of its own.
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
+      if (auto b = s->check_budget(fmt::segment_header_size + len, false); !b) {
+        return std::unexpected(b.error());
+      }
       auto n = s->make_segment(fmt::segment_header_size + len);
       if (!n) return std::unexpected(n.error());
       at = fmt::make_location(*n, fmt::segment_header_size);
@@ -437,7 +440,11 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   const std::uint64_t length = fmt::block_size(records);
   const slot_ref me = s->slot(lease.index);
-  auto L = s->reserve(length);
+  // A commit that only erases may use the budget's last segment: deletes work when it is
+  // reached.
+  const bool only_erases = std::all_of(
+      keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
+  auto L = s->reserve(length, only_erases);
   if (!L) return std::unexpected(L.error());
   me.block().store(*L);
   me.block_length().store(length);

@@ -117,7 +117,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       auto value = value_of(found_record{at, rec, nullptr}, opts.verify_checksums);
       if (!value) return std::unexpected(value.error());
       const std::uint64_t len = fmt::blob_block_size(value->size());
-      auto nb = reserve(len);
+      auto nb = reserve(len, true);  // compaction frees: it may use the kept segment
       if (!nb) return std::unexpected(nb.error());
       auto out = bytes_at(*nb);
       if (!out) return std::unexpected(out.error());
@@ -128,7 +128,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     }
     const std::array<fmt::record_in, 1> records{r};
     const std::uint64_t length = fmt::block_size(records);
-    auto L = reserve(length);
+    auto L = reserve(length, true);
     if (!L) return std::unexpected(L.error());
     auto out = bytes_at(*L);
     if (!out) return std::unexpected(out.error());

@@ -358,7 +358,19 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   return number;
 }
 
-result<std::uint64_t> store::impl::reserve(std::uint64_t length) noexcept {
+result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const noexcept {
+  if (opts.max_bytes == 0) return {};
+  std::uint64_t total = h64(hdr::pages_allocated).load() * fmt::page_size;
+  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+    const std::uint64_t n = segtab(i, 0).load();
+    if (n != 0 && n % segtab_entries == i) total += segtab(n, 1).load();
+  }
+  const std::uint64_t kept = freeing ? 0 : dir.params.segment_size;
+  if (total + more + kept > opts.max_bytes) return keel_error(errc::budget_reached);
+  return {};
+}
+
+result<std::uint64_t> store::impl::reserve(std::uint64_t length, bool freeing) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
@@ -379,6 +391,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length) noexcept {
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
+    if (auto b = check_budget(seg_size, freeing); !b) return std::unexpected(b.error());
     auto n = make_segment(seg_size);
     if (!n) return std::unexpected(n.error());
     if (at != 0) {
@@ -698,6 +711,11 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   d.fs = o.fs;
   auto sd = open_store_dir(path, d);
   if (!sd) return std::unexpected(sd.error());
+  // Room for the index as made, a segment to write in and the one kept for deletes.
+  if (o.max_bytes != 0 &&
+      o.max_bytes < 2 * sd->params.segment_size + first_free_page * fmt::page_size) {
+    return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
+  }
   auto p = std::make_unique<impl>();
   p->path = path;
   p->opts = o;

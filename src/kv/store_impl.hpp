@@ -280,7 +280,11 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<segment*> segment_at(std::uint64_t number) noexcept;
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
   //! Reserves `length` bytes in the active segment (a new one when it is full).
-  [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length) noexcept;
+  //! `freeing`: for a commit that only erases, or compaction: it may use the budget's last
+  //! segment (options::max_bytes).
+  [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length, bool freeing = false) noexcept;
+  //! Whether `more` bytes of new segment fit in options::max_bytes (see reserve).
+  [[nodiscard]] result<void> check_budget(std::uint64_t more, bool freeing) const noexcept;
   // ---- compaction (compact.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;

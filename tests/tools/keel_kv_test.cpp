@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "keel/kv/store.hpp"
 #include "support/process.hpp"
 #include "support/run_program.hpp"
 
@@ -19,6 +20,38 @@ using keel::test::run_program;
 keel::test::program_outcome kv(const keel::test::temp_dir& dir, std::vector<std::string> args) {
   args.insert(args.begin(), "kv");
   return run_program(KEEL_BINARY, args, dir.path().string());
+}
+
+TEST(KeelKv, MaxBytesStopsPutsWithItsOwnExitCodeAndLetsDelete) {
+  keel::test::temp_dir dir;
+  const std::string s = dir.file("store");
+  // A store of 1 MiB segments, filled to an 8 MiB budget by the library.
+  keel::kv::options o;
+  o.segment_size = std::uint64_t{1} << 20;
+  o.max_bytes = std::uint64_t{8} << 20;
+  {
+    auto st = keel::kv::store::open(s, o);
+    ASSERT_TRUE(st) << st.error().message();
+    for (int i = 0;; ++i) {
+      auto r = (*st)->put("k" + std::to_string(i), std::string(1024, 'v'));
+      if (!r) {
+        ASSERT_EQ(r.error(), keel::errc::budget_reached) << r.error().message();
+        break;
+      }
+    }
+  }
+  const std::string budget = std::to_string(o.max_bytes);
+  auto r = kv(dir, {s, "put", "--max-bytes", budget, "one-more", std::string(4096, 'x')});
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("budget"), std::string::npos) << r.err;
+  EXPECT_EQ(kv(dir, {s, "get", "one-more"}).code, 1);
+  r = kv(dir, {s, "del", "--max-bytes", budget, "k0"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  // Too small a budget is a usage error that says why, and changes nothing.
+  r = kv(dir, {s, "put", "--max-bytes", "1000", "k1", "x"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--max-bytes"), std::string::npos) << r.err;
+  EXPECT_EQ(kv(dir, {s, "get", "k1"}).out, std::string(1024, 'v'));
 }
 
 TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {

@@ -23,6 +23,7 @@ constexpr int exit_usage = 2;
 constexpr int exit_corrupt = 3;
 constexpr int exit_conflict = 4;
 constexpr int exit_error = 5;
+constexpr int exit_budget = 6;
 
 int fail(const std::string& what, const error& e) {
   fmt::print(stderr, "keel kv: {}: {}\n", what, e.message());
@@ -31,6 +32,7 @@ int fail(const std::string& what, const error& e) {
     return exit_corrupt;
   }
   if (e == errc::conflict) return exit_conflict;
+  if (e == errc::budget_reached) return exit_budget;
   return exit_error;
 }
 
@@ -76,13 +78,18 @@ int run_kv_command(int argc, char** argv) {
   CLI::App app{kv_command_summary, "keel kv"};
   app.footer(
       "Exit status: 0 ok, 1 key not found, 2 usage error, 3 corrupt or not a store, 4 conflict,\n"
-      "5 any other error (the message says which).");
+      "5 any other error (the message says which), 6 the --max-bytes budget is reached (del\n"
+      "and compact still work then).");
   std::string path;
   bool hex = false;
   bool sync = false;
   app.add_option("PATH", path, "The store (a directory; made by put if absent)")->required();
   app.add_flag("--hex", hex, "Keys (and, for put, the value argument) are given in hex");
   app.add_flag("--sync", sync, "put/del: return once the change is on stable storage");
+  std::uint64_t max_bytes = 0;
+  app.add_option("--max-bytes", max_bytes,
+                 "put: fail (exit 6) rather than let the store's files grow past this many "
+                 "bytes; at least two segments (64 MiB each by default) and the index");
   app.require_subcommand(1, 1);
   app.fallthrough();  // --hex and --sync after the subcommand too
 
@@ -133,7 +140,15 @@ int run_kv_command(int argc, char** argv) {
   o.create_if_missing = put->parsed();
   o.read_only = !(put->parsed() || del->parsed() || compact->parsed());
   o.durable = sync ? kv::durability::sync : kv::durability::none;
+  o.max_bytes = max_bytes;
   auto s = kv::store::open(path, o);
+  if (!s && max_bytes != 0 && s.error() == std::errc::invalid_argument) {
+    fmt::print(stderr,
+               "keel kv: --max-bytes {} is too small for this store: it must hold two of its "
+               "segments and the index\n",
+               max_bytes);
+    return exit_usage;
+  }
   if (!s) return fail("open", s.error());
 
   if (*put) {

@@ -63,6 +63,13 @@ struct options {
   //! How long a commit may wait for the locks of its keys (held by other commits) before it
   //! fails with timed_out.
   std::chrono::milliseconds lock_timeout{30'000};
+  //! The most bytes the store's files may take, segments and index (0: no cap). A commit
+  //! that would need a new segment beyond it fails with errc::budget_reached, before it is
+  //! visible and leaving no trace. One segment of it is kept for commits that only erase and
+  //! for compaction, so that deleting and compacting still work when the budget is reached:
+  //! it must be at least two segments and the index, or open fails with invalid_argument.
+  //! Each opener's own cap: give every opener of a store the same.
+  std::uint64_t max_bytes = 0;
   //! The filesystem the store's files are reached through (null: io::os()).
   io::filesystem* fs = nullptr;
 };

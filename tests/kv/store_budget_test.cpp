@@ -1,0 +1,131 @@
+// options::max_bytes: a commit that would take the store's files past the budget fails with
+// budget_reached before it is visible, and leaves no trace; deletes and compaction still
+// work when the budget is reached (they may use its last segment); every opener, in any
+// process, is held to its own cap.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "keel/kv/store.hpp"
+#include "kv/kv_support.hpp"
+#include "support/process.hpp"
+
+namespace keel::kv {
+namespace {
+
+using test_support::open_ok;
+using test_support::small;
+
+constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+
+options budgeted(std::uint64_t bytes) {
+  options o = small();
+  o.max_bytes = bytes;
+  return o;
+}
+
+std::string key_of(int i) {
+  return "key-" + std::to_string(i);
+}
+
+// Puts 1 KiB values under key_of(0), key_of(1), ... until one fails: how many succeeded.
+// The failure must be budget_reached.
+int fill(store& s, int at_most) {
+  const std::string value(1024, 'v');
+  for (int i = 0; i < at_most; ++i) {
+    auto r = s.put(key_of(i), value);
+    if (!r) {
+      EXPECT_EQ(r.error(), errc::budget_reached) << r.error().message();
+      return i;
+    }
+  }
+  return at_most;
+}
+
+TEST(KvBudget, ABudgetBelowTwoSegmentsAndTheIndexIsRefused) {
+  keel::test::temp_dir dir;
+  auto s = store::open(dir.file("s"), budgeted(2 * mib));
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::invalid_argument);
+  // Nothing was left half made that a later open without a budget would trip on.
+  EXPECT_TRUE(open_ok(dir.file("s")));
+}
+
+TEST(KvBudget, PutsStopAtTheBudgetAndTheFailedOneLeavesNoTrace) {
+  keel::test::temp_dir dir;
+  const std::uint64_t budget = 8 * mib;
+  auto s = open_ok(dir.file("s"), budgeted(budget));
+  ASSERT_TRUE(s);
+  const int n = fill(*s, 100'000);
+  ASSERT_LT(n, 100'000) << "the budget never stopped a put";
+  // The files are within the budget, and used most of it (all but the kept segment and
+  // the end of the last one).
+  auto st = s->stats();
+  ASSERT_TRUE(st);
+  EXPECT_LE(st->segment_bytes + st->index_bytes, budget);
+  EXPECT_GT(n, 4000) << "stopped far before the budget";
+  // Every put that returned is there; the refused one is not.
+  for (int i = 0; i < n; ++i)
+    ASSERT_TRUE(s->get(key_of(i))) << i;
+  auto missing = s->get(key_of(n));
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error(), errc::not_found);
+  // Still refused, and a transaction of several puts fails whole.
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->put(key_of(0), "changed"));
+  ASSERT_TRUE(t->put(std::string(600, 'x'), std::string(100'000, 'y')));
+  auto c = t->commit();
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error(), errc::budget_reached);
+  EXPECT_EQ(*s->get(key_of(0)), std::string(1024, 'v'));
+  // Reopened (all state from the files), the same.
+  s.reset();
+  s = open_ok(dir.file("s"), budgeted(budget));
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->get(key_of(n - 1)));
+  EXPECT_FALSE(s->get(key_of(n)));
+}
+
+TEST(KvBudget, DeletesAndCompactionWorkAtTheBudgetAndMakeRoomAgain) {
+  keel::test::temp_dir dir;
+  auto s = open_ok(dir.file("s"), budgeted(8 * mib));
+  ASSERT_TRUE(s);
+  const int n = fill(*s, 100'000);
+  ASSERT_LT(n, 100'000);
+  // Full: erasing needs no room the budget does not keep. Erase nearly everything.
+  for (int i = 0; i < n - 10; ++i)
+    ASSERT_TRUE(s->erase(key_of(i))) << i;
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_GT(c->segments_removed, 0u);
+  // Room again: as many puts as before fit, give or take a segment's worth.
+  const int again = fill(*s, 100'000);
+  EXPECT_GT(again, n / 2) << "compaction did not give the room back";
+  for (int i = n - 10; i < n; ++i)
+    EXPECT_TRUE(s->get(key_of(i))) << "a survivor of the deletes was lost: " << i;
+}
+
+TEST(KvBudget, AnotherProcessIsHeldToItsOwnBudgetToo) {
+  keel::test::temp_dir dir;
+  auto s = open_ok(dir.file("s"), budgeted(8 * mib));
+  ASSERT_TRUE(s);
+  const int n = fill(*s, 100'000);
+  ASSERT_LT(n, 100'000);
+  const pid_t child = keel::test::fork_child([&] {
+    auto mine = store::open(dir.file("s"), budgeted(8 * mib));
+    if (!mine) return 10;
+    auto r = (*mine)->put("from the child", std::string(64 * 1024, 'c'));
+    if (r) return 11;
+    if (r.error() != errc::budget_reached) return 12;
+    // A delete works there too.
+    return (*mine)->erase(key_of(0)) ? 0 : 13;
+  });
+  EXPECT_EQ(keel::test::wait_exit(child), 0);
+  EXPECT_FALSE(s->get(key_of(0)));
+  EXPECT_FALSE(s->get("from the child"));
+}
+
+}  // namespace
+}  // namespace keel::kv
