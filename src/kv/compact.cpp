@@ -256,19 +256,45 @@ result<compact_stats> store::compact() noexcept {
       if (!seg) return std::unexpected(seg.error());
       if (u.live * 2 <= (*seg)->size) victims.insert(n);
     }
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (auto it = victims.begin(); it != victims.end();) {
-        const auto& refs = use[*it].blob_refs;
-        const bool outside = std::ranges::any_of(
-            refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
-        if (outside) {
-          it = victims.erase(it);
-          changed = true;
-        } else {
-          ++it;
+    const auto close_over_blobs = [&] {
+      for (bool changed = true; changed;) {
+        changed = false;
+        for (auto it = victims.begin(); it != victims.end();) {
+          const auto& refs = use[*it].blob_refs;
+          const bool outside = std::ranges::any_of(
+              refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
+          if (outside) {
+            it = victims.erase(it);
+            changed = true;
+          } else {
+            ++it;
+          }
         }
       }
+    };
+    close_over_blobs();
+    // Under a budget (options::max_bytes), the copies must fit in the room left: the rest
+    // of the tail's segment and the whole segments the budget still allows, the one it keeps
+    // for freeing included. The least live first; the
+    // victims are removed only at the end, so a pass that took more would fail with nothing
+    // freed, and the store would stay full for good. Each pass frees at least what it
+    // copies twice over (victims are at most half live): compacting again goes on.
+    if (s.opts.max_bytes != 0) {
+      std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
+      std::ranges::sort(by_live, {}, [&](std::uint64_t n) { return use[n].live; });
+      const std::uint64_t seg_size = s.dir.params.segment_size;
+      const std::uint64_t tail = s.h64(hdr::tail).load();
+      std::uint64_t room = (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
+                           s.budget_left(true) / seg_size * seg_size;
+      victims.clear();
+      for (const std::uint64_t n : by_live) {
+        // A record is copied with a block header of its own: count a little over.
+        const std::uint64_t need = use[n].live + use[n].live / 8 + 4096;
+        if (need > room) break;
+        room -= need;
+        victims.insert(n);
+      }
+      close_over_blobs();
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);

@@ -253,6 +253,10 @@ result<std::uint64_t> store::impl::allocate(std::size_t count) noexcept {
   if (need > have) {
     std::uint64_t grow = std::max<std::uint64_t>({need, have + have / 4, have + 256});
     grow = std::min<std::uint64_t>(grow, index_window / fmt::page_size);
+    // The index counts against options::max_bytes too: grow less, or not at all.
+    const std::uint64_t left = budget_left(false) / fmt::page_size;
+    if (need - have > left) return keel_error(errc::budget_reached);
+    grow = std::min(grow, have + left);
     if (auto r = index_file.allocate(0, static_cast<off_t>(grow * fmt::page_size)); !r) {
       return std::unexpected(r.error());
     }
@@ -358,15 +362,19 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   return number;
 }
 
-result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const noexcept {
-  if (opts.max_bytes == 0) return {};
+std::uint64_t store::impl::budget_left(bool freeing) const noexcept {
+  if (opts.max_bytes == 0) return UINT64_MAX;
   std::uint64_t total = h64(hdr::pages_allocated).load() * fmt::page_size;
   for (std::uint64_t i = 0; i < segtab_entries; ++i) {
     const std::uint64_t n = segtab(i, 0).load();
     if (n != 0 && n % segtab_entries == i) total += segtab(n, 1).load();
   }
-  const std::uint64_t kept = freeing ? 0 : dir.params.segment_size;
-  if (total + more + kept > opts.max_bytes) return keel_error(errc::budget_reached);
+  total += freeing ? 0 : dir.params.segment_size;
+  return total >= opts.max_bytes ? 0 : opts.max_bytes - total;
+}
+
+result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const noexcept {
+  if (more > budget_left(freeing)) return keel_error(errc::budget_reached);
   return {};
 }
 
@@ -532,7 +540,7 @@ result<void> store::impl::recover_alone() noexcept {
 
 result<void> store::impl::rebuild() noexcept {
   if (auto r = index_file.truncate(0); !r) return r;
-  const std::uint64_t pages = first_free_page + 256;
+  const std::uint64_t pages = initial_index_pages;
   if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
   const auto head = index_format.header();
   std::memcpy(base(), &head, sizeof head);
@@ -712,8 +720,11 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   auto sd = open_store_dir(path, d);
   if (!sd) return std::unexpected(sd.error());
   // Room for the index as made, a segment to write in and the one kept for deletes.
-  if (o.max_bytes != 0 &&
-      o.max_bytes < 2 * sd->params.segment_size + first_free_page * fmt::page_size) {
+  const auto budget_too_small = [&](std::uint64_t index_pages) {
+    return o.max_bytes != 0 &&
+           o.max_bytes < 2 * sd->params.segment_size + index_pages * fmt::page_size;
+  };
+  if (budget_too_small(initial_index_pages)) {
     return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
   }
   auto p = std::make_unique<impl>();
@@ -728,6 +739,9 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   if (!locks) return std::unexpected(locks.error());
   p->locks = std::move(*locks);
   if (auto r = p->open_index(); !r) return std::unexpected(r.error());
+  if (budget_too_small(p->h64(hdr::pages_allocated).load())) {  // an index grown since
+    return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
+  }
   register_store(p.get());
   return std::unique_ptr<store>(new store(std::move(p)));
 }

@@ -66,6 +66,8 @@ constexpr std::size_t segtab_first_page = 65;
 constexpr std::size_t segtab_entries = 8064;
 constexpr std::size_t segtab_entry_size = 32;
 constexpr std::size_t first_free_page = 128;
+//! A new (or rebuilt) index file's pages.
+constexpr std::size_t initial_index_pages = first_free_page + 256;
 
 // Byte-range locks on the index file (through the liveness descriptor).
 constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
@@ -285,6 +287,8 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length, bool freeing = false) noexcept;
   //! Whether `more` bytes of new segment fit in options::max_bytes (see reserve).
   [[nodiscard]] result<void> check_budget(std::uint64_t more, bool freeing) const noexcept;
+  //! Bytes options::max_bytes leaves for new files (all of them: UINT64_MAX when none).
+  [[nodiscard]] std::uint64_t budget_left(bool freeing) const noexcept;
   // ---- compaction (compact.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;

@@ -107,6 +107,67 @@ TEST(KvBudget, DeletesAndCompactionWorkAtTheBudgetAndMakeRoomAgain) {
     EXPECT_TRUE(s->get(key_of(i))) << "a survivor of the deletes was lost: " << i;
 }
 
+TEST(KvBudget, TheSmallestBudgetOpenAcceptsTakesAPut) {
+  keel::test::temp_dir dir;
+  // Two 1 MiB segments and a new index (384 pages): one less page is refused.
+  const std::uint64_t least = 2 * mib + 384 * 4096;
+  auto refused = store::open(dir.file("s"), budgeted(least - 4096));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), std::errc::invalid_argument);
+  auto s = open_ok(dir.file("s"), budgeted(least));
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->put("k", "v"));
+}
+
+TEST(KvBudget, CompactionAtTheBudgetMovesOnlyWhatFitsAndGoesOnPassByPass) {
+  keel::test::temp_dir dir;
+  auto s = open_ok(dir.file("s"), budgeted(8 * mib));
+  ASSERT_TRUE(s);
+  const int n = fill(*s, 100'000);
+  ASSERT_LT(n, 100'000);
+  // Two keys in three erased: every old segment is a third live, and moving all of them at
+  // once would need more room than the budget keeps.
+  for (int i = 0; i < n; ++i) {
+    if (i % 3 == 0) continue;
+    ASSERT_TRUE(s->erase(key_of(i))) << i;
+  }
+  std::uint64_t removed = 0;
+  for (int pass = 0; pass < 20; ++pass) {
+    auto c = s->compact();
+    ASSERT_TRUE(c) << "pass " << pass << ": " << c.error().message();
+    if (c->segments_removed == 0) break;
+    removed += c->segments_removed;
+  }
+  EXPECT_GT(removed, 2u);
+  // Room again, and nothing kept was lost.
+  EXPECT_TRUE(s->put("after", std::string(1024, 'a')));
+  for (int i = 0; i < n; i += 3)
+    ASSERT_TRUE(s->get(key_of(i))) << i;
+}
+
+TEST(KvBudget, TheIndexGrowsWithinTheBudgetToo) {
+  keel::test::temp_dir dir;
+  const std::uint64_t budget = 24 * mib;
+  auto s = open_ok(dir.file("s"), budgeted(budget));
+  ASSERT_TRUE(s);
+  // Tiny values: the index, not the segments, is what grows.
+  int i = 0;
+  for (; i < 1'000'000; ++i) {
+    auto r = s->put(key_of(i), "v");
+    if (!r) {
+      ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
+      break;
+    }
+  }
+  ASSERT_LT(i, 1'000'000);
+  auto st = s->stats();
+  ASSERT_TRUE(st);
+  EXPECT_LE(st->segment_bytes + st->index_bytes, budget)
+      << st->segment_bytes << " in segments, " << st->index_bytes << " in the index";
+  EXPECT_TRUE(s->get(key_of(i - 1)));
+  EXPECT_FALSE(s->get(key_of(i)));
+}
+
 TEST(KvBudget, AnotherProcessIsHeldToItsOwnBudgetToo) {
   keel::test::temp_dir dir;
   auto s = open_ok(dir.file("s"), budgeted(8 * mib));

@@ -128,15 +128,23 @@ namespace {
 TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   keel::test::temp_dir dir;
   const std::string json = dir.file("kv.json");
-  const auto r =
-      run_program(KEEL_BINARY,
-                  {"kvbench", "--keys", "2000", "--seconds", "0.2", "--durable-writers", "3",
-                   "--dir", dir.path().string(), "--sync-dir", dir.path().string(), "--json", json},
-                  dir.path().string());
+#ifdef KEEL_TSAN_BUILD
+  // tkrzw's own locks are invisible to ThreadSanitizer (its library is not instrumented):
+  // its threads' accesses would be reported as races, and they are not keel's.
+  const std::vector<std::string> peers{"--peers", "keel,lmdb,rocksdb,leveldb,sqlite,tdb"};
+#else
+  const std::vector<std::string> peers;
+#endif
+  std::vector<std::string> args{
+      "kvbench",           "--keys", "2000",  "--seconds",         "0.2",
+      "--durable-writers", "3",      "--dir", dir.path().string(), "--sync-dir",
+      dir.path().string(), "--json", json};
+  args.insert(args.end(), peers.begin(), peers.end());
+  const auto r = run_program(KEEL_BINARY, args, dir.path().string());
   ASSERT_EQ(r.code, 0) << r.err;
   const auto doc = nlohmann::json::parse(keel::test::slurp(json));
   const auto& engines = doc["engines"];
-  ASSERT_EQ(doc["order"].size(), 7u) << doc.dump();
+  ASSERT_EQ(doc["order"].size(), peers.empty() ? 7u : 6u) << doc.dump();
   for (const auto& id : doc["order"]) {
     const auto& e = engines[id.get<std::string>()];
     ASSERT_FALSE(e.contains("error")) << e.dump();
@@ -147,8 +155,10 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   }
   for (const char* who : {"keel", "lmdb", "sqlite", "tdb"})
     EXPECT_GT(engines[who]["insert_processes"].get<double>(), 0.0) << who;
-  for (const char* who : {"tkrzw", "rocksdb", "leveldb"})
+  for (const char* who : {"tkrzw", "rocksdb", "leveldb"}) {
+    if (!engines.contains(who)) continue;
     EXPECT_TRUE(engines[who]["insert_processes"].is_null()) << who;
+  }
   EXPECT_TRUE(engines["tdb"]["fetch_threads"].is_null());
   EXPECT_GT(engines["keel"]["fetch_threads"].get<double>(), 0.0);
   EXPECT_NE(r.out.find("durable, 3 writers"), std::string::npos) << r.out;
