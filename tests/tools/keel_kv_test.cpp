@@ -129,9 +129,10 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   keel::test::temp_dir dir;
   const std::string json = dir.file("kv.json");
 #ifdef KEEL_TSAN_BUILD
-  // tkrzw's own locks are invisible to ThreadSanitizer (its library is not instrumented):
-  // its threads' accesses would be reported as races, and they are not keel's.
-  const std::vector<std::string> peers{"--peers", "keel,lmdb,rocksdb,leveldb,sqlite,tdb"};
+  // The peers' own synchronisation (atomics in libraries that are not instrumented:
+  // tkrzw's locks, RocksDB's write queue) is invisible to ThreadSanitizer, which then
+  // reports their threads' accesses as races that are not keel's: keel alone here.
+  const std::vector<std::string> peers{"--peers", "keel"};
 #else
   const std::vector<std::string> peers;
 #endif
@@ -144,7 +145,7 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto doc = nlohmann::json::parse(keel::test::slurp(json));
   const auto& engines = doc["engines"];
-  ASSERT_EQ(doc["order"].size(), peers.empty() ? 7u : 6u) << doc.dump();
+  ASSERT_EQ(doc["order"].size(), peers.empty() ? 7u : 1u) << doc.dump();
   for (const auto& id : doc["order"]) {
     const auto& e = engines[id.get<std::string>()];
     ASSERT_FALSE(e.contains("error")) << e.dump();
@@ -153,13 +154,17 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
     for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_per_million"})
       EXPECT_GT(e[what].get<double>(), 0.0) << id << " " << what;
   }
-  for (const char* who : {"keel", "lmdb", "sqlite", "tdb"})
+  for (const char* who : {"keel", "lmdb", "sqlite", "tdb"}) {
+    if (!engines.contains(who)) continue;
     EXPECT_GT(engines[who]["insert_processes"].get<double>(), 0.0) << who;
+  }
   for (const char* who : {"tkrzw", "rocksdb", "leveldb"}) {
     if (!engines.contains(who)) continue;
     EXPECT_TRUE(engines[who]["insert_processes"].is_null()) << who;
   }
-  EXPECT_TRUE(engines["tdb"]["fetch_threads"].is_null());
+  if (engines.contains("tdb")) {
+    EXPECT_TRUE(engines["tdb"]["fetch_threads"].is_null());
+  }
   EXPECT_GT(engines["keel"]["fetch_threads"].get<double>(), 0.0);
   EXPECT_NE(r.out.find("durable, 3 writers"), std::string::npos) << r.out;
   // Nothing of the stores is left behind.
