@@ -309,6 +309,29 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
 
   // 1. Blobs, before any lock.
   const std::uint64_t threshold = s->dir.params.blob_threshold;
+  const bool has_blobs = std::ranges::any_of(keys, [&](const key_plan& k) {
+    return k.w != nullptr && !k.w->erase && k.w->value.size() >= threshold;
+  });
+  if (s->opts.max_bytes != 0 && has_blobs) {
+    // Under a budget, a commit whose blobs and block cannot all fit in the room left is
+    // refused before its blobs are written: written, they would be space no commit uses
+    // (and a blob segment of its own could not even be compacted while the store is full).
+    // Writers racing for the same room can still leave such space; compaction takes it.
+    std::uint64_t need = sizeof(fmt::block_header);
+    for (const key_plan& k : keys) {
+      if (k.w == nullptr) continue;
+      const std::uint64_t v = k.w->value.size();
+      need += sizeof(fmt::record_header) + k.key.size() + 16 + (v < threshold ? v : 16) + 8;
+      if (!k.w->erase && v >= threshold) need += fmt::blob_block_size(v);
+    }
+    const std::uint64_t seg_size = s->dir.params.segment_size;
+    const std::uint64_t tail = s->h64(hdr::tail).load();
+    const std::uint64_t room = (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
+                               s->budget_left(false) / seg_size * seg_size;
+    if (need > room) {
+      return keel_error(errc::budget_reached);
+    }
+  }
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;
     const auto value = as_bytes(k.w->value);

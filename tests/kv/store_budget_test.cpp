@@ -168,6 +168,22 @@ TEST(KvBudget, TheIndexGrowsWithinTheBudgetToo) {
   EXPECT_FALSE(s->get(key_of(i)));
 }
 
+TEST(KvBudget, ARefusedBigValueLeavesNoSegmentBehind) {
+  keel::test::temp_dir dir;
+  // A new index (1.5 MiB), the kept segment and 2.5 MiB: room for a 2 MiB value's own
+  // segment, but then none for the segment its record goes to.
+  auto s = open_ok(dir.file("s"), budgeted(5 * mib));
+  ASSERT_TRUE(s);
+  auto r = s->put("big", std::string(2 * mib, 'b'));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::budget_reached);
+  auto st = s->stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->segment_bytes, 0u) << "the refused value's segment was left behind";
+  EXPECT_TRUE(s->put("small", std::string(1024, 's')));
+  EXPECT_FALSE(s->get("big"));
+}
+
 TEST(KvBudget, AnotherProcessIsHeldToItsOwnBudgetToo) {
   keel::test::temp_dir dir;
   auto s = open_ok(dir.file("s"), budgeted(8 * mib));
