@@ -136,45 +136,22 @@ std::string plot(const std::string& out, const json& doc) {
       f.print("\n\n");
     }
   }
-  std::string script;
-  for (std::size_t b = 0; b < panels.size(); ++b) {
-    std::string cols;
-    for (std::size_t c = 0; c < doc["order"].size(); ++c) {
-      cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
-                          dat, b, c + 2, c == 0 ? ":xtic(1)" : "");
-    }
-    if (b == 0) {
-      cols += fmt::format(
-          ", {} with lines dt 2 lc rgb \"black\" title \"seed: 696 k inserts/s\", {} with lines "
-          "dt 3 lc rgb \"black\" title \"seed: 5.99 M fetches/s\"",
-          seed_inserts, seed_fetches);
-    }
-    // One legend, under the first panel: the colours are the same in all three.
-    script += fmt::format("set title \"{}\"\nplot {}\n{}", panels[b].first, cols,
-                          b == 0 ? "unset key\n" : "");
-  }
-  const std::string gp = out + "/kv.gp";
-  {
-    auto f = fmt::output_file(gp);
-    f.print(R"gp(set terminal pngcairo size 1500,520 font "sans,10"
-set termoption noenhanced
-set output "{out}/kv.png"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set grid ytics
-set key outside bottom horizontal
-set ylabel "operations/s (log scale)"
-set logscale y
-set yrange [100:*]
-set xtics rotate by -20
-set multiplot layout 1,3 title "keel::kv beside its peers ({keys} keys, {size} B values)"
-{script}unset multiplot
-)gp",
-            fmt::arg("out", out), fmt::arg("keys", doc["keys"].get<std::size_t>()),
-            fmt::arg("size", doc["value_size"].get<std::size_t>()), fmt::arg("script", script));
-  }
-  run_gnuplot(gp);
+  std::vector<std::string> titles;
+  for (const auto& p : panels)
+    titles.push_back(p.first);
+  bar_chart_style style;
+  style.log_y = true;
+  style.one_legend = true;
+  style.slanted_labels = true;
+  style.first_panel_extra = fmt::format(
+      "{} with lines dt 2 lc rgb \"black\" title \"seed: 696 k inserts/s\", {} with lines dt 3 "
+      "lc rgb \"black\" title \"seed: 5.99 M fetches/s\"",
+      seed_inserts, seed_fetches);
+  plot_clustered_bars(
+      out, "kv", dat, titles, doc["order"].size(),
+      fmt::format("keel::kv beside its peers ({} keys, {} B values)",
+                  doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>()),
+      "operations/s (log scale)", 460, style);
   return "kv.png";
 }
 

@@ -42,6 +42,14 @@ inline void run_gnuplot(const std::string& script) {
   }
 }
 
+//! How a clustered bar chart departs from the plain one.
+struct bar_chart_style {
+  bool log_y = false;             //!< a log scale from 100: rates that span decades
+  bool one_legend = false;        //!< the legend under the first panel only (same series)
+  bool slanted_labels = false;    //!< cluster labels slanted, for long ones
+  std::string first_panel_extra;  //!< more plot items for the first panel (reference lines)
+};
+
 //! Draws `out`/`name`.png: one clustered bar chart per data block of `dat` (`panel_titles`,
 //! in order), side by side. Each block has a header line naming its `columns` series
 //! (after the label column), then one row per cluster: its label, then the values.
@@ -49,7 +57,7 @@ inline void plot_clustered_bars(const std::string& out, const std::string& name,
                                 const std::string& dat,
                                 const std::vector<std::string>& panel_titles, std::size_t columns,
                                 const std::string& title, const std::string& ylabel,
-                                std::size_t panel_width) {
+                                std::size_t panel_width, const bar_chart_style& style = {}) {
   std::string panels;
   for (std::size_t b = 0; b < panel_titles.size(); ++b) {
     std::string cols;
@@ -57,12 +65,14 @@ inline void plot_clustered_bars(const std::string& out, const std::string& name,
       cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
                           dat, b, c + 2, c == 0 ? ":xtic(1)" : "");
     }
-    panels += fmt::format("set title \"{}\"\nplot {}\n", panel_titles[b], cols);
+    if (b == 0 && !style.first_panel_extra.empty()) cols += ", " + style.first_panel_extra;
+    panels += fmt::format("set title \"{}\"\nplot {}\n{}", panel_titles[b], cols,
+                          b == 0 && style.one_legend ? "unset key\n" : "");
   }
   const std::string gp = out + "/" + name + ".gp";
   {
     auto f = fmt::output_file(gp);
-    f.print(R"gp(set terminal pngcairo size {w},470 font "sans,10"
+    f.print(R"gp(set terminal pngcairo size {w},{h} font "sans,10"
 set termoption noenhanced
 set output "{out}/{name}.png"
 set style data histograms
@@ -71,11 +81,15 @@ set style fill solid 0.8 border -1
 set grid ytics
 set key outside bottom horizontal
 set ylabel "{ylabel}"
-set yrange [0:*]
-set multiplot layout 1,{panes} title "{title}"
+{scale}set multiplot layout 1,{panes} title "{title}"
 {panels}unset multiplot
 )gp",
-            fmt::arg("w", panel_width * panel_titles.size() + 90), fmt::arg("out", out),
+            fmt::arg("w", panel_width * panel_titles.size() + 90),
+            fmt::arg("h", style.slanted_labels ? 520 : 470), fmt::arg("out", out),
+            fmt::arg("scale", fmt::format("{}{}",
+                                          style.log_y ? "set logscale y\nset yrange [100:*]\n"
+                                                      : "set yrange [0:*]\n",
+                                          style.slanted_labels ? "set xtics rotate by -20\n" : "")),
             fmt::arg("name", name), fmt::arg("ylabel", ylabel),
             fmt::arg("panes", panel_titles.size()), fmt::arg("title", title),
             fmt::arg("panels", panels));
