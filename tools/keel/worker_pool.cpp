@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -159,22 +162,15 @@ run_result run_workers(const run_options& options,
   return r;
 }
 
-child_outcome run_in_child(const std::function<std::string()>& body) {
+child_outcome run_in_child(const std::function<std::string()>& body,
+                           const std::string& result_file) {
   child_outcome out;
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    out.error = fmt::format("pipe: {}", std::strerror(errno));
-    return out;
-  }
   const pid_t pid = ::fork();
   if (pid < 0) {
     out.error = fmt::format("fork: {}", std::strerror(errno));
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
     return out;
   }
   if (pid == 0) {
-    ::close(pipe_fds[0]);
     // First byte: '1' for output, '0' for an error message; then the text.
     std::string message;
     try {
@@ -182,27 +178,21 @@ child_outcome run_in_child(const std::function<std::string()>& body) {
     } catch (const std::exception& e) {
       message = std::string("0") + e.what();
     }
-    for (std::size_t done = 0; done < message.size();) {
-      const ssize_t n = ::write(pipe_fds[1], message.data() + done, message.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) ::_exit(3);
-      done += static_cast<std::size_t>(n);
-    }
-    ::_exit(0);
+    std::ofstream f(result_file, std::ios::binary | std::ios::trunc);
+    f << message;
+    f.close();
+    ::_exit(f ? 0 : 3);
   }
-  ::close(pipe_fds[1]);
-  std::string got;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(pipe_fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(pipe_fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  std::string got;
+  {
+    std::ifstream f(result_file, std::ios::binary);
+    got.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  std::error_code ec;
+  std::filesystem::remove(result_file, ec);
   if (WIFSIGNALED(status)) {
     out.error =
         fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));

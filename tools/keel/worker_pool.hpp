@@ -98,9 +98,11 @@ struct child_outcome {
   std::string error;   // when not ok: how the child failed or died
 };
 
-//! Runs `body` in one forked process and returns the string it returned. A body that throws
-//! fails with the exception's message; a child that dies fails with its signal or status.
-//! Isolates a run from the next: its memory (peak RSS), its crashes and what it leaves open.
-child_outcome run_in_child(const std::function<std::string()>& body);
+//! Runs `body` in one forked process and returns the string it returned, passed back through
+//! `result_file` (made, then removed). A body that throws fails with the exception's message;
+//! a child that dies fails with its signal or status. Isolates a run from the next: its
+//! memory (peak RSS), its crashes and what it leaves open.
+child_outcome run_in_child(const std::function<std::string()>& body,
+                           const std::string& result_file);
 
 }  // namespace keel::tools
