@@ -29,10 +29,9 @@ std::string key_of(int i) {
   return "key-" + std::to_string(i);
 }
 
-// Puts 1 KiB values under key_of(0), key_of(1), ... until one fails: how many succeeded.
-// The failure must be budget_reached.
-int fill(store& s, int at_most) {
-  const std::string value(1024, 'v');
+// Puts `value` (1 KiB by default) under key_of(0), key_of(1), ... until one fails: how many
+// succeeded. The failure must be budget_reached.
+int fill(store& s, int at_most, const std::string& value = std::string(1024, 'v')) {
   for (int i = 0; i < at_most; ++i) {
     auto r = s.put(key_of(i), value);
     if (!r) {
@@ -151,14 +150,7 @@ TEST(KvBudget, TheIndexGrowsWithinTheBudgetToo) {
   auto s = open_ok(dir.file("s"), budgeted(budget));
   ASSERT_TRUE(s);
   // Tiny values: the index, not the segments, is what grows.
-  int i = 0;
-  for (; i < 1'000'000; ++i) {
-    auto r = s->put(key_of(i), "v");
-    if (!r) {
-      ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
-      break;
-    }
-  }
+  const int i = fill(*s, 1'000'000, "v");
   ASSERT_LT(i, 1'000'000);
   auto st = s->stats();
   ASSERT_TRUE(st);
