@@ -320,17 +320,19 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     std::uint64_t need = sizeof(fmt::block_header);
     for (const key_plan& k : keys) {
       if (k.w == nullptr) continue;
-      const std::uint64_t v = k.w->value.size();
-      need += sizeof(fmt::record_header) + k.key.size() + 16 + (v < threshold ? v : 16) + 8;
-      if (!k.w->erase && v >= threshold) need += fmt::blob_block_size(v);
+      fmt::record_in r;
+      r.key = as_bytes(k.key);
+      if (k.w->erase) {
+        r.what = fmt::op::erase;
+      } else if (k.w->value.size() >= threshold) {
+        r.what = fmt::op::put_blob;
+        need += fmt::blob_block_size(k.w->value.size());
+      } else {
+        r.value = as_bytes(k.w->value);
+      }
+      need += fmt::record_size(r);
     }
-    const std::uint64_t seg_size = s->dir.params.segment_size;
-    const std::uint64_t tail = s->h64(hdr::tail).load();
-    const std::uint64_t room = (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
-                               s->budget_left(false) / seg_size * seg_size;
-    if (need > room) {
-      return keel_error(errc::budget_reached);
-    }
+    if (need > s->room_left(false)) return keel_error(errc::budget_reached);
   }
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;

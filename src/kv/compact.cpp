@@ -282,10 +282,7 @@ result<compact_stats> store::compact() noexcept {
     if (s.opts.max_bytes != 0) {
       std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
       std::ranges::sort(by_live, {}, [&](std::uint64_t n) { return use[n].live; });
-      const std::uint64_t seg_size = s.dir.params.segment_size;
-      const std::uint64_t tail = s.h64(hdr::tail).load();
-      std::uint64_t room = (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
-                           s.budget_left(true) / seg_size * seg_size;
+      std::uint64_t room = s.room_left(true);
       victims.clear();
       for (const std::uint64_t n : by_live) {
         // A record is copied with a block header of its own: count a little over.

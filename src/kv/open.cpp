@@ -373,6 +373,14 @@ std::uint64_t store::impl::budget_left(bool freeing) const noexcept {
   return total >= opts.max_bytes ? 0 : opts.max_bytes - total;
 }
 
+std::uint64_t store::impl::room_left(bool freeing) const noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t tail = h64(hdr::tail).load();
+  const std::uint64_t left = budget_left(freeing);
+  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
+         (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
+}
+
 result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const noexcept {
   if (more > budget_left(freeing)) return keel_error(errc::budget_reached);
   return {};

@@ -289,6 +289,9 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> check_budget(std::uint64_t more, bool freeing) const noexcept;
   //! Bytes options::max_bytes leaves for new files (all of them: UINT64_MAX when none).
   [[nodiscard]] std::uint64_t budget_left(bool freeing) const noexcept;
+  //! Bytes commits can still write under options::max_bytes: the rest of the tail's segment
+  //! and the whole segments the budget still allows.
+  [[nodiscard]] std::uint64_t room_left(bool freeing) const noexcept;
   // ---- compaction (compact.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;
