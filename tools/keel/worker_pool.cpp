@@ -11,12 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <thread>
+
+#include "keel/io/file_handle.hpp"
 
 namespace keel::tools {
 
@@ -178,21 +178,24 @@ child_outcome run_in_child(const std::function<std::string()>& body,
     } catch (const std::exception& e) {
       message = std::string("0") + e.what();
     }
-    std::ofstream f(result_file, std::ios::binary | std::ios::trunc);
-    f << message;
-    f.close();
-    ::_exit(f ? 0 : 3);
+    auto f =
+        io::file_handle::open(result_file.c_str(), io::open_flags::write | io::open_flags::create |
+                                                       io::open_flags::truncate);
+    const bool written = f && f->write_at(0, std::as_bytes(std::span(message)));
+    ::_exit(written ? 0 : 3);
   }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   std::string got;
-  {
-    std::ifstream f(result_file, std::ios::binary);
-    got.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  if (auto f = io::file_handle::open(result_file.c_str(), io::open_flags::read)) {
+    if (auto size = f->size(); size && *size > 0) {
+      got.resize(static_cast<std::size_t>(*size));
+      auto n = f->read_at(0, std::as_writable_bytes(std::span(got)));
+      got.resize(n ? *n : 0);
+    }
   }
-  std::error_code ec;
-  std::filesystem::remove(result_file, ec);
+  (void)io::unlink(result_file.c_str());
   if (WIFSIGNALED(status)) {
     out.error =
         fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
