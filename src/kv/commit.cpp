@@ -125,8 +125,15 @@ void store::impl::wait_visible(std::uint64_t seq) noexcept {
   }
 }
 
-void store::impl::publish_visible(std::uint64_t seq) noexcept {
+void store::impl::publish_visible(std::uint64_t seq, counter_delta d) noexcept {
   wait_visible(seq - 1);
+  // The counters change in the ordered step, marked: a reader that sees *visible* = v
+  // before and after reading them, and the mark not past v, read them exactly as of v.
+  h64(hdr::counting).store(seq, std::memory_order_seq_cst);
+  h64(hdr::live_records)
+      .fetch_add(static_cast<std::uint64_t>(d.records), std::memory_order_seq_cst);
+  h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d.live), std::memory_order_seq_cst);
+  h64(hdr::dead_bytes).fetch_add(d.dead, std::memory_order_seq_cst);
   h64(hdr::visible).store(seq, std::memory_order_seq_cst);
   if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
     wake_visible();
@@ -140,7 +147,7 @@ void store::impl::wake_visible() noexcept {
 
 // ---- Group commit ----
 
-result<void> store::impl::group_sync() noexcept {
+result<void> store::impl::group_sync(bool every_segment) noexcept {
   // Everything this commit depends on is written (every seq up to ours is visible): a sync
   // that starts from now on covers it.
   const std::uint64_t s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
@@ -150,7 +157,7 @@ result<void> store::impl::group_sync() noexcept {
     if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
     // A leader before us that started and never finished died, maybe after clearing dirty
     // words and before syncing: then sync every segment, dirty or not.
-    const bool all = h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
+    const bool all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
     const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
     result<void> r;
     // Every segment in the table (each has an entry of its own: make_segment skips numbers
@@ -469,11 +476,19 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // reached.
   const bool only_erases = std::all_of(
       keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
+  // The slot says *reserved* before the space is taken, with a location at or below the one
+  // it will get (the tail only grows): a checkpointer that sees neither the slot nor the
+  // tail move knows where replay must start (doc/kv-format.md, "Checkpoints").
+  me.block().store(s->h64(hdr::tail).load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+  me.block_length().store(0);
+  me.state().store(u64(commit_state::reserved), std::memory_order_seq_cst);
   auto L = s->reserve(length, only_erases);
-  if (!L) return std::unexpected(L.error());
+  if (!L) {
+    me.state().store(u64(commit_state::idle));
+    return std::unexpected(L.error());
+  }
   me.block().store(*L);
   me.block_length().store(length);
-  me.state().store(u64(commit_state::reserved), std::memory_order_seq_cst);
   step(commit_step::reserved);
   auto bytes = s->bytes_at(*L);
   if (!bytes) {
@@ -557,12 +572,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     if (ri == 1) step(commit_step::published_one);
   }
   step(commit_step::published);
-  s->h64(hdr::live_records).fetch_add(static_cast<std::uint64_t>(d_records));
-  s->h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d_live));
-  s->h64(hdr::dead_bytes).fetch_add(d_dead);
 
   // 10. Visible, in seq order.
-  s->publish_visible(seq);
+  s->publish_visible(seq, {d_records, d_live, d_dead});
   step(commit_step::visible);
   me.state().store(u64(commit_state::idle), std::memory_order_release);
   (void)held.unlock();
@@ -571,6 +583,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   if (d == durability::sync) {
     if (auto r = s->group_sync(); !r) return std::unexpected(r.error());
   }
+  s->maybe_checkpoint();
   return seq;
 }
 

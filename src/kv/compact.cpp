@@ -166,8 +166,15 @@ result<compact_stats> store::compact() noexcept {
     return keel_error(errc::read_only);
   }
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
+  // No checkpoint meanwhile: one copied while records move could name originals that are
+  // then removed. A fresh one is written once they are.
   auto one = s.locks->lock({lock::entity(entity_compact)}, io::deadline(cd.expiry()));
   if (!one) return std::unexpected(one.error());
+  if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  struct release {
+    impl* s;
+    ~release() { s->release_checkpoint_byte(); }
+  } checkpoint_held{&s};
   compact_stats st;
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
@@ -340,6 +347,15 @@ result<compact_stats> store::compact() noexcept {
   if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
 
   // 6. Remove them, under the sync lock (a group sync never meets a half-removed segment).
+  // The checkpoint goes first, for good: it may name originals (a rebuild without it
+  // replays the whole log).
+  if (auto r = io::unlink_at(s.dir.dir, "checkpoint");
+      !r && r.error() != std::errc::no_such_file_or_directory) {
+    return std::unexpected(r.error().about(s.path + "/checkpoint"));
+  }
+  if (auto r = s.dir.dir.sync_all(); !r) return std::unexpected(r.error().about(s.path));
+  s.h64(hdr::checkpoint_from).store(0);
+  s.h64(hdr::checkpoint_seq).store(0);
   {
     auto g = s.locks->lock({lock::entity(entity_sync)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
@@ -364,6 +380,11 @@ result<compact_stats> store::compact() noexcept {
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
   }
   s.unmap_removed_segments();
+  // A checkpoint of the entries as they are now, naming the copies. Its failure leaves a
+  // longer replay after a power loss, nothing wrong: kept for stats.
+  if (auto r = s.checkpoint_locked(cd); !r) {
+    s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+  }
   return st;
 }
 

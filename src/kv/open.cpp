@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include "base/per_thread.hpp"
 #include "base/process.hpp"
@@ -99,6 +100,7 @@ result<void> check_key(std::string_view key) noexcept {
 }
 
 store::impl::~impl() {
+  join_checkpointer();
   unregister_store(this);
   base::lock_guard g(live_mutex);
   if (live.is_open() && live_generation == base::fork_generation() && index_map.data()) {
@@ -536,6 +538,7 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::sync_error).store(0);
   h64(hdr::visible_waiters).store(0);
   table->finish_split(*this);  // alone: no locks to take
+  remove_checkpoint_leftovers();
   // Leftovers of segment makers that died.
   if (auto entries = fs->list_directory(dir.segments)) {
     for (const auto& e : *entries) {
@@ -546,7 +549,7 @@ result<void> store::impl::recover_alone() noexcept {
   return {};
 }
 
-result<void> store::impl::rebuild() noexcept {
+result<void> store::impl::reset_index() noexcept {
   if (auto r = index_file.truncate(0); !r) return r;
   const std::uint64_t pages = initial_index_pages;
   if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
@@ -557,21 +560,48 @@ result<void> store::impl::rebuild() noexcept {
   h64(hdr::pages_allocated).store(pages);
   h64(hdr::pages_used).store(first_free_page);
   h64(hdr::next_segment).store(1);
-  if (auto r = table->create(*this); !r) return r;
+  return table->create(*this);
+}
 
+result<void> store::impl::rebuild() noexcept {
+  remove_checkpoint_leftovers();
   auto listed = segment_numbers(true);
   if (!listed) return std::unexpected(listed.error());
   const std::vector<std::uint64_t>& numbers = *listed;
+
+  // From the checkpoint, if there is one that checks out and whose replay start is still
+  // there; else from the start of the log.
+  if (auto r = reset_index(); !r) return r;
+  std::uint64_t from = 0;
   std::uint64_t max_seq = 0;
+  auto cp = load_checkpoint();
+  if (!cp) return std::unexpected(cp.error());
+  if (*cp &&
+      ((*cp)->first == 0 || std::ranges::binary_search(numbers, fmt::segment_of((*cp)->first)))) {
+    std::tie(from, max_seq) = **cp;
+  } else {
+    // None, or one passed over after part of it was read in.
+    if (auto r = reset_index(); !r) return r;
+  }
+
   std::uint64_t tail = 0;
+  replayed_bytes = 0;
   for (const std::uint64_t n : numbers) {
     auto s = segment_at(n);
     if (!s) return std::unexpected(s.error());
     segtab(n, 0).store(n);
     segtab(n, 1).store((*s)->size);
-    std::uint64_t end = fmt::segment_header_size;
+    if (from != 0 && n < fmt::segment_of(from)) continue;  // in the checkpoint's copy
+    const bool mid = from != 0 && n == fmt::segment_of(from);
+    std::uint64_t end = mid ? fmt::offset_of(from) : fmt::segment_header_size;
+    replayed_bytes += (*s)->size - (mid ? std::min((*s)->size, end) : 0);
     if (auto r = replay_segment(**s, max_seq, end); !r) return r;
-    if ((*s)->size == dir.params.segment_size) tail = fmt::make_location(n, end);
+    if ((*s)->size == dir.params.segment_size) {
+      // The space left at the end of the segment before is dead (as reserve counts it when
+      // it moves on).
+      if (tail != 0) h64(hdr::dead_bytes).fetch_add(dir.params.segment_size - fmt::offset_of(tail));
+      tail = fmt::make_location(n, end);
+    }
   }
   if (tail != 0) {
     // Past the last complete block lie only blocks that never completed; one whose header
@@ -579,8 +609,8 @@ result<void> store::impl::rebuild() noexcept {
     // synced, before anything new goes there.
     auto s = segment_at(fmt::segment_of(tail));
     if (!s) return std::unexpected(s.error());
-    const std::uint64_t from = fmt::offset_of(tail);
-    const auto rest = (*s)->map.bytes().subspan(from);
+    const std::uint64_t at = fmt::offset_of(tail);
+    const auto rest = (*s)->map.bytes().subspan(at);
     if (std::any_of(rest.begin(), rest.end(), [](std::byte b) { return b != std::byte{0}; })) {
       std::memset(rest.data(), 0, rest.size());
       if (auto r = (*s)->file.sync_data(); !r) return r;
@@ -589,6 +619,7 @@ result<void> store::impl::rebuild() noexcept {
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
   h64(hdr::tail).store(tail);
   h64(hdr::visible).store(max_seq);
+  h64(hdr::counting).store(max_seq);
   h64(hdr::next_seq).store(max_seq + 1);
   const auto& boot = base::self().boot_id;
   std::memcpy(base() + hdr::boot_id, boot.data(), 16);
@@ -599,52 +630,63 @@ result<void> store::impl::rebuild() noexcept {
   return {};
 }
 
+void store::impl::remove_checkpoint_leftovers() noexcept {
+  // What a checkpointer killed between writing its copy and renaming it left
+  // (io::atomic_replace's temporary name).
+  if (auto entries = fs->list_directory(dir.dir)) {
+    for (const auto& e : *entries) {
+      if (e.name.starts_with(".checkpoint.keel-tmp.")) (void)io::unlink_at(dir.dir, e.name.c_str());
+    }
+  }
+}
+
 result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
                                          std::uint64_t& end) noexcept {
   const std::span<const std::byte> bytes = s.bytes();
-  return for_each_block(s, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-    const std::uint64_t at = fmt::make_location(s.number, off);
-    if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-      if (auto whole = complete_block(at)) {
-        std::uint64_t r = off + sizeof(fmt::block_header);
-        for (std::uint32_t i = 0; i < whole->records; ++i) {
-          auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
-          if (!rec) break;  // cannot happen: complete_block parsed them all
-          if (auto a = apply_record(fmt::make_location(s.number, r), *rec, whole->seq); !a) {
-            return a;
+  return for_each_block(
+      s, end, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+        const std::uint64_t at = fmt::make_location(s.number, off);
+        if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+          if (auto whole = complete_block(at)) {
+            std::uint64_t r = off + sizeof(fmt::block_header);
+            for (std::uint32_t i = 0; i < whole->records; ++i) {
+              auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
+              if (!rec) break;  // cannot happen: complete_block parsed them all
+              if (auto a = apply_record(fmt::make_location(s.number, r), *rec, whole->seq); !a) {
+                return a;
+              }
+              r += rec->size;
+            }
+            max_seq = std::max(max_seq, whole->seq);
+            end = off + head.length;
+          } else if (!opts.read_only && fmt::check_block(bytes.subspan(off), salt)) {
+            // Whole itself, but a blob it names did not survive: it never happened. Voided on
+            // disk, so that no later replay counts it once that blob's segment is compacted away
+            // (a missing segment means a removed blob, see complete_block).
+            std::memset(s.map.data() + off, 0, 8);
+            if (auto synced = s.file.sync_data(); !synced) return synced;
           }
-          r += rec->size;
+        } else if (auto whole = fmt::check_block(bytes.subspan(off), salt)) {
+          end = off + head.length;
+          if (whole->kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
+          // Records compaction moved, each with its own seq. One whose blob copy did not survive
+          // a power cut is skipped: its original is still there (compaction removes a segment
+          // only after its copies are synced).
+          std::uint64_t r = off + sizeof(fmt::block_header);
+          for (std::uint32_t i = 0; i < whole->records; ++i) {
+            auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
+            if (!rec) break;  // cannot happen: check_block parsed them all
+            const std::uint64_t rec_at = fmt::make_location(s.number, r);
+            if (value_of(found_record{rec_at, *rec, nullptr}, true)) {
+              if (auto a = apply_record(rec_at, *rec, rec->head.seq); !a) return a;
+              // Its commit block may be gone with a compacted segment: its seq still counts.
+              max_seq = std::max(max_seq, rec->head.seq);
+            }
+            r += rec->size;
+          }
         }
-        max_seq = std::max(max_seq, whole->seq);
-        end = off + head.length;
-      } else if (!opts.read_only && fmt::check_block(bytes.subspan(off), salt)) {
-        // Whole itself, but a blob it names did not survive: it never happened. Voided on
-        // disk, so that no later replay counts it once that blob's segment is compacted away
-        // (a missing segment means a removed blob, see complete_block).
-        std::memset(s.map.data() + off, 0, 8);
-        if (auto synced = s.file.sync_data(); !synced) return synced;
-      }
-    } else if (auto whole = fmt::check_block(bytes.subspan(off), salt)) {
-      end = off + head.length;
-      if (whole->kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
-      // Records compaction moved, each with its own seq. One whose blob copy did not survive
-      // a power cut is skipped: its original is still there (compaction removes a segment
-      // only after its copies are synced).
-      std::uint64_t r = off + sizeof(fmt::block_header);
-      for (std::uint32_t i = 0; i < whole->records; ++i) {
-        auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
-        if (!rec) break;  // cannot happen: check_block parsed them all
-        const std::uint64_t rec_at = fmt::make_location(s.number, r);
-        if (value_of(found_record{rec_at, *rec, nullptr}, true)) {
-          if (auto a = apply_record(rec_at, *rec, rec->head.seq); !a) return a;
-          // Its commit block may be gone with a compacted segment: its seq still counts.
-          max_seq = std::max(max_seq, rec->head.seq);
-        }
-        r += rec->size;
-      }
-    }
-    return {};
-  });
+        return {};
+      });
 }
 
 result<std::vector<std::uint64_t>> store::impl::segment_numbers(bool remove_leftovers) noexcept {
@@ -751,6 +793,9 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
   }
   register_store(p.get());
+  // A rebuild that replayed much writes a checkpoint (in the background), so that the next
+  // one replays little.
+  p->maybe_checkpoint();
   return std::unique_ptr<store>(new store(std::move(p)));
 }
 

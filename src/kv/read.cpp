@@ -95,6 +95,31 @@ std::optional<std::uint64_t> store::impl::record_in_block(std::uint64_t block,
   return std::nullopt;
 }
 
+std::uint64_t store::impl::visible_location(std::uint64_t seq, std::uint64_t at,
+                                            const fmt::key_hash& h, std::span<const std::byte> key,
+                                            std::uint64_t snapshot) noexcept {
+  if ((seq & ix::pending) == 0) return at;
+  // A writer marked it and has not published: its version counts only if its block is
+  // complete and the snapshot sees its seq (then the writer died, and the commit was settled
+  // as made).
+  const std::uint64_t block = seq & ~ix::pending;
+  if (auto head = settled_block(block, snapshot)) {
+    if (auto rec_at = record_in_block(block, *head, h, key)) return *rec_at;
+  }
+  return at;
+}
+
+result<std::optional<found_record>> store::impl::back_to(found_record rec, std::uint64_t snapshot,
+                                                         bool verify) noexcept {
+  while (rec.rec.head.seq > snapshot) {
+    if (rec.rec.head.prev == 0) return std::optional<found_record>{};
+    auto older = record_at(rec.rec.head.prev, verify);
+    if (!older) return std::unexpected(older.error());
+    rec = *older;
+  }
+  return std::optional<found_record>(rec);
+}
+
 result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<const std::byte> key,
                                                                   const fmt::key_hash& h,
                                                                   std::uint64_t snapshot) noexcept {
@@ -107,30 +132,17 @@ result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<cons
     if (hi == 0) break;
     if (hi != h.hi || e.lo().load(std::memory_order_acquire) != h.lo) continue;
     const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-    std::uint64_t at = e.location().load(std::memory_order_acquire);
-    if ((seq & ix::pending) != 0) {
-      // A writer marked it and has not published: its version counts only if its block is
-      // complete and the snapshot sees its seq (then the writer died, and the commit was
-      // settled as made).
-      const std::uint64_t block = seq & ~ix::pending;
-      if (auto head = settled_block(block, snapshot)) {
-        if (auto rec_at = record_in_block(block, *head, h, key)) at = *rec_at;
-      }
-    }
+    const std::uint64_t at =
+        visible_location(seq, e.location().load(std::memory_order_acquire), h, key, snapshot);
     if (at == 0) continue;
     auto rec = record_at(at, opts.verify_checksums);
     if (!rec) return std::unexpected(rec.error());
     if (!std::ranges::equal(rec->rec.key, key)) continue;  // another key with this hash
-    // Back through the versions to the newest one the snapshot sees.
-    while (rec->rec.head.seq > snapshot) {
-      if (rec->rec.head.prev == 0) return std::optional<found_record>{};
-      rec = record_at(rec->rec.head.prev, opts.verify_checksums);
-      if (!rec) return std::unexpected(rec.error());
+    auto seen = back_to(*rec, snapshot, opts.verify_checksums);
+    if (!seen || !*seen || (*seen)->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
+      return seen;
     }
-    if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
-      return std::optional<found_record>{};
-    }
-    return std::optional<found_record>(*rec);
+    return std::optional<found_record>{};
   }
   return std::optional<found_record>{};
 }
@@ -249,6 +261,11 @@ result<store_stats> store::stats() noexcept {
   st.live_bytes = impl_->h64(hdr::live_bytes).load();
   st.dead_bytes = impl_->h64(hdr::dead_bytes).load();
   st.visible_seq = impl_->h64(hdr::visible).load();
+  st.checkpoint_seq = impl_->h64(hdr::checkpoint_seq).load();
+  st.unchecked_bytes =
+      impl_->log_distance(impl_->h64(hdr::checkpoint_from).load(), impl_->h64(hdr::tail).load());
+  st.replayed_bytes = impl_->replayed_bytes;
+  st.checkpoint_errno = static_cast<int>(impl_->h64(hdr::checkpoint_error).load());
   st.index_bytes = impl_->h64(hdr::pages_allocated).load() * fmt::page_size;
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());

@@ -3,6 +3,7 @@
 // commit.cpp: transactions; read.cpp: lookups, scans, stats). Layouts and protocols are
 // doc/kv-format.md's; the names here follow it.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -14,7 +15,9 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/format_header.hpp"
@@ -50,8 +53,13 @@ constexpr std::size_t live_bytes = 168;
 constexpr std::size_t dead_bytes = 176;
 constexpr std::size_t visible_waiters = 184;
 constexpr std::size_t retired_pages = 192;
-constexpr std::size_t split_journal = 200;  // old, low, high: ix::split_journal
-constexpr std::size_t compactions = 224;    // segments removed by compaction so far (batches)
+constexpr std::size_t split_journal = 200;     // old, low, high: ix::split_journal
+constexpr std::size_t compactions = 224;       // segments removed by compaction so far (batches)
+constexpr std::size_t checkpoint_from = 232;   // where the replay from the last checkpoint starts
+constexpr std::size_t checkpoint_seq = 240;    // the seq the last checkpoint is a copy at
+constexpr std::size_t counting = 248;          // the seq whose counter changes are being added
+constexpr std::size_t checkpoint_error = 256;  // errno of the last failed checkpoint, or 0
+constexpr std::size_t checkpoint_retry = 264;  // tail when a checkpoint failed (0: none failed)
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
 }  // namespace hdr
@@ -70,23 +78,23 @@ constexpr std::size_t first_free_page = 128;
 constexpr std::size_t initial_index_pages = first_free_page + 256;
 
 // Byte-range locks on the index file (through the liveness descriptor).
-constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
-constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
+constexpr off_t user_byte = off_t{1} << 40;       // + slot: held while the slot's user lives
+constexpr off_t open_byte = off_t{1} << 41;       // shared by every open store; exclusive: alone
+constexpr off_t checkpoint_byte = open_byte + 1;  // held by the one checkpointer
 
 // Lock entities beside the bucket pages' numbers.
 constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
 constexpr std::uint64_t entity_segment = entity_base + 2;
 constexpr std::uint64_t entity_directory = entity_base + 3;
 constexpr std::uint64_t entity_sync = entity_base + 4;
-constexpr std::uint64_t entity_compact =
-    entity_base + 6;  // one compactor at a time (+5: checkpoint)
+constexpr std::uint64_t entity_compact = entity_base + 6;  // one compactor at a time
 
 //! How far the index may grow: the size of the window every user maps (pages past the file's
 //! end are never touched).
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
 inline constexpr base::format index_format{
-    "KEELKVX1", 1,
+    "KEELKVX1", 2,
     base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
                      ix::entries_per_page, hdr::retired_pages, index_window})};
 
@@ -197,8 +205,47 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> open_index() noexcept;
   [[nodiscard]] result<void> rebuild() noexcept;
   [[nodiscard]] result<void> recover_alone() noexcept;
+  //! Replays the blocks of `s` from offset `end` on (doc/kv-format.md, "Checkpoints and
+  //! recovery"); `end` ends after its last block that checks out, `max_seq` at the highest
+  //! seq applied.
   [[nodiscard]] result<void> replay_segment(segment& s, std::uint64_t& max_seq,
                                             std::uint64_t& end) noexcept;
+  //! Makes the index empty (a directory of depth 0 and its page), state `building`.
+  [[nodiscard]] result<void> reset_index() noexcept;
+  //! Removes what checkpointers killed part-way left (alone).
+  void remove_checkpoint_leftovers() noexcept;
+  //! Bytes of log this process's open replayed (0: the index was used as it was).
+  std::uint64_t replayed_bytes = 0;
+
+  // ---- checkpoints (checkpoint.cpp) ----
+  //! Loads `checkpoint` into the reset index, alone: where the replay starts and the seq it
+  //! is a copy at. nullopt: none, or one that does not check out (replay everything).
+  [[nodiscard]] result<std::optional<std::pair<std::uint64_t, std::uint64_t>>>
+  load_checkpoint() noexcept;
+  //! Writes a checkpoint, holding the checkpoint byte (take_checkpoint_byte).
+  [[nodiscard]] result<void> checkpoint_locked(const io::countdown& cd) noexcept;
+  //! Takes the checkpoint byte of the index file (OFD, for other processes) and this
+  //! process's claim on it (for its other threads), waiting until `cd` expires if `wait`.
+  //! Not a keel::lock entity: one that shares a lock slot with bucket pages would stall
+  //! their writers for as long as a checkpoint or a compaction runs. Errors: timed_out (or
+  //! resource_unavailable_try_again when not waiting), the lock's.
+  [[nodiscard]] result<void> take_checkpoint_byte(const io::countdown& cd, bool wait) noexcept;
+  void release_checkpoint_byte() noexcept;
+  //! Which fork generation of this process holds the byte, plus 1 (0: none).
+  std::atomic<std::uint64_t> checkpoint_holder{0};
+  //! After a commit: a checkpoint if the log has grown by the interval since the last one,
+  //! written by a thread of this process's own (none when one is running here, or another
+  //! user is writing one). A failure is kept for stats.
+  void maybe_checkpoint() noexcept;
+  //! Waits for this process's checkpoint thread, if any (a forked child forgets its
+  //! parent's).
+  void join_checkpointer() noexcept;
+  base::mutex checkpointer_mutex;
+  std::unique_ptr<std::thread> checkpointer KEEL_GUARDED_BY(checkpointer_mutex);
+  std::uint64_t checkpointer_generation KEEL_GUARDED_BY(checkpointer_mutex) = 0;
+  std::atomic<bool> checkpointing{false};
+  //! Log bytes between two locations (whole segments counted at the segment size).
+  [[nodiscard]] std::uint64_t log_distance(std::uint64_t from, std::uint64_t to) const noexcept;
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
   [[nodiscard]] result<std::vector<std::uint64_t>> segment_numbers(bool remove_leftovers) noexcept;
   //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header
@@ -206,8 +253,14 @@ struct store::impl final : ix::page_source {
   //! time, and a block by its length (its writer reserved all of it).
   template <class F>
   [[nodiscard]] result<void> for_each_block(const segment& s, F&& f) const noexcept {
+    return for_each_block(s, fmt::segment_header_size, std::forward<F>(f));
+  }
+  //! The same from offset `from` (a block's, or space to step over) on.
+  template <class F>
+  [[nodiscard]] result<void> for_each_block(const segment& s, std::uint64_t from,
+                                            F&& f) const noexcept {
     const std::span<const std::byte> bytes = s.bytes();
-    std::uint64_t off = fmt::segment_header_size;
+    std::uint64_t off = std::max<std::uint64_t>(from, fmt::segment_header_size);
     while (off + sizeof(fmt::block_header) <= s.size) {
       std::uint32_t magic = 0;
       std::memcpy(&magic, bytes.data() + off, 4);
@@ -319,6 +372,18 @@ struct store::impl final : ix::page_source {
   //! A value's bytes (inline, or its blob's, checked as the options say).
   [[nodiscard]] result<std::span<const std::byte>> value_of(const found_record& r,
                                                             bool verify) noexcept;
+  //! Where the newest record of an entry (`seq`, location `at`) that a snapshot may see is:
+  //! `at`, or, for an entry a writer marked pending, the key's record in the marked block
+  //! if that block is settled at or below `snapshot` (`key` empty: found by hash alone).
+  [[nodiscard]] std::uint64_t visible_location(std::uint64_t seq, std::uint64_t at,
+                                               const fmt::key_hash& h,
+                                               std::span<const std::byte> key,
+                                               std::uint64_t snapshot) noexcept;
+  //! Back from `rec` through its previous versions to the newest one `snapshot` sees
+  //! (nullopt: none, the key did not exist then). An erase record is returned as it is.
+  [[nodiscard]] result<std::optional<found_record>> back_to(found_record rec,
+                                                            std::uint64_t snapshot,
+                                                            bool verify) noexcept;
   //! The version of `key` a snapshot sees: its record, or nullopt (absent or erased).
   [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(
       std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot) noexcept;
@@ -343,10 +408,20 @@ struct store::impl final : ix::page_source {
   void wait_visible(std::uint64_t seq) noexcept;
   //! Settles commit `v` (= visible + 1) if its writer is dead. Returns whether it did.
   bool settle_dead_commit(std::uint64_t v) noexcept;
-  void publish_visible(std::uint64_t seq) noexcept;
+  //! What a commit changes in the header's counters.
+  struct counter_delta {
+    std::int64_t records = 0;
+    std::int64_t live = 0;
+    std::uint64_t dead = 0;
+  };
+  //! Makes commit `seq` visible once every commit before it is, adding its counter changes
+  //! in the same ordered step (so the counters are exact as of *visible*: see checkpoints).
+  void publish_visible(std::uint64_t seq, counter_delta d) noexcept;
   //! Wakes every thread sleeping on *visible* (all processes).
   void wake_visible() noexcept;
-  [[nodiscard]] result<void> group_sync() noexcept;
+  //! `every_segment`: syncs every segment, dirty or not (a checkpoint: a dead writer's
+  //! block may have landed after a leader cleared its dirty word, and nobody set it again).
+  [[nodiscard]] result<void> group_sync(bool every_segment = false) noexcept;
   [[nodiscard]] result<void> split_page(std::uint64_t page, const fmt::key_hash& h,
                                         const io::countdown& cd) noexcept;
   //! Finishes the split a dead splitter left half done, if any, taking the locks it needs

@@ -44,11 +44,9 @@ struct power_cut_dirs {
 // A writer commits `sync` transactions (two keys each, so a half-applied one shows) and
 // reports each one that returned; the power goes at the nth sync or write of the store's
 // files. After the restore (a reboot: the index, a cache of this boot, is rebuilt), every
-// reported commit is there, whole.
-class KvStorePowerCut : public ::testing::TestWithParam<int> {};
-
-TEST_P(KvStorePowerCut, EveryAcknowledgedSyncCommitSurvivesWhole) {
-  const int nth = GetParam();
+// reported commit is there, whole. With `checkpoint_bytes`, checkpoints are written all
+// along (the power may go during one) and the rebuild starts from the last one that made it.
+void power_cut_run(int nth, std::uint64_t checkpoint_bytes) {
   const power_cut_dirs dirs;
   const std::string &root = dirs.root, &shadow = dirs.shadow, &path = dirs.path;
   {
@@ -65,6 +63,7 @@ TEST_P(KvStorePowerCut, EveryAcknowledgedSyncCommitSurvivesWhole) {
     options o;
     o.segment_size = std::uint64_t{1} << 20;
     o.durable = durability::sync;
+    o.checkpoint_bytes = checkpoint_bytes;
     o.fs = &fs;
     auto s = store::open(path, o);
     if (!s) return 2;
@@ -114,10 +113,38 @@ TEST_P(KvStorePowerCut, EveryAcknowledgedSyncCommitSurvivesWhole) {
   }
   auto v = (*s)->verify();
   EXPECT_TRUE(v) << v.error().message();
-  RecordProperty("acknowledged", acks);
+  if (checkpoint_bytes != 0) {
+    // Rebuilt from a checkpoint: its counters agree with what is there.
+    auto st = (*s)->stats();
+    ASSERT_TRUE(st);
+    std::uint64_t records = 0;
+    for (int i = 0; i < 40; ++i) {
+      records += (*s)->get("a" + std::to_string(i)) ? 2 : 0;
+    }
+    EXPECT_EQ(st->records, records);
+    if (nth >= 20) {
+      EXPECT_GT(st->checkpoint_seq, 0u) << "rebuilt without a checkpoint";
+    }
+  }
+  ::testing::Test::RecordProperty("acknowledged", acks);
+}
+
+class KvStorePowerCut : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvStorePowerCut, EveryAcknowledgedSyncCommitSurvivesWhole) {
+  power_cut_run(GetParam(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AtTheNthSync, KvStorePowerCut, ::testing::Values(1, 2, 3, 5, 8, 13, 30));
+
+class KvStorePowerCutWithCheckpoints : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvStorePowerCutWithCheckpoints, EveryAcknowledgedSyncCommitSurvivesWhole) {
+  power_cut_run(GetParam(), std::uint64_t{16} << 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(AtTheNthSync, KvStorePowerCutWithCheckpoints,
+                         ::testing::Values(1, 2, 3, 4, 5, 7, 9, 12, 20, 40, 80));
 
 // A compaction loses power at its nth sync of a file or of a directory: after the restore
 // (torn writes included) and a rebuild, every value is the one it had.

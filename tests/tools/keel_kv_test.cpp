@@ -101,6 +101,20 @@ TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {
   EXPECT_TRUE(nlohmann::json::parse(r.out)["segments_removed"].is_number()) << r.out;
   r = kv(dir, {s, "--hex", "get", "00ff"});
   EXPECT_EQ(r.out, std::string("a\0b\xff", 4)) << "compact kept it";
+  // A checkpoint, then a reboot (the index goes): the rebuild starts from it.
+  r = kv(dir, {s, "checkpoint"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = kv(dir, {s, "stats", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto st = nlohmann::json::parse(r.out);
+  EXPECT_GT(st["checkpoint_seq"], 0) << r.out;
+  EXPECT_EQ(st["unchecked_bytes"], 0) << r.out;
+  std::filesystem::remove(s + "/index");
+  r = kv(dir, {s, "stats"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("rebuilt the index, replaying"), std::string::npos) << r.out;
+  r = kv(dir, {s, "--hex", "get", "00ff"});
+  EXPECT_EQ(r.out, std::string("a\0b\xff", 4)) << "rebuilt from the checkpoint";
 }
 
 TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {

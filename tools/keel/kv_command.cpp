@@ -113,6 +113,9 @@ int run_kv_command(int argc, char** argv) {
   auto* compact = app.add_subcommand(
       "compact", "Move live records out of mostly dead segments and remove those files");
   compact->add_flag("--json", json, "As JSON");
+  auto* checkpoint = app.add_subcommand(
+      "checkpoint",
+      "Write a checkpoint now: after a power loss, the next open replays only the log since");
 
   try {
     app.parse(argc, argv);
@@ -138,7 +141,7 @@ int run_kv_command(int argc, char** argv) {
   }
   kv::options o;
   o.create_if_missing = put->parsed();
-  o.read_only = !(put->parsed() || del->parsed() || compact->parsed());
+  o.read_only = !(put->parsed() || del->parsed() || compact->parsed() || checkpoint->parsed());
   o.durable = sync ? kv::durability::sync : kv::durability::none;
   o.max_bytes = max_bytes;
   auto s = kv::store::open(path, o);
@@ -200,7 +203,11 @@ int run_kv_command(int argc, char** argv) {
                        {"index_bytes", st->index_bytes},
                        {"index_pages", st->index_pages},
                        {"index_load", st->index_load},
-                       {"visible_seq", st->visible_seq}};
+                       {"visible_seq", st->visible_seq},
+                       {"checkpoint_seq", st->checkpoint_seq},
+                       {"unchecked_bytes", st->unchecked_bytes},
+                       {"replayed_bytes", st->replayed_bytes},
+                       {"checkpoint_errno", st->checkpoint_errno}};
       fmt::print("{}\n", j.dump(2));
     } else {
       fmt::print("records        {}\n", st->records);
@@ -210,6 +217,17 @@ int run_kv_command(int argc, char** argv) {
       fmt::print("index          {} bytes, {} bucket pages, load {:.2f}\n", st->index_bytes,
                  st->index_pages, st->index_load);
       fmt::print("visible seq    {}\n", st->visible_seq);
+      fmt::print("checkpoint     at seq {}, {} bytes of log since", st->checkpoint_seq,
+                 st->unchecked_bytes);
+      if (st->checkpoint_errno != 0) {
+        fmt::print(" (the last one failed: {})",
+                   std::make_error_code(static_cast<std::errc>(st->checkpoint_errno)).message());
+      }
+      fmt::print("\n");
+      if (st->replayed_bytes != 0) {
+        fmt::print("this open      rebuilt the index, replaying {} bytes of log\n",
+                   st->replayed_bytes);
+      }
     }
     return exit_ok;
   }
@@ -226,6 +244,10 @@ int run_kv_command(int argc, char** argv) {
       fmt::print("removed {} segments ({} bytes), moved {} records ({} bytes)\n",
                  c->segments_removed, c->bytes_freed, c->records_moved, c->bytes_moved);
     }
+    return exit_ok;
+  }
+  if (*checkpoint) {
+    if (auto c = (*s)->checkpoint(); !c) return fail("checkpoint", c.error());
     return exit_ok;
   }
   if (*verify) {

@@ -70,21 +70,36 @@ struct options {
   //! it must be at least two segments and the index, or open fails with invalid_argument.
   //! Each opener's own cap: give every opener of a store the same.
   std::uint64_t max_bytes = 0;
+  //! A checkpoint (a copy of the index, so that a rebuild after a power loss replays only
+  //! the log written since) is written once the log has grown by this many bytes since the
+  //! last one, by a thread the commit that crosses the mark starts (0: the larger of 128 MiB
+  //! and the index's size, which keeps the copying under one byte per byte of log).
+  std::uint64_t checkpoint_bytes = 0;
   //! The filesystem the store's files are reached through (null: io::os()).
   io::filesystem* fs = nullptr;
 };
 
 //! What a store holds, as of a snapshot of its counters.
 struct store_stats {
-  std::uint64_t records = 0;        //!< live keys
-  std::uint64_t live_bytes = 0;     //!< bytes of their newest records (keys, values, headers)
-  std::uint64_t dead_bytes = 0;     //!< bytes of superseded records and abandoned space
-  std::uint64_t segments = 0;       //!< segment files
-  std::uint64_t segment_bytes = 0;  //!< their allocated size
-  std::uint64_t index_bytes = 0;    //!< the index file's size
-  std::uint64_t index_pages = 0;    //!< bucket pages reachable from the directory
-  double index_load = 0;            //!< used entries / entries, over those pages
-  std::uint64_t visible_seq = 0;    //!< the newest commit visible
+  std::uint64_t records = 0;     //!< live keys
+  std::uint64_t live_bytes = 0;  //!< bytes of their newest records (keys, values, headers)
+  //! Bytes of superseded records and abandoned space (an estimate: space a dead writer
+  //! reserved and never wrote is not counted, and a rebuild counts a segment's abandoned end
+  //! again when it was switched during the checkpoint's copy).
+  std::uint64_t dead_bytes = 0;
+  std::uint64_t segments = 0;        //!< segment files
+  std::uint64_t segment_bytes = 0;   //!< their allocated size
+  std::uint64_t index_bytes = 0;     //!< the index file's size
+  std::uint64_t index_pages = 0;     //!< bucket pages reachable from the directory
+  double index_load = 0;             //!< used entries / entries, over those pages
+  std::uint64_t visible_seq = 0;     //!< the newest commit visible
+  std::uint64_t checkpoint_seq = 0;  //!< the seq the last checkpoint is a copy at (0: none yet)
+  //! Log bytes since that checkpoint: what a rebuild after a power loss would replay.
+  std::uint64_t unchecked_bytes = 0;
+  //! Log bytes this process's open replayed to rebuild the index (0: it was used as it was).
+  std::uint64_t replayed_bytes = 0;
+  //! The error of the last checkpoint written after a commit, if it failed (0: none).
+  int checkpoint_errno = 0;
 };
 
 //! What a compaction did.
@@ -200,6 +215,11 @@ class store {
   //! while this thread holds a transaction). Errors: timed_out, read_only, corrupt, and I/O
   //! errors (nothing is removed unless its records' copies are synced first).
   [[nodiscard]] result<compact_stats> compact() noexcept;
+  //! Writes a checkpoint now (commits write them by themselves, see
+  //! options::checkpoint_bytes): after a power loss, the next open replays only the log
+  //! written since. Readers and writers go on meanwhile. Errors: read_only, timed_out, and
+  //! I/O errors (the previous checkpoint stays).
+  [[nodiscard]] result<void> checkpoint() noexcept;
 
   [[nodiscard]] const std::string& path() const noexcept;
 

@@ -1,0 +1,490 @@
+// Checkpoints (doc/kv-format.md, "Checkpoints and recovery"): a copy of the index exactly as
+// of one seq S, written beside the log while readers and writers go on, so that a rebuild
+// after a power loss loads it and replays only the log written since: recovery time is
+// bounded by the checkpoint interval, not by the store's size.
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "base/per_thread.hpp"
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+constexpr const char* checkpoint_name = "checkpoint";
+//! The least checkpoint interval by default (options::checkpoint_bytes).
+constexpr std::uint64_t default_checkpoint_bytes = std::uint64_t{128} << 20;
+constexpr base::format checkpoint_format{"KEELKVC1", 1, index_format.layout};
+
+// The checkpoint's first page (the index pages follow it, from first_free_page on).
+namespace cp {
+constexpr std::size_t store_id = 24;
+constexpr std::size_t seq = 40;   // S: the copy holds every commit up to S and none above
+constexpr std::size_t from = 48;  // where replay starts: every commit above S lies at or after
+constexpr std::size_t directory = 56;
+constexpr std::size_t pages_used = 64;
+constexpr std::size_t live_records = 72;
+constexpr std::size_t live_bytes = 80;
+constexpr std::size_t dead_bytes = 88;
+constexpr std::size_t retired_pages = 96;
+constexpr std::size_t segments = 104;  // how many segment numbers follow the index pages
+}  // namespace cp
+
+void put64(std::byte* at, std::uint64_t v) noexcept {
+  std::memcpy(at, &v, 8);
+}
+std::uint64_t get64(const std::byte* at) noexcept {
+  std::uint64_t v = 0;
+  std::memcpy(&v, at, 8);
+  return v;
+}
+
+// The checksum of a checkpoint: its pages' checksums chained, each seeded with the one before
+// and the page's number, so that pages cannot trade places.
+std::uint64_t chain(std::uint64_t c, std::uint64_t page, std::span<const std::byte> bytes,
+                    std::uint64_t salt) noexcept {
+  return fmt::checksum(bytes, salt ^ (c * 0x9e3779b97f4a7c15ULL) ^ page);
+}
+
+}  // namespace
+
+std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) const noexcept {
+  if (to <= from) return 0;
+  return (fmt::segment_of(to) - fmt::segment_of(from)) * dir.params.segment_size +
+         fmt::offset_of(to) - fmt::offset_of(from);
+}
+
+void store::impl::maybe_checkpoint() noexcept {
+  if (opts.read_only || failed.load(std::memory_order_relaxed) ||
+      checkpointing.load(std::memory_order_relaxed)) {
+    return;
+  }
+  const std::uint64_t interval =
+      opts.checkpoint_bytes != 0
+          ? opts.checkpoint_bytes
+          : std::max<std::uint64_t>(
+                default_checkpoint_bytes,
+                h64(hdr::pages_used).load(std::memory_order_relaxed) * fmt::page_size);
+  const auto due = [this, interval] {
+    const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
+    // After a failure, not again before the log has grown by the interval once more.
+    const std::uint64_t retry = h64(hdr::checkpoint_retry).load(std::memory_order_acquire);
+    return log_distance(h64(hdr::checkpoint_from).load(std::memory_order_acquire), tail) >=
+               interval &&
+           (retry == 0 || log_distance(retry, tail) >= interval);
+  };
+  if (!due()) return;
+  base::lock_guard g(checkpointer_mutex);
+  if (checkpointer && checkpointer_generation != base::fork_generation()) {
+    // A forked child's copy of its parent's thread, which does not run here.
+    (void)checkpointer.release();
+    checkpointing.store(false);
+  }
+  if (checkpointing.load()) return;
+  if (checkpointer) {
+    checkpointer->join();  // done: it cleared the flag last
+    checkpointer.reset();
+  }
+  // Off the committing thread: the commit that crossed the mark has returned its result.
+  checkpointing.store(true);
+  try {
+    checkpointer = std::make_unique<std::thread>([this, due] {
+      // One checkpointer at a time; compaction holds the byte while it works.
+      const io::countdown cd = io::deadline(opts.lock_timeout).start();
+      if (take_checkpoint_byte(cd, false)) {
+        if (due()) {
+          if (auto r = checkpoint_locked(cd); !r) {
+            // The commits went on; the failure is kept for stats, and tried again once the
+            // log has grown by the interval once more.
+            h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+            h64(hdr::checkpoint_retry).store(std::max<std::uint64_t>(1, h64(hdr::tail).load()));
+          }
+        }
+        release_checkpoint_byte();
+      }
+      checkpointing.store(false, std::memory_order_release);
+    });
+    checkpointer_generation = base::fork_generation();
+  } catch (const std::exception&) {
+    checkpointing.store(false);  // no thread to be had: the next commit tries again
+  }
+}
+
+result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, bool wait) noexcept {
+  // This process's claim first (its threads share the byte's lock), then the byte. A claim
+  // left by the parent of a forked child is not a claim in the child.
+  const std::uint64_t mine = base::fork_generation() + 1;
+  for (;;) {
+    std::uint64_t seen = checkpoint_holder.load();
+    if ((seen == 0 || seen != mine) && checkpoint_holder.compare_exchange_strong(seen, mine)) {
+      break;
+    }
+    if (!wait) return errc_error(std::errc::resource_unavailable_try_again);
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (;;) {
+    result<void> r;
+    {
+      base::lock_guard g(live_mutex);
+      r = ensure_live();
+      if (r) r = fs->lock(live, checkpoint_byte, 1, io::lock_request::exclusive, false);
+    }
+    if (r) return {};
+    const bool busy = r.error() == std::errc::operation_would_block ||
+                      r.error() == std::errc::resource_unavailable_try_again;
+    if (!busy || !wait || cd.expired()) {
+      checkpoint_holder.store(0);
+      return busy && wait ? errc_error(std::errc::timed_out) : r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void store::impl::release_checkpoint_byte() noexcept {
+  {
+    base::lock_guard g(live_mutex);
+    if (live.is_open() && live_generation == base::fork_generation()) {
+      (void)fs->lock(live, checkpoint_byte, 1, io::lock_request::unlock, false);
+    }
+  }
+  checkpoint_holder.store(0);
+}
+
+void store::impl::join_checkpointer() noexcept {
+  base::lock_guard g(checkpointer_mutex);
+  if (!checkpointer) return;
+  if (checkpointer_generation != base::fork_generation()) {
+    (void)checkpointer.release();  // the parent's thread, not ours to join
+    return;
+  }
+  checkpointer->join();
+  checkpointer.reset();
+}
+
+result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
+  if (opts.read_only || failed.load() || h64(hdr::sync_error).load() != 0) {
+    return keel_error(errc::read_only);
+  }
+  auto lease = acquire_slot();
+  if (!lease) return std::unexpected(lease.error());
+  struct release {
+    impl* s;
+    slot_lease l;
+    ~release() { s->release_slot(l); }
+  } held_slot{this, *lease};
+
+  // 1. Where replay must start: the tail, then below it every commit in flight (a slot says
+  // *reserved* with a lower bound of its location before it takes any space). Read in that
+  // order, before S: a commit above S either had its slot in flight when it was read, or
+  // took its space after the tail was read.
+  std::uint64_t from = h64(hdr::tail).load(std::memory_order_seq_cst);
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    const slot_ref sl = slot(u);
+    const std::uint64_t state = sl.state().load(std::memory_order_seq_cst);
+    if (state < static_cast<std::uint64_t>(commit_state::reserved) ||
+        state > static_cast<std::uint64_t>(commit_state::writing)) {
+      continue;
+    }
+    // A dead writer's slot that nothing needs any more (no seq taken, or its seq already
+    // visible, so at or below S) would hold the replay start back for good: freed instead.
+    if (slot_owner_dead(u) && slot_reclaimable(sl)) {
+      free_dead_slot(u);
+      continue;
+    }
+    from = std::min(from, sl.block().load(std::memory_order_seq_cst));
+  }
+
+  // 2. S, held as this slot's snapshot, and the counters exactly as of S (commits add theirs
+  // in the ordered step that makes them visible, marked by *counting*).
+  std::uint64_t S = 0;
+  std::uint64_t records = 0;
+  std::uint64_t live_bytes = 0;
+  std::uint64_t dead_bytes = 0;
+  for (;;) {
+    S = take_snapshot(*lease);
+    records = h64(hdr::live_records).load(std::memory_order_seq_cst);
+    live_bytes = h64(hdr::live_bytes).load(std::memory_order_seq_cst);
+    dead_bytes = h64(hdr::dead_bytes).load(std::memory_order_seq_cst);
+    const std::uint64_t mark = h64(hdr::counting).load(std::memory_order_seq_cst);
+    const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
+    if (again == S && mark <= S) break;
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    if (again == S) wait_visible(S + 1);  // commit S + 1 is adding its counters
+  }
+
+  // 3. The copy: the directory and every bucket page it names, each entry as of S. Splits go
+  // on meanwhile (holding the directory lock for the whole copy would stall every writer
+  // that needs one): a page split after the copy began is retired, not reused while S is
+  // held, and keeps every version up to the split, so it holds each of its keys' versions
+  // at S. Only the directory may be caught half switched (some entries of a split page's
+  // range naming it, some its halves): each range goes to the shallowest page named in it.
+  const std::uint64_t word = h64(hdr::directory).load(std::memory_order_acquire);
+  const unsigned depth = static_cast<unsigned>(word & 0xff);
+  const std::uint64_t first = word >> 8;
+  if (depth > ix::max_depth) return keel_error(errc::corrupt);
+  const std::uint64_t entries = std::uint64_t{1} << depth;
+  std::vector<std::uint64_t> named;
+  try {
+    named.resize(entries);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  for (std::uint64_t i = 0; i < entries; ++i) {
+    named[i] =
+        std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base() + first * fmt::page_size + i * 8))
+            .load(std::memory_order_acquire);
+  }
+  // Read after the directory: every page it names lies below.
+  const std::uint64_t used = h64(hdr::pages_used).load(std::memory_order_acquire);
+  const auto in_use = [&](std::uint64_t p) { return p >= first_free_page && p < used; };
+  if (!in_use(first) || first + (entries * 8 + fmt::page_size - 1) / fmt::page_size > used) {
+    return keel_error(errc::corrupt);
+  }
+  const auto depth_of = [&](std::uint64_t p) -> unsigned {
+    return table->page(p).local_depth().load(std::memory_order_acquire);
+  };
+  for (std::uint64_t i = 0; i < entries;) {
+    const std::uint64_t p = named[i];
+    if (!in_use(p) || depth_of(p) > depth) return keel_error(errc::corrupt);
+    const std::uint64_t span = std::uint64_t{1} << (depth - depth_of(p));
+    const std::uint64_t from_i = i & ~(span - 1);
+    for (std::uint64_t j = from_i; j < from_i + span; ++j) {
+      if (named[j] != p && in_use(named[j]) && depth_of(named[j]) > depth_of(p)) named[j] = p;
+    }
+    do {
+      ++i;
+    } while (i < entries && named[i] == p);
+  }
+
+  // The segments there are (none goes while the byte is held: compaction takes it too). A
+  // checkpoint is trusted only while they all are: it may name a record in any of them.
+  auto listed = segment_numbers(false);
+  if (!listed) return std::unexpected(listed.error());
+  const std::uint64_t list_pages = (listed->size() * 8 + fmt::page_size - 1) / fmt::page_size;
+  // Not zeroed as a whole: every page is either copied or zeroed.
+  const std::size_t index_end = (1 + used - first_free_page) * fmt::page_size;
+  const std::size_t out_size = index_end + list_pages * fmt::page_size + 8;
+  std::unique_ptr<std::byte[]> out(new (std::nothrow) std::byte[out_size]);
+  std::vector<bool> copied_page;
+  try {
+    copied_page.assign(used - first_free_page, false);
+  } catch (const std::bad_alloc&) {
+    out.reset();
+  }
+  if (!out) return errc_error(std::errc::not_enough_memory);
+  std::memset(out.get(), 0, fmt::page_size);
+  const auto page_out = [&](std::uint64_t p) -> std::byte* {
+    std::byte* const at = out.get() + (1 + p - first_free_page) * fmt::page_size;
+    if (!copied_page[p - first_free_page]) {
+      copied_page[p - first_free_page] = true;
+      std::memset(at, 0, fmt::page_size);
+    }
+    return at;
+  };
+  for (std::uint64_t i = 0; i < entries; ++i) {
+    put64(page_out(first + i * 8 / fmt::page_size) + i * 8 % fmt::page_size, named[i]);
+  }
+  for (std::uint64_t i = 0; i < entries; ++i) {
+    if (i > 0 && named[i] == named[i - 1]) continue;
+    const std::uint64_t p = named[i];
+    const ix::bucket_ref b = table->page(p);
+    const ix::bucket_ref copy{page_out(p)};
+    copy.magic().store(b.magic().load(std::memory_order_acquire));
+    copy.local_depth().store(b.local_depth().load(std::memory_order_acquire));
+    copy.prefix().store(b.prefix().load(std::memory_order_acquire));
+    std::uint64_t n = 0;
+    for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+      const ix::entry_ref e = b.entry(k);
+      const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+      if (hi == 0) continue;
+      const fmt::key_hash h{hi, e.lo().load(std::memory_order_acquire)};
+      // The entry as it is, its seq read on both sides of its location: a pair that a
+      // publish tore shows a pending mark on one side (it comes between).
+      std::uint64_t seq = 0;
+      std::uint64_t at = 0;
+      for (;;) {
+        seq = e.seq().load(std::memory_order_acquire);
+        at = e.location().load(std::memory_order_acquire);
+        if (e.seq().load(std::memory_order_acquire) == seq) break;
+      }
+      if ((seq & ix::pending) != 0 || seq > S) {
+        // As a reader at S sees it (none: location 0).
+        at = visible_location(seq, at, h, {}, S);
+        seq = 0;
+        if (at != 0) {
+          auto rec = record_at(at, false);
+          if (!rec) return std::unexpected(rec.error());
+          auto seen = back_to(*rec, S, false);
+          if (!seen) return std::unexpected(seen.error());
+          at = *seen ? (*seen)->location : 0;
+          seq = *seen ? (*seen)->rec.head.seq : 0;
+        }
+      }
+      const ix::entry_ref to = copy.entry(k);
+      to.hi().store(h.hi);
+      to.lo().store(h.lo);
+      to.location().store(at);
+      to.seq().store(at == 0 ? 0 : seq);
+      ++n;
+    }
+    copy.used().store(n);
+  }
+  for (std::uint64_t i = 0; i < copied_page.size(); ++i) {
+    if (!copied_page[i]) std::memset(out.get() + (1 + i) * fmt::page_size, 0, fmt::page_size);
+  }
+  std::memset(out.get() + index_end, 0, list_pages * fmt::page_size);
+  for (std::size_t i = 0; i < listed->size(); ++i)
+    put64(out.get() + index_end + i * 8, (*listed)[i]);
+
+  // 4. Everything the copy names on disk: every commit up to S is written (it is visible),
+  // so a group sync that starts now covers it, blobs included.
+  if (auto r = group_sync(true); !r) return r;
+
+  // 5. The first page and the checksum, then the file, replaced whole.
+  std::byte* const head = out.get();
+  const std::span<const std::byte> all(out.get(), out_size);
+  const auto fh = checkpoint_format.header();
+  std::memcpy(head, &fh, sizeof fh);
+  std::memcpy(head + cp::store_id, dir.params.id.data(), 16);
+  put64(head + cp::seq, S);
+  put64(head + cp::from, from);
+  put64(head + cp::directory, word);
+  put64(head + cp::pages_used, used);
+  put64(head + cp::live_records, records);
+  put64(head + cp::live_bytes, live_bytes);
+  put64(head + cp::dead_bytes, dead_bytes);
+  put64(head + cp::retired_pages, h64(hdr::retired_pages).load());
+  put64(head + cp::segments, listed->size());
+  std::uint64_t sum = 0;
+  const std::uint64_t pages = 1 + used - first_free_page + list_pages;
+  for (std::uint64_t i = 0; i < pages; ++i) {
+    sum = chain(sum, i, all.subspan(i * fmt::page_size, fmt::page_size), salt);
+  }
+  put64(out.get() + pages * fmt::page_size, sum);
+  io::replace_options ro;
+  ro.fs = fs;
+  const std::string file = path + "/" + checkpoint_name;
+  if (auto r = io::atomic_replace(file.c_str(), all, ro); !r) {
+    return std::unexpected(r.error().about(file));
+  }
+  h64(hdr::checkpoint_seq).store(S);
+  h64(hdr::checkpoint_from).store(from, std::memory_order_release);
+  h64(hdr::checkpoint_error).store(0);
+  h64(hdr::checkpoint_retry).store(0);
+  return {};
+}
+
+result<std::optional<std::pair<std::uint64_t, std::uint64_t>>>
+store::impl::load_checkpoint() noexcept {
+  using loaded = std::optional<std::pair<std::uint64_t, std::uint64_t>>;
+  // Any checkpoint that cannot be read or does not check out is passed over: the log alone
+  // rebuilds the index (the checkpoint only shortens that).
+  auto f = io::file_handle::open_at(dir.dir, checkpoint_name,
+                                    io::open_flags::read | io::open_flags::no_follow);
+  if (!f) return loaded{};
+  auto size = f->size();
+  if (!size) return loaded{};
+  std::array<std::byte, fmt::page_size> head{};
+  const auto read_all = [&](off_t at, std::span<std::byte> into) {
+    while (!into.empty()) {
+      auto n = f->read_at(at, into);
+      if (!n || *n == 0) return false;
+      into = into.subspan(*n);
+      at += static_cast<off_t>(*n);
+    }
+    return true;
+  };
+  if (*size < static_cast<off_t>(fmt::page_size + 8) || !read_all(0, head)) return loaded{};
+  auto h = base::check_header(head, checkpoint_format);
+  if (!h || *h != base::header_state::ours) return loaded{};
+  if (std::memcmp(head.data() + cp::store_id, dir.params.id.data(), 16) != 0) return loaded{};
+  const std::uint64_t used = get64(head.data() + cp::pages_used);
+  if (used <= first_free_page || used > index_window / fmt::page_size) return loaded{};
+  const std::uint64_t count = get64(head.data() + cp::segments);
+  if (count > segtab_entries) return loaded{};
+  const std::uint64_t list_pages = (count * 8 + fmt::page_size - 1) / fmt::page_size;
+  const std::uint64_t pages = 1 + used - first_free_page + list_pages;
+  if (static_cast<std::uint64_t>(*size) != pages * fmt::page_size + 8) return loaded{};
+  // Its pages go straight into the index, at their own numbers.
+  if (used > h64(hdr::pages_allocated).load()) {
+    // No room for it (the log alone needs less): passed over.
+    if (!index_file.allocate(0, static_cast<off_t>(used * fmt::page_size))) return loaded{};
+    h64(hdr::pages_allocated).store(used);
+  }
+  const std::span<std::byte> into(base() + first_free_page * fmt::page_size,
+                                  (used - first_free_page) * fmt::page_size);
+  std::array<std::byte, 8> trailer{};
+  std::vector<std::byte> list;
+  try {
+    list.resize(list_pages * fmt::page_size);
+  } catch (const std::bad_alloc&) {
+    return loaded{};
+  }
+  const off_t list_at = static_cast<off_t>((1 + used - first_free_page) * fmt::page_size);
+  if (!read_all(static_cast<off_t>(fmt::page_size), into) || !read_all(list_at, list) ||
+      !read_all(static_cast<off_t>(pages * fmt::page_size), trailer)) {
+    return loaded{};
+  }
+  std::uint64_t sum = chain(0, 0, head, salt);
+  for (std::uint64_t i = 1; i < 1 + used - first_free_page; ++i) {
+    sum = chain(sum, i, into.subspan((i - 1) * fmt::page_size, fmt::page_size), salt);
+  }
+  for (std::uint64_t i = 0; i < list_pages; ++i) {
+    sum = chain(sum, 1 + used - first_free_page + i,
+                std::span<const std::byte>(list).subspan(i * fmt::page_size, fmt::page_size), salt);
+  }
+  if (sum != get64(trailer.data())) return loaded{};
+  // Every segment there was must still be: the copy may name records in any of them (a
+  // store that lost one to something else than compaction, which deletes the checkpoint
+  // first, is rebuilt from its log).
+  auto now = segment_numbers(false);
+  if (!now) return loaded{};
+  for (std::uint64_t i = 0; i < count; ++i) {
+    if (!std::ranges::binary_search(*now, get64(list.data() + i * 8))) return loaded{};
+  }
+  // The directory must lie in the pages loaded, and name bucket pages there.
+  const std::uint64_t word = get64(head.data() + cp::directory);
+  const unsigned depth = static_cast<unsigned>(word & 0xff);
+  const std::uint64_t first = word >> 8;
+  if (depth > ix::max_depth || first < first_free_page ||
+      first + ((std::uint64_t{8} << depth) + fmt::page_size - 1) / fmt::page_size > used) {
+    return loaded{};
+  }
+  for (std::uint64_t i = 0; i < (std::uint64_t{1} << depth); ++i) {
+    const std::uint64_t p = get64(base() + first * fmt::page_size + i * 8);
+    if (p < first_free_page || p >= used || table->page(p).magic().load() != ix::bucket_magic) {
+      return loaded{};
+    }
+  }
+  h64(hdr::directory).store(word);
+  h64(hdr::pages_used).store(used);
+  h64(hdr::live_records).store(get64(head.data() + cp::live_records));
+  h64(hdr::live_bytes).store(get64(head.data() + cp::live_bytes));
+  h64(hdr::dead_bytes).store(get64(head.data() + cp::dead_bytes));
+  h64(hdr::retired_pages).store(get64(head.data() + cp::retired_pages));
+  const std::uint64_t S = get64(head.data() + cp::seq);
+  const std::uint64_t from = get64(head.data() + cp::from);
+  h64(hdr::checkpoint_seq).store(S);
+  h64(hdr::checkpoint_from).store(from);
+  return loaded{std::pair{from, S}};
+}
+
+result<void> store::checkpoint() noexcept {
+  impl& s = *impl_;
+  if (s.opts.read_only) return keel_error(errc::read_only);
+  const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
+  if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  auto r = s.checkpoint_locked(cd);
+  s.release_checkpoint_byte();
+  return r;
+}
+
+}  // namespace keel::kv
