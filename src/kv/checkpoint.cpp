@@ -62,8 +62,11 @@ std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) co
 }
 
 void store::impl::maybe_checkpoint() noexcept {
+  // The flag holds the fork generation (+1) of the process whose thread claimed it: a forked
+  // child's copy of its parent's claim is no claim in the child.
+  const std::uint64_t mine = base::fork_generation() + 1;
   if (opts.read_only || failed.load(std::memory_order_relaxed) ||
-      checkpointing.load(std::memory_order_relaxed)) {
+      checkpointing.load(std::memory_order_relaxed) == mine) {
     return;
   }
   const std::uint64_t interval =
@@ -74,46 +77,61 @@ void store::impl::maybe_checkpoint() noexcept {
                 h64(hdr::pages_used).load(std::memory_order_relaxed) * fmt::page_size);
   const auto due = [this, interval] {
     const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
-    // After a failure, not again before the log has grown by the interval once more.
-    const std::uint64_t retry = h64(hdr::checkpoint_retry).load(std::memory_order_acquire);
+    // Not again before the log has grown by half the interval since the last one began: a
+    // replay start held back by a long commit, or a failure, does not make every commit
+    // write one.
+    const std::uint64_t attempt = h64(hdr::checkpoint_attempt).load(std::memory_order_acquire);
     return log_distance(h64(hdr::checkpoint_from).load(std::memory_order_acquire), tail) >=
                interval &&
-           (retry == 0 || log_distance(retry, tail) >= interval);
+           (attempt == 0 || log_distance(attempt, tail) >= interval / 2);
   };
   if (!due()) return;
   base::lock_guard g(checkpointer_mutex);
   if (checkpointer && checkpointer_generation != base::fork_generation()) {
     // A forked child's copy of its parent's thread, which does not run here.
     (void)checkpointer.release();
-    checkpointing.store(false);
   }
-  if (checkpointing.load()) return;
+  // The flag is claimed, not set: the thread may claim it back to go on (below).
+  if (std::uint64_t seen = checkpointing.load();
+      seen == mine || !checkpointing.compare_exchange_strong(seen, mine)) {
+    return;
+  }
   if (checkpointer) {
-    checkpointer->join();  // done: it cleared the flag last
+    checkpointer->join();  // done: it gave up the flag last
     checkpointer.reset();
   }
   // Off the committing thread: the commit that crossed the mark has returned its result.
-  checkpointing.store(true);
   try {
-    checkpointer = std::make_unique<std::thread>([this, due] {
-      // One checkpointer at a time; compaction holds the byte while it works.
-      const io::countdown cd = io::deadline(opts.lock_timeout).start();
-      if (take_checkpoint_byte(cd, false)) {
-        if (due()) {
-          if (auto r = checkpoint_locked(cd); !r) {
-            // The commits went on; the failure is kept for stats, and tried again once the
-            // log has grown by the interval once more.
-            h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
-            h64(hdr::checkpoint_retry).store(std::max<std::uint64_t>(1, h64(hdr::tail).load()));
+    checkpointer = std::make_unique<std::thread>([this, due, mine] {
+      for (;;) {
+        // One checkpointer at a time; compaction holds the byte while it works.
+        const io::countdown cd = io::deadline(opts.lock_timeout).start();
+        bool wrote = false;
+        if (take_checkpoint_byte(cd, false)) {
+          if (due()) {
+            h64(hdr::checkpoint_attempt)
+                .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
+                       std::memory_order_release);
+            if (auto r = checkpoint_locked(cd); !r) {
+              // The commits went on; the failure is kept for stats.
+              h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+            } else {
+              wrote = true;
+            }
           }
+          release_checkpoint_byte();
         }
-        release_checkpoint_byte();
+        checkpointing.store(0, std::memory_order_release);
+        // The commits that came while this one was written found the flag taken and went on:
+        // if they took the log past the interval again, write the next one for them, unless
+        // a commit has claimed the flag meanwhile (it starts a thread of its own).
+        std::uint64_t idle = 0;
+        if (!wrote || !due() || !checkpointing.compare_exchange_strong(idle, mine)) return;
       }
-      checkpointing.store(false, std::memory_order_release);
     });
     checkpointer_generation = base::fork_generation();
   } catch (const std::exception&) {
-    checkpointing.store(false);  // no thread to be had: the next commit tries again
+    checkpointing.store(0);  // no thread to be had: the next commit tries again
   }
 }
 
@@ -378,7 +396,6 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   h64(hdr::checkpoint_seq).store(S);
   h64(hdr::checkpoint_from).store(from, std::memory_order_release);
   h64(hdr::checkpoint_error).store(0);
-  h64(hdr::checkpoint_retry).store(0);
   return {};
 }
 

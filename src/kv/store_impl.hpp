@@ -53,13 +53,13 @@ constexpr std::size_t live_bytes = 168;
 constexpr std::size_t dead_bytes = 176;
 constexpr std::size_t visible_waiters = 184;
 constexpr std::size_t retired_pages = 192;
-constexpr std::size_t split_journal = 200;     // old, low, high: ix::split_journal
-constexpr std::size_t compactions = 224;       // segments removed by compaction so far (batches)
-constexpr std::size_t checkpoint_from = 232;   // where the replay from the last checkpoint starts
-constexpr std::size_t checkpoint_seq = 240;    // the seq the last checkpoint is a copy at
-constexpr std::size_t counting = 248;          // the seq whose counter changes are being added
-constexpr std::size_t checkpoint_error = 256;  // errno of the last failed checkpoint, or 0
-constexpr std::size_t checkpoint_retry = 264;  // tail when a checkpoint failed (0: none failed)
+constexpr std::size_t split_journal = 200;       // old, low, high: ix::split_journal
+constexpr std::size_t compactions = 224;         // segments removed by compaction so far (batches)
+constexpr std::size_t checkpoint_from = 232;     // where the replay from the last checkpoint starts
+constexpr std::size_t checkpoint_seq = 240;      // the seq the last checkpoint is a copy at
+constexpr std::size_t counting = 248;            // the seq whose counter changes are being added
+constexpr std::size_t checkpoint_error = 256;    // errno of the last failed checkpoint, or 0
+constexpr std::size_t checkpoint_attempt = 264;  // tail when a background checkpoint began
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
 }  // namespace hdr
@@ -243,7 +243,8 @@ struct store::impl final : ix::page_source {
   base::mutex checkpointer_mutex;
   std::unique_ptr<std::thread> checkpointer KEEL_GUARDED_BY(checkpointer_mutex);
   std::uint64_t checkpointer_generation KEEL_GUARDED_BY(checkpointer_mutex) = 0;
-  std::atomic<bool> checkpointing{false};
+  //! Whose thread is writing a checkpoint: fork generation + 1 (0: none).
+  std::atomic<std::uint64_t> checkpointing{0};
   //! Log bytes between two locations (whole segments counted at the segment size).
   [[nodiscard]] std::uint64_t log_distance(std::uint64_t from, std::uint64_t to) const noexcept;
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
