@@ -107,11 +107,17 @@ void store::impl::maybe_checkpoint() noexcept {
         // One checkpointer at a time; compaction holds the byte while it works.
         const io::countdown cd = io::deadline(opts.lock_timeout).start();
         bool wrote = false;
-        if (take_checkpoint_byte(cd, false)) {
+        const auto attempted = [this] {
+          h64(hdr::checkpoint_attempt)
+              .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()), std::memory_order_release);
+        };
+        if (!take_checkpoint_byte(cd, false)) {
+          // Another user's checkpoint, compaction or verify: not again for every commit
+          // meanwhile.
+          attempted();
+        } else {
           if (due()) {
-            h64(hdr::checkpoint_attempt)
-                .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
-                       std::memory_order_release);
+            attempted();
             if (auto r = checkpoint_locked(cd); !r) {
               // The commits went on; the failure is kept for stats.
               h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));

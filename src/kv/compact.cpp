@@ -166,10 +166,10 @@ result<compact_stats> store::compact() noexcept {
     return keel_error(errc::read_only);
   }
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
-  // No checkpoint meanwhile: one copied while records move could name originals that are
-  // then removed. A fresh one is written once they are.
-  auto one = s.locks->lock({lock::entity(entity_compact)}, io::deadline(cd.expiry()));
-  if (!one) return std::unexpected(one.error());
+  // The maintenance byte, for the whole run: one compactor at a time, no verify walking the
+  // segments, and no checkpoint (one copied while records move could name originals that
+  // are then removed; a fresh one is written once they are). Not a keel::lock entity: its
+  // slot would be some bucket pages' too, whose writers would wait for the whole run.
   if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
   struct release {
     impl* s;

@@ -289,9 +289,14 @@ result<store_stats> store::stats() noexcept {
 }
 
 result<std::uint64_t> store::verify() noexcept {
-  // No compaction meanwhile: it would remove segments under the walk.
-  auto g = impl_->locks->lock({lock::entity(entity_compact, false)}, impl_->opts.lock_timeout);
-  if (!g) return std::unexpected(g.error());
+  // No compaction meanwhile (it would remove segments under the walk): the maintenance byte,
+  // which also keeps checkpoints waiting.
+  const io::countdown cd = io::deadline(impl_->opts.lock_timeout).start();
+  if (auto b = impl_->take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  struct release {
+    impl* s;
+    ~release() { s->release_checkpoint_byte(); }
+  } held{impl_.get()};
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   std::uint64_t commits = 0;

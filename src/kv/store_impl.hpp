@@ -78,16 +78,16 @@ constexpr std::size_t first_free_page = 128;
 constexpr std::size_t initial_index_pages = first_free_page + 256;
 
 // Byte-range locks on the index file (through the liveness descriptor).
-constexpr off_t user_byte = off_t{1} << 40;       // + slot: held while the slot's user lives
-constexpr off_t open_byte = off_t{1} << 41;       // shared by every open store; exclusive: alone
-constexpr off_t checkpoint_byte = open_byte + 1;  // held by the one checkpointer
+constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
+constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
+// The maintenance byte: held by the one checkpointer, compactor or verifier at a time.
+constexpr off_t checkpoint_byte = open_byte + 1;
 
 // Lock entities beside the bucket pages' numbers.
 constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
 constexpr std::uint64_t entity_segment = entity_base + 2;
 constexpr std::uint64_t entity_directory = entity_base + 3;
 constexpr std::uint64_t entity_sync = entity_base + 4;
-constexpr std::uint64_t entity_compact = entity_base + 6;  // one compactor at a time
 
 //! How far the index may grow: the size of the window every user maps (pages past the file's
 //! end are never touched).

@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "keel/kv/store.hpp"
+#include "keel/lock/memory_map.hpp"
 #include "kv/kv_support.hpp"
 #include "kv/store_impl.hpp"
+#include "lock/memory_map/slot_table.hpp"
 #include "support/process.hpp"
 
 namespace keel::kv {
@@ -251,6 +253,53 @@ TEST(KvCompact, WaitsForSnapshotsTakenWhileRecordsMoved) {
   auto done = s->compact();
   ASSERT_TRUE(done) << done.error().message();
   s.reset();
+}
+
+// A compaction takes as long as its copies: it holds no lock slot of keel::lock meanwhile,
+// so no writer's page (whose lock slot may be any) waits for it. Checked from another
+// process, which takes every slot in turn while the compaction is between its steps.
+TEST(KvCompact, HoldsNoLockSlotAWriterMayNeed) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  static std::string lock_path;
+  lock_path = path + "/lock";
+  auto s = open_ok(path, small());
+  ASSERT_TRUE(s);
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < 1500; ++k) {
+      ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+    }
+  }
+  static int busy_slots;
+  busy_slots = -1;
+  compact_moved_hook = []() noexcept {
+    const pid_t child = fork_child([] {
+      auto m = lock::memory_map::open(lock_path);
+      if (!m) return 255;
+      // One entity value for each slot.
+      std::vector<std::uint64_t> of_slot(lock::memory_map::slots, 0);
+      std::size_t found = 0;
+      for (std::uint64_t v = 1; found < of_slot.size(); ++v) {
+        auto& o = of_slot[lock::mm::slot_of(v)];
+        if (o == 0) {
+          o = v;
+          ++found;
+        }
+      }
+      int busy = 0;
+      for (const std::uint64_t v : of_slot) {
+        auto g = (*m)->lock({lock::entity(v)}, std::chrono::milliseconds(20));
+        if (!g) ++busy;
+      }
+      return std::min(busy, 254);
+    });
+    busy_slots = test::wait_exit(child);
+  };
+  auto c = s->compact();
+  compact_moved_hook = nullptr;
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_GT(c->segments_removed, 0u);
+  EXPECT_EQ(busy_slots, 0) << "lock slots a writer's page may need were held by the compaction";
 }
 
 TEST(KvCompact, ReadersAndWritersGoOnMeanwhile) {
