@@ -47,6 +47,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     (void)s->live.close();
     s->free_slots.clear();
     s->ours.fill(false);
+    s->forget_idle_slots();
     s->live_mutex.unlock();
   }
   registry_mutex.unlock();
@@ -149,14 +150,43 @@ result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS 
   return {};
 }
 
+namespace {
+
+// The idle cell a thread tries first: threads spread over the cells in the order they came.
+std::size_t my_idle_cell(std::size_t cells) noexcept {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine % cells;
+}
+
+}  // namespace
+
+void store::impl::forget_idle_slots() noexcept {
+  for (auto& c : idle_slots)
+    c.slot.store(max_slots, std::memory_order_relaxed);
+  idle_generation.store(base::fork_generation(), std::memory_order_release);
+}
+
 result<slot_lease> store::impl::acquire_slot() noexcept {
   unmap_removed_segments();
+  const std::uint64_t gen = base::fork_generation();
+  // The fast way: an idle slot of ours from the cells, without the mutex.
+  if (idle_generation.load(std::memory_order_acquire) == gen) {
+    const std::size_t first = my_idle_cell(idle_cells);
+    for (std::size_t k = 0; k < idle_cells; ++k) {
+      auto& cell = idle_slots[(first + k) % idle_cells].slot;
+      if (cell.load(std::memory_order_relaxed) == max_slots) continue;
+      const std::uint32_t u = cell.exchange(max_slots, std::memory_order_acquire);
+      if (u != max_slots) return slot_lease{u, gen};
+    }
+  }
   base::lock_guard g(live_mutex);
   if (auto r = ensure_live(); !r) return std::unexpected(r.error());
+  if (idle_generation.load() != gen) forget_idle_slots();  // a forked child's copies
   if (!free_slots.empty()) {
     const std::uint32_t u = free_slots.back();
     free_slots.pop_back();
-    return slot_lease{u};
+    return slot_lease{u, gen};
   }
   const std::uint32_t start = static_cast<std::uint32_t>(::getpid()) % max_slots;
   for (std::uint32_t k = 0; k < max_slots; ++k) {
@@ -187,13 +217,27 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     s.tid().store(static_cast<std::uint32_t>(::syscall(SYS_gettid)));
     s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
     ours[u] = true;
-    return slot_lease{u};
+    return slot_lease{u, gen};
   }
   return keel_error(errc::too_many_users);
 }
 
 void store::impl::release_slot(slot_lease s) noexcept {
   if (!s.held()) return;
+  const std::uint64_t gen = base::fork_generation();
+  if (s.generation == gen && idle_generation.load(std::memory_order_acquire) == gen) {
+    // Ours (leased in this generation, so ours[s.index] holds): back to a free cell.
+    slot(s.index).snapshot().store(0, std::memory_order_release);
+    const std::size_t first = my_idle_cell(idle_cells);
+    for (std::size_t k = 0; k < idle_cells; ++k) {
+      auto& cell = idle_slots[(first + k) % idle_cells].slot;
+      std::uint32_t none = max_slots;
+      if (cell.load(std::memory_order_relaxed) == max_slots &&
+          cell.compare_exchange_strong(none, s.index, std::memory_order_release)) {
+        return;
+      }
+    }
+  }
   base::lock_guard g(live_mutex);
   // A slot leased before a fork is the parent's: the child forgets it and leaves it alone.
   if (live_generation != base::fork_generation() || !ours[s.index]) return;

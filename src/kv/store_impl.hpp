@@ -144,6 +144,7 @@ struct found_record {
 //! A slot this process holds (its byte locked through the liveness descriptor).
 struct slot_lease {
   std::uint32_t index = max_slots;
+  std::uint64_t generation = 0;  // the fork generation it was leased in
   [[nodiscard]] bool held() const noexcept { return index < max_slots; }
 };
 
@@ -170,6 +171,17 @@ struct store::impl final : ix::page_source {
   std::uint64_t live_generation KEEL_GUARDED_BY(live_mutex) = 0;
   std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(live_mutex);
   std::array<bool, max_slots> ours KEEL_GUARDED_BY(live_mutex){};
+  //! Idle slots of this process, leased and released without live_mutex (each cell holds a
+  //! slot's index, or max_slots; a thread tries its own cell first). They belong to fork
+  //! generation `idle_generation`: a child's copies are not its slots.
+  struct alignas(64) idle_cell {
+    std::atomic<std::uint32_t> slot{max_slots};
+  };
+  static constexpr std::size_t idle_cells = 16;
+  std::array<idle_cell, idle_cells> idle_slots{};
+  std::atomic<std::uint64_t> idle_generation{0};
+  //! Empties the idle cells (live_mutex held, or the only thread).
+  void forget_idle_slots() noexcept;
   std::atomic<bool> failed{false};  // a sync failed: read-only until reopened
 
   // ---- segments mapped in this process ----
