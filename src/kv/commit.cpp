@@ -495,6 +495,15 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     me.state().store(u64(commit_state::idle));
     return std::unexpected(bytes.error());
   }
+  // The block's pages faulted in now, while nobody waits for us: from the seq on, every
+  // later commit waits for this one to be visible, and a page fault (a fresh page of the
+  // segment, zeroed) would be in that wait. Zeros are what the space holds anyway.
+  for (std::uint64_t off = 0; off < length; off += 4096) {
+    std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[off]))
+        .store(0, std::memory_order_relaxed);
+  }
+  std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[length - 1]))
+      .store(0, std::memory_order_relaxed);
 
   // 5. Mark: each written key's entry is pending on our block (new keys take an entry).
   std::uint64_t at = *L + sizeof(fmt::block_header);
