@@ -45,7 +45,6 @@ constexpr std::size_t next_segment = 88;
 constexpr std::size_t sync_started = 96;
 constexpr std::size_t sync_done = 104;
 constexpr std::size_t sync_error = 112;
-constexpr std::size_t directory = 120;
 constexpr std::size_t pages_allocated = 128;
 constexpr std::size_t pages_used = 136;
 constexpr std::size_t live_records = 160;
@@ -53,13 +52,16 @@ constexpr std::size_t live_bytes = 168;
 constexpr std::size_t dead_bytes = 176;
 constexpr std::size_t visible_waiters = 184;
 constexpr std::size_t retired_pages = 192;
-constexpr std::size_t split_journal = 200;       // old, low, high: ix::split_journal
-constexpr std::size_t compactions = 224;         // segments removed by compaction so far (batches)
 constexpr std::size_t checkpoint_from = 232;     // where the replay from the last checkpoint starts
 constexpr std::size_t checkpoint_seq = 240;      // the seq the last checkpoint is a copy at
 constexpr std::size_t counting = 248;            // the seq whose counter changes are being added
 constexpr std::size_t checkpoint_error = 256;    // errno of the last failed checkpoint, or 0
 constexpr std::size_t checkpoint_attempt = 264;  // tail when a background checkpoint began
+// Read by every lookup, written seldom: a cache line apart from the words every commit
+// writes.
+constexpr std::size_t directory = 320;
+constexpr std::size_t split_journal = 328;  // old, low, high: ix::split_journal
+constexpr std::size_t compactions = 352;    // segments removed by compaction so far (batches)
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
 }  // namespace hdr
