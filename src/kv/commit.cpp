@@ -436,7 +436,17 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     const key_plan* full = nullptr;
     for (const auto& [page, count] : new_keys) {
-      if (s->table->page(page).used().load() + count <= ix::entries_per_page) continue;
+      const ix::bucket_ref b = s->table->page(page);
+      std::uint64_t used = b.used().load();
+      if (used + count > ix::entries_per_page) {
+        // Entries that hold nothing (an undone insert, an erased key compaction forgot) are
+        // room too.
+        for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
+          const ix::entry_ref e = b.entry(j);
+          if (e.hi().load() != 0 && e.location().load() == 0 && e.seq().load() == 0) --used;
+        }
+      }
+      if (used + count <= ix::entries_per_page) continue;
       for (const key_plan& k : keys) {
         if (k.page == page) full = &k;
       }
@@ -527,9 +537,15 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
           k.entry = e;
           break;
         }
-        if (hi == k.h.hi && e.lo().load() == k.h.lo && e.location().load() == 0 &&
-            (e.seq().load() & ix::pending) == 0) {
-          e.seq().store(ix::pending | *L, std::memory_order_release);  // an undone insert's
+        if (e.location().load() == 0 && e.seq().load() == 0) {
+          // Holds nothing (an undone insert, or an erased key compaction forgot): ours, for
+          // whatever hash. A reader that still matches the old hash finds our mark, whose
+          // block is not complete, and no location: not its key.
+          e.seq().store(ix::pending | *L, std::memory_order_release);
+          if (hi != k.h.hi || e.lo().load() != k.h.lo) {
+            e.lo().store(k.h.lo);
+            e.hi().store(k.h.hi, std::memory_order_release);
+          }
           k.entry = e;
           break;
         }

@@ -69,9 +69,10 @@ result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countd
   return {};
 }
 
-result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec,
-                                   const std::set<std::uint64_t>& victims, const io::countdown& cd,
-                                   compact_stats& st) noexcept {
+result<bool> store::impl::relocate(
+    std::uint64_t at, const fmt::record_view& rec, const std::set<std::uint64_t>& victims,
+    const std::set<std::pair<std::uint64_t, std::uint64_t>>& forgettable, const io::countdown& cd,
+    compact_stats& st) noexcept {
   const fmt::key_hash h = fmt::hash_key(rec.key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
@@ -100,6 +101,17 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       }
     }
     if (!entry) return false;  // superseded: dead
+
+    if (rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
+        forgettable.contains({h.hi, h.lo})) {
+      // The key is gone for every snapshot, and no older version of it outlives this
+      // compaction: nothing to copy, and the entry is free for any key (doc/kv-format.md,
+      // "Compaction", forgetting erased keys).
+      entry->location().store(0, std::memory_order_release);
+      entry->seq().store(0, std::memory_order_release);
+      st.erasures_dropped += 1;
+      return true;
+    }
 
     fmt::record_in r;
     r.key = rec.key;
@@ -178,7 +190,9 @@ result<compact_stats> store::compact() noexcept {
   compact_stats st;
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
-  // writing into one began before now; wait for them to finish.
+  // writing into one began before now; wait for them to finish. Once they have, every
+  // snapshot is at or above `horizon` (visible only grows).
+  const std::uint64_t horizon = s.h64(hdr::visible).load(std::memory_order_seq_cst);
   const std::uint64_t active = fmt::segment_of(s.h64(hdr::tail).load(std::memory_order_acquire));
   auto numbers = s.segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
@@ -190,6 +204,8 @@ result<compact_stats> store::compact() noexcept {
   // in newer segments, as do their blobs).
   std::map<std::uint64_t, segment_use> use;
   std::set<std::uint64_t> candidates;  // only these were waited for
+  // Erase records the entries name, that no snapshot can see past: key hash -> segment.
+  std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t>> erasures;
   try {
     // Below the tail's segment only: a segment made and named, but not yet the tail's, is
     // about to be written. (So the highest-numbered segment always stays, and a rebuild,
@@ -238,6 +254,10 @@ result<compact_stats> store::compact() noexcept {
         if (at == 0) continue;
         auto rec = s.record_at(at, false);
         if (!rec) return std::unexpected(rec.error());
+        if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
+            rec->rec.head.seq <= horizon && candidates.contains(fmt::segment_of(at))) {
+          erasures.push_back({{e.hi().load(), e.lo().load()}, fmt::segment_of(at)});
+        }
         use[fmt::segment_of(at)].live += rec->rec.size;
         if (fmt::is_blob(rec->rec)) {
           auto& u = use[fmt::segment_of(rec->rec.blob.location)];
@@ -305,6 +325,56 @@ result<compact_stats> store::compact() noexcept {
   }
   if (victims.empty()) return st;
 
+  // 3b. Erased keys to forget: those whose erase record goes with a victim and is the only
+  // record of the key left in any segment (counted by key hash, so a collision only keeps
+  // one). The erase record itself is what keeps a replay of the whole log from bringing an
+  // older version back: it may go only with the last of them. Its entry is emptied before
+  // its segment is removed, and if the compaction stops in between, the erase record alone
+  // still says the key is gone.
+  std::set<std::pair<std::uint64_t, std::uint64_t>> forgettable;
+  try {
+    std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> records_of;
+    for (const auto& [h, n] : erasures) {
+      if (victims.contains(n)) records_of[h] = 0;
+    }
+    bool known = true;
+    for (const std::uint64_t n : *numbers) {
+      if (records_of.empty()) break;
+      auto seg = s.segment_at(n);
+      if (!seg) {
+        known = false;  // cannot tell: forget nothing
+        break;
+      }
+      const auto bytes = (*seg)->bytes();
+      (void)s.for_each_block(
+          **seg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+            if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) &&
+                head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
+              return {};
+            }
+            auto whole = fmt::check_block(bytes.subspan(off), s.salt);
+            if (!whole) return {};  // never replayed
+            std::uint64_t r = off + sizeof(fmt::block_header);
+            for (std::uint32_t i = 0; i < whole->records; ++i) {
+              auto rec =
+                  fmt::parse_record(bytes.subspan(r, off + whole->length - r), s.salt, false);
+              if (!rec) break;
+              const fmt::key_hash kh = fmt::hash_key(rec->key);
+              if (auto it = records_of.find({kh.hi, kh.lo}); it != records_of.end()) ++it->second;
+              r += rec->size;
+            }
+            return {};
+          });
+    }
+    if (known) {
+      for (const auto& [h, count] : records_of) {
+        if (count == 1) forgettable.insert(h);
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    forgettable.clear();
+  }
+
   // 4. Move every record still live out of each victim.
   for (const std::uint64_t n : victims) {
     auto seg = s.segment_at(n);
@@ -325,7 +395,7 @@ result<compact_stats> store::compact() noexcept {
             auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), s.salt,
                                          s.opts.verify_checksums);
             if (!rec) return std::unexpected(rec.error().about((*seg)->file.shared_path(), r));
-            auto moved = s.relocate(fmt::make_location(n, r), *rec, victims, cd, st);
+            auto moved = s.relocate(fmt::make_location(n, r), *rec, victims, forgettable, cd, st);
             if (!moved) return std::unexpected(moved.error());
             r += rec->size;
           }

@@ -367,10 +367,12 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> wait_visible_until(std::uint64_t seq,
                                                 const io::countdown& cd) noexcept;
   //! Copies the record at `at` to the tail (and its blob, if that lies in a victim) and
-  //! points its entry there, if its entry still names it: whether it did.
-  [[nodiscard]] result<bool> relocate(std::uint64_t at, const fmt::record_view& rec,
-                                      const std::set<std::uint64_t>& victims,
-                                      const io::countdown& cd, compact_stats& st) noexcept;
+  //! points its entry there, if its entry still names it: whether it did. An erase record
+  //! whose key is in `forgettable` is not copied: its entry is emptied instead.
+  [[nodiscard]] result<bool> relocate(
+      std::uint64_t at, const fmt::record_view& rec, const std::set<std::uint64_t>& victims,
+      const std::set<std::pair<std::uint64_t, std::uint64_t>>& forgettable, const io::countdown& cd,
+      compact_stats& st) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
   void unmap_removed_segments() noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};

@@ -255,6 +255,110 @@ TEST(KvCompact, WaitsForSnapshotsTakenWhileRecordsMoved) {
   s.reset();
 }
 
+// Keys put once and erased (a queue, a session cache) leave no trace for good: compaction
+// forgets an erased key once its erase record is the only record of it left, so the
+// segments and the index stop growing however many such keys come and go.
+TEST(KvCompact, KeysPutAndErasedLeaveNothingBehind) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  // Stable keys, live in the oldest segments throughout.
+  constexpr int stable = 300;
+  std::vector<int> version(stable, 0);
+  for (int k = 0; k < stable; ++k)
+    ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, 0)));
+  std::uint64_t dropped = 0;
+  std::vector<std::uintmax_t> bytes;
+  std::vector<std::uint64_t> pages;
+  int next = 0;
+  for (int round = 0; round < 12; ++round) {
+    for (int i = 0; i < 2000; ++i) {
+      ASSERT_TRUE(s->put("q" + std::to_string(next + i), value_of(next + i, round, 400)));
+    }
+    for (int i = 0; i < 2000; ++i)
+      ASSERT_TRUE(s->erase("q" + std::to_string(next + i)));
+    next += 2000;
+    for (int pass = 0; pass < 2; ++pass) {
+      auto c = s->compact();
+      ASSERT_TRUE(c) << c.error().message();
+      dropped += c->erasures_dropped;
+    }
+    auto st = s->stats();
+    ASSERT_TRUE(st);
+    bytes.push_back(segments_of(path).bytes);
+    pages.push_back(st->index_pages);
+  }
+  EXPECT_GT(dropped, 16000u) << "erased keys forgotten by compaction";
+  // 24 000 keys came and went: the last rounds hold no more than the early ones.
+  EXPECT_LE(bytes.back(), bytes[3] + (std::uintmax_t{1} << 20))
+      << "segment bytes after round 4: " << bytes[3] << ", after round 12: " << bytes.back();
+  EXPECT_LE(pages.back(), pages[3] + 2)
+      << "index pages after round 4: " << pages[3] << ", after round 12: " << pages.back();
+  expect_values(*s, version, "after the churn");
+  for (int q = 0; q < next; q += 97) {
+    auto v = s->get("q" + std::to_string(q));
+    EXPECT_FALSE(v) << "q" << q << " came back";
+  }
+  // A rebuild from the whole log (no index, no checkpoint) brings none of them back.
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  std::filesystem::remove(path + "/checkpoint");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, version, "rebuilt");
+  for (int q = 0; q < next; ++q) {
+    auto v = rebuilt->get("q" + std::to_string(q));
+    if (v || v.error() != errc::not_found) {
+      ADD_FAILURE() << "q" << q << " came back after a rebuild";
+      break;
+    }
+  }
+  auto st = rebuilt->stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->records, static_cast<std::uint64_t>(stable));
+}
+
+// An erase record is kept while an older version of its key lives on in a segment that
+// stays: without it, a rebuild from the whole log would bring that version back.
+TEST(KvCompact, AnEraseOutlivesEveryOlderVersionOfItsKey) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  // Segment 1: the keys' first versions among stable keys that keep it more than half live.
+  constexpr int keys = 900;
+  std::vector<int> version(keys, 0);
+  for (int k = 0; k < keys; ++k)
+    ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, 0)));
+  // Later segments: every tenth key erased among dead filler, so those segments go.
+  for (int f = 0; f < 1500; ++f)
+    ASSERT_TRUE(s->put("filler", value_of(f, 1)));
+  for (int k = 0; k < keys; k += 10) {
+    ASSERT_TRUE(s->erase("k" + std::to_string(k)));
+    version[static_cast<std::size_t>(k)] = -1;
+  }
+  for (int f = 0; f < 1500; ++f)
+    ASSERT_TRUE(s->put("filler", value_of(f, 2)));
+  ASSERT_TRUE(s->erase("filler"));
+  std::uint64_t removed = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    auto c = s->compact();
+    ASSERT_TRUE(c) << c.error().message();
+    removed += c->segments_removed;
+  }
+  EXPECT_GT(removed, 0u);
+  expect_values(*s, version, "compacted");
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  std::filesystem::remove(path + "/checkpoint");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, version, "rebuilt from the whole log");
+  auto gone = rebuilt->get("filler");
+  EXPECT_FALSE(gone);
+}
+
 // A compaction takes as long as its copies: it holds no lock slot of keel::lock meanwhile,
 // so no writer's page (whose lock slot may be any) waits for it. Checked from another
 // process, which takes every slot in turn while the compaction is between its steps.

@@ -99,6 +99,7 @@ TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {
   r = kv(dir, {s, "compact", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(nlohmann::json::parse(r.out)["segments_removed"].is_number()) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["erasures_dropped"].is_number()) << r.out;
   r = kv(dir, {s, "--hex", "get", "00ff"});
   EXPECT_EQ(r.out, std::string("a\0b\xff", 4)) << "compact kept it";
   // A checkpoint, then a reboot (the index goes): the rebuild starts from it.

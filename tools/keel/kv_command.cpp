@@ -238,11 +238,15 @@ int run_kv_command(int argc, char** argv) {
       nlohmann::json j{{"segments_removed", c->segments_removed},
                        {"records_moved", c->records_moved},
                        {"bytes_moved", c->bytes_moved},
-                       {"bytes_freed", c->bytes_freed}};
+                       {"bytes_freed", c->bytes_freed},
+                       {"erasures_dropped", c->erasures_dropped}};
       fmt::print("{}\n", j.dump(2));
     } else {
-      fmt::print("removed {} segments ({} bytes), moved {} records ({} bytes)\n",
-                 c->segments_removed, c->bytes_freed, c->records_moved, c->bytes_moved);
+      fmt::print(
+          "removed {} segments ({} bytes), moved {} records ({} bytes), forgot {} erased "
+          "keys\n",
+          c->segments_removed, c->bytes_freed, c->records_moved, c->bytes_moved,
+          c->erasures_dropped);
     }
     return exit_ok;
   }

@@ -108,6 +108,9 @@ struct compact_stats {
   std::uint64_t records_moved = 0;
   std::uint64_t bytes_moved = 0;  //!< written to the tail: moved records and blobs
   std::uint64_t bytes_freed = 0;  //!< of segment files removed
+  //! Erased keys forgotten: their erase records went with their segments, and their index
+  //! entries were freed for other keys (no older version of the key was left anywhere).
+  std::uint64_t erasures_dropped = 0;
 };
 
 class store;
