@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/futex.hpp"
+#include "base/per_thread.hpp"
 #include "base/spin.hpp"
 #include "kv/store_impl.hpp"
 
@@ -253,6 +254,8 @@ struct transaction::impl {
 
 result<std::span<const std::byte>> transaction::impl::view(std::string_view key) noexcept {
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
+  // Begun before a fork: its snapshot is held by the parent's slot, not ours.
+  if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
   if (auto w = writes.find(key); w != writes.end()) {
     if (w->second.erase) return keel_error(errc::not_found);
     return as_bytes(w->second.value);
@@ -288,6 +291,8 @@ struct key_plan {
 }  // namespace
 
 result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
+  // Begun before a fork: the slot it would commit through is the parent's.
+  if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
   if (writes.empty()) return snapshot;  // a reader: serialised at its snapshot
   if (s->opts.read_only) return keel_error(errc::read_only);
   if (s->failed.load() || s->h64(hdr::sync_error).load() != 0) {

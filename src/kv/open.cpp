@@ -225,6 +225,9 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
 void store::impl::release_slot(slot_lease s) noexcept {
   if (!s.held()) return;
   const std::uint64_t gen = base::fork_generation();
+  // A slot leased before a fork is the parent's: the child forgets it and leaves it alone
+  // (even if the child has since leased the same slot afresh, after the parent died).
+  if (s.generation != gen) return;
   if (s.generation == gen && idle_generation.load(std::memory_order_acquire) == gen) {
     // Ours (leased in this generation, so ours[s.index] holds): back to a free cell.
     slot(s.index).snapshot().store(0, std::memory_order_release);
@@ -239,8 +242,7 @@ void store::impl::release_slot(slot_lease s) noexcept {
     }
   }
   base::lock_guard g(live_mutex);
-  // A slot leased before a fork is the parent's: the child forgets it and leaves it alone.
-  if (live_generation != base::fork_generation() || !ours[s.index]) return;
+  if (live_generation != gen || !ours[s.index]) return;
   slot(s.index).snapshot().store(0, std::memory_order_release);
   free_slots.push_back(s.index);
 }

@@ -357,6 +357,37 @@ TEST(KvStore, WritersKilledAtAnyPointBlockNobodyAndLoseNoAcknowledgedCommit) {
   EXPECT_EQ(total(*s, counters), before + 200);
 }
 
+// A transaction begun before a fork belongs to the parent: its snapshot is held by the
+// parent's slot, and a commit through it would write into that slot. The child's copy is
+// refused; the child's own transactions work, and the parent's commits as usual.
+TEST(KvStore, ATransactionBegunBeforeAForkIsTheParents) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("a", "1"));
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->put("b", "2"));
+  const pid_t child = fork_child([&] {
+    auto v = t->get("a");
+    if (v || v.error() != std::errc::invalid_argument) return 1;
+    auto c = t->commit();
+    if (c || c.error() != std::errc::invalid_argument) return 2;
+    auto own = s->begin();
+    if (!own || !own->put("c", "3") || !own->commit()) return 3;
+    return 0;
+  });
+  EXPECT_EQ(test::wait_exit(child), 0);
+  auto c = t->commit();
+  ASSERT_TRUE(c) << c.error().message();
+  for (const auto& [k, v] : {std::pair{"a", "1"}, {"b", "2"}, {"c", "3"}}) {
+    auto got = s->get(k);
+    ASSERT_TRUE(got) << k;
+    EXPECT_EQ(*got, v);
+  }
+}
+
 TEST(KvStore, AForeignDirectoryIsRefusedAndLeftAlone) {
   temp_dir dir;
   const std::string path = dir.file("foreign");
