@@ -53,6 +53,12 @@ std::uint64_t chain(std::uint64_t c, std::uint64_t page, std::span<const std::by
   return fmt::checksum(bytes, salt ^ (c * 0x9e3779b97f4a7c15ULL) ^ page);
 }
 
+std::uint64_t now_ms() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 }  // namespace
 
 std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) const noexcept {
@@ -65,8 +71,11 @@ void store::impl::maybe_checkpoint() noexcept {
   // The flag holds the fork generation (+1) of the process whose thread claimed it: a forked
   // child's copy of its parent's claim is no claim in the child.
   const std::uint64_t mine = base::fork_generation() + 1;
+  // seq_cst, like the thread's giving up of the flag and the commits' taking of space: a
+  // commit that finds the flag taken is seen by the thread's check after it gives it up.
   if (opts.read_only || failed.load(std::memory_order_relaxed) ||
-      checkpointing.load(std::memory_order_relaxed) == mine) {
+      closing.load(std::memory_order_relaxed) ||
+      checkpointing.load(std::memory_order_seq_cst) == mine) {
     return;
   }
   const std::uint64_t interval =
@@ -76,7 +85,7 @@ void store::impl::maybe_checkpoint() noexcept {
                 default_checkpoint_bytes,
                 h64(hdr::pages_used).load(std::memory_order_relaxed) * fmt::page_size);
   const auto due = [this, interval] {
-    const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
+    const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_seq_cst);
     // Not again before the log has grown by half the interval since the last one began: a
     // replay start held back by a long commit, or a failure, does not make every commit
     // write one.
@@ -85,7 +94,7 @@ void store::impl::maybe_checkpoint() noexcept {
                interval &&
            (attempt == 0 || log_distance(attempt, tail) >= interval / 2);
   };
-  if (!due()) return;
+  if (!due() || now_ms() < busy_until.load(std::memory_order_relaxed)) return;
   base::lock_guard g(checkpointer_mutex);
   if (checkpointer && checkpointer_generation != base::fork_generation()) {
     // A forked child's copy of its parent's thread, which does not run here.
@@ -107,17 +116,16 @@ void store::impl::maybe_checkpoint() noexcept {
         // One checkpointer at a time; compaction holds the byte while it works.
         const io::countdown cd = io::deadline(opts.lock_timeout).start();
         bool wrote = false;
-        const auto attempted = [this] {
-          h64(hdr::checkpoint_attempt)
-              .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()), std::memory_order_release);
-        };
+        const std::uint64_t from_before = h64(hdr::checkpoint_from).load();
         if (!take_checkpoint_byte(cd, false)) {
-          // Another user's checkpoint, compaction or verify: not again for every commit
-          // meanwhile.
-          attempted();
+          // Another user's checkpoint, compaction or verify, which checks again when it is
+          // done. Not again from this process for a while (not for every commit meanwhile).
+          busy_until.store(now_ms() + busy_backoff_ms, std::memory_order_relaxed);
         } else {
           if (due()) {
-            attempted();
+            h64(hdr::checkpoint_attempt)
+                .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
+                       std::memory_order_release);
             if (auto r = checkpoint_locked(cd); !r) {
               // The commits went on; the failure is kept for stats.
               h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
@@ -127,12 +135,17 @@ void store::impl::maybe_checkpoint() noexcept {
           }
           release_checkpoint_byte();
         }
-        checkpointing.store(0, std::memory_order_release);
+        checkpointing.store(0, std::memory_order_seq_cst);
         // The commits that came while this one was written found the flag taken and went on:
         // if they took the log past the interval again, write the next one for them, unless
-        // a commit has claimed the flag meanwhile (it starts a thread of its own).
+        // a commit has claimed the flag meanwhile (it starts a thread of its own). Not when
+        // the replay start did not move (a commit in flight holds it back: the next commit
+        // tries again), nor once the store is closing.
         std::uint64_t idle = 0;
-        if (!wrote || !due() || !checkpointing.compare_exchange_strong(idle, mine)) return;
+        if (!wrote || closing.load() || h64(hdr::checkpoint_from).load() == from_before || !due() ||
+            !checkpointing.compare_exchange_strong(idle, mine)) {
+          return;
+        }
       }
     });
     checkpointer_generation = base::fork_generation();

@@ -185,7 +185,12 @@ result<compact_stats> store::compact() noexcept {
   if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
   struct release {
     impl* s;
-    ~release() { s->release_checkpoint_byte(); }
+    ~release() {
+      s->release_checkpoint_byte();
+      // A checkpoint the byte kept waiting (this one writes its own only when it removed
+      // segments): the background thread that found it taken does not come back.
+      s->maybe_checkpoint();
+    }
   } checkpoint_held{&s};
   compact_stats st;
 

@@ -32,12 +32,16 @@ std::vector<store::impl*>& registry() noexcept {
 
 void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.lock();
-  for (store::impl* s : registry())
+  for (store::impl* s : registry()) {
+    s->checkpointer_mutex.lock();  // a child must not inherit it held
     s->live_mutex.lock();
+  }
 }
 void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
-  for (store::impl* s : registry())
+  for (store::impl* s : registry()) {
     s->live_mutex.unlock();
+    s->checkpointer_mutex.unlock();
+  }
   registry_mutex.unlock();
 }
 void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
@@ -49,6 +53,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     s->ours.fill(false);
     s->forget_idle_slots();
     s->live_mutex.unlock();
+    s->checkpointer_mutex.unlock();
   }
   registry_mutex.unlock();
 }
@@ -101,6 +106,7 @@ result<void> check_key(std::string_view key) noexcept {
 }
 
 store::impl::~impl() {
+  closing.store(true, std::memory_order_seq_cst);
   join_checkpointer();
   unregister_store(this);
   base::lock_guard g(live_mutex);

@@ -295,7 +295,10 @@ result<std::uint64_t> store::verify() noexcept {
   if (auto b = impl_->take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
   struct release {
     impl* s;
-    ~release() { s->release_checkpoint_byte(); }
+    ~release() {
+      s->release_checkpoint_byte();
+      s->maybe_checkpoint();  // one the byte kept waiting
+    }
   } held{impl_.get()};
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());

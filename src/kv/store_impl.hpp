@@ -98,7 +98,8 @@ constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 inline constexpr base::format index_format{
     "KEELKVX1", 2,
     base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
-                     ix::entries_per_page, hdr::retired_pages, index_window})};
+                     ix::entries_per_page, hdr::retired_pages, hdr::directory, hdr::split_journal,
+                     hdr::compactions, hdr::checkpoint_attempt, index_window})};
 
 enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
 
@@ -257,6 +258,12 @@ struct store::impl final : ix::page_source {
   base::mutex checkpointer_mutex;
   std::unique_ptr<std::thread> checkpointer KEEL_GUARDED_BY(checkpointer_mutex);
   std::uint64_t checkpointer_generation KEEL_GUARDED_BY(checkpointer_mutex) = 0;
+  //! When this process's checkpoint thread last found the maintenance byte taken: not again
+  //! before then (steady clock, ms).
+  std::atomic<std::uint64_t> busy_until{0};
+  static constexpr std::uint64_t busy_backoff_ms = 20;
+  //! Set when the store closes: the checkpoint thread writes no further one.
+  std::atomic<bool> closing{false};
   //! Whose thread is writing a checkpoint: fork generation + 1 (0: none).
   std::atomic<std::uint64_t> checkpointing{0};
   //! Log bytes between two locations (whole segments counted at the segment size).

@@ -206,9 +206,11 @@ class store {
                                        bool keys_only = false) noexcept;
   [[nodiscard]] result<store_stats> stats() noexcept;
   //! Reads every block of every segment and checks every checksum. Returns the number of
-  //! complete commit blocks; errors: corrupt (the first damage, file and offset). Waits for
-  //! a compaction to end, and keeps the next from starting until it is done. Meant for a
-  //! quiet store: blocks still being written are read as they are.
+  //! complete commit blocks; errors: corrupt (the first damage, file and offset), timed_out.
+  //! Waits (up to options::lock_timeout) for a compaction, a checkpoint or another verify
+  //! to end, and keeps them from starting until it is done (background checkpoints are
+  //! written afterwards). Meant for a quiet store: blocks still being written are read as
+  //! they are.
   [[nodiscard]] result<std::uint64_t> verify() noexcept;
 
   //! Moves the live records out of every segment (but the one being appended to) that is at
