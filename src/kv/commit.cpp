@@ -537,20 +537,22 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
           e.seq().store(ix::pending | *L);
           e.location().store(0);
           e.lo().store(k.h.lo);
-          e.hi().store(k.h.hi, std::memory_order_release);
+          // Counted first: a writer killed in between leaves the page counted one too full
+          // (it splits a little early), never one short of what it holds.
           b.used().fetch_add(1);
+          e.hi().store(k.h.hi, std::memory_order_release);
           k.entry = e;
           break;
         }
         if (e.location().load() == 0 && e.seq().load() == 0) {
           // Holds nothing (an undone insert, or an erased key compaction forgot): ours, for
-          // whatever hash. A reader that still matches the old hash finds our mark, whose
-          // block is not complete, and no location: not its key.
-          e.seq().store(ix::pending | *L, std::memory_order_release);
+          // whatever hash. Our hash first, while it still holds nothing (a reader of either
+          // hash skips it, and a writer killed here leaves it reusable), then the mark.
           if (hi != k.h.hi || e.lo().load() != k.h.lo) {
             e.lo().store(k.h.lo);
             e.hi().store(k.h.hi, std::memory_order_release);
           }
+          e.seq().store(ix::pending | *L, std::memory_order_release);
           k.entry = e;
           break;
         }

@@ -144,8 +144,8 @@ class table {
       if (hi == 0) {
         if (reusable) return reusable;
         e.lo().store(h.lo);
+        b.used().fetch_add(1);  // first: killed in between, the page counts one too many
         e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
-        b.used().fetch_add(1);
         return e;
       }
       if (hi != h.hi || e.lo().load() != h.lo) continue;
