@@ -105,9 +105,12 @@ class stdio_engine final : public sync_engine {
       case op_kind::fsync:
       case op_kind::fdatasync:
         if (std::fflush(s) != 0) return last_errno_error();
-        // The stream's descriptor, outside the seam like all of stdio.
-        if ((o.kind == op_kind::fsync ? ::fsync(fileno(s)) : ::fdatasync(fileno(s))) != 0) {
-          return last_errno_error();
+        // The stream's descriptor is a dup of the file's: syncing the file through the seam
+        // syncs what the stream wrote.
+        if (auto r =
+                o.kind == op_kind::fsync ? o.file->handle.sync_all() : o.file->handle.sync_data();
+            !r) {
+          return std::unexpected(r.error());
         }
         return 0;
       case op_kind::task:
