@@ -53,12 +53,6 @@ std::uint64_t chain(std::uint64_t c, std::uint64_t page, std::span<const std::by
   return fmt::checksum(bytes, salt ^ (c * 0x9e3779b97f4a7c15ULL) ^ page);
 }
 
-std::uint64_t now_ms() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 }  // namespace
 
 std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) const noexcept {

@@ -183,15 +183,7 @@ result<compact_stats> store::compact() noexcept {
   // are then removed; a fresh one is written once they are). Not a keel::lock entity: its
   // slot would be some bucket pages' too, whose writers would wait for the whole run.
   if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
-  struct release {
-    impl* s;
-    ~release() {
-      s->release_checkpoint_byte();
-      // A checkpoint the byte kept waiting (this one writes its own only when it removed
-      // segments): the background thread that found it taken does not come back.
-      s->maybe_checkpoint();
-    }
-  } checkpoint_held{&s};
+  const maintenance_hold held{&s};
   compact_stats st;
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be

@@ -85,12 +85,6 @@ std::optional<std::uint64_t> parse_segment_name(std::string_view name) noexcept 
 
 constexpr std::string_view segment_temp_prefix = ".seg.";
 
-std::uint64_t now_ms() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 }  // namespace
 
 std::string segment_name(std::uint64_t n) {

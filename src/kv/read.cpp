@@ -293,13 +293,7 @@ result<std::uint64_t> store::verify() noexcept {
   // which also keeps checkpoints waiting.
   const io::countdown cd = io::deadline(impl_->opts.lock_timeout).start();
   if (auto b = impl_->take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
-  struct release {
-    impl* s;
-    ~release() {
-      s->release_checkpoint_byte();
-      s->maybe_checkpoint();  // one the byte kept waiting
-    }
-  } held{impl_.get()};
+  const maintenance_hold held{impl_.get()};
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   std::uint64_t commits = 0;

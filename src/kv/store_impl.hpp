@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -481,5 +482,26 @@ inline void (*commit_hook)(commit_step) noexcept = nullptr;
 
 //! Checks a key's size: invalid_argument (empty), too_large.
 [[nodiscard]] result<void> check_key(std::string_view key) noexcept;
+
+//! The steady clock, in milliseconds.
+[[nodiscard]] inline std::uint64_t now_ms() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+//! The maintenance byte held by a compaction or a verify (taken with take_checkpoint_byte).
+//! Letting it go looks for a checkpoint it kept waiting: the background thread that found
+//! the byte taken does not come back by itself.
+struct maintenance_hold {
+  store::impl* s;
+  explicit maintenance_hold(store::impl* held) noexcept : s(held) {}
+  maintenance_hold(const maintenance_hold&) = delete;
+  maintenance_hold& operator=(const maintenance_hold&) = delete;
+  ~maintenance_hold() {
+    s->release_checkpoint_byte();
+    s->maybe_checkpoint();
+  }
+};
 
 }  // namespace keel::kv
