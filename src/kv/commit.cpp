@@ -2,6 +2,7 @@
 // "Growth").
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -148,38 +149,89 @@ void store::impl::wake_visible() noexcept {
 
 // ---- Group commit ----
 
+void store::impl::gather_sync_batch() noexcept {
+  // A leader that syncs as soon as it can takes only the commits that were quick to come
+  // back after the last sync woke them: the rest wait a whole sync more. So when the last
+  // batch had company, wait (yielding) until as many have asked again, for at most half a
+  // sync's time: a writer gone for good costs a few half-syncs until the batch shrinks.
+  const std::uint64_t mark = h64(hdr::sync_mark).load(std::memory_order_relaxed);
+  const std::uint64_t want = h64(hdr::sync_batch).load(std::memory_order_relaxed);
+  if (want > 1) {
+    const auto limit =
+        clock::now() + std::min(std::chrono::nanoseconds(h64(hdr::sync_ns).load() / 2),
+                                std::chrono::nanoseconds(std::chrono::milliseconds(1)));
+    while (h64(hdr::sync_joined).load(std::memory_order_relaxed) - mark < want &&
+           clock::now() < limit)
+      std::this_thread::yield();
+  }
+  const std::uint64_t joined = h64(hdr::sync_joined).load(std::memory_order_relaxed);
+  h64(hdr::sync_batch).store(joined - mark, std::memory_order_relaxed);
+  h64(hdr::sync_mark).store(joined, std::memory_order_relaxed);
+}
+
 result<void> store::impl::group_sync(bool every_segment) noexcept {
   // Everything this commit depends on is written (every seq up to ours is visible): a sync
   // that starts from now on covers it.
+  h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
-  while (h64(hdr::sync_done).load(std::memory_order_acquire) <= s) {
-    auto g = locks->lock({lock::entity(entity_sync)}, opts.lock_timeout);
-    if (!g) return std::unexpected(g.error());
+  step(commit_step::sync_waiting);
+  // The low half of sync_done (little-endian), which changes with every sync.
+  auto* const done_word = reinterpret_cast<std::uint32_t*>(base() + hdr::sync_done);
+  const io::countdown cd = io::deadline(opts.lock_timeout).start();
+  for (;;) {
+    const std::uint64_t done = h64(hdr::sync_done).load(std::memory_order_acquire);
+    if (done > s) break;
+    // One leader syncs for everyone waiting. The others do not queue on the lock (handing it
+    // on one by one only to find their sync done costs a wake-up each): they sleep until
+    // sync_done moves. A leader that dies lets the lock go without waking anyone, so the
+    // sleep is short and the lock is tried again.
+    auto g = locks->try_lock({lock::entity(entity_sync)});
+    if (!g) {
+      if (g.error() != std::errc::operation_would_block) return std::unexpected(g.error());
+      if (cd.expired()) return errc_error(std::errc::timed_out);
+      base::futex_wait(done_word, static_cast<std::uint32_t>(done), std::chrono::milliseconds(2),
+                       base::futex_scope::shared);
+      continue;
+    }
     if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
+    gather_sync_batch();
+    const auto began = clock::now();
     // A leader before us that started and never finished died, maybe after clearing dirty
     // words and before syncing: then sync every segment, dirty or not.
     const bool all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
     const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
+    step(commit_step::syncing);
     result<void> r;
-    // Every segment in the table (each has an entry of its own: make_segment skips numbers
-    // whose entry a live segment holds).
-    for (std::uint64_t i = 0; i < segtab_entries && r; ++i) {
-      const std::uint64_t n = segtab(i, 0).load();
-      if (n == 0 || n % segtab_entries != i || (!all && segtab(n, 3).load() == 0)) continue;
-      segtab(n, 3).store(0, std::memory_order_seq_cst);
-      auto seg = segment_at(n);
-      if (!seg) {
-        r = std::unexpected(seg.error());
-        break;
+    // Each entry whose dirty bit is set, or every entry in use (each segment has an entry of
+    // its own: make_segment skips numbers whose entry a live segment holds).
+    for (std::uint64_t w = 0; w < dirty_words && r; ++w) {
+      std::uint64_t bits = dirty_word(w * 64).load(std::memory_order_seq_cst);
+      if (bits != 0) bits = dirty_word(w * 64).exchange(0, std::memory_order_seq_cst);
+      if (all) bits = ~std::uint64_t{0};
+      for (; bits != 0 && r; bits &= bits - 1) {
+        const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
+        if (i >= segtab_entries) break;
+        const std::uint64_t n = segtab(i, 0).load();
+        if (n == 0 || n % segtab_entries != i) continue;
+        auto seg = segment_at(n);
+        if (!seg) {
+          r = std::unexpected(seg.error());
+          break;
+        }
+        r = (*seg)->file.sync_data();
       }
-      r = (*seg)->file.sync_data();
     }
     if (!r) {
       // Never retried: the kernel may have dropped the pages it could not write. Every
       // commit of this group and after fails; the store is read-only until reopened.
       h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
     }
+    h64(hdr::sync_ns)
+        .store(static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - began).count()));
     h64(hdr::sync_done).store(mine, std::memory_order_release);
+    (void)g->unlock();
+    base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
   }
   if (const auto e = h64(hdr::sync_error).load(); e != 0) {
     failed.store(true);

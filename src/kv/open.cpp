@@ -406,7 +406,7 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   segtab(number, 0).store(number);
   segtab(number, 1).store(size);
   segtab(number, 2).store(0);
-  segtab(number, 3).store(0);
+  segtab(number, 3).store(0);  // reserved
   return number;
 }
 

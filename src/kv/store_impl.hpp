@@ -58,11 +58,19 @@ constexpr std::size_t checkpoint_seq = 240;      // the seq the last checkpoint 
 constexpr std::size_t counting = 248;            // the seq whose counter changes are being added
 constexpr std::size_t checkpoint_error = 256;    // errno of the last failed checkpoint, or 0
 constexpr std::size_t checkpoint_attempt = 264;  // tail when a background checkpoint began
+// Group commit's batching hints (see group_sync).
+constexpr std::size_t sync_joined = 272;  // durable commits that have asked for a sync so far
+constexpr std::size_t sync_batch = 280;   // how many asked between the last two syncs' starts
+constexpr std::size_t sync_mark = 288;    // sync_joined when the last sync started
+constexpr std::size_t sync_ns = 296;      // how long the last sync took
 // Read by every lookup, written seldom: a cache line apart from the words every commit
 // writes.
 constexpr std::size_t directory = 320;
 constexpr std::size_t split_journal = 328;  // old, low, high: ix::split_journal
 constexpr std::size_t compactions = 352;    // segments removed by compaction so far (batches)
+// One bit per segment table entry: a block was written into that segment since the last
+// group sync began.
+constexpr std::size_t dirty_segments = 1024;
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
 }  // namespace hdr
@@ -76,6 +84,8 @@ constexpr std::size_t slot_size = 256;
 constexpr std::size_t segtab_first_page = 65;
 constexpr std::size_t segtab_entries = 8064;
 constexpr std::size_t segtab_entry_size = 32;
+constexpr std::size_t dirty_words = (segtab_entries + 63) / 64;
+static_assert(hdr::dirty_segments + dirty_words * 8 <= hdr::checksum);
 constexpr std::size_t first_free_page = 128;
 //! A new (or rebuilt) index file's pages.
 constexpr std::size_t initial_index_pages = first_free_page + 256;
@@ -100,7 +110,8 @@ inline constexpr base::format index_format{
     "KEELKVX1", 2,
     base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
                      ix::entries_per_page, hdr::retired_pages, hdr::directory, hdr::split_journal,
-                     hdr::compactions, hdr::checkpoint_attempt, index_window})};
+                     hdr::compactions, hdr::checkpoint_attempt, hdr::dirty_segments, hdr::sync_ns,
+                     index_window})};
 
 enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
 
@@ -298,21 +309,33 @@ struct store::impl final : ix::page_source {
     }
     return {};
   }
+  //! The word of the dirty bitmap that holds segment table entry `entry`'s bit.
+  [[nodiscard]] std::atomic_ref<std::uint64_t> dirty_word(std::uint64_t entry) const noexcept {
+    return h64(hdr::dirty_segments + (entry / 64) * 8);
+  }
+  //! Sets the dirty bit of the segment holding `location` (a load first: the word is shared
+  //! by 64 segments and every commit of the active one sets it).
+  void mark_dirty(std::uint64_t location) const noexcept {
+    const std::uint64_t entry = fmt::segment_of(location) % segtab_entries;
+    const std::uint64_t bit = std::uint64_t{1} << (entry % 64);
+    const auto word = dirty_word(entry);
+    if ((word.load(std::memory_order_seq_cst) & bit) == 0)
+      word.fetch_or(bit, std::memory_order_seq_cst);
+  }
   //! Runs `fill` (which writes a block at `location` through the map) between two settings of
-  //! the segment's dirty word (doc/kv-format.md, "Committing", step 7): before, so a block
+  //! the segment's dirty bit (doc/kv-format.md, "Committing", step 7): before, so a block
   //! that completes is synced by the next group sync even if its writer dies at once; after,
-  //! so a sync leader that cleared the word while the block landed leaves it to the next one.
+  //! so a sync leader that cleared the bit while the block landed leaves it to the next one.
   //! Returns what `fill` returns.
   template <class Fill>
   auto write_dirty(std::uint64_t location, Fill&& fill) noexcept {
-    const auto dirty = segtab(fmt::segment_of(location), 3);
-    dirty.store(1, std::memory_order_seq_cst);
+    mark_dirty(location);
     if constexpr (std::is_void_v<decltype(fill())>) {
       fill();
-      dirty.store(1, std::memory_order_seq_cst);
+      mark_dirty(location);
     } else {
       auto r = fill();
-      dirty.store(1, std::memory_order_seq_cst);
+      mark_dirty(location);
       return r;
     }
   }
@@ -445,8 +468,10 @@ struct store::impl final : ix::page_source {
   //! Wakes every thread sleeping on *visible* (all processes).
   void wake_visible() noexcept;
   //! `every_segment`: syncs every segment, dirty or not (a checkpoint: a dead writer's
-  //! block may have landed after a leader cleared its dirty word, and nobody set it again).
+  //! block may have landed after a leader took its dirty bit, and nobody set it again).
   [[nodiscard]] result<void> group_sync(bool every_segment = false) noexcept;
+  //! A sync leader's wait for the commits the last sync woke (doc/kv-format.md, step 11).
+  void gather_sync_batch() noexcept;
   [[nodiscard]] result<void> split_page(std::uint64_t page, const fmt::key_hash& h,
                                         const io::countdown& cd) noexcept;
   //! Finishes the split a dead splitter left half done, if any, taking the locks it needs
@@ -469,6 +494,8 @@ enum class commit_step : std::uint8_t {
   published_one,  //!< its first entry published
   published,      //!< every entry published, not yet visible
   visible,        //!< visible, pages still locked
+  sync_waiting,   //!< (sync commits) it has noted the sync count it waits to see pass
+  syncing,        //!< (a sync leader) its sync counted as started, no file synced yet
 };
 //! Called at each step of every commit when set (tests only; null otherwise).
 inline void (*commit_hook)(commit_step) noexcept = nullptr;
