@@ -832,9 +832,9 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   lock::memory_map::options lo;
   lo.fs = o.fs;
   auto locks = lock::memory_map::open(path + "/lock", lo);
-  if (!locks) return std::unexpected(locks.error());
+  if (!locks) return std::unexpected(locks.error().about(path + "/lock"));
   p->locks = std::move(*locks);
-  if (auto r = p->open_index(); !r) return std::unexpected(r.error());
+  if (auto r = p->open_index(); !r) return std::unexpected(r.error().about(path + "/index"));
   if (budget_too_small(p->h64(hdr::pages_allocated).load())) {  // an index grown since
     return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
   }

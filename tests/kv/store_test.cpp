@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -386,6 +388,92 @@ TEST(KvStore, ATransactionBegunBeforeAForkIsTheParents) {
     ASSERT_TRUE(got) << k;
     EXPECT_EQ(*got, v);
   }
+}
+
+// A store on a filesystem mounted read-only: opening it, to write or only to read (every
+// user writes its slot in the shared index), or making one there, is a clear error naming
+// the store, and the store is whole once the filesystem is writable again.
+TEST(KvStore, OnAReadOnlyFilesystemOpenIsAClearErrorAndLosesNothing) {
+  temp_dir dir;
+  const std::string mnt = dir.file("mnt");
+  std::filesystem::create_directory(mnt);
+  const pid_t child = fork_child([&] {
+    if (!test::mount_private_tmpfs(mnt, std::size_t{64} << 20)) return test::cannot_set_up;
+    const std::string path = mnt + "/s";
+    {
+      auto s = store::open(path, small());
+      if (!s || !(*s)->put("a", "1")) return 2;
+    }
+    if (::mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) != 0) return 3;
+    for (const bool read_only : {false, true}) {
+      options o = small();
+      o.read_only = read_only;
+      auto s = store::open(path, o);
+      if (s) return 4;
+      if (s.error() != std::errc::read_only_file_system) return 5;
+      if (s.error().message().find(path) == std::string::npos) return 6;
+    }
+    auto made = store::open(mnt + "/new", small());
+    if (made || made.error() != std::errc::read_only_file_system) return 7;
+    if (::mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT, nullptr) != 0) return 8;
+    auto s = store::open(path, small());
+    if (!s) return 9;
+    auto a = (*s)->get("a");
+    if (!a || *a != "1") return 10;
+    if (std::filesystem::exists(mnt + "/new")) return 11;
+    return 0;
+  });
+  const int code = wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
+  EXPECT_EQ(code, 0) << "see the child's numbered checks";
+}
+
+// A user without the right to write the store's files gets permission denied naming the
+// store, and the store is unchanged. (As root, the child drops to nobody.)
+TEST(KvStore, PermissionDeniedIsAClearErrorAndLosesNothing) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::owner_all |
+                                               std::filesystem::perms::group_exec |
+                                               std::filesystem::perms::others_exec);
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "1"));
+  }
+  const bool root = ::geteuid() == 0;
+  if (!root) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path))
+      std::filesystem::permissions(e.path(), std::filesystem::perms::owner_write,
+                                   std::filesystem::perm_options::remove);
+    std::filesystem::permissions(path, std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::remove);
+  }
+  const pid_t child = fork_child([&] {
+    if (root && (::setgid(65534) != 0 || ::setuid(65534) != 0)) return test::cannot_set_up;
+    for (const bool read_only : {false, true}) {
+      options o = small();
+      o.read_only = read_only;
+      auto s = store::open(path, o);
+      if (s) return 2;
+      if (s.error() != std::errc::permission_denied) return 3;
+      if (s.error().message().find(path) == std::string::npos) return 4;
+    }
+    return 0;
+  });
+  const int code = wait_exit(child);
+  if (!root) {
+    std::filesystem::permissions(path, std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::add);
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path))
+      std::filesystem::permissions(e.path(), std::filesystem::perms::owner_write,
+                                   std::filesystem::perm_options::add);
+  }
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot drop privileges here";
+  EXPECT_EQ(code, 0) << "see the child's numbered checks";
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(*s->get("a"), "1");
 }
 
 TEST(KvStore, AForeignDirectoryIsRefusedAndLeftAlone) {
