@@ -2,6 +2,7 @@
 // "Growth").
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -175,7 +176,8 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
   h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
   step(commit_step::sync_waiting);
-  // The low half of sync_done (little-endian), which changes with every sync.
+  // The low half of sync_done, which changes with every sync.
+  static_assert(std::endian::native == std::endian::little);
   auto* const done_word = reinterpret_cast<std::uint32_t*>(base() + hdr::sync_done);
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
   for (;;) {
@@ -200,15 +202,19 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
     // words and before syncing: then sync every segment, dirty or not.
     const bool all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
     const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
-    step(commit_step::syncing);
-    result<void> r;
     // Each entry whose dirty bit is set, or every entry in use (each segment has an entry of
     // its own: make_segment skips numbers whose entry a live segment holds).
+    std::array<std::uint64_t, dirty_words> taken{};
+    for (std::uint64_t w = 0; w < dirty_words; ++w) {
+      const auto word = dirty_word(w * 64);
+      if (word.load(std::memory_order_seq_cst) != 0)
+        taken[w] = word.exchange(0, std::memory_order_seq_cst);
+      if (all) taken[w] = ~std::uint64_t{0};
+    }
+    step(commit_step::syncing);
+    result<void> r;
     for (std::uint64_t w = 0; w < dirty_words && r; ++w) {
-      std::uint64_t bits = dirty_word(w * 64).load(std::memory_order_seq_cst);
-      if (bits != 0) bits = dirty_word(w * 64).exchange(0, std::memory_order_seq_cst);
-      if (all) bits = ~std::uint64_t{0};
-      for (; bits != 0 && r; bits &= bits - 1) {
+      for (std::uint64_t bits = taken[w]; bits != 0 && r; bits &= bits - 1) {
         const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
         if (i >= segtab_entries) break;
         const std::uint64_t n = segtab(i, 0).load();

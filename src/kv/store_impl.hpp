@@ -215,8 +215,8 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] slot_ref slot(std::size_t u) const noexcept {
     return {base() + slot_first_page * fmt::page_size + u * slot_size};
   }
-  //! The segment table entry of segment `n`: number, size, dead bytes, dirty (written since
-  //! the last group sync).
+  //! The segment table entry of segment `n`: number, size, dead bytes, reserved (its dirty
+  //! bit is in the header: dirty_word).
   [[nodiscard]] std::atomic_ref<std::uint64_t> segtab(std::uint64_t n,
                                                       std::size_t field) const noexcept {
     return std::atomic_ref(
@@ -315,11 +315,13 @@ struct store::impl final : ix::page_source {
   }
   //! Sets the dirty bit of the segment holding `location` (a load first: the word is shared
   //! by 64 segments and every commit of the active one sets it).
-  void mark_dirty(std::uint64_t location) const noexcept {
+  //! After a write, always a fetch_or: a leader's exchange then either reads it (and so
+  //! sees the write) or came before it (and leaves the bit for the next leader).
+  void mark_dirty(std::uint64_t location, bool written) const noexcept {
     const std::uint64_t entry = fmt::segment_of(location) % segtab_entries;
     const std::uint64_t bit = std::uint64_t{1} << (entry % 64);
     const auto word = dirty_word(entry);
-    if ((word.load(std::memory_order_seq_cst) & bit) == 0)
+    if (written || (word.load(std::memory_order_seq_cst) & bit) == 0)
       word.fetch_or(bit, std::memory_order_seq_cst);
   }
   //! Runs `fill` (which writes a block at `location` through the map) between two settings of
@@ -329,13 +331,13 @@ struct store::impl final : ix::page_source {
   //! Returns what `fill` returns.
   template <class Fill>
   auto write_dirty(std::uint64_t location, Fill&& fill) noexcept {
-    mark_dirty(location);
+    mark_dirty(location, false);
     if constexpr (std::is_void_v<decltype(fill())>) {
       fill();
-      mark_dirty(location);
+      mark_dirty(location, true);
     } else {
       auto r = fill();
-      mark_dirty(location);
+      mark_dirty(location, true);
       return r;
     }
   }
@@ -495,7 +497,7 @@ enum class commit_step : std::uint8_t {
   published,      //!< every entry published, not yet visible
   visible,        //!< visible, pages still locked
   sync_waiting,   //!< (sync commits) it has noted the sync count it waits to see pass
-  syncing,        //!< (a sync leader) its sync counted as started, no file synced yet
+  syncing,        //!< (a sync leader) its sync started and the dirty bits taken, no file synced
 };
 //! Called at each step of every commit when set (tests only; null otherwise).
 inline void (*commit_hook)(commit_step) noexcept = nullptr;

@@ -12,6 +12,7 @@
 
 #include "keel/io/fault_filesystem.hpp"
 #include "keel/kv/store.hpp"
+#include "kv/store_impl.hpp"
 #include "support/process.hpp"
 
 namespace keel::kv {
@@ -223,6 +224,55 @@ INSTANTIATE_TEST_SUITE_P(AtTheNthSync, KvCompactPowerCut,
                            return std::string(p.param.on == io::fs_op::sync ? "File" : "Dir") +
                                   std::to_string(p.param.nth);
                          });
+
+// A sync leader killed after it took the dirty bits and before it synced anything: the next
+// sync commit syncs every segment, not only the one it wrote in, so the commits before it
+// that lay in an older segment survive a power cut too.
+TEST(KvStoreSync, ALeaderKilledAfterTakingTheDirtyBitsLeavesNothingUnsynced) {
+  const power_cut_dirs dirs;
+  options o;
+  o.segment_size = std::uint64_t{1} << 20;
+  ASSERT_TRUE(store::open(dirs.path, o));
+  constexpr int keys = 1500;  // 1.5 MiB of unsynced commits: into a second segment
+  const pid_t victim = fork_child([&] {
+    io::fault_filesystem fs;
+    if (!fs.track(dirs.root, dirs.shadow)) return 1;
+    options mine = o;
+    mine.fs = &fs;
+    auto s = store::open(dirs.path, mine);
+    if (!s) return 2;
+    for (int i = 0; i < keys; ++i)
+      if (!(*s)->put("a" + std::to_string(i), value_of(i, 1) + std::string(1000, 'a'))) return 3;
+    commit_hook = [](commit_step at) noexcept {
+      if (at == commit_step::syncing) ::raise(SIGKILL);
+    };
+    auto t = (*s)->begin();
+    if (!t || !t->put("b", "1")) return 4;
+    (void)t->commit(durability::sync);
+    return 5;  // not killed
+  });
+  ASSERT_EQ(wait_exit(victim), 128 + SIGKILL);
+  const pid_t next = fork_child([&] {
+    io::fault_filesystem fs;
+    if (!fs.track(dirs.root, dirs.shadow)) return 1;
+    options mine = o;
+    mine.fs = &fs;
+    auto s = store::open(dirs.path, mine);
+    if (!s) return 2;
+    auto t = (*s)->begin();
+    if (!t || !t->put("c", "1") || !t->commit(durability::sync)) return 3;
+    fs.crash_now();  // the power goes as soon as the sync commit returned
+  });
+  ASSERT_EQ(wait_exit(next), 128 + SIGKILL);
+  ASSERT_TRUE(dirs.restore_and_reboot(7));
+  auto s = store::open(dirs.path, o);
+  ASSERT_TRUE(s) << s.error().message();
+  EXPECT_EQ(*(*s)->get("c"), "1");
+  int lost = 0;
+  for (int i = 0; i < keys; ++i)
+    lost += (*s)->get("a" + std::to_string(i)) ? 0 : 1;
+  EXPECT_EQ(lost, 0) << "commits before an acknowledged sync commit were lost";
+}
 
 TEST(KvStoreSync, AFailedFdatasyncIsReportedAndTheStoreTurnsReadOnly) {
   temp_dir dir;

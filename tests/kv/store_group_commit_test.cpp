@@ -114,7 +114,7 @@ TEST(KvGroupCommit, CommitsThatWaitDuringASyncShareTheNextOne) {
   EXPECT_EQ(fs.syncs.load() - before, 1) << "the followers did not share one sync";
 }
 
-// A leader killed after it counted its sync as started (and took the dirty bits) and before
+// A leader killed after it counted its sync as started and took the dirty bits, and before
 // it synced anything: the lock it held is freed with it, and the next `sync` commit, in
 // another process, syncs every segment itself and returns.
 TEST(KvGroupCommit, ALeaderKilledMidSyncHoldsNobodyUp) {
