@@ -108,7 +108,7 @@ void store::impl::wait_visible(std::uint64_t seq) noexcept {
                        std::chrono::microseconds(50))) {
     return;
   }
-  auto* word = reinterpret_cast<std::uint32_t*>(base() + hdr::visible);
+  auto* word = futex_word(hdr::visible);
   auto waiters = h64(hdr::visible_waiters);
   auto last_check = clock::now();
   for (;;) {
@@ -144,8 +144,7 @@ void store::impl::publish_visible(std::uint64_t seq, counter_delta d) noexcept {
 }
 
 void store::impl::wake_visible() noexcept {
-  base::futex_wake(reinterpret_cast<std::uint32_t*>(base() + hdr::visible), INT_MAX,
-                   base::futex_scope::shared);
+  base::futex_wake(futex_word(hdr::visible), INT_MAX, base::futex_scope::shared);
 }
 
 // ---- Group commit ----
@@ -176,9 +175,7 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
   h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
   step(commit_step::sync_waiting);
-  // The low half of sync_done, which changes with every sync.
-  static_assert(std::endian::native == std::endian::little);
-  auto* const done_word = reinterpret_cast<std::uint32_t*>(base() + hdr::sync_done);
+  auto* const done_word = futex_word(hdr::sync_done);
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
   for (;;) {
     const std::uint64_t done = h64(hdr::sync_done).load(std::memory_order_acquire);

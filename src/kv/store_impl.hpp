@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -212,6 +213,12 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] std::atomic_ref<std::uint64_t> h64(std::size_t at) const noexcept {
     return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base() + at));
   }
+  //! The low 32 bits of the header word at `at`, for a futex: they change whenever a counter
+  //! that only grows moves.
+  [[nodiscard]] std::uint32_t* futex_word(std::size_t at) const noexcept {
+    static_assert(std::endian::native == std::endian::little);
+    return reinterpret_cast<std::uint32_t*>(base() + at);
+  }
   [[nodiscard]] slot_ref slot(std::size_t u) const noexcept {
     return {base() + slot_first_page * fmt::page_size + u * slot_size};
   }
@@ -313,10 +320,10 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] std::atomic_ref<std::uint64_t> dirty_word(std::uint64_t entry) const noexcept {
     return h64(hdr::dirty_segments + (entry / 64) * 8);
   }
-  //! Sets the dirty bit of the segment holding `location` (a load first: the word is shared
-  //! by 64 segments and every commit of the active one sets it).
-  //! After a write, always a fetch_or: a leader's exchange then either reads it (and so
-  //! sees the write) or came before it (and leaves the bit for the next leader).
+  //! Sets the dirty bit of the segment holding `location`. Before a write, a load first (the
+  //! word is shared by 64 segments and every commit of the active one sets it); after one,
+  //! always a fetch_or: a leader's exchange then either reads it (and so sees the write) or
+  //! came before it (and leaves the bit for the next leader).
   void mark_dirty(std::uint64_t location, bool written) const noexcept {
     const std::uint64_t entry = fmt::segment_of(location) % segtab_entries;
     const std::uint64_t bit = std::uint64_t{1} << (entry % 64);
