@@ -234,12 +234,16 @@ TEST(KvStoreSync, ALeaderKilledAfterTakingTheDirtyBitsLeavesNothingUnsynced) {
   o.segment_size = std::uint64_t{1} << 20;
   ASSERT_TRUE(store::open(dirs.path, o));
   constexpr int keys = 1500;  // 1.5 MiB of unsynced commits: into a second segment
-  const pid_t victim = fork_child([&] {
-    io::fault_filesystem fs;
-    if (!fs.track(dirs.root, dirs.shadow)) return 1;
+  // In a child: the store, through a filesystem that tracks what a power cut keeps.
+  const auto open_tracked = [&](io::fault_filesystem& fs) -> result<std::unique_ptr<store>> {
+    if (auto t = fs.track(dirs.root, dirs.shadow); !t) return std::unexpected(t.error());
     options mine = o;
     mine.fs = &fs;
-    auto s = store::open(dirs.path, mine);
+    return store::open(dirs.path, mine);
+  };
+  const pid_t victim = fork_child([&] {
+    io::fault_filesystem fs;
+    auto s = open_tracked(fs);
     if (!s) return 2;
     for (int i = 0; i < keys; ++i)
       if (!(*s)->put("a" + std::to_string(i), value_of(i, 1) + std::string(1000, 'a'))) return 3;
@@ -254,10 +258,7 @@ TEST(KvStoreSync, ALeaderKilledAfterTakingTheDirtyBitsLeavesNothingUnsynced) {
   ASSERT_EQ(wait_exit(victim), 128 + SIGKILL);
   const pid_t next = fork_child([&] {
     io::fault_filesystem fs;
-    if (!fs.track(dirs.root, dirs.shadow)) return 1;
-    options mine = o;
-    mine.fs = &fs;
-    auto s = store::open(dirs.path, mine);
+    auto s = open_tracked(fs);
     if (!s) return 2;
     auto t = (*s)->begin();
     if (!t || !t->put("c", "1") || !t->commit(durability::sync)) return 3;
