@@ -33,12 +33,15 @@ std::vector<store::impl*>& registry() noexcept {
 void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.lock();
   for (store::impl* s : registry()) {
-    s->checkpointer_mutex.lock();  // a child must not inherit it held
+    // A child must not inherit any of them held (the order is the one threads take them in).
+    s->checkpointer_mutex.lock();
     s->live_mutex.lock();
+    s->segments_mutex.lock();
   }
 }
 void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
+    s->segments_mutex.unlock();
     s->live_mutex.unlock();
     s->checkpointer_mutex.unlock();
   }
@@ -52,6 +55,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     s->free_slots.clear();
     s->ours.fill(false);
     s->forget_idle_slots();
+    s->segments_mutex.unlock();
     s->live_mutex.unlock();
     s->checkpointer_mutex.unlock();
   }
@@ -346,6 +350,7 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
   }
   auto& cell = chunk[number & ((1u << chunk_bits) - 1)];
   if (segment* s = cell.load(std::memory_order_acquire)) return s;
+  if (segment_map_hook) segment_map_hook();
   const std::string name = segment_name(number);
   const bool writable = !opts.read_only;
   auto f = io::file_handle::open_at(

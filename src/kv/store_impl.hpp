@@ -492,6 +492,9 @@ struct store::impl final : ix::page_source {
 //! snapshots that may still read the originals.
 inline void (*compact_moved_hook)() noexcept = nullptr;
 
+//! For tests: called by segment_at while it maps a segment, holding segments_mutex.
+inline void (*segment_map_hook)() noexcept = nullptr;
+
 //! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).
 enum class commit_step : std::uint8_t {
   locked,         //!< its pages locked and validated

@@ -390,6 +390,43 @@ TEST(KvStore, ATransactionBegunBeforeAForkIsTheParents) {
   }
 }
 
+// A fork while another thread maps a segment (holding the mutex that guards this process's
+// map of segments) must not leave the child that mutex held: the child's first read of a
+// segment its parent had not mapped would wait forever.
+std::atomic<int> mapping_stage{0};  // 1: a mapper is in the hook; 2: it may go on
+
+TEST(KvStore, AForkWhileASegmentIsBeingMappedLeavesTheChildAbleToRead) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  auto writer = open_ok(path);
+  ASSERT_TRUE(writer);
+  const std::string value(100'000, 'v');
+  for (int i = 0; i < 30; ++i)
+    ASSERT_TRUE(writer->put("k" + std::to_string(i), value));
+  ASSERT_GE(writer->stats()->segments, 3u);
+  // A second handle maps segments only as it reads them.
+  auto reader = open_ok(path);
+  ASSERT_TRUE(reader);
+  mapping_stage = 0;
+  segment_map_hook = []() noexcept {
+    int expected = 0;
+    if (!mapping_stage.compare_exchange_strong(expected, 1)) return;
+    mapping_stage.notify_all();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  std::thread mapper([&] { (void)reader->get("k0"); });
+  while (mapping_stage.load() != 1)
+    mapping_stage.wait(0);
+  const pid_t child = fork_child([&] {
+    ::alarm(10);  // a child that waits forever is killed, and fails the test
+    auto last = reader->get("k29");
+    return last && *last == value ? 0 : 1;
+  });
+  mapper.join();
+  segment_map_hook = nullptr;
+  EXPECT_EQ(wait_exit(child), 0) << "128 + 14: the child hung on the inherited mutex";
+}
+
 // A store on a filesystem mounted read-only: opening it, to write or only to read (every
 // user writes its slot in the shared index), or making one there, is a clear error naming
 // the store, and the store is whole once the filesystem is writable again.
