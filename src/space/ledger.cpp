@@ -1,0 +1,98 @@
+#include "keel/space/ledger.hpp"
+
+#include <cassert>
+#include <limits>
+
+namespace keel::space {
+
+static_assert(static_cast<double>(ledger::max_writers) * ledger::max_amount <
+              static_cast<double>(std::numeric_limits<std::int64_t>::max()));
+
+std::atomic_ref<std::uint64_t> ledger::front_word() const noexcept {
+  return std::atomic_ref(w_->front);
+}
+std::atomic_ref<std::uint64_t> ledger::pin(std::size_t who) const noexcept {
+  assert(who < writers_);
+  return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(pins_ + who * stride_));
+}
+std::atomic_ref<std::int64_t> ledger::balance(std::uint64_t d) const noexcept {
+  return std::atomic_ref(w_->balance[d % 2]);
+}
+std::atomic_ref<std::int64_t> ledger::budget(std::uint64_t d) const noexcept {
+  return std::atomic_ref(w_->budget[d % 2]);
+}
+
+std::optional<charge> ledger::try_charge(std::size_t who, std::int64_t cost) noexcept {
+  assert(cost >= 0 && cost <= max_amount);
+  for (;;) {
+    const std::uint64_t d = front_word().load(std::memory_order_seq_cst);
+    if (d == 0) return std::nullopt;  // no delta opened yet
+    // Pinned, then still the front: the back end, which moves the front on before it reads
+    // the pins, sees us inside. Otherwise d may be closed and quiet already: never touch it.
+    pin(who).store(d, std::memory_order_seq_cst);
+    if (front_word().load(std::memory_order_seq_cst) != d) continue;
+    if (balance(d).fetch_sub(cost, std::memory_order_seq_cst) - cost < 0) {
+      balance(d).fetch_add(cost, std::memory_order_seq_cst);
+      pin(who).store(0, std::memory_order_release);
+      return std::nullopt;
+    }
+    return charge{d, cost};
+  }
+}
+
+void ledger::leave(std::size_t who) noexcept {
+  // Release: whatever the writer did with its space comes before the back end sees it gone.
+  pin(who).store(0, std::memory_order_release);
+}
+
+void ledger::refund(std::size_t who, const charge& c) noexcept {
+  balance(c.delta).fetch_add(c.cost, std::memory_order_seq_cst);
+  leave(who);
+}
+
+std::uint64_t ledger::front() const noexcept {
+  return front_word().load(std::memory_order_seq_cst);
+}
+
+std::int64_t ledger::balance() const noexcept {
+  return balance(front()).load(std::memory_order_seq_cst);
+}
+
+result<std::uint64_t> ledger::transition(std::int64_t provisional) noexcept {
+  if (provisional < 0 || provisional > max_amount) {
+    return errc_error(std::errc::invalid_argument);
+  }
+  const std::uint64_t next = front() + 1;
+  // next − 2 shares next's words. Quiet, nobody touches them again (see try_charge).
+  if (next >= 3 && !quiet(next - 2)) return errc_error(std::errc::resource_unavailable_try_again);
+  budget(next).store(provisional, std::memory_order_seq_cst);
+  balance(next).store(provisional, std::memory_order_seq_cst);
+  front_word().store(next, std::memory_order_seq_cst);
+  return next;
+}
+
+bool ledger::quiet(std::uint64_t d) const noexcept {
+  if (d == 0) return true;
+  for (std::size_t who = 0; who < writers_; ++who) {
+    if (pin(who).load(std::memory_order_seq_cst) == d) return false;
+  }
+  return true;
+}
+
+std::int64_t ledger::charged(std::uint64_t d) const noexcept {
+  if (d == 0) return 0;
+  return budget(d).load(std::memory_order_seq_cst) - balance(d).load(std::memory_order_seq_cst);
+}
+
+result<void> ledger::correct(std::int64_t exact) noexcept {
+  const std::uint64_t f = front();
+  const std::int64_t was = budget(f).load(std::memory_order_seq_cst);
+  if (f == 0 || exact < was || exact > max_amount) return errc_error(std::errc::invalid_argument);
+  // Raising the balance by the difference is, for every writer, the same as having had
+  // `exact` from the start: a charge kept before this was kept against less.
+  balance(f).fetch_add(exact - was, std::memory_order_seq_cst);
+  budget(f).store(exact, std::memory_order_seq_cst);
+  return {};
+}
+
+}  // namespace keel::space
