@@ -395,8 +395,12 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   if (number > fmt::max_segment_number) return errc_error(std::errc::file_too_large);
   h64(hdr::next_segment).store(number + 1);  // a maker that dies leaves a gap, no harm
   const std::string name = segment_name(number);
+  // Errors name the segment being made (the unnamed file's own path says only "seg/.").
+  const auto named = [&](const error& e) {
+    return std::unexpected(error(e.code()).about(path + "/seg/" + name));
+  };
   auto t = io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
-  if (!t) return std::unexpected(t.error());
+  if (!t) return named(t.error());
   // Allocated whole, header written and synced, then named: a named segment is always whole.
   auto r = t->file.allocate(0, static_cast<off_t>(size));
   if (r) {
@@ -406,8 +410,8 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   if (r) r = t->file.sync_data();
   if (r) r = t->link_as(dir.segments, name.c_str());
   (void)t->remove_name(dir.segments);
-  if (!r) return std::unexpected(r.error().about(path + "/seg/" + name));
-  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error());
+  if (!r) return named(r.error());
+  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(path + "/seg"));
   segtab(number, 0).store(number);
   segtab(number, 1).store(size);
   segtab(number, 2).store(0);

@@ -465,6 +465,42 @@ TEST(KvStore, OnAReadOnlyFilesystemOpenIsAClearErrorAndLosesNothing) {
   EXPECT_EQ(code, 0) << "see the child's numbered checks";
 }
 
+// A full filesystem: the put that finds no room fails with no_space naming the segment file
+// it could not make, and every put before it is there after a reopen.
+TEST(KvStore, AFullFilesystemIsNoSpaceNamingTheSegmentAndLosesNothing) {
+  temp_dir dir;
+  const std::string mnt = dir.file("mnt");
+  std::filesystem::create_directory(mnt);
+  const pid_t child = fork_child([&] {
+    if (!test::mount_private_tmpfs(mnt, std::size_t{8} << 20)) return test::cannot_set_up;
+    const std::string path = mnt + "/s";
+    const std::string value(1000, 'v');
+    int stored = 0;
+    {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      for (;; ++stored) {
+        auto r = (*s)->put("k" + std::to_string(stored), value);
+        if (r) continue;
+        if (r.error() != std::errc::no_space_on_device) return 3;
+        if (r.error().message().find(path + "/seg/0") == std::string::npos) return 4;
+        break;
+      }
+    }
+    if (stored < 1000) return 5;
+    auto s = store::open(path, small());
+    if (!s) return 6;
+    for (int i = 0; i < stored; ++i) {
+      auto v = (*s)->get("k" + std::to_string(i));
+      if (!v || *v != value) return 7;
+    }
+    return 0;
+  });
+  const int code = wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
+  EXPECT_EQ(code, 0) << "see the child's numbered checks";
+}
+
 // A user without the right to write the store's files gets permission denied naming the
 // store, and the store is unchanged. (As root, the child drops to nobody.)
 TEST(KvStore, PermissionDeniedIsAClearErrorAndLosesNothing) {
