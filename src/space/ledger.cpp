@@ -12,7 +12,7 @@ std::atomic_ref<std::uint64_t> ledger::front_word() const noexcept {
   return std::atomic_ref(w_->front);
 }
 std::atomic_ref<std::uint64_t> ledger::pin(std::size_t who) const noexcept {
-  assert(who < writers_);
+  assert(who < writers_ && reinterpret_cast<std::uintptr_t>(pins_) % 8 == 0 && stride_ % 8 == 0);
   return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(pins_ + who * stride_));
 }
 std::atomic_ref<std::int64_t> ledger::balance(std::uint64_t d) const noexcept {
@@ -22,15 +22,21 @@ std::atomic_ref<std::int64_t> ledger::budget(std::uint64_t d) const noexcept {
   return std::atomic_ref(w_->budget[d % 2]);
 }
 
-std::optional<charge> ledger::try_charge(std::size_t who, std::int64_t cost) noexcept {
-  assert(cost >= 0 && cost <= max_amount);
+result<std::optional<charge>> ledger::try_charge(std::size_t who, std::int64_t cost) noexcept {
+  if (cost < 0 || cost > max_amount || who >= writers_ ||
+      pin(who).load(std::memory_order_relaxed) != 0) {
+    return errc_error(std::errc::invalid_argument);
+  }
   for (;;) {
     const std::uint64_t d = front_word().load(std::memory_order_seq_cst);
     if (d == 0) return std::nullopt;  // no delta opened yet
     // Pinned, then still the front: the back end, which moves the front on before it reads
     // the pins, sees us inside. Otherwise d may be closed and quiet already: never touch it.
     pin(who).store(d, std::memory_order_seq_cst);
-    if (front_word().load(std::memory_order_seq_cst) != d) continue;
+    if (front_word().load(std::memory_order_seq_cst) != d) {
+      pin(who).store(0, std::memory_order_relaxed);
+      continue;
+    }
     if (balance(d).fetch_sub(cost, std::memory_order_seq_cst) - cost < 0) {
       balance(d).fetch_add(cost, std::memory_order_seq_cst);
       pin(who).store(0, std::memory_order_release);
@@ -45,9 +51,15 @@ void ledger::leave(std::size_t who) noexcept {
   pin(who).store(0, std::memory_order_release);
 }
 
-void ledger::refund(std::size_t who, const charge& c) noexcept {
+result<void> ledger::refund(std::size_t who, const charge& c) noexcept {
+  // Only the charge the writer holds: another's (or one already given back) would land in
+  // whatever delta uses those words now.
+  if (who >= writers_ || c.delta == 0 || pin(who).load(std::memory_order_relaxed) != c.delta) {
+    return errc_error(std::errc::invalid_argument);
+  }
   balance(c.delta).fetch_add(c.cost, std::memory_order_seq_cst);
   leave(who);
+  return {};
 }
 
 std::uint64_t ledger::front() const noexcept {
@@ -81,6 +93,7 @@ bool ledger::quiet(std::uint64_t d) const noexcept {
 
 std::int64_t ledger::charged(std::uint64_t d) const noexcept {
   if (d == 0) return 0;
+  assert(d + 1 >= front());  // older deltas' words are reused
   return budget(d).load(std::memory_order_seq_cst) - balance(d).load(std::memory_order_seq_cst);
 }
 
@@ -89,9 +102,11 @@ result<void> ledger::correct(std::int64_t exact) noexcept {
   const std::int64_t was = budget(f).load(std::memory_order_seq_cst);
   if (f == 0 || exact < was || exact > max_amount) return errc_error(std::errc::invalid_argument);
   // Raising the balance by the difference is, for every writer, the same as having had
-  // `exact` from the start: a charge kept before this was kept against less.
-  balance(f).fetch_add(exact - was, std::memory_order_seq_cst);
+  // `exact` from the start: a charge kept before this was kept against less. The budget
+  // first: a back end killed in between leaves the balance short, not raised twice when it
+  // corrects again.
   budget(f).store(exact, std::memory_order_seq_cst);
+  balance(f).fetch_add(exact - was, std::memory_order_seq_cst);
   return {};
 }
 

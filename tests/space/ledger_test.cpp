@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <random>
 #include <thread>
@@ -48,6 +49,16 @@ struct model {
   }
 };
 
+// A charge that must not be refused as bad input: kept, or nullopt (over the balance).
+std::optional<charge> charged_or_not(ledger& l, std::size_t who, std::int64_t cost) {
+  auto r = l.try_charge(who, cost);
+  if (!r) {
+    ADD_FAILURE() << "try_charge(" << who << ", " << cost << "): " << r.error().message();
+    return std::nullopt;
+  }
+  return *r;
+}
+
 TEST(SpaceLedger, EveryCallAgreesWithASequentialModel) {
   for (const std::uint32_t seed : {1u, 2u, 3u, 4u, 5u}) {
     SCOPED_TRACE(seed);
@@ -69,11 +80,10 @@ TEST(SpaceLedger, EveryCallAgreesWithASequentialModel) {
             rng() % 20 == 0 ? static_cast<std::int64_t>(rng() % 5000) : rng() % 300;
         const std::size_t who = idle.back();
         const bool expect = m.try_charge(cost);
-        const auto got = l.try_charge(who, cost);
+        const auto got = charged_or_not(l, who, cost);
         ASSERT_EQ(got.has_value(), expect) << "step " << step << " cost " << cost;
         if (got) {
           EXPECT_EQ(got->delta, m.front);
-          EXPECT_EQ(got->cost, cost);
           held.push_back({who, *got});
           idle.pop_back();
         }
@@ -87,7 +97,7 @@ TEST(SpaceLedger, EveryCallAgreesWithASequentialModel) {
         d.writers -= 1;
         if (rng() % 4 == 0) {
           d.charged -= c.cost;
-          l.refund(who, c);
+          ASSERT_TRUE(l.refund(who, c));
         } else {
           l.leave(who);
         }
@@ -127,18 +137,18 @@ TEST(SpaceLedger, ZeroedWordsHaveNoBudgetUntilTheFirstTransition) {
   std::array<std::uint64_t, 3> pins{};
   ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
   EXPECT_EQ(l.front(), 0u);
-  EXPECT_FALSE(l.try_charge(0, 0));
+  EXPECT_FALSE(charged_or_not(l, 0, 0));
   EXPECT_TRUE(l.quiet(0));
   EXPECT_EQ(l.charged(0), 0);
   auto d = l.transition(100);
   ASSERT_TRUE(d);
   EXPECT_EQ(*d, 1u);
-  auto c = l.try_charge(0, 100);
+  auto c = charged_or_not(l, 0, 100);
   ASSERT_TRUE(c);
   EXPECT_EQ(pins[0], 1u) << "the writer's pin names the delta it is inside";
-  EXPECT_FALSE(l.try_charge(1, 1)) << "the budget is spent";
+  EXPECT_FALSE(charged_or_not(l, 1, 1)) << "the budget is spent";
   EXPECT_EQ(pins[1], 0u) << "a writer whose charge failed is not inside";
-  EXPECT_TRUE(l.try_charge(2, 0)) << "a charge of nothing always fits";
+  EXPECT_TRUE(charged_or_not(l, 2, 0)) << "a charge of nothing fits (with nobody backing out)";
 }
 
 TEST(SpaceLedger, BadArgumentsAreRefusedAndChangeNothing) {
@@ -152,8 +162,66 @@ TEST(SpaceLedger, BadArgumentsAreRefusedAndChangeNothing) {
   EXPECT_EQ(l.correct(999).error(), std::errc::invalid_argument) << "a correction only raises";
   EXPECT_EQ(l.correct(ledger::max_amount + 1).error(), std::errc::invalid_argument);
   EXPECT_EQ(l.balance(), 1000);
+  // Charges: a cost out of range, a writer that is not one, a second charge by one writer,
+  // and a refund of a charge the writer does not hold. None changes the balance.
+  EXPECT_EQ(l.try_charge(0, -1).error(), std::errc::invalid_argument);
+  EXPECT_EQ(l.try_charge(0, ledger::max_amount + 1).error(), std::errc::invalid_argument);
+  EXPECT_EQ(l.try_charge(0, std::numeric_limits<std::int64_t>::min()).error(),
+            std::errc::invalid_argument);
+  EXPECT_EQ(l.try_charge(1, 1).error(), std::errc::invalid_argument);
+  EXPECT_EQ(l.refund(0, charge{1, 5}).error(), std::errc::invalid_argument) << "holds none";
+  EXPECT_EQ(l.balance(), 1000);
+  auto c = charged_or_not(l, 0, 10);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(l.try_charge(0, 10).error(), std::errc::invalid_argument) << "one charge at a time";
+  EXPECT_EQ(l.refund(0, charge{2, 10}).error(), std::errc::invalid_argument) << "not its delta";
+  EXPECT_EQ(l.balance(), 990);
+  ASSERT_TRUE(l.refund(0, *c));
+  EXPECT_EQ(l.refund(0, *c).error(), std::errc::invalid_argument) << "given back already";
+  EXPECT_EQ(l.balance(), 1000);
   ASSERT_TRUE(l.correct(ledger::max_amount));
-  EXPECT_TRUE(l.try_charge(0, ledger::max_amount));
+  EXPECT_TRUE(charged_or_not(l, 0, ledger::max_amount));
+}
+
+// A back end killed inside correct() (the budget stored, the balance not yet raised) leaves
+// the balance short, and correcting again to the same figure raises it once, not twice.
+TEST(SpaceLedger, CorrectingAgainAfterAKilledCorrectionRaisesTheBalanceOnce) {
+  ledger_words words{};
+  std::array<std::uint64_t, 1> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  ASSERT_TRUE(l.transition(100));
+  auto c = charged_or_not(l, 0, 30);
+  ASSERT_TRUE(c);
+  words.budget[1] = 500;  // what correct(500) has done when it is killed
+  EXPECT_EQ(l.balance(), 70) << "short, which is safe";
+  ASSERT_TRUE(l.correct(500));
+  EXPECT_EQ(l.balance(), 70) << "the budget was already 500: nothing more";
+  ASSERT_TRUE(l.correct(600));
+  EXPECT_EQ(l.balance(), 170);
+  EXPECT_EQ(l.charged(1), 430) << "the lost raise counts as charged: never handed out";
+}
+
+// The states a writer killed inside try_charge leaves, built by hand: its pin set with
+// nothing charged, or with its cost taken and not yet given back. Either keeps the delta
+// busy until the owner leaves for it, and neither lets the delta be overdrawn.
+TEST(SpaceLedger, AWriterKilledInsideTryChargeErrsOnTheSafeSide) {
+  ledger_words words{};
+  std::array<std::uint64_t, 3> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  ASSERT_TRUE(l.transition(100));
+  pins[0] = 1;  // pinned, killed before charging
+  pins[1] = 1;  // pinned, charged 150 (over the balance), killed before backing out
+  words.balance[1] -= 150;
+  EXPECT_FALSE(charged_or_not(l, 2, 1)) << "the dead writer's cost still counts";
+  ASSERT_TRUE(l.transition(100));
+  EXPECT_FALSE(l.quiet(1));
+  EXPECT_EQ(l.transition(100).error(), std::errc::resource_unavailable_try_again);
+  l.leave(0);
+  EXPECT_FALSE(l.quiet(1));
+  l.leave(1);
+  EXPECT_TRUE(l.quiet(1));
+  EXPECT_EQ(l.charged(1), 150) << "charged, never handed out: safe";
+  EXPECT_TRUE(l.transition(100));
 }
 
 // A delta's writers keep its words: the delta after next cannot open over them.
@@ -162,7 +230,7 @@ TEST(SpaceLedger, ADeltaWithAWriterInsideIsNotReused) {
   std::array<std::uint64_t, 2> pins{};
   ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
   ASSERT_TRUE(l.transition(10));
-  auto c = l.try_charge(1, 4);
+  auto c = charged_or_not(l, 1, 4);
   ASSERT_TRUE(c);
   ASSERT_TRUE(l.transition(10));  // delta 2; delta 1 closed, not quiet
   EXPECT_FALSE(l.quiet(1));
@@ -202,7 +270,9 @@ int writer(shared_state& st, std::size_t who, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   while (!st.stop.load(std::memory_order_relaxed)) {
     const std::int64_t cost = 1 + static_cast<std::int64_t>(rng() % 64);
-    const auto c = l.try_charge(who, cost);
+    const auto r = l.try_charge(who, cost);
+    if (!r) return 1;
+    const std::optional<charge>& c = *r;
     if (!c) {
       std::this_thread::yield();  // the back end closes the delta
       continue;
@@ -217,7 +287,7 @@ int writer(shared_state& st, std::size_t who, std::uint64_t seed) {
     }
     if (rng() % 8 == 0) {
       st.kept[c->delta].fetch_sub(cost);
-      l.refund(who, *c);
+      if (!l.refund(who, *c)) return 2;
     } else {
       l.leave(who);
     }
@@ -247,6 +317,7 @@ TEST(SpaceLedger, WritersInThreadsAndProcessesNeverOverdrawADelta) {
   ledger l = ledger_of(*st);
   std::mt19937_64 rng(42);
   std::uint64_t checked = 0;
+  std::int64_t final_charged = 0;  // of the delta closed last
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (std::chrono::steady_clock::now() < until && l.front() + 1 < max_deltas) {
     if (l.front() != 0 && l.balance() > 64) {
@@ -257,10 +328,10 @@ TEST(SpaceLedger, WritersInThreadsAndProcessesNeverOverdrawADelta) {
     // is quiet (as a back end does when it has measured what the closed one really took).
     const std::uint64_t closing = l.front();
     if (closing >= 2) {
-      // The delta closed last time is still as it was then: nobody charged it once it was
-      // quiet (this transition hands its words to the next delta).
-      EXPECT_EQ(l.charged(closing - 1), st->kept[closing - 1].load())
-          << "delta " << closing - 1 << " was charged after it went quiet";
+      // The delta closed last time is still as it was when it went quiet: nobody charged it
+      // since (this transition hands its words to the next delta).
+      EXPECT_EQ(l.charged(closing - 1), final_charged) << "delta " << closing - 1;
+      EXPECT_EQ(st->kept[closing - 1].load(), final_charged) << "delta " << closing - 1;
     }
     const std::int64_t provisional = 200 + static_cast<std::int64_t>(rng() % 2000);
     auto next = l.transition(provisional);
@@ -273,11 +344,14 @@ TEST(SpaceLedger, WritersInThreadsAndProcessesNeverOverdrawADelta) {
       std::this_thread::yield();
     if (closing != 0) {
       // Every writer of the closed delta has left: its accounts are final and exact.
-      EXPECT_EQ(l.charged(closing), st->kept[closing].load()) << "delta " << closing;
+      final_charged = l.charged(closing);
+      EXPECT_EQ(final_charged, st->kept[closing].load()) << "delta " << closing;
       EXPECT_LE(st->most_kept[closing].load(), st->budget_of[closing].load())
           << "delta " << closing << " was overdrawn";
       ++checked;
     }
+    // Before the correction, the provisional budget held every charge.
+    EXPECT_LE(st->most_kept[*next].load(), provisional) << "delta " << *next << " overdrawn";
     const std::int64_t exact = provisional + static_cast<std::int64_t>(rng() % 200);
     ASSERT_TRUE(l.correct(exact));
     st->budget_of[*next].store(exact);
@@ -309,7 +383,8 @@ TEST(SpaceLedger, AWriterKilledInsideADeltaIsLeftForByItsOwner) {
   ASSERT_TRUE(l.transition(1000));
   test::signal_pipe ready;
   const pid_t victim = test::fork_child([&] {
-    if (!view().try_charge(1, 300)) return 1;
+    auto c = view().try_charge(1, 300);
+    if (!c || !*c) return 1;
     ready.notify();
     ::pause();
     return 0;

@@ -35,16 +35,24 @@
 //! have let it do.
 //!
 //! **Who is inside a delta.** Each writer has a *pin*, a word of its own in the shared
-//! memory, where it writes the delta it enters before it charges and clears when it leaves.
-//! It enters only if the delta is still the front after its pin is written; the back end
-//! moves the front on before it reads the pins (both sequentially consistent), so a delta
-//! whose pins are all elsewhere has no writer inside and never will again: its charges are
-//! final (*quiet*), and no late writer touches its balance. A writer killed at any point
-//! leaves at most its pin set and its cost charged, which errs on the safe side; its owner,
-//! which notices the death (keel::kv's user slots), clears the pin (`leave`).
+//! memory, where it writes the delta it enters before it charges and clears when it leaves;
+//! a writer holds one charge at a time. It enters only if the delta is still the front after
+//! its pin is written; the back end moves the front on before it reads the pins (both
+//! sequentially consistent), so once no pin names a closed delta, no writer is inside it and
+//! none will ever touch its balance again: its charges are final (*quiet*). (A writer that
+//! read the front before it moved on may still write the old number into its pin for a
+//! moment, find the front moved and go on to the new delta: a quiet delta can look busy
+//! again for that moment, never be charged.) A writer killed at any point leaves at most its
+//! pin set and its cost charged, which errs on the safe side; its owner, which notices the
+//! death (keel::kv's user slots), clears the pin (`leave`).
 //!
-//! **Cost.** A writer makes two atomic read-modify-writes (the pin's sequentially consistent
-//! store, and the charge) and a plain store to leave. No lock is shared with the back end.
+//! **Deciding no_space.** A charge can fail while the balance would cover it: another writer
+//! backing out lowers it for a moment. So a failed charge only means "close the delta"; the
+//! owner reports no_space when the budget it gives an empty delta is below the cost.
+//!
+//! **Cost.** A writer makes a sequentially consistent store (its pin: an exchange on x86)
+//! and an atomic add (the charge), and a plain store to leave. No lock is shared with the
+//! back end.
 //!
 //! **Sharing.** The words and the pins live in memory every user maps, zeroed before first
 //! use, so threads and processes share one ledger; only 64-bit atomic operations touch them
@@ -81,24 +89,28 @@ class ledger {
   static constexpr std::size_t max_writers = std::size_t{1} << 14;
 
   //! A view of `words`, and of `writers` (at most max_writers) pins: 8-byte words, the first
-  //! at `pins`, each `stride` bytes after the one before (a field of the owner's per-writer
-  //! records). Not owned: they outlive the ledger.
+  //! at `pins` (8-byte aligned), each `stride` bytes (a multiple of 8) after the one before (a
+  //! field of the owner's per-writer records). Not owned: they outlive the ledger.
   ledger(ledger_words& words, std::byte* pins, std::size_t writers, std::size_t stride) noexcept
       : w_(&words), pins_(pins), writers_(writers), stride_(stride) {}
 
   // ---- front end (writer `who`, one thread at a time per writer) ----
 
-  //! Enters the front delta and charges it `cost` (0 to max_amount). The charge, until
-  //! `leave` or `refund`; nullopt when it would take the balance below zero (nothing is
-  //! charged, and the writer is not inside): the caller has the back end close the delta,
-  //! or fails with no_space if even an empty delta's budget is below `cost`, and tries again.
-  [[nodiscard]] std::optional<charge> try_charge(std::size_t who, std::int64_t cost) noexcept;
+  //! Enters the front delta and charges it `cost`. The charge, held until `leave` or
+  //! `refund`; nullopt when it would take the balance below zero (nothing is charged, and the
+  //! writer is not inside): the caller has the back end close the delta, or fails with
+  //! no_space if even an empty delta's budget is below `cost`, and tries again. Errors:
+  //! invalid_argument (`cost` outside 0 to max_amount, `who` not a writer, or the writer
+  //! already holds a charge); nothing changes.
+  [[nodiscard]] result<std::optional<charge>> try_charge(std::size_t who,
+                                                         std::int64_t cost) noexcept;
   //! The writer is done: its space is in use (or accounted by the owner). Also what the
-  //! owner calls for a writer it finds dead.
+  //! owner calls for a writer it finds dead, whatever it was doing.
   void leave(std::size_t who) noexcept;
   //! The writer did not use its space after all (it failed or was aborted before writing):
-  //! the cost goes back to the balance, and the writer leaves.
-  void refund(std::size_t who, const charge& c) noexcept;
+  //! the cost goes back to the balance, and the writer leaves. Errors: invalid_argument
+  //! (`c` is not the charge `who` holds); nothing changes.
+  [[nodiscard]] result<void> refund(std::size_t who, const charge& c) noexcept;
 
   // ---- back end (one thread at a time) ----
 
@@ -112,15 +124,16 @@ class ledger {
   //! (`provisional` out of range), resource_unavailable_try_again (a writer is still inside
   //! d − 1).
   [[nodiscard]] result<std::uint64_t> transition(std::int64_t provisional) noexcept;
-  //! Whether no writer is inside delta `d` (a closed delta stays quiet once it is).
+  //! Whether no writer is inside delta `d` (for a closed delta: its charges are final).
   [[nodiscard]] bool quiet(std::uint64_t d) const noexcept;
   //! The costs charged to delta `d` and not refunded: final once it is quiet (for d the
   //! front delta or the one before it).
   [[nodiscard]] std::int64_t charged(std::uint64_t d) const noexcept;
   //! Sets the front delta's budget to `exact`, as if it had had it since its transition,
-  //! while its writers go on charging it. Errors: invalid_argument when `exact` is below its
-  //! budget now (a correction may only raise it: the provisional budget assumed the worst)
-  //! or above max_amount.
+  //! while its writers go on charging it. A back end killed part-way leaves the balance
+  //! short (safe), and calling it again with the same `exact` raises nothing twice. Errors:
+  //! invalid_argument when `exact` is below its budget now (a correction may only raise it:
+  //! the provisional budget assumed the worst) or above max_amount.
   [[nodiscard]] result<void> correct(std::int64_t exact) noexcept;
 
  private:
