@@ -414,7 +414,14 @@ TEST(KvStore, AForkWhileASegmentIsBeingMappedLeavesTheChildAbleToRead) {
     mapping_stage.notify_all();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   };
-  std::thread mapper([&] { (void)reader->get("k0"); });
+  std::atomic<bool> forked{false};
+  std::thread mapper([&] {
+    (void)reader->get("k0");
+    // Alive until the fork is done (a thread that ended unjoined before it is a leak to
+    // ThreadSanitizer in the child).
+    while (!forked.load())
+      forked.wait(false);
+  });
   while (mapping_stage.load() != 1)
     mapping_stage.wait(0);
   const pid_t child = fork_child([&] {
@@ -422,6 +429,8 @@ TEST(KvStore, AForkWhileASegmentIsBeingMappedLeavesTheChildAbleToRead) {
     auto last = reader->get("k29");
     return last && *last == value ? 0 : 1;
   });
+  forked = true;
+  forked.notify_all();
   mapper.join();
   segment_map_hook = nullptr;
   EXPECT_EQ(wait_exit(child), 0) << "128 + 14: the child hung on the inherited mutex";
