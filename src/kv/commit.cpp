@@ -417,6 +417,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       if (auto b = s->check_budget(fmt::segment_header_size + len, false); !b) {
         return std::unexpected(b.error());
       }
+      if (auto r = s->ensure_spare(); !r) return std::unexpected(r.error());
       auto n = s->make_segment(fmt::segment_header_size + len);
       if (!n) return std::unexpected(n.error());
       at = fmt::make_location(*n, fmt::segment_header_size);

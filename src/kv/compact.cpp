@@ -297,16 +297,16 @@ result<compact_stats> store::compact() noexcept {
       }
     };
     close_over_blobs();
-    // Under a budget (options::max_bytes), the copies must fit in the room left: the rest
-    // of the tail's segment and the whole segments the budget still allows, the one it keeps
-    // for freeing included. The least live first; the
-    // victims are removed only at the end, so a pass that took more would fail with nothing
-    // freed, and the store would stay full for good. Each pass frees at least what it
-    // copies twice over (victims are at most half live): compacting again goes on.
-    if (s.opts.max_bytes != 0) {
+    // The copies must fit in the room left: the rest of the tail's segment, the spare, and
+    // the whole segments the budget (options::max_bytes) and the volume still allow. The
+    // least live first; the victims are removed only at the end, so a pass that took more
+    // would fail with nothing freed, and a full store would stay full for good. Each pass
+    // frees at least what it copies twice over (victims are at most half live): compacting
+    // again goes on.
+    {
       std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
       std::ranges::sort(by_live, {}, [&](std::uint64_t n) { return use[n].live; });
-      std::uint64_t room = s.room_left(true);
+      std::uint64_t room = s.compaction_room();
       victims.clear();
       for (const std::uint64_t n : by_live) {
         // A record is copied with a block header of its own: count a little over.
@@ -448,9 +448,15 @@ result<compact_stats> store::compact() noexcept {
   }
   s.unmap_removed_segments();
   // A checkpoint of the entries as they are now, naming the copies. Its failure leaves a
-  // longer replay after a power loss, nothing wrong: kept for stats.
-  if (auto r = s.checkpoint_locked(cd); !r) {
-    s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+  // longer replay after a power loss, nothing wrong: kept for stats. Not on a volume this
+  // nearly full: the copy of the index would take the room just freed, which writers need
+  // more than a shorter replay (the next background checkpoint writes one).
+  const std::uint64_t copy = s.h64(hdr::pages_used).load() * fmt::page_size;
+  const auto free = s.fs->statfs(s.dir.segments);
+  if (free && free->available_bytes >= copy + 2 * s.dir.params.segment_size) {
+    if (auto r = s.checkpoint_locked(cd); !r) {
+      s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+    }
   }
   return st;
 }

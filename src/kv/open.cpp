@@ -88,6 +88,8 @@ std::optional<std::uint64_t> parse_segment_name(std::string_view name) noexcept 
 }
 
 constexpr std::string_view segment_temp_prefix = ".seg.";
+// The spare segment's name in seg/ (see ensure_spare).
+constexpr const char* spare_name = "spare";
 
 }  // namespace
 
@@ -382,8 +384,7 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
   return raw;
 }
 
-result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
-  // Under the `segment` lock (or alone): one maker at a time.
+result<std::uint64_t> store::impl::new_segment_number() noexcept {
   // A number whose segment table entry no live segment holds (compaction leaves live
   // segments far apart in numbers; two must never share an entry).
   std::uint64_t number = h64(hdr::next_segment).load();
@@ -394,6 +395,14 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   }
   if (number > fmt::max_segment_number) return errc_error(std::errc::file_too_large);
   h64(hdr::next_segment).store(number + 1);  // a maker that dies leaves a gap, no harm
+  return number;
+}
+
+result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
+  // Under the `segment` lock (or alone): one maker at a time.
+  auto picked = new_segment_number();
+  if (!picked) return picked;
+  const std::uint64_t number = *picked;
   const std::string name = segment_name(number);
   // Errors name the segment being made (the unnamed file's own path says only "seg/.").
   const auto named = [&](const error& e) {
@@ -426,7 +435,9 @@ std::uint64_t store::impl::budget_left(bool freeing) const noexcept {
     const std::uint64_t n = segtab(i, 0).load();
     if (n != 0 && n % segtab_entries == i) total += segtab(n, 1).load();
   }
-  total += freeing ? 0 : dir.params.segment_size;
+  // The spare counts, made or still to make (a writer that is not freeing makes it first).
+  const std::uint64_t spare = h64(hdr::spare).load();
+  total += spare != 0 || freeing ? spare : dir.params.segment_size;
   return total >= opts.max_bytes ? 0 : opts.max_bytes - total;
 }
 
@@ -438,6 +449,118 @@ std::uint64_t store::impl::room_left(bool freeing) const noexcept {
          (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
 }
 
+std::uint64_t store::impl::compaction_room() const noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t tail = h64(hdr::tail).load();
+  std::uint64_t whole = budget_left(true) / seg_size;
+  // The volume's free space (what an unprivileged user may take: the least it may be).
+  auto free = fs->statfs(dir.segments);
+  whole = std::min(whole, free ? free->available_bytes / seg_size : 0);
+  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) + h64(hdr::spare).load() +
+         whole * seg_size;
+}
+
+result<void> store::impl::ensure_spare() noexcept {
+  const std::uint64_t size = dir.params.segment_size;
+  const std::string named = path + "/seg/spare";
+  // The word alone could be stale (a taker killed after the rename): the file says.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto st = fs->stat_at(&dir.segments, spare_name, false);
+    if (st && st->size == size) {
+      h64(hdr::spare).store(size);
+      return {};
+    }
+    h64(hdr::spare).store(0);
+    if (st) {
+      // Not one of ours at this size: a new one replaces it.
+      if (auto r = io::unlink_at(dir.segments, spare_name); !r) {
+        return std::unexpected(r.error().about(named));
+      }
+    } else if (st.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(st.error().about(named));
+    }
+    // Allocated and synced before it is named: a named spare is always whole.
+    auto t =
+        io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
+    if (!t) return std::unexpected(error(t.error().code()).about(named));
+    auto r = t->file.allocate(0, static_cast<off_t>(size));
+    if (r) r = t->file.sync_data();
+    if (r) r = t->link_as(dir.segments, spare_name);
+    (void)t->remove_name(dir.segments);
+    if (!r && r.error() == std::errc::file_exists) continue;  // another's, made meanwhile
+    if (!r) return std::unexpected(error(r.error().code()).about(named));
+    if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
+    h64(hdr::spare).store(size);
+    return {};
+  }
+  return errc_error(std::errc::file_exists);
+}
+
+result<std::uint64_t> store::impl::adopt_spare() noexcept {
+  const std::uint64_t size = h64(hdr::spare).load();
+  if (size == 0) return errc_error(std::errc::no_space_on_device);
+  const std::string named = path + "/seg/spare";
+  auto f = io::file_handle::open_at(dir.segments, spare_name,
+                                    io::open_flags::read_write | io::open_flags::no_follow);
+  if (!f) {
+    if (f.error() == std::errc::no_such_file_or_directory) {
+      h64(hdr::spare).store(0);  // taken by a user killed before it cleared the word
+      return errc_error(std::errc::no_space_on_device);
+    }
+    return std::unexpected(f.error().about(named));
+  }
+  auto picked = new_segment_number();
+  if (!picked) return picked;
+  const std::uint64_t number = *picked;
+  const std::string name = segment_name(number);
+  // Its header (into room allocated with the file: no new block), synced, then its name:
+  // a named segment is always whole.
+  const auto head = fmt::encode_segment_header({dir.params.id, number, size}, salt);
+  auto r = f->write_at(0, head);
+  if (r) r = f->sync_data();
+  if (r) {
+    r = fs->rename(&dir.segments, spare_name, &dir.segments, name.c_str(),
+                   io::rename_mode::no_replace);
+  }
+  if (!r) return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
+  h64(hdr::spare).store(0);
+  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
+  segtab(number, 0).store(number);
+  segtab(number, 1).store(size);
+  segtab(number, 2).store(0);
+  segtab(number, 3).store(0);  // reserved
+  return number;
+}
+
+void store::impl::reconcile_spare() noexcept {
+  auto st = fs->stat_at(&dir.segments, spare_name, false);
+  h64(hdr::spare).store(st && st->size == dir.params.segment_size ? st->size : 0);
+}
+
+result<std::uint64_t> store::impl::next_active_segment(bool freeing) noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  if (!freeing) {
+    if (auto b = check_budget(seg_size, false); !b) return std::unexpected(b.error());
+    if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
+    return make_segment(seg_size);
+  }
+  // A new segment while the budget and the volume allow one (the spare stays for later);
+  // else the spare.
+  error why{make_error_code(errc::budget_reached)};
+  if (check_budget(seg_size, true)) {
+    auto n = make_segment(seg_size);
+    if (n) return n;
+    if (n.error() != std::errc::no_space_on_device &&
+        n.error() != std::error_code(EDQUOT, std::system_category())) {
+      return n;
+    }
+    why = n.error();
+  }
+  auto a = adopt_spare();
+  if (a || a.error() != std::errc::no_space_on_device) return a;
+  return std::unexpected(why);
+}
+
 result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const noexcept {
   if (more > budget_left(freeing)) return keel_error(errc::budget_reached);
   return {};
@@ -446,6 +569,16 @@ result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const n
 result<std::uint64_t> store::impl::reserve(std::uint64_t length, bool freeing) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
+  if (!freeing && h64(hdr::spare).load(std::memory_order_acquire) == 0) {
+    // A freeing writer took the spare: what it left of it in the active segment is for
+    // freeing writers too, until a new spare can be made (budget and volume permitting).
+    auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
+    if (!g) return std::unexpected(g.error());
+    if (h64(hdr::spare).load() == 0) {
+      if (auto b = check_budget(0, false); !b) return std::unexpected(b.error());
+      if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
+    }
+  }
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
   std::atomic_ref<std::uint64_t> t(tail);
   for (;;) {
@@ -464,8 +597,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, bool freeing) n
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
-    if (auto b = check_budget(seg_size, freeing); !b) return std::unexpected(b.error());
-    auto n = make_segment(seg_size);
+    auto n = next_active_segment(freeing);
     if (!n) return std::unexpected(n.error());
     if (at != 0) {
       // What is left at the end of the old one is dead space.
@@ -594,6 +726,7 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible_waiters).store(0);
   table->finish_split(*this);  // alone: no locks to take
   remove_checkpoint_leftovers();
+  reconcile_spare();
   // Leftovers of segment makers that died.
   if (auto entries = fs->list_directory(dir.segments)) {
     for (const auto& e : *entries) {
@@ -672,6 +805,7 @@ result<void> store::impl::rebuild() noexcept {
     }
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
+  reconcile_spare();
   h64(hdr::tail).store(tail);
   h64(hdr::visible).store(max_seq);
   h64(hdr::counting).store(max_seq);

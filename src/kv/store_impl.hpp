@@ -25,6 +25,7 @@
 #include "base/format_header.hpp"
 #include "base/thread_safety.hpp"
 #include "keel/io/file_handle.hpp"
+#include "keel/io/fs_info.hpp"
 #include "keel/io/mapped_file.hpp"
 #include "keel/kv/store.hpp"
 #include "keel/lock/memory_map.hpp"
@@ -64,6 +65,8 @@ constexpr std::size_t sync_joined = 272;  // durable commits that have asked for
 constexpr std::size_t sync_batch = 280;   // how many asked between the last two syncs' starts
 constexpr std::size_t sync_mark = 288;    // sync_joined when the last sync started
 constexpr std::size_t sync_ns = 296;      // how long the last sync took
+// The size of seg/spare while it is there and whole (0: none): see ensure_spare.
+constexpr std::size_t spare = 312;
 // Read by every lookup, written seldom: a cache line apart from the words every commit
 // writes.
 constexpr std::size_t directory = 320;
@@ -112,7 +115,7 @@ inline constexpr base::format index_format{
     base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
                      ix::entries_per_page, hdr::retired_pages, hdr::directory, hdr::split_journal,
                      hdr::compactions, hdr::checkpoint_attempt, hdr::dirty_segments, hdr::sync_ns,
-                     index_window})};
+                     hdr::spare, index_window})};
 
 enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
 
@@ -389,9 +392,25 @@ struct store::impl final : ix::page_source {
   // ---- segments (open.cpp) ----
   [[nodiscard]] result<segment*> segment_at(std::uint64_t number) noexcept;
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
+  //! The number a new segment takes (under the `segment` lock, or alone).
+  [[nodiscard]] result<std::uint64_t> new_segment_number() noexcept;
+  //! Makes seg/spare, a whole segment's room allocated ahead that only freeing writers
+  //! (commits that only erase, compaction) may take, when no new segment can be made (the
+  //! volume full, or the budget reached): so deletes and compaction work then. A writer that
+  //! needs a new segment makes it first (so a full volume stops puts while the spare is still
+  //! there). Under the `segment` lock, or alone. Errors: the allocation's (no_space).
+  [[nodiscard]] result<void> ensure_spare() noexcept;
+  //! Makes seg/spare the next segment (under the `segment` lock). Errors: no_space when there
+  //! is none.
+  [[nodiscard]] result<std::uint64_t> adopt_spare() noexcept;
+  //! Sets hdr::spare from seg/spare as it is (alone: a maker or taker killed between the file
+  //! and the word left them apart).
+  void reconcile_spare() noexcept;
+  //! The next active segment (under the `segment` lock): a new one, or for a freeing writer
+  //! that cannot have one, the spare.
+  [[nodiscard]] result<std::uint64_t> next_active_segment(bool freeing) noexcept;
   //! Reserves `length` bytes in the active segment (a new one when it is full).
-  //! `freeing`: for a commit that only erases, or compaction: it may use the budget's last
-  //! segment (options::max_bytes).
+  //! `freeing`: for a commit that only erases, or compaction: it may take the spare.
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length, bool freeing = false) noexcept;
   //! Whether `more` bytes of new segment fit in options::max_bytes (see reserve).
   [[nodiscard]] result<void> check_budget(std::uint64_t more, bool freeing) const noexcept;
@@ -400,6 +419,9 @@ struct store::impl final : ix::page_source {
   //! Bytes commits can still write under options::max_bytes: the rest of the tail's segment
   //! and the whole segments the budget still allows.
   [[nodiscard]] std::uint64_t room_left(bool freeing) const noexcept;
+  //! Bytes compaction can copy into: the rest of the tail's segment, the spare, and the whole
+  //! segments both the budget and the volume's free space still allow.
+  [[nodiscard]] std::uint64_t compaction_room() const noexcept;
   // ---- compaction (compact.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;

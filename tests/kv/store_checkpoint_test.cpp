@@ -66,8 +66,9 @@ std::string file_bytes(const std::string& path) {
 
 std::uint64_t log_bytes(const std::string& path) {
   std::uint64_t n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(path + "/seg"))
-    n += e.file_size();
+  for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
+    if (e.path().filename() != "spare") n += e.file_size();  // the spare holds no log
+  }
   return n;
 }
 

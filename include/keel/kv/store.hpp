@@ -157,9 +157,12 @@ class transaction {
   [[nodiscard]] result<void> erase(std::string_view key) noexcept;
   //! Applies every write at once, or none, and returns the commit's seq: its place in the
   //! store's serial order (a transaction that wrote nothing returns its snapshot, where it
-  //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only, and
-  //! I/O errors (for `sync`, a failed fdatasync: the commit is visible but not known to be
-  //! durable). Ends the transaction either way.
+  //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only,
+  //! budget_reached (options::max_bytes), no_space_on_device (the volume is full: nothing of
+  //! the commit is visible; a commit that only erases still works then, as does compact, and
+  //! puts work again once compaction has given room back), and I/O errors (for `sync`, a
+  //! failed fdatasync: the commit is visible but not known to be durable). Ends the
+  //! transaction either way.
   [[nodiscard]] result<std::uint64_t> commit() noexcept;
   [[nodiscard]] result<std::uint64_t> commit(durability d) noexcept;
   //! Ends the transaction with no trace.
