@@ -204,6 +204,17 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   if (opts.read_only || failed.load() || h64(hdr::sync_error).load() != 0) {
     return keel_error(errc::read_only);
   }
+  {
+    // Not on a volume this nearly full: the copy of the index would take room that writers,
+    // and the spare that keeps deletes working, need more than a shorter replay does.
+    const std::uint64_t copy = h64(hdr::pages_used).load() * fmt::page_size;
+    auto free = fs->statfs(dir.segments);
+    if (!free) return std::unexpected(free.error().about(path));
+    if (free->available_bytes < copy + 2 * dir.params.segment_size) {
+      return std::unexpected(
+          error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/checkpoint"));
+    }
+  }
   auto lease = acquire_slot();
   if (!lease) return std::unexpected(lease.error());
   struct release {

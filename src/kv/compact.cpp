@@ -15,6 +15,8 @@ namespace {
 
 struct segment_use {
   std::uint64_t live = 0;             // bytes of records entries name, and of their blobs
+  std::uint64_t copies = 0;           // blocks a move writes: a record's, and its blob's
+  std::uint64_t largest = 0;          // the largest of those blocks
   std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
   bool pinned = false;                // an entry here is pending: leave it alone
 };
@@ -255,10 +257,16 @@ result<compact_stats> store::compact() noexcept {
             rec->rec.head.seq <= horizon && candidates.contains(fmt::segment_of(at))) {
           erasures.push_back({{e.hi().load(), e.lo().load()}, fmt::segment_of(at)});
         }
-        use[fmt::segment_of(at)].live += rec->rec.size;
+        auto& here = use[fmt::segment_of(at)];
+        here.live += rec->rec.size;
+        here.copies += 1;
+        here.largest = std::max(here.largest, rec->rec.size + sizeof(fmt::block_header));
         if (fmt::is_blob(rec->rec)) {
           auto& u = use[fmt::segment_of(rec->rec.blob.location)];
-          u.live += fmt::blob_block_size(rec->rec.head.value_length);
+          const std::uint64_t blob = fmt::blob_block_size(rec->rec.head.value_length);
+          u.live += blob;
+          u.copies += 1;
+          u.largest = std::max(u.largest, blob);
           u.blob_refs.insert(fmt::segment_of(at));
         }
       }
@@ -309,9 +317,13 @@ result<compact_stats> store::compact() noexcept {
       std::uint64_t room = s.compaction_room();
       victims.clear();
       for (const std::uint64_t n : by_live) {
-        // A record is copied with a block header of its own: count a little over.
-        const std::uint64_t need = use[n].live + use[n].live / 8 + 4096;
-        if (need > room) break;
+        // Each record is copied as a block of its own (a header more, 8-byte aligned), and a
+        // block never spans two segments: the copies may leave up to their largest block
+        // unused where they cross into the next one. Nothing at all for an empty victim.
+        const segment_use& u = use[n];
+        const std::uint64_t need =
+            u.live + u.copies * (sizeof(fmt::block_header) + 8) + (u.copies != 0 ? u.largest : 0);
+        if (need > room) continue;  // a smaller one may still fit
         room -= need;
         victims.insert(n);
       }
@@ -430,7 +442,10 @@ result<compact_stats> store::compact() noexcept {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
       const std::uint64_t size = (*seg)->size;
-      s.segtab(n, 0).store(0, std::memory_order_seq_cst);
+      // Its entry, unless another segment holds it (one named but never entered, left by a
+      // maker killed in between, shares the entry of a segment 8064 numbers apart).
+      std::uint64_t holder = n;
+      s.segtab(n, 0).compare_exchange_strong(holder, 0, std::memory_order_seq_cst);
       const std::string name = segment_name(n);
       if (auto r = io::unlink_at(s.dir.segments, name.c_str()); !r) {
         return std::unexpected(r.error().about(s.path + "/seg/" + name));
@@ -447,16 +462,11 @@ result<compact_stats> store::compact() noexcept {
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
   }
   s.unmap_removed_segments();
-  // A checkpoint of the entries as they are now, naming the copies. Its failure leaves a
-  // longer replay after a power loss, nothing wrong: kept for stats. Not on a volume this
-  // nearly full: the copy of the index would take the room just freed, which writers need
-  // more than a shorter replay (the next background checkpoint writes one).
-  const std::uint64_t copy = s.h64(hdr::pages_used).load() * fmt::page_size;
-  const auto free = s.fs->statfs(s.dir.segments);
-  if (free && free->available_bytes >= copy + 2 * s.dir.params.segment_size) {
-    if (auto r = s.checkpoint_locked(cd); !r) {
-      s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
-    }
+  // A checkpoint of the entries as they are now, naming the copies. Its failure (no_space
+  // on a nearly full volume, where the copy would take the room just freed) leaves a longer
+  // replay after a power loss, nothing wrong: kept for stats.
+  if (auto r = s.checkpoint_locked(cd); !r) {
+    s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
   }
   return st;
 }

@@ -497,9 +497,13 @@ result<void> store::impl::ensure_spare() noexcept {
 }
 
 result<std::uint64_t> store::impl::adopt_spare() noexcept {
-  const std::uint64_t size = h64(hdr::spare).load();
-  if (size == 0) return errc_error(std::errc::no_space_on_device);
+  const std::uint64_t size = dir.params.segment_size;
   const std::string named = path + "/seg/spare";
+  if (h64(hdr::spare).load() == 0) {
+    // The word may lag the file (a maker killed after naming it): the file decides.
+    auto st = fs->stat_at(&dir.segments, spare_name, false);
+    if (!st || st->size != size) return errc_error(std::errc::no_space_on_device);
+  }
   auto f = io::file_handle::open_at(dir.segments, spare_name,
                                     io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) {
@@ -523,12 +527,15 @@ result<std::uint64_t> store::impl::adopt_spare() noexcept {
                    io::rename_mode::no_replace);
   }
   if (!r) return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
-  h64(hdr::spare).store(0);
-  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
-  segtab(number, 0).store(number);
+  // A segment now: in the table before anything else can fail (a named segment missing from
+  // it would hold its room and never be compacted), the word cleared before the caller
+  // moves the tail into it (see reserve).
   segtab(number, 1).store(size);
   segtab(number, 2).store(0);
   segtab(number, 3).store(0);  // reserved
+  segtab(number, 0).store(number);
+  h64(hdr::spare).store(0);
+  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
   return number;
 }
 
@@ -569,20 +576,22 @@ result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const n
 result<std::uint64_t> store::impl::reserve(std::uint64_t length, bool freeing) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
-  if (!freeing && h64(hdr::spare).load(std::memory_order_acquire) == 0) {
-    // A freeing writer took the spare: what it left of it in the active segment is for
-    // freeing writers too, until a new spare can be made (budget and volume permitting).
-    auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
-    if (!g) return std::unexpected(g.error());
-    if (h64(hdr::spare).load() == 0) {
-      if (auto b = check_budget(0, false); !b) return std::unexpected(b.error());
-      if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-    }
-  }
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
   std::atomic_ref<std::uint64_t> t(tail);
   for (;;) {
     std::uint64_t at = t.load(std::memory_order_acquire);
+    if (!freeing && h64(hdr::spare).load(std::memory_order_acquire) == 0) {
+      // A freeing writer took the spare (it cleared the word before it moved the tail into
+      // it, so a tail loaded here that is in the taken spare comes with the word at 0):
+      // what is left of it is for freeing writers too, until a new spare can be made.
+      auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
+      if (!g) return std::unexpected(g.error());
+      if (h64(hdr::spare).load() == 0) {
+        if (auto b = check_budget(0, false); !b) return std::unexpected(b.error());
+        if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
+      }
+      continue;
+    }
     if (at != 0 && fmt::offset_of(at) + length <= seg_size) {
       if (!t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) continue;
       // Crossing into the next chunk: fault in the one after it now, so that writers never
@@ -727,6 +736,31 @@ result<void> store::impl::recover_alone() noexcept {
   table->finish_split(*this);  // alone: no locks to take
   remove_checkpoint_leftovers();
   reconcile_spare();
+  // Segments named but not in the table: a maker or a taker of the spare killed between the
+  // name and the entry (nothing is written into a segment before it is entered), or a
+  // compactor between clearing the entry and the name (its records moved). Past the tail's
+  // segment, removed (the room they hold is what a full volume lacks); below it, entered as
+  // empty, so that compaction removes them.
+  if (auto listed = segment_numbers(false)) {
+    const std::uint64_t active = fmt::segment_of(h64(hdr::tail).load());
+    for (const std::uint64_t n : *listed) {
+      if (segtab(n, 0).load() != 0) continue;
+      if (n > active) {
+        const std::string name = segment_name(n);
+        (void)io::unlink_at(dir.segments, name.c_str());
+        (void)dir.segments.sync_all();
+        continue;
+      }
+      auto seg = segment_at(n);
+      if (!seg) continue;
+      const std::uint64_t size = (*seg)->size;
+      segtab(n, 1).store(size);
+      segtab(n, 2).store(0);
+      segtab(n, 3).store(0);
+      segtab(n, 0).store(n);
+      h64(hdr::dead_bytes).fetch_add(size - fmt::segment_header_size);
+    }
+  }
   // Leftovers of segment makers that died.
   if (auto entries = fs->list_directory(dir.segments)) {
     for (const auto& e : *entries) {

@@ -5,8 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string>
+#include <thread>
+
+#include "keel/io/filesystem.hpp"
 
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
@@ -128,6 +136,161 @@ TEST(KvFullVolume, PutsDoNotUseTheRoomDeletesTook) {
     for (int i = erased; i < erased + 2000 && i < n; ++i) {
       if (!(*s)->erase(key_of(i))) return 6;
     }
+    return 0;
+  });
+}
+
+// Deletes alone fill the spare they took; then compaction must still free room (a victim
+// with nothing live costs nothing to move), and deletes go on.
+TEST(KvFullVolume, DeletesThatFillTheTakenSpareLeaveCompactionAWayOut) {
+  on_small_volume(12, [](const std::string& path) {
+    auto s = store::open(path, small());
+    if (!s) return 2;
+    // Small values: many keys, whose erase records outgrow the spare.
+    const std::string value(100, 'v');
+    int n = 0;
+    for (;; ++n) {
+      auto r = (*s)->put(key_of(n), value);
+      if (!r) {
+        if (r.error() != std::errc::no_space_on_device) return 3;
+        break;
+      }
+    }
+    int erased = 0;
+    for (; erased < n; ++erased) {
+      auto r = (*s)->erase(key_of(erased));
+      if (!r) {
+        if (r.error() != std::errc::no_space_on_device) return 4;
+        break;
+      }
+    }
+    if (erased == n) return 5;  // the test needs the deletes to run out of room
+    auto c = (*s)->compact();
+    if (!c || c->segments_removed == 0) return 6;
+    for (int i = erased; i < n; ++i) {
+      if (!(*s)->erase(key_of(i))) return 7;
+    }
+    return 0;
+  });
+}
+
+// Holds the first rename of the spare into a segment until released.
+class gated_rename final : public io::filesystem_wrapper {
+ public:
+  gated_rename() noexcept : io::filesystem_wrapper(io::os()) {}
+  result<void> rename(const io::file_handle* from_dir, const char* from,
+                      const io::file_handle* to_dir, const char* to,
+                      io::rename_mode mode) noexcept override {
+    if (std::strcmp(from, "spare") == 0) {
+      std::unique_lock l(m_);
+      if (!done_) {
+        held_ = true;
+        cv_.notify_all();
+        cv_.wait(l, [&] { return released_; });
+        done_ = true;
+      }
+    }
+    return io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
+  }
+  void wait_held() {
+    std::unique_lock l(m_);
+    cv_.wait(l, [&] { return held_; });
+  }
+  void release() {
+    std::lock_guard l(m_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool held_ = false;
+  bool released_ = false;
+  bool done_ = false;
+};
+
+// A put that was already waiting to move on to the next segment while an erase took the
+// spare must not write into it.
+TEST(KvFullVolume, APutWaitingWhileAnEraseTakesTheSpareDoesNotWriteIntoIt) {
+  on_small_volume(12, [](const std::string& path) {
+    gated_rename fs;
+    options o = small();
+    o.fs = &fs;
+    auto s = store::open(path, o);
+    if (!s) return 2;
+    const int n = fill(**s, 0);
+    if (n < 1000) return 3;
+    int result = 0;
+    std::thread eraser([&] {
+      for (int i = 0; i < n; ++i) {
+        if (!(*s)->erase(key_of(i))) {
+          result = 4;
+          return;
+        }
+        if (!std::filesystem::exists(path + "/seg/spare")) return;
+      }
+      result = 5;  // never took the spare
+    });
+    fs.wait_held();  // the eraser holds the segment lock, inside the taking of the spare
+    std::thread putter([&] {
+      auto r = (*s)->put("late", std::string(1024, 'p'));
+      if (r || r.error() != std::errc::no_space_on_device) result = 6;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the putter waits for the lock
+    fs.release();
+    eraser.join();
+    putter.join();
+    return result;
+  });
+}
+
+// Renames the spare into a segment, then ends the process at once: a taker killed between
+// the segment's name and its entry in the table.
+class dies_after_taking_the_spare final : public io::filesystem_wrapper {
+ public:
+  dies_after_taking_the_spare() noexcept : io::filesystem_wrapper(io::os()) {}
+  result<void> rename(const io::file_handle* from_dir, const char* from,
+                      const io::file_handle* to_dir, const char* to,
+                      io::rename_mode mode) noexcept override {
+    auto r = io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
+    if (std::strcmp(from, "spare") == 0) ::_exit(r ? 42 : 43);
+    return r;
+  }
+};
+
+// The segment such a taker left, named but never entered, holds the spare's room: an opener
+// alone removes it, and deletes on the full volume work again.
+TEST(KvFullVolume, ASegmentLeftByAKilledTakerOfTheSpareGivesItsRoomBack) {
+  on_small_volume(12, [](const std::string& path) {
+    int n = 0;
+    {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      n = fill(**s, 0);
+      if (n < 1000) return 3;
+    }
+    const pid_t taker = fork_child([&] {
+      dies_after_taking_the_spare fs;
+      options o = small();
+      o.fs = &fs;
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      for (int i = 0; i < n; ++i) {
+        if (!(*s)->erase(key_of(i))) return 3;
+      }
+      return 4;
+    });
+    if (wait_exit(taker) != 42) return 4;
+    auto s = store::open(path, small());
+    if (!s) return 5;
+    for (int i = 0; i < n; ++i) {
+      auto r = (*s)->erase(key_of(i));
+      if (!r && r.error() != errc::not_found) return 6;
+    }
+    auto c = (*s)->compact();
+    if (!c || c->segments_removed == 0) return 7;
+    if (fill(**s, n) <= n) return 8;
     return 0;
   });
 }
