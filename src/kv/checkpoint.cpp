@@ -120,7 +120,9 @@ void store::impl::maybe_checkpoint() noexcept {
             h64(hdr::checkpoint_attempt)
                 .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
                        std::memory_order_release);
-            if (auto r = checkpoint_locked(cd); !r) {
+            if (auto room = room_for_checkpoint(); !room) {
+              h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(room.error().value()));
+            } else if (auto r = checkpoint_locked(cd); !r) {
               // The commits went on; the failure is kept for stats.
               h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
             } else {
@@ -200,20 +202,19 @@ void store::impl::join_checkpointer() noexcept {
   checkpointer.reset();
 }
 
+result<void> store::impl::room_for_checkpoint() const noexcept {
+  const std::uint64_t copy = h64(hdr::pages_used).load() * fmt::page_size;
+  auto free = fs->statfs(dir.segments);
+  if (free && free->available_bytes < copy + 2 * dir.params.segment_size) {
+    return std::unexpected(
+        error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/checkpoint"));
+  }
+  return {};
+}
+
 result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   if (opts.read_only || failed.load() || h64(hdr::sync_error).load() != 0) {
     return keel_error(errc::read_only);
-  }
-  {
-    // Not on a volume this nearly full: the copy of the index would take room that writers,
-    // and the spare that keeps deletes working, need more than a shorter replay does.
-    const std::uint64_t copy = h64(hdr::pages_used).load() * fmt::page_size;
-    auto free = fs->statfs(dir.segments);
-    if (!free) return std::unexpected(free.error().about(path));
-    if (free->available_bytes < copy + 2 * dir.params.segment_size) {
-      return std::unexpected(
-          error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/checkpoint"));
-    }
   }
   auto lease = acquire_slot();
   if (!lease) return std::unexpected(lease.error());

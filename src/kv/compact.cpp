@@ -465,8 +465,10 @@ result<compact_stats> store::compact() noexcept {
   // A checkpoint of the entries as they are now, naming the copies. Its failure (no_space
   // on a nearly full volume, where the copy would take the room just freed) leaves a longer
   // replay after a power loss, nothing wrong: kept for stats.
-  if (auto r = s.checkpoint_locked(cd); !r) {
+  if (auto r = s.room_for_checkpoint(); !r) {
     s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+  } else if (auto w = s.checkpoint_locked(cd); !w) {
+    s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(w.error().value()));
   }
   return st;
 }

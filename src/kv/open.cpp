@@ -456,8 +456,11 @@ std::uint64_t store::impl::compaction_room() const noexcept {
   // The volume's free space (what an unprivileged user may take: the least it may be).
   auto free = fs->statfs(dir.segments);
   whole = std::min(whole, free ? free->available_bytes / seg_size : 0);
-  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) + h64(hdr::spare).load() +
-         whole * seg_size;
+  // Each new segment, the spare too, begins with its header.
+  const std::uint64_t spare = h64(hdr::spare).load();
+  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
+         (spare == 0 ? 0 : spare - fmt::segment_header_size) +
+         whole * (seg_size - fmt::segment_header_size);
 }
 
 result<void> store::impl::ensure_spare() noexcept {
@@ -546,11 +549,21 @@ void store::impl::reconcile_spare() noexcept {
 
 result<std::uint64_t> store::impl::next_active_segment(bool freeing) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
+  // The last segment made, if the tail never moved into it (its maker, or the taker of the
+  // spare, was killed, or failed, in between): nothing was written there, so it is the next
+  // one, whoever asks (else, on a full volume, it would hold its room for good). A blob
+  // segment is larger than a log segment, and never the tail.
+  const std::uint64_t last = h64(hdr::next_segment).load() - 1;
+  const bool abandoned = last != 0 && last > fmt::segment_of(h64(hdr::tail).load()) &&
+                         segtab(last, 0).load() == last && segtab(last, 1).load() == seg_size;
   if (!freeing) {
-    if (auto b = check_budget(seg_size, false); !b) return std::unexpected(b.error());
+    if (auto b = check_budget(abandoned ? 0 : seg_size, false); !b) {
+      return std::unexpected(b.error());
+    }
     if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-    return make_segment(seg_size);
+    return abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
   }
+  if (abandoned) return last;
   // A new segment while the budget and the volume allow one (the spare stays for later);
   // else the spare.
   error why{make_error_code(errc::budget_reached)};

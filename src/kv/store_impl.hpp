@@ -259,6 +259,11 @@ struct store::impl final : ix::page_source {
   //! is a copy at. nullopt: none, or one that does not check out (replay everything).
   [[nodiscard]] result<std::optional<std::pair<std::uint64_t, std::uint64_t>>>
   load_checkpoint() noexcept;
+  //! Whether a checkpoint the store writes by itself (in the background, after a compaction)
+  //! may: not while the volume's free space is below the index's pages and two segments,
+  //! which writers and the spare need more than a shorter replay. Errors: no_space. (One
+  //! asked for with store::checkpoint is written regardless.)
+  [[nodiscard]] result<void> room_for_checkpoint() const noexcept;
   //! Writes a checkpoint, holding the checkpoint byte (take_checkpoint_byte).
   [[nodiscard]] result<void> checkpoint_locked(const io::countdown& cd) noexcept;
   //! Takes the checkpoint byte of the index file (OFD, for other processes) and this
