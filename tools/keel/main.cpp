@@ -14,6 +14,7 @@
 #include "lock_command.hpp"
 #include "lockmatrix_command.hpp"
 #include "lockscale_command.hpp"
+#include "spacebench_command.hpp"
 #include "torture_command.hpp"
 
 namespace {
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "kvbench") {
     return keel::tools::run_kvbench_command(argc - 1, argv + 1);
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "spacebench") {
+    return keel::tools::run_spacebench_command(argc - 1, argv + 1);
+  }
   if (argc >= 2 && std::string_view(argv[1]) == "torture") {
     return keel::tools::run_torture_command(argc - 1, argv + 1);
   }
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("torture", keel::tools::torture_command_summary)->allow_extras();
   app.add_subcommand("kv", keel::tools::kv_command_summary)->allow_extras();
   app.add_subcommand("kvbench", keel::tools::kvbench_command_summary)->allow_extras();
+  app.add_subcommand("spacebench", keel::tools::spacebench_command_summary)->allow_extras();
 
   std::string path;
   auto* fsinfo = app.add_subcommand("fsinfo", "Show what keel sees of the filesystem at a path");

@@ -1,0 +1,60 @@
+// keel spacebench, run as a user would: it makes its volumes, fills them, and reports every
+// figure in JSON; no put fails half-way and nothing dies of a signal.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/process.hpp"
+#include "support/run_program.hpp"
+
+namespace {
+
+using keel::test::run_program;
+
+TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
+  keel::test::temp_dir dir;
+  const std::string out = dir.file("space.json");
+  auto r = run_program(KEEL_BINARY,
+                       {"spacebench", "--size-mib", "12", "--stream-mib", "4", "--retries", "20",
+                        "--dir", dir.path().string(), "--json", out},
+                       dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(out);
+  nlohmann::json j;
+  in >> j;
+  const auto& fill = j.at("fill");
+  if (fill.contains("skipped")) GTEST_SKIP() << fill.at("skipped").get<std::string>();
+  EXPECT_EQ(fill.at("half_way_failures"), 0);
+  EXPECT_EQ(fill.at("retries_not_no_space"), 0) << "a retry after no_space must fail the same";
+  EXPECT_GT(fill.at("stored").get<std::uint64_t>(), 1000u);
+  const double pct = fill.at("fill_pct").get<double>();
+  EXPECT_GT(pct, 10.0);
+  EXPECT_LT(pct, fill.at("fill_with_overhead_pct").get<double>());
+  EXPECT_LE(fill.at("fill_with_overhead_pct").get<double>(), 100.0);
+  EXPECT_NE(fill.at("first_error").get<std::string>().find("No space"), std::string::npos);
+  EXPECT_EQ(fill.at("after_full").at("half_way_failures"), 0);
+  EXPECT_GT(j.at("plain_files").at("fill_pct").get<double>(), 90.0);
+  EXPECT_EQ(j.at("stream_far").at("stored"), 4096) << "4 MiB of 1 KiB values fit a 32 MiB volume";
+  EXPECT_LT(j.at("stream_near").at("stored").get<std::uint64_t>(), 4096u);
+  EXPECT_GT(j.at("near_far_ratio").get<double>(), 0.0);
+  // Its mount point and scratch file are gone.
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_FALSE(e.path().filename().string().starts_with("keel-spacebench"))
+        << "left behind: " << e.path();
+  }
+}
+
+TEST(KeelSpacebench, BadArgumentsAreUsageErrors) {
+  keel::test::temp_dir dir;
+  auto r = run_program(KEEL_BINARY, {"spacebench", "--size-mib", "1"}, dir.path().string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = run_program(KEEL_BINARY, {"spacebench", "--help"}, dir.path().string());
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--size-mib"), std::string::npos);
+}
+
+}  // namespace

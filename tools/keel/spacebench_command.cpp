@@ -1,0 +1,361 @@
+// keel spacebench: keel::kv on a small volume that it fills, after Tux3's out-of-space
+// metrics (issue "keel::space"). Each run makes a volume of its own (a tmpfs in a private
+// mount namespace, so it vanishes with the run), and measures, with 1 KiB values:
+// - fill: the value bytes stored when a put first fails with no_space, against the volume's
+//   free space at the start; beside it the same with the format's per-record overhead (what
+//   an ideal packer of keel's records would reach), and what plain files reach there;
+// - half-way failures: puts that failed with anything but no_space, and deaths by signal
+//   (SIGBUS from a write into an unallocated block): both must be 0;
+// - time to fail: how long the first failing put took, and tar's "keep banging on the full
+//   disk" translated (puts retried after no_space): their mean and worst;
+// - after full: every other key erased, compaction until it frees nothing more, then puts
+//   until no_space again (deletes, compaction and writes must all work);
+// - near full: the seed's dd test translated, a stream of puts into a volume far from full
+//   and into one it overflows: the ratio of their times.
+
+#include "spacebench_command.hpp"
+
+#include <fmt/format.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_util.hpp"
+#include "keel/io/file_handle.hpp"
+#include "keel/io/fs_info.hpp"
+#include "keel/kv/store.hpp"
+
+namespace keel::tools {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct config {
+  std::uint64_t size_mib = 64;
+  std::uint64_t segment_mib = 1;
+  std::size_t value_size = 1024;
+  std::uint64_t stream_mib = 16;
+  std::size_t retries = 1000;
+  std::string dir;
+  std::string json_path;
+};
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+std::string key_of(std::uint64_t i) {
+  return fmt::format("k{:015}", i);  // 16 bytes, as kvbench's keys
+}
+
+// The format's bytes per record of a put in a block of its own (doc/kv-format.md): a block
+// header and a record header of 48 bytes each, the key, the value, 8-byte aligned.
+std::uint64_t record_bytes(std::size_t key, std::size_t value) {
+  return (48 + 48 + key + value + 7) / 8 * 8;
+}
+
+// Runs `body` in a child with a tmpfs of `mib` MiB mounted on `mnt` in a mount namespace of
+// its own; the child writes its JSON result to `out`. The child's exit status, or -signal.
+template <class F>
+int on_volume(const std::string& mnt, std::uint64_t mib, const std::string& out, F&& body) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1000;
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      ::_exit(77);
+    }
+    const std::string opts = fmt::format("size={}m", mib);
+    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0) ::_exit(77);
+    json result = body(mnt);
+    write_json("spacebench", out, result);
+    ::_exit(0);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1001;
+  }
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+std::uint64_t free_bytes(const std::string& path) {
+  auto info = io::stat_fs(path.c_str());
+  return info ? info->available_bytes : 0;
+}
+
+// Puts until a put fails; what happened.
+struct filled {
+  std::uint64_t stored = 0;        // keys put
+  std::uint64_t other_errors = 0;  // failures other than no_space
+  std::string error;               // the last failure's message
+  double seconds = 0;
+  double failing_put_seconds = 0;  // the put that first failed with no_space
+};
+
+filled fill(kv::store& s, std::uint64_t from, const std::string& value) {
+  filled f;
+  const auto start = clock_type::now();
+  for (std::uint64_t i = from;; ++i) {
+    const auto t = clock_type::now();
+    auto r = s.put(key_of(i), value);
+    if (r) {
+      ++f.stored;
+      continue;
+    }
+    f.error = r.error().message();
+    if (r.error() == std::errc::no_space_on_device) {
+      f.failing_put_seconds = seconds_since(t);
+    } else {
+      ++f.other_errors;
+    }
+    break;
+  }
+  f.seconds = seconds_since(start);
+  return f;
+}
+
+json fill_run(const config& c, const std::string& mnt) {
+  json j;
+  const std::uint64_t free0 = free_bytes(mnt);
+  kv::options o;
+  o.segment_size = c.segment_mib << 20;
+  auto opened = kv::store::open(mnt + "/s", o);
+  if (!opened) {
+    j["error"] = opened.error().message();
+    return j;
+  }
+  auto& s = **opened;
+  const std::string value(c.value_size, 'v');
+  const filled f = fill(s, 0, value);
+  j["free_bytes"] = free0;
+  j["stored"] = f.stored;
+  j["first_error"] = f.error;
+  j["half_way_failures"] = f.other_errors;
+  j["fill_pct"] = 100.0 * static_cast<double>(f.stored * c.value_size) / static_cast<double>(free0);
+  j["fill_with_overhead_pct"] = 100.0 *
+                                static_cast<double>(f.stored * record_bytes(16, c.value_size)) /
+                                static_cast<double>(free0);
+  j["fail_seconds"] = f.failing_put_seconds;
+
+  // Keep banging: puts retried after no_space.
+  double worst = 0;
+  double total = 0;
+  std::uint64_t not_no_space = 0;
+  for (std::size_t k = 0; k < c.retries; ++k) {
+    const auto t = clock_type::now();
+    auto r = s.put(key_of(f.stored + 1 + k), value);
+    const double took = seconds_since(t);
+    total += took;
+    worst = std::max(worst, took);
+    if (r || r.error() != std::errc::no_space_on_device) ++not_no_space;
+  }
+  j["retry_mean_seconds"] = c.retries == 0 ? 0.0 : total / static_cast<double>(c.retries);
+  j["retry_worst_seconds"] = worst;
+  j["retries_not_no_space"] = not_no_space;
+
+  // After full: erase every other key, compact until nothing more comes free, put again.
+  std::uint64_t erase_failures = 0;
+  for (std::uint64_t i = 0; i < f.stored; i += 2) {
+    if (!s.erase(key_of(i))) ++erase_failures;
+  }
+  std::uint64_t removed = 0;
+  std::string compact_error;
+  for (int pass = 0; pass < 64; ++pass) {
+    auto r = s.compact();
+    if (!r) {
+      compact_error = r.error().message();
+      break;
+    }
+    if (r->segments_removed == 0) break;
+    removed += r->segments_removed;
+  }
+  const filled again = fill(s, f.stored + c.retries + 1, value);
+  j["after_full"] = {{"erase_failures", erase_failures},
+                     {"segments_removed", removed},
+                     {"compact_error", compact_error},
+                     {"stored_again", again.stored},
+                     {"half_way_failures", again.other_errors}};
+  return j;
+}
+
+// The filesystem's own fill: 1 MiB files written in value-sized pieces until ENOSPC.
+json plain_run(const config& c, const std::string& mnt) {
+  const std::uint64_t free0 = free_bytes(mnt);
+  std::vector<std::byte> piece(c.value_size, std::byte{'v'});
+  std::uint64_t written = 0;
+  for (int n = 0;; ++n) {
+    const std::string name = fmt::format("{}/f{}", mnt, n);
+    auto f = io::file_handle::open(name.c_str(), io::open_flags::write | io::open_flags::create);
+    if (!f) break;
+    bool full = false;
+    for (std::uint64_t off = 0; off + c.value_size <= (1u << 20); off += c.value_size) {
+      if (!f->write_at(static_cast<off_t>(off), piece)) {
+        full = true;
+        break;
+      }
+      written += c.value_size;
+    }
+    if (full) break;
+  }
+  return {{"free_bytes", free0},
+          {"written", written},
+          {"fill_pct", 100.0 * static_cast<double>(written) / static_cast<double>(free0)}};
+}
+
+// The dd test: `stream_mib` of puts into a fresh store on the volume.
+json stream_run(const config& c, const std::string& mnt) {
+  kv::options o;
+  o.segment_size = c.segment_mib << 20;
+  auto opened = kv::store::open(mnt + "/s", o);
+  if (!opened) return {{"error", opened.error().message()}};
+  const std::string value(c.value_size, 'v');
+  const std::uint64_t n = (c.stream_mib << 20) / c.value_size;
+  const auto start = clock_type::now();
+  std::uint64_t stored = 0;
+  std::string stopped;
+  for (; stored < n; ++stored) {
+    auto r = (*opened)->put(key_of(stored), value);
+    if (!r) {
+      stopped = r.error().message();
+      break;
+    }
+  }
+  return {{"seconds", seconds_since(start)}, {"stored", stored}, {"stopped", stopped}};
+}
+
+int run(const config& c) {
+  std::error_code ec;
+  const std::filesystem::path base =
+      c.dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(c.dir);
+  const std::string mnt = (base / fmt::format("keel-spacebench.{}", ::getpid())).string();
+  std::filesystem::create_directories(mnt, ec);
+  if (ec) {
+    fmt::print(stderr, "keel spacebench: cannot make {}: {}\n", mnt, ec.message());
+    return 1;
+  }
+  const std::string out = mnt + ".json";
+  json doc;
+  doc["volume"] = "tmpfs";
+  doc["size_mib"] = c.size_mib;
+  doc["segment_mib"] = c.segment_mib;
+  doc["value_size"] = c.value_size;
+  bool ok = true;
+  const auto step = [&](const char* name, std::uint64_t mib, auto body) -> json {
+    fmt::print(stderr, "keel spacebench: {} on a {} MiB tmpfs\n", name, mib);
+    std::filesystem::remove(out, ec);
+    const int code = on_volume(mnt, mib, out, body);
+    json j;
+    if (code == 77) {
+      j["skipped"] = "cannot mount a tmpfs in a private mount namespace here (needs root)";
+    } else if (code < 0) {
+      j["died"] = fmt::format("signal {} ({})", -code, strsignal(-code));
+      ok = false;
+    } else {
+      std::ifstream in(out);
+      try {
+        in >> j;
+      } catch (const std::exception&) {
+        j["died"] = fmt::format("exit {}, no result", code);
+        ok = false;
+      }
+    }
+    return j;
+  };
+  doc["fill"] = step("fill", c.size_mib, [&](const std::string& m) { return fill_run(c, m); });
+  doc["plain_files"] =
+      step("plain files", c.size_mib, [&](const std::string& m) { return plain_run(c, m); });
+  doc["stream_far"] = step("stream, far from full", c.stream_mib * 8,
+                           [&](const std::string& m) { return stream_run(c, m); });
+  doc["stream_near"] = step("stream, just over full", c.stream_mib,
+                            [&](const std::string& m) { return stream_run(c, m); });
+  std::filesystem::remove(out, ec);
+  std::filesystem::remove(mnt, ec);
+
+  const json& f = doc["fill"];
+  if (f.contains("skipped")) {
+    fmt::print("keel spacebench: skipped: {}\n", f["skipped"].get<std::string>());
+    return write_json("spacebench", c.json_path.empty() ? "/dev/null" : c.json_path, doc) ? 0 : 1;
+  }
+  const auto num = [](const json& j, const char* k) {
+    return j.contains(k) && j[k].is_number() ? j[k].get<double>() : -1.0;
+  };
+  if (f.contains("stored")) {
+    fmt::print("tmpfs {} MiB, {} MiB segments, {} B values\n", c.size_mib, c.segment_mib,
+               c.value_size);
+    fmt::print(
+        "  fill at first no_space      {:6.1f} % of free space ({:.1f} % with keel's "
+        "per-record overhead); plain files {:.1f} %\n",
+        num(f, "fill_pct"), num(f, "fill_with_overhead_pct"), num(doc["plain_files"], "fill_pct"));
+    fmt::print("  half-way failures           {} (and {} after full)\n",
+               f["half_way_failures"].get<std::uint64_t>(),
+               f["after_full"]["half_way_failures"].get<std::uint64_t>());
+    fmt::print(
+        "  time to fail                {:.6f} s; retried after no_space: mean {:.6f} s, "
+        "worst {:.6f} s\n",
+        num(f, "fail_seconds"), num(f, "retry_mean_seconds"), num(f, "retry_worst_seconds"));
+    fmt::print(
+        "  after full                  {} erase failures, {} segments compacted away, "
+        "{} puts fitted again\n",
+        f["after_full"]["erase_failures"].get<std::uint64_t>(),
+        f["after_full"]["segments_removed"].get<std::uint64_t>(),
+        f["after_full"]["stored_again"].get<std::uint64_t>());
+    // Per put: the run into the small volume stops at its first no_space.
+    const double far = num(doc["stream_far"], "seconds") / num(doc["stream_far"], "stored");
+    const double near = num(doc["stream_near"], "seconds") / num(doc["stream_near"], "stored");
+    if (far > 0 && near > 0) {
+      doc["near_far_ratio"] = near / far;
+      fmt::print(
+          "  {} MiB stream, per put       far from full {:.2f} us, up to full {:.2f} us "
+          "({:.2f}x)\n",
+          c.stream_mib, far * 1e6, near * 1e6, near / far);
+    }
+  } else {
+    fmt::print(stderr, "keel spacebench: the fill run failed: {}\n",
+               f.contains("error") ? f["error"].get<std::string>() : f.dump());
+    ok = false;
+  }
+  if (!c.json_path.empty() && !write_json("spacebench", c.json_path, doc)) return 1;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int run_spacebench_command(int argc, char** argv) {
+  config c;
+  CLI::App app{
+      "Fill a small volume with a keel::kv store, after Tux3's out-of-space metrics: fill %, "
+      "half-way failures, time to fail, deletes and compaction when full, near-full slowdown",
+      "keel spacebench"};
+  app.add_option("--size-mib", c.size_mib, "The volume's size (a tmpfs the run makes)")
+      ->check(CLI::Range(std::uint64_t{4}, std::uint64_t{65536}));
+  app.add_option("--segment-mib", c.segment_mib, "The store's segment size (a power of two)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1024}));
+  app.add_option("--value-size", c.value_size, "Bytes per value")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  app.add_option("--stream-mib", c.stream_mib,
+                 "The dd test's stream: into a volume 8 times larger, and into one this large")
+      ->check(CLI::Range(std::uint64_t{2}, std::uint64_t{4096}));
+  app.add_option("--retries", c.retries, "Puts retried after the first no_space");
+  app.add_option("--dir", c.dir, "Where the volume's mount point goes (default: the temp dir)");
+  app.add_option("--json", c.json_path, "Write every figure as JSON to this file (- : stdout)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return run(c);
+}
+
+}  // namespace keel::tools
