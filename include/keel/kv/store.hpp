@@ -158,9 +158,11 @@ class transaction {
   //! Applies every write at once, or none, and returns the commit's seq: its place in the
   //! store's serial order (a transaction that wrote nothing returns its snapshot, where it
   //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only,
-  //! budget_reached (options::max_bytes), no_space_on_device (the volume is full: nothing of
-  //! the commit is visible; a commit that only erases still works then, as does compact, and
-  //! puts work again once compaction has given room back), and I/O errors (for `sync`, a
+  //! budget_reached (options::max_bytes), no_space_on_device (the volume is full:
+  //! nothing of the commit is visible; commits that only erase go on, into the spare segment
+  //! kept for them, until their records fill it; compact frees segments at most half live
+  //! that fit the room left, after which puts work again: a full store whose segments are all
+  //! more than half live stays full, a known limit), and I/O errors (for `sync`, a
   //! failed fdatasync: the commit is visible but not known to be durable). Ends the
   //! transaction either way.
   [[nodiscard]] result<std::uint64_t> commit() noexcept;
