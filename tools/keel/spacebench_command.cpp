@@ -314,7 +314,15 @@ int run(const config& c) {
     // Per put: the run into the small volume stops at its first no_space.
     const double far = num(doc["stream_far"], "seconds") / num(doc["stream_far"], "stored");
     const double near = num(doc["stream_near"], "seconds") / num(doc["stream_near"], "stored");
-    if (far > 0 && near > 0) {
+    if (num(doc["stream_far"], "stored") <= 0 || num(doc["stream_near"], "stored") <= 0) {
+      const auto why = [](const json& j) {
+        return j.contains("stopped") ? j["stopped"].get<std::string>()
+               : j.contains("error") ? j["error"].get<std::string>()
+                                     : std::string("?");
+      };
+      fmt::print("  {} MiB stream               not measured: no put fitted ({} / {})\n",
+                 c.stream_mib, why(doc["stream_far"]), why(doc["stream_near"]));
+    } else if (far > 0 && near > 0) {
       doc["near_far_ratio"] = near / far;
       fmt::print(
           "  {} MiB stream, per put       far from full {:.2f} us, up to full {:.2f} us "
