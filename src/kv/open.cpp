@@ -398,33 +398,40 @@ result<std::uint64_t> store::impl::new_segment_number() noexcept {
   return number;
 }
 
+result<void> store::impl::make_whole_file(const char* name, std::uint64_t size,
+                                          std::span<const std::byte> head) noexcept {
+  // Allocated whole, `head` written and synced, then named: a named file is always whole.
+  auto t = io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
+  if (!t) return std::unexpected(t.error());
+  auto r = t->file.allocate(0, static_cast<off_t>(size));
+  if (r && !head.empty()) r = t->file.write_at(0, head);
+  if (r) r = t->file.sync_data();
+  if (r) r = t->link_as(dir.segments, name);
+  (void)t->remove_name(dir.segments);
+  return r;
+}
+
+void store::impl::enter_segment(std::uint64_t number, std::uint64_t size) noexcept {
+  // The number last: a reader of the table (budget_left) never pairs it with another's size.
+  segtab(number, 1).store(size);
+  segtab(number, 2).store(0);
+  segtab(number, 3).store(0);  // reserved
+  segtab(number, 0).store(number);
+}
+
 result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   // Under the `segment` lock (or alone): one maker at a time.
   auto picked = new_segment_number();
   if (!picked) return picked;
   const std::uint64_t number = *picked;
   const std::string name = segment_name(number);
-  // Errors name the segment being made (the unnamed file's own path says only "seg/.").
-  const auto named = [&](const error& e) {
-    return std::unexpected(error(e.code()).about(path + "/seg/" + name));
-  };
-  auto t = io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
-  if (!t) return named(t.error());
-  // Allocated whole, header written and synced, then named: a named segment is always whole.
-  auto r = t->file.allocate(0, static_cast<off_t>(size));
-  if (r) {
-    const auto head = fmt::encode_segment_header({dir.params.id, number, size}, salt);
-    r = t->file.write_at(0, head);
+  const auto head = fmt::encode_segment_header({dir.params.id, number, size}, salt);
+  if (auto r = make_whole_file(name.c_str(), size, head); !r) {
+    // Named as the segment being made (the unnamed file's own path says only "seg/.").
+    return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
   }
-  if (r) r = t->file.sync_data();
-  if (r) r = t->link_as(dir.segments, name.c_str());
-  (void)t->remove_name(dir.segments);
-  if (!r) return named(r.error());
   if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(path + "/seg"));
-  segtab(number, 0).store(number);
-  segtab(number, 1).store(size);
-  segtab(number, 2).store(0);
-  segtab(number, 3).store(0);  // reserved
+  enter_segment(number, size);
   return number;
 }
 
@@ -482,14 +489,7 @@ result<void> store::impl::ensure_spare() noexcept {
     } else if (st.error() != std::errc::no_such_file_or_directory) {
       return std::unexpected(st.error().about(named));
     }
-    // Allocated and synced before it is named: a named spare is always whole.
-    auto t =
-        io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
-    if (!t) return std::unexpected(error(t.error().code()).about(named));
-    auto r = t->file.allocate(0, static_cast<off_t>(size));
-    if (r) r = t->file.sync_data();
-    if (r) r = t->link_as(dir.segments, spare_name);
-    (void)t->remove_name(dir.segments);
+    auto r = make_whole_file(spare_name, size, {});
     if (!r && r.error() == std::errc::file_exists) continue;  // another's, made meanwhile
     if (!r) return std::unexpected(error(r.error().code()).about(named));
     if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
@@ -533,10 +533,7 @@ result<std::uint64_t> store::impl::adopt_spare() noexcept {
   // A segment now: in the table before anything else can fail (a named segment missing from
   // it would hold its room and never be compacted), the word cleared before the caller
   // moves the tail into it (see reserve).
-  segtab(number, 1).store(size);
-  segtab(number, 2).store(0);
-  segtab(number, 3).store(0);  // reserved
-  segtab(number, 0).store(number);
+  enter_segment(number, size);
   h64(hdr::spare).store(0);
   if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
   return number;
@@ -756,23 +753,20 @@ result<void> store::impl::recover_alone() noexcept {
   // empty, so that compaction removes them.
   if (auto listed = segment_numbers(false)) {
     const std::uint64_t active = fmt::segment_of(h64(hdr::tail).load());
+    bool removed = false;
     for (const std::uint64_t n : *listed) {
       if (segtab(n, 0).load() != 0) continue;
       if (n > active) {
         const std::string name = segment_name(n);
-        (void)io::unlink_at(dir.segments, name.c_str());
-        (void)dir.segments.sync_all();
+        removed = io::unlink_at(dir.segments, name.c_str()) || removed;
         continue;
       }
       auto seg = segment_at(n);
       if (!seg) continue;
-      const std::uint64_t size = (*seg)->size;
-      segtab(n, 1).store(size);
-      segtab(n, 2).store(0);
-      segtab(n, 3).store(0);
-      segtab(n, 0).store(n);
-      h64(hdr::dead_bytes).fetch_add(size - fmt::segment_header_size);
+      enter_segment(n, (*seg)->size);
+      h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size);
     }
+    if (removed) (void)dir.segments.sync_all();
   }
   // Leftovers of segment makers that died.
   if (auto entries = fs->list_directory(dir.segments)) {

@@ -397,6 +397,14 @@ struct store::impl final : ix::page_source {
   // ---- segments (open.cpp) ----
   [[nodiscard]] result<segment*> segment_at(std::uint64_t number) noexcept;
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
+  //! Makes `name` in seg/: an unnamed file allocated to `size`, `head` written at 0, synced,
+  //! then linked (file_exists if the name is taken), so that a named file is always whole.
+  //! No directory sync.
+  [[nodiscard]] result<void> make_whole_file(const char* name, std::uint64_t size,
+                                             std::span<const std::byte> head) noexcept;
+  //! Enters segment `number` of `size` bytes in the segment table (under the `segment` lock,
+  //! or alone).
+  void enter_segment(std::uint64_t number, std::uint64_t size) noexcept;
   //! The number a new segment takes (under the `segment` lock, or alone).
   [[nodiscard]] result<std::uint64_t> new_segment_number() noexcept;
   //! Makes seg/spare, a whole segment's room allocated ahead that only freeing writers
