@@ -399,7 +399,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       }
       need += fmt::record_size(r);
     }
-    if (need > s->room_left(false)) return keel_error(errc::budget_reached);
+    if (need > s->room_left(room_for::put)) return keel_error(errc::budget_reached);
   }
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;
@@ -414,11 +414,11 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       // Larger than a segment: a segment of its own.
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
-      if (auto b = s->check_budget(fmt::segment_header_size + len, false); !b) {
-        return std::unexpected(b.error());
-      }
+      const std::uint64_t size = fmt::segment_header_size + len;
+      if (auto b = s->check_budget(size, room_for::put); !b) return std::unexpected(b.error());
       if (auto r = s->ensure_spare(); !r) return std::unexpected(r.error());
-      auto n = s->make_segment(fmt::segment_header_size + len);
+      if (auto h = s->check_headroom(size); !h) return std::unexpected(h.error());
+      auto n = s->make_segment(size);
       if (!n) return std::unexpected(n.error());
       at = fmt::make_location(*n, fmt::segment_header_size);
     }
@@ -543,8 +543,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   const std::uint64_t length = fmt::block_size(records);
   const slot_ref me = s->slot(lease.index);
-  // A commit that only erases may use the budget's last segment: deletes work when it is
-  // reached.
+  // A commit that only erases may use the segment of room puts leave: deletes work on a
+  // volume (or budget) puts have filled.
   const bool only_erases = std::all_of(
       keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
   // The slot says *reserved* before the space is taken, with a location at or below the one
@@ -553,7 +553,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   me.block().store(s->h64(hdr::tail).load(std::memory_order_seq_cst), std::memory_order_seq_cst);
   me.block_length().store(0);
   me.state().store(u64(commit_state::reserved), std::memory_order_seq_cst);
-  auto L = s->reserve(length, only_erases);
+  auto L = s->reserve(length, only_erases ? room_for::erase : room_for::put);
   if (!L) {
     me.state().store(u64(commit_state::idle));
     return std::unexpected(L.error());
@@ -796,6 +796,12 @@ result<std::string> store::get(std::string_view key) noexcept {
   }
 }
 
+namespace {
+// How many compactions a single erase runs on a full store before it gives up (each frees at
+// least a segment: more than one erase record).
+constexpr int max_compactions_per_erase = 4;
+}  // namespace
+
 result<void> store::put(std::string_view key, std::string_view value) noexcept {
   auto t = begin();
   if (!t) return std::unexpected(t.error());
@@ -813,7 +819,10 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
 }
 
 result<void> store::erase(std::string_view key) noexcept {
-  for (;;) {
+  // Deletes work on a full store: when even the room puts leave for them is used up, a
+  // compaction (whose spare always holds a victim's copies) frees some, and the erase is
+  // tried again, for as long as compactions free something.
+  for (int compactions = 0;;) {
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     auto v = t->get_view(key);
@@ -821,6 +830,12 @@ result<void> store::erase(std::string_view key) noexcept {
     if (auto e = t->erase(key); !e) return e;
     auto r = t->commit();
     if (r) return {};
+    if (r.error() == std::errc::no_space_on_device || r.error() == errc::budget_reached) {
+      if (compactions++ == max_compactions_per_erase) return std::unexpected(r.error());
+      auto c = compact();
+      if (!c || c->segments_removed == 0) return std::unexpected(r.error());
+      continue;
+    }
     if (r.error() != errc::conflict) return std::unexpected(r.error());
   }
 }

@@ -17,6 +17,7 @@ struct segment_use {
   std::uint64_t live = 0;             // bytes of records entries name, and of their blobs
   std::uint64_t copies = 0;           // blocks a move writes: a record's, and its blob's
   std::uint64_t largest = 0;          // the largest of those blocks
+  std::uint64_t size = 0;             // the segment's (set for candidates that may go)
   std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
   bool pinned = false;                // an entry here is pending: leave it alone
 };
@@ -131,7 +132,7 @@ result<bool> store::impl::relocate(
       auto value = value_of(found_record{at, rec, nullptr}, opts.verify_checksums);
       if (!value) return std::unexpected(value.error());
       const std::uint64_t len = fmt::blob_block_size(value->size());
-      auto nb = reserve(len, true);  // compaction frees: it may use the kept segment
+      auto nb = reserve(len, room_for::compaction);  // it may take the spare
       if (!nb) return std::unexpected(nb.error());
       auto out = bytes_at(*nb);
       if (!out) return std::unexpected(out.error());
@@ -142,7 +143,7 @@ result<bool> store::impl::relocate(
     }
     const std::array<fmt::record_in, 1> records{r};
     const std::uint64_t length = fmt::block_size(records);
-    auto L = reserve(length, true);
+    auto L = reserve(length, room_for::compaction);
     if (!L) return std::unexpected(L.error());
     auto out = bytes_at(*L);
     if (!out) return std::unexpected(out.error());
@@ -278,15 +279,19 @@ result<compact_stats> store::compact() noexcept {
   }
 
   // 3. Victims: at most half live, not pinned, and whose blobs only victims' records use
-  // (removing one may disqualify another: to a fixed point).
+  // (removing one may disqualify another: to a fixed point). When a put would find no room,
+  // any with a sixteenth dead: the spare holds a whole victim's copies, and freeing a little
+  // beats staying full (deletes spread thinly over every segment leave none half dead).
+  const bool short_now = s.short_of_room();
   std::set<std::uint64_t> victims;
   try {
     for (const std::uint64_t n : candidates) {
-      const segment_use& u = use[n];
+      segment_use& u = use[n];
       if (u.pinned) continue;
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
-      if (u.live * 2 <= (*seg)->size) victims.insert(n);
+      const std::uint64_t size = u.size = (*seg)->size;
+      if (short_now ? u.live * 16 <= size * 15 : u.live * 2 <= size) victims.insert(n);
     }
     const auto close_over_blobs = [&] {
       for (bool changed = true; changed;) {
@@ -309,7 +314,7 @@ result<compact_stats> store::compact() noexcept {
     // the whole segments the budget (options::max_bytes) and the volume still allow. The
     // least live first; the victims are removed only at the end, so a pass that took more
     // would fail with nothing freed, and a full store would stay full for good. Each pass
-    // frees at least what it copies twice over (victims are at most half live): compacting
+    // frees more than it copies (a victim that would need its whole size is left): compacting
     // again goes on.
     {
       std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
@@ -323,7 +328,8 @@ result<compact_stats> store::compact() noexcept {
         const segment_use& u = use[n];
         const std::uint64_t need =
             u.live + u.copies * (sizeof(fmt::block_header) + 8) + (u.copies != 0 ? u.largest : 0);
-        if (need > room) continue;  // a smaller one may still fit
+        if (need > room) continue;                      // a smaller one may still fit
+        if (u.copies != 0 && need >= u.size) continue;  // it would free no more than it takes
         room -= need;
         victims.insert(n);
       }

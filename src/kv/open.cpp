@@ -308,9 +308,16 @@ result<std::uint64_t> store::impl::allocate(std::size_t count) noexcept {
     std::uint64_t grow = std::max<std::uint64_t>({need, have + have / 4, have + 256});
     grow = std::min<std::uint64_t>(grow, index_window / fmt::page_size);
     // The index counts against options::max_bytes too: grow less, or not at all.
-    const std::uint64_t left = budget_left(false) / fmt::page_size;
+    const std::uint64_t left = budget_left(room_for::put) / fmt::page_size;
     if (need - have > left) return keel_error(errc::budget_reached);
     grow = std::min(grow, have + left);
+    // Ahead of need only while the volume has room to spare: near full, pages allocated
+    // ahead would hold room the log needs.
+    if (grow > need) {
+      auto free = fs->statfs(dir.segments);
+      const std::uint64_t ahead = (grow - need) * fmt::page_size;
+      if (free && free->available_bytes < 16 * ahead + 4 * dir.params.segment_size) grow = need;
+    }
     if (auto r = index_file.allocate(0, static_cast<off_t>(grow * fmt::page_size)); !r) {
       return std::unexpected(r.error());
     }
@@ -435,23 +442,26 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   return number;
 }
 
-std::uint64_t store::impl::budget_left(bool freeing) const noexcept {
+std::uint64_t store::impl::budget_left(room_for who) const noexcept {
   if (opts.max_bytes == 0) return UINT64_MAX;
+  const std::uint64_t seg_size = dir.params.segment_size;
   std::uint64_t total = h64(hdr::pages_allocated).load() * fmt::page_size;
   for (std::uint64_t i = 0; i < segtab_entries; ++i) {
     const std::uint64_t n = segtab(i, 0).load();
     if (n != 0 && n % segtab_entries == i) total += segtab(n, 1).load();
   }
-  // The spare counts, made or still to make (a writer that is not freeing makes it first).
+  // The spare counts, made or still to make (a commit makes it first); for a put, so does a
+  // segment more, kept for deletes.
   const std::uint64_t spare = h64(hdr::spare).load();
-  total += spare != 0 || freeing ? spare : dir.params.segment_size;
+  total += spare != 0 || who == room_for::compaction ? spare : seg_size;
+  if (who == room_for::put) total += seg_size;
   return total >= opts.max_bytes ? 0 : opts.max_bytes - total;
 }
 
-std::uint64_t store::impl::room_left(bool freeing) const noexcept {
+std::uint64_t store::impl::room_left(room_for who) const noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t tail = h64(hdr::tail).load();
-  const std::uint64_t left = budget_left(freeing);
+  const std::uint64_t left = budget_left(who);
   return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
          (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
 }
@@ -459,15 +469,25 @@ std::uint64_t store::impl::room_left(bool freeing) const noexcept {
 std::uint64_t store::impl::compaction_room() const noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t tail = h64(hdr::tail).load();
-  std::uint64_t whole = budget_left(true) / seg_size;
+  std::uint64_t whole = budget_left(room_for::compaction) / seg_size;
   // The volume's free space (what an unprivileged user may take: the least it may be).
   auto free = fs->statfs(dir.segments);
   whole = std::min(whole, free ? free->available_bytes / seg_size : 0);
-  // Each new segment, the spare too, begins with its header.
+  // Each new segment, the spare too, begins with its header; so does one made and abandoned
+  // (the next writer that needs a segment takes it).
   const std::uint64_t spare = h64(hdr::spare).load();
+  if (abandoned_segment() != 0) whole += 1;
   return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
          (spare == 0 ? 0 : spare - fmt::segment_header_size) +
          whole * (seg_size - fmt::segment_header_size);
+}
+
+bool store::impl::short_of_room() const noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  if (!check_budget(seg_size, room_for::put)) return true;
+  // A spare still to make needs its room too.
+  const std::uint64_t spare = h64(hdr::spare).load() == 0 ? seg_size : 0;
+  return !check_headroom(seg_size + spare);
 }
 
 result<void> store::impl::ensure_spare() noexcept {
@@ -544,27 +564,36 @@ void store::impl::reconcile_spare() noexcept {
   h64(hdr::spare).store(st && st->size == dir.params.segment_size ? st->size : 0);
 }
 
-result<std::uint64_t> store::impl::next_active_segment(bool freeing) noexcept {
+std::uint64_t store::impl::abandoned_segment() const noexcept {
+  const std::uint64_t last = h64(hdr::next_segment).load() - 1;
+  const bool abandoned = last != 0 && last > fmt::segment_of(h64(hdr::tail).load()) &&
+                         segtab(last, 0).load() == last &&
+                         segtab(last, 1).load() == dir.params.segment_size;
+  return abandoned ? last : 0;
+}
+
+result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   // The last segment made, if the tail never moved into it (its maker, or the taker of the
   // spare, was killed, or failed, in between): nothing was written there, so it is the next
   // one, whoever asks (else, on a full volume, it would hold its room for good). A blob
   // segment is larger than a log segment, and never the tail.
-  const std::uint64_t last = h64(hdr::next_segment).load() - 1;
-  const bool abandoned = last != 0 && last > fmt::segment_of(h64(hdr::tail).load()) &&
-                         segtab(last, 0).load() == last && segtab(last, 1).load() == seg_size;
-  if (!freeing) {
-    if (auto b = check_budget(abandoned ? 0 : seg_size, false); !b) {
-      return std::unexpected(b.error());
-    }
+  const std::uint64_t last = abandoned_segment();
+  const bool abandoned = last != 0;
+  if (who != room_for::compaction) {
+    const std::uint64_t more = abandoned ? 0 : seg_size;
+    if (auto b = check_budget(more, who); !b) return std::unexpected(b.error());
     if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
+    if (who == room_for::put) {
+      if (auto h = check_headroom(more); !h) return std::unexpected(h.error());
+    }
     return abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
   }
   if (abandoned) return last;
   // A new segment while the budget and the volume allow one (the spare stays for later);
   // else the spare.
   error why{make_error_code(errc::budget_reached)};
-  if (check_budget(seg_size, true)) {
+  if (check_budget(seg_size, room_for::compaction)) {
     auto n = make_segment(seg_size);
     if (n) return n;
     if (n.error() != std::errc::no_space_on_device &&
@@ -578,26 +607,37 @@ result<std::uint64_t> store::impl::next_active_segment(bool freeing) noexcept {
   return std::unexpected(why);
 }
 
-result<void> store::impl::check_budget(std::uint64_t more, bool freeing) const noexcept {
-  if (more > budget_left(freeing)) return keel_error(errc::budget_reached);
+result<void> store::impl::check_budget(std::uint64_t more, room_for who) const noexcept {
+  if (more > budget_left(who)) return keel_error(errc::budget_reached);
   return {};
 }
 
-result<std::uint64_t> store::impl::reserve(std::uint64_t length, bool freeing) noexcept {
+result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
+  // What an unprivileged user may take; a volume that cannot tell (statfs failed) is not
+  // held back here (the allocation itself then says whether it is full).
+  auto free = fs->statfs(dir.segments);
+  if (free && free->available_bytes < more + dir.params.segment_size) {
+    return std::unexpected(
+        error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/seg"));
+  }
+  return {};
+}
+
+result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
   std::atomic_ref<std::uint64_t> t(tail);
   for (;;) {
     std::uint64_t at = t.load(std::memory_order_acquire);
-    if (!freeing && h64(hdr::spare).load(std::memory_order_acquire) == 0) {
-      // A freeing writer took the spare (it cleared the word before it moved the tail into
-      // it, so a tail loaded here that is in the taken spare comes with the word at 0):
-      // what is left of it is for freeing writers too, until a new spare can be made.
+    if (who != room_for::compaction && h64(hdr::spare).load(std::memory_order_acquire) == 0) {
+      // Compaction took the spare (it cleared the word before it moved the tail into it, so
+      // a tail loaded here that is in the taken spare comes with the word at 0): what is
+      // left of it is compaction's, until a new spare can be made.
       auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
       if (!g) return std::unexpected(g.error());
       if (h64(hdr::spare).load() == 0) {
-        if (auto b = check_budget(0, false); !b) return std::unexpected(b.error());
+        if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
         if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
       }
       continue;
@@ -616,7 +656,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, bool freeing) n
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
-    auto n = next_active_segment(freeing);
+    auto n = next_active_segment(who);
     if (!n) return std::unexpected(n.error());
     if (at != 0) {
       // What is left at the end of the old one is dead space.
@@ -1002,7 +1042,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   // Room for the index as made, a segment to write in and the one kept for deletes.
   const auto budget_too_small = [&](std::uint64_t index_pages) {
     return o.max_bytes != 0 &&
-           o.max_bytes < 2 * sd->params.segment_size + index_pages * fmt::page_size;
+           o.max_bytes < 3 * sd->params.segment_size + index_pages * fmt::page_size;
   };
   if (budget_too_small(initial_index_pages)) {
     return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));

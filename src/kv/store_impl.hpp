@@ -117,6 +117,12 @@ inline constexpr base::format index_format{
                      hdr::compactions, hdr::checkpoint_attempt, hdr::dirty_segments, hdr::sync_ns,
                      hdr::spare, index_window})};
 
+//! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
+//! that puts leaves the spare and one segment of free room more, for deletes; one that only
+//! erases leaves the spare; compaction may take the spare. So deletes work on a volume puts
+//! have filled, and compaction always has a segment's room to move a victim into.
+enum class room_for : std::uint8_t { put, erase, compaction };
+
 enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
 
 //! A user slot (256 bytes at page 1 + slot × 256).
@@ -407,11 +413,11 @@ struct store::impl final : ix::page_source {
   void enter_segment(std::uint64_t number, std::uint64_t size) noexcept;
   //! The number a new segment takes (under the `segment` lock, or alone).
   [[nodiscard]] result<std::uint64_t> new_segment_number() noexcept;
-  //! Makes seg/spare, a whole segment's room allocated ahead that only freeing writers
-  //! (commits that only erase, compaction) may take, when no new segment can be made (the
-  //! volume full, or the budget reached): so deletes and compaction work then. A writer that
-  //! needs a new segment makes it first (so a full volume stops puts while the spare is still
-  //! there). Under the `segment` lock, or alone. Errors: the allocation's (no_space).
+  //! Makes seg/spare, a whole segment's room allocated ahead that only compaction may take,
+  //! when no new segment can be made (the volume full, or the budget reached): so compaction
+  //! always has a segment's room to move a victim into. A commit that needs a new segment
+  //! makes it first (so a full volume stops commits while the spare is still there). Under
+  //! the `segment` lock, or alone. Errors: the allocation's (no_space).
   [[nodiscard]] result<void> ensure_spare() noexcept;
   //! Makes seg/spare the next segment (under the `segment` lock). Errors: no_space when there
   //! is none.
@@ -419,22 +425,31 @@ struct store::impl final : ix::page_source {
   //! Sets hdr::spare from seg/spare as it is (alone: a maker or taker killed between the file
   //! and the word left them apart).
   void reconcile_spare() noexcept;
-  //! The next active segment (under the `segment` lock): a new one, or for a freeing writer
-  //! that cannot have one, the spare.
-  [[nodiscard]] result<std::uint64_t> next_active_segment(bool freeing) noexcept;
+  //! The last segment made, when the tail never moved into it (its maker, or the taker of the
+  //! spare, killed or failed in between): nothing was written there (0: none).
+  [[nodiscard]] std::uint64_t abandoned_segment() const noexcept;
+  //! The next active segment (under the `segment` lock): a new one, or for compaction when
+  //! none can be made, the spare.
+  [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who) noexcept;
   //! Reserves `length` bytes in the active segment (a new one when it is full).
-  //! `freeing`: for a commit that only erases, or compaction: it may take the spare.
-  [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length, bool freeing = false) noexcept;
+  [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length,
+                                              room_for who = room_for::put) noexcept;
   //! Whether `more` bytes of new segment fit in options::max_bytes (see reserve).
-  [[nodiscard]] result<void> check_budget(std::uint64_t more, bool freeing) const noexcept;
-  //! Bytes options::max_bytes leaves for new files (all of them: UINT64_MAX when none).
-  [[nodiscard]] std::uint64_t budget_left(bool freeing) const noexcept;
+  [[nodiscard]] result<void> check_budget(std::uint64_t more, room_for who) const noexcept;
+  //! Whether the volume keeps a segment of free room for deletes after `more` bytes more of
+  //! a put's segments (see room_for). Errors: no_space.
+  [[nodiscard]] result<void> check_headroom(std::uint64_t more) const noexcept;
+  //! Bytes options::max_bytes leaves `who` for new files (all of them: UINT64_MAX when none).
+  [[nodiscard]] std::uint64_t budget_left(room_for who) const noexcept;
   //! Bytes commits can still write under options::max_bytes: the rest of the tail's segment
   //! and the whole segments the budget still allows.
-  [[nodiscard]] std::uint64_t room_left(bool freeing) const noexcept;
+  [[nodiscard]] std::uint64_t room_left(room_for who) const noexcept;
   //! Bytes compaction can copy into: the rest of the tail's segment, the spare, and the whole
   //! segments both the budget and the volume's free space still allow.
   [[nodiscard]] std::uint64_t compaction_room() const noexcept;
+  //! Whether a put that needs a new segment would fail for room now (budget or volume): then
+  //! compaction takes any victim with some dead room that fits, not only those half dead.
+  [[nodiscard]] bool short_of_room() const noexcept;
   // ---- compaction (compact.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;

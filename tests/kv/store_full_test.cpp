@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "keel/io/filesystem.hpp"
+#include "keel/io/fs_info.hpp"
 
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
@@ -33,10 +34,11 @@ std::string key_of(int i) {
   return "key-" + std::to_string(i);
 }
 
-// Puts 1 KiB values under key_of(from), key_of(from + 1), ... until one fails: the key
-// after the last that succeeded, or -1 when the failure is not no_space.
-int fill(store& s, int from) {
-  const std::string value(1024, 'v');
+// Puts values of `size` bytes (1 KiB by default) under key_of(from), key_of(from + 1), ...
+// until one fails: the key after the last that succeeded, or -1 when the failure is not
+// no_space.
+int fill(store& s, int from, std::size_t size = 1024) {
+  const std::string value(size, 'v');
   for (int i = from;; ++i) {
     auto r = s.put(key_of(i), value);
     if (!r) return r.error() == std::errc::no_space_on_device ? i : -1;
@@ -117,38 +119,38 @@ TEST(KvFullVolume, PutsNeverTakeTheSpareAndAReopenedFullStoreStillFreesRoom) {
   });
 }
 
-// Once deletes have taken the spare, puts do not write into it: they wait for room for a new
-// spare (else the next deletes would find neither room nor spare).
-TEST(KvFullVolume, PutsDoNotUseTheRoomDeletesTook) {
+// Puts stop with a segment of free room left on the volume, beside the spare: deletes go on
+// into it, thousands of them, without a compaction, and without touching the spare.
+TEST(KvFullVolume, PutsLeaveDeletesASegmentAndTheSpareToCompaction) {
   on_small_volume(12, [](const std::string& path) {
     auto s = store::open(path, small());
     if (!s) return 2;
     const int n = fill(**s, 0);
     if (n < 1000) return 3;
-    int erased = 0;
-    while (std::filesystem::exists(path + "/seg/spare")) {
-      if (erased >= n || !(*s)->erase(key_of(erased))) return 4;
-      ++erased;
-    }
-    // The spare is the active segment now, with room left in it: not for puts.
-    auto r = (*s)->put("more", std::string(1024, 'm'));
-    if (r || r.error() != std::errc::no_space_on_device) return 5;
-    // Deletes go on (erase records are small: the taken spare holds thousands).
-    for (int i = erased; i < erased + 2000 && i < n; ++i) {
+    auto free = io::os().statfs(path.c_str());
+    if (!free || free->available_bytes < small().segment_size) return 4;
+    const auto before = (*s)->stats();
+    if (!before) return 5;
+    for (int i = 0; i < 5000; ++i) {
       if (!(*s)->erase(key_of(i))) return 6;
     }
+    const auto after = (*s)->stats();
+    if (!after || after->segments != before->segments + 1) return 7;  // one segment more
+    if (std::filesystem::file_size(path + "/seg/spare") != small().segment_size) return 8;
     return 0;
   });
 }
 
-// Deletes alone fill the spare they took; then compaction must still free room (a victim
-// with nothing live costs nothing to move), and deletes go on.
-TEST(KvFullVolume, DeletesThatFillTheTakenSpareLeaveCompactionAWayOut) {
+// Deletes spread thinly (one key in three, segment after segment) until their room runs out,
+// in transactions (which do not compact by themselves): compaction then frees segments that
+// are far from half dead, through the spare, and deletes and puts go on.
+TEST(KvFullVolume, ThinlySpreadDeletesStillLetCompactionFreeRoom) {
   on_small_volume(12, [](const std::string& path) {
     auto s = store::open(path, small());
     if (!s) return 2;
-    // Small values: many keys, whose erase records outgrow the spare.
-    const std::string value(100, 'v');
+    // Tiny values: many keys, whose erase records outgrow the room deletes have (the room
+    // puts leave is one to two segments).
+    const std::string value(8, 'v');
     int n = 0;
     for (;; ++n) {
       auto r = (*s)->put(key_of(n), value);
@@ -157,20 +159,34 @@ TEST(KvFullVolume, DeletesThatFillTheTakenSpareLeaveCompactionAWayOut) {
         break;
       }
     }
-    int erased = 0;
-    for (; erased < n; ++erased) {
-      auto r = (*s)->erase(key_of(erased));
+    int i = 0;
+    for (; i < n; i += 3) {
+      auto t = (*s)->begin();
+      if (!t || !t->erase(key_of(i))) return 4;
+      auto r = t->commit();
       if (!r) {
-        if (r.error() != std::errc::no_space_on_device) return 4;
+        if (r.error() != std::errc::no_space_on_device) return 5;
         break;
       }
     }
-    if (erased == n) return 5;  // the test needs the deletes to run out of room
+    if (i >= n) return 6;  // the test needs the deletes to run out of room
     auto c = (*s)->compact();
-    if (!c || c->segments_removed == 0) return 6;
-    for (int i = erased; i < n; ++i) {
-      if (!(*s)->erase(key_of(i))) return 7;
+    if (!c || c->segments_removed == 0) return 7;
+    // Every delete goes in now (the store's erase compacts again when it must), and the
+    // keys left are all there.
+    for (; i < n; i += 3) {
+      if (!(*s)->erase(key_of(i))) return 8;
     }
+    for (int k = 0; k < n; ++k) {
+      auto v = (*s)->get(key_of(k));
+      if (k % 3 == 0 ? v || v.error() != errc::not_found : !v || *v != value) return 9;
+    }
+    for (int pass = 0; pass < 50; ++pass) {
+      auto more = (*s)->compact();
+      if (!more) return 10;
+      if (more->segments_removed == 0) break;
+    }
+    if (!(*s)->put("after", value)) return 11;
     return 0;
   });
 }
@@ -193,9 +209,13 @@ class gated_rename final : public io::filesystem_wrapper {
     }
     return io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
   }
-  void wait_held() {
+  bool wait_held() {
     std::unique_lock l(m_);
-    cv_.wait(l, [&] { return held_; });
+    return cv_.wait_for(l, std::chrono::seconds(60), [&] { return held_; });
+  }
+  bool was_held() {
+    std::lock_guard l(m_);
+    return held_;
   }
   void release() {
     std::lock_guard l(m_);
@@ -211,29 +231,35 @@ class gated_rename final : public io::filesystem_wrapper {
   bool done_ = false;
 };
 
-// A put that was already waiting to move on to the next segment while an erase took the
-// spare must not write into it.
-TEST(KvFullVolume, APutWaitingWhileAnEraseTakesTheSpareDoesNotWriteIntoIt) {
+// A put that was already waiting to move on to the next segment while compaction (run by an
+// erase that found no room) took the spare must not write into it.
+TEST(KvFullVolume, APutWaitingWhileCompactionTakesTheSpareDoesNotWriteIntoIt) {
   on_small_volume(12, [](const std::string& path) {
     gated_rename fs;
     options o = small();
     o.fs = &fs;
     auto s = store::open(path, o);
     if (!s) return 2;
-    const int n = fill(**s, 0);
+    // Tiny values: their erase records outgrow the room puts leave for deletes.
+    const int n = fill(**s, 0, 8);
     if (n < 1000) return 3;
     int result = 0;
     std::thread eraser([&] {
-      for (int i = 0; i < n; ++i) {
+      // One key in three: no segment empties, so compaction must move records, and once
+      // the deletes' room is used up, into the spare.
+      for (int i = 0; i < n; i += 3) {
         if (!(*s)->erase(key_of(i))) {
           result = 4;
           return;
         }
-        if (!std::filesystem::exists(path + "/seg/spare")) return;
+        if (fs.was_held()) return;
       }
       result = 5;  // never took the spare
     });
-    fs.wait_held();  // the eraser holds the segment lock, inside the taking of the spare
+    if (!fs.wait_held()) {  // the eraser's compaction holds the segment lock, taking the spare
+      eraser.join();
+      return result != 0 ? result : 7;
+    }
     std::thread putter([&] {
       auto r = (*s)->put("late", std::string(1024, 'p'));
       if (r || r.error() != std::errc::no_space_on_device) result = 6;
@@ -285,7 +311,7 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
     auto opened = store::open(path, small());
     if (!opened) return 2;
     std::unique_ptr<store> s = std::move(*opened);
-    const int n = fill(*s, 0);
+    const int n = fill(*s, 0, 8);
     if (n < 1000) return 3;
     // Entered but abandoned: the store stays open here meanwhile. Never entered: closed, so
     // that the next open is alone.
@@ -296,7 +322,7 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
       o.fs = &fs;
       auto mine = store::open(path, o);
       if (!mine) return 2;
-      for (int i = 0; i < n; ++i) {
+      for (int i = 0; i < n; i += 3) {  // so compaction moves records (see above)
         if (!(*mine)->erase(key_of(i))) return 3;
       }
       return 4;
@@ -311,8 +337,11 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
       auto r = s->erase(key_of(i));
       if (!r && r.error() != errc::not_found) return 6;
     }
-    auto c = s->compact();
-    if (!c || c->segments_removed == 0) return 7;
+    for (int pass = 0; pass < 50; ++pass) {
+      auto c = s->compact();
+      if (!c) return 7;
+      if (c->segments_removed == 0) break;
+    }
     if (fill(*s, n) <= n) return 8;
     return 0;
   });

@@ -474,8 +474,9 @@ TEST(KvStore, OnAReadOnlyFilesystemOpenIsAClearErrorAndLosesNothing) {
   EXPECT_EQ(code, 0) << "see the child's numbered checks";
 }
 
-// A full filesystem: the put that finds no room fails with no_space naming the segment file
-// it could not make, and every put before it is there after a reopen.
+// A full filesystem: the put that finds no room fails with no_space naming the segment
+// directory (where it could not make a segment and leave room for deletes), and every put
+// before it is there after a reopen.
 TEST(KvStore, AFullFilesystemIsNoSpaceNamingTheSegmentAndLosesNothing) {
   temp_dir dir;
   const std::string mnt = dir.file("mnt");
@@ -492,7 +493,7 @@ TEST(KvStore, AFullFilesystemIsNoSpaceNamingTheSegmentAndLosesNothing) {
         auto r = (*s)->put("k" + std::to_string(stored), value);
         if (r) continue;
         if (r.error() != std::errc::no_space_on_device) return 3;
-        if (r.error().message().find(path + "/seg/0") == std::string::npos) return 4;
+        if (r.error().message().find(path + "/seg") == std::string::npos) return 4;
         break;
       }
     }

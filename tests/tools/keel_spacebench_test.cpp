@@ -19,7 +19,7 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   keel::test::temp_dir dir;
   const std::string out = dir.file("space.json");
   auto r = run_program(KEEL_BINARY,
-                       {"spacebench", "--size-mib", "12", "--stream-mib", "4", "--retries", "20",
+                       {"spacebench", "--size-mib", "12", "--stream-mib", "6", "--retries", "20",
                         "--dir", dir.path().string(), "--json", out},
                        dir.path().string());
   ASSERT_EQ(r.code, 0) << r.err;
@@ -38,8 +38,8 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   EXPECT_NE(fill.at("first_error").get<std::string>().find("No space"), std::string::npos);
   EXPECT_EQ(fill.at("after_full").at("half_way_failures"), 0);
   EXPECT_GT(j.at("plain_files").at("fill_pct").get<double>(), 90.0);
-  EXPECT_EQ(j.at("stream_far").at("stored"), 4096) << "4 MiB of 1 KiB values fit a 32 MiB volume";
-  EXPECT_LT(j.at("stream_near").at("stored").get<std::uint64_t>(), 4096u);
+  EXPECT_EQ(j.at("stream_far").at("stored"), 6144) << "6 MiB of 1 KiB values fit a 48 MiB volume";
+  EXPECT_LT(j.at("stream_near").at("stored").get<std::uint64_t>(), 6144u);
   EXPECT_GT(j.at("near_far_ratio").get<double>(), 0.0);
   // Its mount point and scratch file are gone.
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {

@@ -89,7 +89,7 @@ int run_kv_command(int argc, char** argv) {
   std::uint64_t max_bytes = 0;
   app.add_option("--max-bytes", max_bytes,
                  "put: fail (exit 6) rather than let the store's files grow past this many "
-                 "bytes; at least two segments (64 MiB each by default) and the index");
+                 "bytes; at least three segments (64 MiB each by default) and the index");
   app.require_subcommand(1, 1);
   app.fallthrough();  // --hex and --sync after the subcommand too
 
@@ -147,7 +147,7 @@ int run_kv_command(int argc, char** argv) {
   auto s = kv::store::open(path, o);
   if (!s && max_bytes != 0 && s.error() == std::errc::invalid_argument) {
     fmt::print(stderr,
-               "keel kv: --max-bytes {} is too small for this store: it must hold two of its "
+               "keel kv: --max-bytes {} is too small for this store: it must hold three of its "
                "segments and the index\n",
                max_bytes);
     return exit_usage;

@@ -65,9 +65,10 @@ struct options {
   std::chrono::milliseconds lock_timeout{30'000};
   //! The most bytes the store's files may take, segments and index (0: no cap). A commit
   //! that would need a new segment beyond it fails with errc::budget_reached, before it is
-  //! visible and leaving no trace. One segment of it is kept for commits that only erase and
-  //! for compaction, so that deleting and compacting still work when the budget is reached:
-  //! it must be at least two segments and the index, or open fails with invalid_argument.
+  //! visible and leaving no trace. Puts leave a segment of it for commits that only erase,
+  //! and one more (the spare) for compaction, so that deleting and compacting still work when
+  //! the budget is reached: it must be at least three segments and the index, or open fails
+  //! with invalid_argument.
   //! Each opener's own cap: give every opener of a store the same.
   std::uint64_t max_bytes = 0;
   //! A checkpoint (a copy of the index, so that a rebuild after a power loss replays only
@@ -159,12 +160,11 @@ class transaction {
   //! store's serial order (a transaction that wrote nothing returns its snapshot, where it
   //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only,
   //! budget_reached (options::max_bytes), no_space_on_device (the volume is full:
-  //! nothing of the commit is visible; commits that only erase go on, into the spare segment
-  //! kept for them, until their records fill it; compact frees segments at most half live
-  //! that fit the room left, after which puts work again: a full store whose segments are all
-  //! more than half live stays full, a known limit), and I/O errors (for `sync`, a
-  //! failed fdatasync: the commit is visible but not known to be durable). Ends the
-  //! transaction either way.
+  //! nothing of the commit is visible; puts stop a segment early, and commits that only
+  //! erase go on into that segment; once they have filled it too, `compact` frees room,
+  //! through a spare segment kept for it alone, and the commit retried goes in), and I/O
+  //! errors (for `sync`, a failed fdatasync: the commit is visible but not known to be
+  //! durable). Ends the transaction either way.
   [[nodiscard]] result<std::uint64_t> commit() noexcept;
   [[nodiscard]] result<std::uint64_t> commit(durability d) noexcept;
   //! Ends the transaction with no trace.
@@ -200,7 +200,9 @@ class store {
 
   [[nodiscard]] result<std::string> get(std::string_view key) noexcept;
   [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
-  //! Errors: not_found when the key is absent (nothing is written).
+  //! On a full store it compacts when it must (see transaction::commit), so deletes go on
+  //! while compaction can free anything. Errors: not_found when the key is absent (nothing
+  //! is written), and commit's.
   [[nodiscard]] result<void> erase(std::string_view key) noexcept;
   [[nodiscard]] result<transaction> begin() noexcept;
 
@@ -219,11 +221,12 @@ class store {
   [[nodiscard]] result<std::uint64_t> verify() noexcept;
 
   //! Moves the live records out of every segment (but the one being appended to) that is at
-  //! most half live, and removes those files, while readers and writers go on. Needs no
-  //! more free space than the live records it moves. Waits, up to options::lock_timeout,
-  //! for transactions older than its start and than its moves to end (so do not call it
-  //! while this thread holds a transaction). Errors: timed_out, read_only, corrupt, and I/O
-  //! errors (nothing is removed unless its records' copies are synced first).
+  //! most half live (when a put would find no room: any with a sixteenth dead), and removes
+  //! those files, while readers and writers go on. Moves only what fits the room left (a
+  //! spare segment is kept for it): call it again while it removes segments. Waits, up to
+  //! options::lock_timeout, for transactions older than its start and than its moves to end (so do
+  //! not call it while this thread holds a transaction). Errors: timed_out, read_only, corrupt, and
+  //! I/O errors (nothing is removed unless its records' copies are synced first).
   [[nodiscard]] result<compact_stats> compact() noexcept;
   //! Writes a checkpoint now (commits write them by themselves, see
   //! options::checkpoint_bytes): after a power loss, the next open replays only the log
