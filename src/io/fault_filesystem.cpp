@@ -809,6 +809,11 @@ result<fs_info> fault_filesystem::statfs(const file_handle& file) noexcept {
   return filesystem_wrapper::statfs(file);
 }
 
+result<bool> fault_filesystem::disable_copy_on_write(const file_handle& file) noexcept {
+  KEEL_FAULT_GATE(fs_op::attributes, file.path());
+  return filesystem_wrapper::disable_copy_on_write(file);
+}
+
 result<void> fault_filesystem::close(const file_handle& file) noexcept {
   const auto decided = state_->decide(fs_op::close, file.path());
   if (decided.crash) crash_now();

@@ -4,6 +4,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -24,9 +26,10 @@ namespace keel::io {
 namespace {
 
 constexpr std::array<std::string_view, fs_op_count> op_names = {
-    "open",     "close",          "read",           "write", "append",   "sync",   "sync_directory",
-    "allocate", "punch_hole",     "truncate",       "stat",  "statfs",   "rename", "link",
-    "unlink",   "make_directory", "list_directory", "map",   "sync_map", "unmap",  "lock"};
+    "open",           "close",    "read",       "write",          "append",         "sync",
+    "sync_directory", "allocate", "punch_hole", "truncate",       "stat",           "statfs",
+    "rename",         "link",     "unlink",     "make_directory", "list_directory", "map",
+    "sync_map",       "unmap",    "lock",       "attributes"};
 
 int dir_fd(const file_handle* dir) noexcept {
   return dir != nullptr && dir->is_open() ? dir->fd() : AT_FDCWD;
@@ -274,6 +277,24 @@ class posix_filesystem final : public filesystem {
     return status_of(st);
   }
 
+  result<bool> disable_copy_on_write(const file_handle& file) noexcept override {
+    int flags = 0;
+    if (::ioctl(file.fd(), FS_IOC_GETFLAGS, &flags) != 0) {
+      // No inode flags here at all (tmpfs, and others): no copy-on-write to turn off.
+      if (errno == ENOTTY || errno == EOPNOTSUPP || errno == EINVAL) return false;
+      return last_errno_error();
+    }
+    if ((flags & FS_NOCOW_FL) != 0) return true;
+    flags |= FS_NOCOW_FL;
+    if (::ioctl(file.fd(), FS_IOC_SETFLAGS, &flags) != 0) {
+      if (errno == ENOTTY || errno == EOPNOTSUPP || errno == EINVAL) return false;
+      return last_errno_error();
+    }
+    // Some filesystems accept the call and drop a flag they do not have: ask again.
+    if (::ioctl(file.fd(), FS_IOC_GETFLAGS, &flags) != 0) return last_errno_error();
+    return (flags & FS_NOCOW_FL) != 0;
+  }
+
   result<fs_info> statfs(const file_handle& file) noexcept override {
     struct statfs s {};
     if (::fstatfs(file.fd(), &s) != 0) return last_errno_error();
@@ -448,6 +469,10 @@ result<file_status> filesystem_wrapper::stat(const file_handle& file) noexcept {
 }
 result<fs_info> filesystem_wrapper::statfs(const file_handle& file) noexcept {
   return target_.statfs(file);
+}
+
+result<bool> filesystem_wrapper::disable_copy_on_write(const file_handle& file) noexcept {
+  return target_.disable_copy_on_write(file);
 }
 result<void> filesystem_wrapper::close(const file_handle& file) noexcept {
   return target_.close(file);

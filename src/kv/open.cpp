@@ -1039,7 +1039,17 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   d.fs = o.fs;
   auto sd = open_store_dir(path, d);
   if (!sd) return std::unexpected(sd.error());
-  // Room for the index as made, a segment to write in and the one kept for deletes.
+  if (!o.read_only) {
+    // Copy-on-write (btrfs) writes a changed block to new room, which fallocate did not
+    // reserve: a write through a map then finds a full volume, a SIGBUS. The store's files
+    // are written in place instead: those made from now on inherit the directories' flag
+    // (doc/kv-format.md, Space). Best effort: a user who does not own the directories keeps
+    // copy-on-write, as the docs say.
+    io::filesystem& fs = o.fs != nullptr ? *o.fs : io::os();
+    (void)fs.disable_copy_on_write(sd->dir);
+    (void)fs.disable_copy_on_write(sd->segments);
+  }
+  // Room for the index as made, a segment to write in, the one kept for deletes, the spare.
   const auto budget_too_small = [&](std::uint64_t index_pages) {
     return o.max_bytes != 0 &&
            o.max_bytes < 3 * sd->params.segment_size + index_pages * fmt::page_size;

@@ -129,4 +129,24 @@ inline bool mount_private_tmpfs(const std::string& dir, std::size_t bytes) {
   return ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0;
 }
 
+//! In a child: a mount namespace of its own, then a `type` filesystem (mkfs.`type`) of
+//! `bytes` made on an image file at `image` and mounted on `dir` through a loop device (the
+//! device goes with the namespace). Empty, or why not (no root, no mkfs, no loop devices).
+inline std::string mount_private_loop(const std::string& type, const std::string& image,
+                                      const std::string& dir, std::size_t bytes) {
+  if (::unshare(CLONE_NEWNS) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return "no private mount namespace (needs root)";
+  }
+  const int fd = ::open(image.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return "cannot make " + image;
+  ::close(fd);
+  const std::string mkfs = "mkfs." + type + " -q -f '" + image + "' >/dev/null 2>&1";
+  if (std::system(mkfs.c_str()) != 0) return "mkfs." + type + " failed (not installed?)";
+  const std::string mount = "mount -o loop '" + image + "' '" + dir + "' >/dev/null 2>&1";
+  if (std::system(mount.c_str()) != 0) return "cannot mount a loop device here";
+  ::unlink(image.c_str());
+  return "";
+}
+
 }  // namespace keel::test

@@ -136,6 +136,7 @@ class fault_filesystem final : public filesystem_wrapper {
   [[nodiscard]] result<void> truncate(const file_handle& file, off_t length) noexcept override;
   [[nodiscard]] result<file_status> stat(const file_handle& file) noexcept override;
   [[nodiscard]] result<fs_info> statfs(const file_handle& file) noexcept override;
+  [[nodiscard]] result<bool> disable_copy_on_write(const file_handle& file) noexcept override;
   result<void> close(const file_handle& file) noexcept override;
   [[nodiscard]] result<void*> map(const file_handle& file, std::size_t length, off_t offset,
                                   map_access access) noexcept override;

@@ -75,8 +75,9 @@ enum class fs_op : std::uint8_t {
   sync_map,        //!< msync
   unmap,           //!< munmap
   lock,            //!< byte-range (OFD) locks: lock, unlock, test
+  attributes,      //!< inode flags (FS_IOC_GETFLAGS / FS_IOC_SETFLAGS)
 };
-inline constexpr std::size_t fs_op_count = 21;
+inline constexpr std::size_t fs_op_count = 22;
 
 //! A set of operation kinds.
 class fs_ops {
@@ -234,6 +235,11 @@ class filesystem {
   [[nodiscard]] virtual result<void> truncate(const file_handle& file, off_t length) noexcept = 0;
   [[nodiscard]] virtual result<file_status> stat(const file_handle& file) noexcept = 0;
   [[nodiscard]] virtual result<fs_info> statfs(const file_handle& file) noexcept = 0;
+  //! Turns copy-on-write off for `file` (FS_NOCOW_FL, `chattr +C`): on btrfs its blocks are
+  //! then written in place, so room fallocate reserved stays theirs; on a directory, for the
+  //! files made in it from then on. Returns whether the flag is set now: false where the
+  //! filesystem has no such flag (ext4, xfs, tmpfs, ...). Errors: the ioctl's others.
+  [[nodiscard]] virtual result<bool> disable_copy_on_write(const file_handle& file) noexcept = 0;
   //! Closes the handle's descriptor (the handle stops owning it either way).
   virtual result<void> close(const file_handle& file) noexcept = 0;
 
@@ -309,6 +315,7 @@ class filesystem_wrapper : public filesystem {
   [[nodiscard]] result<void> truncate(const file_handle& file, off_t length) noexcept override;
   [[nodiscard]] result<file_status> stat(const file_handle& file) noexcept override;
   [[nodiscard]] result<fs_info> statfs(const file_handle& file) noexcept override;
+  [[nodiscard]] result<bool> disable_copy_on_write(const file_handle& file) noexcept override;
   result<void> close(const file_handle& file) noexcept override;
   [[nodiscard]] result<void*> map(const file_handle& file, std::size_t length, off_t offset,
                                   map_access access) noexcept override;
