@@ -18,11 +18,13 @@
 #include <fmt/format.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +44,7 @@ using clock_type = std::chrono::steady_clock;
 using nlohmann::json;
 
 struct config {
+  std::string fs = "tmpfs";
   std::uint64_t size_mib = 64;
   std::uint64_t segment_mib = 1;
   std::size_t value_size = 1024;
@@ -65,20 +68,57 @@ std::uint64_t record_bytes(std::size_t key, std::size_t value) {
   return (48 + 48 + key + value + 7) / 8 * 8;
 }
 
-// Runs `body` in a child with a tmpfs of `mib` MiB mounted on `mnt` in a mount namespace of
+// Why a volume could not be made, by the exit status of the child that tried.
+constexpr int cannot_mount = 77;  // no private mount namespace, or no tmpfs there
+constexpr int cannot_mkfs = 78;
+constexpr int cannot_loop = 79;
+
+// Makes a `fs` volume of `mib` MiB on `mnt` (in the caller's mount namespace): a tmpfs, or a
+// filesystem made on an image file beside `mnt` and mounted through a loop device (the
+// image's name is gone once mounted; the device goes with the mount). 0, or why not.
+int make_volume(const std::string& fs, const std::string& mnt, std::uint64_t mib) {
+  if (fs == "tmpfs") {
+    const std::string opts = fmt::format("size={}m", mib);
+    return ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) == 0 ? 0 : cannot_mount;
+  }
+  const std::string img = mnt + ".img";
+  {
+    std::ofstream f(img, std::ios::binary | std::ios::trunc);
+    if (!f) return cannot_mkfs;
+  }
+  std::error_code ec;
+  std::filesystem::resize_file(img, mib << 20, ec);
+  // ext4 without the 5 % kept for root (root may write into it: fill would pass 100 %).
+  const std::string force = fs == "ext4" ? "-F -m 0" : "-f";
+  const int made =
+      ec ? -1
+         : std::system(fmt::format("mkfs.{} -q {} '{}' >/dev/null 2>&1", fs, force, img).c_str());
+  if (made != 0) {
+    std::filesystem::remove(img, ec);
+    return cannot_mkfs;
+  }
+  const int mounted =
+      std::system(fmt::format("mount -o loop '{}' '{}' >/dev/null 2>&1", img, mnt).c_str());
+  std::filesystem::remove(img, ec);
+  return mounted == 0 ? 0 : cannot_loop;
+}
+
+// Runs `body` in a child with a volume of `mib` MiB mounted on `mnt` in a mount namespace of
 // its own; the child writes its JSON result to `out`. The child's exit status, or -signal.
 template <class F>
-int on_volume(const std::string& mnt, std::uint64_t mib, const std::string& out, F&& body) {
+int on_volume(const config& c, const std::string& mnt, std::uint64_t mib, const std::string& out,
+              F&& body) {
   const pid_t pid = ::fork();
   if (pid < 0) return -1000;
   if (pid == 0) {
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-      ::_exit(77);
+      ::_exit(cannot_mount);
     }
-    const std::string opts = fmt::format("size={}m", mib);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0) ::_exit(77);
+    if (const int why = make_volume(c.fs, mnt, mib); why != 0) ::_exit(why);
     json result = body(mnt);
+    // The loop device (if any) is released when the namespace goes with this process.
+    ::umount2(mnt.c_str(), MNT_DETACH);
     write_json("spacebench", out, result);
     ::_exit(0);
   }
@@ -102,16 +142,28 @@ struct filled {
   std::string error;               // the last failure's message
   double seconds = 0;
   double failing_put_seconds = 0;  // the put that first failed with no_space
+  json series = json::array();     // [seconds, value bytes stored, puts/s since the last]
 };
 
-filled fill(kv::store& s, std::uint64_t from, const std::string& value) {
+// `sample_every`: puts between two points of the series (0: none).
+filled fill(kv::store& s, std::uint64_t from, const std::string& value,
+            std::uint64_t sample_every = 0) {
   filled f;
   const auto start = clock_type::now();
+  auto last = start;
   for (std::uint64_t i = from;; ++i) {
     const auto t = clock_type::now();
     auto r = s.put(key_of(i), value);
     if (r) {
       ++f.stored;
+      if (sample_every != 0 && f.stored % sample_every == 0) {
+        const auto now = clock_type::now();
+        const double dt = std::chrono::duration<double>(now - last).count();
+        f.series.push_back({std::chrono::duration<double>(now - start).count(),
+                            f.stored * value.size(),
+                            dt > 0 ? static_cast<double>(sample_every) / dt : 0.0});
+        last = now;
+      }
       continue;
     }
     f.error = r.error().message();
@@ -126,6 +178,26 @@ filled fill(kv::store& s, std::uint64_t from, const std::string& value) {
   return f;
 }
 
+// Where the volume's bytes are: each of the store's files by kind, allocated blocks.
+json space_by_file(const std::string& store_dir) {
+  json j = {{"segments", 0}, {"spare", 0}, {"index", 0}, {"checkpoint", 0}, {"other", 0}};
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(store_dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const std::string name = it->path().filename().string();
+    const std::string parent = it->path().parent_path().filename().string();
+    const char* kind = name == "spare"                  ? "spare"
+                       : parent == "seg"                ? "segments"
+                       : name == "index"                ? "index"
+                       : name.starts_with("checkpoint") ? "checkpoint"
+                                                        : "other";
+    j[kind] = j[kind].get<std::uint64_t>() + static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return j;
+}
+
 json fill_run(const config& c, const std::string& mnt) {
   json j;
   const std::uint64_t free0 = free_bytes(mnt);
@@ -138,8 +210,10 @@ json fill_run(const config& c, const std::string& mnt) {
   }
   auto& s = **opened;
   const std::string value(c.value_size, 'v');
-  const filled f = fill(s, 0, value);
+  // About 200 points from empty to full.
+  const filled f = fill(s, 0, value, std::max<std::uint64_t>(1, free0 / 200 / c.value_size));
   j["free_bytes"] = free0;
+  j["series"] = f.series;
   j["stored"] = f.stored;
   j["first_error"] = f.error;
   j["half_way_failures"] = f.other_errors;
@@ -148,6 +222,15 @@ json fill_run(const config& c, const std::string& mnt) {
                                 static_cast<double>(f.stored * record_bytes(16, c.value_size)) /
                                 static_cast<double>(free0);
   j["fail_seconds"] = f.failing_put_seconds;
+  j["space"] = space_by_file(mnt + "/s");
+  if (auto st = s.stats()) {
+    j["space"]["live_bytes"] = st->live_bytes;
+    j["space"]["dead_bytes"] = st->dead_bytes;
+    j["space"]["index_pages"] = st->index_pages;
+    j["space"]["index_load"] = st->index_load;
+    j["space"]["records"] = st->records;
+  }
+  j["space"]["volume_free"] = free_bytes(mnt);
 
   // Keep banging: puts retried after no_space.
   double worst = 0;
@@ -247,18 +330,24 @@ int run(const config& c) {
   }
   const std::string out = mnt + ".json";
   json doc;
-  doc["volume"] = "tmpfs";
+  doc["volume"] = c.fs;
   doc["size_mib"] = c.size_mib;
   doc["segment_mib"] = c.segment_mib;
   doc["value_size"] = c.value_size;
   bool ok = true;
   const auto step = [&](const char* name, std::uint64_t mib, auto body) -> json {
-    fmt::print(stderr, "keel spacebench: {} on a {} MiB tmpfs\n", name, mib);
+    fmt::print(stderr, "keel spacebench: {} on a {} MiB {}\n", name, mib, c.fs);
     std::filesystem::remove(out, ec);
-    const int code = on_volume(mnt, mib, out, body);
+    const int code = on_volume(c, mnt, mib, out, body);
     json j;
-    if (code == 77) {
-      j["skipped"] = "cannot mount a tmpfs in a private mount namespace here (needs root)";
+    if (code == cannot_mount) {
+      j["skipped"] =
+          fmt::format("cannot mount a {} in a private mount namespace here (needs root)", c.fs);
+    } else if (code == cannot_mkfs) {
+      j["skipped"] =
+          fmt::format("mkfs.{} failed on a {} MiB image (missing, or too small)", c.fs, mib);
+    } else if (code == cannot_loop) {
+      j["skipped"] = fmt::format("cannot mount a {} image through a loop device here", c.fs);
     } else if (code < 0) {
       j["died"] = fmt::format("signal {} ({})", -code, strsignal(-code));
       ok = false;
@@ -283,34 +372,45 @@ int run(const config& c) {
   std::filesystem::remove(out, ec);
   std::filesystem::remove(mnt, ec);
 
+  // The figures for people: on stderr when the JSON goes to stdout.
+  std::FILE* text = c.json_path == "-" ? stderr : stdout;
   const json& f = doc["fill"];
   if (f.contains("skipped")) {
-    fmt::print("keel spacebench: skipped: {}\n", f["skipped"].get<std::string>());
+    fmt::print(text, "keel spacebench: skipped: {}\n", f["skipped"].get<std::string>());
     return write_json("spacebench", c.json_path.empty() ? "/dev/null" : c.json_path, doc) ? 0 : 1;
   }
   const auto num = [](const json& j, const char* k) {
     return j.contains(k) && j[k].is_number() ? j[k].get<double>() : -1.0;
   };
   if (f.contains("stored")) {
-    fmt::print("tmpfs {} MiB, {} MiB segments, {} B values\n", c.size_mib, c.segment_mib,
+    fmt::print(text, "{} {} MiB, {} MiB segments, {} B values\n", c.fs, c.size_mib, c.segment_mib,
                c.value_size);
+    fmt::print(text,
+               "  fill at first no_space      {:6.1f} % of free space ({:.1f} % with keel's "
+               "per-record overhead); plain files {:.1f} %\n",
+               num(f, "fill_pct"), num(f, "fill_with_overhead_pct"),
+               num(doc["plain_files"], "fill_pct"));
+    const json& sp = f["space"];
+    const auto mib = [&](const char* k) { return num(sp, k) / 1048576.0; };
     fmt::print(
-        "  fill at first no_space      {:6.1f} % of free space ({:.1f} % with keel's "
-        "per-record overhead); plain files {:.1f} %\n",
-        num(f, "fill_pct"), num(f, "fill_with_overhead_pct"), num(doc["plain_files"], "fill_pct"));
-    fmt::print("  half-way failures           {} (and {} after full)\n",
+        text,
+        "  where the space was         records {:.1f} MiB (dead {:.1f}), segments {:.1f} MiB, "
+        "spare {:.1f}, index {:.1f}, checkpoint {:.1f}, other {:.1f}, free {:.1f}\n",
+        mib("live_bytes"), mib("dead_bytes"), mib("segments"), mib("spare"), mib("index"),
+        mib("checkpoint"), mib("other"), mib("volume_free"));
+    fmt::print(text, "  half-way failures           {} (and {} after full)\n",
                f["half_way_failures"].get<std::uint64_t>(),
                f["after_full"]["half_way_failures"].get<std::uint64_t>());
-    fmt::print(
-        "  time to fail                {:.6f} s; retried after no_space: mean {:.6f} s, "
-        "worst {:.6f} s\n",
-        num(f, "fail_seconds"), num(f, "retry_mean_seconds"), num(f, "retry_worst_seconds"));
-    fmt::print(
-        "  after full                  {} erase failures, {} segments compacted away, "
-        "{} puts fitted again\n",
-        f["after_full"]["erase_failures"].get<std::uint64_t>(),
-        f["after_full"]["segments_removed"].get<std::uint64_t>(),
-        f["after_full"]["stored_again"].get<std::uint64_t>());
+    fmt::print(text,
+               "  time to fail                {:.6f} s; retried after no_space: mean {:.6f} s, "
+               "worst {:.6f} s\n",
+               num(f, "fail_seconds"), num(f, "retry_mean_seconds"), num(f, "retry_worst_seconds"));
+    fmt::print(text,
+               "  after full                  {} erase failures, {} segments compacted away, "
+               "{} puts fitted again\n",
+               f["after_full"]["erase_failures"].get<std::uint64_t>(),
+               f["after_full"]["segments_removed"].get<std::uint64_t>(),
+               f["after_full"]["stored_again"].get<std::uint64_t>());
     // Per put: the run into the small volume stops at its first no_space.
     const double far = num(doc["stream_far"], "seconds") / num(doc["stream_far"], "stored");
     const double near = num(doc["stream_near"], "seconds") / num(doc["stream_near"], "stored");
@@ -320,14 +420,14 @@ int run(const config& c) {
                : j.contains("error") ? j["error"].get<std::string>()
                                      : std::string("?");
       };
-      fmt::print("  {} MiB stream               not measured: no put fitted ({} / {})\n",
+      fmt::print(text, "  {} MiB stream               not measured: no put fitted ({} / {})\n",
                  c.stream_mib, why(doc["stream_far"]), why(doc["stream_near"]));
     } else if (far > 0 && near > 0) {
       doc["near_far_ratio"] = near / far;
-      fmt::print(
-          "  {} MiB stream, per put       far from full {:.2f} us, up to full {:.2f} us "
-          "({:.2f}x)\n",
-          c.stream_mib, far * 1e6, near * 1e6, near / far);
+      fmt::print(text,
+                 "  {} MiB stream, per put       far from full {:.2f} us, up to full {:.2f} us "
+                 "({:.2f}x)\n",
+                 c.stream_mib, far * 1e6, near * 1e6, near / far);
     }
   } else {
     fmt::print(stderr, "keel spacebench: the fill run failed: {}\n",
@@ -346,7 +446,11 @@ int run_spacebench_command(int argc, char** argv) {
       "Fill a small volume with a keel::kv store, after Tux3's out-of-space metrics: fill %, "
       "half-way failures, time to fail, deletes and compaction when full, near-full slowdown",
       "keel spacebench"};
-  app.add_option("--size-mib", c.size_mib, "The volume's size (a tmpfs the run makes)")
+  app.add_option("--fs", c.fs,
+                 "The volumes' filesystem: tmpfs, or ext4, xfs, btrfs on a loop device (the "
+                 "images go in --dir)")
+      ->check(CLI::IsMember({"tmpfs", "ext4", "xfs", "btrfs"}));
+  app.add_option("--size-mib", c.size_mib, "The volume's size (one the run makes)")
       ->check(CLI::Range(std::uint64_t{4}, std::uint64_t{65536}));
   app.add_option("--segment-mib", c.segment_mib, "The store's segment size (a power of two)")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1024}));
