@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -830,10 +831,12 @@ result<void> store::erase(std::string_view key) noexcept {
     if (auto e = t->erase(key); !e) return e;
     auto r = t->commit();
     if (r) return {};
-    if (r.error() == std::errc::no_space_on_device || r.error() == errc::budget_reached) {
+    if (r.error() == std::errc::no_space_on_device || r.error() == errc::budget_reached ||
+        r.error() == std::error_code(EDQUOT, std::system_category())) {
       if (compactions++ == max_compactions_per_erase) return std::unexpected(r.error());
       auto c = compact();
-      if (!c || c->segments_removed == 0) return std::unexpected(r.error());
+      if (!c) return std::unexpected(c.error());  // why no room could be made
+      if (c->segments_removed == 0) return std::unexpected(r.error());
       continue;
     }
     if (r.error() != errc::conflict) return std::unexpected(r.error());

@@ -18,6 +18,7 @@ struct segment_use {
   std::uint64_t copies = 0;           // blocks a move writes: a record's, and its blob's
   std::uint64_t largest = 0;          // the largest of those blocks
   std::uint64_t size = 0;             // the segment's (set for candidates that may go)
+  std::uint64_t forgettable = 0;      // of `live`: erase records that go with it, uncopied
   std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
   bool pinned = false;                // an entry here is pending: leave it alone
 };
@@ -206,6 +207,7 @@ result<compact_stats> store::compact() noexcept {
   std::set<std::uint64_t> candidates;  // only these were waited for
   // Erase records the entries name, that no snapshot can see past: key hash -> segment.
   std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t>> erasures;
+  std::vector<std::uint64_t> erasure_sizes;  // their records' sizes
   try {
     // Below the tail's segment only: a segment made and named, but not yet the tail's, is
     // about to be written. (So the highest-numbered segment always stays, and a rebuild,
@@ -257,6 +259,7 @@ result<compact_stats> store::compact() noexcept {
         if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
             rec->rec.head.seq <= horizon && candidates.contains(fmt::segment_of(at))) {
           erasures.push_back({{e.hi().load(), e.lo().load()}, fmt::segment_of(at)});
+          erasure_sizes.push_back(rec->rec.size);
         }
         auto& here = use[fmt::segment_of(at)];
         here.live += rec->rec.size;
@@ -278,79 +281,18 @@ result<compact_stats> store::compact() noexcept {
     return errc_error(std::errc::not_enough_memory);
   }
 
-  // 3. Victims: at most half live, not pinned, and whose blobs only victims' records use
-  // (removing one may disqualify another: to a fixed point). When a put would find no room,
-  // any with a sixteenth dead: the spare holds a whole victim's copies, and freeing a little
-  // beats staying full (deletes spread thinly over every segment leave none half dead).
-  const bool short_now = s.short_of_room();
-  std::set<std::uint64_t> victims;
-  try {
-    for (const std::uint64_t n : candidates) {
-      segment_use& u = use[n];
-      if (u.pinned) continue;
-      auto seg = s.segment_at(n);
-      if (!seg) return std::unexpected(seg.error());
-      const std::uint64_t size = u.size = (*seg)->size;
-      if (short_now ? u.live * 16 <= size * 15 : u.live * 2 <= size) victims.insert(n);
-    }
-    const auto close_over_blobs = [&] {
-      for (bool changed = true; changed;) {
-        changed = false;
-        for (auto it = victims.begin(); it != victims.end();) {
-          const auto& refs = use[*it].blob_refs;
-          const bool outside = std::ranges::any_of(
-              refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
-          if (outside) {
-            it = victims.erase(it);
-            changed = true;
-          } else {
-            ++it;
-          }
-        }
-      }
-    };
-    close_over_blobs();
-    // The copies must fit in the room left: the rest of the tail's segment, the spare, and
-    // the whole segments the budget (options::max_bytes) and the volume still allow. The
-    // least live first; the victims are removed only at the end, so a pass that took more
-    // would fail with nothing freed, and a full store would stay full for good. Each pass
-    // frees more than it copies (a victim that would need its whole size is left): compacting
-    // again goes on.
-    {
-      std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
-      std::ranges::sort(by_live, {}, [&](std::uint64_t n) { return use[n].live; });
-      std::uint64_t room = s.compaction_room();
-      victims.clear();
-      for (const std::uint64_t n : by_live) {
-        // Each record is copied as a block of its own (a header more, 8-byte aligned), and a
-        // block never spans two segments: the copies may leave up to their largest block
-        // unused where they cross into the next one. Nothing at all for an empty victim.
-        const segment_use& u = use[n];
-        const std::uint64_t need =
-            u.live + u.copies * (sizeof(fmt::block_header) + 8) + (u.copies != 0 ? u.largest : 0);
-        if (need > room) continue;                      // a smaller one may still fit
-        if (u.copies != 0 && need >= u.size) continue;  // it would free no more than it takes
-        room -= need;
-        victims.insert(n);
-      }
-      close_over_blobs();
-    }
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-  if (victims.empty()) return st;
-
-  // 3b. Erased keys to forget: those whose erase record goes with a victim and is the only
-  // record of the key left in any segment (counted by key hash, so a collision only keeps
-  // one). The erase record itself is what keeps a replay of the whole log from bringing an
-  // older version back: it may go only with the last of them. Its entry is emptied before
-  // its segment is removed, and if the compaction stops in between, the erase record alone
-  // still says the key is gone.
+  // 3. Erased keys to forget: those whose erase record is the only record of the key left in
+  // any segment (counted by key hash, so a collision only keeps one). The erase record
+  // itself is what keeps a replay of the whole log from bringing an older version back: it
+  // may go only with the last of them. Its entry is emptied before its segment is removed,
+  // and if the compaction stops in between, the erase record alone still says the key is
+  // gone. Counted before the victims are chosen: a segment of such records frees all of
+  // them and copies nothing (a store whose keys were all erased must be able to empty).
   std::set<std::pair<std::uint64_t, std::uint64_t>> forgettable;
   try {
     std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> records_of;
     for (const auto& [h, n] : erasures) {
-      if (victims.contains(n)) records_of[h] = 0;
+      records_of[h] = 0;
     }
     bool known = true;
     for (const std::uint64_t n : *numbers) {
@@ -389,8 +331,79 @@ result<compact_stats> store::compact() noexcept {
   } catch (const std::bad_alloc&) {
     forgettable.clear();
   }
+  for (std::size_t i = 0; i < erasures.size(); ++i) {
+    if (forgettable.contains(erasures[i].first)) {
+      use[erasures[i].second].forgettable += erasure_sizes[i];
+    }
+  }
 
-  // 4. Move every record still live out of each victim.
+  // 4. Victims: at most half live, not pinned, and whose blobs only victims' records use
+  // (removing one may disqualify another: to a fixed point). When a put would find no room,
+  // any with a sixteenth dead: the spare holds a whole victim's copies, and freeing a little
+  // beats staying full (deletes spread thinly over every segment leave none half dead).
+  const bool short_now = s.short_of_room();
+  std::set<std::uint64_t> victims;
+  try {
+    for (const std::uint64_t n : candidates) {
+      segment_use& u = use[n];
+      if (u.pinned) continue;
+      auto seg = s.segment_at(n);
+      if (!seg) return std::unexpected(seg.error());
+      const std::uint64_t size = u.size = (*seg)->size;
+      const std::uint64_t kept = u.live - u.forgettable;
+      if (short_now ? kept * 16 <= size * 15 : kept * 2 <= size) victims.insert(n);
+    }
+    const auto close_over_blobs = [&] {
+      for (bool changed = true; changed;) {
+        changed = false;
+        for (auto it = victims.begin(); it != victims.end();) {
+          const auto& refs = use[*it].blob_refs;
+          const bool outside = std::ranges::any_of(
+              refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
+          if (outside) {
+            it = victims.erase(it);
+            changed = true;
+          } else {
+            ++it;
+          }
+        }
+      }
+    };
+    close_over_blobs();
+    // The copies must fit in the room left: the rest of the tail's segment, the spare, and
+    // the whole segments the budget (options::max_bytes) and the volume still allow. The
+    // least live first; the victims are removed only at the end, so a pass that took more
+    // would fail with nothing freed, and a full store would stay full for good. Each pass
+    // frees more than it copies (a victim that would need its whole size is left): compacting
+    // again goes on.
+    {
+      std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
+      std::ranges::sort(by_live, {},
+                        [&](std::uint64_t n) { return use[n].live - use[n].forgettable; });
+      std::uint64_t room = s.compaction_room();
+      victims.clear();
+      for (const std::uint64_t n : by_live) {
+        // Each record is copied as a block of its own (a header more, 8-byte aligned), and a
+        // block never spans two segments: the copies may leave up to their largest block
+        // unused where they cross into the next one. Nothing at all for an empty victim.
+        const segment_use& u = use[n];
+        const std::uint64_t need = u.live - u.forgettable +
+                                   u.copies * (sizeof(fmt::block_header) + 8) +
+                                   (u.copies != 0 ? u.largest : 0);
+        if (need > room) continue;  // a smaller one may still fit
+        // It must free more than it takes, and fit the spare alone (a segment but its header).
+        if (u.copies != 0 && need > u.size - fmt::segment_header_size) continue;
+        room -= need;
+        victims.insert(n);
+      }
+      close_over_blobs();
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  if (victims.empty()) return st;
+
+  // 5. Move every record still live out of each victim.
   for (const std::uint64_t n : victims) {
     auto seg = s.segment_at(n);
     if (!seg) return std::unexpected(seg.error());
@@ -419,7 +432,7 @@ result<compact_stats> store::compact() noexcept {
     if (!walked) return std::unexpected(walked.error());
   }
 
-  // 5. The copies on disk before any original goes; then nobody may still read an original
+  // 6. The copies on disk before any original goes; then nobody may still read an original
   // (a snapshot from before the moves, or one walking back to older versions).
   if (compact_moved_hook != nullptr) compact_moved_hook();
   if (auto r = s.group_sync(); !r) return std::unexpected(r.error());
@@ -431,7 +444,7 @@ result<compact_stats> store::compact() noexcept {
   if (auto w = s.wait_visible_until(moved_by, cd); !w) return std::unexpected(w.error());
   if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
 
-  // 6. Remove them, under the sync lock (a group sync never meets a half-removed segment).
+  // 7. Remove them, under the sync lock (a group sync never meets a half-removed segment).
   // The checkpoint goes first, for good: it may name originals (a rebuild without it
   // replays the whole log).
   if (auto r = io::unlink_at(s.dir.dir, "checkpoint");

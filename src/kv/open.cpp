@@ -318,6 +318,13 @@ result<std::uint64_t> store::impl::allocate(std::size_t count) noexcept {
       const std::uint64_t ahead = (grow - need) * fmt::page_size;
       if (free && free->available_bytes < 16 * ahead + 4 * dir.params.segment_size) grow = need;
     }
+    // Puts leave a segment of the volume for deletes (room_for), and so do the pages their
+    // keys need. Not while opening: a rebuild must fit in what the store had.
+    if (serving) {
+      if (auto h = check_headroom((grow - have) * fmt::page_size); !h) {
+        return std::unexpected(h.error());
+      }
+    }
     if (auto r = index_file.allocate(0, static_cast<off_t>(grow * fmt::page_size)); !r) {
       return std::unexpected(r.error());
     }
@@ -442,8 +449,7 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   return number;
 }
 
-std::uint64_t store::impl::budget_left(room_for who) const noexcept {
-  if (opts.max_bytes == 0) return UINT64_MAX;
+std::uint64_t store::impl::budget_used(room_for who) const noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   std::uint64_t total = h64(hdr::pages_allocated).load() * fmt::page_size;
   for (std::uint64_t i = 0; i < segtab_entries; ++i) {
@@ -455,6 +461,12 @@ std::uint64_t store::impl::budget_left(room_for who) const noexcept {
   const std::uint64_t spare = h64(hdr::spare).load();
   total += spare != 0 || who == room_for::compaction ? spare : seg_size;
   if (who == room_for::put) total += seg_size;
+  return total;
+}
+
+std::uint64_t store::impl::budget_left(room_for who) const noexcept {
+  if (opts.max_bytes == 0) return UINT64_MAX;
+  const std::uint64_t total = budget_used(who);
   return total >= opts.max_bytes ? 0 : opts.max_bytes - total;
 }
 
@@ -584,11 +596,20 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
     const std::uint64_t more = abandoned ? 0 : seg_size;
     if (auto b = check_budget(more, who); !b) return std::unexpected(b.error());
     if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-    if (who == room_for::put) {
-      if (auto h = check_headroom(more); !h) return std::unexpected(h.error());
+    // A segment a put could not have made is made of the room kept for deletes: puts leave
+    // it to them (see reserve).
+    auto budget = check_budget(more, room_for::put);
+    auto head = budget ? check_headroom(more) : result<void>{};
+    const bool for_deletes = !budget || !head;
+    if (who == room_for::put && for_deletes) {
+      return std::unexpected(!budget ? budget.error() : head.error());
     }
-    return abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
+    auto n = abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
+    if (n) h64(hdr::deletes_segment).store(for_deletes ? *n : 0);
+    return n;
   }
+  // Compaction's, whatever its number was before.
+  h64(hdr::deletes_segment).store(0);
   if (abandoned) return last;
   // A new segment while the budget and the volume allow one (the spare stays for later);
   // else the spare.
@@ -608,7 +629,11 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
 }
 
 result<void> store::impl::check_budget(std::uint64_t more, room_for who) const noexcept {
-  if (more > budget_left(who)) return keel_error(errc::budget_reached);
+  // Not through budget_left, which stops at 0: a budget already passed (by the spare still
+  // to make) must fail a check of nothing more too.
+  if (opts.max_bytes != 0 && budget_used(who) + more > opts.max_bytes) {
+    return keel_error(errc::budget_reached);
+  }
   return {};
 }
 
@@ -639,10 +664,18 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
       if (h64(hdr::spare).load() == 0) {
         if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
         if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
+        // A put goes on only with the room for deletes left beside the new spare.
+        if (who == room_for::put) {
+          if (auto h = check_headroom(0); !h) return std::unexpected(h.error());
+        }
       }
       continue;
     }
-    if (at != 0 && fmt::offset_of(at) + length <= seg_size) {
+    // The segment made of the room kept for deletes is theirs (and compaction's): a put
+    // waits for a segment of its own, which needs that room again.
+    const bool theirs =
+        who == room_for::put && at != 0 && fmt::segment_of(at) == h64(hdr::deletes_segment).load();
+    if (!theirs && at != 0 && fmt::offset_of(at) + length <= seg_size) {
       if (!t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) continue;
       // Crossing into the next chunk: fault in the one after it now, so that writers never
       // take page faults on fresh pages (nor wait for each other's, on the same page).
@@ -1072,6 +1105,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   if (budget_too_small(p->h64(hdr::pages_allocated).load())) {  // an index grown since
     return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
   }
+  p->serving = true;
   register_store(p.get());
   // A rebuild that replayed much writes a checkpoint (in the background), so that the next
   // one replays little.

@@ -65,6 +65,9 @@ constexpr std::size_t sync_joined = 272;  // durable commits that have asked for
 constexpr std::size_t sync_batch = 280;   // how many asked between the last two syncs' starts
 constexpr std::size_t sync_mark = 288;    // sync_joined when the last sync started
 constexpr std::size_t sync_ns = 296;      // how long the last sync took
+// The segment an erase made from the room puts leave for deletes (0: none): puts do not
+// write into it (see room_for).
+constexpr std::size_t deletes_segment = 304;
 // The size of seg/spare while it is there and whole (0: none): see ensure_spare.
 constexpr std::size_t spare = 312;
 // Read by every lookup, written seldom: a cache line apart from the words every commit
@@ -115,7 +118,7 @@ inline constexpr base::format index_format{
     base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
                      ix::entries_per_page, hdr::retired_pages, hdr::directory, hdr::split_journal,
                      hdr::compactions, hdr::checkpoint_attempt, hdr::dirty_segments, hdr::sync_ns,
-                     hdr::spare, index_window})};
+                     hdr::deletes_segment, hdr::spare, index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
 //! that puts leaves the spare and one segment of free room more, for deletes; one that only
@@ -297,6 +300,8 @@ struct store::impl final : ix::page_source {
   static constexpr std::uint64_t busy_backoff_ms = 20;
   //! Set when the store closes: the checkpoint thread writes no further one.
   std::atomic<bool> closing{false};
+  //! Set once open is done: from then on index growth leaves the room kept for deletes.
+  bool serving = false;
   //! Whose thread is writing a checkpoint: fork generation + 1 (0: none).
   std::atomic<std::uint64_t> checkpointing{0};
   //! Log bytes between two locations (whole segments counted at the segment size).
@@ -439,6 +444,9 @@ struct store::impl final : ix::page_source {
   //! Whether the volume keeps a segment of free room for deletes after `more` bytes more of
   //! a put's segments (see room_for). Errors: no_space.
   [[nodiscard]] result<void> check_headroom(std::uint64_t more) const noexcept;
+  //! Bytes counted against options::max_bytes for `who`: the files, the spare (made or
+  //! still to make), and for a put the segment kept for deletes.
+  [[nodiscard]] std::uint64_t budget_used(room_for who) const noexcept;
   //! Bytes options::max_bytes leaves `who` for new files (all of them: UINT64_MAX when none).
   [[nodiscard]] std::uint64_t budget_left(room_for who) const noexcept;
   //! Bytes commits can still write under options::max_bytes: the rest of the tail's segment

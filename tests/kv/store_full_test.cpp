@@ -145,6 +145,36 @@ TEST(KvFullVolume, PutsLeaveDeletesASegmentAndTheSpareToCompaction) {
   });
 }
 
+// The room puts leave is the deletes': once an erase has made a segment of it, a put does not
+// write there (nor does it grow the index into it), and thousands of erases in transactions
+// (which never compact by themselves) go in. With 1 KiB values, and with tiny ones, whose
+// keys grow the index most.
+TEST(KvFullVolume, PutsDoNotUseTheRoomKeptForDeletes) {
+  for (const std::size_t size : {std::size_t{1024}, std::size_t{8}}) {
+    SCOPED_TRACE(size);
+    on_small_volume(12, [size](const std::string& path) {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      const int n = fill(**s, 0, size);
+      if (n < 2000) return 3;
+      const auto erase_in_transaction = [&](int i) {
+        auto t = (*s)->begin();
+        return t && t->erase(key_of(i)) && t->commit();
+      };
+      if (!erase_in_transaction(0)) return 4;
+      // The erase's record went into a segment of the deletes' room (or the tail's rest).
+      for (int k = 0; k < 20; ++k) {
+        auto r = (*s)->put("more" + std::to_string(k), std::string(size, 'm'));
+        if (r || r.error() != std::errc::no_space_on_device) return 5;
+      }
+      for (int i = 1; i < 2000; ++i) {
+        if (!erase_in_transaction(i)) return 6;
+      }
+      return 0;
+    });
+  }
+}
+
 // Deletes spread thinly (one key in three, segment after segment) until their room runs out,
 // in transactions (which do not compact by themselves): compaction then frees segments that
 // are far from half dead, through the spare, and deletes and puts go on.

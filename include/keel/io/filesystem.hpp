@@ -95,7 +95,7 @@ class fs_ops {
   [[nodiscard]] static constexpr fs_ops mutating() noexcept {
     return fs_ops(fs_op::write) | fs_op::append | fs_op::sync | fs_op::sync_directory |
            fs_op::allocate | fs_op::punch_hole | fs_op::truncate | fs_op::rename | fs_op::link |
-           fs_op::unlink | fs_op::make_directory | fs_op::sync_map;
+           fs_op::attributes | fs_op::unlink | fs_op::make_directory | fs_op::sync_map;
   }
   [[nodiscard]] constexpr bool has(fs_op op) const noexcept { return (bits_ & bit(op)) != 0; }
   [[nodiscard]] constexpr bool empty() const noexcept { return bits_ == 0; }

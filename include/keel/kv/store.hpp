@@ -201,8 +201,10 @@ class store {
   [[nodiscard]] result<std::string> get(std::string_view key) noexcept;
   [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
   //! On a full store it compacts when it must (see transaction::commit), so deletes go on
-  //! while compaction can free anything. Errors: not_found when the key is absent (nothing
-  //! is written), and commit's.
+  //! while compaction can free anything: like `compact`, it then waits (up to
+  //! options::lock_timeout) for the transactions open in any thread, so do not call it while
+  //! this thread holds one. Errors: not_found when the key is absent (nothing is written),
+  //! commit's, and compact's when the compaction it ran failed.
   [[nodiscard]] result<void> erase(std::string_view key) noexcept;
   [[nodiscard]] result<transaction> begin() noexcept;
 
