@@ -19,6 +19,7 @@ struct segment_use {
   std::uint64_t largest = 0;          // the largest of those blocks
   std::uint64_t size = 0;             // the segment's (set for candidates that may go)
   std::uint64_t forgettable = 0;      // of `live`: erase records that go with it, uncopied
+  std::uint64_t forgotten = 0;        // of `copies`: those records
   std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
   bool pinned = false;                // an entry here is pending: leave it alone
 };
@@ -334,6 +335,7 @@ result<compact_stats> store::compact() noexcept {
   for (std::size_t i = 0; i < erasures.size(); ++i) {
     if (forgettable.contains(erasures[i].first)) {
       use[erasures[i].second].forgettable += erasure_sizes[i];
+      use[erasures[i].second].forgotten += 1;
     }
   }
 
@@ -387,12 +389,13 @@ result<compact_stats> store::compact() noexcept {
         // block never spans two segments: the copies may leave up to their largest block
         // unused where they cross into the next one. Nothing at all for an empty victim.
         const segment_use& u = use[n];
+        const std::uint64_t copies = u.copies - u.forgotten;
         const std::uint64_t need = u.live - u.forgettable +
-                                   u.copies * (sizeof(fmt::block_header) + 8) +
-                                   (u.copies != 0 ? u.largest : 0);
+                                   copies * (sizeof(fmt::block_header) + 8) +
+                                   (copies != 0 ? u.largest : 0);
         if (need > room) continue;  // a smaller one may still fit
         // It must free more than it takes, and fit the spare alone (a segment but its header).
-        if (u.copies != 0 && need > u.size - fmt::segment_header_size) continue;
+        if (copies != 0 && need > u.size - fmt::segment_header_size) continue;
         room -= need;
         victims.insert(n);
       }

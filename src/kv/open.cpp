@@ -596,36 +596,46 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
     const std::uint64_t more = abandoned ? 0 : seg_size;
     if (auto b = check_budget(more, who); !b) return std::unexpected(b.error());
     if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-    // A segment a put could not have made is made of the room kept for deletes: puts leave
-    // it to them (see reserve).
     auto budget = check_budget(more, room_for::put);
     auto head = budget ? check_headroom(more) : result<void>{};
     const bool for_deletes = !budget || !head;
     if (who == room_for::put && for_deletes) {
       return std::unexpected(!budget ? budget.error() : head.error());
     }
-    auto n = abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
-    if (n) h64(hdr::deletes_segment).store(for_deletes ? *n : 0);
-    return n;
+    return mark_for_deletes(abandoned ? result<std::uint64_t>(last) : make_segment(seg_size),
+                            for_deletes);
   }
-  // Compaction's, whatever its number was before.
-  h64(hdr::deletes_segment).store(0);
-  if (abandoned) return last;
+  if (abandoned) return mark_for_deletes(last, !could_put(0));
   // A new segment while the budget and the volume allow one (the spare stays for later);
   // else the spare.
   error why{make_error_code(errc::budget_reached)};
   if (check_budget(seg_size, room_for::compaction)) {
+    const bool for_deletes = !could_put(seg_size);
     auto n = make_segment(seg_size);
-    if (n) return n;
+    if (n) return mark_for_deletes(n, for_deletes);
     if (n.error() != std::errc::no_space_on_device &&
         n.error() != std::error_code(EDQUOT, std::system_category())) {
       return n;
     }
     why = n.error();
   }
+  // Puts could never have taken the spare.
   auto a = adopt_spare();
-  if (a || a.error() != std::errc::no_space_on_device) return a;
+  if (a) return mark_for_deletes(a, true);
+  if (a.error() != std::errc::no_space_on_device) return a;
   return std::unexpected(why);
+}
+
+bool store::impl::could_put(std::uint64_t more) const noexcept {
+  return check_budget(more, room_for::put) && check_headroom(more);
+}
+
+result<std::uint64_t> store::impl::mark_for_deletes(result<std::uint64_t> made,
+                                                    bool for_deletes) noexcept {
+  // A segment a put could not have made is made of the room kept for deletes, whoever made
+  // it: puts leave it to erases and compaction (see reserve).
+  if (made) h64(hdr::deletes_segment).store(for_deletes ? *made : 0);
+  return made;
 }
 
 result<void> store::impl::check_budget(std::uint64_t more, room_for who) const noexcept {
@@ -771,6 +781,11 @@ result<void> store::impl::open_index() noexcept {
       auto r =
           header_valid(*this, static_cast<std::uint64_t>(*size), why) ? recover_alone() : rebuild();
       if (!r) return r;
+      // A rebuild does not know which segment was made of the deletes' room: on a volume
+      // puts could not grow on, the tail's is taken for it.
+      if (h64(hdr::deletes_segment).load() == 0 && h64(hdr::tail).load() != 0 && !could_put(0)) {
+        h64(hdr::deletes_segment).store(fmt::segment_of(h64(hdr::tail).load()));
+      }
       if (auto d = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false); !d) {
         return std::unexpected(d.error());
       }

@@ -436,6 +436,13 @@ struct store::impl final : ix::page_source {
   //! The next active segment (under the `segment` lock): a new one, or for compaction when
   //! none can be made, the spare.
   [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who) noexcept;
+  //! Whether a put could make `more` bytes of new segment now (budget and volume room).
+  [[nodiscard]] bool could_put(std::uint64_t more) const noexcept;
+  //! Records `made` (a segment made or taken, under the `segment` lock) as the deletes'
+  //! segment when `for_deletes` (a put could not have made it), else clears the word.
+  //! Returns `made`.
+  [[nodiscard]] result<std::uint64_t> mark_for_deletes(result<std::uint64_t> made,
+                                                       bool for_deletes) noexcept;
   //! Reserves `length` bytes in the active segment (a new one when it is full).
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length,
                                               room_for who = room_for::put) noexcept;
