@@ -148,20 +148,21 @@ step 7/9 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
   --dir "$dir" --sync-dir "$kv_sync_dir" --json "$out/raw/kvbench.json" >&2
 
 # keel::space's out-of-space figures (issue 13): a store fills small volumes made for the run
-# (tmpfs; ext4, xfs and btrfs on loop devices when root). Its own summary, and raw JSON; the
-# report does not render them yet.
+# (tmpfs; ext4 on a loop device when root).
 space_size=64 space_stream=16
 [ "${QUICK:-}" = 1 ] && space_size=32 space_stream=8
-space_fs=(tmpfs)
+space_fs=(tmpfs) space_files=()
 [ -z "$fs_skip" ] && space_fs+=(ext4)
 for fs in "${space_fs[@]}"; do
   step 8/9 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full"
   "$keel" spacebench --fs "$fs" --size-mib "$space_size" --stream-mib "$space_stream" \
     --segment-mib 1 --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
     tee "$out/spacebench-$fs.txt" >&2
+  space_files+=(--spacebench "$out/raw/spacebench-$fs.json")
 done
 
 step 9/9 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
   "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" \
-  --aiobench "$out/raw/aiobench.json" --kvbench "$out/raw/kvbench.json" "$out/raw/io.json"
+  --aiobench "$out/raw/aiobench.json" --kvbench "$out/raw/kvbench.json" "${space_files[@]}" \
+  "$out/raw/io.json"

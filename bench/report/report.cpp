@@ -32,6 +32,7 @@
 #include "kv_report.hpp"
 #include "lock_report.hpp"
 #include "render.hpp"
+#include "space_report.hpp"
 
 namespace {
 
@@ -218,6 +219,9 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   std::string kvbench_file;
   app.add_option("--kvbench", kvbench_file, "keel kvbench --json file")->check(CLI::ExistingFile);
+  std::vector<std::string> spacebench_files;
+  app.add_option("--spacebench", spacebench_files, "keel spacebench --json files")
+      ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
       ->required()
       ->check(CLI::ExistingFile);
@@ -345,6 +349,13 @@ int main(int argc, char** argv) {
       results["kv"] = kv.results;
       missed += kv.missed;
       fmt::print("\nkv: targets (same run)\n{}", kv.summary);
+    }
+    if (!spacebench_files.empty()) {
+      const auto space = keel::report::render_space(out, spacebench_files);
+      html_sections += space.html;
+      results["space"] = space.results;
+      missed += space.missed;
+      fmt::print("\nspace: targets\n{}", space.summary);
     }
 
     results["benchmarks"] = json::object();

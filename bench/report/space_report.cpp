@@ -1,0 +1,164 @@
+#include "space_report.hpp"
+
+#include <fmt/format.h>
+#include <fmt/os.h>
+
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+namespace keel::report {
+namespace {
+
+using nlohmann::json;
+
+double number(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : NAN;
+}
+
+std::string name_of(const json& doc) {
+  return fmt::format("{} {} MiB", doc.value("volume", "?"), doc.value("size_mib", 0));
+}
+
+// Fill % of the volume's free space and puts/s against seconds, one line per volume.
+std::string plot(const std::string& out, const std::vector<json>& docs) {
+  const std::string dat = out + "/space.dat";
+  std::string fill_lines;
+  std::string rate_lines;
+  {
+    auto f = fmt::output_file(dat);
+    std::size_t block = 0;
+    for (const auto& doc : docs) {
+      const json& fill = doc["fill"];
+      if (!fill.contains("series") || fill["series"].empty()) continue;
+      const double free0 = number(fill, "free_bytes");
+      f.print("# {}\n", name_of(doc));
+      for (const auto& p : fill["series"]) {
+        f.print("{} {} {}\n", p[0].get<double>(), 100.0 * p[1].get<double>() / free0,
+                p[2].get<double>());
+      }
+      f.print("\n\n");
+      const std::string sep = block == 0 ? "" : ", ";
+      fill_lines += fmt::format("{}\"{}\" index {} using 1:2 with lines lw 2 title \"{}\"", sep,
+                                dat, block, name_of(doc));
+      rate_lines += fmt::format("{}\"{}\" index {} using 1:3 with lines title \"{}\"", sep, dat,
+                                block, name_of(doc));
+      ++block;
+    }
+  }
+  if (fill_lines.empty()) return "";
+  const std::string gp = out + "/space.gp";
+  {
+    auto f = fmt::output_file(gp);
+    f.print(R"gp(set terminal pngcairo size 1000,470 font "sans,10"
+set termoption noenhanced
+set output "{out}/space.png"
+set grid
+set key bottom right
+set xlabel "seconds since the store was made (log scale)"
+set logscale x
+set multiplot layout 1,2 title "keel::kv filling a volume to its first no_space (keel spacebench)"
+set title "values stored, % of the volume's free space"
+set yrange [0:100]
+plot {fill}
+set title "puts/s (log scale)"
+set logscale y
+set yrange [*:*]
+plot {rate}
+unset multiplot
+)gp",
+            fmt::arg("out", out), fmt::arg("fill", fill_lines), fmt::arg("rate", rate_lines));
+  }
+  run_gnuplot(gp);
+  return "space.png";
+}
+
+std::string table_html(const std::vector<json>& docs) {
+  std::string rows;
+  for (const auto& doc : docs) {
+    const json& f = doc["fill"];
+    if (f.contains("skipped") || !f.contains("stored")) {
+      rows +=
+          fmt::format("<tr><td>{}</td><td colspan=\"7\">{}</td></tr>\n", html_escape(name_of(doc)),
+                      html_escape(f.contains("skipped") ? f["skipped"].get<std::string>()
+                                                        : "the fill run failed: " + f.dump()));
+      continue;
+    }
+    const json& a = f["after_full"];
+    const json& sp = f["space"];
+    const auto mib = [&](const char* k) { return number(sp, k) / 1048576.0; };
+    rows += fmt::format(
+        "<tr><td>{}</td><td>{:.1f} % ({:.1f} %)</td><td>{:.1f} %</td><td>{}</td>"
+        "<td>{} erase failures, {} segments compacted, {} puts again</td><td>{:.2f}×</td>"
+        "<td>{:.1f} µs / {:.1f} µs</td><td>index {:.1f}, checkpoint {:.1f}, spare {:.1f}, "
+        "segments {:.1f} (records {:.1f}), free {:.1f}</td></tr>\n",
+        html_escape(name_of(doc)), number(f, "fill_pct"), number(f, "fill_with_overhead_pct"),
+        number(doc["plain_files"], "fill_pct"),
+        f["half_way_failures"].get<std::uint64_t>() + a["half_way_failures"].get<std::uint64_t>(),
+        a["erase_failures"].get<std::uint64_t>(), a["segments_removed"].get<std::uint64_t>(),
+        a["stored_again"].get<std::uint64_t>(), number(doc, "near_far_ratio"),
+        number(f, "fail_seconds") * 1e6, number(f, "retry_mean_seconds") * 1e6, mib("index"),
+        mib("checkpoint"), mib("spare"), mib("segments"), mib("live_bytes"), mib("volume_free"));
+  }
+  return fmt::format(
+      "<p>Each volume is made for the run (tmpfs, or ext4, xfs, btrfs on a loop device) and "
+      "filled with 1 KiB puts by one store until the first no_space. Fill is the values stored "
+      "against the volume's free space at the start (in brackets: with keel's per-record "
+      "overhead, what an ideal packer of its records would reach); plain files: what 1 MiB "
+      "files reach on the same volume. After full: every other key erased, compaction until "
+      "it frees nothing, then puts again. Near/far: the seed's dd test, per put, into a volume "
+      "the stream overflows against one 8 times larger. Sizes in MiB at the first "
+      "no_space.</p>\n<table><tr><th>volume</th><th>fill</th><th>plain files</th>"
+      "<th>half-way failures</th><th>after full</th><th>near / far</th>"
+      "<th>time to fail / retried put</th><th>where the space was</th></tr>\n{}</table>\n",
+      rows);
+}
+
+}  // namespace
+
+section render_space(const std::string& out, const std::vector<std::string>& spacebench_files) {
+  std::vector<json> docs;
+  for (const auto& file : spacebench_files) {
+    std::ifstream in(file);
+    if (!in) throw std::runtime_error("cannot read " + file);
+    docs.push_back(json::parse(in));
+  }
+  std::vector<target_row> targets;
+  for (const auto& doc : docs) {
+    const json& f = doc["fill"];
+    if (!f.contains("stored")) continue;  // skipped or failed: in the table, with why
+    const std::string v = name_of(doc);
+    const json& a = f["after_full"];
+    const std::uint64_t half_way =
+        f["half_way_failures"].get<std::uint64_t>() + a["half_way_failures"].get<std::uint64_t>();
+    targets.push_back({v + ": commits failed half-way, deaths by signal",
+                       fmt::format("{}", half_way), "0", half_way == 0});
+    const double fill = number(f, "fill_with_overhead_pct");
+    targets.push_back({v + ": fill at first no_space (ideal packer)", fmt::format("{:.1f} %", fill),
+                       "≥ 99 %", fill >= 99.0});
+    const bool after = a["erase_failures"].get<std::uint64_t>() == 0 &&
+                       a["segments_removed"].get<std::uint64_t>() > 0 &&
+                       a["stored_again"].get<std::uint64_t>() > 0;
+    targets.push_back({v + ": deletes, compaction, then puts after full",
+                       after ? "all worked" : "failed", "all work", after});
+    const double ratio = number(doc, "near_far_ratio");
+    targets.push_back({v + ": near-full stream vs far", fmt_ratio(ratio), "≤ 2×",
+                       std::isfinite(ratio) && ratio <= 2.0, std::isfinite(ratio)});
+    const double fail = std::max(number(f, "fail_seconds"), number(f, "retry_mean_seconds"));
+    targets.push_back({v + ": time to fail, retried puts", fmt::format("{:.6f} s", fail), "≤ 0.1 s",
+                       fail <= 0.1});
+  }
+  targets.push_back({"ledger cost far from full (on vs off)", "not measured: not in the store yet",
+                     "≤ 1 %, < 100 ns", false, false});
+  targets.push_back(
+      {"blurt: 1000 processes × 40 × 1 KiB", "not measured yet", "exact accounting", false, false});
+  section s;
+  s.results["runs"] = docs;
+  std::vector<std::string> pngs;
+  if (auto png = plot(out, docs); !png.empty()) pngs.push_back(png);
+  finish_section(s, "keel::space: filling a volume (keel spacebench)", targets, pngs,
+                 table_html(docs));
+  return s;
+}
+
+}  // namespace keel::report
