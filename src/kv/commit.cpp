@@ -416,9 +416,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
       const std::uint64_t size = fmt::segment_header_size + len;
-      if (auto b = s->check_budget(size, room_for::put); !b) return std::unexpected(b.error());
-      if (auto r = s->ensure_spare(); !r) return std::unexpected(r.error());
-      if (auto h = s->check_headroom(size); !h) return std::unexpected(h.error());
+      if (auto r = s->ready_for_put(size); !r) return std::unexpected(r.error());
       auto n = s->make_segment(size);
       if (!n) return std::unexpected(n.error());
       at = fmt::make_location(*n, fmt::segment_header_size);

@@ -594,16 +594,16 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   const bool abandoned = last != 0;
   if (who != room_for::compaction) {
     const std::uint64_t more = abandoned ? 0 : seg_size;
+    const auto next = [&] {
+      return abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
+    };
+    if (who == room_for::put) {
+      if (auto r = ready_for_put(more); !r) return std::unexpected(r.error());
+      return mark_for_deletes(next(), false);
+    }
     if (auto b = check_budget(more, who); !b) return std::unexpected(b.error());
     if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-    auto budget = check_budget(more, room_for::put);
-    auto head = budget ? check_headroom(more) : result<void>{};
-    const bool for_deletes = !budget || !head;
-    if (who == room_for::put && for_deletes) {
-      return std::unexpected(!budget ? budget.error() : head.error());
-    }
-    return mark_for_deletes(abandoned ? result<std::uint64_t>(last) : make_segment(seg_size),
-                            for_deletes);
+    return mark_for_deletes(next(), !could_put(more));
   }
   if (abandoned) return mark_for_deletes(last, !could_put(0));
   // A new segment while the budget and the volume allow one (the spare stays for later);
@@ -624,6 +624,12 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   if (a) return mark_for_deletes(a, true);
   if (a.error() != std::errc::no_space_on_device) return a;
   return std::unexpected(why);
+}
+
+result<void> store::impl::ready_for_put(std::uint64_t more) noexcept {
+  if (auto b = check_budget(more, room_for::put); !b) return b;
+  if (auto r = ensure_spare(); !r) return r;
+  return check_headroom(more);
 }
 
 bool store::impl::could_put(std::uint64_t more) const noexcept {
@@ -672,12 +678,14 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
       auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
       if (!g) return std::unexpected(g.error());
       if (h64(hdr::spare).load() == 0) {
-        if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
-        if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-        // A put goes on only with the room for deletes left beside the new spare.
-        if (who == room_for::put) {
-          if (auto h = check_headroom(0); !h) return std::unexpected(h.error());
-        }
+        // A put goes on only with the room for deletes left beside the new spare; an erase
+        // needs the spare alone.
+        const auto ready = [&]() -> result<void> {
+          if (who == room_for::put) return ready_for_put(0);
+          if (auto b = check_budget(0, who); !b) return b;
+          return ensure_spare();
+        };
+        if (auto r = ready(); !r) return std::unexpected(r.error());
       }
       continue;
     }

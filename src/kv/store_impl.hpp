@@ -436,6 +436,10 @@ struct store::impl final : ix::page_source {
   //! The next active segment (under the `segment` lock): a new one, or for compaction when
   //! none can be made, the spare.
   [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who) noexcept;
+  //! What a put needs before it makes `more` bytes of new segment (under the `segment` lock):
+  //! room in the budget, the spare made, and a segment of the volume left for deletes.
+  //! Errors: budget_reached, no_space.
+  [[nodiscard]] result<void> ready_for_put(std::uint64_t more) noexcept;
   //! Whether a put could make `more` bytes of new segment now (budget and volume room).
   [[nodiscard]] bool could_put(std::uint64_t more) const noexcept;
   //! Records `made` (a segment made or taken, under the `segment` lock) as the deletes'
