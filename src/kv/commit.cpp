@@ -796,24 +796,39 @@ result<std::string> store::get(std::string_view key) noexcept {
 }
 
 namespace {
-// How many compactions a single erase runs on a full store before it gives up (each frees at
-// least a segment: more than one erase record).
-constexpr int max_compactions_per_erase = 4;
+
+// How many compactions one put or erase runs on a full store before it gives up (each frees
+// at least a segment).
+constexpr int max_compactions_per_call = 4;
+
+bool out_of_room(const error& e) noexcept {
+  return e == std::errc::no_space_on_device || e == errc::budget_reached ||
+         e == std::error_code(EDQUOT, std::system_category());
+}
+
 }  // namespace
 
 result<void> store::put(std::string_view key, std::string_view value) noexcept {
-  auto t = begin();
-  if (!t) return std::unexpected(t.error());
-  if (auto r = t->put(key, value); !r) return r;
-  // A blind write: it conflicts only with a commit of the same key since its snapshot, which
-  // it then simply follows.
-  for (;;) {
+  // A put that finds no room while the log holds at least a segment of dead versions has the
+  // store make room from them (a compaction) and tries again: the store says full when its
+  // live data fills the volume, not its log.
+  for (int compactions = 0;;) {
+    const std::uint64_t seen = impl_->h64(hdr::compactions).load(std::memory_order_seq_cst);
+    auto t = begin();
+    if (!t) return std::unexpected(t.error());
+    if (auto r = t->put(key, value); !r) return r;
+    // A blind write: it conflicts only with a commit of the same key since its snapshot,
+    // which it then simply follows.
     auto r = t->commit();
     if (r) return {};
-    if (r.error() != errc::conflict) return std::unexpected(r.error());
-    t = begin();
-    if (!t) return std::unexpected(t.error());
-    if (auto p = t->put(key, value); !p) return p;
+    if (r.error() == errc::conflict) continue;
+    if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call ||
+        impl_->h64(hdr::dead_bytes).load() < impl_->dir.params.segment_size) {
+      return std::unexpected(r.error());
+    }
+    auto room = impl_->make_room(seen);
+    if (!room) return std::unexpected(room.error());  // why no room could be made
+    if (!*room) return std::unexpected(r.error());
   }
 }
 
@@ -822,6 +837,7 @@ result<void> store::erase(std::string_view key) noexcept {
   // compaction (whose spare always holds a victim's copies) frees some, and the erase is
   // tried again, for as long as compactions free something.
   for (int compactions = 0;;) {
+    const std::uint64_t seen = impl_->h64(hdr::compactions).load(std::memory_order_seq_cst);
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     auto v = t->get_view(key);
@@ -829,15 +845,13 @@ result<void> store::erase(std::string_view key) noexcept {
     if (auto e = t->erase(key); !e) return e;
     auto r = t->commit();
     if (r) return {};
-    if (r.error() == std::errc::no_space_on_device || r.error() == errc::budget_reached ||
-        r.error() == std::error_code(EDQUOT, std::system_category())) {
-      if (compactions++ == max_compactions_per_erase) return std::unexpected(r.error());
-      auto c = compact();
-      if (!c) return std::unexpected(c.error());  // why no room could be made
-      if (c->segments_removed == 0) return std::unexpected(r.error());
-      continue;
+    if (r.error() == errc::conflict) continue;
+    if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call) {
+      return std::unexpected(r.error());
     }
-    if (r.error() != errc::conflict) return std::unexpected(r.error());
+    auto room = impl_->make_room(seen);
+    if (!room) return std::unexpected(room.error());  // why no room could be made
+    if (!*room) return std::unexpected(r.error());
   }
 }
 

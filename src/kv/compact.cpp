@@ -177,8 +177,20 @@ void store::impl::unmap_removed_segments() noexcept {
   }
 }
 
+result<bool> store::impl::make_room(std::uint64_t seen) noexcept {
+  bool others_ran = false;
+  auto c = compact(seen, &others_ran);
+  if (!c) return std::unexpected(c.error());
+  return others_ran || c->segments_removed != 0;
+}
+
 result<compact_stats> store::compact() noexcept {
-  impl& s = *impl_;
+  return impl_->compact(std::nullopt, nullptr);
+}
+
+result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_since,
+                                           bool* others_ran) noexcept {
+  impl& s = *this;
   if (s.opts.read_only || s.failed.load() || s.h64(hdr::sync_error).load() != 0) {
     return keel_error(errc::read_only);
   }
@@ -190,6 +202,13 @@ result<compact_stats> store::compact() noexcept {
   if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
   compact_stats st;
+  // Another compaction ran while we waited for the byte: the room it made is the caller's
+  // to try first (a crowd of writers finding the volume full runs one compaction, not one
+  // each).
+  if (unless_since && s.h64(hdr::compactions).load(std::memory_order_seq_cst) != *unless_since) {
+    if (others_ran != nullptr) *others_ran = true;
+    return st;
+  }
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
   // writing into one began before now; wait for them to finish. Once they have, every

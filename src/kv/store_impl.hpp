@@ -484,6 +484,14 @@ struct store::impl final : ix::page_source {
       compact_stats& st) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
   void unmap_removed_segments() noexcept;
+  //! store::compact; with `unless_since` (hdr::compactions as the caller last saw it), none
+  //! when another compaction has run since, which `others_ran` then says.
+  [[nodiscard]] result<compact_stats> compact(std::optional<std::uint64_t> unless_since,
+                                              bool* others_ran) noexcept;
+  //! After a commit failed for room (is_out_of_room): a compaction, unless one ran since
+  //! `seen` (hdr::compactions before the commit). Whether a retry may find room (one ran
+  //! since, or this one removed a segment). Errors: the compaction's.
+  [[nodiscard]] result<bool> make_room(std::uint64_t seen) noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
   //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.

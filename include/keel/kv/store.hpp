@@ -199,6 +199,12 @@ class store {
   store& operator=(const store&) = delete;
 
   [[nodiscard]] result<std::string> get(std::string_view key) noexcept;
+  //! When the commit finds no room while the log holds at least a segment of dead versions,
+  //! it compacts (once for every writer that found the store full at the same time) and
+  //! tries again, so the store is full when its live data fills the volume (or budget), not
+  //! its log. Like `compact`, that waits (up to options::lock_timeout) for the transactions
+  //! open in any thread: do not call it while this thread holds one. Errors: commit's, and
+  //! compact's when the compaction it ran failed.
   [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
   //! On a full store it compacts when it must (see transaction::commit), so deletes go on
   //! while compaction can free anything: like `compact`, it then waits (up to
