@@ -375,32 +375,66 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     return errc_error(std::errc::not_enough_memory);
   }
 
-  // 1. Blobs, before any lock.
+  // 1. Room, then blobs, before any lock.
   const std::uint64_t threshold = s->dir.params.blob_threshold;
-  const bool has_blobs = std::ranges::any_of(keys, [&](const key_plan& k) {
-    return k.w != nullptr && !k.w->erase && k.w->value.size() >= threshold;
-  });
-  if (s->opts.max_bytes != 0 && has_blobs) {
-    // Under a budget, a commit whose blobs and block cannot all fit in the room left is
-    // refused before its blobs are written: written, they would be space no commit uses
-    // (and a blob segment of its own could not even be compacted while the store is full).
-    // Writers racing for the same room can still leave such space; compaction takes it.
-    std::uint64_t need = sizeof(fmt::block_header);
-    for (const key_plan& k : keys) {
-      if (k.w == nullptr) continue;
-      fmt::record_in r;
-      r.key = as_bytes(k.key);
-      if (k.w->erase) {
-        r.what = fmt::op::erase;
-      } else if (k.w->value.size() >= threshold) {
-        r.what = fmt::op::put_blob;
-        need += fmt::blob_block_size(k.w->value.size());
-      } else {
-        r.value = as_bytes(k.w->value);
-      }
-      need += fmt::record_size(r);
+  // A commit that only erases may use the segment of room puts leave: deletes work on a
+  // volume (or budget) puts have filled.
+  const bool only_erases = std::all_of(
+      keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
+  bool has_blobs = false;
+  std::uint64_t need = sizeof(fmt::block_header);  // its block and blobs, ideally placed
+  std::uint64_t puts = 0;
+  for (const key_plan& k : keys) {
+    if (k.w == nullptr) continue;
+    fmt::record_in r;
+    r.key = as_bytes(k.key);
+    if (k.w->erase) {
+      r.what = fmt::op::erase;
+    } else if (k.w->value.size() >= threshold) {
+      r.what = fmt::op::put_blob;
+      need += fmt::blob_block_size(k.w->value.size());
+      has_blobs = true;
+    } else {
+      r.value = as_bytes(k.w->value);
     }
-    if (need > s->room_left(room_for::put)) return keel_error(errc::budget_reached);
+    puts += k.w->erase ? 0 : 1;
+    need += fmt::record_size(r);
+  }
+  // Under a budget, a commit whose blobs and block cannot all fit in the room left is
+  // refused before its blobs are written: written, they would be space no commit uses (and a
+  // blob segment of its own could not even be compacted while the store is full). Writers
+  // racing for the same room can still leave such space; compaction takes it.
+  if (s->opts.max_bytes != 0 && has_blobs && need > s->room_left(room_for::put)) {
+    return keel_error(errc::budget_reached);
+  }
+  // The ledger: a commit that puts is charged its worst case before anything of it is
+  // written. Its block and each blob may leave up to their own length unused at the end of a
+  // segment they do not fit; each new key may split a page in two and double the directory.
+  struct ledger_hold {
+    store::impl* s = nullptr;
+    std::uint32_t who = 0;
+    space::charge c;
+    bool used = false;  // space was taken: it stays charged
+    void done() noexcept {
+      if (s == nullptr) return;
+      if (used) {
+        s->ledger->leave(who);
+      } else {
+        (void)s->ledger->refund(who, c);
+      }
+      s = nullptr;
+    }
+    ~ledger_hold() { done(); }
+  } charged;
+  if (!only_erases && s->ledger) {
+    const std::uint64_t index_pages = 2 * puts + ix::directory_pages(s->table->depth() + 1);
+    const std::uint64_t cost = 2 * need + index_pages * fmt::page_size;
+    auto c = s->charge(lease.index,
+                       static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
+    if (!c) return std::unexpected(c.error());
+    charged.c = *c;
+    charged.who = lease.index;
+    charged.s = s;  // last: a hold with no store does nothing
   }
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;
@@ -421,6 +455,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       if (!n) return std::unexpected(n.error());
       at = fmt::make_location(*n, fmt::segment_header_size);
     }
+    charged.used = true;
     auto bytes = s->bytes_at(at);
     if (!bytes) return std::unexpected(bytes.error());
     k.blob = {at, s->write_dirty(at, [&] {
@@ -542,10 +577,6 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   const std::uint64_t length = fmt::block_size(records);
   const slot_ref me = s->slot(lease.index);
-  // A commit that only erases may use the segment of room puts leave: deletes work on a
-  // volume (or budget) puts have filled.
-  const bool only_erases = std::all_of(
-      keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
   // The slot says *reserved* before the space is taken, with a location at or below the one
   // it will get (the tail only grows): a checkpointer that sees neither the slot nor the
   // tail move knows where replay must start (doc/kv-format.md, "Checkpoints").
@@ -557,6 +588,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     me.state().store(u64(commit_state::idle));
     return std::unexpected(L.error());
   }
+  charged.used = true;
   me.block().store(*L);
   me.block_length().store(length);
   step(commit_step::reserved);
@@ -665,6 +697,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   step(commit_step::visible);
   me.state().store(u64(commit_state::idle), std::memory_order_release);
   (void)held.unlock();
+  charged.done();
 
   // 8. Durable: a sync that starts after every commit up to ours is written covers it.
   if (d == durability::sync) {

@@ -7,11 +7,6 @@ namespace {
 
 constexpr std::size_t words_per_page = page_size / sizeof(std::uint64_t);
 
-std::size_t directory_pages(unsigned depth) noexcept {
-  const std::size_t words = std::size_t{1} << depth;
-  return (words + words_per_page - 1) / words_per_page;
-}
-
 void init_bucket(const bucket_ref& b, unsigned depth, std::uint64_t prefix) noexcept {
   b.local_depth().store(depth);
   b.prefix().store(prefix);
@@ -39,6 +34,11 @@ void place(const bucket_ref& b, std::uint64_t hi, std::uint64_t lo, std::uint64_
 }
 
 }  // namespace
+
+std::size_t directory_pages(unsigned depth) noexcept {
+  const std::size_t words = std::size_t{1} << depth;
+  return (words + words_per_page - 1) / words_per_page;
+}
 
 std::atomic_ref<std::uint64_t> table::directory_entry(std::uint64_t first,
                                                       std::uint64_t i) const noexcept {

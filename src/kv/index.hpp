@@ -65,6 +65,9 @@ struct bucket_ref {
   }
 };
 
+//! Pages of a directory of depth `depth`.
+[[nodiscard]] std::size_t directory_pages(unsigned depth) noexcept;
+
 //! The directory word of the index header: first page × 256 + global depth.
 [[nodiscard]] constexpr std::uint64_t directory_word(std::uint64_t first_page,
                                                      unsigned depth) noexcept {

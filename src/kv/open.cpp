@@ -219,6 +219,7 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     s.seq().store(0);
     s.block().store(0);
     s.block_length().store(0);
+    s.ledger_pin().store(0);  // a dead user's charge stays charged (safe)
     s.start_time().store(base::self().start_time);
     s.tid().store(static_cast<std::uint32_t>(::syscall(SYS_gettid)));
     s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
@@ -774,6 +775,11 @@ result<void> store::impl::open_index() noexcept {
   index_map = std::move(*m);
   table.emplace(base(), h64(hdr::directory),
                 reinterpret_cast<std::uint64_t*>(base() + hdr::split_journal));
+  if (opts.ledger && !opts.read_only) {
+    ledger.emplace(*reinterpret_cast<space::ledger_words*>(base() + hdr::ledger),
+                   base() + slot_first_page * fmt::page_size + slot_ledger_pin, max_slots,
+                   slot_size);
+  }
 
   auto probe = io::file_handle::open_at(dir.dir, "index",
                                         io::open_flags::read_write | io::open_flags::no_follow);
@@ -789,6 +795,7 @@ result<void> store::impl::open_index() noexcept {
       auto r =
           header_valid(*this, static_cast<std::uint64_t>(*size), why) ? recover_alone() : rebuild();
       if (!r) return r;
+      reset_ledger();  // what dead users charged is nobody's now
       // A rebuild does not know which segment was made of the deletes' room: on a volume
       // puts could not grow on, the tail's is taken for it.
       if (h64(hdr::deletes_segment).load() == 0 && h64(hdr::tail).load() != 0 && !could_put(0)) {

@@ -29,6 +29,7 @@
 #include "keel/io/mapped_file.hpp"
 #include "keel/kv/store.hpp"
 #include "keel/lock/memory_map.hpp"
+#include "keel/space/ledger.hpp"
 #include "kv/format.hpp"
 #include "kv/index.hpp"
 #include "kv/store_dir.hpp"
@@ -75,6 +76,9 @@ constexpr std::size_t spare = 312;
 constexpr std::size_t directory = 320;
 constexpr std::size_t split_journal = 328;  // old, low, high: ix::split_journal
 constexpr std::size_t compactions = 352;    // segments removed by compaction so far (batches)
+// The space ledger's words (keel/space/ledger.hpp): a cache line of their own, charged by
+// every commit that puts.
+constexpr std::size_t ledger = 384;
 // One bit per segment table entry: a block was written into that segment since the last
 // group sync began.
 constexpr std::size_t dirty_segments = 1024;
@@ -88,6 +92,8 @@ constexpr std::uint64_t state_valid = 1;
 constexpr std::size_t slot_first_page = 1;
 constexpr std::size_t max_slots = 1024;
 constexpr std::size_t slot_size = 256;
+//! Where in a slot its user's ledger pin is (the delta it is charging, 0: none).
+constexpr std::size_t slot_ledger_pin = 64;
 constexpr std::size_t segtab_first_page = 65;
 constexpr std::size_t segtab_entries = 8064;
 constexpr std::size_t segtab_entry_size = 32;
@@ -108,6 +114,7 @@ constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
 constexpr std::uint64_t entity_segment = entity_base + 2;
 constexpr std::uint64_t entity_directory = entity_base + 3;
 constexpr std::uint64_t entity_sync = entity_base + 4;
+constexpr std::uint64_t entity_ledger = entity_base + 5;  // the ledger's back end
 
 //! How far the index may grow: the size of the window every user maps (pages past the file's
 //! end are never touched).
@@ -118,7 +125,8 @@ inline constexpr base::format index_format{
     base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
                      ix::entries_per_page, hdr::retired_pages, hdr::directory, hdr::split_journal,
                      hdr::compactions, hdr::checkpoint_attempt, hdr::dirty_segments, hdr::sync_ns,
-                     hdr::deletes_segment, hdr::spare, index_window})};
+                     hdr::deletes_segment, hdr::spare, hdr::ledger, slot_ledger_pin,
+                     index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
 //! that puts leaves the spare and one segment of free room more, for deletes; one that only
@@ -141,6 +149,8 @@ struct slot_ref {
   std::atomic_ref<std::uint64_t> block_length() const noexcept { return u64(48); }
   //! Snapshots taken in this slot so far: a waiter sees a new transaction begin.
   std::atomic_ref<std::uint64_t> snapshots() const noexcept { return u64(56); }
+  //! The delta its user is charging in the space ledger (0: none).
+  std::atomic_ref<std::uint64_t> ledger_pin() const noexcept { return u64(slot_ledger_pin); }
 
  private:
   std::atomic_ref<std::uint32_t> u32(std::size_t at) const noexcept {
@@ -192,6 +202,9 @@ struct store::impl final : ix::page_source {
   std::unique_ptr<lock::memory_map> locks;
   std::optional<ix::table> table;
   std::uint64_t salt = 0;
+  //! The space ledger in the index header, its pins in the user slots (null: options::ledger
+  //! off, or read-only).
+  std::optional<space::ledger> ledger;
 
   // ---- per process (reopened after fork) ----
   base::mutex live_mutex;
@@ -484,6 +497,35 @@ struct store::impl final : ix::page_source {
       compact_stats& st) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
   void unmap_removed_segments() noexcept;
+  // ---- the space ledger (space.cpp) ----
+  //! The room puts may still take: the rest of the tail's segment (unless it is the
+  //! deletes'), and the whole segments less their headers that the budget and the volume
+  //! still let a put make (see room_for), each an ideal fit. `why`: what bounds it, budget or
+  //! volume.
+  struct put_room {
+    std::uint64_t bytes = 0;
+    error why;
+  };
+  [[nodiscard]] put_room room_for_puts() const noexcept;
+  //! Charges `cost` to the ledger for the commit in slot `who` (see charge_cost), closing
+  //! deltas as the back end (closing_delta) until it fits. Errors: no_space_on_device or
+  //! budget_reached when even an empty delta's budget is below `cost`, timed_out (`cd`).
+  [[nodiscard]] result<space::charge> charge(std::uint32_t who, std::int64_t cost,
+                                             const io::countdown& cd) noexcept;
+  //! The back end, after a charge of `cost` to delta `seen` failed: unless another closed it
+  //! meanwhile, closes it, giving the next the room for puts less the closed delta's
+  //! charges; when that is below `cost`, waits until the closed delta is quiet and raises
+  //! the budget to the room measured then (Tux3's correction), failing when even that is
+  //! below `cost`. Under the ledger lock.
+  [[nodiscard]] result<void> close_delta(std::uint64_t seen, std::int64_t cost,
+                                         const io::countdown& cd) noexcept;
+  //! Waits until no writer is inside delta `d`, clearing the pins of dead users.
+  [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
+  //! Clears slot `u`'s pin if it still names `d` and its user is dead (holding its byte).
+  void free_dead_pin(std::uint32_t u, std::uint64_t d) noexcept;
+  //! Zeroes the ledger and every pin: alone, before anyone charges.
+  void reset_ledger() noexcept;
+
   //! store::compact; with `unless_since` (hdr::compactions as the caller last saw it), none
   //! when another compaction has run since, which `others_ran` then says.
   [[nodiscard]] result<compact_stats> compact(std::optional<std::uint64_t> unless_since,

@@ -76,6 +76,13 @@ struct options {
   //! last one, by a thread the commit that crosses the mark starts (0: the larger of 128 MiB
   //! and the index's size, which keeps the copying under one byte per byte of log).
   std::uint64_t checkpoint_bytes = 0;
+  //! Charge every commit that puts its worst-case room in the space ledger
+  //! (keel/space/ledger.hpp) before anything of it is written, so that one that cannot fit
+  //! fails at once with no_space (or budget_reached), its blobs unwritten and the index
+  //! unsplit. Off: the same commit fails instead where it finds the room missing (still
+  //! before it is visible). Each opener's own choice; off is for measuring what the ledger
+  //! costs.
+  bool ledger = true;
   //! The filesystem the store's files are reached through (null: io::os()).
   io::filesystem* fs = nullptr;
 };

@@ -1,0 +1,126 @@
+// The space ledger in the store (doc/kv-format.md, "Space"): every commit that puts charges
+// its worst-case room to the front delta before anything of it is written; the back end
+// closes deltas and gives each the room puts may still take.
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+
+store::impl::put_room store::impl::room_for_puts() const noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
+  put_room r;
+  // The rest of the tail's segment, unless puts keep off it.
+  if (tail != 0 && fmt::segment_of(tail) != h64(hdr::deletes_segment).load()) {
+    r.bytes = seg_size - fmt::offset_of(tail);
+  }
+  // Whole segments: a put makes one only with the spare made and a segment of the volume
+  // left after it (check_headroom), and, under a budget, the same of the budget.
+  std::uint64_t by_volume = UINT64_MAX;
+  if (auto free = fs->statfs(dir.segments)) {
+    std::uint64_t avail = free->available_bytes;
+    if (h64(hdr::spare).load() == 0) avail = avail > seg_size ? avail - seg_size : 0;
+    by_volume = avail / seg_size > 0 ? avail / seg_size - 1 : 0;
+  }
+  const std::uint64_t by_budget =
+      opts.max_bytes == 0 ? UINT64_MAX : budget_left(room_for::put) / seg_size;
+  std::uint64_t whole = std::min(by_volume, by_budget);
+  r.why = whole == by_budget && opts.max_bytes != 0
+              ? error(make_error_code(errc::budget_reached))
+              : error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/seg");
+  // One made and abandoned is the next segment, whoever asks.
+  if (abandoned_segment() != 0) whole = std::min<std::uint64_t>(whole, UINT64_MAX - 1) + 1;
+  const std::uint64_t each = seg_size - fmt::segment_header_size;
+  const auto cap = static_cast<std::uint64_t>(space::ledger::max_amount);
+  r.bytes = whole >= cap / each ? cap : std::min(cap, r.bytes + whole * each);
+  return r;
+}
+
+result<space::charge> store::impl::charge(std::uint32_t who, std::int64_t cost,
+                                          const io::countdown& cd) noexcept {
+  if (cost > space::ledger::max_amount) return keel_error(errc::too_large);
+  for (;;) {
+    const std::uint64_t seen = ledger->front();
+    auto c = ledger->try_charge(who, cost);
+    if (!c) return std::unexpected(c.error());
+    if (*c) return **c;
+    if (auto r = close_delta(seen, cost, cd); !r) return std::unexpected(r.error());
+  }
+}
+
+result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
+                                      const io::countdown& cd) noexcept {
+  // Its own lock, not the segment lock: writers inside a delta may need that one to make a
+  // segment, and the back end waits for them to leave.
+  auto g = locks->lock({lock::entity(entity_ledger)}, io::deadline(cd.expiry()));
+  if (!g) return std::unexpected(g.error());
+  if (ledger->front() != seen) return {};  // closed by another: try the next one
+  // The delta before `seen` lends its words to the next: it must be quiet.
+  if (seen >= 2) {
+    if (auto q = wait_quiet(seen - 1, cd); !q) return q;
+  }
+  // Assume the worst of the delta being closed: every charge of it still to be used in full
+  // (those already used are counted twice, which only errs low).
+  const put_room room = room_for_puts();
+  const std::int64_t in_flight = ledger->charged(seen);
+  const std::int64_t provisional =
+      std::max<std::int64_t>(0, static_cast<std::int64_t>(room.bytes) - in_flight);
+  auto next = ledger->transition(provisional);
+  if (!next) return std::unexpected(next.error());
+  if (provisional >= cost) return {};
+  // Near full the worst case is too dear: once the closed delta is quiet, the room measured
+  // then is what the new one may have had since its transition, at least (its own commits
+  // since used some of it): the correction only raises its budget.
+  if (auto q = wait_quiet(seen, cd); !q) return q;
+  const put_room exact = room_for_puts();
+  if (static_cast<std::int64_t>(exact.bytes) > provisional) {
+    if (auto c = ledger->correct(static_cast<std::int64_t>(exact.bytes)); !c) return c;
+  }
+  if (static_cast<std::int64_t>(exact.bytes) < cost) return std::unexpected(exact.why);
+  return {};
+}
+
+result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept {
+  // Writers leave a delta within their commit, which waits for nothing of ours.
+  for (int round = 0;; ++round) {
+    if (ledger->quiet(d)) return {};
+    if (round >= 64) {
+      // A pin left by a dead user (cleared when its slot is next taken) would hold it
+      // forever.
+      for (std::uint32_t u = 0; u < max_slots; ++u) {
+        if (slot(u).ledger_pin().load(std::memory_order_acquire) == d && slot_owner_dead(u)) {
+          free_dead_pin(u, d);
+        }
+      }
+      if (ledger->quiet(d)) return {};
+      if (cd.expired()) return errc_error(std::errc::timed_out);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void store::impl::free_dead_pin(std::uint32_t u, std::uint64_t d) noexcept {
+  base::lock_guard g(live_mutex);
+  if (!ensure_live() || ours[u]) return;
+  // Holding its byte, nobody is using the slot: its pin is the dead user's (a new user
+  // clears it when it takes the slot, under the byte too).
+  if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
+  std::uint64_t expect = d;
+  slot(u).ledger_pin().compare_exchange_strong(expect, 0, std::memory_order_seq_cst);
+  (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+}
+
+void store::impl::reset_ledger() noexcept {
+  std::memset(base() + hdr::ledger, 0, sizeof(space::ledger_words));
+  for (std::uint32_t u = 0; u < max_slots; ++u)
+    slot(u).ledger_pin().store(0);
+}
+
+}  // namespace keel::kv
