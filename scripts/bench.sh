@@ -149,14 +149,16 @@ step 7/9 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
 
 # keel::space's out-of-space figures (issue 13): a store fills small volumes made for the run
 # (tmpfs; ext4 on a loop device when root).
-space_size=64 space_stream=16
-[ "${QUICK:-}" = 1 ] && space_size=32 space_stream=8
+# blurt: the seed's 1000 processes at once, 9 rounds here (the seed runs 81).
+space_size=64 space_stream=16 blurt=(--blurt-tasks 1000 --blurt-dirs 3 --blurt-passes 3)
+[ "${QUICK:-}" = 1 ] && space_size=32 space_stream=8 &&
+  blurt=(--blurt-tasks 100 --blurt-dirs 2 --blurt-passes 2)
 space_fs=(tmpfs) space_files=()
 [ -z "$fs_skip" ] && space_fs+=(ext4)
 for fs in "${space_fs[@]}"; do
-  step 8/9 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full"
+  step 8/9 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
   "$keel" spacebench --fs "$fs" --size-mib "$space_size" --stream-mib "$space_stream" \
-    --segment-mib 1 --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
+    --segment-mib 1 "${blurt[@]}" --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
     tee "$out/spacebench-$fs.txt" >&2
   space_files+=(--spacebench "$out/raw/spacebench-$fs.json")
 done

@@ -148,10 +148,46 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
     targets.push_back({v + ": time to fail, retried puts", fmt::format("{:.6f} s", fail), "≤ 0.1 s",
                        fail <= 0.1});
   }
-  targets.push_back({"ledger cost far from full (on vs off)", "not measured: not in the store yet",
-                     "≤ 1 %, < 100 ns", false, false});
-  targets.push_back(
-      {"blurt: 1000 processes × 40 × 1 KiB", "not measured yet", "exact accounting", false, false});
+  for (const auto& doc : docs) {
+    if (!doc.contains("ledger")) continue;
+    const json& l = doc["ledger"];
+    if (!l.contains("charge_ns")) {
+      targets.push_back({name_of(doc) + ": ledger cost far from full (on vs off)",
+                         "not measured: " + l.dump(), "≤ 1 %, < 100 ns", false, false});
+      continue;
+    }
+    const double pct = number(l, "cost_pct");
+    const double ns = number(l, "charge_ns");
+    targets.push_back({name_of(doc) + ": ledger cost far from full (best of 5, on vs off)",
+                       fmt::format("{:+.2f} % ({:.0f} vs {:.0f} puts/s); {:.1f} ns a charge", pct,
+                                   number(l, "best_on"), number(l, "best_off"), ns),
+                       "≤ 1 %, < 100 ns", pct <= 1.0 && ns < 100.0});
+  }
+  bool blurt_measured = false;
+  for (const auto& doc : docs) {
+    if (!doc.contains("blurt") || !doc["blurt"].contains("seconds")) continue;
+    blurt_measured = true;
+    const json& b = doc["blurt"];
+    const json& p = doc["blurt_plain"];
+    const std::uint64_t failed =
+        b["failed_tasks"].get<std::uint64_t>() + b["signalled_tasks"].get<std::uint64_t>();
+    const std::string plain = p.contains("seconds")
+                                  ? fmt::format("plain files {:.2f} s, {:.1f} % used",
+                                                number(p, "seconds"), number(p, "used_pct"))
+                                  : "plain files not measured";
+    targets.push_back(
+        {fmt::format("{}: blurt, {} processes at once, {} rounds, live {:.0f} % of {} MiB",
+                     name_of(doc), doc.value("blurt_tasks", 0), b["rounds_planned"].get<int>(),
+                     number(b, "live_pct"), b.value("volume_mib", 0)),
+         fmt::format("{} failed tasks, {:.2f} s, {:.1f} % used ({})", failed, number(b, "seconds"),
+                     number(b, "used_pct"), plain),
+         "0 failed (no early no_space)",
+         failed == 0 && b["rounds"].get<int>() == b["rounds_planned"].get<int>()});
+  }
+  if (!blurt_measured) {
+    targets.push_back({"blurt: processes rewriting in parallel", "not measured in this run",
+                       "no early no_space", false, false});
+  }
   section s;
   s.results["runs"] = docs;
   std::vector<std::string> pngs;

@@ -19,8 +19,27 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   keel::test::temp_dir dir;
   const std::string out = dir.file("space.json");
   auto r = run_program(KEEL_BINARY,
-                       {"spacebench", "--size-mib", "12", "--stream-mib", "6", "--retries", "20",
-                        "--dir", dir.path().string(), "--json", out},
+                       {"spacebench",
+                        "--size-mib",
+                        "12",
+                        "--stream-mib",
+                        "6",
+                        "--retries",
+                        "20",
+                        "--blurt-tasks",
+                        "20",
+                        "--blurt-steps",
+                        "40",
+                        "--blurt-dirs",
+                        "2",
+                        "--blurt-passes",
+                        "6",
+                        "--blurt-mib",
+                        "12",
+                        "--dir",
+                        dir.path().string(),
+                        "--json",
+                        out},
                        dir.path().string());
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream in(out);
@@ -54,6 +73,23 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   EXPECT_EQ(j.at("stream_far").at("stored"), 6144) << "6 MiB of 1 KiB values fit a 48 MiB volume";
   EXPECT_LT(j.at("stream_near").at("stored").get<std::uint64_t>(), 6144u);
   EXPECT_GT(j.at("near_far_ratio").get<double>(), 0.0);
+  // The ledger on and off far from full: both streams ran, and a charge was timed.
+  const auto& ledger = j.at("ledger");
+  EXPECT_EQ(ledger.at("runs").size(), 10u);
+  EXPECT_GT(ledger.at("best_on").get<double>(), 0.0);
+  EXPECT_GT(ledger.at("best_off").get<double>(), 0.0);
+  EXPECT_GT(ledger.at("charge_ns").get<double>(), 0.0);
+  // blurt: 20 processes at once put 40 KiB each, into 2 ranges, 6 passes: 9.4 MiB of values
+  // for 1.6 MiB live on a 12 MiB volume, more than the store's segments can hold beside its
+  // index and the segments it keeps for deletes and compaction. No put may fail, with the
+  // store or with files.
+  const auto& blurt = j.at("blurt");
+  EXPECT_EQ(blurt.at("rounds"), 12);
+  EXPECT_EQ(blurt.at("failed_tasks"), 0);
+  EXPECT_EQ(blurt.at("signalled_tasks"), 0);
+  EXPECT_GT(blurt.at("seconds").get<double>(), 0.0);
+  EXPECT_EQ(j.at("blurt_plain").at("rounds"), 12);
+  EXPECT_EQ(j.at("blurt_plain").at("failed_tasks"), 0);
   // Its mount point and scratch file are gone.
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     EXPECT_FALSE(e.path().filename().string().starts_with("keel-spacebench"))

@@ -11,7 +11,13 @@
 // - after full: every other key erased, compaction until it frees nothing more, then puts
 //   until no_space again (deletes, compaction and writes must all work);
 // - near full: the seed's dd test translated, a stream of puts into a volume far from full
-//   and into one it overflows: the ratio of their times.
+//   and into one it overflows: the ratio of their times;
+// - the ledger's cost far from full: the same stream of puts with the space ledger on and
+//   off, alternated, and one charge and leave alone, in nanoseconds;
+// - blurt, translated: rounds of many processes at once, each putting `steps` values under
+//   keys of its own in one of `dirs` key ranges, the same ranges again pass after pass (so
+//   later passes rewrite); no put may fail while the live data is far from filling the
+//   volume. Beside it the seed's own blurt with files, on a volume of the same size.
 
 #include "spacebench_command.hpp"
 
@@ -36,6 +42,7 @@
 #include "keel/io/file_handle.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/kv/store.hpp"
+#include "keel/space/ledger.hpp"
 
 namespace keel::tools {
 namespace {
@@ -52,7 +59,20 @@ struct config {
   std::size_t retries = 1000;
   std::string dir;
   std::string json_path;
+  // blurt: the seed's 1000 tasks of 40 writes, into 9 directories, 9 times over.
+  std::size_t blurt_tasks = 1000;
+  std::size_t blurt_steps = 40;
+  std::size_t blurt_dirs = 9;
+  std::size_t blurt_passes = 9;
+  std::uint64_t blurt_mib = 0;  // 0: what the live data needs, 3.5 times over (the seed's ~30 %)
 };
+
+std::uint64_t blurt_volume_mib(const config& c) {
+  if (c.blurt_mib != 0) return c.blurt_mib;
+  const double live = static_cast<double>(c.blurt_dirs * c.blurt_tasks * c.blurt_steps) *
+                      static_cast<double>(c.value_size);
+  return std::max<std::uint64_t>(16, static_cast<std::uint64_t>(live * 3.5 / 1048576.0) + 1);
+}
 
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
@@ -318,6 +338,168 @@ json stream_run(const config& c, const std::string& mnt) {
   return {{"seconds", seconds_since(start)}, {"stored", stored}, {"stopped", stopped}};
 }
 
+// The ledger far from full: `stream_mib` of puts into a fresh store, with the ledger on and
+// off in turn, five times each; the best of each (the least disturbed). Far from full for the
+// ledger: it charges each 1 KiB put its worst case, about 14 KiB (its block twice, index pages
+// for a split and a directory doubling), so the volume is 32 times the stream. And what one
+// charge and leave cost alone, uncontended.
+json ledger_run(const config& c, const std::string& mnt) {
+  const std::string value(c.value_size, 'v');
+  const std::uint64_t n = (c.stream_mib << 20) / c.value_size;
+  double best[2] = {0, 0};  // puts/s: off, on
+  json runs = json::array();
+  for (int round = 0; round < 5; ++round) {
+    for (const bool on : {true, false}) {
+      kv::options o;
+      o.segment_size = c.segment_mib << 20;
+      o.ledger = on;
+      const std::string path = fmt::format("{}/l{}", mnt, round);
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+      auto s = kv::store::open(path, o);
+      if (!s) return {{"error", s.error().message()}};
+      const auto start = clock_type::now();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        if (auto r = (*s)->put(key_of(i), value); !r) return {{"error", r.error().message()}};
+      }
+      const double rate = static_cast<double>(n) / seconds_since(start);
+      best[on ? 1 : 0] = std::max(best[on ? 1 : 0], rate);
+      runs.push_back({{"ledger", on}, {"puts_per_second", rate}});
+    }
+  }
+  // One writer charging and leaving, over and over, in a budget it never exhausts.
+  space::ledger_words words{};
+  std::uint64_t pin = 0;
+  space::ledger l(words, reinterpret_cast<std::byte*>(&pin), 1, 8);
+  (void)l.transition(space::ledger::max_amount);
+  constexpr std::uint64_t charges = 10'000'000;
+  const auto start = clock_type::now();
+  for (std::uint64_t i = 0; i < charges; ++i) {
+    auto ch = l.try_charge(0, 1);
+    if (!ch || !*ch) return {{"error", "a charge failed in an endless budget"}};
+    l.leave(0);
+  }
+  const double ns = seconds_since(start) * 1e9 / static_cast<double>(charges);
+  return {{"puts", n},
+          {"runs", runs},
+          {"best_on", best[1]},
+          {"best_off", best[0]},
+          {"cost_pct", 100.0 * (1.0 - best[1] / best[0])},
+          {"charge_ns", ns}};
+}
+
+// Used share of the volume, as df counts it.
+double used_pct(const std::string& path) {
+  auto info = io::stat_fs(path.c_str());
+  if (!info || info->total_bytes == 0) return -1;
+  return 100.0 * static_cast<double>(info->total_bytes - info->free_bytes) /
+         static_cast<double>(info->total_bytes);
+}
+
+// Runs every round of blurt: `task(dir, t)` in `blurt_tasks` processes at once (its exit
+// code: 0, or 1 after printing why), dirs in the inner loop, passes in the outer, until a
+// round has a failed task.
+template <class Task>
+json blurt_rounds(const config& c, const std::string& mnt, Task&& task) {
+  const auto start = clock_type::now();
+  std::uint64_t rounds = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t signalled = 0;
+  for (std::size_t pass = 0; pass < c.blurt_passes && failed + signalled == 0; ++pass) {
+    for (std::size_t dir = 0; dir < c.blurt_dirs && failed + signalled == 0; ++dir) {
+      std::vector<pid_t> pids;
+      for (std::size_t t = 0; t < c.blurt_tasks; ++t) {
+        const pid_t pid = ::fork();
+        if (pid == 0) ::_exit(task(dir, t));
+        if (pid < 0) {
+          ++failed;
+          break;
+        }
+        pids.push_back(pid);
+      }
+      for (const pid_t pid : pids) {
+        int status = 0;
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        if (WIFSIGNALED(status)) {
+          ++signalled;
+        } else if (WEXITSTATUS(status) != 0) {
+          ++failed;
+        }
+      }
+      ++rounds;
+    }
+  }
+  return {{"seconds", seconds_since(start)},
+          {"rounds", rounds},
+          {"rounds_planned", c.blurt_passes * c.blurt_dirs},
+          {"failed_tasks", failed},
+          {"signalled_tasks", signalled},
+          {"used_pct", used_pct(mnt)}};
+}
+
+// blurt with the store: each task opens it and puts its values one commit each.
+json blurt_run(const config& c, const std::string& mnt) {
+  kv::options o;
+  o.segment_size = c.segment_mib << 20;
+  const std::string path = mnt + "/s";
+  {
+    auto made = kv::store::open(path, o);
+    if (!made) return {{"error", made.error().message()}};
+  }
+  const std::string value(c.value_size, 'b');
+  json j = blurt_rounds(c, mnt, [&](std::size_t dir, std::size_t t) {
+    auto s = kv::store::open(path, o);
+    if (!s) {
+      fmt::print(stderr, "keel spacebench: blurt task {}: open: {}\n", t, s.error().message());
+      return 1;
+    }
+    for (std::size_t step = 0; step < c.blurt_steps; ++step) {
+      if (auto r = (*s)->put(fmt::format("{}/f{}/{}", dir, t, step), value); !r) {
+        fmt::print(stderr, "keel spacebench: blurt task {} step {}: {}\n", t, step,
+                   r.error().message());
+        return 1;
+      }
+    }
+    return 0;
+  });
+  if (auto s = kv::store::open(path, o)) {
+    if (auto st = (*s)->stats()) {
+      j["live_bytes"] = st->live_bytes;
+      j["dead_bytes"] = st->dead_bytes;
+    }
+  }
+  j["live_pct"] = 100.0 * static_cast<double>(c.blurt_dirs * c.blurt_tasks * c.blurt_steps) *
+                  static_cast<double>(c.value_size) /
+                  static_cast<double>(blurt_volume_mib(c) << 20);
+  return j;
+}
+
+// The seed's blurt itself: each task creates (truncating) its file and writes its pieces.
+json plain_blurt_run(const config& c, const std::string& mnt) {
+  std::vector<std::byte> piece(c.value_size, std::byte{'b'});
+  for (std::size_t dir = 0; dir < c.blurt_dirs; ++dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(fmt::format("{}/{}", mnt, dir), ec);
+  }
+  return blurt_rounds(c, mnt, [&](std::size_t dir, std::size_t t) {
+    const std::string name = fmt::format("{}/{}/f{}", mnt, dir, t);
+    auto f = io::file_handle::open(
+        name.c_str(), io::open_flags::write | io::open_flags::create | io::open_flags::truncate);
+    if (!f) {
+      fmt::print(stderr, "keel spacebench: plain blurt: {}: {}\n", name, f.error().message());
+      return 1;
+    }
+    for (std::size_t step = 0; step < c.blurt_steps; ++step) {
+      if (auto w = f->write_at(static_cast<off_t>(step * c.value_size), piece); !w) {
+        fmt::print(stderr, "keel spacebench: plain blurt: {}: {}\n", name, w.error().message());
+        return 1;
+      }
+    }
+    return 0;
+  });
+}
+
 int run(const config& c) {
   std::error_code ec;
   const std::filesystem::path base =
@@ -334,6 +516,7 @@ int run(const config& c) {
   doc["size_mib"] = c.size_mib;
   doc["segment_mib"] = c.segment_mib;
   doc["value_size"] = c.value_size;
+  doc["blurt_tasks"] = c.blurt_tasks;
   bool ok = true;
   const auto step = [&](const char* name, std::uint64_t mib, auto body) -> json {
     fmt::print(stderr, "keel spacebench: {} on a {} MiB {}\n", name, mib, c.fs);
@@ -369,6 +552,15 @@ int run(const config& c) {
                            [&](const std::string& m) { return stream_run(c, m); });
   doc["stream_near"] = step("stream, just over full", c.stream_mib,
                             [&](const std::string& m) { return stream_run(c, m); });
+  doc["ledger"] = step("the ledger on and off, far from full", c.stream_mib * 32,
+                       [&](const std::string& m) { return ledger_run(c, m); });
+  if (c.blurt_tasks != 0) {
+    doc["blurt"] =
+        step("blurt", blurt_volume_mib(c), [&](const std::string& m) { return blurt_run(c, m); });
+    doc["blurt_plain"] = step("blurt with plain files", blurt_volume_mib(c),
+                              [&](const std::string& m) { return plain_blurt_run(c, m); });
+    doc["blurt"]["volume_mib"] = blurt_volume_mib(c);
+  }
   std::filesystem::remove(out, ec);
   std::filesystem::remove(mnt, ec);
 
@@ -429,6 +621,41 @@ int run(const config& c) {
                  "({:.2f}x)\n",
                  c.stream_mib, far * 1e6, near * 1e6, near / far);
     }
+    if (const json& l = doc["ledger"]; l.contains("charge_ns")) {
+      fmt::print(text,
+                 "  ledger far from full        {:.0f} puts/s with it, {:.0f} without ({:+.2f} % "
+                 "cost); a charge and leave {:.1f} ns\n",
+                 num(l, "best_on"), num(l, "best_off"), num(l, "cost_pct"), num(l, "charge_ns"));
+    } else {
+      fmt::print(text, "  ledger far from full        not measured: {}\n", l.dump());
+    }
+    if (c.blurt_tasks != 0) {
+      const json& b = doc["blurt"];
+      const json& p = doc["blurt_plain"];
+      const auto line = [&](const json& r) {
+        if (!r.contains("seconds")) {
+          return fmt::format("not measured ({})", r.contains("error")     ? r["error"].dump()
+                                                  : r.contains("skipped") ? r["skipped"].dump()
+                                                                          : r.dump());
+        }
+        return fmt::format(
+            "{:.3f} s, {}/{} rounds, {} failed tasks, {:.1f} % used", num(r, "seconds"),
+            r["rounds"].get<std::uint64_t>(), r["rounds_planned"].get<std::uint64_t>(),
+            r["failed_tasks"].get<std::uint64_t>() + r["signalled_tasks"].get<std::uint64_t>(),
+            num(r, "used_pct"));
+      };
+      fmt::print(
+          text,
+          "  blurt ({} tasks x {} x {} B, {} dirs x {} passes, {} MiB volume, live {:.1f} %)\n",
+          c.blurt_tasks, c.blurt_steps, c.value_size, c.blurt_dirs, c.blurt_passes,
+          blurt_volume_mib(c), num(b, "live_pct"));
+      fmt::print(text, "    keel                      {}\n", line(b));
+      fmt::print(text, "    plain files               {}\n", line(p));
+      if (b.contains("failed_tasks") &&
+          b["failed_tasks"].get<std::uint64_t>() + b["signalled_tasks"].get<std::uint64_t>() != 0) {
+        ok = false;
+      }
+    }
   } else {
     fmt::print(stderr, "keel spacebench: the fill run failed: {}\n",
                f.contains("error") ? f["error"].get<std::string>() : f.dump());
@@ -460,6 +687,18 @@ int run_spacebench_command(int argc, char** argv) {
                  "The dd test's stream: into a volume 8 times larger, and into one this large")
       ->check(CLI::Range(std::uint64_t{2}, std::uint64_t{4096}));
   app.add_option("--retries", c.retries, "Puts retried after the first no_space");
+  app.add_option("--blurt-tasks", c.blurt_tasks,
+                 "blurt: processes at once in each round (0: no blurt run)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1000}));
+  app.add_option("--blurt-steps", c.blurt_steps, "blurt: values each task puts")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100000}));
+  app.add_option("--blurt-dirs", c.blurt_dirs, "blurt: key ranges (the seed's directories)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000}));
+  app.add_option("--blurt-passes", c.blurt_passes, "blurt: passes over every range")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000}));
+  app.add_option("--blurt-mib", c.blurt_mib,
+                 "blurt: the volume's size (default: 3.5 times the live data)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{65536}));
   app.add_option("--dir", c.dir, "Where the volume's mount point goes (default: the temp dir)");
   app.add_option("--json", c.json_path, "Write every figure as JSON to this file (- : stdout)");
   try {
