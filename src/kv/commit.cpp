@@ -82,7 +82,7 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
     if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
       return true;  // another settler did it, and frees the slot (which may be reused now)
     }
-    wake_visible();
+    wake_visible(v);
     free_dead_slot(*owner);
     return true;
   }
@@ -92,7 +92,7 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
   if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
     return true;  // another settler made the hole, and frees what it may
   }
-  wake_visible();
+  wake_visible(v);
   // A dead taker's seq is below the next seq as of now; once all of those are visible, none
   // is owed any more and its slot can go (free_dead_slot checks).
   for (const std::uint32_t u : dead_takers)
@@ -104,27 +104,37 @@ void store::impl::wait_visible(std::uint64_t seq) noexcept {
   auto visible = h64(hdr::visible);
   if (visible.load(std::memory_order_acquire) >= seq) return;
   // The commits in front already hold their seqs and are past waiting for anybody: a spin
-  // usually sees them through.
-  if (base::spin_until([&] { return visible.load(std::memory_order_acquire) >= seq; },
+  // usually sees them through. Not when more wait than there are CPUs: the spinners would
+  // take the CPUs those commits need.
+  static const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  if (h64(hdr::visible_waiters).load(std::memory_order_relaxed) < cpus &&
+      base::spin_until([&] { return visible.load(std::memory_order_acquire) >= seq; },
                        std::chrono::microseconds(50))) {
     return;
   }
-  auto* word = futex_word(hdr::visible);
+  // Asleep on the gate of our seq: *visible* moves by one at a time, and each step wakes only
+  // the waiters of its own gate (with a thousand writers queued, waking all of them at every
+  // commit would cost more than the commits). The sleep is bounded: the commit in front may
+  // be a dead writer's, which nobody else settles; the bound grows while it is alive.
+  std::uint32_t* const word = visible_gate(seq);
+  const std::atomic_ref<std::uint32_t> gate(*word);
   auto waiters = h64(hdr::visible_waiters);
+  auto interval = std::chrono::milliseconds(2);
   auto last_check = clock::now();
   for (;;) {
-    const std::uint64_t v = visible.load(std::memory_order_acquire);
-    if (v >= seq) return;
-    waiters.fetch_add(1);
-    if (visible.load() == v) {
-      base::futex_wait(word, static_cast<std::uint32_t>(v), std::chrono::milliseconds(2),
-                       base::futex_scope::shared);
+    const std::uint32_t g = gate.load(std::memory_order_seq_cst);
+    if (visible.load(std::memory_order_seq_cst) >= seq) return;
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (visible.load(std::memory_order_seq_cst) < seq) {
+      base::futex_wait(word, g, interval, base::futex_scope::shared);
     }
     waiters.fetch_sub(1);
-    if (clock::now() - last_check >= std::chrono::milliseconds(2)) {
+    if (clock::now() - last_check >= interval) {
       last_check = clock::now();
       const std::uint64_t now = visible.load(std::memory_order_acquire);
-      if (now < seq) (void)settle_dead_commit(now + 1);
+      if (now < seq && !settle_dead_commit(now + 1)) {
+        interval = std::min<std::chrono::milliseconds>(2 * interval, std::chrono::milliseconds(64));
+      }
     }
   }
 }
@@ -139,13 +149,17 @@ void store::impl::publish_visible(std::uint64_t seq, counter_delta d) noexcept {
   h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d.live), std::memory_order_seq_cst);
   h64(hdr::dead_bytes).fetch_add(d.dead, std::memory_order_seq_cst);
   h64(hdr::visible).store(seq, std::memory_order_seq_cst);
-  if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
-    wake_visible();
-  }
+  wake_visible(seq);
 }
 
-void store::impl::wake_visible() noexcept {
-  base::futex_wake(futex_word(hdr::visible), INT_MAX, base::futex_scope::shared);
+void store::impl::wake_visible(std::uint64_t seq) noexcept {
+  // The gate moves first: a waiter that read it before and *visible* below seq finds it
+  // moved and does not sleep.
+  std::uint32_t* const word = visible_gate(seq);
+  std::atomic_ref(*word).fetch_add(1, std::memory_order_seq_cst);
+  if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
+    base::futex_wake(word, INT_MAX, base::futex_scope::shared);
+  }
 }
 
 // ---- Group commit ----

@@ -194,11 +194,14 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     free_slots.pop_back();
     return slot_lease{u, gen};
   }
+  // Slots their users closed (pid 0) first: with many users open, trying each live one's
+  // byte would cost a lock call each, every one a walk of the file's lock list.
   const std::uint32_t start = static_cast<std::uint32_t>(::getpid()) % max_slots;
-  for (std::uint32_t k = 0; k < max_slots; ++k) {
+  for (std::uint32_t k = 0; k < 2 * max_slots; ++k) {
     const std::uint32_t u = (start + k) % max_slots;
     if (ours[u]) continue;
     const slot_ref s = slot(u);
+    if (k < max_slots && s.pid().load(std::memory_order_acquire) != 0) continue;
     if (!slot_reclaimable(s)) continue;  // in use, or a dead writer's still needed
     auto got = fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false);
     if (!got) {

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <thread>
 
+#include "base/futex.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -49,17 +51,50 @@ result<space::charge> store::impl::charge(std::uint32_t who, std::int64_t cost,
     auto c = ledger->try_charge(who, cost);
     if (!c) return std::unexpected(c.error());
     if (*c) return **c;
-    if (auto r = close_delta(seen, cost, cd); !r) return std::unexpected(r.error());
+    if (auto r = after_failed_charge(who, seen, cost, cd); !r) return std::unexpected(r.error());
+  }
+}
+
+result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t seen,
+                                              std::int64_t cost, const io::countdown& cd) noexcept {
+  auto closer = h64(hdr::ledger_closer);
+  auto* word = futex_word(hdr::ledger_closer);
+  const std::uint64_t me = std::uint64_t{who} + 1;
+  auto interval = std::chrono::milliseconds(1);
+  auto last_check = std::chrono::steady_clock::now();
+  for (;;) {
+    if (ledger->front() != seen) return {};  // closed by another: try the next delta
+    std::uint64_t was = closer.load(std::memory_order_seq_cst);
+    if (was == 0 && closer.compare_exchange_strong(was, me, std::memory_order_seq_cst)) {
+      auto r = close_delta(seen, cost, cd);
+      closer.store(0, std::memory_order_seq_cst);
+      base::futex_wake(word, INT_MAX, base::futex_scope::shared);
+      return r;
+    }
+    if (was == 0) continue;
+    // Another closes it: wait for the word to change, and now and then check its closer
+    // lives (one killed while closing would hold every writer back).
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    base::futex_wait(word, static_cast<std::uint32_t>(was), interval, base::futex_scope::shared);
+    if (std::chrono::steady_clock::now() - last_check >= interval) {
+      last_check = std::chrono::steady_clock::now();
+      if (was == closer.load() && was - 1 < max_slots &&
+          slot_owner_dead(static_cast<std::uint32_t>(was - 1))) {
+        closer.compare_exchange_strong(was, 0, std::memory_order_seq_cst);
+        base::futex_wake(word, INT_MAX, base::futex_scope::shared);
+      } else {
+        interval = std::min<std::chrono::milliseconds>(2 * interval, std::chrono::milliseconds(32));
+      }
+    }
   }
 }
 
 result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
                                       const io::countdown& cd) noexcept {
-  // Its own lock, not the segment lock: writers inside a delta may need that one to make a
-  // segment, and the back end waits for them to leave.
-  auto g = locks->lock({lock::entity(entity_ledger)}, io::deadline(cd.expiry()));
-  if (!g) return std::unexpected(g.error());
+  // The closer alone: no lock, which a writer inside the delta might need (the segment
+  // lock, to make a segment) while the back end waits for it to leave.
   if (ledger->front() != seen) return {};  // closed by another: try the next one
+  if (ledger_close_hook != nullptr) ledger_close_hook();
   // The delta before `seen` lends its words to the next: it must be quiet.
   if (seen >= 2) {
     if (auto q = wait_quiet(seen - 1, cd); !q) return q;
@@ -119,6 +154,7 @@ void store::impl::free_dead_pin(std::uint32_t u, std::uint64_t d) noexcept {
 
 void store::impl::reset_ledger() noexcept {
   std::memset(base() + hdr::ledger, 0, sizeof(space::ledger_words));
+  h64(hdr::ledger_closer).store(0);
   for (std::uint32_t u = 0; u < max_slots; ++u)
     slot(u).ledger_pin().store(0);
 }

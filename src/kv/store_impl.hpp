@@ -79,6 +79,14 @@ constexpr std::size_t compactions = 352;    // segments removed by compaction so
 // The space ledger's words (keel/space/ledger.hpp): a cache line of their own, charged by
 // every commit that puts.
 constexpr std::size_t ledger = 384;
+// The ledger's closer: 1 + the slot of the user closing a delta (0: none). Not a keel::lock
+// entity: one sharing a lock slot with a bucket page would wait for that page's writer,
+// who may be inside the delta being closed.
+constexpr std::size_t ledger_closer = 448;
+// Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
+// (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
+constexpr std::size_t visible_gates = 512;
+constexpr std::size_t visible_gate_count = 128;
 // One bit per segment table entry: a block was written into that segment since the last
 // group sync began.
 constexpr std::size_t dirty_segments = 1024;
@@ -98,6 +106,7 @@ constexpr std::size_t segtab_first_page = 65;
 constexpr std::size_t segtab_entries = 8064;
 constexpr std::size_t segtab_entry_size = 32;
 constexpr std::size_t dirty_words = (segtab_entries + 63) / 64;
+static_assert(hdr::visible_gates + 4 * hdr::visible_gate_count <= hdr::dirty_segments);
 static_assert(hdr::dirty_segments + dirty_words * 8 <= hdr::checksum);
 constexpr std::size_t first_free_page = 128;
 //! A new (or rebuilt) index file's pages.
@@ -114,7 +123,6 @@ constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
 constexpr std::uint64_t entity_segment = entity_base + 2;
 constexpr std::uint64_t entity_directory = entity_base + 3;
 constexpr std::uint64_t entity_sync = entity_base + 4;
-constexpr std::uint64_t entity_ledger = entity_base + 5;  // the ledger's back end
 
 //! How far the index may grow: the size of the window every user maps (pages past the file's
 //! end are never touched).
@@ -122,11 +130,13 @@ constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
 inline constexpr base::format index_format{
     "KEELKVX1", 2,
-    base::layout_of({fmt::page_size, first_free_page, max_slots, slot_size, segtab_entries,
-                     ix::entries_per_page, hdr::retired_pages, hdr::directory, hdr::split_journal,
-                     hdr::compactions, hdr::checkpoint_attempt, hdr::dirty_segments, hdr::sync_ns,
-                     hdr::deletes_segment, hdr::spare, hdr::ledger, slot_ledger_pin,
-                     index_window})};
+    base::layout_of({fmt::page_size,     first_free_page,         max_slots,
+                     slot_size,          segtab_entries,          ix::entries_per_page,
+                     hdr::retired_pages, hdr::directory,          hdr::split_journal,
+                     hdr::compactions,   hdr::checkpoint_attempt, hdr::dirty_segments,
+                     hdr::sync_ns,       hdr::deletes_segment,    hdr::spare,
+                     hdr::ledger,        hdr::ledger_closer,      slot_ledger_pin,
+                     hdr::visible_gates, hdr::visible_gate_count, index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
 //! that puts leaves the spare and one segment of free room more, for deletes; one that only
@@ -512,11 +522,16 @@ struct store::impl final : ix::page_source {
   //! budget_reached when even an empty delta's budget is below `cost`, timed_out (`cd`).
   [[nodiscard]] result<space::charge> charge(std::uint32_t who, std::int64_t cost,
                                              const io::countdown& cd) noexcept;
-  //! The back end, after a charge of `cost` to delta `seen` failed: unless another closed it
-  //! meanwhile, closes it, giving the next the room for puts less the closed delta's
-  //! charges; when that is below `cost`, waits until the closed delta is quiet and raises
-  //! the budget to the room measured then (Tux3's correction), failing when even that is
-  //! below `cost`. Under the ledger lock.
+  //! After a charge of `cost` to delta `seen` failed (by the user in slot `who`): becomes the
+  //! closer (hdr::ledger_closer) and closes it with close_delta, or waits while another
+  //! closes it (taking over from a dead one). Returns once the front has moved on.
+  [[nodiscard]] result<void> after_failed_charge(std::uint32_t who, std::uint64_t seen,
+                                                 std::int64_t cost,
+                                                 const io::countdown& cd) noexcept;
+  //! The back end (the closer only): closes `seen`, giving the next delta the room for puts
+  //! less the closed delta's charges; when that is below `cost`, waits until the closed
+  //! delta is quiet and raises the budget to the room measured then (Tux3's correction),
+  //! failing when even that is below `cost`.
   [[nodiscard]] result<void> close_delta(std::uint64_t seen, std::int64_t cost,
                                          const io::countdown& cd) noexcept;
   //! Waits until no writer is inside delta `d`, clearing the pins of dead users.
@@ -594,7 +609,13 @@ struct store::impl final : ix::page_source {
   //! in the same ordered step (so the counters are exact as of *visible*: see checkpoints).
   void publish_visible(std::uint64_t seq, counter_delta d) noexcept;
   //! Wakes every thread sleeping on *visible* (all processes).
-  void wake_visible() noexcept;
+  //! *visible* has become `seq`: wakes its waiters.
+  void wake_visible(std::uint64_t seq) noexcept;
+  //! The futex word of seq's gate (see hdr::visible_gates).
+  [[nodiscard]] std::uint32_t* visible_gate(std::uint64_t seq) const noexcept {
+    return reinterpret_cast<std::uint32_t*>(base() + hdr::visible_gates +
+                                            4 * (seq % hdr::visible_gate_count));
+  }
   //! `every_segment`: syncs every segment, dirty or not (a checkpoint: a dead writer's
   //! block may have landed after a leader took its dirty bit, and nobody set it again).
   [[nodiscard]] result<void> group_sync(bool every_segment = false) noexcept;
@@ -610,6 +631,9 @@ struct store::impl final : ix::page_source {
 //! For tests: called by compact after it moved the live records, before it waits for the
 //! snapshots that may still read the originals.
 inline void (*compact_moved_hook)() noexcept = nullptr;
+
+//! For tests: called by the ledger's closer as it begins to close a delta.
+inline void (*ledger_close_hook)() noexcept = nullptr;
 
 //! For tests: called by segment_at while it maps a segment, holding segments_mutex.
 inline void (*segment_map_hook)() noexcept = nullptr;

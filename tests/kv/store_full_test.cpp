@@ -516,6 +516,30 @@ TEST(KvLedger, AWriterKilledWhileChargedDoesNotHoldTheNextDeltaBack) {
   });
 }
 
+// A writer killed while it closes a delta leaves its mark in the closer's word: the others,
+// waiting for the delta to be closed, find it dead and one of them closes it instead.
+TEST(KvLedger, AWriterKilledWhileClosingADeltaIsTakenOverFrom) {
+  temp_dir dir;
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(3000);
+  auto s = test_support::open_ok(dir.file("s"), o);
+  ASSERT_TRUE(s);
+  // The store is new: its first charge finds no delta open, and its writer closes delta 0.
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(dir.file("s"), o);
+    if (!mine) return 2;
+    ledger_close_hook = [] noexcept { ::raise(SIGKILL); };
+    (void)(*mine)->put("victim", "1");
+    return 3;  // not killed
+  });
+  ASSERT_EQ(wait_exit(victim), 128 + SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = s->put("after", "1");
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(*s->get("after"), "1");
+}
+
 INSTANTIATE_TEST_SUITE_P(AtTheRenameOrAfterTheEntry, KvSpareTakerKilled, ::testing::Bool());
 
 // btrfs copies a changed block to new room, which fallocate did not reserve: a store written
