@@ -397,6 +397,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
   bool has_blobs = false;
   std::uint64_t need = sizeof(fmt::block_header);  // its block and blobs, ideally placed
+  std::uint64_t own_segments = 0;  // of that, blobs larger than a segment (one of their own)
   std::uint64_t puts = 0;
   for (const key_plan& k : keys) {
     if (k.w == nullptr) continue;
@@ -406,7 +407,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       r.what = fmt::op::erase;
     } else if (k.w->value.size() >= threshold) {
       r.what = fmt::op::put_blob;
-      need += fmt::blob_block_size(k.w->value.size());
+      const std::uint64_t len = fmt::blob_block_size(k.w->value.size());
+      need += len;
+      if (len > s->dir.params.segment_size - fmt::segment_header_size) own_segments += len;
       has_blobs = true;
     } else {
       r.value = as_bytes(k.w->value);
@@ -423,7 +426,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   // The ledger: a commit that puts is charged its worst case before anything of it is
   // written. Its block and each blob may leave up to their own length unused at the end of a
-  // segment they do not fit; each new key may split a page in two and double the directory.
+  // segment they do not fit (but a blob in a segment of its own, made to fit it); each new
+  // key may split a page in two and double the directory.
   struct ledger_hold {
     store::impl* s = nullptr;
     std::uint32_t who = 0;
@@ -442,7 +446,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   } charged;
   if (!only_erases && s->ledger) {
     const std::uint64_t index_pages = 2 * puts + ix::directory_pages(s->table->depth() + 1);
-    const std::uint64_t cost = 2 * need + index_pages * fmt::page_size;
+    const std::uint64_t cost = 2 * need - own_segments + index_pages * fmt::page_size;
     auto c = s->charge(lease.index,
                        static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
     if (!c) return std::unexpected(c.error());
@@ -562,6 +566,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     if (full == nullptr) break;
     (void)held.unlock();
+    charged.used = true;  // the split's pages are taken, whatever the commit does next
     if (auto r = s->split_page(full->page, full->h, cd); !r) return std::unexpected(r.error());
   }
 
@@ -860,7 +865,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
   // store make room from them (a compaction) and tries again: the store says full when its
   // live data fills the volume, not its log.
   for (int compactions = 0;;) {
-    const std::uint64_t seen = impl_->h64(hdr::compactions).load(std::memory_order_seq_cst);
+    const auto seen = impl_->compaction_marks_now();
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     if (auto r = t->put(key, value); !r) return r;
@@ -884,7 +889,7 @@ result<void> store::erase(std::string_view key) noexcept {
   // compaction (whose spare always holds a victim's copies) frees some, and the erase is
   // tried again, for as long as compactions free something.
   for (int compactions = 0;;) {
-    const std::uint64_t seen = impl_->h64(hdr::compactions).load(std::memory_order_seq_cst);
+    const auto seen = impl_->compaction_marks_now();
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     auto v = t->get_view(key);

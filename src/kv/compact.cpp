@@ -177,11 +177,12 @@ void store::impl::unmap_removed_segments() noexcept {
   }
 }
 
-result<bool> store::impl::make_room(std::uint64_t seen) noexcept {
+result<bool> store::impl::make_room(compaction_marks seen) noexcept {
   bool others_ran = false;
-  auto c = compact(seen, &others_ran);
+  auto c = compact(seen.runs, &others_ran);
   if (!c) return std::unexpected(c.error());
-  return others_ran || c->segments_removed != 0;
+  if (others_ran) return h64(hdr::compactions).load(std::memory_order_seq_cst) != seen.removed;
+  return c->segments_removed != 0;
 }
 
 result<compact_stats> store::compact() noexcept {
@@ -205,10 +206,12 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // Another compaction ran while we waited for the byte: the room it made is the caller's
   // to try first (a crowd of writers finding the volume full runs one compaction, not one
   // each).
-  if (unless_since && s.h64(hdr::compactions).load(std::memory_order_seq_cst) != *unless_since) {
+  if (unless_since &&
+      s.h64(hdr::compaction_runs).load(std::memory_order_seq_cst) != *unless_since) {
     if (others_ran != nullptr) *others_ran = true;
     return st;
   }
+  s.h64(hdr::compaction_runs).fetch_add(1, std::memory_order_seq_cst);
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
   // writing into one began before now; wait for them to finish. Once they have, every

@@ -72,6 +72,11 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
       return r;
     }
     if (was == 0) continue;
+    if (was == me) {
+      // Our slot's, left by a user killed while closing whose slot we took since.
+      closer.compare_exchange_strong(was, 0, std::memory_order_seq_cst);
+      continue;
+    }
     // Another closes it: wait for the word to change, and now and then check its closer
     // lives (one killed while closing would hold every writer back).
     if (cd.expired()) return errc_error(std::errc::timed_out);
@@ -95,22 +100,28 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
   // lock, to make a segment) while the back end waits for it to leave.
   if (ledger->front() != seen) return {};  // closed by another: try the next one
   if (ledger_close_hook != nullptr) ledger_close_hook();
-  // The delta before `seen` lends its words to the next: it must be quiet.
-  if (seen >= 2) {
-    if (auto q = wait_quiet(seen - 1, cd); !q) return q;
+  std::int64_t provisional = 0;
+  for (;;) {
+    // The delta before `seen` lends its words to the next: it must be quiet. (A writer that
+    // read the front before it moved may pin it again for a moment: then wait again.)
+    if (seen >= 2) {
+      if (auto q = wait_quiet(seen - 1, cd); !q) return q;
+    }
+    // Assume the worst of the delta being closed: writers inside it may charge it until it
+    // is quiet, up to its whole budget, and use all of it (what they used already is then
+    // counted twice, which only errs low).
+    const put_room room = room_for_puts();
+    provisional =
+        std::max<std::int64_t>(0, static_cast<std::int64_t>(room.bytes) - ledger->budget_of(seen));
+    auto next = ledger->transition(provisional);
+    if (next) break;
+    if (next.error() != std::errc::resource_unavailable_try_again) {
+      return std::unexpected(next.error());
+    }
   }
-  // Assume the worst of the delta being closed: every charge of it still to be used in full
-  // (those already used are counted twice, which only errs low).
-  const put_room room = room_for_puts();
-  const std::int64_t in_flight = ledger->charged(seen);
-  const std::int64_t provisional =
-      std::max<std::int64_t>(0, static_cast<std::int64_t>(room.bytes) - in_flight);
-  auto next = ledger->transition(provisional);
-  if (!next) return std::unexpected(next.error());
-  if (provisional >= cost) return {};
-  // Near full the worst case is too dear: once the closed delta is quiet, the room measured
-  // then is what the new one may have had since its transition, at least (its own commits
-  // since used some of it): the correction only raises its budget.
+  // Tux3's correction: once the closed delta is quiet its charges are final, and the room
+  // measured then is at least what the new one should have had since its transition (its
+  // own commits since used some of it): the correction only raises its budget.
   if (auto q = wait_quiet(seen, cd); !q) return q;
   const put_room exact = room_for_puts();
   if (static_cast<std::int64_t>(exact.bytes) > provisional) {

@@ -83,6 +83,8 @@ constexpr std::size_t ledger = 384;
 // entity: one sharing a lock slot with a bucket page would wait for that page's writer,
 // who may be inside the delta being closed.
 constexpr std::size_t ledger_closer = 448;
+// Compaction runs begun so far (whether they removed anything: see make_room).
+constexpr std::size_t compaction_runs = 456;
 // Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
 // (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
 constexpr std::size_t visible_gates = 512;
@@ -135,8 +137,9 @@ inline constexpr base::format index_format{
                      hdr::retired_pages, hdr::directory,          hdr::split_journal,
                      hdr::compactions,   hdr::checkpoint_attempt, hdr::dirty_segments,
                      hdr::sync_ns,       hdr::deletes_segment,    hdr::spare,
-                     hdr::ledger,        hdr::ledger_closer,      slot_ledger_pin,
-                     hdr::visible_gates, hdr::visible_gate_count, index_window})};
+                     hdr::ledger,        hdr::ledger_closer,      hdr::compaction_runs,
+                     slot_ledger_pin,    hdr::visible_gates,      hdr::visible_gate_count,
+                     index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
 //! that puts leaves the spare and one segment of free room more, for deletes; one that only
@@ -541,14 +544,25 @@ struct store::impl final : ix::page_source {
   //! Zeroes the ledger and every pin: alone, before anyone charges.
   void reset_ledger() noexcept;
 
-  //! store::compact; with `unless_since` (hdr::compactions as the caller last saw it), none
-  //! when another compaction has run since, which `others_ran` then says.
+  //! store::compact; with `unless_since` (hdr::compaction_runs as the caller last saw it),
+  //! none when another compaction has begun since, which `others_ran` then says.
   [[nodiscard]] result<compact_stats> compact(std::optional<std::uint64_t> unless_since,
                                               bool* others_ran) noexcept;
-  //! After a commit failed for room (is_out_of_room): a compaction, unless one ran since
-  //! `seen` (hdr::compactions before the commit). Whether a retry may find room (one ran
-  //! since, or this one removed a segment). Errors: the compaction's.
-  [[nodiscard]] result<bool> make_room(std::uint64_t seen) noexcept;
+  //! What compaction had done when a commit began: runs begun, and runs that removed
+  //! segments (hdr::compactions).
+  struct compaction_marks {
+    std::uint64_t runs = 0;
+    std::uint64_t removed = 0;
+  };
+  [[nodiscard]] compaction_marks compaction_marks_now() const noexcept {
+    return {h64(hdr::compaction_runs).load(std::memory_order_seq_cst),
+            h64(hdr::compactions).load(std::memory_order_seq_cst)};
+  }
+  //! After a commit that began at `seen` failed for room: a compaction, unless one began
+  //! since. Whether a retry may find room: a compaction since removed segments (ours, or
+  //! another's; one that found nothing to free means the store is full). Errors: the
+  //! compaction's.
+  [[nodiscard]] result<bool> make_room(compaction_marks seen) noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
   //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.

@@ -97,6 +97,12 @@ std::int64_t ledger::charged(std::uint64_t d) const noexcept {
   return budget(d).load(std::memory_order_seq_cst) - balance(d).load(std::memory_order_seq_cst);
 }
 
+std::int64_t ledger::budget_of(std::uint64_t d) const noexcept {
+  if (d == 0) return 0;
+  assert(d + 1 >= front());
+  return budget(d).load(std::memory_order_seq_cst);
+}
+
 result<void> ledger::correct(std::int64_t exact) noexcept {
   const std::uint64_t f = front();
   const std::int64_t was = budget(f).load(std::memory_order_seq_cst);

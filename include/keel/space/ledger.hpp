@@ -129,6 +129,9 @@ class ledger {
   //! The costs charged to delta `d` and not refunded: final once it is quiet (for d the
   //! front delta or the one before it).
   [[nodiscard]] std::int64_t charged(std::uint64_t d) const noexcept;
+  //! Delta `d`'s budget: the most its kept charges can ever add up to (for d the front delta
+  //! or the one before it). What a transition assumes of a delta not yet quiet.
+  [[nodiscard]] std::int64_t budget_of(std::uint64_t d) const noexcept;
   //! Sets the front delta's budget to `exact`, as if it had had it since its transition,
   //! while its writers go on charging it. A back end killed part-way leaves the balance
   //! short (safe), and calling it again with the same `exact` raises nothing twice. Errors:
