@@ -181,8 +181,13 @@ result<bool> store::impl::make_room(compaction_marks seen) noexcept {
   bool others_ran = false;
   auto c = compact(seen.runs, &others_ran);
   if (!c) return std::unexpected(c.error());
-  if (others_ran) return h64(hdr::compactions).load(std::memory_order_seq_cst) != seen.removed;
-  return c->segments_removed != 0;
+  // Another began since: its room (or, if it freed none, whatever has changed since) is worth
+  // a retry; the caller's retries are bounded, so a crowd on a store that is really full runs
+  // about one compaction per round of retries, not one each.
+  if (others_ran) return true;
+  // Ours freed nothing: still worth a retry when a put could make a segment now (others made
+  // room meanwhile; compaction then takes only half-dead victims, and found none).
+  return c->segments_removed != 0 || !short_of_room();
 }
 
 result<compact_stats> store::compact() noexcept {

@@ -559,9 +559,9 @@ struct store::impl final : ix::page_source {
             h64(hdr::compactions).load(std::memory_order_seq_cst)};
   }
   //! After a commit that began at `seen` failed for room: a compaction, unless one began
-  //! since. Whether a retry may find room: a compaction since removed segments (ours, or
-  //! another's; one that found nothing to free means the store is full). Errors: the
-  //! compaction's.
+  //! since. Whether a retry may find room: another began since, ours removed segments, or a
+  //! put could make a segment now.
+  //! Errors: the compaction's.
   [[nodiscard]] result<bool> make_room(compaction_marks seen) noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
