@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "base/futex.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -178,8 +180,24 @@ void store::impl::unmap_removed_segments() noexcept {
 }
 
 result<bool> store::impl::make_room(compaction_marks seen) noexcept {
+  const io::countdown cd = io::deadline(opts.lock_timeout).start();
+  std::uint32_t* const ends = futex_word(hdr::compaction_ends);
   bool others_ran = false;
-  auto c = compact(seen.runs, &others_ran);
+  result<compact_stats> c;
+  for (;;) {
+    const std::uint32_t ended = std::atomic_ref(*ends).load(std::memory_order_seq_cst);
+    c = compact(seen.runs, &others_ran, false);
+    if (c || (c.error() != std::errc::resource_unavailable_try_again &&
+              c.error() != std::errc::operation_would_block)) {
+      break;
+    }
+    // The byte is busy (a compaction, a checkpoint or a verify runs): sleep until a
+    // compaction ends, not polling the byte (a crowd of writers polling one lock slows all
+    // of them, and the compactor with them).
+    if (cd.expired()) return errc_error(std::errc::timed_out);
+    base::futex_wait(ends, ended, std::chrono::milliseconds(20), base::futex_scope::shared);
+    if (std::atomic_ref(*ends).load(std::memory_order_seq_cst) != ended) return true;
+  }
   if (!c) return std::unexpected(c.error());
   // Another began since: its room (or, if it freed none, whatever has changed since) is worth
   // a retry; the caller's retries are bounded, so a crowd on a store that is really full runs
@@ -191,11 +209,11 @@ result<bool> store::impl::make_room(compaction_marks seen) noexcept {
 }
 
 result<compact_stats> store::compact() noexcept {
-  return impl_->compact(std::nullopt, nullptr);
+  return impl_->compact(std::nullopt, nullptr, true);
 }
 
 result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_since,
-                                           bool* others_ran) noexcept {
+                                           bool* others_ran, bool wait_for_byte) noexcept {
   impl& s = *this;
   if (s.opts.read_only || s.failed.load() || s.h64(hdr::sync_error).load() != 0) {
     return keel_error(errc::read_only);
@@ -205,7 +223,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // segments, and no checkpoint (one copied while records move could name originals that
   // are then removed; a fresh one is written once they are). Not a keel::lock entity: its
   // slot would be some bucket pages' too, whose writers would wait for the whole run.
-  if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  if (auto b = s.take_checkpoint_byte(cd, wait_for_byte); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
   compact_stats st;
   // Another compaction ran while we waited for the byte: the room it made is the caller's
@@ -217,6 +235,14 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     return st;
   }
   s.h64(hdr::compaction_runs).fetch_add(1, std::memory_order_seq_cst);
+  // However it ends: writers waiting for a compaction to end (make_room) go on.
+  struct ended {
+    store::impl* s;
+    ~ended() {
+      s->h64(hdr::compaction_ends).fetch_add(1, std::memory_order_seq_cst);
+      base::futex_wake(s->futex_word(hdr::compaction_ends), INT_MAX, base::futex_scope::shared);
+    }
+  } const end{&s};
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
   // writing into one began before now; wait for them to finish. Once they have, every

@@ -85,6 +85,8 @@ constexpr std::size_t ledger = 384;
 constexpr std::size_t ledger_closer = 448;
 // Compaction runs begun so far (whether they removed anything: see make_room).
 constexpr std::size_t compaction_runs = 456;
+// Compaction runs ended so far: a futex (low 32 bits) for writers waiting for one to end.
+constexpr std::size_t compaction_ends = 464;
 // Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
 // (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
 constexpr std::size_t visible_gates = 512;
@@ -130,16 +132,30 @@ constexpr std::uint64_t entity_sync = entity_base + 4;
 //! end are never touched).
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
-inline constexpr base::format index_format{
-    "KEELKVX1", 2,
-    base::layout_of({fmt::page_size,     first_free_page,         max_slots,
-                     slot_size,          segtab_entries,          ix::entries_per_page,
-                     hdr::retired_pages, hdr::directory,          hdr::split_journal,
-                     hdr::compactions,   hdr::checkpoint_attempt, hdr::dirty_segments,
-                     hdr::sync_ns,       hdr::deletes_segment,    hdr::spare,
-                     hdr::ledger,        hdr::ledger_closer,      hdr::compaction_runs,
-                     slot_ledger_pin,    hdr::visible_gates,      hdr::visible_gate_count,
-                     index_window})};
+inline constexpr base::format index_format{"KEELKVX1", 2,
+                                           base::layout_of({fmt::page_size,
+                                                            first_free_page,
+                                                            max_slots,
+                                                            slot_size,
+                                                            segtab_entries,
+                                                            ix::entries_per_page,
+                                                            hdr::retired_pages,
+                                                            hdr::directory,
+                                                            hdr::split_journal,
+                                                            hdr::compactions,
+                                                            hdr::checkpoint_attempt,
+                                                            hdr::dirty_segments,
+                                                            hdr::sync_ns,
+                                                            hdr::deletes_segment,
+                                                            hdr::spare,
+                                                            hdr::ledger,
+                                                            hdr::ledger_closer,
+                                                            hdr::compaction_runs,
+                                                            hdr::compaction_ends,
+                                                            slot_ledger_pin,
+                                                            hdr::visible_gates,
+                                                            hdr::visible_gate_count,
+                                                            index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
 //! that puts leaves the spare and one segment of free room more, for deletes; one that only
@@ -546,8 +562,10 @@ struct store::impl final : ix::page_source {
 
   //! store::compact; with `unless_since` (hdr::compaction_runs as the caller last saw it),
   //! none when another compaction has begun since, which `others_ran` then says.
+  //! Without `wait_for_byte`, a maintenance byte held by another fails at once with
+  //! resource_unavailable_try_again.
   [[nodiscard]] result<compact_stats> compact(std::optional<std::uint64_t> unless_since,
-                                              bool* others_ran) noexcept;
+                                              bool* others_ran, bool wait_for_byte) noexcept;
   //! What compaction had done when a commit began: runs begun, and runs that removed
   //! segments (hdr::compactions).
   struct compaction_marks {
