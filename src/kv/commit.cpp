@@ -874,10 +874,12 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     auto r = t->commit();
     if (r) return {};
     if (r.error() == errc::conflict) continue;
-    if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call ||
-        impl_->h64(hdr::dead_bytes).load() < impl_->dir.params.segment_size) {
+    if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call) {
       return std::unexpected(r.error());
     }
+    // A compaction that ran meanwhile may have made the room (and taken the dead count to 0).
+    if (impl_->compaction_marks_now().runs != seen.runs) continue;
+    if (impl_->log_not_live() < impl_->dir.params.segment_size) return std::unexpected(r.error());
     auto room = impl_->make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
     if (!*room) return std::unexpected(r.error());
@@ -901,6 +903,7 @@ result<void> store::erase(std::string_view key) noexcept {
     if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call) {
       return std::unexpected(r.error());
     }
+    if (impl_->compaction_marks_now().runs != seen.runs) continue;  // its room first
     auto room = impl_->make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
     if (!*room) return std::unexpected(r.error());

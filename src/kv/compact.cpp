@@ -179,6 +179,18 @@ void store::impl::unmap_removed_segments() noexcept {
   }
 }
 
+std::uint64_t store::impl::log_not_live() const noexcept {
+  std::uint64_t log = 0;
+  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+    const std::uint64_t n = segtab(i, 0).load();
+    if (n != 0 && n % segtab_entries == i) log += segtab(n, 1).load() - fmt::segment_header_size;
+  }
+  const std::uint64_t tail = h64(hdr::tail).load();
+  const std::uint64_t unwritten = tail == 0 ? 0 : dir.params.segment_size - fmt::offset_of(tail);
+  const std::uint64_t used = h64(hdr::live_bytes).load() + unwritten;
+  return log > used ? log - used : 0;
+}
+
 result<bool> store::impl::make_room(compaction_marks seen) noexcept {
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
   std::uint32_t* const ends = futex_word(hdr::compaction_ends);

@@ -581,6 +581,11 @@ struct store::impl final : ix::page_source {
   //! put could make a segment now.
   //! Errors: the compaction's.
   [[nodiscard]] result<bool> make_room(compaction_marks seen) noexcept;
+  //! Bytes of the log's segments that hold no live record (dead versions, erase records,
+  //! abandoned ends), less the unwritten rest of the tail's: what compaction might free. From
+  //! the segment table and the live counter, which stay exact where the dead counter drifts
+  //! (a compaction's estimate of what it freed).
+  [[nodiscard]] std::uint64_t log_not_live() const noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
   //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.
