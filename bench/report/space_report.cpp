@@ -158,10 +158,11 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
     }
     const double pct = number(l, "cost_pct");
     const double ns = number(l, "charge_ns");
-    targets.push_back({name_of(doc) + ": ledger cost far from full (on vs off, median of 15 rounds)",
-                       fmt::format("{:+.2f} % ({:.0f} vs {:.0f} puts/s); {:.1f} ns a charge", pct,
-                                   number(l, "best_on"), number(l, "best_off"), ns),
-                       "≤ 1 %, < 100 ns", pct <= 1.0 && ns < 100.0});
+    targets.push_back(
+        {name_of(doc) + ": ledger cost far from full (on vs off, median of 15 rounds)",
+         fmt::format("{:+.2f} % (best {:.0f} vs {:.0f} puts/s); {:.1f} ns a charge", pct,
+                     number(l, "best_on"), number(l, "best_off"), ns),
+         "≤ 1 %, < 100 ns", pct <= 1.0 && ns < 100.0});
   }
   bool blurt_measured = false;
   for (const auto& doc : docs) {
