@@ -397,7 +397,11 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
   bool has_blobs = false;
   std::uint64_t need = sizeof(fmt::block_header);  // its block and blobs, ideally placed
-  std::uint64_t own_segments = 0;  // of that, blobs larger than a segment (one of their own)
+  // Of that, blobs larger than a segment (each in a segment file of its own, header and all),
+  // and what each takes of the room for puts, counted in whole segments less their headers:
+  // up to one segment more than its file's size, by rounding.
+  std::uint64_t own_segments = 0;
+  std::uint64_t own_room = 0;
   std::uint64_t puts = 0;
   for (const key_plan& k : keys) {
     if (k.w == nullptr) continue;
@@ -409,7 +413,12 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       r.what = fmt::op::put_blob;
       const std::uint64_t len = fmt::blob_block_size(k.w->value.size());
       need += len;
-      if (len > s->dir.params.segment_size - fmt::segment_header_size) own_segments += len;
+      const std::uint64_t seg_size = s->dir.params.segment_size;
+      if (len > seg_size - fmt::segment_header_size) {
+        own_segments += len;
+        own_room += ((fmt::segment_header_size + len + seg_size - 1) / seg_size + 1) *
+                    (seg_size - fmt::segment_header_size);
+      }
       has_blobs = true;
     } else {
       r.value = as_bytes(k.w->value);
@@ -426,8 +435,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   // The ledger: a commit that puts is charged its worst case before anything of it is
   // written. Its block and each blob may leave up to their own length unused at the end of a
-  // segment they do not fit (but a blob in a segment of its own, made to fit it); each new
-  // key may split a page in two and double the directory.
+  // segment they do not fit (a blob in a segment of its own: that segment, see own_room);
+  // each new key may split a page in two and double the directory.
   struct ledger_hold {
     store::impl* s = nullptr;
     std::uint32_t who = 0;
@@ -446,7 +455,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   } charged;
   if (!only_erases && s->ledger) {
     const std::uint64_t index_pages = 2 * puts + ix::directory_pages(s->table->depth() + 1);
-    const std::uint64_t cost = 2 * need - own_segments + index_pages * fmt::page_size;
+    const std::uint64_t cost = 2 * (need - own_segments) + own_room + index_pages * fmt::page_size;
     auto c = s->charge(lease.index,
                        static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
     if (!c) return std::unexpected(c.error());
@@ -877,9 +886,13 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call) {
       return std::unexpected(r.error());
     }
-    // A compaction that ran meanwhile may have made the room (and taken the dead count to 0).
-    if (impl_->compaction_marks_now().runs != seen.runs) continue;
-    if (impl_->log_not_live() < impl_->dir.params.segment_size) return std::unexpected(r.error());
+    // Unless a compaction began since the commit did (make_room then waits for it to end and
+    // retries: it may have made the room), one is worth running only if the segments hold a
+    // segment's worth of records that are not live.
+    if (impl_->compaction_marks_now().runs == seen.runs &&
+        impl_->log_not_live() < impl_->dir.params.segment_size) {
+      return std::unexpected(r.error());
+    }
     auto room = impl_->make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
     if (!*room) return std::unexpected(r.error());
@@ -903,7 +916,6 @@ result<void> store::erase(std::string_view key) noexcept {
     if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call) {
       return std::unexpected(r.error());
     }
-    if (impl_->compaction_marks_now().runs != seen.runs) continue;  // its room first
     auto room = impl_->make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
     if (!*room) return std::unexpected(r.error());

@@ -224,8 +224,9 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     s.block_length().store(0);
     s.ledger_pin().store(0);  // a dead user's charge stays charged (safe)
     // A user killed while it closed a delta: nobody closes it now.
-    std::uint64_t closer = std::uint64_t{u} + 1;
-    h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
+    if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
+      h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
+    }
     s.start_time().store(base::self().start_time);
     s.tid().store(static_cast<std::uint32_t>(::syscall(SYS_gettid)));
     s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);

@@ -2,6 +2,8 @@
 // its worst-case room to the front delta before anything of it is written; the back end
 // closes deltas and gives each the room puts may still take.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -57,9 +59,12 @@ result<space::charge> store::impl::charge(std::uint32_t who, std::int64_t cost,
 
 result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t seen,
                                               std::int64_t cost, const io::countdown& cd) noexcept {
+  // The mark: the slot in the high half, the pid in the low half (the futex word), so that a
+  // new user of a dead closer's slot, closing in turn, never has its mark taken for the dead
+  // one's (and waiters see the futex word change).
   auto closer = h64(hdr::ledger_closer);
   auto* word = futex_word(hdr::ledger_closer);
-  const std::uint64_t me = std::uint64_t{who} + 1;
+  const std::uint64_t me = (std::uint64_t{who} + 1) << 32 | static_cast<std::uint32_t>(::getpid());
   auto interval = std::chrono::milliseconds(1);
   auto last_check = std::chrono::steady_clock::now();
   for (;;) {
@@ -72,19 +77,17 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
       return r;
     }
     if (was == 0) continue;
-    if (was == me) {
-      // Our slot's, left by a user killed while closing whose slot we took since.
-      closer.compare_exchange_strong(was, 0, std::memory_order_seq_cst);
-      continue;
-    }
-    // Another closes it: wait for the word to change, and now and then check its closer
-    // lives (one killed while closing would hold every writer back).
+    // Another closes it: wait for the word to change, then charge again (the delta it opened,
+    // once corrected, may hold us: closing it at once would give the next one nothing again).
+    // Now and then check the closer lives (one killed while closing would hold every writer
+    // back).
     if (cd.expired()) return errc_error(std::errc::timed_out);
     base::futex_wait(word, static_cast<std::uint32_t>(was), interval, base::futex_scope::shared);
+    if (closer.load(std::memory_order_seq_cst) != was) return {};
     if (std::chrono::steady_clock::now() - last_check >= interval) {
       last_check = std::chrono::steady_clock::now();
-      if (was == closer.load() && was - 1 < max_slots &&
-          slot_owner_dead(static_cast<std::uint32_t>(was - 1))) {
+      const std::uint64_t slot_of = (was >> 32) - 1;
+      if (slot_of < max_slots && slot_owner_dead(static_cast<std::uint32_t>(slot_of))) {
         closer.compare_exchange_strong(was, 0, std::memory_order_seq_cst);
         base::futex_wake(word, INT_MAX, base::futex_scope::shared);
       } else {

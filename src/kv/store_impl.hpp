@@ -79,8 +79,8 @@ constexpr std::size_t compactions = 352;    // segments removed by compaction so
 // The space ledger's words (keel/space/ledger.hpp): a cache line of their own, charged by
 // every commit that puts.
 constexpr std::size_t ledger = 384;
-// The ledger's closer: 1 + the slot of the user closing a delta (0: none). Not a keel::lock
-// entity: one sharing a lock slot with a bucket page would wait for that page's writer,
+// The ledger's closer: (1 + the slot of the user closing a delta) << 32 | its pid (0: none). Not a
+// keel::lock entity: one sharing a lock slot with a bucket page would wait for that page's writer,
 // who may be inside the delta being closed.
 constexpr std::size_t ledger_closer = 448;
 // Compaction runs begun so far (whether they removed anything: see make_room).
