@@ -887,10 +887,12 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
       return std::unexpected(r.error());
     }
     // Unless a compaction began since the commit did (make_room then waits for it to end and
-    // retries: it may have made the room), one is worth running only if the segments hold a
-    // segment's worth of records that are not live.
+    // retries: it may have made the room, and taken the dead count down), one is worth running
+    // only if the log holds a segment's worth of dead versions. (Not more often: a put on a
+    // store full of live data must fail fast.)
+    const std::uint64_t seg_size = impl_->dir.params.segment_size;
     if (impl_->compaction_marks_now().runs == seen.runs &&
-        impl_->log_not_live() < impl_->dir.params.segment_size) {
+        impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) {
       return std::unexpected(r.error());
     }
     auto room = impl_->make_room(seen);

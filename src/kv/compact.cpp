@@ -185,9 +185,13 @@ std::uint64_t store::impl::log_not_live() const noexcept {
     const std::uint64_t n = segtab(i, 0).load();
     if (n != 0 && n % segtab_entries == i) log += segtab(n, 1).load() - fmt::segment_header_size;
   }
+  // Live records, each counted with a block header and alignment of its own (the most a
+  // record's block adds: records committed together share one), and the tail's unwritten
+  // rest.
   const std::uint64_t tail = h64(hdr::tail).load();
-  const std::uint64_t unwritten = tail == 0 ? 0 : dir.params.segment_size - fmt::offset_of(tail);
-  const std::uint64_t used = h64(hdr::live_bytes).load() + unwritten;
+  const std::uint64_t used = h64(hdr::live_bytes).load() +
+                             h64(hdr::live_records).load() * (sizeof(fmt::block_header) + 8) +
+                             (tail == 0 ? 0 : dir.params.segment_size - fmt::offset_of(tail));
   return log > used ? log - used : 0;
 }
 

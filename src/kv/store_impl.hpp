@@ -582,9 +582,9 @@ struct store::impl final : ix::page_source {
   //! Errors: the compaction's.
   [[nodiscard]] result<bool> make_room(compaction_marks seen) noexcept;
   //! Bytes of the log's segments that hold no live record (dead versions, erase records,
-  //! abandoned ends), less the unwritten rest of the tail's: what compaction might free. From
-  //! the segment table and the live counter, which stay exact where the dead counter drifts
-  //! (a compaction's estimate of what it freed).
+  //! abandoned ends), at least: from the segment table and the live counters, which stay
+  //! exact where the dead counter drifts low (a compaction subtracts its estimate of what it
+  //! freed).
   [[nodiscard]] std::uint64_t log_not_live() const noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
