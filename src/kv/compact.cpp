@@ -180,11 +180,8 @@ void store::impl::unmap_removed_segments() noexcept {
 }
 
 std::uint64_t store::impl::log_not_live() const noexcept {
-  std::uint64_t log = 0;
-  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
-    const std::uint64_t n = segtab(i, 0).load();
-    if (n != 0 && n % segtab_entries == i) log += segtab(n, 1).load() - fmt::segment_header_size;
-  }
+  const table_segments t = segments_in_table();
+  const std::uint64_t log = t.bytes - t.count * fmt::segment_header_size;
   // Live records, each counted with a block header and alignment of its own (the most a
   // record's block adds: records committed together share one), and the tail's unwritten
   // rest.

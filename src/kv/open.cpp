@@ -283,17 +283,14 @@ bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {
 }
 
 void store::impl::free_dead_slot(std::uint32_t u) noexcept {
-  base::lock_guard g(live_mutex);
-  if (!ensure_live() || ours[u]) return;
-  // Holding its byte, nobody else can be using the slot: not its dead owner, and not a new
-  // user (who would hold the byte); so this never frees a slot someone just took.
-  if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
-  const slot_ref s = slot(u);
-  if (slot_reclaimable(s)) {
-    s.snapshot().store(0);
-    s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
-  }
-  (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+  // Under its byte, so this never frees a slot someone just took.
+  as_dead_users_byte(u, [&] {
+    const slot_ref s = slot(u);
+    if (slot_reclaimable(s)) {
+      s.snapshot().store(0);
+      s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
+    }
+  });
 }
 
 bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
@@ -457,13 +454,22 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   return number;
 }
 
-std::uint64_t store::impl::budget_used(room_for who) const noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
-  std::uint64_t total = h64(hdr::pages_allocated).load() * fmt::page_size;
+store::impl::table_segments store::impl::segments_in_table() const noexcept {
+  table_segments t;
   for (std::uint64_t i = 0; i < segtab_entries; ++i) {
     const std::uint64_t n = segtab(i, 0).load();
-    if (n != 0 && n % segtab_entries == i) total += segtab(n, 1).load();
+    if (n != 0 && n % segtab_entries == i) {
+      t.count += 1;
+      t.bytes += segtab(n, 1).load();
+    }
   }
+  return t;
+}
+
+std::uint64_t store::impl::budget_used(room_for who) const noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  std::uint64_t total =
+      h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().bytes;
   // The spare counts, made or still to make (a commit makes it first); for a put, so does a
   // segment more, kept for deletes.
   const std::uint64_t spare = h64(hdr::spare).load();

@@ -156,14 +156,12 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
 }
 
 void store::impl::free_dead_pin(std::uint32_t u, std::uint64_t d) noexcept {
-  base::lock_guard g(live_mutex);
-  if (!ensure_live() || ours[u]) return;
-  // Holding its byte, nobody is using the slot: its pin is the dead user's (a new user
-  // clears it when it takes the slot, under the byte too).
-  if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
-  std::uint64_t expect = d;
-  slot(u).ledger_pin().compare_exchange_strong(expect, 0, std::memory_order_seq_cst);
-  (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+  // Its pin is the dead user's (a new user clears it when it takes the slot, under the byte
+  // too).
+  as_dead_users_byte(u, [&] {
+    std::uint64_t expect = d;
+    slot(u).ledger_pin().compare_exchange_strong(expect, 0, std::memory_order_seq_cst);
+  });
 }
 
 void store::impl::reset_ledger() noexcept {

@@ -444,6 +444,17 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] bool slot_reclaimable(const slot_ref& s) noexcept;
   //! Frees slot `u` of a dead user if it is reclaimable, holding its byte meanwhile.
   void free_dead_slot(std::uint32_t u) noexcept;
+  //! Runs `f()` holding slot `u`'s byte, if no user of this process has the slot and its
+  //! byte is free (its user is gone): nobody else can be using the slot meanwhile, not its
+  //! dead user nor a new one (who would hold the byte).
+  template <class F>
+  void as_dead_users_byte(std::uint32_t u, F&& f) noexcept {
+    base::lock_guard g(live_mutex);
+    if (!ensure_live() || ours[u]) return;
+    if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
+    f();
+    (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+  }
   //! Whether the user of slot `u` is gone (its byte is free and it is not one of ours).
   [[nodiscard]] bool slot_owner_dead(std::uint32_t u) noexcept;
 
@@ -500,6 +511,12 @@ struct store::impl final : ix::page_source {
   //! Bytes counted against options::max_bytes for `who`: the files, the spare (made or
   //! still to make), and for a put the segment kept for deletes.
   [[nodiscard]] std::uint64_t budget_used(room_for who) const noexcept;
+  //! The segments in the table: how many, and their sizes added up.
+  struct table_segments {
+    std::uint64_t count = 0;
+    std::uint64_t bytes = 0;
+  };
+  [[nodiscard]] table_segments segments_in_table() const noexcept;
   //! Bytes options::max_bytes leaves `who` for new files (all of them: UINT64_MAX when none).
   [[nodiscard]] std::uint64_t budget_left(room_for who) const noexcept;
   //! Bytes commits can still write under options::max_bytes: the rest of the tail's segment
