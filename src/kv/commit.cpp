@@ -874,7 +874,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
   // store make room from them (a compaction) and tries again: the store says full when its
   // live data fills the volume, not its log.
   for (int compactions = 0;;) {
-    const auto seen = impl_->compaction_marks_now();
+    const std::uint64_t seen = impl_->compaction_runs_now();
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     if (auto r = t->put(key, value); !r) return r;
@@ -891,8 +891,8 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     // only if the log holds a segment's worth of dead versions. (Not more often: a put on a
     // store full of live data must fail fast.)
     const std::uint64_t seg_size = impl_->dir.params.segment_size;
-    if (impl_->compaction_marks_now().runs == seen.runs &&
-        impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) {
+    if (impl_->compaction_runs_now() == seen && impl_->h64(hdr::dead_bytes).load() < seg_size &&
+        impl_->log_not_live() < seg_size) {
       return std::unexpected(r.error());
     }
     auto room = impl_->make_room(seen);
@@ -906,7 +906,7 @@ result<void> store::erase(std::string_view key) noexcept {
   // compaction (whose spare always holds a victim's copies) frees some, and the erase is
   // tried again, for as long as compactions free something.
   for (int compactions = 0;;) {
-    const auto seen = impl_->compaction_marks_now();
+    const std::uint64_t seen = impl_->compaction_runs_now();
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     auto v = t->get_view(key);

@@ -192,14 +192,14 @@ std::uint64_t store::impl::log_not_live() const noexcept {
   return log > used ? log - used : 0;
 }
 
-result<bool> store::impl::make_room(compaction_marks seen) noexcept {
+result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
   std::uint32_t* const ends = futex_word(hdr::compaction_ends);
   bool others_ran = false;
   result<compact_stats> c;
   for (;;) {
     const std::uint32_t ended = std::atomic_ref(*ends).load(std::memory_order_seq_cst);
-    c = compact(seen.runs, &others_ran, false);
+    c = compact(seen_runs, &others_ran, false);
     if (c || (c.error() != std::errc::resource_unavailable_try_again &&
               c.error() != std::errc::operation_would_block)) {
       break;

@@ -585,19 +585,14 @@ struct store::impl final : ix::page_source {
                                               bool* others_ran, bool wait_for_byte) noexcept;
   //! What compaction had done when a commit began: runs begun, and runs that removed
   //! segments (hdr::compactions).
-  struct compaction_marks {
-    std::uint64_t runs = 0;
-    std::uint64_t removed = 0;
-  };
-  [[nodiscard]] compaction_marks compaction_marks_now() const noexcept {
-    return {h64(hdr::compaction_runs).load(std::memory_order_seq_cst),
-            h64(hdr::compactions).load(std::memory_order_seq_cst)};
+  //! Compaction runs begun so far (hdr::compaction_runs).
+  [[nodiscard]] std::uint64_t compaction_runs_now() const noexcept {
+    return h64(hdr::compaction_runs).load(std::memory_order_seq_cst);
   }
-  //! After a commit that began at `seen` failed for room: a compaction, unless one began
-  //! since. Whether a retry may find room: another began since, ours removed segments, or a
-  //! put could make a segment now.
-  //! Errors: the compaction's.
-  [[nodiscard]] result<bool> make_room(compaction_marks seen) noexcept;
+  //! After a commit that began when `seen_runs` compactions had begun failed for room: a
+  //! compaction, unless one began since. Whether a retry may find room: another began since,
+  //! ours removed segments, or a put could make a segment now. Errors: the compaction's.
+  [[nodiscard]] result<bool> make_room(std::uint64_t seen_runs) noexcept;
   //! Bytes of the log's segments that hold no live record (dead versions, erase records,
   //! abandoned ends), at least: from the segment table and the live counters, which stay
   //! exact where the dead counter drifts low (a compaction subtracts its estimate of what it
