@@ -328,34 +328,26 @@ int main(int argc, char** argv) {
       results["sections"].push_back(sec);
     }
 
+    // A rendered section: into the page, the results and the count of misses, and its
+    // targets on stdout under `heading`.
+    const auto add = [&](const char* key, const char* heading, const keel::report::section& sec) {
+      html_sections += sec.html;
+      results[key] = sec.results;
+      missed += sec.missed;
+      fmt::print("\n{}\n{}", heading, sec.summary);
+    };
     if (!locks_in.lockscale.empty() || !locks_in.lockscale_short.empty() ||
         !locks_in.lockscale_fs.empty() || !locks_in.lockmatrix.empty()) {
-      const auto locks = keel::report::render_locks(out, locks_in);
-      html_sections += locks.html;
-      results["locks"] = locks.results;
-      missed += locks.missed;
-      fmt::print("\nlocks: targets (same run)\n{}", locks.summary);
+      add("locks", "locks: targets (same run)", keel::report::render_locks(out, locks_in));
     }
     if (!aiobench_file.empty()) {
-      const auto aio = keel::report::render_aio(out, aiobench_file);
-      html_sections += aio.html;
-      results["aio"] = aio.results;
-      missed += aio.missed;
-      fmt::print("\naio: targets (same run)\n{}", aio.summary);
+      add("aio", "aio: targets (same run)", keel::report::render_aio(out, aiobench_file));
     }
     if (!kvbench_file.empty()) {
-      const auto kv = keel::report::render_kv(out, kvbench_file);
-      html_sections += kv.html;
-      results["kv"] = kv.results;
-      missed += kv.missed;
-      fmt::print("\nkv: targets (same run)\n{}", kv.summary);
+      add("kv", "kv: targets (same run)", keel::report::render_kv(out, kvbench_file));
     }
     if (!spacebench_files.empty()) {
-      const auto space = keel::report::render_space(out, spacebench_files);
-      html_sections += space.html;
-      results["space"] = space.results;
-      missed += space.missed;
-      fmt::print("\nspace: targets\n{}", space.summary);
+      add("space", "space: targets", keel::report::render_space(out, spacebench_files));
     }
 
     results["benchmarks"] = json::object();
