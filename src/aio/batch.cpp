@@ -3,6 +3,7 @@
 #include <new>
 #include <vector>
 
+#include "caller_clock.hpp"
 #include "keel/aio/file.hpp"
 #include "request.hpp"
 
@@ -40,6 +41,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   // worker.
   detail::file_state& f = *state_;
   controller::impl& c = *f.owner;
+  const detail::timed_call timed(&c, c.timed_callers);
   // Local, not thread_local: a completion run here (a refusal, a shut file) may submit a
   // batch of its own on this thread.
   std::vector<op*> accepted;
@@ -128,6 +130,9 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   if (ch != nullptr && ch->refs == 0) delete ch;
   const std::size_t n_workers = c.workers.size();
   if (chain_head != nullptr) c.workers[first_worker++ % n_workers]->push(chain_head, chain_tail);
+  // What the submitting thread starts itself (io_uring: options::submit_on) goes first.
+  const std::size_t here = c.engine->submit_here(ready);
+  ready.erase(ready.begin(), ready.begin() + static_cast<std::ptrdiff_t>(here));
   // Round robin as one by one would, as one chain per worker.
   for (std::size_t w = 0; w < n_workers; ++w) {
     const std::size_t start = (w + n_workers - first_worker % n_workers) % n_workers;

@@ -92,6 +92,7 @@ engine_stats controller::engine_counts() const noexcept {
   engine_stats s;
   for (const auto& w : impl_->workers)
     w->add_counts(s);
+  if (impl_->engine) impl_->engine->add_counts(s);
   return s;
 }
 

@@ -76,6 +76,7 @@ result<void> start_workers(controller::impl& c, engine_kind k, unsigned n,
     }
     c.workers.push_back(std::move(w));
   }
+  c.timed_callers = k == engine_kind::io_uring && c.opts.submit_on == submitter::adaptive;
   return {};
 }
 
@@ -108,6 +109,18 @@ result<void> start_engine(controller::impl& c, std::vector<std::span<std::byte>>
     auto k = engine_from_string(env);
     if (!k) return std::unexpected(k.error());
     wanted = *k;
+  }
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON"); env != nullptr && *env != '\0') {
+    const std::string_view v(env);
+    if (v == "adaptive") {
+      c.opts.submit_on = submitter::adaptive;
+    } else if (v == "caller") {
+      c.opts.submit_on = submitter::caller;
+    } else if (v == "workers") {
+      c.opts.submit_on = submitter::workers;
+    } else {
+      return errc_error(std::errc::invalid_argument);
+    }
   }
   const unsigned n = c.opts.workers;
   if (c.opts.fs != &io::os()) {

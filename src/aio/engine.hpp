@@ -17,6 +17,7 @@
 namespace keel::aio::detail {
 
 struct file_state;
+struct op;
 class worker;
 
 //! What an engine keeps of one open file (file_state::engine_data).
@@ -62,6 +63,22 @@ class engine {
   //! thread (the write-back cache's write-outs), or returns the error.
   [[nodiscard]] virtual result<void> write_out(file_state& f, std::uint64_t offset,
                                                std::span<const iovec> data) noexcept;
+  //! Starts ready requests on the calling thread instead of handing them to a worker, where
+  //! this engine does that (io_uring: options::submit_on); how many of `ops`, from the
+  //! front, it took. The others go to the workers.
+  [[nodiscard]] virtual std::size_t submit_here(std::span<op* const> ops) noexcept {
+    (void)ops;
+    return 0;
+  }
+  //! Waits on the calling thread for `o` if it started here (submit_here), reaping its
+  //! completion, and others', itself: whether it did (`o` may still be pending: look
+  //! again). False: wait for it as for any request.
+  [[nodiscard]] virtual bool wait_here(op& o) noexcept {
+    (void)o;
+    return false;
+  }
+  //! Adds what the engine did outside its workers to `s`.
+  virtual void add_counts(engine_stats& s) const noexcept { (void)s; }
 
  private:
   engine_kind kind_;

@@ -51,6 +51,12 @@ struct op {
   bool counted = false;       // worker-local: counted in in_chain->running
   bool chained = false;       // under owner->mutex, while the batch is handed over
 
+  // Started on the submitting thread's own io_uring ring (uring_engine.cpp): that ring, set
+  // before the receipt is handed out and never changed; and whether its completion is still
+  // to be reaped from it (under the ring's mutex).
+  const void* ring = nullptr;
+  bool in_ring = false;
+
   // The outcome: `state` is the futex word waiters sleep on (a status, plus has_waiters once
   // someone sleeps); `error` and `done` are valid once it is not pending (published with
   // release, read with acquire).

@@ -2,6 +2,7 @@
 
 #include "keel/aio/receipt.hpp"
 
+#include "caller_clock.hpp"
 #include "detail.hpp"
 #include "keel/aio/errors.hpp"
 
@@ -53,6 +54,8 @@ result<std::size_t> receipt::wait() const noexcept {
 
 result<std::size_t> receipt::wait(io::deadline d) const noexcept {
   if (op_ == nullptr) return errc_error(std::errc::invalid_argument);
+  controller::impl* c = op_->file ? op_->file->owner.get() : nullptr;
+  const detail::timed_call timed(c, c != nullptr && c->timed_callers);
   const io::countdown cd = d.start();
   bool spun = false;
   for (;;) {
@@ -70,7 +73,10 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
     if (cd.expired()) return errc_error(std::errc::timed_out);
     // Rather than wait for a worker, run what the workers have not started (when waiting
     // without a deadline: a request run here could outlast it).
-    if (cd.is_infinite() && op_->file && op_->file->owner->help()) continue;
+    if (cd.is_infinite() && c != nullptr && c->help()) continue;
+    // A request started on this thread's own ring: reap it here (rather than sleep until a
+    // worker does).
+    if (cd.is_infinite() && op_->ring != nullptr && c->engine->wait_here(*op_)) continue;
     if (!spun && cd.is_infinite()) {
       // Requests that end within microseconds are caught without a sleep (see adaptive_spin).
       spun = true;

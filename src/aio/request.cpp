@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cache.hpp"
+#include "caller_clock.hpp"
 #include "keel/aio/errors.hpp"
 
 namespace keel::aio::detail {
@@ -68,6 +69,7 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
   o->file = f;
   if (const error why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
+  const timed_call timed(&c, c.timed_callers);
   // Counted in before the flags are read; close() and stop() set their flag before they
   // wait for the counts: either we see the flag, or they see us.
   f->in_flight.fetch_add(1);
@@ -101,6 +103,7 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
         return r;
       }
     }
+    if (c.engine->submit_here(std::span(&o, 1)) == 1) return r;
     c.dispatch(o, worker_index);
   }
   return r;

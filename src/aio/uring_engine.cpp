@@ -6,6 +6,14 @@
 // requests. Files are registered in the ring's table as they come (close asks the ring to
 // let go: forget), options::registered_buffers at start; the requests of a batch that must
 // follow earlier ones of it wait here in their chain (queue_pending, done).
+//
+// A thread that submits and then waits may start its requests on a ring of its own instead
+// (caller_ring, options::submit_on): it submits them itself, at once, and reaps its ring
+// when it waits. A page-cache read then completes inside the submission, with no hand-over
+// to a worker and back. The ring is not SINGLE_ISSUER: when the thread is away (computing,
+// or waiting on something else) and a completion lands on its ring, the ring's eventfd (a
+// worker's wake-up eventfd) wakes that worker, which reaps it under the ring's mutex. The
+// thread turns the eventfd off while it is in the ring itself.
 
 #include <liburing.h>
 #include <sys/eventfd.h>
@@ -13,12 +21,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <deque>
 #include <new>
+#include <optional>
 #include <utility>
 
+#include "base/per_thread.hpp"
 #include "base/thread_safety.hpp"
+#include "caller_clock.hpp"
 #include "detail.hpp"
 
 namespace keel::aio::detail {
@@ -29,7 +41,74 @@ constexpr std::size_t max_chunk = std::size_t{1} << 30;  // an SQE's length is 3
 
 class uring_engine;
 class uring_worker;
+class caller_ring;
 thread_local const uring_worker* running_here = nullptr;  // the worker this thread runs
+
+//! What a request's completion `res` means: its end, or nothing when the rest of it must go
+//! in again (a short transfer, EINTR, EAGAIN). Counts what it transferred into o.done.
+std::optional<result<std::size_t>> outcome_of(op& o, int res) noexcept {
+  if (o.kind == op_kind::fsync || o.kind == op_kind::fdatasync) {
+    // Never retried: a failed fsync says data may be lost, a retry would hide it.
+    return res < 0 ? result<std::size_t>(errno_error(-res)) : result<std::size_t>(0);
+  }
+  if (res < 0) {
+    if (res == -EINTR || res == -EAGAIN) return std::nullopt;
+    return result<std::size_t>(errno_error(-res));
+  }
+  if (res == 0) {
+    if (o.kind == op_kind::read) return result<std::size_t>(o.done);  // end of file
+    return result<std::size_t>(errc_error(std::errc::io_error));      // no progress: never spin
+  }
+  o.done += static_cast<std::size_t>(res);
+  if (o.done < o.length) return std::nullopt;
+  return result<std::size_t>(o.done);
+}
+
+//! Fills `sqe` with the next part of `o` on descriptor (or table index) `fd`, from or into
+//! registered buffer `buffer` (-1: none).
+void prepare_sqe(io_uring_sqe* sqe, op& o, int fd, bool registered, int buffer) noexcept {
+  const auto chunk = static_cast<unsigned>(std::min(o.length - o.done, max_chunk));
+  switch (o.kind) {
+    case op_kind::read:
+      if (buffer >= 0) {
+        ::io_uring_prep_read_fixed(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done, buffer);
+      } else {
+        ::io_uring_prep_read(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
+      }
+      break;
+    case op_kind::write:
+      if (buffer >= 0) {
+        ::io_uring_prep_write_fixed(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done, buffer);
+      } else {
+        ::io_uring_prep_write(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
+      }
+      break;
+    case op_kind::fsync:
+      ::io_uring_prep_fsync(sqe, fd, 0);
+      break;
+    case op_kind::fdatasync:
+      ::io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+      break;
+    case op_kind::task:
+      break;  // never queued
+  }
+  if (registered) sqe->flags |= IOSQE_FIXED_FILE;
+  ::io_uring_sqe_set_data(sqe, &o);
+}
+
+//! Whether `ring`'s completion queue holds anything, read by a thread that does not hold the
+//! ring (the head is its reaper's, written with release: both loads atomic).
+bool completions_waiting(const io_uring& ring) noexcept {
+  return __atomic_load_n(ring.cq.ktail, __ATOMIC_ACQUIRE) !=
+         __atomic_load_n(ring.cq.khead, __ATOMIC_RELAXED);
+}
+
+//! A completion taken from a caller ring, to be settled outside the ring's lock.
+struct reaped {
+  op* o;
+  int res;
+};
+constexpr std::size_t reap_batch = 64;
 
 //! What the engine keeps of a file: its index in every ring's table of registered files, or
 //! -1; the workers whose ring registered it (bit i % 64 for worker i), which must let go of
@@ -53,7 +132,7 @@ uring_file& of(file_state& f) noexcept {
 class uring_engine final : public engine {
  public:
   uring_engine(controller::impl& c, std::vector<std::span<std::byte>> buffers) noexcept
-      : engine(engine_kind::io_uring), buffers_(std::move(buffers)) {
+      : engine(engine_kind::io_uring), buffers_(std::move(buffers)), ctl_(c) {
     if (c.opts.register_files) {
       // The kernel refuses a table larger than RLIMIT_NOFILE.
       rlimit nofile{};
@@ -66,6 +145,9 @@ class uring_engine final : public engine {
       } catch (const std::bad_alloc&) {
         file_slots_ = 0;  // files go by descriptor
       }
+    }
+    if (c.opts.submit_on != submitter::workers) {
+      lists_.reset(new (std::nothrow) ring_list[c.opts.workers]);  // none: only workers
     }
   }
 
@@ -105,7 +187,32 @@ class uring_engine final : public engine {
   //! Makes every ring let go of `f` and frees its index (close, after the last request).
   void release_slot(uring_file& f) noexcept;
 
+  std::size_t submit_here(std::span<op* const> ops) noexcept override;
+  bool wait_here(op& o) noexcept override;
+  void add_counts(engine_stats& s) const noexcept override;
+
+  //! Worker `w`'s share of the caller rings: takes the completions their threads left
+  //! there (a worker's thread) and settles them. Whether a ring with completions was busy
+  //! (its thread in it, about to leave): the worker must look again soon.
+  bool reap_left(unsigned w) noexcept;
+  //! Settles completions taken from a caller ring: ends their requests, or hands what must
+  //! go in again to a worker.
+  void settle(std::span<const reaped> done) noexcept;
+  //! Wakes worker `w` (a caller ring's completion may have gone unnoticed).
+  void kick(unsigned w) noexcept;
+  //! A caller ring is made (listed with its worker) or ends (unlisted).
+  bool list(caller_ring& r) noexcept;
+  void unlist(caller_ring& r) noexcept;
+  [[nodiscard]] int buffer_of(const op& o) const noexcept {
+    return buffers_.empty() ? -1 : buffer_index(o.buffer + o.done, o.length - o.done);
+  }
+  [[nodiscard]] controller::impl& owner() const noexcept { return ctl_; }
+
  private:
+  //! The calling thread's caller ring, made if `make` and there is none; null when there is
+  //! none, or it could not start (then the thread uses the workers).
+  caller_ring* ring_of_this_thread(bool make) noexcept;
+
   //! A free table index for a new file, or -1 (none left, or not registering).
   int take_slot() noexcept KEEL_EXCLUDES(slots_mutex_) {
     const base::lock_guard lock(slots_mutex_);
@@ -123,6 +230,24 @@ class uring_engine final : public engine {
   std::vector<int> free_slots_ KEEL_GUARDED_BY(slots_mutex_);  // reserved for every index at start
   int next_slot_ KEEL_GUARDED_BY(slots_mutex_) = 0;
   std::vector<uring_worker*> workers_;  // owned by the controller, which outlives the files
+
+  controller::impl& ctl_;
+  // The caller rings, each listed with the worker that reaps what its thread leaves.
+  struct ring_list {
+    base::mutex mutex;
+    std::vector<caller_ring*> rings KEEL_GUARDED_BY(mutex);
+    std::atomic<unsigned> count{0};
+  };
+  static constexpr unsigned max_caller_rings = 256;  // further threads use the workers
+  std::unique_ptr<ring_list[]> lists_;               // one per worker
+  std::atomic<unsigned> caller_rings_{0};
+  std::atomic<unsigned> next_list_{0};
+  // What rings that ended did (engine_stats).
+  std::atomic<std::uint64_t> retired_started_{0};
+  std::atomic<std::uint64_t> retired_registered_{0};
+  std::atomic<std::uint64_t> retired_reaped_{0};
+  // Last: its rings end (and drain) while the rest of the engine is still there.
+  base::per_thread_states rings_of_threads_;
 };
 
 class uring_worker final : public worker {
@@ -133,6 +258,8 @@ class uring_worker final : public worker {
     join();
     if (efd_ >= 0) ::close(efd_);  // the wake-up eventfd: not a file, not the seam's
   }
+
+  [[nodiscard]] int wake_fd() const noexcept { return efd_; }
 
   void wake() noexcept override {
     const std::uint64_t one = 1;
@@ -268,14 +395,6 @@ class uring_worker final : public worker {
     forget_done_.notify_all();
   }
 
-  // The registered buffer the next `chunk` bytes of `o` lie in, or -1.
-  int fixed_buffer(const op& o, std::size_t chunk) noexcept {
-    if (engine_.buffers().empty()) return -1;
-    const int b = engine_.buffer_index(o.buffer + o.done, chunk);
-    if (b >= 0) count(fixed_buffers_);
-    return b;
-  }
-
   // The descriptor a request names in its SQE: the file's table index once this ring has
   // registered it (registering it now if need be), else its descriptor.
   bool use_registered(file_state& f) noexcept {
@@ -316,7 +435,7 @@ class uring_worker final : public worker {
         continue;
       }
       sleeping_.store(true);
-      const bool block = inbox_empty() && pending_.empty() && !may_exit();
+      const bool block = inbox_empty() && pending_.empty() && !look_again_ && !may_exit();
       int r =
           block ? ::io_uring_submit_and_wait(&ring_, 1) : ::io_uring_submit_and_get_events(&ring_);
       sleeping_.store(false);
@@ -336,6 +455,8 @@ class uring_worker final : public worker {
         complete(*cqe);
       }
       ::io_uring_cq_advance(&ring_, seen);
+      // What the submitting threads left on their own rings.
+      look_again_ = engine_.reap_left(index_);
     }
   }
 
@@ -406,36 +527,13 @@ class uring_worker final : public worker {
   void prepare(io_uring_sqe* sqe, op& o) noexcept {
     const bool registered = use_registered(*o.file);
     const int fd = registered ? of(*o.file).slot : o.file->handle.fd();
-    const auto chunk = static_cast<unsigned>(std::min(o.length - o.done, max_chunk));
-    switch (o.kind) {
-      case op_kind::read:
-        if (const int b = fixed_buffer(o, chunk); b >= 0) {
-          ::io_uring_prep_read_fixed(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done, b);
-        } else {
-          ::io_uring_prep_read(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
-        }
-        break;
-      case op_kind::write:
-        if (const int b = fixed_buffer(o, chunk); b >= 0) {
-          ::io_uring_prep_write_fixed(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done, b);
-        } else {
-          ::io_uring_prep_write(sqe, fd, o.buffer + o.done, chunk, o.offset + o.done);
-        }
-        break;
-      case op_kind::fsync:
-        ::io_uring_prep_fsync(sqe, fd, 0);
-        break;
-      case op_kind::fdatasync:
-        ::io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
-        break;
-      case op_kind::task:
-        break;  // never queued
+    int buffer = -1;
+    if (o.kind == op_kind::read || o.kind == op_kind::write) {
+      buffer = engine_.buffer_of(o);
+      if (buffer >= 0) count(fixed_buffers_);
     }
-    if (registered) {
-      sqe->flags |= IOSQE_FIXED_FILE;
-      count(registered_);
-    }
-    ::io_uring_sqe_set_data(sqe, &o);
+    prepare_sqe(sqe, o, fd, registered, buffer);
+    if (registered) count(registered_);
   }
 
   void complete(const io_uring_cqe& cqe) noexcept {
@@ -445,33 +543,10 @@ class uring_worker final : public worker {
     }
     op& o = *static_cast<op*>(::io_uring_cqe_get_data(&cqe));
     --in_flight_;
-    const int res = cqe.res;
-    if (o.kind == op_kind::fsync || o.kind == op_kind::fdatasync) {
-      // Never retried: a failed fsync says data may be lost, a retry would hide it.
-      done(o, res < 0 ? result<std::size_t>(errno_error(-res)) : result<std::size_t>(0));
-      return;
-    }
-    if (res < 0) {
-      if (res == -EINTR || res == -EAGAIN) {
-        pending_.push_back(&o);
-      } else {
-        done(o, errno_error(-res));
-      }
-      return;
-    }
-    if (res == 0) {
-      if (o.kind == op_kind::read) {
-        done(o, o.done);  // end of file
-      } else {
-        done(o, errc_error(std::errc::io_error));  // no progress: never spin
-      }
-      return;
-    }
-    o.done += static_cast<std::size_t>(res);
-    if (o.done < o.length) {
-      pending_.push_back(&o);  // a short transfer: the rest goes in again
+    if (auto end = outcome_of(o, cqe.res)) {
+      done(o, std::move(*end));
     } else {
-      done(o, o.done);
+      pending_.push_back(&o);  // the rest goes in again
     }
   }
 
@@ -498,11 +573,334 @@ class uring_worker final : public worker {
   bool armed_ = false;
   std::deque<op*> pending_;  // ready, waiting for a submission slot
   unsigned in_flight_ = 0;
+  bool look_again_ = false;  // a caller ring with completions was busy (reap_left)
 
   // start() waits for the worker thread to set up its ring: the outcome, then the flag.
   std::atomic<bool> started_{false};
   std::error_code start_error_;
 };
+
+// ---- the submitting threads' own rings ----
+
+//! A submitting thread's own ring (options::submit_on). Its thread submits to it and reaps
+//! it; a worker reaps it when the thread is away. Ends with its thread (after waiting for
+//! its requests: the kernel would cancel them) or with the engine.
+class caller_ring final : public base::thread_state {
+ public:
+  explicit caller_ring(uring_engine& e) noexcept : engine_(e) {}
+  caller_ring(const caller_ring&) = delete;
+  caller_ring& operator=(const caller_ring&) = delete;
+  ~caller_ring() override {
+    if (!ok_) return;
+    closing_ = true;
+    // Its requests end before the thread does; their completions are settled here.
+    for (;;) {
+      std::array<reaped, reap_batch> got{};
+      std::size_t n = 0;
+      {
+        const base::lock_guard lock(mutex);
+        if (in_flight == 0) break;
+        quiet();
+        n = reap(got);
+        if (n == 0) {
+          wait_one();
+          n = reap(got);
+        }
+      }
+      engine_.settle(std::span(got.data(), n));
+    }
+    engine_.unlist(*this);
+    ::io_uring_queue_exit(&ring);
+  }
+
+  //! Sets the ring up (the thread's first request): whether it can be used.
+  bool start(unsigned depth, unsigned slots) noexcept {
+    depth_ = depth;
+    if (::io_uring_queue_init(depth, &ring, 0) < 0) return false;
+    if (ring.cq.kflags == nullptr) {  // no IORING_CQ_EVENTFD_DISABLED (before Linux 5.8)
+      ::io_uring_queue_exit(&ring);
+      return false;
+    }
+    if (slots != 0 && ::io_uring_register_files_sparse(&ring, slots) == 0) {
+      const base::lock_guard lock(table_mutex);
+      try {
+        slot_file.assign(slots, 0);
+      } catch (const std::bad_alloc&) {
+        (void)::io_uring_unregister_files(&ring);
+      }
+    }
+    ok_ = true;
+    if (!engine_.list(*this)) {
+      ok_ = false;
+      ::io_uring_queue_exit(&ring);
+    }
+    return ok_;
+  }
+
+  //! Sends the completions of this ring to worker `w`'s eventfd (while the thread is away).
+  bool notify(unsigned w, int fd) noexcept {
+    worker = w;
+    if (::io_uring_register_eventfd(&ring, fd) < 0) return false;
+    (void)::io_uring_cq_eventfd_toggle(&ring, false);  // the thread is in it: off
+    return true;
+  }
+
+  //! The thread is in the ring: completions need not wake its worker.
+  void quiet() noexcept KEEL_REQUIRES(mutex) { (void)::io_uring_cq_eventfd_toggle(&ring, false); }
+  //! The thread leaves the ring: with requests still running, their completions wake its
+  //! worker; one that came before the eventfd was on wakes it now.
+  void leave() noexcept KEEL_REQUIRES(mutex) {
+    if (in_flight == 0) return;
+    (void)::io_uring_cq_eventfd_toggle(&ring, true);
+    if (::io_uring_cq_ready(&ring) != 0) engine_.kick(worker);
+  }
+
+  //! Submits what is queued (all of it: EINTR, EAGAIN and EBUSY go round again).
+  void submit() noexcept KEEL_REQUIRES(mutex) {
+    while (::io_uring_sq_ready(&ring) != 0) {
+      const int r = ::io_uring_submit(&ring);
+      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) return;  // next enter tries
+    }
+  }
+  //! Submits what is queued and sleeps until a completion arrives (or a signal).
+  void wait_one() noexcept KEEL_REQUIRES(mutex) { (void)::io_uring_submit_and_wait(&ring, 1); }
+
+  //! Takes up to out.size() completions off the ring.
+  std::size_t reap(std::span<reaped> out) noexcept KEEL_REQUIRES(mutex) {
+    std::size_t n = 0;
+    unsigned head = 0;
+    io_uring_cqe* cqe = nullptr;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      if (n == out.size()) break;
+      op* o = static_cast<op*>(::io_uring_cqe_get_data(cqe));
+      o->in_ring = false;
+      out[n++] = {o, cqe->res};
+    }
+    ::io_uring_cq_advance(&ring, static_cast<unsigned>(n));
+    in_flight -= static_cast<unsigned>(n);
+    return n;
+  }
+
+  //! Queues `o`: whether there was room.
+  bool queue(op& o) noexcept KEEL_REQUIRES(mutex) {
+    if (in_flight >= depth_) return false;  // the completion queue (twice this) never overflows
+    io_uring_sqe* sqe = ::io_uring_get_sqe(&ring);
+    if (sqe == nullptr) return false;
+    const bool registered = use_registered(*o.file);
+    prepare_sqe(sqe, o, registered ? of(*o.file).slot : o.file->handle.fd(), registered, -1);
+    o.ring = this;
+    o.in_ring = true;
+    ++in_flight;
+    count(started);
+    if (registered) count(on_registered_files);
+    return true;
+  }
+
+  //! Lets go of file `id` at table index `slot` if this ring registered it (any thread).
+  void forget(int slot, std::uint64_t id) noexcept KEEL_EXCLUDES(table_mutex) {
+    const base::lock_guard lock(table_mutex);
+    const auto i = static_cast<std::size_t>(slot);
+    if (i >= slot_file.size() || slot_file[i] != id) return;
+    int none = -1;
+    (void)::io_uring_register_files_update(&ring, static_cast<unsigned>(slot), &none, 1);
+    slot_file[i] = 0;
+  }
+
+  [[nodiscard]] bool usable() const noexcept { return ok_ && !closing_; }
+
+  io_uring ring{};
+  unsigned worker = 0;  // the worker that reaps what the thread leaves
+  // Held by the thread while it submits or reaps (also while it sleeps in the ring for a
+  // completion), by a worker only to reap (try_lock): never waited for by a worker.
+  base::mutex mutex;
+  unsigned in_flight KEEL_GUARDED_BY(mutex) = 0;
+  // Counts for engine_stats: `started` written by the thread, `reaped_by_worker` by workers
+  // under `mutex`.
+  std::atomic<std::uint64_t> started{0};
+  std::atomic<std::uint64_t> on_registered_files{0};
+  std::atomic<std::uint64_t> reaped_by_worker{0};
+  static void count(std::atomic<std::uint64_t>& n, std::uint64_t k = 1) noexcept {
+    n.store(n.load(std::memory_order_relaxed) + k, std::memory_order_relaxed);
+  }
+
+ private:
+  // The file's table index in this ring, registering it now if need be; false: go by
+  // descriptor.
+  bool use_registered(file_state& f) noexcept KEEL_EXCLUDES(table_mutex) {
+    uring_file& uf = of(f);
+    if (uf.slot < 0) return false;
+    const base::lock_guard lock(table_mutex);
+    const auto i = static_cast<std::size_t>(uf.slot);
+    if (i >= slot_file.size()) return false;
+    if (slot_file[i] != f.id) {
+      int fd = f.handle.fd();
+      if (::io_uring_register_files_update(&ring, static_cast<unsigned>(uf.slot), &fd, 1) != 1) {
+        return false;
+      }
+      slot_file[i] = f.id;
+    }
+    return true;
+  }
+
+  uring_engine& engine_;
+  unsigned depth_ = 0;
+  bool ok_ = false;
+  bool closing_ = false;  // the thread is leaving: new requests go to the workers
+  // The file id at each index of the ring's table of files (0: none); close() lets go of
+  // a file from its own thread, so the thread's mutex is not the one.
+  base::mutex table_mutex;
+  std::vector<std::uint64_t> slot_file KEEL_GUARDED_BY(table_mutex);
+};
+
+caller_ring* uring_engine::ring_of_this_thread(bool make) noexcept {
+  if (!make) return rings_of_threads_.existing<caller_ring>();
+  auto r = rings_of_threads_.get<caller_ring>([&]() -> result<std::unique_ptr<caller_ring>> {
+    auto made = std::unique_ptr<caller_ring>(new (std::nothrow) caller_ring(*this));
+    if (!made) return errc_error(std::errc::not_enough_memory);
+    // A thread whose ring cannot start keeps it unstarted: it uses the workers, without
+    // trying again on every request.
+    if (lists_ && caller_rings_.fetch_add(1) < max_caller_rings) {
+      (void)made->start(ctl_.opts.queue_depth, file_slots_);
+    }
+    return made;
+  });
+  return r && (*r)->usable() ? *r : nullptr;
+}
+
+bool uring_engine::list(caller_ring& r) noexcept {
+  const unsigned w = next_list_.fetch_add(1) % static_cast<unsigned>(workers_.size());
+  if (!r.notify(w, workers_[w]->wake_fd())) return false;
+  ring_list& l = lists_[w];
+  const base::lock_guard lock(l.mutex);
+  try {
+    l.rings.push_back(&r);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  l.count.fetch_add(1);
+  return true;
+}
+
+void uring_engine::unlist(caller_ring& r) noexcept {
+  ring_list& l = lists_[r.worker];
+  const base::lock_guard lock(l.mutex);
+  std::erase(l.rings, &r);
+  l.count.store(static_cast<unsigned>(l.rings.size()));
+  retired_started_.fetch_add(r.started.load());
+  retired_registered_.fetch_add(r.on_registered_files.load());
+  retired_reaped_.fetch_add(r.reaped_by_worker.load());
+}
+
+void uring_engine::kick(unsigned w) noexcept {
+  workers_[w]->wake();
+}
+
+std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
+  const submitter policy = ctl_.opts.submit_on;
+  if (running_here != nullptr || policy == submitter::workers || !lists_) return 0;
+  if (policy == submitter::adaptive && !waiting_bound(&ctl_)) return 0;
+  caller_ring* r = ring_of_this_thread(true);
+  if (r == nullptr) return 0;
+  std::size_t taken = 0;
+  std::array<reaped, reap_batch> got{};
+  std::size_t n = 0;
+  {
+    const base::lock_guard lock(r->mutex);
+    r->quiet();
+    for (op* o : ops) {
+      // Registered buffers are the workers' rings' (registering them again per thread
+      // would pin the memory again); chains wait in a worker; cached files' requests meet
+      // the cache in a worker (before_engine).
+      if (o->in_chain != nullptr || o->kind == op_kind::task || o->file->cache ||
+          ((o->kind == op_kind::read || o->kind == op_kind::write) &&
+           (o->length == 0 || buffer_of(*o) >= 0)) ||
+          !r->queue(*o)) {
+        break;
+      }
+      ++taken;
+    }
+    if (taken != 0) r->submit();
+    n = r->reap(got);  // page-cache reads and writes ended inside the submission
+    r->leave();
+  }
+  settle(std::span(got.data(), n));
+  return taken;
+}
+
+bool uring_engine::wait_here(op& o) noexcept {
+  caller_ring* r = ring_of_this_thread(false);
+  if (r == nullptr || o.ring != r) return false;
+  std::array<reaped, reap_batch> got{};
+  std::size_t n = 0;
+  {
+    const base::lock_guard lock(r->mutex);
+    if (!o.in_ring) return false;  // reaped by a worker: its end is on the way
+    r->quiet();
+    n = r->reap(got);
+    if (n == 0) {
+      r->wait_one();
+      n = r->reap(got);
+    }
+    r->leave();
+  }
+  settle(std::span(got.data(), n));
+  return true;
+}
+
+bool uring_engine::reap_left(unsigned w) noexcept {
+  if (!lists_) return false;
+  ring_list& l = lists_[w];
+  if (l.count.load(std::memory_order_relaxed) == 0) return false;
+  bool busy = false;
+  std::array<reaped, reap_batch> got{};
+  for (;;) {
+    std::size_t n = 0;
+    {
+      const base::lock_guard lock(l.mutex);
+      for (caller_ring* r : l.rings) {
+        if (n == got.size()) break;
+        if (!completions_waiting(r->ring)) continue;
+        if (!r->mutex.try_lock()) {
+          busy = true;
+          continue;
+        }
+        const std::size_t k = r->reap(std::span(got).subspan(n));
+        r->mutex.unlock();
+        caller_ring::count(r->reaped_by_worker, k);
+        n += k;
+      }
+    }
+    settle(std::span(got.data(), n));
+    if (n < got.size()) return busy;
+  }
+}
+
+void uring_engine::settle(std::span<const reaped> done) noexcept {
+  unsigned next = 0;
+  for (const auto& [o, res] : done) {
+    if (auto end = outcome_of(*o, res)) {
+      ctl_.finish(o, std::move(*end));
+    } else {
+      ctl_.dispatch(o, next);  // the rest goes in again, through a worker
+    }
+  }
+}
+
+void uring_engine::add_counts(engine_stats& s) const noexcept {
+  s.requests_on_caller_rings += retired_started_.load();
+  s.requests_on_registered_files += retired_registered_.load();
+  s.caller_requests_reaped_by_workers += retired_reaped_.load();
+  if (!lists_) return;
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    ring_list& l = lists_[w];
+    const base::lock_guard lock(l.mutex);
+    for (const caller_ring* r : l.rings) {
+      s.requests_on_caller_rings += r->started.load(std::memory_order_relaxed);
+      s.requests_on_registered_files += r->on_registered_files.load(std::memory_order_relaxed);
+      s.caller_requests_reaped_by_workers += r->reaped_by_worker.load(std::memory_order_relaxed);
+    }
+  }
+}
 
 uring_file::~uring_file() {
   if (slot >= 0) owner.release_slot(*this);
@@ -523,6 +921,14 @@ void uring_engine::release_slot(uring_file& f) noexcept {
   const std::uint64_t rings = f.registered_in.load();
   for (std::size_t i = 0; i < workers_.size(); ++i) {
     if ((rings & (std::uint64_t{1} << (i % 64))) != 0) workers_[i]->forget(f.slot, f.file_id);
+  }
+  if (lists_) {
+    for (std::size_t w = 0; w < workers_.size(); ++w) {
+      ring_list& l = lists_[w];
+      const base::lock_guard lock(l.mutex);
+      for (caller_ring* r : l.rings)
+        r->forget(f.slot, f.file_id);
+    }
   }
   const base::lock_guard lock(slots_mutex_);
   free_slots_.push_back(f.slot);  // reserved for every slot at start

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "aio_support.hpp"
 #include "keel/aio/errors.hpp"
 #include "support/process.hpp"
 #include "support/seccomp.hpp"
@@ -31,6 +32,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::temp_dir;
+using test_support::open_rw;
 
 std::unique_ptr<controller> start_engine(engine_kind k, unsigned workers = 2) {
   options o;
@@ -79,15 +81,6 @@ engine_kind engine_here() {
     if (auto k = engine_from_string(env); k) return *k;
   }
   return unavailable(engine_kind::io_uring).empty() ? engine_kind::io_uring : engine_kind::posix;
-}
-
-file open_rw(controller& c, const std::string& path) {
-  open_options how;
-  how.write = true;
-  how.create = true;
-  auto f = c.open(path, how);
-  if (!f) ADD_FAILURE() << "open " << path << ": " << f.error().message();
-  return f ? std::move(*f) : file();
 }
 
 std::vector<std::byte> read_whole(const std::string& path) {

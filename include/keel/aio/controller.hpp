@@ -16,6 +16,17 @@
 
 namespace keel::aio {
 
+//! Who starts an io_uring request: the controller's workers, or the thread that submits it
+//! (options::submitter).
+enum class submitter : std::uint8_t {
+  //! Each thread by what it does: a thread that spends most of its time in keel's calls
+  //! (submitting and waiting) runs its requests on a ring of its own; one that computes
+  //! between them hands them to the workers, which run them meanwhile.
+  adaptive,
+  caller,   //!< always the submitting thread's own ring (workers finish what it leaves)
+  workers,  //!< always a worker
+};
+
 //! How the controller's threads do the I/O.
 enum class engine_kind : std::uint8_t {
   io_uring,  //!< a ring per thread (liburing), many requests in flight per thread
@@ -55,6 +66,14 @@ struct options {
   //! RLIMIT_MEMLOCK; where the rings cannot register it, io_uring does not start (the
   //! default engine then falls back to posix and says why).
   std::vector<std::span<std::byte>> registered_buffers;
+  //! io_uring: where requests start. A thread that submits and then waits pays for two
+  //! hand-overs per request when a worker runs it (a wake-up, a cross-CPU completion); on
+  //! its own ring it submits and reaps itself, as fio does. Completions on a thread's ring
+  //! that the thread does not come back for are reaped by a worker (an eventfd wakes it).
+  //! Requests on registered_buffers, chained requests of a batch, tasks and cached files'
+  //! requests always go to the workers. The environment variable KEEL_AIO_SUBMIT_ON
+  //! (adaptive, caller, workers) overrides it.
+  submitter submit_on = submitter::adaptive;
 
   //! The write-back cache of the files opened with open_options::cache, shared by them.
   //! Above `cache_soft_limit` bytes of cached pages a flusher thread writes out and drops
@@ -88,6 +107,11 @@ struct engine_stats {
   std::uint64_t requests_on_registered_files = 0;
   //! io_uring: reads and writes into or from registered_buffers (READ_FIXED/WRITE_FIXED).
   std::uint64_t requests_on_registered_buffers = 0;
+  //! io_uring: requests started on the ring of the thread that submitted them
+  //! (options::submit_on), not by a worker.
+  std::uint64_t requests_on_caller_rings = 0;
+  //! io_uring: of those, the ones a worker reaped because their thread was away.
+  std::uint64_t caller_requests_reaped_by_workers = 0;
 };
 
 //! How a file is opened.
@@ -110,9 +134,10 @@ struct open_options {
 //! it. Thread-safe. Files may outlive it: their requests are then cancelled.
 class controller {
  public:
-  //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE, a
-  //! soft cache limit above the hard one), errc::not_supported_by_engine (io_uring or stdio
-  //! asked for with options::fs not io::os()), and
+  //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE or
+  //! KEEL_AIO_SUBMIT_ON, a soft cache limit above the hard one),
+  //! errc::not_supported_by_engine (io_uring or stdio asked for with options::fs not
+  //! io::os()), and
   //! for an engine that was asked for and cannot run: the error that stopped it (ENOSYS,
   //! EPERM under seccomp or kernel.io_uring_disabled, ENOMEM for locked memory, ...).
   [[nodiscard]] static result<std::unique_ptr<controller>> start(options opts = {}) noexcept;

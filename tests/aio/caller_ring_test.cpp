@@ -1,0 +1,240 @@
+// keel::aio on io_uring: requests started on the submitting thread's own ring
+// (options::submit_on). The thread submits and reaps them itself; what it leaves on its ring
+// (it computes, sleeps, waits with a deadline, or exits) a worker reaps, so every request
+// still ends, and ends once.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <latch>
+#include <thread>
+#include <vector>
+
+#include "aio_support.hpp"
+#include "keel/aio/controller.hpp"
+#include "keel/aio/errors.hpp"
+#include "support/process.hpp"
+
+namespace keel::aio {
+namespace {
+
+using namespace std::chrono_literals;
+using test::temp_dir;
+using test_support::open_rw;
+
+// A controller on io_uring whose threads start requests as `who` says, or null (with the
+// reason in `why`) where io_uring cannot start or KEEL_AIO_ENGINE forces another engine.
+std::unique_ptr<controller> on_uring(submitter who, std::string& why) {
+  if (const char* env = std::getenv("KEEL_AIO_ENGINE");
+      env != nullptr && *env != '\0' && std::string_view(env) != "io_uring") {
+    why = std::string("KEEL_AIO_ENGINE=") + env + " forces every controller's engine";
+    return nullptr;
+  }
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON"); env != nullptr && *env != '\0') {
+    why = std::string("KEEL_AIO_SUBMIT_ON=") + env + " forces where requests start";
+    return nullptr;
+  }
+  options o;
+  o.engine = engine_kind::io_uring;
+  o.submit_on = who;
+  auto c = controller::start(o);
+  if (!c) {
+    why = "io_uring cannot start here: " + c.error().message();
+    return nullptr;
+  }
+  return std::move(*c);
+}
+
+#define KEEL_ON_URING(c, who)        \
+  std::string why_not;               \
+  auto c = on_uring(who, why_not);   \
+  do {                               \
+    if (!c) GTEST_SKIP() << why_not; \
+  } while (false)
+
+// Requests go on the thread's ring (counted), and every byte lands where it should.
+TEST(AioCallerRings, RequestsStartOnTheSubmittingThreadsRing) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("own"));
+  std::vector<std::byte> data(64 * 1024);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<std::byte>(i * 13 + 1);
+  ASSERT_EQ(f.write(0, data).wait().value_or(0), data.size());
+  ASSERT_TRUE(f.fsync().wait());
+  std::vector<std::byte> back(data.size());
+  ASSERT_EQ(f.read(0, back).wait().value_or(0), back.size());
+  EXPECT_EQ(back, data);
+  // Past the end: what is there.
+  std::vector<std::byte> tail(8192);
+  EXPECT_EQ(f.read(data.size() - 100, tail).wait().value_or(0), 100u);
+  const engine_stats st = c->engine_counts();
+  EXPECT_GE(st.requests_on_caller_rings, 4u);
+  EXPECT_EQ(st.caller_requests_reaped_by_workers, 0u);  // the thread was always there
+}
+
+// A thread that submits and then sleeps (on something else) leaves its completion on its
+// ring: a worker reaps it, and another thread's wait ends.
+TEST(AioCallerRings, ACompletionTheThreadLeavesIsReapedByAWorker) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("left"));
+  std::latch submitted(1);
+  std::latch go_on(1);
+  receipt r;
+  std::thread t([&] {
+    r = f.fsync();  // io_uring runs an fsync in its own threads: it ends later
+    submitted.count_down();
+    go_on.wait();  // asleep, not in keel
+  });
+  submitted.wait();
+  auto done = r.wait(20s);
+  go_on.count_down();
+  t.join();
+  ASSERT_TRUE(done) << done.error().message();
+  const engine_stats st = c->engine_counts();
+  EXPECT_EQ(st.requests_on_caller_rings, 1u);
+  EXPECT_EQ(st.caller_requests_reaped_by_workers, 1u);
+}
+
+// A thread that exits with requests running on its ring: they end (the kernel would cancel
+// them with the thread; keel waits for them first), each exactly once.
+TEST(AioCallerRings, AThreadThatExitsLetsItsRequestsEnd) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("exit"));
+  std::vector<std::byte> buf(4096, std::byte{7});
+  std::atomic<int> completions{0};
+  std::vector<receipt> rs(64);
+  std::thread t([&] {
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+      rs[i] = i % 8 == 7
+                  ? f.fsync([&](const result<std::size_t>&) { ++completions; })
+                  : f.write(i * 4096, buf, [&](const result<std::size_t>&) { ++completions; });
+    }
+  });
+  t.join();
+  for (auto& r : rs) {
+    auto n = r.wait(20s);
+    ASSERT_TRUE(n) << n.error().message();
+  }
+  EXPECT_EQ(completions.load(), 64);
+  EXPECT_GE(c->engine_counts().requests_on_caller_rings, 8u);
+}
+
+// A completion that submits and waits on the same thread (inside the reaping of its ring;
+// on another file: a request that must follow the one completing waits for its end).
+TEST(AioCallerRings, ACompletionMaySubmitAndWaitOnItsThread) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("nested"));
+  file g = open_rw(*c, dir.file("other"));
+  std::vector<std::byte> buf(4096, std::byte{3});
+  std::vector<std::byte> back(4096);
+  ASSERT_EQ(g.write(0, buf).wait().value_or(0), 4096u);
+  std::atomic<std::size_t> inner{0};
+  auto outer = f.write(0, buf, [&](const result<std::size_t>& n) {
+    if (n) inner = g.read(0, back).wait().value_or(0);
+  });
+  ASSERT_EQ(outer.wait().value_or(0), 4096u);
+  EXPECT_EQ(inner.load(), 4096u);
+  EXPECT_EQ(back, buf);
+}
+
+// Stopping while a thread's ring has requests running: they end, and stop returns.
+TEST(AioCallerRings, StopWaitsForTheRequestsOnThreadsRings) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("stop"));
+  std::vector<std::byte> buf(4096);
+  std::vector<receipt> rs;
+  for (int i = 0; i < 16; ++i) {
+    rs.push_back(f.write(static_cast<std::uint64_t>(i) * 4096, buf));
+    rs.push_back(f.fsync());
+  }
+  c->stop();
+  for (auto& r : rs) {
+    ASSERT_TRUE(r.ready());
+    EXPECT_NE(r.state(), status::pending);
+  }
+}
+
+// Many threads on their rings at once, each checking its own bytes (the model test of
+// controller_test.cpp runs every engine; this one the rings with threads coming and going).
+TEST(AioCallerRings, ThreadsComeAndGoEachSeesItsOwnWrites) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("many"));
+  std::atomic<int> bad{0};
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 8; ++t) {
+      ts.emplace_back([&, t, round] {
+        const std::uint64_t base = static_cast<std::uint64_t>(t) * 65536;
+        std::vector<std::byte> buf(4096);
+        std::vector<std::byte> back(4096);
+        for (int i = 0; i < 16; ++i) {
+          std::memset(buf.data(), round * 16 + i, buf.size());
+          const std::uint64_t at = base + static_cast<std::uint64_t>(i) * 4096;
+          auto w = f.write(at, buf);
+          auto r = f.read(at, back);  // must see the write (same thread, same range)
+          if (r.wait().value_or(0) != 4096 || back != buf || w.wait().value_or(0) != 4096) {
+            ++bad;
+          }
+        }
+      });
+    }
+    for (auto& th : ts)
+      th.join();
+  }
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GE(c->engine_counts().requests_on_caller_rings, 5u * 8 * 16);
+}
+
+// submitter::adaptive: a thread that only submits and waits comes to start its requests
+// itself; one that computes between its requests (waiting only for those long done) keeps
+// handing them to the workers.
+TEST(AioCallerRings, AdaptiveFollowsWhatTheThreadDoes) {
+  KEEL_ON_URING(c, submitter::adaptive);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("adaptive"));
+  std::vector<std::byte> buf(4096, std::byte{1});
+  ASSERT_EQ(f.write(0, buf).wait().value_or(0), 4096u);
+  std::thread computing([&] {
+    std::vector<receipt> rs(4);
+    for (int i = 0; i < 200; ++i) {
+      auto& r = rs[static_cast<std::size_t>(i) % rs.size()];
+      if (r.valid()) (void)r.wait();
+      const auto until = std::chrono::steady_clock::now() + 200us;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      r = f.write(4096, buf);
+    }
+    for (auto& r : rs)
+      (void)r.wait();
+  });
+  computing.join();
+  EXPECT_EQ(c->engine_counts().requests_on_caller_rings, 0u);
+  std::thread waiting([&] {
+    std::vector<std::byte> back(4096);
+    for (int i = 0; i < 400; ++i)
+      (void)f.read(0, back).wait();
+  });
+  waiting.join();
+  EXPECT_GT(c->engine_counts().requests_on_caller_rings, 100u);
+}
+
+TEST(AioCallerRings, UnknownSubmitOnInTheEnvironmentIsRefused) {
+  const pid_t child = test::fork_child([] {
+    ::setenv("KEEL_AIO_SUBMIT_ON", "sideways", 1);
+    auto c = controller::start();
+    if (c) return 1;
+    return c.error() == std::errc::invalid_argument ? 0 : 2;
+  });
+  EXPECT_EQ(test::wait_exit(child), 0);
+}
+
+}  // namespace
+}  // namespace keel::aio
