@@ -41,7 +41,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   // worker.
   detail::file_state& f = *state_;
   controller::impl& c = *f.owner;
-  const detail::timed_call timed(&c, c.timed_callers);
+  const detail::timed_call timed(c.timed_callers);
   // Local, not thread_local: a completion run here (a refusal, a shut file) may submit a
   // batch of its own on this thread.
   std::vector<op*> accepted;

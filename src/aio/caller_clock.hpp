@@ -11,7 +11,8 @@
 
 namespace keel::aio::detail {
 
-//! A cheap monotonic count of time (the TSC on x86-64: only ratios of it are used).
+//! A cheap count of time (the TSC on x86-64: only ratios of it are used). Not monotonic
+//! across CPUs on every machine (a VM's vCPUs): see since().
 inline std::uint64_t ticks() noexcept {
 #if defined(__x86_64__)
   return __builtin_ia32_rdtsc();
@@ -20,12 +21,17 @@ inline std::uint64_t ticks() noexcept {
 #endif
 }
 
+//! Ticks from `then` to `now`; 0 when the thread moved to a CPU whose count is behind.
+inline std::uint64_t since(std::uint64_t then, std::uint64_t now) noexcept {
+  return now > then ? now - then : 0;
+}
+
 //! The calling thread's time inside and outside the calls on the controller it used last
-//! (another controller starts the count afresh), judged every `period` calls and then
-//! halved, so that it follows what the thread does now.
+//! (named by an id never reused; another controller starts the count afresh), judged every `period`
+//! calls and then halved, so that it follows what the thread does now.
 struct caller_clock {
   static constexpr unsigned period = 32;
-  const void* controller = nullptr;
+  std::uint64_t controller = 0;
   std::uint64_t entered = 0;
   std::uint64_t left = 0;  // when the last outermost call returned
   std::uint64_t inside = 0;
@@ -35,7 +41,7 @@ struct caller_clock {
   //! At least two thirds of the time inside: the thread's requests start on its own ring.
   bool waiting_bound = false;
 
-  void enter(const void* c) noexcept {
+  void enter(std::uint64_t c) noexcept {
     if (depth++ != 0) return;
     const std::uint64_t now = ticks();
     if (controller != c) {
@@ -43,14 +49,14 @@ struct caller_clock {
       controller = c;
       depth = 1;
     } else {
-      outside += now - left;
+      outside += since(left, now);
     }
     entered = now;
   }
   void leave() noexcept {
     if (--depth != 0) return;
     left = ticks();
-    inside += left - entered;
+    inside += since(entered, left);
     if (++calls % period == 0) {
       waiting_bound = outside * 2 < inside;
       inside /= 2;
@@ -61,10 +67,10 @@ struct caller_clock {
 
 inline thread_local caller_clock this_thread_clock;
 
-//! Times one call of the calling thread on controller `c`, if `on`.
+//! Times one call of the calling thread on the controller of id `c` (0: none, untimed).
 class timed_call {
  public:
-  timed_call(const void* c, bool on) noexcept : on_(on) {
+  explicit timed_call(std::uint64_t c) noexcept : on_(c != 0) {
     if (on_) this_thread_clock.enter(c);
   }
   timed_call(const timed_call&) = delete;
@@ -77,8 +83,8 @@ class timed_call {
   bool on_;
 };
 
-//! Whether the calling thread spends most of its time in calls on controller `c`.
-inline bool waiting_bound(const void* c) noexcept {
+//! Whether the calling thread spends most of its time in calls on the controller of id `c`.
+inline bool waiting_bound(std::uint64_t c) noexcept {
   return this_thread_clock.controller == c && this_thread_clock.waiting_bound;
 }
 

@@ -80,9 +80,9 @@ struct controller::impl {
   // Requests submitted and not finished (stop waits for zero; workers exit at zero).
   std::atomic<std::uint64_t> outstanding{0};
   std::unique_ptr<detail::write_back_cache> cache;  // null when the hard limit is zero
-  // io_uring with submitter::adaptive: the submitting threads' calls are timed
-  // (caller_clock.hpp). Set before the controller is shared.
-  bool timed_callers = false;
+  // With submitter::adaptive, an id of this controller's, never reused (0: none): the
+  // submitting threads' calls on it are timed (caller_clock.hpp). Set before it is shared.
+  std::uint64_t timed_callers = 0;
 
   impl();
   ~impl();

@@ -3,6 +3,7 @@
 
 #include "engine.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -76,7 +77,8 @@ result<void> start_workers(controller::impl& c, engine_kind k, unsigned n,
     }
     c.workers.push_back(std::move(w));
   }
-  c.timed_callers = k == engine_kind::io_uring && c.opts.submit_on == submitter::adaptive;
+  static std::atomic<std::uint64_t> ids{0};
+  c.timed_callers = c.opts.submit_on == submitter::adaptive ? ids.fetch_add(1) + 1 : 0;
   return {};
 }
 

@@ -69,7 +69,7 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
   o->file = f;
   if (const error why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
-  const timed_call timed(&c, c.timed_callers);
+  const timed_call timed(c.timed_callers);
   // Counted in before the flags are read; close() and stop() set their flag before they
   // wait for the counts: either we see the flag, or they see us.
   f->in_flight.fetch_add(1);

@@ -7,6 +7,7 @@
 #include <new>
 #include <system_error>
 
+#include "caller_clock.hpp"
 #include "detail.hpp"
 
 namespace keel::aio::detail {
@@ -83,6 +84,32 @@ class sync_worker final : public worker {
 };
 
 }  // namespace
+
+std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
+  // A batch runs in parallel; tasks run on the controller's threads; a cached file's
+  // requests meet the cache in a worker.
+  if (ops.size() != 1 || ops[0]->kind == op_kind::task || ops[0]->file->cache) return 0;
+  op& o = *ops[0];
+  controller::impl& c = *o.file->owner;
+  switch (c.opts.submit_on) {
+    case submitter::workers:
+      return 0;
+    case submitter::adaptive: {
+      if (!waiting_bound(c.timed_callers)) return 0;
+      const base::lock_guard lock(o.owner->mutex);
+      if (o.owner->unfinished.size() != 1) return 0;
+      break;
+    }
+    case submitter::caller:
+      break;
+  }
+  if (auto early = c.before_engine(o)) {
+    c.finish(&o, std::move(early->outcome), early->cancelled);
+  } else {
+    c.finish(&o, run(o));
+  }
+  return 1;
+}
 
 std::unique_ptr<worker> sync_engine::make_worker(controller::impl& c, unsigned index) noexcept {
   (void)index;

@@ -14,6 +14,11 @@ class sync_engine : public engine {
   [[nodiscard]] virtual result<std::size_t> run(op& o) noexcept = 0;
   [[nodiscard]] std::unique_ptr<worker> make_worker(controller::impl& c,
                                                     unsigned index) noexcept override;
+  //! Runs a request on the submitting thread, then and there, if options::submit_on says
+  //! so: always with submitter::caller; with adaptive, when the thread spends most of its
+  //! time in keel's calls and has no other request of the file unfinished (it submits and
+  //! waits, one at a time: a hand-over would only add two wake-ups to the wait).
+  [[nodiscard]] std::size_t submit_here(std::span<op* const> ops) noexcept override;
 };
 
 }  // namespace keel::aio::detail

@@ -798,7 +798,7 @@ void uring_engine::kick(unsigned w) noexcept {
 std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
   const submitter policy = ctl_.opts.submit_on;
   if (running_here != nullptr || policy == submitter::workers || !lists_) return 0;
-  if (policy == submitter::adaptive && !waiting_bound(&ctl_)) return 0;
+  if (policy == submitter::adaptive && !waiting_bound(ctl_.timed_callers)) return 0;
   caller_ring* r = ring_of_this_thread(true);
   if (r == nullptr) return 0;
   std::size_t taken = 0;

@@ -1,7 +1,8 @@
-// keel::aio on io_uring: requests started on the submitting thread's own ring
-// (options::submit_on). The thread submits and reaps them itself; what it leaves on its ring
-// (it computes, sleeps, waits with a deadline, or exits) a worker reaps, so every request
-// still ends, and ends once.
+// keel::aio: requests started by the thread that submits them (options::submit_on). On
+// io_uring they go on the thread's own ring, which it submits to and reaps itself; what it
+// leaves there (it computes, sleeps, waits with a deadline, or exits) a worker reaps, so
+// every request still ends, and ends once. On posix a request runs inside the call that
+// submits it.
 
 #include <gtest/gtest.h>
 
@@ -9,12 +10,15 @@
 #include <chrono>
 #include <cstring>
 #include <latch>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "aio_support.hpp"
 #include "keel/aio/controller.hpp"
 #include "keel/aio/errors.hpp"
+#include "keel/io/filesystem.hpp"
 #include "support/process.hpp"
 
 namespace keel::aio {
@@ -194,7 +198,7 @@ TEST(AioCallerRings, ThreadsComeAndGoEachSeesItsOwnWrites) {
 }
 
 // submitter::adaptive: a thread that only submits and waits comes to start its requests
-// itself; one that computes between its requests (waiting only for those long done) keeps
+// itself; one that computes between its requests (and waits for them at the end) keeps
 // handing them to the workers.
 TEST(AioCallerRings, AdaptiveFollowsWhatTheThreadDoes) {
   KEEL_ON_URING(c, submitter::adaptive);
@@ -203,14 +207,12 @@ TEST(AioCallerRings, AdaptiveFollowsWhatTheThreadDoes) {
   std::vector<std::byte> buf(4096, std::byte{1});
   ASSERT_EQ(f.write(0, buf).wait().value_or(0), 4096u);
   std::thread computing([&] {
-    std::vector<receipt> rs(4);
-    for (int i = 0; i < 200; ++i) {
-      auto& r = rs[static_cast<std::size_t>(i) % rs.size()];
-      if (r.valid()) (void)r.wait();
+    std::vector<receipt> rs;
+    for (std::uint64_t i = 0; i < 100; ++i) {
       const auto until = std::chrono::steady_clock::now() + 200us;
       while (std::chrono::steady_clock::now() < until) {
       }
-      r = f.write(4096, buf);
+      rs.push_back(f.write(4096 * (i + 1), buf));
     }
     for (auto& r : rs)
       (void)r.wait();
@@ -224,6 +226,60 @@ TEST(AioCallerRings, AdaptiveFollowsWhatTheThreadDoes) {
   });
   waiting.join();
   EXPECT_GT(c->engine_counts().requests_on_caller_rings, 100u);
+}
+
+// The OS's filesystem, counting the reads that run on one thread.
+class reads_on_thread final : public io::filesystem_wrapper {
+ public:
+  explicit reads_on_thread(std::thread::id t) noexcept : filesystem_wrapper(io::os()), on_(t) {}
+  result<std::size_t> read(const io::file_handle& file, off_t offset,
+                           std::span<const iovec> buffers) noexcept override {
+    if (std::this_thread::get_id() == on_) ++count;
+    return filesystem_wrapper::read(file, offset, buffers);
+  }
+  std::atomic<int> count{0};
+
+ private:
+  std::thread::id on_;
+};
+
+// posix: a thread that submits one read at a time and waits runs them itself, inside the
+// call that submits them: always with submitter::caller, and with adaptive once the
+// thread is seen to do nothing else (within the first 32 calls).
+TEST(AioPosixOnTheCaller, AThreadThatSubmitsAndWaitsRunsItsReads) {
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON"); env != nullptr && *env != '\0') {
+    GTEST_SKIP() << "KEEL_AIO_SUBMIT_ON=" << env << " forces where requests start";
+  }
+  temp_dir dir;
+  const auto reads_here = [&](submitter who) {
+    reads_on_thread fs(std::this_thread::get_id());
+    options o;
+    o.fs = &fs;
+    o.engine = engine_kind::posix;
+    o.submit_on = who;
+    auto c = controller::start(o);
+    EXPECT_TRUE(c) << c.error().message();
+    if (!c) return -1;
+    file f = open_rw(**c, dir.file("posix"));
+    std::vector<std::byte> buf(4096, std::byte{5});
+    EXPECT_EQ(f.write(0, buf).wait().value_or(0), 4096u);
+    std::vector<std::byte> back(4096);
+    int ended_at_once = 0;
+    int whole = 0;
+    for (int i = 0; i < 200; ++i) {  // nothing else in the loop: the thread only waits
+      auto r = f.read(0, back);
+      ended_at_once += r.state() == status::done ? 1 : 0;
+      whole += r.wait().value_or(0) == 4096 ? 1 : 0;
+    }
+    EXPECT_EQ(whole, 200);
+    EXPECT_EQ(back, buf);
+    if (who == submitter::caller) {
+      EXPECT_EQ(ended_at_once, 200);
+    }
+    return fs.count.load();
+  };
+  EXPECT_EQ(reads_here(submitter::caller), 200);
+  EXPECT_GE(reads_here(submitter::adaptive), 180);
 }
 
 TEST(AioCallerRings, UnknownSubmitOnInTheEnvironmentIsRefused) {

@@ -193,6 +193,43 @@ double run_keel_randread(const std::string& path, std::uint64_t bytes, aio::engi
   return static_cast<double>(done) / elapsed;
 }
 
+// keel as fio's psync runs: `threads` threads, each reading one block at a time (submit,
+// wait), on a controller with as many workers.
+double run_keel_sync_randread(const std::string& path, std::uint64_t bytes, aio::engine_kind engine,
+                              unsigned threads, double seconds) {
+  aio::options o;
+  o.engine = engine;
+  o.workers = threads;
+  auto ctl = must(aio::controller::start(o), "start the controller");
+  aio::file f = must(ctl->open(path, aio::open_options{}), "open " + path);
+  const std::uint64_t blocks = bytes / 4096;
+  std::atomic<std::uint64_t> total{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> pool;
+  const auto t0 = clock_type::now();
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      aligned_buffer buf(4096);
+      std::mt19937_64 rng(11 + t);
+      std::uint64_t done = 0;
+      for (;;) {
+        auto n = f.read((rng() % blocks) * 4096, std::span(buf.data, 4096)).wait();
+        if (!n || *n != 4096) {
+          failed = true;
+          break;
+        }
+        if ((++done & 1023) == 0 && seconds_since(t0) >= seconds) break;
+      }
+      total += done;
+    });
+  }
+  for (auto& th : pool)
+    th.join();
+  const double elapsed = seconds_since(t0);
+  if (failed) fail("keel read", std::make_error_code(std::errc::io_error));
+  return static_cast<double>(total.load()) / elapsed;
+}
+
 json measure_randread(const std::string& dir, std::uint64_t bytes, unsigned threads,
                       double seconds) {
   json out;
@@ -224,17 +261,29 @@ json measure_randread(const std::string& dir, std::uint64_t bytes, unsigned thre
   // keel keeps 32 requests queued for its `threads` workers (fio's threads each have one).
   const double keel_posix =
       run_keel_randread(path, bytes, aio::engine_kind::posix, threads, false, 32, seconds);
+  // The same shape as fio's psync: each thread submits one read and waits for it.
+  const double keel_posix_sync =
+      run_keel_sync_randread(path, bytes, aio::engine_kind::posix, threads, seconds);
   out["file_bytes"] = bytes;
   out["direct"] = {{"fio_io_uring", fio_direct}, {"keel_io_uring", keel_direct}};
   out["buffered"] = {{"fio_io_uring", fio_buffered}, {"keel_io_uring", keel_buffered}};
-  out["psync"] = {{"threads", threads}, {"fio_psync", fio_psync}, {"keel_posix", keel_posix}};
+  out["psync"] = {{"threads", threads},
+                  {"fio_psync", fio_psync},
+                  {"keel_posix", keel_posix},
+                  {"keel_posix_one_at_a_time", keel_posix_sync}};
   fmt::print("randread 4 KiB, IOPS          fio        keel   ratio\n");
   fmt::print("  O_DIRECT, io_uring  {:>10.0f}  {:>10.0f}  {:.3f}\n", fio_direct, keel_direct,
              keel_direct / fio_direct);
   fmt::print("  buffered, io_uring  {:>10.0f}  {:>10.0f}  {:.3f}\n", fio_buffered, keel_buffered,
              keel_buffered / fio_buffered);
-  fmt::print("  buffered, {} threads psync/posix {:>10.0f}  {:>10.0f}  {:.3f}\n", threads,
-             fio_psync, keel_posix, keel_posix / fio_psync);
+  fmt::print(
+      "  buffered, {} threads psync/posix, keel 32 queued by one thread {:>10.0f}  {:>10.0f}  "
+      "{:.3f}\n",
+      threads, fio_psync, keel_posix, keel_posix / fio_psync);
+  fmt::print(
+      "  buffered, {} threads psync/posix, keel one at a time per thread {:>10.0f}  "
+      "{:>10.0f}  {:.3f}\n",
+      threads, fio_psync, keel_posix_sync, keel_posix_sync / fio_psync);
   return out;
 }
 

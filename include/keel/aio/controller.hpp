@@ -16,14 +16,15 @@
 
 namespace keel::aio {
 
-//! Who starts an io_uring request: the controller's workers, or the thread that submits it
-//! (options::submitter).
+//! Who starts a request (options::submit_on): a worker, or the thread that submits it.
 enum class submitter : std::uint8_t {
   //! Each thread by what it does: a thread that spends most of its time in keel's calls
-  //! (submitting and waiting) runs its requests on a ring of its own; one that computes
-  //! between them hands them to the workers, which run them meanwhile.
+  //! (submitting and waiting) starts its requests itself; one that computes between them
+  //! hands them to the workers, which run them meanwhile. With the one-at-a-time engines
+  //! (posix, stdio, null) a thread runs a request itself only when it has no other request
+  //! of the file unfinished: more would run one after another instead of in parallel.
   adaptive,
-  caller,   //!< always the submitting thread's own ring (workers finish what it leaves)
+  caller,   //!< always the submitting thread (io_uring: workers finish what it leaves)
   workers,  //!< always a worker
 };
 
@@ -66,13 +67,15 @@ struct options {
   //! RLIMIT_MEMLOCK; where the rings cannot register it, io_uring does not start (the
   //! default engine then falls back to posix and says why).
   std::vector<std::span<std::byte>> registered_buffers;
-  //! io_uring: where requests start. A thread that submits and then waits pays for two
-  //! hand-overs per request when a worker runs it (a wake-up, a cross-CPU completion); on
-  //! its own ring it submits and reaps itself, as fio does. Completions on a thread's ring
-  //! that the thread does not come back for are reaped by a worker (an eventfd wakes it).
-  //! Requests on registered_buffers, chained requests of a batch, tasks and cached files'
-  //! requests always go to the workers. The environment variable KEEL_AIO_SUBMIT_ON
-  //! (adaptive, caller, workers) overrides it.
+  //! Where requests start. A thread that submits and then waits pays for two hand-overs
+  //! per request when a worker runs it (a wake-up, a cross-CPU completion). Started on the
+  //! submitting thread, an io_uring request goes on a ring of the thread's own, which the
+  //! thread submits to and reaps itself, as fio does (completions it does not come back for
+  //! are reaped by a worker, which the ring's eventfd wakes); a posix, stdio or null
+  //! request runs then and there, inside the call that submits it. Requests on
+  //! registered_buffers, chained requests of a batch, tasks and cached files' requests
+  //! always go to the workers (the one-at-a-time engines also run a batch there). The
+  //! environment variable KEEL_AIO_SUBMIT_ON (adaptive, caller, workers) overrides this.
   submitter submit_on = submitter::adaptive;
 
   //! The write-back cache of the files opened with open_options::cache, shared by them.
