@@ -37,8 +37,8 @@ class keel_category final : public std::error_category {
       case errc::not_supported_by_engine:
         return "the aio engine cannot do this (O_DIRECT through stdio)";
       case errc::cache_needs_buffered_io:
-        return "the write-back cache cannot serve an O_DIRECT file: open without direct or "
-               "without cache";
+        return "the write-back cache cannot serve this O_DIRECT file (it needs an alignment "
+               "coarser than the cache's 4 KiB pages): open without direct or without cache";
       case errc::not_found:
         return "not found";
       case errc::conflict:

@@ -40,6 +40,7 @@ void mark_dirty(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) 
   p.next_dirty = fc.dirty;
   if (fc.dirty != nullptr) fc.dirty->prev_dirty = &p;
   fc.dirty = &p;
+  p.is_dirty = true;
   ++fc.dirty_pages;
 }
 
@@ -48,6 +49,7 @@ void mark_clean(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) 
   if (p.next_dirty != nullptr) p.next_dirty->prev_dirty = p.prev_dirty;
   p.next_dirty = p.prev_dirty = nullptr;
   p.dirty.clear();
+  p.is_dirty = false;
   --fc.dirty_pages;
 }
 
@@ -61,7 +63,7 @@ void take_place(file_cache& fc, cache_page& old, cache_page& neu) noexcept {
   neu.newer = old.newer;
   (old.older != nullptr ? old.older->newer : fc.oldest) = &neu;
   (old.newer != nullptr ? old.newer->older : fc.newest) = &neu;
-  if (old.dirty.any()) {
+  if (old.is_dirty) {
     neu.prev_dirty = old.prev_dirty;
     neu.next_dirty = old.next_dirty;
     (old.prev_dirty != nullptr ? old.prev_dirty->next_dirty : fc.dirty) = &neu;
@@ -108,7 +110,7 @@ class write_out_batch {
         } else {
           runs_.push_back({at, at + (hi - lo), iov_.size(), 1});
         }
-        iov_.push_back({p.data.data() + lo, hi - lo});
+        iov_.push_back({p.data() + lo, hi - lo});
       });
     } catch (const std::bad_alloc&) {
       runs_.resize(n_runs);
@@ -188,7 +190,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
     try {
       const base::lock_guard lock(fc.mutex);
       for (const std::size_t end = std::min(dirty.size(), at + 256); at < end; ++at) {
-        if (dirty[at]->dirty.any()) b.add(*dirty[at]);
+        if (dirty[at]->is_dirty) b.add(*dirty[at]);
       }
     } catch (const std::bad_alloc&) {
       // What was copied so far still goes out (and is settled).
@@ -232,7 +234,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
     std::vector<cache_page*> chosen;
     std::size_t n = 0;
     for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
-      if (p->dirty.any()) chosen.push_back(p);
+      if (p->is_dirty) chosen.push_back(p);
     }
     std::sort(chosen.begin(), chosen.end(), by_offset);
     for (cache_page* p : chosen)
@@ -252,7 +254,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       std::size_t n = 0;
       for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
         cache_page* next = p->newer;
-        if (!p->flushing && !p->dirty.any()) {
+        if (!p->flushing && !p->is_dirty) {
           unlink_page(fc, *p);
           std::unique_ptr<cache_page> gone = fc.pages.take(p->offset);
           if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
@@ -348,6 +350,27 @@ void flusher_main(cache_control& cc) noexcept {
 
 // ---- requests ----
 
+// Whether a write that touches no cached page goes straight to the engine because the cache
+// does not pay on this file: of its last 32 writes, fewer than one in 8 came back to bytes
+// written shortly before (a cached page, or one of the last 8 writes that went past the
+// cache). A file written once, front to back, has nothing to merge, and the copy would only
+// cost; writes that come back bring the cache back within 32 writes.
+bool steps_aside(file_cache& fc, const op& o, bool touches_cache) noexcept KEEL_REQUIRES(fc.mutex) {
+  const std::uint64_t end = o.offset + o.length;
+  const bool aside = !touches_cache && fc.stepping_aside;
+  bool back = touches_cache;
+  for (const auto& r : fc.passed)
+    back = back || (r.offset < end && o.offset < r.end);
+  ++fc.window_writes;
+  if (back) ++fc.window_hits;
+  if (fc.window_writes == 32) {  // the verdict, for the next writes
+    fc.stepping_aside = fc.window_hits * 8 < fc.window_writes;
+    fc.window_writes = fc.window_hits = 0;
+  }
+  if (aside) fc.passed[fc.next_passed++ % fc.passed.size()] = {o.offset, end};
+  return aside;
+}
+
 std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc, op& o) noexcept {
   o.cache_checked = true;
   if (o.length == 0) return result<std::size_t>(0);
@@ -374,6 +397,13 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     lock.unlock();
     cc.bypassed.fetch_add(1, std::memory_order_relaxed);
     if (!cc.wanted.exchange(true)) wake_flusher(cc);
+    return std::nullopt;
+  }
+  // Where the cache does not pay, it steps aside (as at the hard limit, only for a write
+  // that touches no cached page: no page can then hold bytes older than the file's).
+  if (steps_aside(fc, o, touches_cache)) {
+    lock.unlock();
+    cc.bypassed.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
   // First every page, and the copies of pages being written out (an allocation may fail:
@@ -439,9 +469,9 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     }
     cache_page& pg = *found;
     const page_part part = part_of(p, o.offset, end);
-    std::memcpy(pg.data.data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
+    std::memcpy(pg.data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
     pg.valid.set(part.lo, part.hi);
-    if (!pg.dirty.any()) {
+    if (!pg.is_dirty) {
       mark_dirty(fc, pg);
       ++now_dirty;
     }
@@ -479,10 +509,10 @@ std::optional<result<std::size_t>> cache_read(cache_control& cc, file_cache& fc,
     }
     if (all) {
       for (std::uint64_t p = first; p < end; p += page_size) {
-        const cache_page& pg = *fc.pages.find(p);
+        const cache_page* pg = fc.pages.find(p);  // found above, under the same lock
+        if (pg == nullptr) break;
         const page_part part = part_of(p, o.offset, end);
-        std::memcpy(o.buffer + (p + part.lo - o.offset), pg.data.data() + part.lo,
-                    part.hi - part.lo);
+        std::memcpy(o.buffer + (p + part.lo - o.offset), pg->data() + part.lo, part.hi - part.lo);
       }
       cc.read_hits.fetch_add(1, std::memory_order_relaxed);
       return result<std::size_t>(static_cast<std::size_t>(end - o.offset));
@@ -604,7 +634,7 @@ void write_back_cache::read_finished(op& o, result<std::size_t>& outcome) noexce
     if (pg == nullptr) continue;
     const page_part part = part_of(p, o.offset, end);
     pg->valid.runs(part.lo, part.hi, [&](std::size_t lo, std::size_t hi) {
-      std::memcpy(o.buffer + (p + lo - o.offset), pg->data.data() + lo, hi - lo);
+      std::memcpy(o.buffer + (p + lo - o.offset), pg->data() + lo, hi - lo);
     });
   }
   outcome = n;

@@ -9,7 +9,9 @@
 // read. Dirty pages are written out, oldest first, by the controller's flusher thread: above
 // the soft limit, and when no cached write came for a while (each idle round halves the
 // cached amount); fsync, tasks and close write out the file's dirty pages first. At the
-// hard limit a write that touches no cached page bypasses the cache.
+// hard limit a write that touches no cached page bypasses the cache; so does one where the
+// cache has not paid lately (a file written once, front to back: nothing to merge, and the
+// copy would only cost).
 //
 // Invariant: a valid byte equals the file's content as the requests that finished made it,
 // so writing any valid byte to the file is always correct (a write-out may race with newer
@@ -110,9 +112,18 @@ struct cache_page {
   std::uint64_t stamp = 0;  // the controller's write count when last written
   bool flushing = false;    // a write-out is writing from it: never written into nor dropped
   bool detached = false;    // replaced by a copy while a write-out wrote from it
+  bool is_dirty = false;    // dirty.any(), kept (a scan of 64 words is what the flusher paid)
   page_bits valid;
   page_bits dirty;
-  std::array<std::byte, page_size> data;  // left uninitialised: only valid bytes are read
+  //! The page's bytes: aligned to the page (an O_DIRECT file's write-outs go straight from
+  //! them), left uninitialised (only valid bytes are read).
+  [[nodiscard]] std::byte* data() noexcept { return bytes_.b.data(); }
+  [[nodiscard]] const std::byte* data() const noexcept { return bytes_.b.data(); }
+
+  cache_page() = default;  // bad_alloc when its bytes cannot be had
+  cache_page(const cache_page&) = delete;
+  cache_page& operator=(const cache_page&) = delete;
+  ~cache_page() { delete &bytes_; }
 
   //! As new, for reuse (the data is left as it is: no byte of it is valid).
   void reset() noexcept {
@@ -121,6 +132,7 @@ struct cache_page {
     stamp = 0;
     flushing = false;
     detached = false;
+    is_dirty = false;
     valid.clear();
     dirty.clear();
   }
@@ -132,8 +144,15 @@ struct cache_page {
     stamp = other.stamp;
     valid = other.valid;
     dirty = other.dirty;
-    data = other.data;
+    is_dirty = other.is_dirty;
+    bytes_ = other.bytes_;
   }
+
+ private:
+  struct alignas(page_size) page_bytes {
+    std::array<std::byte, page_size> b;
+  };
+  page_bytes& bytes_ = *new page_bytes;  // (a reference: never null)
 };
 
 using page_tree = radix_tree<cache_page, 34, 9, 9, 12>;
@@ -154,6 +173,18 @@ struct file_cache {
   cache_page* dirty KEEL_GUARDED_BY(mutex) = nullptr;
   // A failed write-out, reported by the next fsync/close.
   keel::error flush_error KEEL_GUARDED_BY(mutex);
+  // Whether the cache pays here (see steps_aside in cache.cpp): of the last writes, how
+  // many came back to bytes written shortly before (a cached page, or a write that went
+  // past the cache); the verdict; and the last writes that went past it.
+  unsigned window_writes KEEL_GUARDED_BY(mutex) = 0;
+  unsigned window_hits KEEL_GUARDED_BY(mutex) = 0;
+  bool stepping_aside KEEL_GUARDED_BY(mutex) = false;
+  struct range {
+    std::uint64_t offset = 0;
+    std::uint64_t end = 0;
+  };
+  std::array<range, 8> passed KEEL_GUARDED_BY(mutex){};
+  unsigned next_passed KEEL_GUARDED_BY(mutex) = 0;
   // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in.
   std::vector<std::unique_ptr<cache_page>> spare;
   static constexpr std::size_t max_spare = 256;

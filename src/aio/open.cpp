@@ -36,8 +36,6 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
   if (!how.read && !how.write) return errc_error(std::errc::invalid_argument);
   if ((how.create || how.truncate) && !how.write) return errc_error(std::errc::invalid_argument);
   if (auto ok = impl_->engine->accepts(how); !ok) return std::unexpected(ok.error());
-  if (how.direct && how.cache)
-    return std::unexpected(make_error_code(errc::cache_needs_buffered_io));
   io::open_flags flags = io::open_flags::none;
   if (how.read) flags = flags | io::open_flags::read;
   if (how.write) flags = flags | io::open_flags::write;
@@ -73,6 +71,10 @@ result<file> controller::open(const std::string& path, open_options how) noexcep
 #endif
     if (align == 0) align = 4096;
     s->align = align;
+    // The cache writes out from its pages, aligned to a page: finer alignments only.
+    if (how.cache && align > detail::page_size) {
+      return std::unexpected(make_error_code(errc::cache_needs_buffered_io));
+    }
   }
   if (auto e = impl_->engine->opened(*s, how); !e) return std::unexpected(e.error());
   if (how.cache && impl_->cache) {

@@ -127,8 +127,11 @@ struct open_options {
   //! Writes complete into the controller's write-back cache and go to the file later (see
   //! options::cache_soft_limit): a later read, fsync, task or close of the file sees them
   //! as if written; fsync and close write them out first and report a failed write-out.
-  //! Only for buffered files (not with direct). Other processes see the bytes once written
-  //! out; the file must not be written by anyone else meanwhile.
+  //! With direct too ("buffered direct I/O"): the cache holds whole aligned pages and writes
+  //! them out aligned, straight from them; reads of cached bytes come from memory. A write
+  //! that touches no cached page goes straight to the file where the cache has not paid
+  //! lately (the file's writes do not come back to what it holds). Other processes see the
+  //! bytes once written out; the file must not be written by anyone else meanwhile.
   bool cache = false;
 };
 
@@ -164,7 +167,8 @@ class controller {
 
   //! Opens `path` through options::fs. Errors: those of open(2); invalid_argument for
   //! create/truncate without write; errc::not_supported_by_engine for direct with the stdio engine;
-  //! errc::cache_needs_buffered_io for cache with direct.
+  //! errc::cache_needs_buffered_io for cache with direct where O_DIRECT needs an alignment
+  //! coarser than the cache's 4 KiB pages.
   [[nodiscard]] result<file> open(const std::string& path, open_options how) noexcept;
 
   struct impl;
