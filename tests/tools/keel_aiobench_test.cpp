@@ -65,6 +65,42 @@ TEST(KeelAiobench, NullAndWorkloadPartsReportEveryMethod) {
   EXPECT_NE(r.err.find("aiobench: workload"), std::string::npos) << "progress on stderr";
 }
 
+// The overwrite workload (buffered and O_DIRECT) and the small-request row: every method
+// measured or skipped with the reason; cstdio has no O_DIRECT.
+TEST(KeelAiobench, OverwriteAndSmallPartsReportEveryMethod) {
+#ifdef KEEL_TSAN_BUILD
+  GTEST_SKIP() << "glibc POSIX AIO is not run under ThreadSanitizer";
+#endif
+  keel::test::temp_dir dir;
+  const std::string json = dir.file("o.json");
+  const auto r = run_program(KEEL_BINARY,
+                             {"aiobench", "--parts", "overwrite,overwrite_direct,small",
+                              "--methods", "posix,cstdio,keel_io_uring,keel_io_uring_cache",
+                              "--items", "20", "--dir", dir.file("files"), "--json", json},
+                             dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  EXPECT_FALSE(doc.contains("workload"));
+  const auto& over = doc["overwrite"];
+  EXPECT_TRUE(over["overwrite"].get<bool>());
+  const std::size_t uring_skips = uring_works_here() ? 0 : 2;
+  // 4 methods x fsync every 30 and 300 x 1 and 2 threads.
+  EXPECT_EQ(over["rows"].size() + 4 * over["skipped"].size(), 16u) << over.dump();
+  EXPECT_EQ(over["skipped"].size(), uring_skips);
+  const auto& direct = doc["overwrite_direct"];
+  if (direct.contains("skipped_all")) {
+    EXPECT_NE(direct["skipped_all"].get<std::string>().find("O_DIRECT"), std::string::npos);
+  } else {
+    EXPECT_TRUE(direct["direct"].get<bool>());
+    EXPECT_EQ(direct["rows"].size() + 4 * direct["skipped"].size(), 16u) << direct.dump();
+    EXPECT_EQ(direct["skipped"][0]["method"], "cstdio") << direct.dump();
+  }
+  const auto& small = doc["small"];
+  EXPECT_EQ(small["rows"].size() + small["skipped"].size(), 3u) << small.dump();
+  for (const auto& row : small["rows"])
+    EXPECT_GT(row["writes_per_second"].get<double>(), 0.0) << row.dump();
+}
+
 TEST(KeelAiobench, BadArgumentsAreUsageErrors) {
   keel::test::temp_dir dir;
   EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--parts", "nope"}, dir.path().string()).code, 2);

@@ -8,6 +8,11 @@
 //             fsync every N items; for plain POSIX calls, cstdio, glibc POSIX AIO and keel
 //             (each engine, with and without the write-back cache); 1 and 2 threads, each
 //             on its own file.
+//   overwrite the workload with every write overwritten at once (TAI section 3.4: where a
+//             write-back cache can merge); fsync every 30 and 300 items.
+//   overwrite_direct  the same with O_DIRECT (section 3.5: the cache in front of O_DIRECT).
+//   small     4 KiB writes at random offsets from 2 threads, 64 in flight each, fsync every
+//             30: glibc's POSIX AIO against keel where its global lock shows (section 2.3).
 //   null      the null engine: nanoseconds per request of the framework alone, one request
 //             at a time (submit, wait) and in batches of 64.
 
@@ -28,6 +33,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -331,17 +337,25 @@ struct workload_params {
   std::uint64_t items = 0;
   unsigned fsync_every = 0;
   unsigned rounds = 1;
+  bool overwrite = false;  // every write followed at once by a write of the same region
+  bool direct = false;     // O_DIRECT (64 KiB items are aligned already)
 };
 
+int open_flags(const workload_params& p) {
+  return O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (p.direct ? O_DIRECT : 0);
+}
+
 void run_posix_items(const std::string& path, const workload_params& p) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), open_flags(p), 0644);
   if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
   aligned_buffer buf(item_bytes);
   for (std::uint64_t i = 0; i < p.items; ++i) {
     compute(buf.data, i, p.rounds);
-    if (::pwrite(fd, buf.data, item_bytes, static_cast<off_t>(i * item_bytes)) !=
-        static_cast<ssize_t>(item_bytes)) {
-      fail("pwrite", std::error_code(errno, std::system_category()));
+    for (int w = 0; w < (p.overwrite ? 2 : 1); ++w) {
+      if (::pwrite(fd, buf.data, item_bytes, static_cast<off_t>(i * item_bytes)) !=
+          static_cast<ssize_t>(item_bytes)) {
+        fail("pwrite", std::error_code(errno, std::system_category()));
+      }
     }
     if ((i + 1) % p.fsync_every == 0 && ::fsync(fd) != 0) {
       fail("fsync", std::error_code(errno, std::system_category()));
@@ -360,6 +374,10 @@ void run_stdio_items(const std::string& path, const workload_params& p) {
     if (std::fwrite(buf.data, 1, item_bytes, f) != item_bytes) {
       fail("fwrite", std::error_code(errno, std::system_category()));
     }
+    if (p.overwrite && (::fseeko(f, -static_cast<off_t>(item_bytes), SEEK_CUR) != 0 ||
+                        std::fwrite(buf.data, 1, item_bytes, f) != item_bytes)) {
+      fail("fwrite", std::error_code(errno, std::system_category()));
+    }
     if ((i + 1) % p.fsync_every == 0 && (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0)) {
       fail("fsync", std::error_code(errno, std::system_category()));
     }
@@ -373,11 +391,12 @@ void run_stdio_items(const std::string& path, const workload_params& p) {
 // glibc POSIX AIO: aio_write from a ring of buffers, aio_fsync every N items (one at a
 // time), each buffer reused once its write is done.
 void run_posix_aio_items(const std::string& path, const workload_params& p) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), open_flags(p), 0644);
   if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
   std::vector<std::unique_ptr<aligned_buffer>> bufs;
-  std::vector<aiocb> cbs(ring_size);
-  std::vector<bool> busy(ring_size, false);
+  // Per buffer: its write, and its overwrite.
+  std::vector<aiocb> cbs(2 * ring_size);
+  std::vector<bool> busy(2 * ring_size, false);
   for (unsigned k = 0; k < ring_size; ++k)
     bufs.push_back(std::make_unique<aligned_buffer>(item_bytes));
   aiocb sync_cb{};
@@ -391,16 +410,22 @@ void run_posix_aio_items(const std::string& path, const workload_params& p) {
   };
   for (std::uint64_t i = 0; i < p.items; ++i) {
     const unsigned k = static_cast<unsigned>(i % ring_size);
-    if (busy[k]) finish(cbs[k], "aio_write");
+    for (const unsigned c : {k, k + ring_size}) {
+      if (busy[c]) finish(cbs[c], "aio_write");
+      busy[c] = false;
+    }
     compute(bufs[k]->data, i, p.rounds);
-    cbs[k] = aiocb{};
-    cbs[k].aio_fildes = fd;
-    cbs[k].aio_buf = bufs[k]->data;
-    cbs[k].aio_nbytes = item_bytes;
-    cbs[k].aio_offset = static_cast<off_t>(i * item_bytes);
-    if (::aio_write(&cbs[k]) != 0)
-      fail("aio_write", std::error_code(errno, std::system_category()));
-    busy[k] = true;
+    for (const unsigned c : {k, k + ring_size}) {
+      if (c != k && !p.overwrite) break;
+      cbs[c] = aiocb{};
+      cbs[c].aio_fildes = fd;
+      cbs[c].aio_buf = bufs[k]->data;
+      cbs[c].aio_nbytes = item_bytes;
+      cbs[c].aio_offset = static_cast<off_t>(i * item_bytes);
+      if (::aio_write(&cbs[c]) != 0)
+        fail("aio_write", std::error_code(errno, std::system_category()));
+      busy[c] = true;
+    }
     if ((i + 1) % p.fsync_every == 0) {
       if (sync_busy) finish(sync_cb, "aio_fsync");
       sync_cb = aiocb{};
@@ -411,8 +436,8 @@ void run_posix_aio_items(const std::string& path, const workload_params& p) {
       sync_busy = true;
     }
   }
-  for (unsigned k = 0; k < ring_size; ++k) {
-    if (busy[k]) finish(cbs[k], "aio_write");
+  for (unsigned c = 0; c < 2 * ring_size; ++c) {
+    if (busy[c]) finish(cbs[c], "aio_write");
   }
   if (sync_busy) finish(sync_cb, "aio_fsync");
   if (::fsync(fd) != 0) fail("fsync", std::error_code(errno, std::system_category()));
@@ -429,22 +454,30 @@ void run_keel_items(aio::controller& ctl, const std::string& path, const workloa
   how.create = true;
   how.truncate = true;
   how.cache = cache;
+  how.direct = p.direct;
   aio::file f = must(ctl.open(path, how), "open " + path);
   std::vector<std::unique_ptr<aligned_buffer>> bufs;
+  // Per buffer: its write and its overwrite (which the thread's order puts after it).
   std::vector<aio::receipt> writes(ring_size);
+  std::vector<aio::receipt> overwrites(ring_size);
   for (unsigned k = 0; k < ring_size; ++k)
     bufs.push_back(std::make_unique<aligned_buffer>(item_bytes));
   std::vector<aio::receipt> syncs;
   for (std::uint64_t i = 0; i < p.items; ++i) {
     const unsigned k = static_cast<unsigned>(i % ring_size);
     if (writes[k].valid()) must(writes[k].wait(), "keel write");
+    if (overwrites[k].valid()) must(overwrites[k].wait(), "keel write");
     compute(bufs[k]->data, i, p.rounds);
-    writes[k] = f.write(i * item_bytes, std::span<const std::byte>(bufs[k]->data, item_bytes));
+    const std::span<const std::byte> item(bufs[k]->data, item_bytes);
+    writes[k] = f.write(i * item_bytes, item);
+    if (p.overwrite) overwrites[k] = f.write(i * item_bytes, item);
     if ((i + 1) % p.fsync_every == 0) syncs.push_back(f.fsync());
   }
   must(f.fsync().wait(), "keel fsync");
-  for (auto& w : writes) {
-    if (w.valid()) must(w.wait(), "keel write");
+  for (auto* ws : {&writes, &overwrites}) {
+    for (auto& w : *ws) {
+      if (w.valid()) must(w.wait(), "keel write");
+    }
   }
   for (auto& s : syncs)
     must(s.wait(), "keel fsync");
@@ -461,35 +494,81 @@ std::vector<std::string> workload_methods() {
   return methods;
 }
 
+// A form of the thesis workload: plain (section 3.3), every write overwritten at once (3.4),
+// and that with O_DIRECT (3.5). With overwrites the rate counts each write and its
+// overwrite as one item: scaled by the overwrite factor, as the thesis does, to reflect what
+// reaches the disk.
+struct workload_variant {
+  const char* part;
+  const char* title;
+  std::vector<unsigned> fsync_every;
+  bool overwrite;
+  bool direct;
+};
+
+const workload_variant plain_workload{
+    "workload", "compute + 64 KiB write per item", {1, 30, 300}, false, false};
+const workload_variant overwrite_workload{
+    "overwrite", "compute + 64 KiB write + its overwrite per item", {30, 300}, true, false};
+const workload_variant direct_overwrite_workload{
+    "overwrite_direct",
+    "O_DIRECT: compute + 64 KiB write + its overwrite per item",
+    {30, 300},
+    true,
+    true};
+
+// Why O_DIRECT cannot be had in `dir`, or empty.
+std::string direct_unavailable(const std::string& dir) {
+  const std::string path = dir + "/direct-probe.dat";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  const int e = errno;
+  ::unlink(path.c_str());
+  if (fd < 0) return "O_DIRECT cannot open files in " + dir + ": " + std::strerror(e);
+  ::close(fd);
+  return {};
+}
+
 json measure_workload(const std::string& dir, std::uint64_t items,
-                      const std::vector<std::string>& asked) {
+                      const std::vector<std::string>& asked, const workload_variant& v) {
+  const std::string part = v.part;
+  if (v.direct) {
+    if (auto why = direct_unavailable(dir); !why.empty()) {
+      progress(part + " skipped: " + why);
+      fmt::print("{} skipped: {}\n", part, why);
+      return {{"skipped_all", why}, {"rows", json::array()}, {"skipped", json::array()}};
+    }
+  }
   // keel's methods on an engine that cannot start here are reported as skipped, with why.
   std::vector<std::string> methods;
   json skipped = json::array();
   for (const auto& m : asked) {
+    if (v.direct && (m == "cstdio" || m.starts_with("keel_stdio"))) {
+      skipped.push_back({{"method", m}, {"reason", "cstdio has no O_DIRECT"}});
+      continue;
+    }
     if (m.starts_with("keel_")) {
       const bool cache = m.ends_with("_cache");
       const std::string engine = m.substr(5, m.size() - 5 - (cache ? 6 : 0));
       if (auto why = engine_unavailable(must(aio::engine_from_string(engine), "engine"));
           !why.empty()) {
-        progress(fmt::format("workload: {} skipped: {}", m, why));
-        fmt::print("workload: {} skipped: {}\n", m, why);
+        progress(fmt::format("{}: {} skipped: {}", part, m, why));
+        fmt::print("{}: {} skipped: {}\n", part, m, why);
         skipped.push_back({{"method", m}, {"reason", why}});
         continue;
       }
     }
     methods.push_back(m);
   }
-  progress("workload: calibrating the compute step against a 64 KiB write");
+  progress(part + ": calibrating the compute step against a 64 KiB write");
   const unsigned rounds = calibrate(dir);
   json rows = json::array();
-  fmt::print("\nworkload: compute + 64 KiB write per item, fsync every N (items/s)\n");
+  fmt::print("\n{}: {}, fsync every N (items/s)\n", part, v.title);
   fmt::print("{:<20} {:>7} {:>5} {:>12}\n", "method", "threads", "N", "items/s");
   for (const unsigned threads : {1u, 2u}) {
-    for (const unsigned every : {1u, 30u, 300u}) {
-      workload_params p{items, every, rounds};
+    for (const unsigned every : v.fsync_every) {
+      const workload_params p{items, every, rounds, v.overwrite, v.direct};
       for (const auto& m : methods) {
-        progress(fmt::format("workload: {} with {} thread(s), fsync every {}", m, threads, every));
+        progress(fmt::format("{}: {} with {} thread(s), fsync every {}", part, m, threads, every));
         std::unique_ptr<aio::controller> ctl;
         const bool cache = m.ends_with("_cache");
         if (m.starts_with("keel_")) {
@@ -544,8 +623,170 @@ json measure_workload(const std::string& dir, std::uint64_t items,
   }
   for (unsigned t = 0; t < 2; ++t)
     ::unlink(fmt::format("{}/workload-{}.dat", dir, t).c_str());
-  return {
-      {"item_bytes", item_bytes}, {"compute_rounds", rounds}, {"rows", rows}, {"skipped", skipped}};
+  return {{"item_bytes", item_bytes},
+          {"compute_rounds", rounds},
+          {"overwrite", v.overwrite},
+          {"direct", v.direct},
+          {"rows", rows},
+          {"skipped", skipped}};
+}
+
+// ---- many small requests ----
+
+// 4 KiB writes at random offsets of one 64 MiB file from 2 threads, 64 in flight each, an
+// fsync every 30 writes (the previous one waited for first): where glibc's POSIX AIO pays
+// for its global lock (TAI section 2.3). Writes per second.
+constexpr std::uint64_t small_file_bytes = std::uint64_t{64} << 20;
+constexpr unsigned small_depth = 64;
+constexpr unsigned small_threads = 2;
+constexpr unsigned small_fsync_every = 30;
+
+void run_small_posix_aio(int fd, std::uint64_t writes, unsigned seed) {
+  std::vector<std::unique_ptr<aligned_buffer>> bufs;
+  std::vector<aiocb> cbs(small_depth);
+  std::vector<bool> busy(small_depth, false);
+  for (unsigned k = 0; k < small_depth; ++k)
+    bufs.push_back(std::make_unique<aligned_buffer>(4096));
+  aiocb sync_cb{};
+  bool sync_busy = false;
+  const auto finish = [&](aiocb& cb, const char* what) {
+    const aiocb* list[1] = {&cb};
+    while (::aio_error(&cb) == EINPROGRESS)
+      ::aio_suspend(list, 1, nullptr);
+    if (::aio_return(&cb) < 0)
+      fail(what, std::error_code(::aio_error(&cb), std::system_category()));
+  };
+  std::mt19937_64 rng(seed);
+  for (std::uint64_t i = 0; i < writes; ++i) {
+    const unsigned k = static_cast<unsigned>(i % small_depth);
+    if (busy[k]) finish(cbs[k], "aio_write");
+    cbs[k] = aiocb{};
+    cbs[k].aio_fildes = fd;
+    cbs[k].aio_buf = bufs[k]->data;
+    cbs[k].aio_nbytes = 4096;
+    cbs[k].aio_offset = static_cast<off_t>(rng() % (small_file_bytes / 4096) * 4096);
+    if (::aio_write(&cbs[k]) != 0)
+      fail("aio_write", std::error_code(errno, std::system_category()));
+    busy[k] = true;
+    if ((i + 1) % small_fsync_every == 0) {
+      if (sync_busy) finish(sync_cb, "aio_fsync");
+      sync_cb = aiocb{};
+      sync_cb.aio_fildes = fd;
+      if (::aio_fsync(O_SYNC, &sync_cb) != 0) {
+        fail("aio_fsync", std::error_code(errno, std::system_category()));
+      }
+      sync_busy = true;
+    }
+  }
+  for (unsigned k = 0; k < small_depth; ++k) {
+    if (busy[k]) finish(cbs[k], "aio_write");
+  }
+  if (sync_busy) finish(sync_cb, "aio_fsync");
+}
+
+void run_small_keel(aio::file& f, std::uint64_t writes, unsigned seed) {
+  std::vector<std::unique_ptr<aligned_buffer>> bufs;
+  std::vector<aio::receipt> rs(small_depth);
+  for (unsigned k = 0; k < small_depth; ++k)
+    bufs.push_back(std::make_unique<aligned_buffer>(4096));
+  aio::receipt sync;
+  std::mt19937_64 rng(seed);
+  for (std::uint64_t i = 0; i < writes; ++i) {
+    const unsigned k = static_cast<unsigned>(i % small_depth);
+    if (rs[k].valid()) must(rs[k].wait(), "keel write");
+    rs[k] = f.write(rng() % (small_file_bytes / 4096) * 4096,
+                    std::span<const std::byte>(bufs[k]->data, 4096));
+    if ((i + 1) % small_fsync_every == 0) {
+      if (sync.valid()) must(sync.wait(), "keel fsync");
+      sync = f.fsync();
+    }
+  }
+  for (auto& r : rs) {
+    if (r.valid()) must(r.wait(), "keel write");
+  }
+  if (sync.valid()) must(sync.wait(), "keel fsync");
+}
+
+json measure_small(const std::string& dir, std::uint64_t items, double seconds) {
+  (void)seconds;
+  const std::uint64_t writes = std::max<std::uint64_t>(items * 32, 1000);  // per thread
+  const std::string path = dir + "/small.dat";
+  {
+    // The file exists whole first: the writes overwrite, they do not extend it.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
+    const int r = ::posix_fallocate(fd, 0, static_cast<off_t>(small_file_bytes));
+    ::close(fd);
+    if (r != 0) fail("fallocate " + path, std::error_code(r, std::system_category()));
+  }
+  json rows = json::array();
+  json skipped = json::array();
+  fmt::print(
+      "\nsmall: 4 KiB writes at random offsets, {} threads x {} in flight, fsync every {} "
+      "(writes/s)\n",
+      small_threads, small_depth, small_fsync_every);
+  for (const std::string m : {"posix_aio", "keel_io_uring", "keel_posix"}) {
+    std::unique_ptr<aio::controller> ctl;
+    std::optional<aio::file> f;
+    int fd = -1;
+    if (m == "posix_aio") {
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0) fail("open " + path, std::error_code(errno, std::system_category()));
+    } else {
+      const auto engine = must(aio::engine_from_string(m.substr(5)), "engine");
+      if (auto why = engine_unavailable(engine); !why.empty()) {
+        progress(fmt::format("small: {} skipped: {}", m, why));
+        skipped.push_back({{"method", m}, {"reason", why}});
+        continue;
+      }
+      aio::options o;
+      o.engine = engine;
+      o.workers = 2;
+      ctl = must(aio::controller::start(o), "start the controller");
+      aio::open_options how;
+      how.read = false;
+      how.write = true;
+      f = must(ctl->open(path, how), "open " + path);
+    }
+    progress(fmt::format("small: {}", m));
+    ::sync();
+    std::vector<std::thread> pool;
+    std::vector<std::string> errors(small_threads);
+    const auto t0 = clock_type::now();
+    for (unsigned t = 0; t < small_threads; ++t) {
+      pool.emplace_back([&, t] {
+        try {
+          if (fd >= 0) {
+            run_small_posix_aio(fd, writes, 3 + t);
+          } else {
+            run_small_keel(*f, writes, 3 + t);
+          }
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+        }
+      });
+    }
+    for (auto& th : pool)
+      th.join();
+    const double s = seconds_since(t0);
+    if (fd >= 0) ::close(fd);
+    if (f) must(f->close(), "close " + path);
+    for (const auto& e : errors) {
+      if (!e.empty()) throw std::runtime_error(m + ": " + e);
+    }
+    const double rate = static_cast<double>(writes * small_threads) / s;
+    rows.push_back({{"method", m},
+                    {"writes", writes * small_threads},
+                    {"seconds", s},
+                    {"writes_per_second", rate}});
+    fmt::print("{:<20} {:>12.0f}\n", m, rate);
+  }
+  ::unlink(path.c_str());
+  return {{"threads", small_threads},
+          {"in_flight", small_depth},
+          {"fsync_every", small_fsync_every},
+          {"rows", rows},
+          {"skipped", skipped}};
 }
 
 // ---- framework overhead ----
@@ -607,7 +848,7 @@ int run_aiobench_command(int argc, char** argv) {
   double seconds = 3;
   unsigned threads = 2;
   std::uint64_t items = 600;
-  std::string parts = "randread,workload,null";
+  std::string parts = "randread,workload,overwrite,overwrite_direct,small,null";
   std::string methods_list;
   std::string json_path;
   app.add_option("--dir", dir,
@@ -626,7 +867,8 @@ int run_aiobench_command(int argc, char** argv) {
   app.add_option("--items", items, "Items per thread in the workload")
       ->check(CLI::Range(std::uint64_t{10}, std::uint64_t{1} << 24))
       ->capture_default_str();
-  app.add_option("--parts", parts, "Comma-separated: randread, workload, null")
+  app.add_option("--parts", parts,
+                 "Comma-separated: randread, workload, overwrite, overwrite_direct, small, null")
       ->capture_default_str();
   app.add_option("--methods", methods_list,
                  "Comma-separated workload methods to run (default: all): posix, cstdio, "
@@ -639,16 +881,21 @@ int run_aiobench_command(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  const auto wants = [&](const char* part) { return parts.find(part) != std::string::npos; };
+  std::vector<std::string> wanted;
   for (std::size_t at = 0; at <= parts.size();) {
     const auto comma = std::min(parts.find(',', at), parts.size());
     const std::string p = parts.substr(at, comma - at);
-    if (p != "randread" && p != "workload" && p != "null") {
+    if (p != "randread" && p != "workload" && p != "overwrite" && p != "overwrite_direct" &&
+        p != "small" && p != "null") {
       fmt::print(stderr, "keel aiobench: --parts: unknown part '{}'\n", p);
       return 2;
     }
+    wanted.push_back(p);
     at = comma + 1;
   }
+  const auto wants = [&](const char* part) {
+    return std::find(wanted.begin(), wanted.end(), part) != wanted.end();
+  };
   std::vector<std::string> methods = workload_methods();
   if (!methods_list.empty()) {
     std::vector<std::string> chosen;
@@ -683,7 +930,10 @@ int run_aiobench_command(int argc, char** argv) {
     if (wants("randread")) {
       doc["randread"] = measure_randread(dir, size_mib << 20, threads, seconds);
     }
-    if (wants("workload")) doc["workload"] = measure_workload(dir, items, methods);
+    for (const auto* v : {&plain_workload, &overwrite_workload, &direct_overwrite_workload}) {
+      if (wants(v->part)) doc[v->part] = measure_workload(dir, items, methods, *v);
+    }
+    if (wants("small")) doc["small"] = measure_small(dir, items, seconds);
     if (wants("null")) doc["null"] = measure_null(dir, seconds);
   } catch (const std::exception& e) {
     fmt::print(stderr, "keel aiobench: {}\n", e.what());
