@@ -388,6 +388,25 @@ void run_stdio_items(const std::string& path, const workload_params& p) {
   std::fclose(f);
 }
 
+// Waits for a glibc POSIX AIO request; throws its error.
+void await_aio(aiocb& cb, const char* what) {
+  const aiocb* list[1] = {&cb};
+  while (::aio_error(&cb) == EINPROGRESS)
+    ::aio_suspend(list, 1, nullptr);
+  if (::aio_return(&cb) < 0) fail(what, std::error_code(::aio_error(&cb), std::system_category()));
+}
+
+// Issues an aio_fsync of `fd` in `cb` once the one before it (if `busy`) has ended.
+void next_aio_fsync(int fd, aiocb& cb, bool& busy) {
+  if (busy) await_aio(cb, "aio_fsync");
+  cb = aiocb{};
+  cb.aio_fildes = fd;
+  if (::aio_fsync(O_SYNC, &cb) != 0) {
+    fail("aio_fsync", std::error_code(errno, std::system_category()));
+  }
+  busy = true;
+}
+
 // glibc POSIX AIO: aio_write from a ring of buffers, aio_fsync every N items (one at a
 // time), each buffer reused once its write is done.
 void run_posix_aio_items(const std::string& path, const workload_params& p) {
@@ -401,17 +420,10 @@ void run_posix_aio_items(const std::string& path, const workload_params& p) {
     bufs.push_back(std::make_unique<aligned_buffer>(item_bytes));
   aiocb sync_cb{};
   bool sync_busy = false;
-  const auto finish = [&](aiocb& cb, const char* what) {
-    const aiocb* list[1] = {&cb};
-    while (::aio_error(&cb) == EINPROGRESS)
-      ::aio_suspend(list, 1, nullptr);
-    if (::aio_return(&cb) < 0)
-      fail(what, std::error_code(::aio_error(&cb), std::system_category()));
-  };
   for (std::uint64_t i = 0; i < p.items; ++i) {
     const unsigned k = static_cast<unsigned>(i % ring_size);
     for (const unsigned c : {k, k + ring_size}) {
-      if (busy[c]) finish(cbs[c], "aio_write");
+      if (busy[c]) await_aio(cbs[c], "aio_write");
       busy[c] = false;
     }
     compute(bufs[k]->data, i, p.rounds);
@@ -427,19 +439,13 @@ void run_posix_aio_items(const std::string& path, const workload_params& p) {
       busy[c] = true;
     }
     if ((i + 1) % p.fsync_every == 0) {
-      if (sync_busy) finish(sync_cb, "aio_fsync");
-      sync_cb = aiocb{};
-      sync_cb.aio_fildes = fd;
-      if (::aio_fsync(O_SYNC, &sync_cb) != 0) {
-        fail("aio_fsync", std::error_code(errno, std::system_category()));
-      }
-      sync_busy = true;
+      next_aio_fsync(fd, sync_cb, sync_busy);
     }
   }
   for (unsigned c = 0; c < 2 * ring_size; ++c) {
-    if (busy[c]) finish(cbs[c], "aio_write");
+    if (busy[c]) await_aio(cbs[c], "aio_write");
   }
-  if (sync_busy) finish(sync_cb, "aio_fsync");
+  if (sync_busy) await_aio(sync_cb, "aio_fsync");
   if (::fsync(fd) != 0) fail("fsync", std::error_code(errno, std::system_category()));
   ::close(fd);
 }
@@ -649,17 +655,10 @@ void run_small_posix_aio(int fd, std::uint64_t writes, unsigned seed) {
     bufs.push_back(std::make_unique<aligned_buffer>(4096));
   aiocb sync_cb{};
   bool sync_busy = false;
-  const auto finish = [&](aiocb& cb, const char* what) {
-    const aiocb* list[1] = {&cb};
-    while (::aio_error(&cb) == EINPROGRESS)
-      ::aio_suspend(list, 1, nullptr);
-    if (::aio_return(&cb) < 0)
-      fail(what, std::error_code(::aio_error(&cb), std::system_category()));
-  };
   std::mt19937_64 rng(seed);
   for (std::uint64_t i = 0; i < writes; ++i) {
     const unsigned k = static_cast<unsigned>(i % small_depth);
-    if (busy[k]) finish(cbs[k], "aio_write");
+    if (busy[k]) await_aio(cbs[k], "aio_write");
     cbs[k] = aiocb{};
     cbs[k].aio_fildes = fd;
     cbs[k].aio_buf = bufs[k]->data;
@@ -669,19 +668,13 @@ void run_small_posix_aio(int fd, std::uint64_t writes, unsigned seed) {
       fail("aio_write", std::error_code(errno, std::system_category()));
     busy[k] = true;
     if ((i + 1) % small_fsync_every == 0) {
-      if (sync_busy) finish(sync_cb, "aio_fsync");
-      sync_cb = aiocb{};
-      sync_cb.aio_fildes = fd;
-      if (::aio_fsync(O_SYNC, &sync_cb) != 0) {
-        fail("aio_fsync", std::error_code(errno, std::system_category()));
-      }
-      sync_busy = true;
+      next_aio_fsync(fd, sync_cb, sync_busy);
     }
   }
   for (unsigned k = 0; k < small_depth; ++k) {
-    if (busy[k]) finish(cbs[k], "aio_write");
+    if (busy[k]) await_aio(cbs[k], "aio_write");
   }
-  if (sync_busy) finish(sync_cb, "aio_fsync");
+  if (sync_busy) await_aio(sync_cb, "aio_fsync");
 }
 
 void run_small_keel(aio::file& f, std::uint64_t writes, unsigned seed) {
