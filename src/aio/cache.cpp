@@ -40,7 +40,6 @@ void mark_dirty(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) 
   p.next_dirty = fc.dirty;
   if (fc.dirty != nullptr) fc.dirty->prev_dirty = &p;
   fc.dirty = &p;
-  p.is_dirty = true;
   ++fc.dirty_pages;
 }
 
@@ -49,7 +48,6 @@ void mark_clean(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) 
   if (p.next_dirty != nullptr) p.next_dirty->prev_dirty = p.prev_dirty;
   p.next_dirty = p.prev_dirty = nullptr;
   p.dirty.clear();
-  p.is_dirty = false;
   --fc.dirty_pages;
 }
 
@@ -63,7 +61,7 @@ void take_place(file_cache& fc, cache_page& old, cache_page& neu) noexcept {
   neu.newer = old.newer;
   (old.older != nullptr ? old.older->newer : fc.oldest) = &neu;
   (old.newer != nullptr ? old.newer->older : fc.newest) = &neu;
-  if (old.is_dirty) {
+  if (old.dirty.any()) {
     neu.prev_dirty = old.prev_dirty;
     neu.next_dirty = old.next_dirty;
     (old.prev_dirty != nullptr ? old.prev_dirty->next_dirty : fc.dirty) = &neu;
@@ -190,7 +188,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
     try {
       const base::lock_guard lock(fc.mutex);
       for (const std::size_t end = std::min(dirty.size(), at + 256); at < end; ++at) {
-        if (dirty[at]->is_dirty) b.add(*dirty[at]);
+        if (dirty[at]->dirty.any()) b.add(*dirty[at]);
       }
     } catch (const std::bad_alloc&) {
       // What was copied so far still goes out (and is settled).
@@ -234,7 +232,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
     std::vector<cache_page*> chosen;
     std::size_t n = 0;
     for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
-      if (p->is_dirty) chosen.push_back(p);
+      if (p->dirty.any()) chosen.push_back(p);
     }
     std::sort(chosen.begin(), chosen.end(), by_offset);
     for (cache_page* p : chosen)
@@ -254,7 +252,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       std::size_t n = 0;
       for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
         cache_page* next = p->newer;
-        if (!p->flushing && !p->is_dirty) {
+        if (!p->flushing && !p->dirty.any()) {
           unlink_page(fc, *p);
           std::unique_ptr<cache_page> gone = fc.pages.take(p->offset);
           if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
@@ -471,7 +469,7 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     const page_part part = part_of(p, o.offset, end);
     std::memcpy(pg.data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
     pg.valid.set(part.lo, part.hi);
-    if (!pg.is_dirty) {
+    if (!pg.dirty.any()) {
       mark_dirty(fc, pg);
       ++now_dirty;
     }

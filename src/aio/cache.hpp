@@ -44,31 +44,45 @@ namespace keel::aio::detail {
 
 inline constexpr std::size_t page_size = 4096;
 
-//! One bit per byte of a page.
+//! One bit per byte of a page. None set and all set are kept as a state, without the words
+//! (writes of whole pages, the common case, then never touch them: 512 bytes a set of bits,
+//! which cost more than the page's copy in cache misses).
 class page_bits {
  public:
   //! Sets bits [lo, hi).
   void set(std::size_t lo, std::size_t hi) noexcept {
+    if (lo >= hi || state_ == all_set) return;
+    if (lo == 0 && hi == page_size) {
+      state_ = all_set;
+      return;
+    }
+    if (state_ == none_set) {
+      words_.fill(0);
+      state_ = some_set;
+    }
     for (std::size_t w = lo / 64; w * 64 < hi; ++w)
       words_[w] |= mask(w, lo, hi);
   }
-  void clear() noexcept { words_.fill(0); }
+  void clear() noexcept { state_ = none_set; }
   //! Whether every bit of [lo, hi) is set.
   [[nodiscard]] bool all(std::size_t lo, std::size_t hi) const noexcept {
+    if (lo >= hi || state_ == all_set) return true;
+    if (state_ == none_set) return false;
     for (std::size_t w = lo / 64; w * 64 < hi; ++w) {
       const std::uint64_t m = mask(w, lo, hi);
       if ((words_[w] & m) != m) return false;
     }
     return true;
   }
-  [[nodiscard]] bool any() const noexcept {
-    for (const std::uint64_t w : words_)
-      if (w != 0) return true;
-    return false;
-  }
+  [[nodiscard]] bool any() const noexcept { return state_ != none_set; }  // some: one or more
   //! Calls `f(run_lo, run_hi)` for every run of set bits inside [lo, hi), in order.
   template <class F>
   void runs(std::size_t lo, std::size_t hi, F&& f) const {
+    if (lo >= hi || state_ == none_set) return;
+    if (state_ == all_set) {
+      f(lo, hi);
+      return;
+    }
     std::size_t i = lo;
     while (i < hi) {
       i = next(i, hi, true);
@@ -87,7 +101,7 @@ class page_bits {
     const std::uint64_t upto = to == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << to) - 1;
     return upto & ~((std::uint64_t{1} << from) - 1);
   }
-  // The first index >= i (and < hi, else hi) whose bit equals `value`.
+  // The first index >= i (and < hi, else hi) whose bit equals `value` (state some_set).
   std::size_t next(std::size_t i, std::size_t hi, bool value) const noexcept {
     while (i < hi) {
       const std::size_t w = i / 64;
@@ -99,7 +113,8 @@ class page_bits {
     return hi;
   }
 
-  std::array<std::uint64_t, page_size / 64> words_{};
+  enum : std::uint8_t { none_set, some_set, all_set } state_ = none_set;
+  std::array<std::uint64_t, page_size / 64> words_{};  // only meaningful in some_set
 };
 
 struct cache_page {
@@ -112,7 +127,6 @@ struct cache_page {
   std::uint64_t stamp = 0;  // the controller's write count when last written
   bool flushing = false;    // a write-out is writing from it: never written into nor dropped
   bool detached = false;    // replaced by a copy while a write-out wrote from it
-  bool is_dirty = false;    // dirty.any(), kept (a scan of 64 words is what the flusher paid)
   page_bits valid;
   page_bits dirty;
   //! The page's bytes: aligned to the page (an O_DIRECT file's write-outs go straight from
@@ -132,7 +146,6 @@ struct cache_page {
     stamp = 0;
     flushing = false;
     detached = false;
-    is_dirty = false;
     valid.clear();
     dirty.clear();
   }
@@ -144,7 +157,6 @@ struct cache_page {
     stamp = other.stamp;
     valid = other.valid;
     dirty = other.dirty;
-    is_dirty = other.is_dirty;
     bytes_ = other.bytes_;
   }
 
