@@ -58,7 +58,7 @@ else
   reps=20 min_time=0.2
   scale_t=2 scale_w=10:100:1000 matrix_s=1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10:100
   fs_w=10:100
-  aio_args=(--size 1024 --seconds 3 --items 2000)
+  aio_args=(--size 1024 --seconds 3 --items 5000)
 fi
 keel=build/release/bin/keel
 
