@@ -145,6 +145,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
     }
     if (head != nullptr) c.workers[w]->push(head, tail);
   }
+  c.engine->settle_here();  // the requests the ring did not take are handed over first
 }
 
 }  // namespace keel::aio

@@ -67,6 +67,21 @@ struct caller_clock {
 
 inline thread_local caller_clock this_thread_clock;
 
+//! Completions running on this thread (their callbacks may submit, and wait). A request
+//! submitted from one is neither run nor reaped inside that submission, and a wait inside
+//! one does not reap the thread's ring: a chain of callbacks that each submit the next
+//! would otherwise recurse a level per request. Those go the long way round, by a worker.
+inline thread_local unsigned completions_running = 0;
+
+//! Counts the completions the calling thread runs for its lifetime.
+class running_completions {
+ public:
+  running_completions() noexcept { ++completions_running; }
+  running_completions(const running_completions&) = delete;
+  running_completions& operator=(const running_completions&) = delete;
+  ~running_completions() { --completions_running; }
+};
+
 //! Times one call of the calling thread on the controller of id `c` (0: none, untimed).
 class timed_call {
  public:

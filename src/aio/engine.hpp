@@ -70,6 +70,9 @@ class engine {
     (void)ops;
     return 0;
   }
+  //! Ends what submit_here found ended (their completions run here, after the requests it
+  //! did not take were handed to the workers: a completion may wait for those).
+  virtual void settle_here() noexcept {}
   //! Waits on the calling thread for `o` if it started here (submit_here), reaping its
   //! completion, and others', itself: whether it did (`o` may still be pending: look
   //! again). False: wait for it as for any request.

@@ -103,8 +103,8 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
         return r;
       }
     }
-    if (c.engine->submit_here(std::span(&o, 1)) == 1) return r;
-    c.dispatch(o, worker_index);
+    if (c.engine->submit_here(std::span(&o, 1)) == 0) c.dispatch(o, worker_index);
+    c.engine->settle_here();
   }
   return r;
 }

@@ -88,7 +88,11 @@ class sync_worker final : public worker {
 std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
   // A batch runs in parallel; tasks run on the controller's threads; a cached file's
   // requests meet the cache in a worker.
-  if (ops.size() != 1 || ops[0]->kind == op_kind::task || ops[0]->file->cache) return 0;
+  // Nor from a completion on this thread (a chain of them would recurse).
+  if (ops.size() != 1 || ops[0]->kind == op_kind::task || ops[0]->file->cache ||
+      completions_running != 0) {
+    return 0;
+  }
   op& o = *ops[0];
   controller::impl& c = *o.file->owner;
   switch (c.opts.submit_on) {
@@ -103,6 +107,7 @@ std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
     case submitter::caller:
       break;
   }
+  const running_completions completing;
   if (auto early = c.before_engine(o)) {
     c.finish(&o, std::move(early->outcome), early->cancelled);
   } else {

@@ -188,6 +188,7 @@ class uring_engine final : public engine {
   void release_slot(uring_file& f) noexcept;
 
   std::size_t submit_here(std::span<op* const> ops) noexcept override;
+  void settle_here() noexcept override;
   bool wait_here(op& o) noexcept override;
   void add_counts(engine_stats& s) const noexcept override;
 
@@ -200,6 +201,9 @@ class uring_engine final : public engine {
   void settle(std::span<const reaped> done) noexcept;
   //! Wakes worker `w` (a caller ring's completion may have gone unnoticed).
   void kick(unsigned w) noexcept;
+  //! Whether a caller ring of worker `w`'s has requests its thread left running.
+  bool rings_away(unsigned w) noexcept;
+  void uncount_ring() noexcept;
   //! A caller ring is made (listed with its worker) or ends (unlisted).
   bool list(caller_ring& r) noexcept;
   void unlist(caller_ring& r) noexcept;
@@ -436,8 +440,18 @@ class uring_worker final : public worker {
       }
       sleeping_.store(true);
       const bool block = inbox_empty() && pending_.empty() && !look_again_ && !may_exit();
-      int r =
-          block ? ::io_uring_submit_and_wait(&ring_, 1) : ::io_uring_submit_and_get_events(&ring_);
+      int r = 0;
+      if (!block) {
+        r = ::io_uring_submit_and_get_events(&ring_);
+      } else if (engine_.rings_away(index_)) {
+        // Requests left on a caller ring: look in again within 10 ms even without a
+        // wake-up (ETIME then).
+        __kernel_timespec ts{0, 10'000'000};
+        io_uring_cqe* first = nullptr;
+        r = ::io_uring_submit_and_wait_timeout(&ring_, &first, 1, &ts, nullptr);
+      } else {
+        r = ::io_uring_submit_and_wait(&ring_, 1);
+      }
       sleeping_.store(false);
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
         // The ring itself failed: nothing queued will run. Fail what is waiting for a slot.
@@ -591,9 +605,11 @@ class caller_ring final : public base::thread_state {
   caller_ring(const caller_ring&) = delete;
   caller_ring& operator=(const caller_ring&) = delete;
   ~caller_ring() override {
+    if (counted_) engine_.uncount_ring();
     if (!ok_) return;
     closing_ = true;
-    // Its requests end before the thread does; their completions are settled here.
+    // Its requests end before the thread does; their completions are settled here (with
+    // the eventfd on: one may wait for another, which its worker then reaps).
     for (;;) {
       std::array<reaped, reap_batch> got{};
       std::size_t n = 0;
@@ -606,12 +622,22 @@ class caller_ring final : public base::thread_state {
           wait_one();
           n = reap(got);
         }
+        leave();
       }
       engine_.settle(std::span(got.data(), n));
     }
     engine_.unlist(*this);
+    // The files first, at once: the ring itself is torn down in the background, and a file
+    // it held would stay open (a flock on it held) meanwhile.
+    {
+      const base::lock_guard lock(table_mutex);
+      if (!slot_file.empty()) (void)::io_uring_unregister_files(&ring);
+    }
     ::io_uring_queue_exit(&ring);
   }
+
+  //! Counted among the engine's caller rings (max_caller_rings).
+  void counted() noexcept { counted_ = true; }
 
   //! Sets the ring up (the thread's first request): whether it can be used.
   bool start(unsigned depth, unsigned slots) noexcept {
@@ -650,8 +676,14 @@ class caller_ring final : public base::thread_state {
   //! The thread leaves the ring: with requests still running, their completions wake its
   //! worker; one that came before the eventfd was on wakes it now.
   void leave() noexcept KEEL_REQUIRES(mutex) {
-    if (in_flight == 0) return;
+    if (in_flight == 0) {
+      away.store(false, std::memory_order_relaxed);
+      return;
+    }
     (void)::io_uring_cq_eventfd_toggle(&ring, true);
+    // A full barrier (a locked exchange: a fence the sanitizers cannot follow) between the
+    // flag's store and the look at the tail: the kernel posts, then reads the flag.
+    (void)away.exchange(true, std::memory_order_seq_cst);
     if (::io_uring_cq_ready(&ring) != 0) engine_.kick(worker);
   }
 
@@ -678,6 +710,7 @@ class caller_ring final : public base::thread_state {
     }
     ::io_uring_cq_advance(&ring, static_cast<unsigned>(n));
     in_flight -= static_cast<unsigned>(n);
+    if (in_flight == 0) away.store(false, std::memory_order_relaxed);
     return n;
   }
 
@@ -710,6 +743,13 @@ class caller_ring final : public base::thread_state {
 
   io_uring ring{};
   unsigned worker = 0;  // the worker that reaps what the thread leaves
+  // The thread left requests running here: its worker looks in now and then too (a
+  // wake-up lost between the eventfd and the thread's last look costs a delay, not a hang).
+  std::atomic<bool> away{false};
+  // What the thread's submission found ended, settled once it has handed the rest over
+  // (settle_here): the thread's own.
+  std::array<reaped, reap_batch> stash{};
+  std::size_t stashed = 0;
   // Held by the thread while it submits or reaps (also while it sleeps in the ring for a
   // completion), by a worker only to reap (try_lock): never waited for by a worker.
   base::mutex mutex;
@@ -745,6 +785,7 @@ class caller_ring final : public base::thread_state {
   uring_engine& engine_;
   unsigned depth_ = 0;
   bool ok_ = false;
+  bool counted_ = false;
   bool closing_ = false;  // the thread is leaving: new requests go to the workers
   // The file id at each index of the ring's table of files (0: none); close() lets go of
   // a file from its own thread, so the thread's mutex is not the one.
@@ -760,7 +801,10 @@ caller_ring* uring_engine::ring_of_this_thread(bool make) noexcept {
     // A thread whose ring cannot start keeps it unstarted: it uses the workers, without
     // trying again on every request.
     if (lists_ && caller_rings_.fetch_add(1) < max_caller_rings) {
+      made->counted();
       (void)made->start(ctl_.opts.queue_depth, file_slots_);
+    } else if (lists_) {
+      caller_rings_.fetch_sub(1);
     }
     return made;
   });
@@ -791,6 +835,21 @@ void uring_engine::unlist(caller_ring& r) noexcept {
   retired_reaped_.fetch_add(r.reaped_by_worker.load());
 }
 
+void uring_engine::uncount_ring() noexcept {
+  caller_rings_.fetch_sub(1);
+}
+
+bool uring_engine::rings_away(unsigned w) noexcept {
+  if (!lists_) return false;
+  ring_list& l = lists_[w];
+  if (l.count.load(std::memory_order_relaxed) == 0) return false;
+  const base::lock_guard lock(l.mutex);
+  for (const caller_ring* r : l.rings) {
+    if (r->away.load(std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
 void uring_engine::kick(unsigned w) noexcept {
   workers_[w]->wake();
 }
@@ -802,8 +861,6 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
   caller_ring* r = ring_of_this_thread(true);
   if (r == nullptr) return 0;
   std::size_t taken = 0;
-  std::array<reaped, reap_batch> got{};
-  std::size_t n = 0;
   {
     const base::lock_guard lock(r->mutex);
     r->quiet();
@@ -820,14 +877,26 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
       ++taken;
     }
     if (taken != 0) r->submit();
-    n = r->reap(got);  // page-cache reads and writes ended inside the submission
+    // Page-cache reads and writes ended inside the submission: settled by settle_here, once
+    // the caller has handed over what the ring did not take. Not inside a completion's own
+    // submission: the worker reaps those.
+    if (completions_running == 0 && r->stashed == 0) r->stashed = r->reap(r->stash);
     r->leave();
   }
-  settle(std::span(got.data(), n));
   return taken;
 }
 
+void uring_engine::settle_here() noexcept {
+  if (completions_running != 0) return;
+  caller_ring* r = ring_of_this_thread(false);
+  if (r == nullptr || r->stashed == 0) return;
+  std::array<reaped, reap_batch> got = r->stash;
+  const std::size_t n = std::exchange(r->stashed, 0);
+  settle(std::span(got.data(), n));
+}
+
 bool uring_engine::wait_here(op& o) noexcept {
+  if (completions_running != 0) return false;  // (see running_completions)
   caller_ring* r = ring_of_this_thread(false);
   if (r == nullptr || o.ring != r) return false;
   std::array<reaped, reap_batch> got{};
@@ -876,6 +945,7 @@ bool uring_engine::reap_left(unsigned w) noexcept {
 }
 
 void uring_engine::settle(std::span<const reaped> done) noexcept {
+  const running_completions completing;
   unsigned next = 0;
   for (const auto& [o, res] : done) {
     if (auto end = outcome_of(*o, res)) {

@@ -6,9 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <latch>
 #include <mutex>
 #include <set>
@@ -147,6 +153,68 @@ TEST(AioCallerRings, ACompletionMaySubmitAndWaitOnItsThread) {
   EXPECT_EQ(back, buf);
 }
 
+// A chain of completions, each submitting the next request from the one before's callback:
+// neither the ring nor the inline posix path recurses a level per request (20 000 levels
+// overflowed the stack), and every request of the chain ends.
+TEST(AioCallerRings, AChainOfCompletionsDoesNotRecurse) {
+  if (const char* env = std::getenv("KEEL_AIO_ENGINE"); env != nullptr && *env != '\0') {
+    GTEST_SKIP() << "KEEL_AIO_ENGINE=" << env << " forces every controller's engine";
+  }
+  temp_dir dir;
+  for (const auto e : {engine_kind::io_uring, engine_kind::posix}) {
+    options o;
+    o.engine = e;
+    o.submit_on = submitter::caller;
+    auto started = controller::start(o);
+    if (!started) continue;  // io_uring forbidden here: posix still runs
+    auto& c = *started;
+    file f = open_rw(*c, dir.file(std::string("chain-") + std::string(to_string(e))));
+    std::vector<std::byte> buf(512, std::byte{9});
+    ASSERT_EQ(f.write(0, buf).wait().value_or(0), 512u);
+    constexpr int links = 20000;
+    std::atomic<int> done{0};
+    std::vector<std::byte> back(512);
+    std::function<void(const result<std::size_t>&)> next;
+    next = [&](const result<std::size_t>& n) {
+      if (!n || *n != 512) return;
+      if (done.fetch_add(1) + 1 < links) (void)f.read(0, back, next);
+    };
+    (void)f.read(0, back, next);
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (done.load() < links && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(done.load(), links) << to_string(e);
+    c->stop();
+  }
+}
+
+// A thread that registered a file on its ring exits; the file is closed when close returns
+// (a flock on it is free), not when the kernel gets round to tearing the ring down.
+TEST(AioCallerRings, CloseAfterTheRingsThreadExitedReallyCloses) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  const std::string path = dir.file("exited");
+  file f = open_rw(*c, path);
+  std::thread t([&] {
+    const std::byte one{1};
+    (void)f.write(0, std::span(&one, 1)).wait();
+  });
+  t.join();
+  ASSERT_GE(c->engine_counts().requests_on_registered_files, 1u);
+  const int mine = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(mine, 0);
+  ::close(mine);
+  // keel's own descriptor: take a lock on it, then close the file.
+  const int keel_fd = test_support::descriptor_of(path);
+  ASSERT_GE(keel_fd, 0);
+  ASSERT_EQ(::flock(keel_fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_TRUE(f.close());
+  const int other = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+  EXPECT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0) << "the lock outlived close: " << errno;
+  ::close(other);
+}
+
 // Stopping while a thread's ring has requests running: they end, and stop returns.
 TEST(AioCallerRings, StopWaitsForTheRequestsOnThreadsRings) {
   KEEL_ON_URING(c, submitter::caller);
@@ -245,7 +313,7 @@ class reads_on_thread final : public io::filesystem_wrapper {
 
 // posix: a thread that submits one read at a time and waits runs them itself, inside the
 // call that submits them: always with submitter::caller, and with adaptive once the
-// thread is seen to do nothing else (within the first 32 calls).
+// thread is seen to do nothing else.
 TEST(AioPosixOnTheCaller, AThreadThatSubmitsAndWaitsRunsItsReads) {
   if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON"); env != nullptr && *env != '\0') {
     GTEST_SKIP() << "KEEL_AIO_SUBMIT_ON=" << env << " forces where requests start";
@@ -279,7 +347,8 @@ TEST(AioPosixOnTheCaller, AThreadThatSubmitsAndWaitsRunsItsReads) {
     return fs.count.load();
   };
   EXPECT_EQ(reads_here(submitter::caller), 200);
-  EXPECT_GE(reads_here(submitter::adaptive), 180);
+  // Judged every 32 timed calls, from a clock a sanitizer slows unevenly: most of them.
+  EXPECT_GE(reads_here(submitter::adaptive), 100);
 }
 
 TEST(AioCallerRings, UnknownSubmitOnInTheEnvironmentIsRefused) {

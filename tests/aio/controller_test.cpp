@@ -32,6 +32,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::temp_dir;
+using test_support::descriptor_of;
 using test_support::open_rw;
 
 std::unique_ptr<controller> start_engine(engine_kind k, unsigned workers = 2) {
@@ -353,17 +354,6 @@ TEST(AioChains, AFailedWriteLetsTheRequestsWaitingForItRun) {
   const int code = test::wait_exit(child);
   if (code == test::cannot_set_up) GTEST_SKIP() << "cannot set a file size limit here";
   EXPECT_EQ(code, 0);
-}
-
-// The descriptor this process has open on `path` (found in /proc/self/fd), or -1.
-int descriptor_of(const std::string& path) {
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    if (std::filesystem::read_symlink(e.path(), ec).string() == path) {
-      return std::stoi(e.path().filename().string());
-    }
-  }
-  return -1;
 }
 
 // io_uring requests go by the ring's table of registered files, and close lets go of the
