@@ -616,13 +616,7 @@ class caller_ring final : public base::thread_state {
       {
         const base::lock_guard lock(mutex);
         if (in_flight == 0) break;
-        quiet();
-        n = reap(got);
-        if (n == 0) {
-          wait_one();
-          n = reap(got);
-        }
-        leave();
+        n = reap_or_wait(got);
       }
       engine_.settle(std::span(got.data(), n));
     }
@@ -694,8 +688,18 @@ class caller_ring final : public base::thread_state {
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) return;  // next enter tries
     }
   }
-  //! Submits what is queued and sleeps until a completion arrives (or a signal).
-  void wait_one() noexcept KEEL_REQUIRES(mutex) { (void)::io_uring_submit_and_wait(&ring, 1); }
+  //! The thread in the ring: takes the completions there, or sleeps in the ring until one
+  //! comes (or a signal) and takes those; then leaves. How many it took.
+  std::size_t reap_or_wait(std::span<reaped> out) noexcept KEEL_REQUIRES(mutex) {
+    quiet();
+    std::size_t n = reap(out);
+    if (n == 0) {
+      (void)::io_uring_submit_and_wait(&ring, 1);
+      n = reap(out);
+    }
+    leave();
+    return n;
+  }
 
   //! Takes up to out.size() completions off the ring.
   std::size_t reap(std::span<reaped> out) noexcept KEEL_REQUIRES(mutex) {
@@ -904,13 +908,7 @@ bool uring_engine::wait_here(op& o) noexcept {
   {
     const base::lock_guard lock(r->mutex);
     if (!o.in_ring) return false;  // reaped by a worker: its end is on the way
-    r->quiet();
-    n = r->reap(got);
-    if (n == 0) {
-      r->wait_one();
-      n = r->reap(got);
-    }
-    r->leave();
+    n = r->reap_or_wait(got);
   }
   settle(std::span(got.data(), n));
   return true;
