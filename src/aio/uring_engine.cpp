@@ -127,6 +127,62 @@ uring_file& of(file_state& f) noexcept {
   return static_cast<uring_file&>(*f.engine_data);
 }
 
+//! A ring's table of registered files (a sparse table, Linux 5.19+): the file id at each
+//! index (0: none). Used by one thread at a time.
+class ring_files {
+ public:
+  //! Sets the ring's table up with `slots` indexes: whether it has one (else files go by
+  //! descriptor).
+  bool start(io_uring& ring, unsigned slots) noexcept {
+    if (slots == 0 || ::io_uring_register_files_sparse(&ring, slots) != 0) return false;
+    try {
+      ids_.assign(slots, 0);
+    } catch (const std::bad_alloc&) {
+      (void)::io_uring_unregister_files(&ring);
+      return false;
+    }
+    return true;
+  }
+  [[nodiscard]] bool empty() const noexcept { return ids_.empty(); }
+
+  //! `f`'s index in the table, registering it there now if need be (then `fresh`); -1: go
+  //! by descriptor.
+  int use(io_uring& ring, file_state& f, bool& fresh) noexcept {
+    fresh = false;
+    const int slot = of(f).slot;
+    if (slot < 0 || static_cast<std::size_t>(slot) >= ids_.size()) return -1;
+    auto& id = ids_[static_cast<std::size_t>(slot)];
+    if (id != f.id) {
+      int fd = f.handle.fd();
+      if (::io_uring_register_files_update(&ring, static_cast<unsigned>(slot), &fd, 1) != 1) {
+        return -1;
+      }
+      id = f.id;
+      fresh = true;
+    }
+    return slot;
+  }
+
+  //! Lets go of file `id` at index `slot` if the table holds it.
+  void forget(io_uring& ring, int slot, std::uint64_t id) noexcept {
+    const auto i = static_cast<std::size_t>(slot);
+    if (i >= ids_.size() || ids_[i] != id) return;
+    int none = -1;
+    (void)::io_uring_register_files_update(&ring, static_cast<unsigned>(slot), &none, 1);
+    ids_[i] = 0;
+  }
+
+  //! Lets go of every file at once (the ring itself is torn down later, in the background:
+  //! a file it held would stay open, a flock on it held, meanwhile).
+  void drop(io_uring& ring) noexcept {
+    if (!ids_.empty()) (void)::io_uring_unregister_files(&ring);
+    ids_.clear();
+  }
+
+ private:
+  std::vector<std::uint64_t> ids_;
+};
+
 //! The engine's own state, shared by its workers: the registered buffers and the indexes of
 //! the rings' tables of files.
 class uring_engine final : public engine {
@@ -328,21 +384,19 @@ class uring_worker final : public worker {
     // A sparse table (Linux 5.19+) the files are put into as they come; without it, files
     // go by descriptor.
     const unsigned slots = engine_.file_slots();
-    if (slots != 0 && ::io_uring_register_files_sparse(&ring_, slots) == 0) {
+    if (files_.start(ring_, slots)) {
       try {
-        slot_file_.assign(slots, 0);
         const base::lock_guard lock(forget_mutex_);
         forget_.reserve(slots);  // one file per index at most waits to be let go
       } catch (const std::bad_alloc&) {
-        slot_file_.clear();
-        (void)::io_uring_unregister_files(&ring_);
+        files_.drop(ring_);
       }
     }
     report_start({});
     loop();
     // Whatever is still queued was cancelled by the loop; the eventfd read dies with the ring.
     // The files go first, at once (the ring itself is torn down later, in the background).
-    if (!slot_file_.empty()) (void)::io_uring_unregister_files(&ring_);
+    files_.drop(ring_);
     ::io_uring_queue_exit(&ring_);
     const base::lock_guard lock(forget_mutex_);
     exited_ = true;
@@ -360,7 +414,7 @@ class uring_worker final : public worker {
   //! Makes the ring let go of file `id` at table index `slot` if it registered it, and
   //! returns when it has (at once when the thread ended).
   void forget(int slot, std::uint64_t id) noexcept KEEL_EXCLUDES(forget_mutex_) {
-    if (slot_file_.empty()) return;  // set before start() returned, never changed after
+    if (files_.empty()) return;  // set before start() returned, never changed after
     base::unique_lock lock(forget_mutex_);
     if (exited_) return;
     try {
@@ -388,12 +442,8 @@ class uring_worker final : public worker {
   // Lets go of the files close() asked about (worker thread).
   void forget_files() noexcept KEEL_EXCLUDES(forget_mutex_) {
     const base::lock_guard lock(forget_mutex_);
-    for (const auto& [slot, id] : forget_) {
-      if (slot_file_[static_cast<std::size_t>(slot)] != id) continue;
-      int none = -1;
-      (void)::io_uring_register_files_update(&ring_, static_cast<unsigned>(slot), &none, 1);
-      slot_file_[static_cast<std::size_t>(slot)] = 0;
-    }
+    for (const auto& [slot, id] : forget_)
+      files_.forget(ring_, slot, id);
     forget_.clear();
     forget_done_.store(forget_asked_.load());
     forget_done_.notify_all();
@@ -402,17 +452,9 @@ class uring_worker final : public worker {
   // The descriptor a request names in its SQE: the file's table index once this ring has
   // registered it (registering it now if need be), else its descriptor.
   bool use_registered(file_state& f) noexcept {
-    uring_file& uf = of(f);
-    if (uf.slot < 0 || slot_file_.empty()) return false;
-    const auto i = static_cast<std::size_t>(uf.slot);
-    if (slot_file_[i] != f.id) {
-      int fd = f.handle.fd();
-      if (::io_uring_register_files_update(&ring_, static_cast<unsigned>(uf.slot), &fd, 1) != 1) {
-        return false;
-      }
-      slot_file_[i] = f.id;
-      uf.registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
-    }
+    bool fresh = false;
+    if (files_.use(ring_, f, fresh) < 0) return false;
+    if (fresh) of(f).registered_in.fetch_or(std::uint64_t{1} << (index_ % 64));
     return true;
   }
 
@@ -575,7 +617,7 @@ class uring_worker final : public worker {
     n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
   io_uring ring_{};
-  std::vector<std::uint64_t> slot_file_;  // the file id at each table index (0: none)
+  ring_files files_;  // the worker thread's
   // close()'s requests to let go of a file: (index, file id), counted in and out.
   base::mutex forget_mutex_;
   std::vector<std::pair<int, std::uint64_t>> forget_ KEEL_GUARDED_BY(forget_mutex_);
@@ -621,11 +663,9 @@ class caller_ring final : public base::thread_state {
       engine_.settle(std::span(got.data(), n));
     }
     engine_.unlist(*this);
-    // The files first, at once: the ring itself is torn down in the background, and a file
-    // it held would stay open (a flock on it held) meanwhile.
-    {
+    {  // the files first (ring_files::drop)
       const base::lock_guard lock(table_mutex);
-      if (!slot_file.empty()) (void)::io_uring_unregister_files(&ring);
+      files.drop(ring);
     }
     ::io_uring_queue_exit(&ring);
   }
@@ -641,13 +681,9 @@ class caller_ring final : public base::thread_state {
       ::io_uring_queue_exit(&ring);
       return false;
     }
-    if (slots != 0 && ::io_uring_register_files_sparse(&ring, slots) == 0) {
+    {
       const base::lock_guard lock(table_mutex);
-      try {
-        slot_file.assign(slots, 0);
-      } catch (const std::bad_alloc&) {
-        (void)::io_uring_unregister_files(&ring);
-      }
+      (void)files.start(ring, slots);
     }
     ok_ = true;
     if (!engine_.list(*this)) {
@@ -736,11 +772,7 @@ class caller_ring final : public base::thread_state {
   //! Lets go of file `id` at table index `slot` if this ring registered it (any thread).
   void forget(int slot, std::uint64_t id) noexcept KEEL_EXCLUDES(table_mutex) {
     const base::lock_guard lock(table_mutex);
-    const auto i = static_cast<std::size_t>(slot);
-    if (i >= slot_file.size() || slot_file[i] != id) return;
-    int none = -1;
-    (void)::io_uring_register_files_update(&ring, static_cast<unsigned>(slot), &none, 1);
-    slot_file[i] = 0;
+    files.forget(ring, slot, id);
   }
 
   [[nodiscard]] bool usable() const noexcept { return ok_ && !closing_; }
@@ -771,19 +803,9 @@ class caller_ring final : public base::thread_state {
   // The file's table index in this ring, registering it now if need be; false: go by
   // descriptor.
   bool use_registered(file_state& f) noexcept KEEL_EXCLUDES(table_mutex) {
-    uring_file& uf = of(f);
-    if (uf.slot < 0) return false;
     const base::lock_guard lock(table_mutex);
-    const auto i = static_cast<std::size_t>(uf.slot);
-    if (i >= slot_file.size()) return false;
-    if (slot_file[i] != f.id) {
-      int fd = f.handle.fd();
-      if (::io_uring_register_files_update(&ring, static_cast<unsigned>(uf.slot), &fd, 1) != 1) {
-        return false;
-      }
-      slot_file[i] = f.id;
-    }
-    return true;
+    bool fresh = false;
+    return files.use(ring, f, fresh) >= 0;
   }
 
   uring_engine& engine_;
@@ -791,10 +813,10 @@ class caller_ring final : public base::thread_state {
   bool ok_ = false;
   bool counted_ = false;
   bool closing_ = false;  // the thread is leaving: new requests go to the workers
-  // The file id at each index of the ring's table of files (0: none); close() lets go of
-  // a file from its own thread, so the thread's mutex is not the one.
+  // The ring's table of files; close() lets go of a file from its own thread, so the
+  // thread's mutex is not the one.
   base::mutex table_mutex;
-  std::vector<std::uint64_t> slot_file KEEL_GUARDED_BY(table_mutex);
+  ring_files files KEEL_GUARDED_BY(table_mutex);
 };
 
 caller_ring* uring_engine::ring_of_this_thread(bool make) noexcept {
