@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -199,6 +200,31 @@ double run_keel_randread(const std::string& path, std::uint64_t bytes, aio::engi
   return static_cast<double>(done) / elapsed;
 }
 
+// Runs `body(t)` on `n` threads at once: the seconds from their start until all ended. The
+// first error a thread threw is thrown here, named `what`.
+double timed_threads(unsigned n, const std::string& what,
+                     const std::function<void(unsigned)>& body) {
+  std::vector<std::thread> pool;
+  std::vector<std::string> errors(n);
+  const auto t0 = clock_type::now();
+  for (unsigned t = 0; t < n; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        body(t);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (auto& th : pool)
+    th.join();
+  const double s = seconds_since(t0);
+  for (const auto& e : errors) {
+    if (!e.empty()) throw std::runtime_error(what + ": " + e);
+  }
+  return s;
+}
+
 // keel as fio's psync runs: `threads` threads, each reading one block at a time (submit,
 // wait), on a controller with as many workers.
 double run_keel_sync_randread(const std::string& path, std::uint64_t bytes, aio::engine_kind engine,
@@ -210,29 +236,20 @@ double run_keel_sync_randread(const std::string& path, std::uint64_t bytes, aio:
   aio::file f = must(ctl->open(path, aio::open_options{}), "open " + path);
   const std::uint64_t blocks = bytes / 4096;
   std::atomic<std::uint64_t> total{0};
-  std::atomic<bool> failed{false};
-  std::vector<std::thread> pool;
   const auto t0 = clock_type::now();
-  for (unsigned t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      aligned_buffer buf(4096);
-      std::mt19937_64 rng(11 + t);
-      std::uint64_t done = 0;
-      for (;;) {
-        auto n = f.read((rng() % blocks) * 4096, std::span(buf.data, 4096)).wait();
-        if (!n || *n != 4096) {
-          failed = true;
-          break;
-        }
-        if ((++done & 1023) == 0 && seconds_since(t0) >= seconds) break;
+  const double elapsed = timed_threads(threads, "keel posix", [&](unsigned t) {
+    aligned_buffer buf(4096);
+    std::mt19937_64 rng(11 + t);
+    std::uint64_t done = 0;
+    for (;;) {
+      auto n = f.read((rng() % blocks) * 4096, std::span(buf.data, 4096)).wait();
+      if (!n || *n != 4096) {
+        fail("keel read", n ? std::make_error_code(std::errc::io_error) : n.error().code());
       }
-      total += done;
-    });
-  }
-  for (auto& th : pool)
-    th.join();
-  const double elapsed = seconds_since(t0);
-  if (failed) fail("keel read", std::make_error_code(std::errc::io_error));
+      if ((++done & 1023) == 0 && seconds_since(t0) >= seconds) break;
+    }
+    total += done;
+  });
   return static_cast<double>(total.load()) / elapsed;
 }
 
@@ -589,33 +606,18 @@ json measure_workload(const std::string& dir, std::uint64_t items,
         for (unsigned t = 0; t < threads; ++t)
           ::unlink(fmt::format("{}/workload-{}.dat", dir, t).c_str());
         ::sync();
-        std::vector<std::thread> pool;
-        std::vector<std::string> errors(threads);
-        const auto t0 = clock_type::now();
-        for (unsigned t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            const std::string path = fmt::format("{}/workload-{}.dat", dir, t);
-            try {
-              if (m == "posix") {
-                run_posix_items(path, p);
-              } else if (m == "cstdio") {
-                run_stdio_items(path, p);
-              } else if (m == "posix_aio") {
-                run_posix_aio_items(path, p);
-              } else {
-                run_keel_items(*ctl, path, p, cache);
-              }
-            } catch (const std::exception& e) {
-              errors[t] = e.what();
-            }
-          });
-        }
-        for (auto& th : pool)
-          th.join();
-        const double s = seconds_since(t0);
-        for (const auto& e : errors) {
-          if (!e.empty()) throw std::runtime_error(m + ": " + e);
-        }
+        const double s = timed_threads(threads, m, [&](unsigned t) {
+          const std::string path = fmt::format("{}/workload-{}.dat", dir, t);
+          if (m == "posix") {
+            run_posix_items(path, p);
+          } else if (m == "cstdio") {
+            run_stdio_items(path, p);
+          } else if (m == "posix_aio") {
+            run_posix_aio_items(path, p);
+          } else {
+            run_keel_items(*ctl, path, p, cache);
+          }
+        });
         const double rate = static_cast<double>(items * threads) / s;
         rows.push_back({{"method", m},
                         {"threads", threads},
@@ -743,30 +745,15 @@ json measure_small(const std::string& dir, std::uint64_t items, double seconds) 
     }
     progress(fmt::format("small: {}", m));
     ::sync();
-    std::vector<std::thread> pool;
-    std::vector<std::string> errors(small_threads);
-    const auto t0 = clock_type::now();
-    for (unsigned t = 0; t < small_threads; ++t) {
-      pool.emplace_back([&, t] {
-        try {
-          if (fd >= 0) {
-            run_small_posix_aio(fd, writes, 3 + t);
-          } else {
-            run_small_keel(*f, writes, 3 + t);
-          }
-        } catch (const std::exception& e) {
-          errors[t] = e.what();
-        }
-      });
-    }
-    for (auto& th : pool)
-      th.join();
-    const double s = seconds_since(t0);
+    const double s = timed_threads(small_threads, m, [&](unsigned t) {
+      if (fd >= 0) {
+        run_small_posix_aio(fd, writes, 3 + t);
+      } else {
+        run_small_keel(*f, writes, 3 + t);
+      }
+    });
     if (fd >= 0) ::close(fd);
     if (f) must(f->close(), "close " + path);
-    for (const auto& e : errors) {
-      if (!e.empty()) throw std::runtime_error(m + ": " + e);
-    }
     const double rate = static_cast<double>(writes * small_threads) / s;
     rows.push_back({{"method", m},
                     {"writes", writes * small_threads},
