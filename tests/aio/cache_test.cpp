@@ -229,12 +229,20 @@ TEST_F(AioCache, IdleRoundsHalveTheCache) {
     if (now != seen.back()) seen.push_back(now);
     return now == 0;
   }));
-  // 64 pages: 32, 16, 8, 4, 2, 1, 0 (each step observed: rounds are 150 ms apart).
+  // 64 pages: 32, 16, 8, 4, 2, 1, 0. Rounds are 150 ms apart, so this thread sees nearly
+  // every step; one preempted for a round (a loaded machine) misses one, but each value it
+  // sees is one of those halves, and it sees most of them.
   std::vector<std::size_t> halves;
   for (std::size_t pages = 64; pages != 0; pages /= 2)
     halves.push_back(pages * detail::page_size);
   halves.push_back(0);
-  EXPECT_EQ(seen, halves);
+  std::size_t at = 0;  // seen is in order, a subsequence of halves
+  for (const std::size_t v : seen) {
+    while (at < halves.size() && halves[at] != v)
+      ++at;
+    EXPECT_LT(at, halves.size()) << v << " bytes cached is not one of the halves";
+  }
+  EXPECT_GE(seen.size(), halves.size() - 2) << "dropped at once, not halved round by round";
   EXPECT_EQ(on_disk(path, 0, data.size()), data);
 }
 
