@@ -766,7 +766,8 @@ result<void> fault_filesystem::sync(const file_handle& file, sync_kind kind) noe
     return errno_error(decided.error != 0 ? decided.error : EIO);
   }
   auto r = filesystem_wrapper::sync(file, kind);
-  if (!r || !s.tracking || !st) return r;
+  // syncfs makes nothing durable in the model: keel never counts on it for that.
+  if (!r || !s.tracking || !st || kind == sync_kind::filesystem) return r;
   const state::model_lock lock(s);
   if (s.crashed()) {
     // Another process lost power: so did this one, before its sync could land.

@@ -234,6 +234,11 @@ result<void> file_handle::sync_all() const noexcept {
   return {};
 }
 
+result<void> file_handle::sync_filesystem() const noexcept {
+  if (auto r = fs().sync(*this, sync_kind::filesystem); !r) return about(*this, r.error());
+  return {};
+}
+
 result<void> file_handle::truncate(off_t length) const noexcept {
   if (length < 0) return errc_error(std::errc::invalid_argument);
   for (;;) {

@@ -245,9 +245,19 @@ class posix_filesystem final : public filesystem {
   }
 
   result<void> sync(const file_handle& file, sync_kind kind) noexcept override {
-    if ((kind == sync_kind::data ? ::fdatasync(file.fd()) : ::fsync(file.fd())) != 0) {
-      return last_errno_error();
+    int r = 0;
+    switch (kind) {
+      case sync_kind::data:
+        r = ::fdatasync(file.fd());
+        break;
+      case sync_kind::all:
+        r = ::fsync(file.fd());
+        break;
+      case sync_kind::filesystem:
+        r = ::syncfs(file.fd());
+        break;
     }
+    if (r != 0) return last_errno_error();
     return {};
   }
 

@@ -330,7 +330,9 @@ result<std::uint64_t> store::impl::allocate(std::size_t count) noexcept {
         return std::unexpected(h.error());
       }
     }
-    if (auto r = index_file.allocate(0, static_cast<off_t>(grow * fmt::page_size)); !r) {
+    if (auto r = allocate_in(index_file, static_cast<off_t>(have * fmt::page_size),
+                             static_cast<off_t>((grow - have) * fmt::page_size));
+        !r) {
       return std::unexpected(r.error());
     }
     h64(hdr::pages_allocated).store(grow, std::memory_order_release);
@@ -422,12 +424,26 @@ result<void> store::impl::make_whole_file(const char* name, std::uint64_t size,
   // Allocated whole, `head` written and synced, then named: a named file is always whole.
   auto t = io::make_temp_file(dir.segments, segment_temp_prefix, io::open_flags::read_write, 0644);
   if (!t) return std::unexpected(t.error());
-  auto r = t->file.allocate(0, static_cast<off_t>(size));
+  auto r = allocate_in(t->file, 0, static_cast<off_t>(size));
   if (r && !head.empty()) r = t->file.write_at(0, head);
   if (r) r = t->file.sync_data();
   if (r) r = t->link_as(dir.segments, name);
   (void)t->remove_name(dir.segments);
   return r;
+}
+
+result<void> store::impl::allocate_in(const io::file_handle& file, off_t offset,
+                                      off_t length) const noexcept {
+  auto r = file.allocate(offset, length);
+  if (r || r.error() != std::errc::no_space_on_device) return r;
+  // btrfs reserves metadata room for every dirty range of a file, and a shared map dirtied
+  // all over (the index) under many writers can take so much that it refuses an allocation
+  // with the volume far from full; a sync writes those ranges out and frees what they held.
+  // Once only: what still fails is full.
+  auto free = fs->statfs(file);
+  if (!free || free->available_bytes < static_cast<std::uint64_t>(length)) return r;
+  if (auto s = file.sync_filesystem(); !s) return s;
+  return file.allocate(offset, length);
 }
 
 void store::impl::enter_segment(std::uint64_t number, std::uint64_t size) noexcept {

@@ -466,6 +466,10 @@ struct store::impl final : ix::page_source {
   //! No directory sync.
   [[nodiscard]] result<void> make_whole_file(const char* name, std::uint64_t size,
                                              std::span<const std::byte> head) noexcept;
+  //! `file.allocate(offset, length)`, and once more after a sync of the filesystem when it
+  //! said no_space while statfs says the volume has the room (doc/kv-format.md, "Space").
+  [[nodiscard]] result<void> allocate_in(const io::file_handle& file, off_t offset,
+                                         off_t length) const noexcept;
   //! Enters segment `number` of `size` bytes in the segment table (under the `segment` lock,
   //! or alone).
   void enter_segment(std::uint64_t number, std::uint64_t size) noexcept;

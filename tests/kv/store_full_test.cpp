@@ -393,6 +393,114 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
   });
 }
 
+// A filesystem that refuses allocations with no_space while it has the room, until it is
+// synced (btrfs does when the space it reserves for dirty ranges of shared maps runs out):
+// `refusals` allocations in seg/ are refused before a sync of the whole filesystem, or for
+// good with `refusals` < 0; `sync_error`, if not 0, is what that sync fails with.
+class refuses_until_synced final : public io::filesystem_wrapper {
+ public:
+  refuses_until_synced() noexcept : io::filesystem_wrapper(io::os()) {}
+  result<void> allocate(const io::file_handle& file, off_t offset, off_t length,
+                        bool keep_size) noexcept override {
+    if (armed && !synced && refusals != 0 && file.path().find("/seg/") != std::string::npos) {
+      if (refusals > 0) --refusals;
+      ++refused;
+      return std::unexpected(std::make_error_code(std::errc::no_space_on_device));
+    }
+    return io::filesystem_wrapper::allocate(file, offset, length, keep_size);
+  }
+  result<void> sync(const io::file_handle& file, io::sync_kind kind) noexcept override {
+    if (kind == io::sync_kind::filesystem) {
+      ++filesystem_syncs;
+      if (sync_error != 0)
+        return std::unexpected(std::error_code(sync_error, std::generic_category()));
+      if (refusals >= 0) synced = true;
+    }
+    return io::filesystem_wrapper::sync(file, kind);
+  }
+  bool armed = false;
+  bool synced = false;
+  int refusals = 1;
+  int sync_error = 0;
+  int refused = 0;
+  int filesystem_syncs = 0;
+};
+
+// Puts 1 KiB values into a store on `fs` until one needs a new segment with `fs` armed: that
+// put's result, the number of puts that succeeded, and whether a reopen reads them all back.
+struct armed_put {
+  result<void> last;
+  int stored = 0;
+  bool reads_back = false;
+};
+armed_put put_into_a_new_segment(const std::string& path, refuses_until_synced& fs) {
+  armed_put out;
+  options o = small();
+  o.fs = &fs;
+  auto s = store::open(path, o);
+  if (!s) {
+    out.last = std::unexpected(s.error());
+    return out;
+  }
+  const std::string value(1024, 'v');
+  for (int i = 0; i < 300; ++i) {  // well inside the first 1 MiB segment
+    if (!(*s)->put(key_of(i), value)) return out;
+    ++out.stored;
+  }
+  fs.armed = true;
+  for (int i = out.stored;; ++i) {
+    out.last = (*s)->put(key_of(i), value);
+    if (!out.last || fs.refused != 0) break;
+    ++out.stored;
+    if (i > 5000) break;
+  }
+  if (out.last) ++out.stored;
+  s->reset();
+  auto again = store::open(path, small());
+  if (!again) return out;
+  out.reads_back = true;
+  for (int i = 0; i < out.stored; ++i) {
+    auto v = (*again)->get(key_of(i));
+    if (!v || *v != value) out.reads_back = false;
+  }
+  auto past = (*again)->get(key_of(out.stored));
+  if (past || past.error() != errc::not_found) out.reads_back = false;
+  return out;
+}
+
+TEST(KvFullVolume, AnAllocationRefusedWithRoomOnTheVolumeIsTriedOnceMoreAfterASync) {
+  temp_dir dir;
+  refuses_until_synced fs;
+  const armed_put p = put_into_a_new_segment(dir.file("s"), fs);
+  ASSERT_TRUE(p.last) << p.last.error().message();
+  EXPECT_EQ(fs.refused, 1);
+  EXPECT_EQ(fs.filesystem_syncs, 1);
+  EXPECT_TRUE(p.reads_back);
+}
+
+TEST(KvFullVolume, AnAllocationStillRefusedAfterTheSyncIsNoSpaceWithNothingVisible) {
+  temp_dir dir;
+  refuses_until_synced fs;
+  fs.refusals = -1;
+  const armed_put p = put_into_a_new_segment(dir.file("s"), fs);
+  ASSERT_FALSE(p.last);
+  EXPECT_EQ(p.last.error(), std::errc::no_space_on_device) << p.last.error().message();
+  EXPECT_EQ(fs.filesystem_syncs, 1) << "one sync per refused allocation, not a loop";
+  EXPECT_EQ(fs.refused, 2);
+  EXPECT_TRUE(p.reads_back);
+}
+
+TEST(KvFullVolume, ASyncThatFailsIsReportedNotTakenForNoSpace) {
+  temp_dir dir;
+  refuses_until_synced fs;
+  fs.sync_error = EIO;
+  const armed_put p = put_into_a_new_segment(dir.file("s"), fs);
+  ASSERT_FALSE(p.last);
+  EXPECT_EQ(p.last.error(), std::errc::io_error) << p.last.error().message();
+  EXPECT_EQ(fs.filesystem_syncs, 1);
+  EXPECT_TRUE(p.reads_back);
+}
+
 // Tux3's "blurt" translated: many processes at once each put 40 values of 1 KiB, round after
 // round, and later rounds rewrite what earlier ones wrote. The log written (30 MiB of values)
 // is more than the volume holds, but what is live (6 MiB of values) stays far from filling

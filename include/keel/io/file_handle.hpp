@@ -104,6 +104,8 @@ class file_handle {
   //! fsync(2): data and all metadata are durable. On a directory handle this makes the
   //! directory's entries (creations, renames, unlinks in it) durable.
   [[nodiscard]] result<void> sync_all() const noexcept;
+  //! syncfs(2) of the filesystem holding this file (sync_kind::filesystem).
+  [[nodiscard]] result<void> sync_filesystem() const noexcept;
   [[nodiscard]] result<void> truncate(off_t length) const noexcept;
   //! Reserves blocks for [offset, offset + length) so later writes there (and writes through
   //! a shared map) cannot fail for lack of space. Extends the file if the range passes its

@@ -141,10 +141,15 @@ struct directory_entry {
   entry_type type = entry_type::other;
 };
 
-//! fsync(2) or fdatasync(2).
+//! fsync(2), fdatasync(2) or syncfs(2).
 enum class sync_kind : std::uint8_t {
   data,  //!< the data, and the metadata needed to read it back
   all,   //!< data and every metadata (on a directory: its entries)
+  //! syncfs(2): the whole filesystem holding the file, so that it settles what it holds in
+  //! reserve (btrfs's space reserved for dirty pages, blocks freed by its last transaction).
+  //! keel never counts on it for durability, and the fault seam's power-loss model does
+  //! not either.
+  filesystem,
 };
 
 //! What a byte-range lock call asks for.
