@@ -221,6 +221,35 @@ result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   return c->segments_removed != 0 || !short_of_room();
 }
 
+result<void> store::impl::remove_checkpoint() noexcept {
+  if (auto r = io::unlink_at(dir.dir, "checkpoint");
+      !r && r.error() != std::errc::no_such_file_or_directory) {
+    return std::unexpected(r.error().about(path + "/checkpoint"));
+  }
+  if (auto r = dir.dir.sync_all(); !r) return std::unexpected(r.error().about(path));
+  h64(hdr::checkpoint_from).store(0);
+  h64(hdr::checkpoint_seq).store(0);
+  return {};
+}
+
+result<bool> store::impl::drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept {
+  if (opts.read_only) return false;
+  const io::countdown cd = io::deadline(opts.lock_timeout).start();
+  if (auto b = take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  const maintenance_hold held{this};
+  auto st = fs->stat_at(&dir.dir, "checkpoint", false);
+  if (!st) {
+    if (st.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(st.error().about(path + "/checkpoint"));
+    }
+    // None here: worth a retry only if one was there when the put failed (another user
+    // removed it meanwhile).
+    return seen_seq != 0 && h64(hdr::checkpoint_seq).load() == 0;
+  }
+  if (auto r = remove_checkpoint(); !r) return std::unexpected(r.error());
+  return true;
+}
+
 result<compact_stats> store::compact() noexcept {
   return impl_->compact(std::nullopt, nullptr, true);
 }
@@ -516,13 +545,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // 7. Remove them, under the sync lock (a group sync never meets a half-removed segment).
   // The checkpoint goes first, for good: it may name originals (a rebuild without it
   // replays the whole log).
-  if (auto r = io::unlink_at(s.dir.dir, "checkpoint");
-      !r && r.error() != std::errc::no_such_file_or_directory) {
-    return std::unexpected(r.error().about(s.path + "/checkpoint"));
-  }
-  if (auto r = s.dir.dir.sync_all(); !r) return std::unexpected(r.error().about(s.path));
-  s.h64(hdr::checkpoint_from).store(0);
-  s.h64(hdr::checkpoint_seq).store(0);
+  if (auto r = s.remove_checkpoint(); !r) return std::unexpected(r.error());
   {
     auto g = s.locks->lock({lock::entity(entity_sync)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());

@@ -597,6 +597,15 @@ struct store::impl final : ix::page_source {
   //! compaction, unless one began since. Whether a retry may find room: another began since,
   //! ours removed segments, or a put could make a segment now. Errors: the compaction's.
   [[nodiscard]] result<bool> make_room(std::uint64_t seen_runs) noexcept;
+  //! Removes the checkpoint (a copy of the index kept only so that an open after a crash of
+  //! every user need not replay the log) for a put the volume has no room for. Whether a
+  //! retry may find room: this call, or another user since `seen_seq` was read from
+  //! hdr::checkpoint_seq, removed one. Errors: taking the maintenance byte, the unlink, the
+  //! directory's sync.
+  [[nodiscard]] result<bool> drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept;
+  //! Removes the checkpoint file, syncs the directory and forgets the checkpoint in the
+  //! header (holding the maintenance byte).
+  [[nodiscard]] result<void> remove_checkpoint() noexcept;
   //! Bytes of the log's segments that hold no live record (dead versions, erase records,
   //! abandoned ends), at least: from the segment table and the live counters, which stay
   //! exact where the dead counter drifts low (a compaction subtracts its estimate of what it

@@ -393,6 +393,63 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
   });
 }
 
+// A checkpoint is a copy of the index that only speeds up an open after every user crashed:
+// a put the volume has no room for, with nothing dead to compact, takes the checkpoint's room
+// first. So a store with a checkpoint fills its volume as far as one without (but for the
+// ledger's worst case of one put), and still opens (replaying its log) with every value it
+// acknowledged.
+TEST(KvFullVolume, APutWithNoRoomLeftTakesTheCheckpointsRoom) {
+  int fitted[2] = {0, 0};
+  for (const bool with_checkpoint : {true, false}) {
+    temp_dir dir;
+    const std::string mnt = dir.file("mnt");
+    std::filesystem::create_directory(mnt);
+    const std::string count = dir.file("count");
+    const pid_t child = fork_child([&] {
+      if (!test::mount_private_tmpfs(mnt, std::size_t{16} << 20)) return test::cannot_set_up;
+      const std::string path = mnt + "/s";
+      const std::string checkpoint = path + "/checkpoint";
+      int n = 0;
+      {
+        auto s = store::open(path, small());
+        if (!s) return 2;
+        // Small values: the index, and so its copy, is a large part of what the store takes.
+        const std::string value(8, 'v');
+        for (; n < 40000; ++n) {
+          if (!(*s)->put(key_of(n), value)) return 3;
+        }
+        if (with_checkpoint) {
+          if (!(*s)->checkpoint()) return 4;
+          if (!std::filesystem::exists(checkpoint)) return 5;
+        }
+        n = fill(**s, n, 8);
+        if (n < 40000) return 6;
+        if (std::filesystem::exists(checkpoint)) return 7;  // puts stopped beside it
+      }
+      auto s = store::open(path, small());
+      if (!s) return 8;
+      for (int i = 0; i < n; ++i) {
+        auto v = (*s)->get(key_of(i));
+        if (!v || v->size() != 8) return 9;
+      }
+      std::FILE* f = std::fopen(count.c_str(), "w");
+      if (f == nullptr) return 10;
+      std::fprintf(f, "%d\n", n);
+      std::fclose(f);
+      return 0;
+    });
+    const int code = wait_exit(child);
+    if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
+    ASSERT_EQ(code, 0) << "see the child's numbered checks";
+    std::FILE* f = std::fopen(count.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fscanf(f, "%d", &fitted[with_checkpoint ? 0 : 1]), 1);
+    std::fclose(f);
+  }
+  EXPECT_GE(fitted[0], fitted[1] - 16)
+      << "with a checkpoint " << fitted[0] << ", without " << fitted[1];
+}
+
 // A filesystem that refuses allocations with no_space while it has the room, until it is
 // synced (btrfs does when the space it reserves for dirty ranges of shared maps runs out):
 // `refusals` allocations in seg/ are refused before a sync of the whole filesystem, or for
