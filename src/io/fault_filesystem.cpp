@@ -758,7 +758,7 @@ result<void> fault_filesystem::sync(const file_handle& file, sync_kind kind) noe
   const auto decided = s.decide(directory ? fs_op::sync_directory : fs_op::sync, file.path());
   if (decided.crash) crash_now();
   if (decided.any()) {
-    if (s.tracking && st && !directory) {
+    if (s.tracking && st && !directory && kind != sync_kind::filesystem) {
       // As Linux: the dirty pages are dropped with the error, the next sync succeeds.
       const state::model_lock lock(s);
       if (const std::uint64_t id = s.id_of(key_of(*st)); id != 0) s.revert_content(file, id);
