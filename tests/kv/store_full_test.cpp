@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +68,31 @@ void on_small_volume(std::size_t mib, F&& body) {
   const int code = wait_exit(child);
   if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
   EXPECT_EQ(code, 0) << "see the child's numbered checks";
+}
+
+// As on_small_volume, for a body that counts what fitted: `body(path, count)` sets `count`
+// and returns 0 (or a numbered check's failure). The count, or nothing when the child failed
+// (the test then has failed) or the volume could not be made (the test is skipped).
+template <class F>
+std::optional<int> count_on_small_volume(std::size_t mib, F&& body) {
+  temp_dir dir;
+  const std::string file = dir.file("count");
+  on_small_volume(mib, [&](const std::string& path) {
+    int count = 0;
+    if (const int code = body(path, count); code != 0) return code;
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    if (f == nullptr) return 100;
+    std::fprintf(f, "%d\n", count);
+    std::fclose(f);
+    return 0;
+  });
+  std::FILE* f = std::fopen(file.c_str(), "r");
+  if (f == nullptr) return std::nullopt;
+  int count = 0;
+  const bool read = std::fscanf(f, "%d", &count) == 1;
+  std::fclose(f);
+  if (!read) return std::nullopt;
+  return count;
 }
 
 TEST(KvFullVolume, DeletesAndCompactionWorkAndMakeRoomAgain) {
@@ -401,13 +427,7 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
 TEST(KvFullVolume, APutWithNoRoomLeftTakesTheCheckpointsRoom) {
   int fitted[2] = {0, 0};
   for (const bool with_checkpoint : {true, false}) {
-    temp_dir dir;
-    const std::string mnt = dir.file("mnt");
-    std::filesystem::create_directory(mnt);
-    const std::string count = dir.file("count");
-    const pid_t child = fork_child([&] {
-      if (!test::mount_private_tmpfs(mnt, std::size_t{16} << 20)) return test::cannot_set_up;
-      const std::string path = mnt + "/s";
+    const auto stored = count_on_small_volume(16, [&](const std::string& path, int& count) {
       const std::string checkpoint = path + "/checkpoint";
       int n = 0;
       {
@@ -432,19 +452,11 @@ TEST(KvFullVolume, APutWithNoRoomLeftTakesTheCheckpointsRoom) {
         auto v = (*s)->get(key_of(i));
         if (!v || v->size() != 8) return 9;
       }
-      std::FILE* f = std::fopen(count.c_str(), "w");
-      if (f == nullptr) return 10;
-      std::fprintf(f, "%d\n", n);
-      std::fclose(f);
+      count = n;
       return 0;
     });
-    const int code = wait_exit(child);
-    if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
-    ASSERT_EQ(code, 0) << "see the child's numbered checks";
-    std::FILE* f = std::fopen(count.c_str(), "r");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fscanf(f, "%d", &fitted[with_checkpoint ? 0 : 1]), 1);
-    std::fclose(f);
+    if (!stored) return;
+    fitted[with_checkpoint ? 0 : 1] = *stored;
   }
   EXPECT_GE(fitted[0], fitted[1] - 16)
       << "with a checkpoint " << fitted[0] << ", without " << fitted[1];
@@ -629,31 +641,17 @@ TEST(KvFullVolume, BlurtRewritesFromManyProcessesNeverFailWhileFarFromFull) {
 TEST(KvLedger, AStoreFillsAsFarWithTheLedgerAsWithout) {
   int fitted[2] = {0, 0};
   for (const bool on : {true, false}) {
-    temp_dir dir;
-    const std::string mnt = dir.file("mnt");
-    std::filesystem::create_directory(mnt);
-    const std::string count = dir.file("count");
-    const pid_t child = fork_child([&] {
-      if (!test::mount_private_tmpfs(mnt, std::size_t{12} << 20)) return test::cannot_set_up;
+    const auto n = count_on_small_volume(12, [&](const std::string& path, int& count) {
       options o = small();
       o.ledger = on;
-      auto s = store::open(mnt + "/s", o);
+      auto s = store::open(path, o);
       if (!s) return 2;
-      const int n = fill(**s, 0);
-      if (n < 1000) return 3;
-      std::FILE* f = std::fopen(count.c_str(), "w");
-      if (f == nullptr) return 4;
-      std::fprintf(f, "%d\n", n);
-      std::fclose(f);
+      count = fill(**s, 0);
+      if (count < 1000) return 3;
       return 0;
     });
-    const int code = wait_exit(child);
-    if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
-    ASSERT_EQ(code, 0) << "see the child's numbered checks";
-    std::FILE* f = std::fopen(count.c_str(), "r");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fscanf(f, "%d", &fitted[on ? 0 : 1]), 1);
-    std::fclose(f);
+    if (!n) return;
+    fitted[on ? 0 : 1] = *n;
   }
   // The last put's worst case (its block twice, two pages and a directory doubling: about
   // 14 KiB here) can be refused where the value itself (1.1 KiB) would still fit.
