@@ -246,7 +246,14 @@ result<bool> store::impl::drop_checkpoint_for_room(std::uint64_t seen_seq) noexc
     // removed it meanwhile).
     return seen_seq != 0 && h64(hdr::checkpoint_seq).load() == 0;
   }
+  const auto before = fs->statfs(dir.dir);
   if (auto r = remove_checkpoint(); !r) return std::unexpected(r.error());
+  // btrfs shows the room an unlink frees only once its transaction commits: then sync, or
+  // the put that asked for the room would not see it.
+  const auto after = fs->statfs(dir.dir);
+  if (before && after && after->available_bytes < before->available_bytes + st->size / 2) {
+    if (auto r = dir.dir.sync_filesystem(); !r) return std::unexpected(r.error());
+  }
   return true;
 }
 
