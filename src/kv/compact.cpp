@@ -248,13 +248,19 @@ result<bool> store::impl::drop_checkpoint_for_room(std::uint64_t seen_seq) noexc
   }
   const auto before = fs->statfs(dir.dir);
   if (auto r = remove_checkpoint(); !r) return std::unexpected(r.error());
-  // btrfs shows the room an unlink frees only once its transaction commits: then sync, or
-  // the put that asked for the room would not see it.
-  const auto after = fs->statfs(dir.dir);
-  if (before && after && after->available_bytes < before->available_bytes + st->size / 2) {
-    if (auto r = dir.dir.sync_filesystem(); !r) return std::unexpected(r.error());
-  }
+  if (auto r = show_freed_room(before, st->size); !r) return std::unexpected(r.error());
   return true;
+}
+
+result<void> store::impl::show_freed_room(const result<io::fs_info>& before,
+                                          std::uint64_t freed) noexcept {
+  // btrfs shows the room an unlink frees only once its transaction commits: then sync, or
+  // the writer that asked for the room would not see it.
+  const auto after = fs->statfs(dir.dir);
+  if (before && after && after->available_bytes < before->available_bytes + freed / 2) {
+    return dir.dir.sync_filesystem();
+  }
+  return {};
 }
 
 result<compact_stats> store::compact() noexcept {
@@ -553,6 +559,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // The checkpoint goes first, for good: it may name originals (a rebuild without it
   // replays the whole log).
   if (auto r = s.remove_checkpoint(); !r) return std::unexpected(r.error());
+  const auto free_before = s.fs->statfs(s.dir.dir);
   {
     auto g = s.locks->lock({lock::entity(entity_sync)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
@@ -580,6 +587,14 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
   }
   s.unmap_removed_segments();
+  // Near full, the room must show before the writers that wait for it retry (where other
+  // users still map a removed segment it is not free yet on any filesystem: then only
+  // btrfs's own delay is worth a sync).
+  if (free_before && free_before->type == io::fs_type::btrfs && s.short_of_room()) {
+    if (auto r = s.show_freed_room(free_before, st.bytes_freed); !r) {
+      return std::unexpected(r.error());
+    }
+  }
   // A checkpoint of the entries as they are now, naming the copies. Its failure (no_space
   // on a nearly full volume, where the copy would take the room just freed) leaves a longer
   // replay after a power loss, nothing wrong: kept for stats.

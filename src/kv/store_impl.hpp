@@ -606,6 +606,11 @@ struct store::impl final : ix::page_source {
   //! Removes the checkpoint file, syncs the directory and forgets the checkpoint in the
   //! header (holding the maintenance byte).
   [[nodiscard]] result<void> remove_checkpoint() noexcept;
+  //! After `freed` bytes were unlinked, with `before` what statfs said first: syncs the
+  //! filesystem when statfs does not show at least half of them free (btrfs frees them when
+  //! its transaction commits). Errors: the sync's.
+  [[nodiscard]] result<void> show_freed_room(const result<io::fs_info>& before,
+                                             std::uint64_t freed) noexcept;
   //! Bytes of the log's segments that hold no live record (dead versions, erase records,
   //! abandoned ends), at least: from the segment table and the live counters, which stay
   //! exact where the dead counter drifts low (a compaction subtracts its estimate of what it

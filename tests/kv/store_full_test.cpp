@@ -158,7 +158,7 @@ TEST(KvFullVolume, PutsNeverTakeTheSpareAndAReopenedFullStoreStillFreesRoom) {
     }
     for (int pass = 0; pass < 10; ++pass) {
       auto c = (*s)->compact();
-      if (!c) return 9;
+      if (!c && c.error() != std::errc::no_space_on_device) return 9;  // a pass with no room
       if (c->segments_removed == 0) break;
     }
     if (fill(**s, n) <= n) return 10;
@@ -783,6 +783,12 @@ TEST(KvFullVolume, BtrfsFillsToNoSpaceWithoutASignal) {
     for (int i = 1; i < n; i += 2) {
       if (!(*s)->get(key_of(i))) return 8;
     }
+    // The room compaction freed shows (btrfs frees an unlinked file's blocks when its
+    // transaction commits): later passes and puts use it.
+    for (int pass = 0; pass < 100 && c && c->segments_removed != 0; ++pass)
+      c = (*s)->compact();
+    if (!c && c.error() != std::errc::no_space_on_device) return 9;  // a pass with no room
+    if (fill(**s, n) < n + n / 4) return 10;
     return 0;
   });
   const int code = wait_exit(child);
