@@ -18,29 +18,16 @@ using keel::test::run_program;
 TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   keel::test::temp_dir dir;
   const std::string out = dir.file("space.json");
-  auto r = run_program(KEEL_BINARY,
-                       {"spacebench",
-                        "--size-mib",
-                        "12",
-                        "--stream-mib",
-                        "6",
-                        "--retries",
-                        "20",
-                        "--blurt-tasks",
-                        "20",
-                        "--blurt-steps",
-                        "40",
-                        "--blurt-dirs",
-                        "2",
-                        "--blurt-passes",
-                        "6",
-                        "--blurt-mib",
-                        "12",
-                        "--dir",
-                        dir.path().string(),
-                        "--json",
-                        out},
-                       dir.path().string());
+  auto r = run_program(
+      KEEL_BINARY,
+      {"spacebench", "--size-mib", "12", "--stream-mib", "6", "--retries", "20", "--blurt-tasks",
+       "20", "--blurt-steps", "40", "--blurt-dirs", "2", "--blurt-passes", "6",
+       // Not 12: there the store's fixed share (the index, the spare, the
+       // deletes' segment, the tail's rest) left blurt's 1.6 MiB of live
+       // values too little room in about 1 run in 16 under load, with puts
+       // failing no_space at a task's first step (also before this stop).
+       "--blurt-mib", "16", "--dir", dir.path().string(), "--json", out},
+      dir.path().string());
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream in(out);
   nlohmann::json j;
