@@ -862,11 +862,6 @@ namespace {
 // at least a segment).
 constexpr int max_compactions_per_call = 4;
 
-bool out_of_room(const error& e) noexcept {
-  return e == std::errc::no_space_on_device || e == errc::budget_reached ||
-         e == std::error_code(EDQUOT, std::system_category());
-}
-
 }  // namespace
 
 result<void> store::put(std::string_view key, std::string_view value) noexcept {

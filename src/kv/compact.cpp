@@ -453,6 +453,22 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // beats staying full (deletes spread thinly over every segment leave none half dead).
   const bool short_now = s.short_of_room();
   std::set<std::uint64_t> victims;
+  const auto close_over_blobs = [&] {
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto it = victims.begin(); it != victims.end();) {
+        const auto& refs = use[*it].blob_refs;
+        const bool outside = std::ranges::any_of(
+            refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
+        if (outside) {
+          it = victims.erase(it);
+          changed = true;
+        } else {
+          ++it;
+        }
+      }
+    }
+  };
   try {
     for (const std::uint64_t n : candidates) {
       segment_use& u = use[n];
@@ -463,22 +479,6 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       const std::uint64_t kept = u.live - u.forgettable;
       if (short_now ? kept * 16 <= size * 15 : kept * 2 <= size) victims.insert(n);
     }
-    const auto close_over_blobs = [&] {
-      for (bool changed = true; changed;) {
-        changed = false;
-        for (auto it = victims.begin(); it != victims.end();) {
-          const auto& refs = use[*it].blob_refs;
-          const bool outside = std::ranges::any_of(
-              refs, [&](std::uint64_t r) { return r != *it && !victims.contains(r); });
-          if (outside) {
-            it = victims.erase(it);
-            changed = true;
-          } else {
-            ++it;
-          }
-        }
-      }
-    };
     close_over_blobs();
     // The copies must fit in the room left: the rest of the tail's segment, the spare, and
     // the whole segments the budget (options::max_bytes) and the volume still allow. The
@@ -514,8 +514,14 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   }
   if (victims.empty()) return st;
 
-  // 5. Move every record still live out of each victim.
-  for (const std::uint64_t n : victims) {
+  // 5. Move every record still live out of each victim. Should the room run out first (a
+  // volume that shows more free room than it then allocates: btrfs near full), the victims
+  // emptied so far still go; the rest stay, their records moved so far named by the entries
+  // in their copies, the originals dead.
+  std::map<std::uint64_t, std::uint64_t> moved_from;  // record bytes moved, per victim
+  std::optional<error> stopped;
+  for (auto v = victims.begin(); v != victims.end(); ++v) {
+    const std::uint64_t n = *v;
     auto seg = s.segment_at(n);
     if (!seg) return std::unexpected(seg.error());
     const auto bytes = (*seg)->bytes();
@@ -536,12 +542,28 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
             if (!rec) return std::unexpected(rec.error().about((*seg)->file.shared_path(), r));
             auto moved = s.relocate(fmt::make_location(n, r), *rec, victims, forgettable, cd, st);
             if (!moved) return std::unexpected(moved.error());
+            if (*moved) moved_from[n] += rec->size;
             r += rec->size;
           }
           return {};
         });
-    if (!walked) return std::unexpected(walked.error());
+    if (!walked) {
+      if (!out_of_room(walked.error())) return std::unexpected(walked.error());
+      stopped = walked.error();
+      try {
+        const std::set<std::uint64_t> before = victims;
+        victims.erase(v, victims.end());
+        close_over_blobs();
+        for (const std::uint64_t kept : before) {
+          if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+        }
+      } catch (const std::bad_alloc&) {
+        return errc_error(std::errc::not_enough_memory);
+      }
+      break;
+    }
   }
+  if (victims.empty() && stopped) return std::unexpected(*stopped);
 
   // 6. The copies on disk before any original goes; then nobody may still read an original
   // (a snapshot from before the moves, or one walking back to older versions).

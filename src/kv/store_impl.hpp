@@ -753,4 +753,10 @@ struct maintenance_hold {
   }
 };
 
+//! The volume (no_space, EDQUOT) or the budget has no room for what was asked.
+[[nodiscard]] inline bool out_of_room(const error& e) noexcept {
+  return e == std::errc::no_space_on_device || e == errc::budget_reached ||
+         e == std::error_code(EDQUOT, std::system_category());
+}
+
 }  // namespace keel::kv
