@@ -269,7 +269,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   // held, and keeps every version up to the split, so it holds each of its keys' versions
   // at S. Only the directory may be caught half switched (some entries of a split page's
   // range naming it, some its halves): each range goes to the shallowest page named in it.
-  const std::uint64_t word = h64(hdr::directory).load(std::memory_order_acquire);
+  const std::uint64_t word = h64(hdr::directory).load(std::memory_order_seq_cst);
   const unsigned depth = static_cast<unsigned>(word & 0xff);
   const std::uint64_t first = word >> 8;
   if (depth > ix::max_depth) return keel_error(errc::corrupt);
@@ -283,7 +283,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   for (std::uint64_t i = 0; i < entries; ++i) {
     named[i] =
         std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base() + first * fmt::page_size + i * 8))
-            .load(std::memory_order_acquire);
+            .load(std::memory_order_seq_cst);
   }
   // Read after the directory: every page it names lies below.
   const std::uint64_t used = h64(hdr::pages_used).load(std::memory_order_acquire);
@@ -512,6 +512,7 @@ store::impl::load_checkpoint() noexcept {
   h64(hdr::live_bytes).store(get64(head.data() + cp::live_bytes));
   h64(hdr::dead_bytes).store(get64(head.data() + cp::dead_bytes));
   h64(hdr::retired_pages).store(get64(head.data() + cp::retired_pages));
+  collect_free_pages();
   const std::uint64_t S = get64(head.data() + cp::seq);
   const std::uint64_t from = get64(head.data() + cp::from);
   h64(hdr::checkpoint_seq).store(S);

@@ -309,9 +309,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
 
   // 2. What is live where: every entry of the index (as of one directory word: a split
-  // copies entries, never moves them, and retired pages are not reused, so every record
-  // live now is named by the pages that word reaches; records committed from now on live
-  // in newer segments, as do their blobs).
+  // copies entries, never moves them, and the pages it retires are not reused while our
+  // snapshot is held, so every record live now is named by the pages that word reaches;
+  // records committed from now on live in newer segments, as do their blobs).
   std::map<std::uint64_t, segment_use> use;
   std::set<std::uint64_t> candidates;  // only these were waited for
   // Erase records the entries name, that no snapshot can see past: key hash -> segment.
@@ -348,6 +348,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         r += rec->size;
       }
     };
+    // Let go at the end of this block: step 6 waits for every snapshot held.
+    auto walking = snapshot_hold::take(s);
+    if (!walking) return std::unexpected(walking.error());
     auto counted = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
       const ix::bucket_ref b = s.table->page(page);
       for (std::size_t k = 0; k < ix::entries_per_page; ++k) {

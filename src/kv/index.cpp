@@ -50,7 +50,7 @@ result<void> table::create(page_source& pages) noexcept {
   if (!dir) return std::unexpected(dir.error());
   auto bucket = pages.allocate(1);
   if (!bucket) {
-    pages.retire(*dir, directory_pages(0));
+    pages.release(*dir, directory_pages(0));
     return std::unexpected(bucket.error());
   }
   init_bucket(page(*bucket), 0, 0);
@@ -60,10 +60,14 @@ result<void> table::create(page_source& pages) noexcept {
 }
 
 std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {
-  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  // Sequentially consistent (a plain load on x86 and ARMv8 alike), as are the switch's
+  // stores: a reader's snapshot is published by a seq_cst store before this, and whoever
+  // reuses a retired page reads the snapshots with seq_cst loads after the switch
+  // (store::impl::reuse_horizon).
+  const std::uint64_t dir = directory_.load(std::memory_order_seq_cst);
   const unsigned depth = static_cast<unsigned>(dir & 0xff);
   const std::uint64_t i = depth == 0 ? 0 : h.hi >> (64 - depth);
-  return directory_entry(dir >> 8, i).load(std::memory_order_acquire);
+  return directory_entry(dir >> 8, i).load(std::memory_order_seq_cst);
 }
 
 result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
@@ -75,7 +79,7 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
   if (!low) return std::unexpected(low.error());
   auto high = pages.allocate(1);
   if (!high) {
-    pages.retire(*low, 1);
+    pages.release(*low, 1);
     return std::unexpected(high.error());
   }
   const unsigned global = static_cast<unsigned>(dir & 0xff);
@@ -85,8 +89,8 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
     // the new one, published by one store of the directory word.
     auto bigger = pages.allocate(directory_pages(global + 1));
     if (!bigger) {
-      pages.retire(*low, 1);
-      pages.retire(*high, 1);
+      pages.release(*low, 1);
+      pages.release(*high, 1);
       return std::unexpected(bigger.error());
     }
     const std::uint64_t n = std::uint64_t{1} << global;
@@ -95,7 +99,7 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
       directory_entry(*bigger, 2 * i).store(v, std::memory_order_relaxed);
       directory_entry(*bigger, 2 * i + 1).store(v, std::memory_order_relaxed);
     }
-    directory_.store(directory_word(*bigger, global + 1), std::memory_order_release);
+    directory_.store(directory_word(*bigger, global + 1), std::memory_order_seq_cst);
     pages.retire(first, directory_pages(global));
   }
   // The two halves, by bit `local` from the top of hi, filled before anyone can see them.
@@ -141,7 +145,9 @@ void table::switch_entries(const bucket_ref& old, std::uint64_t low, std::uint64
   const std::uint64_t begin = old.prefix().load() << spread;
   const std::uint64_t half = std::uint64_t{1} << (spread - 1);
   for (std::uint64_t i = 0; i < 2 * half; ++i) {
-    directory_entry(first, begin + i).store(i < half ? low : high, std::memory_order_release);
+    // seq_cst, like the readers' loads and the reuser's (store::impl::reuse_horizon): a
+    // reader that publishes its snapshot after the reuser looked at the slots sees this.
+    directory_entry(first, begin + i).store(i < half ? low : high, std::memory_order_seq_cst);
     if (split_hook != nullptr) split_hook();
   }
 }

@@ -52,6 +52,8 @@ struct bucket_ref {
   [[nodiscard]] std::atomic_ref<std::uint64_t> prefix() const noexcept { return u64(8); }
   [[nodiscard]] std::atomic_ref<std::uint64_t> used() const noexcept { return u64(16); }
   [[nodiscard]] std::atomic_ref<std::uint64_t> retired_at() const noexcept { return u64(24); }
+  //! Once retired: the next page of the free list (0: none). Readers never look at it.
+  [[nodiscard]] std::atomic_ref<std::uint64_t> next_free() const noexcept { return u64(32); }
   [[nodiscard]] entry_ref entry(std::size_t i) const noexcept {
     return {reinterpret_cast<std::uint64_t*>(base + 64 + i * 32)};
   }
@@ -83,6 +85,8 @@ class page_source {
   [[nodiscard]] virtual result<std::uint64_t> allocate(std::size_t count) noexcept = 0;
   //! Pages no longer reachable from the directory, to reuse when safe.
   virtual void retire(std::uint64_t first, std::size_t count) noexcept = 0;
+  //! Pages `allocate` gave that were never made reachable: reusable at once.
+  virtual void release(std::uint64_t first, std::size_t count) noexcept = 0;
 
  protected:
   ~page_source() = default;

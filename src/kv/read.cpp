@@ -124,6 +124,7 @@ result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<cons
                                                                   const fmt::key_hash& h,
                                                                   std::uint64_t snapshot) noexcept {
   const std::uint64_t page = table->page_of(h);
+  if (read_page_hook != nullptr) read_page_hook();
   const ix::bucket_ref b = table->page(page);
   const std::size_t start = h.lo % ix::entries_per_page;
   for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
@@ -267,6 +268,7 @@ result<store_stats> store::stats() noexcept {
   st.replayed_bytes = impl_->replayed_bytes;
   st.checkpoint_errno = static_cast<int>(impl_->h64(hdr::checkpoint_error).load());
   st.index_bytes = impl_->h64(hdr::pages_allocated).load() * fmt::page_size;
+  st.index_free_pages = impl_->h64(hdr::free_pages).load();
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   for (const std::uint64_t n : *numbers) {
@@ -276,6 +278,8 @@ result<store_stats> store::stats() noexcept {
     st.segment_bytes += s->size;
   }
   std::uint64_t used = 0;
+  auto snap = snapshot_hold::take(*impl_);
+  if (!snap) return std::unexpected(snap.error());
   (void)impl_->for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
     ++st.index_pages;
     used += impl_->table->page(page).used().load();

@@ -51,11 +51,18 @@ constexpr std::size_t sync_done = 104;
 constexpr std::size_t sync_error = 112;
 constexpr std::size_t pages_allocated = 128;
 constexpr std::size_t pages_used = 136;
+// The free page list (retired bucket pages, oldest first, linked through the pages): its
+// first page, its last, and how many (doc/kv-format.md, "Growth").
+constexpr std::size_t free_head = 144;
 constexpr std::size_t live_records = 160;
 constexpr std::size_t live_bytes = 168;
 constexpr std::size_t dead_bytes = 176;
 constexpr std::size_t visible_waiters = 184;
 constexpr std::size_t retired_pages = 192;
+constexpr std::size_t free_tail = 200;
+// 1 while the list is being changed: the next to change it finds its changer died there.
+constexpr std::size_t free_changing = 208;
+constexpr std::size_t free_pages = 216;
 constexpr std::size_t checkpoint_from = 232;     // where the replay from the last checkpoint starts
 constexpr std::size_t checkpoint_seq = 240;      // the seq the last checkpoint is a copy at
 constexpr std::size_t counting = 248;            // the seq whose counter changes are being added
@@ -132,7 +139,7 @@ constexpr std::uint64_t entity_sync = entity_base + 4;
 //! end are never touched).
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
-inline constexpr base::format index_format{"KEELKVX1", 2,
+inline constexpr base::format index_format{"KEELKVX1", 3,
                                            base::layout_of({fmt::page_size,
                                                             first_free_page,
                                                             max_slots,
@@ -140,6 +147,10 @@ inline constexpr base::format index_format{"KEELKVX1", 2,
                                                             segtab_entries,
                                                             ix::entries_per_page,
                                                             hdr::retired_pages,
+                                                            hdr::free_head,
+                                                            hdr::free_tail,
+                                                            hdr::free_changing,
+                                                            hdr::free_pages,
                                                             hdr::directory,
                                                             hdr::split_journal,
                                                             hdr::compactions,
@@ -253,6 +264,10 @@ struct store::impl final : ix::page_source {
   //! Empties the idle cells (live_mutex held, or the only thread).
   void forget_idle_slots() noexcept;
   std::atomic<bool> failed{false};  // a sync failed: read-only until reopened
+  //! The last reuse_horizon this process saw (it only grows: a cache, not a promise), and
+  //! *visible* when it last looked.
+  std::atomic<std::uint64_t> horizon_seen{0};
+  std::atomic<std::uint64_t> horizon_looked_at{0};
 
   // ---- segments mapped in this process ----
   static constexpr std::size_t chunk_bits = 12;
@@ -288,6 +303,24 @@ struct store::impl final : ix::page_source {
   // page_source
   result<std::uint64_t> allocate(std::size_t count) noexcept override;
   void retire(std::uint64_t first, std::size_t count) noexcept override;
+  void release(std::uint64_t first, std::size_t count) noexcept override;
+  //! The oldest snapshot any user holds or can still take: a page retired at or below it is
+  //! out of every reader's reach.
+  [[nodiscard]] std::uint64_t reuse_horizon() noexcept;
+  //! A free page no snapshot can be reading, off the free list (0: none). Directory lock.
+  [[nodiscard]] std::uint64_t reuse_free_page() noexcept;
+  //! Appends page `p` (a bucket page, retired at `at`) to the free list, or puts it first
+  //! (`front`: one nobody ever read). Directory lock, or alone.
+  void add_free_page(std::uint64_t p, std::uint64_t at, bool front) noexcept;
+  //! Marks the free list as being changed; a list found marked already (its changer died
+  //! in the middle) is first rebuilt from what its head reaches (a page is never handed out
+  //! twice; one being taken when its taker died is left unused).
+  void begin_free_list_change() noexcept;
+  //! Whether page `p`, named by the free list, can be a free page at all.
+  [[nodiscard]] bool may_be_free(std::uint64_t p) const noexcept;
+  //! After a checkpoint is loaded, alone: every zeroed page below pages_used outside the
+  //! directory onto the free list.
+  void collect_free_pages() noexcept;
 
   // ---- open.cpp ----
   [[nodiscard]] result<void> open_index() noexcept;
@@ -412,17 +445,18 @@ struct store::impl final : ix::page_source {
   //! Visits the bucket pages one directory word names, in directory order from the entry of
   //! hash prefix `from_hi` (0: the first), each run of entries naming one page once;
   //! `visit(page)` returns result<bool> (false: stop there). The word is read once: pages a
-  //! split retires meanwhile still hold their entries (they are never reused).
+  //! split retires meanwhile still hold their entries, as long as the caller holds a snapshot
+  //! taken before (snapshot_hold, or a transaction's), which keeps them from reuse.
   template <class Visit>
   result<void> for_each_bucket_page(std::uint64_t from_hi, Visit&& visit) const {
-    const std::uint64_t word = h64(hdr::directory).load(std::memory_order_acquire);
+    const std::uint64_t word = h64(hdr::directory).load(std::memory_order_seq_cst);
     const unsigned depth = static_cast<unsigned>(word & 0xff);
     const std::uint64_t n = std::uint64_t{1} << depth;
     std::uint64_t last = 0;
     for (std::uint64_t i = depth == 0 ? 0 : from_hi >> (64 - depth); i < n; ++i) {
       const std::uint64_t page = std::atomic_ref(*reinterpret_cast<std::uint64_t*>(
                                                      base() + (word >> 8) * fmt::page_size + i * 8))
-                                     .load(std::memory_order_acquire);
+                                     .load(std::memory_order_seq_cst);
       if (page == last) continue;
       last = page;
       auto go = visit(page);
@@ -702,6 +736,13 @@ inline void (*compact_moved_hook)() noexcept = nullptr;
 //! For tests: called by the ledger's closer as it begins to close a delta.
 inline void (*ledger_close_hook)() noexcept = nullptr;
 
+//! For tests: called by a reader between finding a key's page and looking in it (to let
+//! splits run there).
+inline void (*read_page_hook)() noexcept = nullptr;
+
+//! For tests: called while the free page list is marked as being changed (to kill there).
+inline void (*free_list_hook)() noexcept = nullptr;
+
 //! For tests: called by segment_at while it maps a segment, holding segments_mutex.
 inline void (*segment_map_hook)() noexcept = nullptr;
 
@@ -758,5 +799,33 @@ struct maintenance_hold {
   return e == std::errc::no_space_on_device || e == errc::budget_reached ||
          e == std::error_code(EDQUOT, std::system_category());
 }
+
+//! A user slot holding a snapshot, for a walk of the index outside a transaction: the pages it
+//! reaches are not reused under it (reuse_horizon). Let go when it goes.
+class snapshot_hold {
+ public:
+  [[nodiscard]] static result<snapshot_hold> take(store::impl& s) noexcept {
+    auto lease = s.acquire_slot();
+    if (!lease) return std::unexpected(lease.error());
+    snapshot_hold h(s, *lease);
+    h.seq_ = s.take_snapshot(*lease);
+    return h;
+  }
+  snapshot_hold(snapshot_hold&& o) noexcept
+      : s_(std::exchange(o.s_, nullptr)), l_(o.l_), seq_(o.seq_) {}
+  snapshot_hold(const snapshot_hold&) = delete;
+  snapshot_hold& operator=(const snapshot_hold&) = delete;
+  snapshot_hold& operator=(snapshot_hold&&) = delete;
+  ~snapshot_hold() {
+    if (s_ != nullptr) s_->release_slot(l_);
+  }
+  [[nodiscard]] std::uint64_t seq() const noexcept { return seq_; }
+
+ private:
+  snapshot_hold(store::impl& s, slot_lease l) noexcept : s_(&s), l_(l) {}
+  store::impl* s_;
+  slot_lease l_;
+  std::uint64_t seq_ = 0;
+};
 
 }  // namespace keel::kv

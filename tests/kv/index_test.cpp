@@ -28,8 +28,10 @@ class arena_pages final : public page_source {
     return first;
   }
   void retire(std::uint64_t, std::size_t count) noexcept override { retired += count; }
+  void release(std::uint64_t, std::size_t count) noexcept override { released += count; }
   std::byte* base() { return bytes_.data(); }
   std::size_t retired = 0;
+  std::size_t released = 0;
 
  private:
   std::vector<std::byte> bytes_;
@@ -139,7 +141,7 @@ TEST(KvIndex, UnpublishedEntriesAreInvisibleReusedAndDroppedBySplits) {
 }
 
 TEST(KvIndex, AFailedAllocationChangesNothing) {
-  arena_pages small(3);  // header, directory, one bucket: no room to split
+  arena_pages small(4);  // header, directory, one bucket, and one page: not two to split into
   std::uint64_t directory = 0;
   std::uint64_t journal[3]{};
   table t(small.base(), std::atomic_ref<std::uint64_t>(directory), journal);
@@ -158,6 +160,8 @@ TEST(KvIndex, AFailedAllocationChangesNothing) {
   ASSERT_FALSE(s);
   EXPECT_EQ(s.error(), std::errc::no_space_on_device);
   EXPECT_EQ(directory, before);
+  EXPECT_EQ(small.released, 1u) << "the half it got is given back, never named: reusable at once";
+  EXPECT_EQ(small.retired, 0u);
   for (std::uint64_t j = 1; j <= entries_per_page; ++j)
     EXPECT_TRUE(t.lookup(t.page_of(hash_of(j)), hash_of(j), fixture::is(j))) << j;
 }

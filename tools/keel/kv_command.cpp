@@ -202,6 +202,7 @@ int run_kv_command(int argc, char** argv) {
                        {"segment_bytes", st->segment_bytes},
                        {"index_bytes", st->index_bytes},
                        {"index_pages", st->index_pages},
+                       {"index_free_pages", st->index_free_pages},
                        {"index_load", st->index_load},
                        {"visible_seq", st->visible_seq},
                        {"checkpoint_seq", st->checkpoint_seq},
@@ -214,8 +215,8 @@ int run_kv_command(int argc, char** argv) {
       fmt::print("live bytes     {}\n", st->live_bytes);
       fmt::print("dead bytes     {}\n", st->dead_bytes);
       fmt::print("segments       {} ({} bytes)\n", st->segments, st->segment_bytes);
-      fmt::print("index          {} bytes, {} bucket pages, load {:.2f}\n", st->index_bytes,
-                 st->index_pages, st->index_load);
+      fmt::print("index          {} bytes, {} bucket pages, load {:.2f}, {} free pages\n",
+                 st->index_bytes, st->index_pages, st->index_load, st->index_free_pages);
       fmt::print("visible seq    {}\n", st->visible_seq);
       fmt::print("checkpoint     at seq {}, {} bytes of log since", st->checkpoint_seq,
                  st->unchecked_bytes);

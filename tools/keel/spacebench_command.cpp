@@ -248,6 +248,7 @@ json fill_run(const config& c, const std::string& mnt) {
     j["space"]["live_bytes"] = st->live_bytes;
     j["space"]["dead_bytes"] = st->dead_bytes;
     j["space"]["index_pages"] = st->index_pages;
+    j["space"]["index_free_pages"] = st->index_free_pages;
     j["space"]["index_load"] = st->index_load;
     j["space"]["records"] = st->records;
   }

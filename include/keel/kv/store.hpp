@@ -95,10 +95,13 @@ struct store_stats {
   //! reserved and never wrote is not counted, and a rebuild counts a segment's abandoned end
   //! again when it was switched during the checkpoint's copy).
   std::uint64_t dead_bytes = 0;
-  std::uint64_t segments = 0;        //!< segment files
-  std::uint64_t segment_bytes = 0;   //!< their allocated size
-  std::uint64_t index_bytes = 0;     //!< the index file's size
-  std::uint64_t index_pages = 0;     //!< bucket pages reachable from the directory
+  std::uint64_t segments = 0;       //!< segment files
+  std::uint64_t segment_bytes = 0;  //!< their allocated size
+  std::uint64_t index_bytes = 0;    //!< the index file's size
+  std::uint64_t index_pages = 0;    //!< bucket pages reachable from the directory
+  //! Pages on the index's free list: retired by splits, taken by later splits once no
+  //! snapshot can still be reading them.
+  std::uint64_t index_free_pages = 0;
   double index_load = 0;             //!< used entries / entries, over those pages
   std::uint64_t visible_seq = 0;     //!< the newest commit visible
   std::uint64_t checkpoint_seq = 0;  //!< the seq the last checkpoint is a copy at (0: none yet)
