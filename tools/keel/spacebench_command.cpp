@@ -622,13 +622,20 @@ int run(const config& c) {
     const double far = num(doc["stream_far"], "seconds") / num(doc["stream_far"], "stored");
     const double near = num(doc["stream_near"], "seconds") / num(doc["stream_near"], "stored");
     if (num(doc["stream_far"], "stored") <= 0 || num(doc["stream_near"], "stored") <= 0) {
-      const auto why = [](const json& j) {
-        return j.contains("stopped") ? j["stopped"].get<std::string>()
-               : j.contains("error") ? j["error"].get<std::string>()
-                                     : std::string("?");
+      // The run that measured nothing: its volume could not be made, or no put fitted.
+      const auto why = [](const json& j) -> std::string {
+        for (const char* k : {"skipped", "died", "error", "stopped"}) {
+          if (j.contains(k)) return j[k].get<std::string>();
+        }
+        return "no put fitted";
       };
-      fmt::print(text, "  {} MiB stream               not measured: no put fitted ({} / {})\n",
-                 c.stream_mib, why(doc["stream_far"]), why(doc["stream_near"]));
+      std::string said;
+      if (num(doc["stream_far"], "stored") <= 0) said = "far from full: " + why(doc["stream_far"]);
+      if (num(doc["stream_near"], "stored") <= 0) {
+        said +=
+            (said.empty() ? "" : "; ") + std::string("just over full: ") + why(doc["stream_near"]);
+      }
+      fmt::print(text, "  {} MiB stream               not measured: {}\n", c.stream_mib, said);
     } else if (far > 0 && near > 0) {
       doc["near_far_ratio"] = near / far;
       fmt::print(text,
