@@ -800,32 +800,39 @@ struct maintenance_hold {
          e == std::error_code(EDQUOT, std::system_category());
 }
 
-//! A user slot holding a snapshot, for a walk of the index outside a transaction: the pages it
-//! reaches are not reused under it (reuse_horizon). Let go when it goes.
+//! What keeps the pages a walk of the index reaches from reuse, outside a transaction: a
+//! user slot holding a snapshot (reuse_horizon); or, with every slot taken, the `directory`
+//! lock, which every split (and so every retire and reuse) needs. Let go when it goes.
 class snapshot_hold {
  public:
   [[nodiscard]] static result<snapshot_hold> take(store::impl& s) noexcept {
     auto lease = s.acquire_slot();
-    if (!lease) return std::unexpected(lease.error());
+    if (!lease) {
+      if (lease.error() != errc::too_many_users) return std::unexpected(lease.error());
+      auto g = s.locks->lock({lock::entity(entity_directory)}, s.opts.lock_timeout);
+      if (!g) return std::unexpected(g.error());
+      snapshot_hold h(s, slot_lease{});
+      h.directory_ = std::move(*g);
+      return h;
+    }
     snapshot_hold h(s, *lease);
-    h.seq_ = s.take_snapshot(*lease);
+    (void)s.take_snapshot(*lease);  // published in the slot: what counts, not its value
     return h;
   }
   snapshot_hold(snapshot_hold&& o) noexcept
-      : s_(std::exchange(o.s_, nullptr)), l_(o.l_), seq_(o.seq_) {}
+      : s_(std::exchange(o.s_, nullptr)), l_(o.l_), directory_(std::move(o.directory_)) {}
   snapshot_hold(const snapshot_hold&) = delete;
   snapshot_hold& operator=(const snapshot_hold&) = delete;
   snapshot_hold& operator=(snapshot_hold&&) = delete;
   ~snapshot_hold() {
-    if (s_ != nullptr) s_->release_slot(l_);
+    if (s_ != nullptr && l_.held()) s_->release_slot(l_);
   }
-  [[nodiscard]] std::uint64_t seq() const noexcept { return seq_; }
 
  private:
   snapshot_hold(store::impl& s, slot_lease l) noexcept : s_(&s), l_(l) {}
   store::impl* s_;
   slot_lease l_;
-  std::uint64_t seq_ = 0;
+  lock::entities_guard directory_;  // only when no slot was free
 };
 
 }  // namespace keel::kv

@@ -306,6 +306,32 @@ TEST(KvIndexReuse, AUserKilledAddingAFreePageLosesNothing) {
   reopened_and_rebuilt(std::move(s), path, more, "w");
 }
 
+// stats walks the index holding a snapshot in a user slot; with every slot taken it holds the
+// directory lock instead (no split meanwhile, so no page is reused under it), rather than fail.
+TEST(KvIndexReuse, StatsWorkWithEveryUserSlotTaken) {
+  temp_dir dir;
+  auto s = open_ok(dir.file("s"));
+  ASSERT_TRUE(s);
+  for (int i = 0; i < 1'000; ++i)
+    ASSERT_TRUE(s->put(key_of(i), "v")) << i;
+  std::vector<transaction> open;
+  for (;;) {
+    auto t = s->begin();
+    if (!t) {
+      ASSERT_EQ(t.error(), errc::too_many_users) << t.error().message();
+      break;
+    }
+    open.push_back(std::move(*t));
+    ASSERT_LE(open.size(), 4096u);
+  }
+  auto st = s->stats();
+  ASSERT_TRUE(st) << st.error().message();
+  EXPECT_EQ(st->records, 1'000u);
+  EXPECT_GT(st->index_pages, 1u);
+  open.clear();
+  EXPECT_TRUE(s->put("after", "1"));
+}
+
 // An index loaded from a checkpoint (after every user was gone) holds the retired pages as
 // zeroes: they go to the free list, and the splits after take them.
 TEST(KvIndexReuse, AnIndexLoadedFromACheckpointReusesItsFreePages) {
