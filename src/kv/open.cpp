@@ -353,9 +353,7 @@ void store::impl::retire(std::uint64_t first, std::size_t count) noexcept {
   const std::uint64_t at = h64(hdr::next_seq).load(std::memory_order_seq_cst);
   for (std::size_t i = 0; i < count; ++i) {
     const ix::bucket_ref b = table->page(first + i);
-    if (b.magic().load() != ix::bucket_magic) continue;
-    b.retired_at().store(at);
-    add_free_page(first + i, at, false);
+    if (b.magic().load() == ix::bucket_magic) add_free_page(first + i, at, false);
   }
   h64(hdr::retired_pages).fetch_add(count);
 }
@@ -490,12 +488,9 @@ std::uint64_t store::impl::reuse_free_page() noexcept {
 
 void store::impl::collect_free_pages() noexcept {
   // A loaded checkpoint holds the directory, the bucket pages it names, and zeroes.
-  const std::uint64_t word = h64(hdr::directory).load();
-  const std::uint64_t dir_first = word >> 8;
-  const std::uint64_t dir_end = dir_first + ix::directory_pages(static_cast<unsigned>(word & 0xff));
   const std::uint64_t used = h64(hdr::pages_used).load();
   for (std::uint64_t p = first_free_page; p < used; ++p) {
-    if (p >= dir_first && p < dir_end) continue;
+    if (!may_be_free(p)) continue;  // the directory's
     const std::byte* const at = base() + p * fmt::page_size;
     if (std::any_of(at, at + fmt::page_size, [](std::byte c) { return c != std::byte{0}; })) {
       continue;
