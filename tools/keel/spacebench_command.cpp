@@ -35,6 +35,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -420,6 +421,7 @@ json blurt_rounds(const config& c, const std::string& mnt, Task&& task) {
   std::uint64_t rounds = 0;
   std::uint64_t failed = 0;
   std::uint64_t signalled = 0;
+  std::map<std::string, std::uint64_t> signals;  // by name: which signal killed tasks
   for (std::size_t pass = 0; pass < c.blurt_passes && failed + signalled == 0; ++pass) {
     for (std::size_t dir = 0; dir < c.blurt_dirs && failed + signalled == 0; ++dir) {
       std::vector<pid_t> pids;
@@ -438,6 +440,9 @@ json blurt_rounds(const config& c, const std::string& mnt, Task&& task) {
         }
         if (WIFSIGNALED(status)) {
           ++signalled;
+          const char* name = ::sigabbrev_np(WTERMSIG(status));
+          ++signals[name != nullptr ? std::string("SIG") + name
+                                    : fmt::format("signal {}", WTERMSIG(status))];
         } else if (WEXITSTATUS(status) != 0) {
           ++failed;
         }
@@ -450,6 +455,7 @@ json blurt_rounds(const config& c, const std::string& mnt, Task&& task) {
           {"rounds_planned", c.blurt_passes * c.blurt_dirs},
           {"failed_tasks", failed},
           {"signalled_tasks", signalled},
+          {"signals", signals},
           {"used_pct", used_pct(mnt)}};
 }
 
@@ -660,11 +666,17 @@ int run(const config& c) {
                                                   : r.contains("skipped") ? r["skipped"].dump()
                                                                           : r.dump());
         }
+        std::string killed;
+        if (r.contains("signals")) {
+          for (const auto& [name, n] : r["signals"].items()) {
+            killed += fmt::format(", {} killed by {}", n.get<std::uint64_t>(), name);
+          }
+        }
         return fmt::format(
-            "{:.3f} s, {}/{} rounds, {} failed tasks, {:.1f} % used", num(r, "seconds"),
+            "{:.3f} s, {}/{} rounds, {} failed tasks{}, {:.1f} % used", num(r, "seconds"),
             r["rounds"].get<std::uint64_t>(), r["rounds_planned"].get<std::uint64_t>(),
             r["failed_tasks"].get<std::uint64_t>() + r["signalled_tasks"].get<std::uint64_t>(),
-            num(r, "used_pct"));
+            killed, num(r, "used_pct"));
       };
       fmt::print(
           text,
