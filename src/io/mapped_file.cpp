@@ -5,6 +5,8 @@
 
 #include <limits>
 
+#include "io/map_guard.hpp"
+
 namespace keel::io {
 namespace {
 
@@ -91,6 +93,7 @@ result<mapped_file> mapped_file::map(const file_handle& file, map_access access,
   if (!addr) return std::unexpected(addr.error().about(file.shared_path()));
   m.addr_ = *addr;
   m.length_ = length;
+  if (access == map_access::read_write) map_guard::add(m.addr_, m.length_);
   return m;
 }
 
@@ -98,10 +101,16 @@ result<void> mapped_file::remap(std::size_t new_length) noexcept {
   if (new_length == length_) return {};
   if (new_length == 0) return unmap();
   if (addr_ == nullptr) return errc_error(std::errc::invalid_argument);  // nothing to grow from
+  const bool guard = access_ == map_access::read_write;
+  if (guard) map_guard::remove(addr_);
   auto addr = fs().remap(addr_, length_, new_length);
-  if (!addr) return std::unexpected(addr.error());
+  if (!addr) {
+    if (guard) map_guard::add(addr_, length_);
+    return std::unexpected(addr.error());
+  }
   addr_ = *addr;
   length_ = new_length;
+  if (guard) map_guard::add(addr_, length_);
   return {};
 }
 
@@ -130,6 +139,7 @@ result<void> mapped_file::unmap() noexcept {
   const std::size_t length = length_;
   addr_ = nullptr;
   length_ = 0;
+  if (access_ == map_access::read_write) map_guard::remove(addr);
   return fs().unmap(addr, length);
 }
 

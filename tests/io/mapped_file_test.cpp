@@ -6,6 +6,14 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
+
+#include "io/map_guard.hpp"
 #include "support/process.hpp"
 
 namespace keel::io {
@@ -196,6 +204,101 @@ TEST(MappedFile, FullFilesystemIsAnErrorNotASignal) {
     return 5;
   });
   EXPECT_EQ(keel::test::wait_exit(pitfall), sigbus_seen);
+}
+
+// The guard over writable maps (io/map_guard.hpp): a write fault the kernel refuses for a
+// moment is retried, not a death. A file cut short under its map stands in for btrfs
+// refusing a page fault's reservation: both raise SIGBUS with BUS_ADRERR, and both go away
+// once the cause does (here, the file grown back).
+TEST(MapGuard, AWriteFaultRefusedForAMomentIsWaitedOut) {
+  temp_dir dir;
+  const std::string path = dir.path().string() + "/map";
+  const pid_t child = keel::test::fork_child([&] {
+    file_handle f = open_rw(path);
+    fill(f, 8 * page_size(), 'a');
+    auto m = mapped_file::map(f, map_access::read_write);
+    if (!m) return 2;
+    if (!map_guard::installed()) return keel::test::cannot_set_up;
+    if (!f.truncate(0)) return 3;
+    std::thread grow([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      (void)f.truncate(static_cast<off_t>(8 * page_size()));
+    });
+    const std::uint64_t before = map_guard::retried();
+    const auto start = std::chrono::steady_clock::now();
+    m->data()[5 * page_size()] = std::byte{'z'};  // past the end until `grow` runs
+    const auto waited = std::chrono::steady_clock::now() - start;
+    grow.join();
+    if (map_guard::retried() == before) return 4;
+    if (waited < std::chrono::milliseconds(150)) return 5;
+    std::byte b{};
+    if (!f.read_at(static_cast<off_t>(5 * page_size()), std::span(&b, 1))) return 6;
+    return b == std::byte{'z'} ? 0 : 7;
+  });
+  const int code = keel::test::wait_exit(child);
+  if (code == keel::test::cannot_set_up) {
+    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
+  }
+  EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the guard did not wait";
+}
+
+// A refusal that lasts is not waited out for ever: after the give-up time (60 s, shortened
+// here) the default action kills, as without the guard.
+TEST(MapGuard, ARefusalThatLastsStillKillsInTheEnd) {
+  temp_dir dir;
+  const std::string path = dir.path().string() + "/map";
+  const pid_t child = keel::test::fork_child([&] {
+    file_handle f = open_rw(path);
+    fill(f, 2 * page_size(), 'a');
+    auto m = mapped_file::map(f, map_access::read_write);
+    if (!m) return 2;
+    if (!map_guard::installed()) return keel::test::cannot_set_up;
+    map_guard::set_give_up(std::chrono::milliseconds(300));
+    if (!f.truncate(0)) return 3;
+    m->data()[page_size()] = std::byte{'z'};
+    return 4;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const int code = keel::test::wait_exit(child);
+  if (code == keel::test::cannot_set_up) {
+    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
+  }
+  EXPECT_EQ(code, 128 + SIGBUS);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+}
+
+// A SIGBUS at an address that is not in one of keel's writable maps still kills, as it
+// would without keel: the guard hands it to the default action.
+TEST(MapGuard, ASigbusOutsideKeelsMapsStillKills) {
+  temp_dir dir;
+  const std::string path = dir.path().string() + "/map";
+  const pid_t child = keel::test::fork_child([&] {
+    file_handle f = open_rw(path);
+    fill(f, 2 * page_size(), 'a');
+    auto m = mapped_file::map(f, map_access::read_write);  // installs the guard
+    if (!m) return 2;
+    if (!map_guard::installed()) return keel::test::cannot_set_up;
+    void* raw = ::mmap(nullptr, 2 * page_size(), PROT_READ | PROT_WRITE, MAP_SHARED, f.fd(), 0);
+    if (raw == MAP_FAILED) return 3;
+    if (!f.truncate(0)) return 4;
+    static_cast<volatile char*>(raw)[page_size()] = 'z';
+    return 5;
+  });
+  const int code = keel::test::wait_exit(child);
+  if (code == keel::test::cannot_set_up) {
+    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
+  }
+  EXPECT_EQ(code, 128 + SIGBUS);
+
+  // Sent, not a fault: returning would not repeat it, so the guard must not swallow it.
+  const pid_t sent = keel::test::fork_child([&] {
+    file_handle f = open_rw(path);
+    auto m = mapped_file::map(f, map_access::read_write);
+    if (!m) return 2;
+    ::kill(::getpid(), SIGBUS);
+    return 3;
+  });
+  EXPECT_EQ(keel::test::wait_exit(sent), 128 + SIGBUS);
 }
 
 }  // namespace keel::io

@@ -30,6 +30,16 @@ enum class map_advice {
 //! maps must therefore make sure the blocks exist first: `allocate_and_map` (what keel itself
 //! uses) reserves them with fallocate before mapping, so "no space" comes back as an error
 //! from that call, never as a signal later. Likewise, never map past the end of the file.
+//!
+//! Some filesystems refuse a write fault even on allocated blocks: btrfs reserves metadata
+//! for every write fault on a shared map and raises SIGBUS when it cannot at once (seen with
+//! a thousand processes writing one store on a volume a third full). So keel guards its
+//! writable maps: the first one made installs a SIGBUS handler, if SIGBUS still has its
+//! default action, that waits out such a refusal in a guarded map (sleeping 1 ms, doubling
+//! up to 50 ms, then retrying the store) and gives up after 60 s of one fault, when the
+//! default action kills the process as before. Any other SIGBUS goes to the default action
+//! at once. An application that installs its own SIGBUS handler first keeps it, and the
+//! guard stays out; `KEEL_MAP_GUARD=0` in the environment turns the guard off.
 class mapped_file {
  public:
   mapped_file() noexcept = default;

@@ -1,0 +1,155 @@
+#include "io/map_guard.hpp"
+
+#include <errno.h>
+#include <signal.h>
+#include <time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace keel::io::map_guard {
+namespace {
+
+// A range is published by its end first, then its start (a reader that sees the start sees
+// the end), and withdrawn by its start. Only `add` and `remove` write; the handler reads.
+struct range {
+  std::atomic<std::uintptr_t> begin{0};
+  std::atomic<std::uintptr_t> end{0};
+};
+constexpr std::size_t capacity = 16384;
+std::array<range, capacity> table;
+std::atomic<std::size_t> high_water{0};  // no range at or past this index
+std::atomic<std::uint64_t> retries{0};
+std::atomic<bool> handler_in{false};
+
+constexpr std::int64_t first_pause_ns = 1'000'000;
+constexpr std::int64_t longest_pause_ns = 50'000'000;
+std::atomic<std::int64_t> give_up_ns{60'000'000'000};
+
+// One thread's current fault: the address, when it first and last faulted there, the next
+// pause. A fault at another address, or a second after the last, is a new one (the store went
+// through in between). initial-exec: reading it from a signal handler must not allocate.
+struct fault_state {
+  std::uintptr_t addr;
+  std::int64_t since_ns;
+  std::int64_t last_ns;
+  std::int64_t pause_ns;
+};
+constexpr std::int64_t new_fault_after_ns = 1'000'000'000;
+__attribute__((tls_model("initial-exec"))) thread_local fault_state current{0, 0, 0, 0};
+
+std::int64_t now_ns() noexcept {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+bool guarded(std::uintptr_t a) noexcept {
+  const std::size_t n = high_water.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uintptr_t b = table[i].begin.load(std::memory_order_acquire);
+    if (b <= 1 || a < b) continue;  // 0: free, 1: being filled in
+    if (a < table[i].end.load(std::memory_order_acquire)) return true;
+  }
+  return false;
+}
+
+// What SIGBUS would have done without the guard: the default action, on this signal (raised
+// again: it is blocked in the handler, so it arrives as the handler returns, even when it was
+// sent, not a fault that returning would repeat).
+void to_default() noexcept {
+  struct sigaction sa {};
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, nullptr);
+  ::raise(SIGBUS);
+}
+
+extern "C" void keel_map_guard_handler(int /*signo*/, siginfo_t* info, void* /*context*/) {
+  const int saved_errno = errno;
+  const auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
+  if (info->si_code != BUS_ADRERR || !guarded(a)) {
+    to_default();  // not a refusal in one of our maps
+    errno = saved_errno;
+    return;
+  }
+  const std::int64_t now = now_ns();
+  if (current.addr != a || now - current.last_ns > new_fault_after_ns) {
+    current = {a, now, now, first_pause_ns};
+  } else if (now - current.since_ns > give_up_ns.load(std::memory_order_relaxed)) {
+    to_default();  // refused for a minute: not a moment's shortage
+    errno = saved_errno;
+    return;
+  }
+  retries.fetch_add(1, std::memory_order_relaxed);
+  const timespec pause{0, current.pause_ns};
+  ::nanosleep(&pause, nullptr);
+  current.pause_ns = std::min(current.pause_ns * 2, longest_pause_ns);
+  current.last_ns = now_ns();
+  errno = saved_errno;
+}
+
+bool install() noexcept {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const char* e = std::getenv("KEEL_MAP_GUARD"); e != nullptr && std::strcmp(e, "0") == 0) {
+      return;
+    }
+    struct sigaction old {};
+    if (::sigaction(SIGBUS, nullptr, &old) != 0) return;
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) return;  // the app's
+    struct sigaction sa {};
+    sa.sa_sigaction = keel_map_guard_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    if (::sigaction(SIGBUS, &sa, nullptr) == 0) handler_in.store(true);
+  });
+  return handler_in.load();
+}
+
+}  // namespace
+
+void add(void* addr, std::size_t length) noexcept {
+  if (addr == nullptr || length == 0 || !install()) return;
+  const auto b = reinterpret_cast<std::uintptr_t>(addr);
+  for (std::size_t i = 0; i < capacity; ++i) {
+    std::uintptr_t expected = 0;
+    if (table[i].begin.load(std::memory_order_relaxed) != 0) continue;
+    // Claim the slot with a begin no address reaches (1), then publish the end and begin.
+    if (!table[i].begin.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) continue;
+    std::size_t hw = high_water.load();
+    while (hw < i + 1 && !high_water.compare_exchange_weak(hw, i + 1)) {
+    }
+    table[i].end.store(b + length, std::memory_order_release);
+    table[i].begin.store(b, std::memory_order_release);
+    return;
+  }
+}
+
+void remove(void* addr) noexcept {
+  if (addr == nullptr) return;
+  const auto b = reinterpret_cast<std::uintptr_t>(addr);
+  const std::size_t n = high_water.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uintptr_t expected = b;
+    if (table[i].begin.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) return;
+  }
+}
+
+std::uint64_t retried() noexcept {
+  return retries.load(std::memory_order_relaxed);
+}
+
+bool installed() noexcept {
+  return handler_in.load();
+}
+
+void set_give_up(std::chrono::nanoseconds after) noexcept {
+  give_up_ns.store(after.count());
+}
+
+}  // namespace keel::io::map_guard

@@ -1,0 +1,45 @@
+#pragma once
+// The guard over keel's writable maps: a page fault the filesystem refuses for a moment is
+// waited out instead of killing the process (mapped_file.hpp, "SIGBUS").
+//
+// btrfs reserves room for every write fault on a shared map (`btrfs_page_mkwrite`), for
+// pages already allocated and already dirty too, and turns a reservation it cannot make at
+// once into SIGBUS: with a thousand processes writing one store, a volume a third full
+// killed hundreds of them (`keel spacebench --fs btrfs --blurt-tasks 1000`). write(2) gets
+// ENOSPC there; a store instruction has no way to return it.
+//
+// The guard keeps the address ranges of the process's writable maps in a table a signal
+// handler can read (fixed size, atomics only). Its SIGBUS handler, installed when the first
+// writable map is made and only if SIGBUS still has its default action, looks the faulting
+// address up: in a guarded range (BUS_ADRERR, the code a refused fault raises) it sleeps a
+// little and returns, so the store instruction runs again and the kernel asks the
+// filesystem once more; it backs off from 1 ms to 50 ms, and gives up after 60 s of one
+// thread faulting at one address, when it restores the default action, so the next fault
+// kills the process as it would have without the guard. Any other SIGBUS is handed to
+// the default action at once. An application that installs its own SIGBUS handler before
+// keel's first writable map keeps it, and the guard stays out of the way.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace keel::io::map_guard {
+
+//! Guards [addr, addr + length): a refused write fault there is retried. No-op when the
+//! table is full (the map then works unguarded) or when the handler could not be installed.
+void add(void* addr, std::size_t length) noexcept;
+
+//! Stops guarding the range that starts at `addr` (before it is unmapped or moved).
+void remove(void* addr) noexcept;
+
+//! Faults the handler has retried in this process so far (for tests and stats).
+[[nodiscard]] std::uint64_t retried() noexcept;
+
+//! Whether the handler is installed (false: SIGBUS had another disposition first, or
+//! KEEL_MAP_GUARD=0 turned it off).
+[[nodiscard]] bool installed() noexcept;
+
+//! How long one fault is retried before the default action (60 s unless a test shortens it).
+void set_give_up(std::chrono::nanoseconds after) noexcept;
+
+}  // namespace keel::io::map_guard
