@@ -6,7 +6,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -36,9 +39,20 @@ struct power_cut_dirs {
   // What the power cut left (torn writes included), then a reboot: the index, a cache of one
   // boot, goes and is rebuilt by the next open.
   [[nodiscard]] bool restore_and_reboot(std::uint64_t seed) const {
+    forget_lock_map();
     if (!io::fault_filesystem::restore(root, shadow, {.torn = true, .seed = seed})) return false;
     std::filesystem::remove(path + "/index");
     return true;
+  }
+  // A reboot empties /dev/shm, where the lock file's shared map lives (doc/lock-formats.md,
+  // memory_map): without this, each cut whose restored lock file no longer names the map
+  // left it there for good.
+  void forget_lock_map() const {
+    std::ifstream f(path + "/lock", std::ios::binary);
+    std::array<char, 256> header{};
+    if (!f.read(header.data(), header.size())) return;
+    const std::string map(header.data() + 48, ::strnlen(header.data() + 48, 208));
+    if (map.starts_with("/dev/shm/keel-mm-")) std::filesystem::remove(map);
   }
 };
 
