@@ -462,6 +462,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     charged.c = *c;
     charged.who = lease.index;
     charged.s = s;  // last: a hold with no store does nothing
+    step(commit_step::charged);
   }
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;

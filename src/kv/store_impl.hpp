@@ -602,12 +602,16 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> after_failed_charge(std::uint32_t who, std::uint64_t seen,
                                                  std::int64_t cost,
                                                  const io::countdown& cd) noexcept;
-  //! The back end (the closer only): closes `seen`, giving the next delta the room for puts
-  //! less the closed delta's charges; when that is below `cost`, waits until the closed
-  //! delta is quiet and raises the budget to the room measured then (Tux3's correction),
-  //! failing when even that is below `cost`.
+  //! The back end (the closer only): closes `seen`, giving the next delta its share of the
+  //! room for puts less the closed delta's whole budget; when that is below `cost`, waits
+  //! until the closed delta is quiet and raises the budget to the share of the room measured
+  //! then (Tux3's correction), failing when even the whole room is below `cost`.
   [[nodiscard]] result<void> close_delta(std::uint64_t seen, std::int64_t cost,
                                          const io::countdown& cd) noexcept;
+  //! What one delta may be given of `room`: a quarter, so that the next opens with room of
+  //! its own; the whole room near full (four segments or less) or when a quarter is below
+  //! `cost`.
+  [[nodiscard]] std::int64_t share(std::uint64_t room, std::int64_t cost) const noexcept;
   //! Waits until no writer is inside delta `d`, clearing the pins of dead users.
   [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
   //! Clears slot `u`'s pin if it still names `d` and its user is dead (holding its byte).
@@ -748,6 +752,7 @@ inline void (*segment_map_hook)() noexcept = nullptr;
 
 //! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).
 enum class commit_step : std::uint8_t {
+  charged,        //!< (a put, with the ledger on) charged and pinned in a delta, no lock taken
   locked,         //!< its pages locked and validated
   reserved,       //!< its block's space reserved
   marked,         //!< its entries marked pending

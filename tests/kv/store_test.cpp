@@ -642,11 +642,11 @@ TEST_P(KvStoreKilledAt, TheCommitIsWholeOrAbsentAndNobodyWaitsForIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
-                         ::testing::Values(commit_step::locked, commit_step::reserved,
-                                           commit_step::marked, commit_step::took_seq,
-                                           commit_step::recorded, commit_step::written,
-                                           commit_step::published_one, commit_step::published,
-                                           commit_step::visible),
+                         ::testing::Values(commit_step::charged, commit_step::locked,
+                                           commit_step::reserved, commit_step::marked,
+                                           commit_step::took_seq, commit_step::recorded,
+                                           commit_step::written, commit_step::published_one,
+                                           commit_step::published, commit_step::visible),
                          [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
 
 // Writers killed where their slots used to stay taken for as long as anybody had the store
