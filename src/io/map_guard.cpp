@@ -20,7 +20,7 @@ struct range {
   std::atomic<std::uintptr_t> begin{0};
   std::atomic<std::uintptr_t> end{0};
 };
-constexpr std::size_t capacity = 16384;
+constexpr std::size_t capacity = 65536;  // a store maps each segment: 4 TiB of 64 MiB ones
 std::array<range, capacity> table;
 std::atomic<std::size_t> high_water{0};  // no range at or past this index
 std::atomic<std::uint64_t> retries{0};
@@ -28,18 +28,20 @@ std::atomic<bool> handler_in{false};
 
 constexpr std::int64_t first_pause_ns = 1'000'000;
 constexpr std::int64_t longest_pause_ns = 50'000'000;
-std::atomic<std::int64_t> give_up_ns{60'000'000'000};
+std::atomic<std::int64_t> give_up_ns{20'000'000'000};  // under the 30 s default lock_timeout
 
 // One thread's current fault: the address, when it first and last faulted there, the next
-// pause. A fault at another address, or a second after the last, is a new one (the store went
-// through in between). initial-exec: reading it from a signal handler must not allocate.
+// pause. A fault at another address, or one more than a pause and some scheduling after the
+// last, is a new one (the store went through in between: a hot word faults again after each
+// write-back, and those faults must not add up to the give-up time). initial-exec: reading
+// it from a signal handler must not allocate.
 struct fault_state {
   std::uintptr_t addr;
   std::int64_t since_ns;
   std::int64_t last_ns;
   std::int64_t pause_ns;
 };
-constexpr std::int64_t new_fault_after_ns = 1'000'000'000;
+constexpr std::int64_t new_fault_after_ns = 250'000'000;
 __attribute__((tls_model("initial-exec"))) thread_local fault_state current{0, 0, 0, 0};
 
 std::int64_t now_ns() noexcept {
@@ -53,7 +55,9 @@ bool guarded(std::uintptr_t a) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uintptr_t b = table[i].begin.load(std::memory_order_acquire);
     if (b <= 1 || a < b) continue;  // 0: free, 1: being filled in
-    if (a < table[i].end.load(std::memory_order_acquire)) return true;
+    const std::uintptr_t e = table[i].end.load(std::memory_order_acquire);
+    // The same begin after the end was read: the end is that range's, not a later one's.
+    if (a < e && table[i].begin.load(std::memory_order_acquire) == b) return true;
   }
   return false;
 }

@@ -13,11 +13,18 @@
 // writable map is made and only if SIGBUS still has its default action, looks the faulting
 // address up: in a guarded range (BUS_ADRERR, the code a refused fault raises) it sleeps a
 // little and returns, so the store instruction runs again and the kernel asks the
-// filesystem once more; it backs off from 1 ms to 50 ms, and gives up after 60 s of one
-// thread faulting at one address, when it restores the default action, so the next fault
+// filesystem once more; it backs off from 1 ms to 50 ms, and gives up after 20 s of one
+// thread faulting at one address (under the store's default 30 s lock_timeout, which others
+// waiting on this thread measure), when it restores the default action, so the next fault
 // kills the process as it would have without the guard. Any other SIGBUS is handed to
 // the default action at once. An application that installs its own SIGBUS handler before
 // keel's first writable map keeps it, and the guard stays out of the way.
+//
+// Limits: BUS_ADRERR also reports lasting failures (an I/O error reading a page in, a file
+// cut short under its map, a quota): those now kill after 20 s instead of at once. A thread
+// that blocks SIGBUS gets the kernel's default action on a fault, guard or not. A thread
+// that unmaps a map while another faults in it was already racing; the retry makes the
+// window longer. With the table full (65 536 maps), further maps work unguarded.
 
 #include <chrono>
 #include <cstddef>
@@ -39,7 +46,7 @@ void remove(void* addr) noexcept;
 //! KEEL_MAP_GUARD=0 turned it off).
 [[nodiscard]] bool installed() noexcept;
 
-//! How long one fault is retried before the default action (60 s unless a test shortens it).
+//! How long one fault is retried before the default action (20 s unless a test shortens it).
 void set_give_up(std::chrono::nanoseconds after) noexcept;
 
 }  // namespace keel::io::map_guard

@@ -36,10 +36,12 @@ enum class map_advice {
 //! a thousand processes writing one store on a volume a third full). So keel guards its
 //! writable maps: the first one made installs a SIGBUS handler, if SIGBUS still has its
 //! default action, that waits out such a refusal in a guarded map (sleeping 1 ms, doubling
-//! up to 50 ms, then retrying the store) and gives up after 60 s of one fault, when the
+//! up to 50 ms, then retrying the store) and gives up after 20 s of one fault, when the
 //! default action kills the process as before. Any other SIGBUS goes to the default action
 //! at once. An application that installs its own SIGBUS handler first keeps it, and the
-//! guard stays out; `KEEL_MAP_GUARD=0` in the environment turns the guard off.
+//! guard stays out; so does a thread that blocks SIGBUS (the kernel then kills on a fault);
+//! `KEEL_MAP_GUARD=0` in the environment turns the guard off. A lasting failure that raises
+//! the same signal (an I/O error reading a page in, a file cut short) kills after the 20 s.
 class mapped_file {
  public:
   mapped_file() noexcept = default;
