@@ -144,12 +144,15 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
 
 std::int64_t store::impl::share(std::uint64_t room, std::int64_t cost) const noexcept {
   // A quarter: the next delta, given the room less this one's whole budget, then starts with
-  // at least half of it (this one's use counted twice at worst). Near full (a few segments
-  // left), or for a commit larger than a quarter, the whole room: the store must not say
-  // full while the room still holds the commit.
+  // room of its own (at least an eighth of what this one saw, its use counted twice at
+  // worst). The wait for a delta's commits is not gone, only put off to the close after the
+  // next (which needs this one quiet), and deltas close four times as often. Near full (a few
+  // segments left), or for a commit larger than a sixteenth, the whole room: the store must not
+  // say full while the room still holds the commit, nor leave a large commit to compete for
+  // quarters that small ones fill first.
   const auto whole = static_cast<std::int64_t>(room);
   const std::int64_t quarter = whole / 4;
-  if (room <= 4 * dir.params.segment_size || quarter < cost) return whole;
+  if (room <= 4 * dir.params.segment_size || quarter / 4 < cost) return whole;
   return quarter;
 }
 

@@ -609,8 +609,8 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> close_delta(std::uint64_t seen, std::int64_t cost,
                                          const io::countdown& cd) noexcept;
   //! What one delta may be given of `room`: a quarter, so that the next opens with room of
-  //! its own; the whole room near full (four segments or less) or when a quarter is below
-  //! `cost`.
+  //! its own; the whole room near full (four segments or less) or when a sixteenth of it is
+  //! below `cost`.
   [[nodiscard]] std::int64_t share(std::uint64_t room, std::int64_t cost) const noexcept;
   //! Waits until no writer is inside delta `d`, clearing the pins of dead users.
   [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
