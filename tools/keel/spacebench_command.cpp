@@ -18,6 +18,8 @@
 //   keys of its own in one of `dirs` key ranges, the same ranges again pass after pass (so
 //   later passes rewrite); no put may fail while the live data is far from filling the
 //   volume. Beside it the seed's own blurt with files, on a volume of the same size.
+// Exits 1 when a run died or a task was killed by a signal; tasks that failed with an error
+// are figures in the report (a miss), not a failure of the run.
 
 #include "spacebench_command.hpp"
 
@@ -685,8 +687,10 @@ int run(const config& c) {
           blurt_volume_mib(c), num(b, "live_pct"));
       fmt::print(text, "    keel                      {}\n", line(b));
       fmt::print(text, "    plain files               {}\n", line(p));
-      if (b.contains("failed_tasks") &&
-          b["failed_tasks"].get<std::uint64_t>() + b["signalled_tasks"].get<std::uint64_t>() != 0) {
+      // A task that failed with an error is a figure (btrfs refuses plain files too, and
+      // timeouts measure how slow it got): the report shows it. One killed by a signal is a
+      // crash, and fails the run.
+      if (b.contains("signalled_tasks") && b["signalled_tasks"].get<std::uint64_t>() != 0) {
         ok = false;
       }
     }
