@@ -43,6 +43,37 @@ void fill_up(const std::string& path) {
   }
 }
 
+// The guard's tests run in a child: its handler is installed once per process, and a
+// SIGBUS it does not catch kills. `body(f, m)` gets a file of `pages` pages and a writable
+// map of it; the child's exit code comes back, cannot_set_up when the guard is off.
+template <class Body>
+int in_guarded_child(const temp_dir& dir, std::size_t pages, Body&& body) {
+  const std::string path = dir.path().string() + "/map";
+  return keel::test::wait_exit(keel::test::fork_child([&] {
+    file_handle f = open_rw(path);
+    fill(f, pages * page_size(), 'a');
+    auto m = mapped_file::map(f, map_access::read_write);  // installs the guard
+    if (!m) return 2;
+    if (!map_guard::installed()) return keel::test::cannot_set_up;
+    return body(f, *m);
+  }));
+}
+
+constexpr const char* guard_off =
+    "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
+
+// Cuts `f` to nothing, and grows it back to `size` bytes after `delay` on another thread:
+// a write fault in between is refused (BUS_ADRERR) until then, as btrfs refuses one until
+// it has room.
+std::thread cut_for_a_moment(const file_handle& f, std::size_t size,
+                             std::chrono::milliseconds delay) {
+  if (!f.truncate(0)) std::abort();
+  return std::thread([&f, size, delay] {
+    std::this_thread::sleep_for(delay);
+    (void)f.truncate(static_cast<off_t>(size));
+  });
+}
+
 }  // namespace
 
 TEST(MappedFile, ReadOnlySeesTheFile) {
@@ -212,21 +243,11 @@ TEST(MappedFile, FullFilesystemIsAnErrorNotASignal) {
 // once the cause does (here, the file grown back).
 TEST(MapGuard, AWriteFaultRefusedForAMomentIsWaitedOut) {
   temp_dir dir;
-  const std::string path = dir.path().string() + "/map";
-  const pid_t child = keel::test::fork_child([&] {
-    file_handle f = open_rw(path);
-    fill(f, 8 * page_size(), 'a');
-    auto m = mapped_file::map(f, map_access::read_write);
-    if (!m) return 2;
-    if (!map_guard::installed()) return keel::test::cannot_set_up;
-    if (!f.truncate(0)) return 3;
-    std::thread grow([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      (void)f.truncate(static_cast<off_t>(8 * page_size()));
-    });
+  const int code = in_guarded_child(dir, 8, [](const file_handle& f, mapped_file& m) {
+    std::thread grow = cut_for_a_moment(f, 8 * page_size(), std::chrono::milliseconds(200));
     const std::uint64_t before = map_guard::retried();
     const auto start = std::chrono::steady_clock::now();
-    m->data()[5 * page_size()] = std::byte{'z'};  // past the end until `grow` runs
+    m.data()[5 * page_size()] = std::byte{'z'};  // past the end until `grow` runs
     const auto waited = std::chrono::steady_clock::now() - start;
     grow.join();
     if (map_guard::retried() == before) return 4;
@@ -235,10 +256,7 @@ TEST(MapGuard, AWriteFaultRefusedForAMomentIsWaitedOut) {
     if (!f.read_at(static_cast<off_t>(5 * page_size()), std::span(&b, 1))) return 6;
     return b == std::byte{'z'} ? 0 : 7;
   });
-  const int code = keel::test::wait_exit(child);
-  if (code == keel::test::cannot_set_up) {
-    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
-  }
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
   EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the guard did not wait";
 }
 
@@ -246,23 +264,14 @@ TEST(MapGuard, AWriteFaultRefusedForAMomentIsWaitedOut) {
 // here) the default action kills, as without the guard.
 TEST(MapGuard, ARefusalThatLastsStillKillsInTheEnd) {
   temp_dir dir;
-  const std::string path = dir.path().string() + "/map";
-  const pid_t child = keel::test::fork_child([&] {
-    file_handle f = open_rw(path);
-    fill(f, 2 * page_size(), 'a');
-    auto m = mapped_file::map(f, map_access::read_write);
-    if (!m) return 2;
-    if (!map_guard::installed()) return keel::test::cannot_set_up;
+  const auto start = std::chrono::steady_clock::now();
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file& m) {
     map_guard::set_give_up(std::chrono::milliseconds(300));
     if (!f.truncate(0)) return 3;
-    m->data()[page_size()] = std::byte{'z'};
+    m.data()[page_size()] = std::byte{'z'};
     return 4;
   });
-  const auto start = std::chrono::steady_clock::now();
-  const int code = keel::test::wait_exit(child);
-  if (code == keel::test::cannot_set_up) {
-    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
-  }
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
   EXPECT_EQ(code, 128 + SIGBUS);
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
 }
@@ -271,30 +280,17 @@ TEST(MapGuard, ARefusalThatLastsStillKillsInTheEnd) {
 // after every write-back, and a long-lived writer must not be killed for it.
 TEST(MapGuard, FaultsThatEachClearDoNotAddUpToTheGiveUpTime) {
   temp_dir dir;
-  const std::string path = dir.path().string() + "/map";
-  const pid_t child = keel::test::fork_child([&] {
-    file_handle f = open_rw(path);
-    fill(f, 2 * page_size(), 'a');
-    auto m = mapped_file::map(f, map_access::read_write);
-    if (!m) return 2;
-    if (!map_guard::installed()) return keel::test::cannot_set_up;
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file& m) {
     map_guard::set_give_up(std::chrono::milliseconds(500));
     for (int round = 0; round < 5; ++round) {  // 5 faults of 100 ms in 2.5 s, at one address
-      if (!f.truncate(0)) return 3;
-      std::thread grow([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        (void)f.truncate(static_cast<off_t>(2 * page_size()));
-      });
-      m->data()[page_size()] = std::byte{'z'};
+      std::thread grow = cut_for_a_moment(f, 2 * page_size(), std::chrono::milliseconds(100));
+      m.data()[page_size()] = std::byte{'z'};
       grow.join();
       std::this_thread::sleep_for(std::chrono::milliseconds(400));
     }
     return 0;
   });
-  const int code = keel::test::wait_exit(child);
-  if (code == keel::test::cannot_set_up) {
-    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
-  }
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
   EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the faults were added up";
 }
 
@@ -302,34 +298,22 @@ TEST(MapGuard, FaultsThatEachClearDoNotAddUpToTheGiveUpTime) {
 // would without keel: the guard hands it to the default action.
 TEST(MapGuard, ASigbusOutsideKeelsMapsStillKills) {
   temp_dir dir;
-  const std::string path = dir.path().string() + "/map";
-  const pid_t child = keel::test::fork_child([&] {
-    file_handle f = open_rw(path);
-    fill(f, 2 * page_size(), 'a');
-    auto m = mapped_file::map(f, map_access::read_write);  // installs the guard
-    if (!m) return 2;
-    if (!map_guard::installed()) return keel::test::cannot_set_up;
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file&) {
     void* raw = ::mmap(nullptr, 2 * page_size(), PROT_READ | PROT_WRITE, MAP_SHARED, f.fd(), 0);
     if (raw == MAP_FAILED) return 3;
     if (!f.truncate(0)) return 4;
     static_cast<volatile char*>(raw)[page_size()] = 'z';
     return 5;
   });
-  const int code = keel::test::wait_exit(child);
-  if (code == keel::test::cannot_set_up) {
-    GTEST_SKIP() << "SIGBUS already had a handler (a sanitizer's), so keel's guard stays out";
-  }
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
   EXPECT_EQ(code, 128 + SIGBUS);
 
   // Sent, not a fault: returning would not repeat it, so the guard must not swallow it.
-  const pid_t sent = keel::test::fork_child([&] {
-    file_handle f = open_rw(path);
-    auto m = mapped_file::map(f, map_access::read_write);
-    if (!m) return 2;
+  const int sent = in_guarded_child(dir, 1, [](const file_handle&, mapped_file&) {
     ::kill(::getpid(), SIGBUS);
     return 3;
   });
-  EXPECT_EQ(keel::test::wait_exit(sent), 128 + SIGBUS);
+  EXPECT_EQ(sent, 128 + SIGBUS);
 }
 
 }  // namespace keel::io
