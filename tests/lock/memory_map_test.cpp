@@ -6,8 +6,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -252,15 +254,11 @@ TEST(MemoryMap, AnotherVersionIsUnsupported) {
   EXPECT_EQ(m.error(), keel::errc::unsupported_version) << m.error().message();
 }
 
-// Users that die instead of closing leave their map behind; the next first user removes it.
-TEST(MemoryMap, MapOfKilledUsersIsRemovedByTheNextFirstUser) {
-  temp_dir dir;
-  temp_dir maps("/dev/shm");
-  memory_map::options o;
-  o.map_directory = maps.path().string();
+// A process, the only user of the lock at `path`, killed while it holds entity 1.
+void kill_the_only_user(const std::string& path, const memory_map::options& o) {
   test::signal_pipe ready;
   const pid_t child = fork_child([&] {
-    auto m = memory_map::open(dir.file("lock"), o);
+    auto m = memory_map::open(path, o);
     if (!m) return 1;
     auto g = (*m)->lock({entity(1)});
     ready.notify();
@@ -270,6 +268,15 @@ TEST(MemoryMap, MapOfKilledUsersIsRemovedByTheNextFirstUser) {
   ASSERT_EQ(ready.wait(), '!');
   ::kill(child, SIGKILL);
   EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
+}
+
+// Users that die instead of closing leave their map behind; the next first user removes it.
+TEST(MemoryMap, MapOfKilledUsersIsRemovedByTheNextFirstUser) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  memory_map::options o;
+  o.map_directory = maps.path().string();
+  kill_the_only_user(dir.file("lock"), o);
   EXPECT_EQ(maps_in(o.map_directory), 1u);
   {
     auto m = memory_map::open(dir.file("lock"), o);
@@ -278,6 +285,114 @@ TEST(MemoryMap, MapOfKilledUsersIsRemovedByTheNextFirstUser) {
     EXPECT_EQ(maps_in(o.map_directory), 1u);
   }
   EXPECT_EQ(maps_in(o.map_directory), 0u);
+}
+
+// The map path a lock file names ("" if none).
+std::string map_named_by(const std::string& lock_path) {
+  const std::string page = read_all(lock_path);
+  if (page.size() < 256) return {};
+  return std::string(page.c_str() + 48);
+}
+
+// Users that die and whose lock file is then removed (a store deleted after a crash) leave a
+// map that no first user of that lock will ever remove: the first user of any lock does.
+TEST(MemoryMap, MapOfKilledUsersWhoseLockFileIsGoneIsRemovedByAnyFirstUser) {
+  temp_dir dir;
+  lock_place other;
+  const std::string gone = dir.file("gone");
+  kill_the_only_user(gone, other.o);
+  ASSERT_EQ(::unlink(gone.c_str()), 0);
+  ASSERT_EQ(maps_in(other.o.map_directory), 1u);
+  {
+    auto m = memory_map::open(other.path, other.o);
+    ASSERT_TRUE(m) << m.error().message();
+    EXPECT_EQ(maps_in(other.o.map_directory), 1u) << "the dead users' map is still there";
+    EXPECT_TRUE(std::filesystem::exists(map_named_by(other.path)));
+  }
+  EXPECT_EQ(maps_in(other.o.map_directory), 0u);
+}
+
+// A map is removed only when nobody uses it: not while a process holds an instance open (even
+// one that never locked, and one that joined rather than made the map) after its lock file
+// was removed, nor while first users of other locks come and go in other processes.
+TEST(MemoryMap, AMapInUseIsNeverRemovedEvenWithItsLockFileGone) {
+  lock_place p;
+  test::signal_pipe created;
+  test::signal_pipe joined;
+  test::signal_pipe go_on;
+  // Forked before the creator opens, so that it inherits none of the creator's descriptors:
+  // once the creator closes, its own hold is all that keeps the map.
+  const pid_t joiner = fork_child([&] {
+    if (created.wait() != '!') return 1;
+    auto m = memory_map::open(p.path, p.o);
+    if (!m || (*m)->is_degraded()) return 2;
+    // Registered while its lock file is there (a thread registers through the lock's path).
+    if (!(*m)->try_lock({entity(7)})) return 5;
+    joined.notify();
+    if (go_on.wait() != '!') return 3;
+    auto g = (*m)->try_lock({entity(7)});  // still on its map, which must still be there
+    return g && !(*m)->is_degraded() ? 0 : 4;
+  });
+  auto creator = memory_map::open(p.path, p.o);
+  ASSERT_TRUE(creator) << creator.error().message();
+  const std::string map = map_named_by(p.path);
+  ASSERT_TRUE(std::filesystem::exists(map));
+  created.notify();
+  ASSERT_EQ(joined.wait(), '!');
+  creator->reset();  // not the last user: the map stays, held by the joiner alone
+  ASSERT_TRUE(std::filesystem::exists(map));
+  ASSERT_EQ(::unlink(p.path.c_str()), 0);  // its lock file gone too
+
+  // First users of other locks, in two processes at once, each removing orphans as it starts:
+  // each checks its own new map is there while it uses it.
+  std::vector<pid_t> churners;
+  for (int c = 0; c < 2; ++c) {
+    churners.push_back(fork_child([&, c] {
+      for (int i = 0; i < 150; ++i) {
+        const std::string mine = p.dir.file("churn-" + std::to_string(c));
+        auto m = memory_map::open(mine, p.o);
+        if (!m) return 1;
+        if (!(*m)->lock({entity(1)})) return 2;
+        if (!std::filesystem::exists(map_named_by(mine))) return 3;
+      }
+      return 0;
+    }));
+  }
+  for (const pid_t c : churners)
+    EXPECT_EQ(wait_exit(c), 0);
+  {
+    auto fresh = memory_map::open(p.dir.file("fresh"), p.o);  // one more first user, here
+    ASSERT_TRUE(fresh);
+  }
+  EXPECT_TRUE(std::filesystem::exists(map)) << "a map in use was removed";
+  go_on.notify();
+  EXPECT_EQ(wait_exit(joiner), 0);
+  // Its last user removed it as it closed (through its descriptor of the removed lock file).
+  EXPECT_FALSE(std::filesystem::exists(map));
+  auto after = memory_map::open(p.dir.file("after"), p.o);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(maps_in(p.o.map_directory), 1u);
+}
+
+// What is named like a map but is not one (another program's file, a map of another
+// version, a directory) is never touched.
+TEST(MemoryMap, RemovingOrphanMapsLeavesWhatIsNotOneAlone) {
+  lock_place p;
+  const std::string text = p.o.map_directory + "/keel-mm-0123456789abcdef";
+  write_all(text, "not a map\n");
+  const std::string other_version = p.o.map_directory + "/keel-mm-00000000000000aa";
+  std::string head(4096, '\0');
+  std::memcpy(head.data(), "KEELMMT1", 8);
+  head[8] = 6;  // the version before the held byte
+  write_all(other_version, head);
+  ASSERT_EQ(::mkdir((p.o.map_directory + "/keel-mm-00000000000000bb").c_str(), 0755), 0);
+  {
+    auto m = memory_map::open(p.path, p.o);
+    ASSERT_TRUE(m) << m.error().message();
+  }
+  EXPECT_EQ(read_all(text), "not a map\n");
+  EXPECT_EQ(read_all(other_version), head);
+  EXPECT_TRUE(std::filesystem::is_directory(p.o.map_directory + "/keel-mm-00000000000000bb"));
 }
 
 TEST(MemoryMap, ForcedFallbackAloneUsesNoMap) {

@@ -36,6 +36,10 @@ namespace keel::lock {
 //!   map, the last one removes it, one at a time under an init lock. A closing user waits
 //!   at most 2 s for that lock (an opener may be stuck in its set-up); past that it leaves
 //!   without the clean-up, and the next first user removes the map instead.
+//! - **Maps of dead users**: every instance on a map holds a byte of the map file shared
+//!   while it lives. A first user, before it makes its map, removes every map in
+//!   `map_directory` whose byte is free: maps whose users all died, even if their lock file
+//!   was removed since (nobody would remove those otherwise, and each is 1.4 MB of memory).
 //! - **Safe degrade**: a user that cannot share the memory (the lock file is on a network
 //!   filesystem, the map is not visible to it, or it asks with `force_fallback`) marks the
 //!   lock degraded; every user then moves to a byte_ranges lock on `<path>.fallback`. Nobody

@@ -91,6 +91,7 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
   // The map to look at: ours, or (an instance that never used it, as a forced degrader) the
   // one the lock file names, if it is visible here.
   const mm::slot_table* on = map.size() != 0 ? &table : nullptr;
+  io::file_handle their_hold;
   io::mapped_file theirs;
   mm::slot_table their_table;
   io::file_handle probe_fd;
@@ -100,7 +101,7 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
     const bool visible = state && !state->blank && !state->map_path.empty() &&
                          state->boot_id == base::self().boot_id;
     if (visible) {
-      auto m = mm::open_map(*fs, state->map_path);
+      auto m = mm::open_map(*fs, state->map_path, their_hold);
       if (m) {
         theirs = std::move(*m);
         their_table = mm::slot_table(theirs.data());

@@ -56,9 +56,15 @@ constexpr std::size_t slot_size = 64 + 2 * bitset_words * 8;
 constexpr std::size_t slots_at = users_at + max_users * user_size;
 constexpr std::size_t map_size = slots_at + slots * slot_size;
 constexpr off_t liveness_base = off_t{1} << 40;
-constexpr base::format map_format{
-    "KEELMMT1", 6,
-    base::layout_of({map_header_size, user_size, max_users, slots, slot_size, liveness_base})};
+//! Held shared, through a descriptor of its own, by every instance on the map for as long as
+//! it lives, from before the map's header is written (a creator) or from its join: a map
+//! with a header whose byte can be taken exclusively has no user, and can never get one (a
+//! lock file naming it has no live user either, and its next first user makes a new map).
+//! How maps whose users all died, and whose lock file is gone, are found and removed.
+constexpr off_t map_held_byte = liveness_base - 1;
+constexpr base::format map_format{"KEELMMT1", 7,
+                                  base::layout_of({map_header_size, user_size, max_users, slots,
+                                                   slot_size, liveness_base, map_held_byte})};
 
 //! The prefix of a map file's name (then 16 lowercase hex digits).
 constexpr std::string_view map_name_prefix = "keel-mm-";

@@ -48,9 +48,19 @@ struct thread_user final : base::thread_state, slot_user {
   ~thread_user() override;
 };
 
-//! Maps the map file at `path` (checked: a map of this format, whole). Errors: those of
-//! open/mmap; not_keel_file, unsupported_version, corrupt naming the file.
-result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path) noexcept;
+//! Maps the map file at `path` (checked: a map of this format, whole) and holds its
+//! map_held_byte shared through `hold`. Errors: those of open/mmap; not_keel_file,
+//! unsupported_version, corrupt naming the file; no_such_file_or_directory when the byte is
+//! held exclusively (the map has no user and is being removed).
+result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path,
+                                 io::file_handle& hold) noexcept;
+
+//! Removes the map files in `dir` that nobody uses (their map_held_byte is free): maps whose
+//! users all died, whose lock file may be gone too, so that no next first user would ever
+//! remove them. Leaves alone what is not a map of this format or cannot be probed (another
+//! user's file). Best effort, as a destructor's clean-up: nothing it meets is an error of
+//! the caller's.
+void remove_orphan_maps(io::filesystem& fs, const std::string& dir) noexcept;
 
 //! Whether open_map's error says the map is not this process's to share (gone, another
 //! user's, a symlink, not keel's or another version): the lock degrades. Any other (EMFILE,
@@ -80,6 +90,8 @@ struct memory_map::impl {
   io::file_handle marker;  // the markers only: nothing else ever unlocks through it
   io::mapped_file lock_view;
   io::mapped_file map;
+  //! The map file, holding mm::map_held_byte shared while this instance lives (on the map).
+  io::file_handle map_hold;
   mm::slot_table table;
   std::string map_path;
   std::string fallback_path;
