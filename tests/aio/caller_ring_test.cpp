@@ -34,9 +34,10 @@ using namespace std::chrono_literals;
 using test::temp_dir;
 using test_support::open_rw;
 
-// A controller on io_uring whose threads start requests as `who` says, or null (with the
-// reason in `why`) where io_uring cannot start or KEEL_AIO_ENGINE forces another engine.
-std::unique_ptr<controller> on_uring(submitter who, std::string& why) {
+// A controller on io_uring whose threads start requests as `who` says (with a write-back
+// cache of 64 MiB if `cached`), or null (with the reason in `why`) where io_uring cannot
+// start or KEEL_AIO_ENGINE forces another engine.
+std::unique_ptr<controller> on_uring(submitter who, std::string& why, bool cached = false) {
   if (const char* env = std::getenv("KEEL_AIO_ENGINE");
       env != nullptr && *env != '\0' && std::string_view(env) != "io_uring") {
     why = std::string("KEEL_AIO_ENGINE=") + env + " forces every controller's engine";
@@ -49,6 +50,10 @@ std::unique_ptr<controller> on_uring(submitter who, std::string& why) {
   options o;
   o.engine = engine_kind::io_uring;
   o.submit_on = who;
+  if (cached) {
+    o.cache_soft_limit = o.cache_hard_limit = std::size_t{64} << 20;
+    o.cache_idle_round = std::chrono::seconds(60);
+  }
   auto c = controller::start(o);
   if (!c) {
     why = "io_uring cannot start here: " + c.error().message();
@@ -83,6 +88,41 @@ TEST(AioCallerRings, RequestsStartOnTheSubmittingThreadsRing) {
   const engine_stats st = c->engine_counts();
   EXPECT_GE(st.requests_on_caller_rings, 4u);
   EXPECT_EQ(st.caller_requests_reaped_by_workers, 0u);  // the thread was always there
+}
+
+// A cached file's writes that the cache steps aside for (nothing comes back to them) start
+// on the thread's ring like any other file's; its fsync still meets the cache in a worker,
+// which writes the cached bytes out first.
+TEST(AioCallerRings, WritesTheCacheStepsAsideForStartOnTheRing) {
+  std::string why_not;
+  auto c = on_uring(submitter::caller, why_not, true);
+  if (!c) GTEST_SKIP() << why_not;
+  temp_dir dir;
+  open_options how;
+  how.write = true;
+  how.create = true;
+  how.cache = true;
+  auto f = c->open(dir.file("cached"), how);
+  ASSERT_TRUE(f) << f.error().message();
+  constexpr std::size_t each = 16384;
+  std::vector<std::byte> data(320 * each);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<std::byte>(i * 7 + i / 4096);
+  for (std::size_t i = 0; i < 320; ++i) {
+    ASSERT_EQ(f->write(i * each, std::span(data).subspan(i * each, each)).wait().value_or(0), each);
+  }
+  EXPECT_EQ(c->cache().writes_cached, 32u);  // the first window's, before the verdict
+  EXPECT_EQ(c->cache().writes_bypassed, 288u);
+  EXPECT_EQ(c->engine_counts().requests_on_caller_rings, 288u);
+  ASSERT_TRUE(f->fsync().wait());
+  EXPECT_EQ(c->engine_counts().requests_on_caller_rings, 288u) << "the fsync went to a worker";
+  ASSERT_TRUE(f->close());
+  std::vector<std::byte> back(data.size());
+  const int fd = ::open(dir.file("cached").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(::pread(fd, back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+  ::close(fd);
+  EXPECT_EQ(back, data);
 }
 
 // A thread that submits and then sleeps (on something else) leaves its completion on its
@@ -349,6 +389,39 @@ TEST(AioPosixOnTheCaller, AThreadThatSubmitsAndWaitsRunsItsReads) {
   EXPECT_EQ(reads_here(submitter::caller), 200);
   // Judged every 32 timed calls, from a clock a sanitizer slows unevenly: most of them.
   EXPECT_GE(reads_here(submitter::adaptive), 100);
+}
+
+// On posix too: a cached file's write the cache steps aside for runs inside the call that
+// submits it, as any other file's would.
+TEST(AioPosixOnTheCaller, WritesTheCacheStepsAsideForRunInTheCall) {
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON"); env != nullptr && *env != '\0') {
+    GTEST_SKIP() << "KEEL_AIO_SUBMIT_ON=" << env << " forces where requests start";
+  }
+  options o;
+  o.engine = engine_kind::posix;
+  o.submit_on = submitter::caller;
+  o.cache_soft_limit = o.cache_hard_limit = std::size_t{64} << 20;
+  o.cache_idle_round = std::chrono::seconds(60);
+  auto c = controller::start(o);
+  ASSERT_TRUE(c) << c.error().message();
+  temp_dir dir;
+  open_options how;
+  how.write = true;
+  how.create = true;
+  how.cache = true;
+  auto f = (*c)->open(dir.file("cached"), how);
+  ASSERT_TRUE(f) << f.error().message();
+  std::vector<std::byte> data(16384, std::byte{3});
+  int ended_at_once = 0;
+  for (std::size_t i = 0; i < 320; ++i) {
+    auto r = f->write(i * data.size(), data);
+    ended_at_once += r.state() == status::done ? 1 : 0;
+    ASSERT_EQ(r.wait().value_or(0), data.size());
+  }
+  EXPECT_EQ((*c)->cache().writes_bypassed, 288u);
+  EXPECT_EQ(ended_at_once, 320) << "cached writes end in the call, and so do those passed on";
+  ASSERT_TRUE(f->close());
+  EXPECT_EQ(std::filesystem::file_size(dir.file("cached")), 320u * data.size());
 }
 
 TEST(AioCallerRings, UnknownSubmitOnInTheEnvironmentIsRefused) {

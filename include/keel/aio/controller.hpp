@@ -73,9 +73,11 @@ struct options {
   //! thread submits to and reaps itself, as fio does (completions it does not come back for
   //! are reaped by a worker, which the ring's eventfd wakes); a posix, stdio or null
   //! request runs then and there, inside the call that submits it. Requests on
-  //! registered_buffers, chained requests of a batch, tasks and cached files' requests
-  //! always go to the workers (the one-at-a-time engines also run a batch there). The
-  //! environment variable KEEL_AIO_SUBMIT_ON (adaptive, caller, workers) overrides this.
+  //! registered_buffers, chained requests of a batch, tasks and the requests of cached files
+  //! that the cache has yet to see (an fsync, whose cached bytes go out first) always go to
+  //! the workers (the one-at-a-time engines also run a batch there); a cached file's write
+  //! the cache stepped aside for, or read it does not hold, starts like any other file's.
+  //! The environment variable KEEL_AIO_SUBMIT_ON (adaptive, caller, workers) overrides this.
   submitter submit_on = submitter::adaptive;
 
   //! The write-back cache of the files opened with open_options::cache, shared by them.
