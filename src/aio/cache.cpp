@@ -87,6 +87,15 @@ page_part part_of(std::uint64_t p, std::uint64_t offset, std::uint64_t end) noex
 
 // ---- writing out ----
 
+// Drops a clean page that no write-out holds: into the spare pool, while it has room.
+void drop_page(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
+  unlink_page(fc, p);
+  std::unique_ptr<cache_page> gone = fc.pages.take(p.offset);
+  if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
+    fc.spare.push_back(std::move(gone));
+  }
+}
+
 // The dirty bytes of some pages, to be written out without the file's mutex straight from
 // the pages: while a page is `flushing` nobody writes into it (a write into it copies it
 // first, see cache_write), and nobody drops it.
@@ -134,6 +143,20 @@ class write_out_batch {
 
   //! Under the file's mutex again: pages not written since they were added are clean now;
   //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go.
+  //! After settle: drops the batch's pages that are clean and not being written (into the
+  //! spare pool, up to its size). How many.
+  std::size_t drop_clean(file_cache& fc) noexcept KEEL_REQUIRES(fc.mutex) {
+    std::size_t n = 0;
+    for (const entry& e : pages_) {
+      cache_page* p = e.page;
+      if (p->detached || p->flushing || p->dirty.any()) continue;
+      drop_page(fc, *p);
+      ++n;
+    }
+    pages_.clear();
+    return n;
+  }
+
   void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept
       KEEL_REQUIRES(fc.mutex) {
     const bool forget = base::is_planted(base::planted_bug::cache_forgets_failed_write_out);
@@ -220,6 +243,24 @@ result<void> take_flush_error(file_cache& fc, result<void> r) noexcept {
 
 // ---- the flusher ----
 
+// Adds the pages `pick` chooses (under the file's mutex) to `b`, in offset order. On
+// bad_alloc nothing is written this round: what the batch took is settled, and false.
+template <class Pick>
+bool batch_pages(cache_control& cc, file_cache& fc, write_out_batch& b, Pick&& pick) noexcept {
+  try {
+    const base::lock_guard lock(fc.mutex);
+    std::vector<cache_page*> chosen = pick();
+    std::sort(chosen.begin(), chosen.end(), by_offset);
+    for (cache_page* p : chosen)
+      b.add(*p);
+    return true;
+  } catch (const std::bad_alloc&) {
+    const base::lock_guard lock(fc.mutex);
+    b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
+    return false;
+  }
+}
+
 // Writes out the dirty ones among the `max_pages` least recently written pages of `f` and
 // drops those of them that are clean. Whether anything was written or dropped.
 bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexcept {
@@ -227,22 +268,15 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
   const base::lock_guard flush_lock(fc.flush_mutex);
   if (fc.closed) return false;
   write_out_batch b;
-  try {
-    const base::lock_guard lock(fc.mutex);
+  const bool taken = batch_pages(cc, fc, b, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<cache_page*> chosen;
     std::size_t n = 0;
     for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
       if (p->dirty.any()) chosen.push_back(p);
     }
-    std::sort(chosen.begin(), chosen.end(), by_offset);
-    for (cache_page* p : chosen)
-      b.add(*p);
-  } catch (const std::bad_alloc&) {
-    // Settle what was copied; nothing is written this round.
-    const base::lock_guard lock(fc.mutex);
-    b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
-    return false;
-  }
+    return chosen;
+  });
+  if (!taken) return false;
   const result<void> written = b.empty() ? result<void>() : b.write_through(*cc.write_engine, f);
   std::size_t dropped = 0;
   {
@@ -253,11 +287,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
         cache_page* next = p->newer;
         if (!p->flushing && !p->dirty.any()) {
-          unlink_page(fc, *p);
-          std::unique_ptr<cache_page> gone = fc.pages.take(p->offset);
-          if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
-            fc.spare.push_back(std::move(gone));
-          }
+          drop_page(fc, *p);
           ++dropped;
         }
         p = next;
@@ -266,6 +296,32 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
   }
   cc.bytes.fetch_sub(dropped * page_size);
   return dropped != 0 || (written && !b.empty());
+}
+
+// Write-behind: writes out the dirty pages of `f` but the `keep` most recently dirtied (an
+// overwrite may still merge into those), and keeps them, clean.
+void write_behind_file(cache_control& cc, file_state& f, std::size_t keep) noexcept {
+  file_cache& fc = *f.cache;
+  const base::lock_guard flush_lock(fc.flush_mutex);
+  if (fc.closed) return;
+  write_out_batch b;
+  const bool taken = batch_pages(cc, fc, b, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+    std::vector<cache_page*> chosen;
+    std::size_t n = 0;
+    for (cache_page* p = fc.dirty; p != nullptr; p = p->next_dirty) {
+      if (n++ >= keep) chosen.push_back(p);  // the list starts with the latest dirtied
+    }
+    return chosen;
+  });
+  if (!taken || b.empty()) return;
+  const result<void> written = b.write_through(*cc.write_engine, f);
+  std::size_t dropped = 0;
+  {
+    const base::lock_guard lock(fc.mutex);
+    b.settle(cc, fc, written);
+    if (!f.direct && fc.reads_from_file == 0) dropped = b.drop_clean(fc);
+  }
+  cc.bytes.fetch_sub(dropped * page_size);
 }
 
 std::vector<std::shared_ptr<file_state>> cached_files(cache_control& cc) {
@@ -313,10 +369,11 @@ void shrink_to(cache_control& cc, std::size_t target) noexcept {
 
 void flusher_main(cache_control& cc) noexcept {
   std::uint64_t seen_writes = cc.writes.load();
+  auto last_write_seen = std::chrono::steady_clock::now();
   for (;;) {
     // With nothing cached it sleeps until the first page comes (cache_write wakes it).
     const std::uint32_t s = cc.signal.load();
-    if (!cc.quit.load() && !cc.wanted.load()) {
+    if (!cc.quit.load() && !cc.wanted.load() && !cc.behind.load()) {
       const io::countdown cd =
           (cc.bytes.load() == 0 ? io::deadline::never() : io::deadline(cc.idle)).start();
       base::futex_wait(cc.signal, s, &cd);
@@ -335,12 +392,25 @@ void flusher_main(cache_control& cc) noexcept {
       return;
     }
     cc.wanted.store(false);
+    if (cc.behind.exchange(false)) {
+      try {
+        for (const auto& f : cached_files(cc))
+          write_behind_file(cc, *f, cc.behind_pages);
+      } catch (const std::bad_alloc&) {
+        // The next write past the mark asks again.
+      }
+    }
     const std::size_t bytes = cc.bytes.load();
     const std::uint64_t writes = cc.writes.load();
+    const auto now = std::chrono::steady_clock::now();
+    if (writes != seen_writes) last_write_seen = now;
     if (bytes > cc.soft) {
       shrink_to(cc, cc.soft - cc.soft / 8);  // oldest first, a little below the soft limit
-    } else if (writes == seen_writes && bytes != 0) {
-      shrink_to(cc, bytes / 2);  // idle for a round: halve what is cached
+    } else if (writes == seen_writes && bytes != 0 && now - last_write_seen >= cc.idle) {
+      // Idle for a round (not merely woken again without a write, as write-behind may):
+      // halve what is cached.
+      shrink_to(cc, bytes / 2);
+      last_write_seen = now;
     }
     seen_writes = writes;
   }
@@ -479,7 +549,9 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     unlink_page(fc, pg);
     link_newest(fc, pg);
   }
+  const bool write_behind = cc.behind_pages != 0 && fc.dirty_pages >= 2 * cc.behind_pages;
   lock.unlock();
+  if (write_behind && !cc.behind.exchange(true)) wake_flusher(cc);
   cc.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
   const std::size_t before = cc.bytes.fetch_add(made * page_size);
   if (before == 0 && made != 0) {
@@ -546,6 +618,7 @@ result<std::unique_ptr<write_back_cache>> write_back_cache::start(controller::im
   cc.soft = c.opts.cache_soft_limit;
   cc.hard = c.opts.cache_hard_limit;
   cc.idle = std::max(c.opts.cache_idle_round, std::chrono::milliseconds(1));
+  cc.behind_pages = (c.opts.cache_write_behind + page_size - 1) / page_size;
   try {
     cc.flusher = std::thread([&cc] { flusher_main(cc); });
   } catch (const std::system_error& e) {

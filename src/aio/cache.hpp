@@ -213,6 +213,7 @@ struct cache_control {
   std::size_t soft = 0;
   std::size_t hard = 0;
   std::chrono::milliseconds idle{100};
+  std::size_t behind_pages = 0;       // write-behind: the dirty pages a file keeps (0: off)
   std::atomic<std::size_t> bytes{0};  // pages cached, in bytes
   std::atomic<std::size_t> dirty_pages{0};
   std::atomic<std::uint64_t> writes{0};  // cached writes (also the pages' clock)
@@ -226,6 +227,7 @@ struct cache_control {
   std::thread flusher;
   std::atomic<std::uint32_t> signal{0};  // futex word the flusher sleeps on
   std::atomic<bool> wanted{false};       // a write passed the soft limit since the last round
+  std::atomic<bool> behind{false};       // a file passed twice behind_pages dirty since then
   std::atomic<bool> quit{false};
 };
 

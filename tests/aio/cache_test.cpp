@@ -27,12 +27,14 @@ using namespace std::chrono_literals;
 using test::temp_dir;
 
 std::unique_ptr<controller> start_cached(std::size_t soft, std::size_t hard,
-                                         std::chrono::milliseconds idle) {
+                                         std::chrono::milliseconds idle,
+                                         std::size_t behind = options{}.cache_write_behind) {
   options o;
   o.engine = engine_kind::posix;
   o.cache_soft_limit = soft;
   o.cache_hard_limit = hard;
   o.cache_idle_round = idle;
+  o.cache_write_behind = behind;
   auto c = controller::start(o);
   if (!c) {
     ADD_FAILURE() << "start: " << c.error().message();
@@ -85,8 +87,9 @@ bool eventually(Done&& done, std::chrono::milliseconds limit = 10s) {
 // `path` opened through it.
 class AioCache : public ::testing::Test {
  protected:
-  void start(std::size_t soft, std::size_t hard, std::chrono::milliseconds idle) {
-    c = start_cached(soft, hard, idle);
+  void start(std::size_t soft, std::size_t hard, std::chrono::milliseconds idle,
+             std::size_t behind = options{}.cache_write_behind) {
+    c = start_cached(soft, hard, idle, behind);
     ASSERT_TRUE(c);
     f = open_cached(*c, path);
     ASSERT_TRUE(f.is_open());
@@ -202,6 +205,50 @@ TEST_F(AioCache, TheSoftLimitIsRestoredWithoutAnFsync) {
   // The oldest went first: the start of the file is on disk already.
   EXPECT_EQ(on_disk(path, 0, 65536), std::vector(data.begin(), data.begin() + 65536));
   ASSERT_TRUE(f.close());
+  EXPECT_EQ(on_disk(path, 0, data.size()), data);
+}
+
+// 64 pages, each written and at once overwritten (so the cache keeps caching them).
+std::vector<std::byte> write_and_overwrite_64_pages(file& f) {
+  const auto data = pattern(64 * 4096, 11);
+  for (std::size_t at = 0; at < data.size(); at += 4096) {
+    for (int twice = 0; twice < 2; ++twice)
+      EXPECT_TRUE(f.write(at, std::span(data).subspan(at, 4096)).wait());
+  }
+  return data;
+}
+
+// Write-behind: once twice `behind` bytes of a file are dirty, the flusher writes out all
+// but the latest dirtied `behind` bytes of them, before any fsync, and (a buffered file: the
+// kernel's page cache holds them) drops them. The overwrites still merged in memory.
+TEST_F(AioCache, WritesBehindAllButTheLatestDirtiedPages) {
+  constexpr std::size_t behind = 16 * 4096;
+  ASSERT_NO_FATAL_FAILURE(start(64 << 20, 128 << 20, 60s, behind));
+  const auto data = write_and_overwrite_64_pages(f);
+  EXPECT_EQ(c->cache().writes_cached, 128u);
+  // What was written out of a buffered file goes (the kernel's page cache holds it).
+  EXPECT_TRUE(eventually([&] {
+    const cache_stats st = c->cache();
+    return st.dirty_bytes < 2 * behind && st.cached_bytes < 2 * behind;
+  })) << c->cache().dirty_bytes
+      << " bytes dirty, " << c->cache().cached_bytes << " cached";
+  EXPECT_GE(c->cache().dirty_bytes, behind) << "the latest dirtied stay in memory";
+  EXPECT_GE(c->cache().bytes_written_out, data.size() - 2 * behind);
+  EXPECT_EQ(on_disk(path, 0, 4096), std::vector(data.begin(), data.begin() + 4096))
+      << "the first page is on disk before any fsync";
+  ASSERT_TRUE(f.close());
+  EXPECT_EQ(on_disk(path, 0, data.size()), data);
+}
+
+// With write-behind off, dirty pages wait for the fsync.
+TEST_F(AioCache, WithoutWriteBehindDirtyPagesWaitForTheFsync) {
+  ASSERT_NO_FATAL_FAILURE(start(64 << 20, 128 << 20, 60s, 0));
+  const auto data = write_and_overwrite_64_pages(f);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(c->cache().bytes_written_out, 0u);
+  EXPECT_EQ(c->cache().dirty_bytes, data.size());
+  ASSERT_TRUE(f.fsync().wait());
+  EXPECT_EQ(c->cache().bytes_written_out, data.size()) << "each page once: the overwrites merged";
   EXPECT_EQ(on_disk(path, 0, data.size()), data);
 }
 

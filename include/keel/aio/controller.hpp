@@ -90,6 +90,13 @@ struct options {
   //! When no write came into the cache for this long, the flusher writes out and drops the
   //! least recently written half of what is cached, and so on every such round.
   std::chrono::milliseconds cache_idle_round{100};
+  //! Write-behind: once a file holds twice this many bytes of dirty pages, the flusher
+  //! writes out all but the most recently dirtied this many bytes of them (keeping the
+  //! pages, clean), so that an fsync finds little left to write, and the write-out runs
+  //! beside the caller's work and the file's last fsync instead of in front of its next. An
+  //! overwrite soon after its write still merges in memory. 0: dirty pages wait for an
+  //! fsync, a close, the soft limit or an idle round.
+  std::size_t cache_write_behind = std::size_t{256} << 10;
 };
 
 //! What the write-back cache holds and has done (controller::cache_stats).
