@@ -3,7 +3,8 @@
 // mount namespace, so it vanishes with the run), and measures, with 1 KiB values:
 // - fill: the value bytes stored when a put first fails with no_space, against the volume's
 //   free space at the start; beside it the same with the format's per-record overhead (what
-//   an ideal packer of keel's records would reach), and what plain files reach there;
+//   an ideal packer of keel's records would reach), then with each key's index entry too (a
+//   packer of the records and a full index), and what plain files reach there;
 // - half-way failures: puts that failed with anything but no_space, and deaths by signal
 //   (SIGBUS from a write into an unallocated block): both must be 0;
 // - time to fail: how long the first failing put took, and tar's "keep banging on the full
@@ -91,6 +92,10 @@ std::string key_of(std::uint64_t i) {
 std::uint64_t record_bytes(std::size_t key, std::size_t value) {
   return (48 + 48 + key + value + 7) / 8 * 8;
 }
+
+// The index's bytes per key (doc/kv-format.md, bucket pages): one entry of 32 bytes, in a
+// page packed full (an ideal packer would leave no entry empty).
+constexpr std::uint64_t index_entry_bytes = 32;
 
 // Why a volume could not be made, by the exit status of the child that tried.
 constexpr int cannot_mount = 77;  // no private mount namespace, or no tmpfs there
@@ -245,6 +250,9 @@ json fill_run(const config& c, const std::string& mnt) {
   j["fill_with_overhead_pct"] = 100.0 *
                                 static_cast<double>(f.stored * record_bytes(16, c.value_size)) /
                                 static_cast<double>(free0);
+  j["fill_with_index_pct"] =
+      100.0 * static_cast<double>(f.stored * (record_bytes(16, c.value_size) + index_entry_bytes)) /
+      static_cast<double>(free0);
   j["fail_seconds"] = f.failing_put_seconds;
   j["space"] = space_by_file(mnt + "/s");
   if (auto st = s.stats()) {
@@ -602,8 +610,8 @@ int run(const config& c) {
                c.value_size);
     fmt::print(text,
                "  fill at first no_space      {:6.1f} % of free space ({:.1f} % with keel's "
-               "per-record overhead); plain files {:.1f} %\n",
-               num(f, "fill_pct"), num(f, "fill_with_overhead_pct"),
+               "per-record overhead, {:.1f} % with its index entry too); plain files {:.1f} %\n",
+               num(f, "fill_pct"), num(f, "fill_with_overhead_pct"), num(f, "fill_with_index_pct"),
                num(doc["plain_files"], "fill_pct"));
     const json& sp = f["space"];
     const auto mib = [&](const char* k) { return num(sp, k) / 1048576.0; };
