@@ -142,23 +142,11 @@ class write_out_batch {
   }
 
   //! Under the file's mutex again: pages not written since they were added are clean now;
-  //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go.
-  //! After settle: drops the batch's pages that are clean and not being written (into the
-  //! spare pool, up to its size). How many.
-  std::size_t drop_clean(file_cache& fc) noexcept KEEL_REQUIRES(fc.mutex) {
-    std::size_t n = 0;
-    for (const entry& e : pages_) {
-      cache_page* p = e.page;
-      if (p->detached || p->flushing || p->dirty.any()) continue;
-      drop_page(fc, *p);
-      ++n;
-    }
-    pages_.clear();
-    return n;
-  }
-
-  void settle(cache_control& cc, file_cache& fc, const result<void>& written) noexcept
-      KEEL_REQUIRES(fc.mutex) {
+  //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go (freed
+  //! here). With `drop`, the batch's pages that are clean now go too (into the spare pool,
+  //! up to its size), before the copied ones are freed: how many.
+  std::size_t settle(cache_control& cc, file_cache& fc, const result<void>& written,
+                     bool drop = false) noexcept KEEL_REQUIRES(fc.mutex) {
     const bool forget = base::is_planted(base::planted_bug::cache_forgets_failed_write_out);
     for (const entry& e : pages_) {
       e.page->flushing = false;
@@ -167,9 +155,26 @@ class write_out_batch {
         cc.dirty_pages.fetch_sub(1, std::memory_order_relaxed);
       }
     }
+    std::size_t dropped = 0;
+    for (const entry& e : pages_) {
+      if (!drop || e.page->detached || e.page->dirty.any()) continue;
+      drop_page(fc, *e.page);
+      ++dropped;
+    }
+    pages_.clear();
     fc.detached.clear();  // one write-out at a time: all of them were this batch's
     cc.written_out.fetch_add(bytes_, std::memory_order_relaxed);
     if (!written && !fc.flush_error && !forget) fc.flush_error = written.error();
+    return dropped;
+  }
+
+  //! Under the file's mutex, nothing written (an allocation failed while the batch was
+  //! made, under that mutex throughout): its pages are as they were, dirty.
+  void release(file_cache& fc) noexcept KEEL_REQUIRES(fc.mutex) {
+    (void)fc;  // named for the lock analysis: the flags are read under its mutex
+    for (const entry& e : pages_)
+      e.page->flushing = false;
+    pages_.clear();
   }
 
  private:
@@ -244,9 +249,10 @@ result<void> take_flush_error(file_cache& fc, result<void> r) noexcept {
 // ---- the flusher ----
 
 // Adds the pages `pick` chooses (under the file's mutex) to `b`, in offset order. On
-// bad_alloc nothing is written this round: what the batch took is settled, and false.
+// bad_alloc nothing is written this round (false): the pages stay dirty, and no error is
+// kept for the file (nothing was lost).
 template <class Pick>
-bool batch_pages(cache_control& cc, file_cache& fc, write_out_batch& b, Pick&& pick) noexcept {
+bool batch_pages(file_cache& fc, write_out_batch& b, Pick&& pick) noexcept {
   try {
     const base::lock_guard lock(fc.mutex);
     std::vector<cache_page*> chosen = pick();
@@ -256,7 +262,7 @@ bool batch_pages(cache_control& cc, file_cache& fc, write_out_batch& b, Pick&& p
     return true;
   } catch (const std::bad_alloc&) {
     const base::lock_guard lock(fc.mutex);
-    b.settle(cc, fc, errc_error(std::errc::not_enough_memory));
+    b.release(fc);  // nothing lost: the pages stay dirty for a later write-out
     return false;
   }
 }
@@ -268,7 +274,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
   const base::lock_guard flush_lock(fc.flush_mutex);
   if (fc.closed) return false;
   write_out_batch b;
-  const bool taken = batch_pages(cc, fc, b, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  const bool taken = batch_pages(fc, b, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<cache_page*> chosen;
     std::size_t n = 0;
     for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; p = p->newer, ++n) {
@@ -298,14 +304,15 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
   return dropped != 0 || (written && !b.empty());
 }
 
-// Write-behind: writes out the dirty pages of `f` but the `keep` most recently dirtied (an
-// overwrite may still merge into those), and keeps them, clean.
+// Write-behind: writes out the dirty pages of `f` but the `keep` first dirtied most recently
+// (an overwrite may still merge into those). A buffered file's pages written out then go (the
+// kernel's page cache holds them); an O_DIRECT file's stay, clean, for reads.
 void write_behind_file(cache_control& cc, file_state& f, std::size_t keep) noexcept {
   file_cache& fc = *f.cache;
   const base::lock_guard flush_lock(fc.flush_mutex);
   if (fc.closed) return;
   write_out_batch b;
-  const bool taken = batch_pages(cc, fc, b, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  const bool taken = batch_pages(fc, b, [&]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<cache_page*> chosen;
     std::size_t n = 0;
     for (cache_page* p = fc.dirty; p != nullptr; p = p->next_dirty) {
@@ -318,8 +325,7 @@ void write_behind_file(cache_control& cc, file_state& f, std::size_t keep) noexc
   std::size_t dropped = 0;
   {
     const base::lock_guard lock(fc.mutex);
-    b.settle(cc, fc, written);
-    if (!f.direct && fc.reads_from_file == 0) dropped = b.drop_clean(fc);
+    dropped = b.settle(cc, fc, written, !f.direct && fc.reads_from_file == 0);
   }
   cc.bytes.fetch_sub(dropped * page_size);
 }
