@@ -751,6 +751,54 @@ TEST(MemoryMap, AForkedChildsFirstLockKeepsItsDeadlineWhileAnOpenerIsStuck) {
   EXPECT_EQ(wait_exit(child), 0);
 }
 
+// Review finding: a forked child whose parent died holds the map's hold only through its
+// copy of the parent's descriptor. A first lock that could not join (an opener stuck in its
+// set-up) dropped that copy, so the first user of any other lock removed the map the lock
+// file still names, and the child's next lock degraded the lock.
+TEST(MemoryMap, AForkedChildThatCouldNotJoinYetKeepsItsDeadParentsMap) {
+  const lock_place at;
+  signal_pipe forked, go, tried, go_on, outcome;
+  const pid_t parent = fork_child([&] {
+    auto m = memory_map::open(at.path, at.o);
+    if (!m) return 1;
+    const pid_t child = fork_child([&] {
+      // Not the test's child: it says how it ended through a pipe.
+      const auto run = [&] {
+        if (!arrives(go)) return 2;
+        auto t = (*m)->try_lock({entity(5)});  // cannot join: the opener is stuck
+        if (t || t.error() != std::errc::operation_would_block) return 3;
+        tried.notify();
+        if (!arrives(go_on)) return 4;
+        auto g = (*m)->lock({entity(5)}, 5s);
+        if (!g) return 5;
+        return (*m)->is_degraded() ? 6 : 0;
+      };
+      outcome.notify(static_cast<char>('0' + run()));
+      return 0;
+    });
+    forked.notify(child > 0 ? '!' : 'x');
+    ::_exit(0);  // dies: no close, its descriptors go with it
+  });
+  ASSERT_TRUE(arrives(forked));
+  EXPECT_EQ(wait_exit(parent), 0);
+  const std::string map = map_named_by(at.path);
+  ASSERT_TRUE(std::filesystem::exists(map));
+  auto stuck = io::file_handle::open(at.path.c_str(), io::open_flags::read_write);
+  ASSERT_TRUE(stuck);
+  auto init = io::lock_extent(*stuck, mm::init_byte, 1, io::lock_kind::exclusive);
+  ASSERT_TRUE(init);
+  go.notify();
+  ASSERT_TRUE(arrives(tried));
+  {
+    auto other = memory_map::open(at.dir.file("other"), at.o);  // a first user: removes orphans
+    ASSERT_TRUE(other);
+  }
+  EXPECT_TRUE(std::filesystem::exists(map)) << "the map the child still uses was removed";
+  ASSERT_TRUE(init->unlock());
+  go_on.notify();
+  EXPECT_EQ(outcome.wait(), '0') << "2-5: a lock call failed; 6: the lock degraded";
+}
+
 TEST(MemoryMap, AForkedChildKeepsExclusionWhenItsParentCloses) {
   forked_child_keeps_exclusion(false);
 }

@@ -87,11 +87,12 @@ struct memory_map::impl {
   std::string path;
   options opts;
   io::filesystem* fs = &io::os();
+  //! The map file, holding mm::map_held_byte shared while this instance lives (on the map).
+  //! Declared before `marker`, so that it is closed after it: the hold outlives *in use*.
+  io::file_handle map_hold;
   io::file_handle marker;  // the markers only: nothing else ever unlocks through it
   io::mapped_file lock_view;
   io::mapped_file map;
-  //! The map file, holding mm::map_held_byte shared while this instance lives (on the map).
-  io::file_handle map_hold;
   mm::slot_table table;
   std::string map_path;
   std::string fallback_path;

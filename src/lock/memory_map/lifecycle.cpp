@@ -210,7 +210,9 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
   io::file_handle parents = std::move(marker);
   marker = std::move(*d);
   map = io::mapped_file{};
-  map_hold = io::file_handle{};  // a copy of the parent's: the parent's hold stays
+  // The same for the map's hold: if the parent is gone, this copy of its descriptor is the
+  // last hold on the map its lock file names, which a remover would take for nobody's.
+  io::file_handle parents_hold = std::move(map_hold);
   map_path.clear();
   table = mm::slot_table();
   lock_view = io::mapped_file{};
@@ -224,9 +226,10 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
                                               : io::deadline(cd.expiry());
   auto must_degrade = join(until);
   if (!must_degrade) {
-    // Not joined (timed out behind an opener, or failed): the parent's descriptor stays
-    // ours, keeping its holds, and the next call tries again.
+    // Not joined (timed out behind an opener, or failed): the parent's descriptors stay
+    // ours, keeping their holds, and the next call tries again.
     marker = std::move(parents);
+    map_hold = std::move(parents_hold);
     return std::unexpected(must_degrade.error());
   }
   creator_pid.store(me, std::memory_order_release);
@@ -249,6 +252,16 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p,
   if (!held) {
     if (!detail::is_contention(held.error())) return std::unexpected(held.error());
     // A remover holds it: the map has no user left, and its name is going.
+    return std::unexpected(
+        error(std::make_error_code(std::errc::no_such_file_or_directory)).about(f->shared_path()));
+  }
+  // Held now, so nobody removes it from here on; but a remover may have taken it and removed
+  // its name between our open and the hold: then it is nobody's map (each thread registers
+  // through the name).
+  auto named = fs.stat_at(nullptr, p.c_str(), false);
+  auto opened = f->status();
+  if (!opened) return std::unexpected(opened.error());
+  if (!named || !named->same_file(*opened)) {
     return std::unexpected(
         error(std::make_error_code(std::errc::no_such_file_or_directory)).about(f->shared_path()));
   }
