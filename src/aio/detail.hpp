@@ -59,6 +59,13 @@ struct file_state {
   result<stream*> stream_of_this_thread() noexcept;
 };
 
+//! Whether `o` must meet the cache in a worker (before_engine) before its engine sees it: a
+//! cached file's request the cache has not passed on yet (an fsync, whose cached bytes go
+//! out first), unlike a write it stepped aside for or a read it does not hold.
+inline bool for_the_cache(const op& o) noexcept {
+  return o.file->cache != nullptr && !o.cache_checked;
+}
+
 //! How a request that reached a worker ends before its engine sees it (before_engine).
 struct early_end {
   result<std::size_t> outcome;

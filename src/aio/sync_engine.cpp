@@ -86,12 +86,11 @@ class sync_worker final : public worker {
 }  // namespace
 
 std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
-  // A batch runs in parallel; tasks run on the controller's threads; a cached file's
-  // requests meet the cache in a worker, unless it has passed them on already (a write it
-  // stepped aside for, a read it does not hold). Nor from a completion on this thread (a
-  // chain of them would recurse).
-  if (ops.size() != 1 || ops[0]->kind == op_kind::task ||
-      (ops[0]->file->cache && !ops[0]->cache_checked) || completions_running != 0) {
+  // A batch runs in parallel; tasks run on the controller's threads; some requests must
+  // meet the cache in a worker. Nor from a completion on this thread (a chain of them would
+  // recurse).
+  if (ops.size() != 1 || ops[0]->kind == op_kind::task || for_the_cache(*ops[0]) ||
+      completions_running != 0) {
     return 0;
   }
   op& o = *ops[0];

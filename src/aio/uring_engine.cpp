@@ -892,11 +892,9 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
     r->quiet();
     for (op* o : ops) {
       // Registered buffers are the workers' rings' (registering them again per thread
-      // would pin the memory again); chains wait in a worker; cached files' requests meet
-      // the cache in a worker (before_engine), unless it has passed them on already (a
-      // write it stepped aside for, a read it does not hold).
-      if (o->in_chain != nullptr || o->kind == op_kind::task ||
-          (o->file->cache && !o->cache_checked) ||
+      // would pin the memory again); chains wait in a worker; so do requests that must
+      // meet the cache there.
+      if (o->in_chain != nullptr || o->kind == op_kind::task || for_the_cache(*o) ||
           ((o->kind == op_kind::read || o->kind == op_kind::write) &&
            (o->length == 0 || buffer_of(*o) >= 0)) ||
           !r->queue(*o)) {

@@ -25,6 +25,16 @@ bool switch_later(const result<void>& s) noexcept {
   return detail::is_contention(s.error()) || s.error() == std::errc::resource_deadlock_would_occur;
 }
 
+// Whether `name` (in `dir`; a path when `dir` is null) still names the open file `f`: a
+// remover may have removed the name since `f` was opened by it.
+result<bool> still_named(io::filesystem& fs, const io::file_handle* dir, const char* name,
+                         const io::file_handle& f) noexcept {
+  auto opened = f.status();
+  if (!opened) return std::unexpected(opened.error());
+  auto named = fs.stat_at(dir, name, false);
+  return named && named->same_file(*opened);
+}
+
 // Creates a map file in `dir` with a fresh random name, its blocks reserved, holding its
 // map_held_byte through `hold` from before its header is written.
 result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
@@ -248,23 +258,21 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p,
   auto f =
       io::file_handle::open(fs, p.c_str(), io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) return std::unexpected(f.error());
+  const auto gone = [&] {
+    return std::unexpected(
+        error(std::make_error_code(std::errc::no_such_file_or_directory)).about(f->shared_path()));
+  };
   auto held = io::try_lock_extent(*f, mm::map_held_byte, 1, io::lock_kind::shared);
   if (!held) {
     if (!detail::is_contention(held.error())) return std::unexpected(held.error());
-    // A remover holds it: the map has no user left, and its name is going.
-    return std::unexpected(
-        error(std::make_error_code(std::errc::no_such_file_or_directory)).about(f->shared_path()));
+    return gone();  // a remover holds it: the map has no user left, and its name is going
   }
   // Held now, so nobody removes it from here on; but a remover may have taken it and removed
   // its name between our open and the hold: then it is nobody's map (each thread registers
   // through the name).
-  auto named = fs.stat_at(nullptr, p.c_str(), false);
-  auto opened = f->status();
-  if (!opened) return std::unexpected(opened.error());
-  if (!named || !named->same_file(*opened)) {
-    return std::unexpected(
-        error(std::make_error_code(std::errc::no_such_file_or_directory)).about(f->shared_path()));
-  }
+  auto named = still_named(fs, nullptr, p.c_str(), *f);
+  if (!named) return std::unexpected(named.error());
+  if (!*named) return gone();
   auto size = f->size();
   if (!size) return std::unexpected(size.error());
   std::array<std::byte, sizeof(base::format_header)> head{};
@@ -304,9 +312,9 @@ void remove_orphan_maps(io::filesystem& fs, const std::string& dir) noexcept {
     if (!unused) continue;
     // Still the file probed (not one made under the name since): remove it while the byte is
     // held, so no opener can take it meanwhile.
-    auto now = fs.stat_at(&*d, e.name.c_str(), false);
-    auto probed = f->status();
-    if (now && probed && now->same_file(*probed)) (void)fs.unlink(&*d, e.name.c_str(), false);
+    if (auto named = still_named(fs, &*d, e.name.c_str(), *f); named && *named) {
+      (void)fs.unlink(&*d, e.name.c_str(), false);
+    }
   }
 }
 
