@@ -87,13 +87,23 @@ page_part part_of(std::uint64_t p, std::uint64_t offset, std::uint64_t end) noex
 
 // ---- writing out ----
 
-// Drops a clean page that no write-out holds: into the spare pool, while it has room.
-void drop_page(file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
+// Drops a clean page that no write-out holds: into the file's spare pool while the pools of
+// all files hold fewer than cc.spare_cap pages, else freed.
+void drop_page(cache_control& cc, file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
   unlink_page(fc, p);
   std::unique_ptr<cache_page> gone = fc.pages.take(p.offset);
-  if (fc.spare.size() < file_cache::max_spare && fc.spare.capacity() > fc.spare.size()) {
-    fc.spare.push_back(std::move(gone));
+  if (fc.spare.size() >= fc.spare.capacity()) return;  // (a push must not allocate)
+  if (cc.spare_pages.fetch_add(1, std::memory_order_relaxed) >= cc.spare_cap) {
+    cc.spare_pages.fetch_sub(1, std::memory_order_relaxed);
+    return;
   }
+  fc.spare.push_back(std::move(gone));
+}
+
+// Frees the pages of the file's spare pool.
+void free_spare(cache_control& cc, file_cache& fc) noexcept KEEL_REQUIRES(fc.mutex) {
+  cc.spare_pages.fetch_sub(fc.spare.size(), std::memory_order_relaxed);
+  fc.spare.clear();
 }
 
 // The dirty bytes of some pages, to be written out without the file's mutex straight from
@@ -158,7 +168,7 @@ class write_out_batch {
     std::size_t dropped = 0;
     for (const entry& e : pages_) {
       if (!drop || e.page->detached || e.page->dirty.any()) continue;
-      drop_page(fc, *e.page);
+      drop_page(cc, fc, *e.page);
       ++dropped;
     }
     pages_.clear();
@@ -226,7 +236,8 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
     const result<void> written = b.write_through(*cc.write_engine, f);
     {
       const base::lock_guard lock(fc.mutex);
-      b.settle(cc, fc, written);
+      const std::size_t dropped = b.settle(cc, fc, written, !f.direct && fc.reads_from_file == 0);
+      cc.bytes.fetch_sub(dropped * page_size);
     }
     if (!written && outcome &&
         !base::is_planted(base::planted_bug::cache_forgets_failed_write_out)) {
@@ -293,7 +304,7 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       for (cache_page* p = fc.oldest; p != nullptr && n < max_pages; ++n) {
         cache_page* next = p->newer;
         if (!p->flushing && !p->dirty.any()) {
-          drop_page(fc, *p);
+          drop_page(cc, fc, *p);
           ++dropped;
         }
         p = next;
@@ -373,6 +384,20 @@ void shrink_to(cache_control& cc, std::size_t target) noexcept {
   }
 }
 
+// Frees the spare pools of every file.
+void free_spares(cache_control& cc) noexcept {
+  std::vector<std::shared_ptr<file_state>> files;
+  try {
+    files = cached_files(cc);
+  } catch (const std::bad_alloc&) {
+    return;  // the next idle round
+  }
+  for (const auto& f : files) {
+    const base::lock_guard lock(f->cache->mutex);
+    free_spare(cc, *f->cache);
+  }
+}
+
 void flusher_main(cache_control& cc) noexcept {
   std::uint64_t seen_writes = cc.writes.load();
   auto last_write_seen = std::chrono::steady_clock::now();
@@ -380,8 +405,8 @@ void flusher_main(cache_control& cc) noexcept {
     // With nothing cached it sleeps until the first page comes (cache_write wakes it).
     const std::uint32_t s = cc.signal.load();
     if (!cc.quit.load() && !cc.wanted.load() && !cc.behind.load()) {
-      const io::countdown cd =
-          (cc.bytes.load() == 0 ? io::deadline::never() : io::deadline(cc.idle)).start();
+      const bool holding = cc.bytes.load() != 0 || cc.spare_pages.load() != 0;
+      const io::countdown cd = (holding ? io::deadline(cc.idle) : io::deadline::never()).start();
       base::futex_wait(cc.signal, s, &cd);
     }
     if (cc.quit.load()) {
@@ -412,10 +437,12 @@ void flusher_main(cache_control& cc) noexcept {
     if (writes != seen_writes) last_write_seen = now;
     if (bytes > cc.soft) {
       shrink_to(cc, cc.soft - cc.soft / 8);  // oldest first, a little below the soft limit
-    } else if (writes == seen_writes && bytes != 0 && now - last_write_seen >= cc.idle) {
+    } else if (writes == seen_writes && now - last_write_seen >= cc.idle &&
+               (bytes != 0 || cc.spare_pages.load() != 0)) {
       // Idle for a round (not merely woken again without a write, as write-behind may):
-      // halve what is cached.
+      // halve what is cached, and free the pages kept for reuse.
       shrink_to(cc, bytes / 2);
+      free_spares(cc);
       last_write_seen = now;
     }
     seen_writes = writes;
@@ -483,7 +510,8 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
   // First every page, and the copies of pages being written out (an allocation may fail:
   // then nothing is written into them, and the empty pages made so far are dropped like
   // clean ones).
-  const auto new_page = [&fc] {
+  // (Called under fc.mutex, which the analysis cannot follow into a lambda.)
+  const auto new_page = [&cc, &fc]() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     std::unique_ptr<cache_page> n;
     if (fc.spare.empty()) {
       n.reset(new cache_page);  // data left uninitialised
@@ -491,6 +519,7 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     } else {
       n = std::move(fc.spare.back());
       fc.spare.pop_back();
+      cc.spare_pages.fetch_sub(1, std::memory_order_relaxed);
       n->reset();
     }
     return n;
@@ -625,6 +654,7 @@ result<std::unique_ptr<write_back_cache>> write_back_cache::start(controller::im
   cc.hard = c.opts.cache_hard_limit;
   cc.idle = std::max(c.opts.cache_idle_round, std::chrono::milliseconds(1));
   cc.behind_pages = (c.opts.cache_write_behind + page_size - 1) / page_size;
+  cc.spare_cap = std::max<std::size_t>(64, cc.soft / 8 / page_size);
   try {
     cc.flusher = std::thread([&cc] { flusher_main(cc); });
   } catch (const std::system_error& e) {
@@ -729,6 +759,7 @@ result<void> write_back_cache::detach(file_state& f) noexcept {
   r = take_flush_error(fc, r);
   // The pages stay allocated until the file's state goes; they no longer count.
   const base::lock_guard lock(fc.mutex);
+  free_spare(cc_, fc);
   cc_.bytes.fetch_sub(fc.pages.size() * page_size);
   cc_.dirty_pages.fetch_sub(fc.dirty_pages);
   return r;

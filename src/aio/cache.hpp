@@ -11,7 +11,10 @@
 // cached amount); fsync, tasks and close write out the file's dirty pages first. At the
 // hard limit a write that touches no cached page bypasses the cache; so does one where the
 // cache has not paid lately (a file written once, front to back: nothing to merge, and the
-// copy would only cost).
+// copy would only cost). Once written out, a buffered file's pages go (the kernel's page
+// cache holds those bytes, and a write-only file would otherwise fill the cache with clean
+// pages, allocated and freed a page per page written); an O_DIRECT file's stay, for reads.
+// Dropped pages are kept for reuse (up to soft / 8 in all) until an idle round.
 //
 // Invariant: a valid byte equals the file's content as the requests that finished made it,
 // so writing any valid byte to the file is always correct (a write-out may race with newer
@@ -197,9 +200,10 @@ struct file_cache {
   };
   std::array<range, 8> passed KEEL_GUARDED_BY(mutex){};
   unsigned next_passed KEEL_GUARDED_BY(mutex) = 0;
-  // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in.
-  std::vector<std::unique_ptr<cache_page>> spare;
-  static constexpr std::size_t max_spare = 256;
+  // Dropped pages kept for the next writes: no allocation, no fresh memory to fault in
+  // (at most cache_control::spare_cap for all files together, and this many for one).
+  std::vector<std::unique_ptr<cache_page>> spare KEEL_GUARDED_BY(mutex);
+  static constexpr std::size_t max_spare = 1024;
   // Pages replaced by copies while the running write-out writes from them (cache_write).
   std::vector<std::unique_ptr<cache_page>> detached;
 
@@ -213,7 +217,12 @@ struct cache_control {
   std::size_t soft = 0;
   std::size_t hard = 0;
   std::chrono::milliseconds idle{100};
-  std::size_t behind_pages = 0;       // write-behind: the dirty pages a file keeps (0: off)
+  std::size_t behind_pages = 0;  // write-behind: the dirty pages a file keeps (0: off)
+  // Dropped pages the files keep for reuse (a write-out drops in bursts that the next writes
+  // take back: freed and allocated again they would cost malloc's time and page faults),
+  // up to soft / 8; an idle round frees them.
+  std::size_t spare_cap = 0;
+  std::atomic<std::size_t> spare_pages{0};
   std::atomic<std::size_t> bytes{0};  // pages cached, in bytes
   std::atomic<std::size_t> dirty_pages{0};
   std::atomic<std::uint64_t> writes{0};  // cached writes (also the pages' clock)

@@ -155,7 +155,12 @@ TEST_F(AioCache, WritesFinishAtOnceAndReachTheFileByFsync) {
   ASSERT_TRUE(f.fsync().wait());
   EXPECT_EQ(on_disk(path, 3000, 10000), data);
   EXPECT_EQ(c->cache().dirty_bytes, 0u);
-  EXPECT_EQ(c->cache().cached_bytes, 4 * detail::page_size) << "clean pages stay for reads";
+  EXPECT_EQ(c->cache().cached_bytes, 0u)
+      << "a buffered file's written pages go: the kernel's page cache holds their bytes";
+  std::vector<std::byte> again(10000);
+  EXPECT_EQ(f.read(3000, again).wait().value_or(0), again.size());
+  EXPECT_EQ(again, data);
+  EXPECT_EQ(c->cache().reads_served, 1u) << "read from the file";
 }
 
 // A read the pages do not wholly hold gets the file's bytes with the cached ones laid over,
@@ -458,6 +463,11 @@ TEST(AioCacheDirect, OverwritesMergeAndGoOutAligned) {
     ASSERT_TRUE(synced) << synced.error().message();
     EXPECT_EQ(c->cache().bytes_written_out, 65536u + align) << "the overwrite merged";
     EXPECT_EQ(on_disk(path, 0, 65536), b);
+    EXPECT_EQ(c->cache().cached_bytes, 65536u + detail::page_size)
+        << "an O_DIRECT file's written pages stay, clean, for reads";
+    ASSERT_EQ(f.read(0, back).wait().value_or(0), 65536u);
+    EXPECT_EQ(std::memcmp(back.data(), b.data(), b.size()), 0);
+    EXPECT_EQ(c->cache().reads_served, 2u) << "from the pages";
     EXPECT_EQ(on_disk(path, 65536 + align, align),
               std::vector<std::byte>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(align)));
     EXPECT_EQ(on_disk(path, 65536, align), std::vector<std::byte>(align)) << "untouched: zeros";

@@ -85,17 +85,20 @@ struct options {
   //! the least recently written first; at `cache_hard_limit` a write that touches no cached
   //! page goes straight to the engine (one that does is still cached, so the limit can be
   //! passed by at most one request). A hard limit of 0 turns the cache off. soft <= hard.
+  //! Pages a buffered file wrote out go (the kernel's page cache holds their bytes); an
+  //! O_DIRECT file's stay, clean, for reads. Dropped pages are kept for the next writes, up
+  //! to soft / 8 bytes beyond these limits, until an idle round frees them.
   std::size_t cache_soft_limit = std::size_t{32} << 20;
   std::size_t cache_hard_limit = std::size_t{128} << 20;
   //! When no write came into the cache for this long, the flusher writes out and drops the
   //! least recently written half of what is cached, and so on every such round.
   std::chrono::milliseconds cache_idle_round{100};
   //! Write-behind: once a file holds twice this many bytes of dirty pages, the flusher
-  //! writes out all but the most recently dirtied this many bytes of them (keeping the
-  //! pages, clean), so that an fsync finds little left to write, and the write-out runs
-  //! beside the caller's work and the file's last fsync instead of in front of its next. An
-  //! overwrite soon after its write still merges in memory. 0: dirty pages wait for an
-  //! fsync, a close, the soft limit or an idle round.
+  //! writes out all but the most recently dirtied this many bytes of them, so that an
+  //! fsync finds little left to write, and the write-out runs beside the caller's work and
+  //! the file's last fsync instead of in front of its next. An overwrite soon after its
+  //! write still merges in memory. 0: dirty pages wait for an fsync, a close, the soft limit
+  //! or an idle round.
   std::size_t cache_write_behind = std::size_t{256} << 10;
 };
 
