@@ -68,8 +68,11 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
     accepted.push_back(o);
   }
   if (accepted.empty()) return;
-  f.in_flight.fetch_add(static_cast<std::uint32_t>(accepted.size()));
-  c.outstanding.fetch_add(accepted.size());
+  const unsigned shard = base::sharded_count::shard_of_this_thread();
+  for (op* o : accepted)
+    o->shard = shard;
+  f.in_flight.add(shard, accepted.size());
+  c.outstanding.add(shard, accepted.size());
   if (f.closed.load() || c.stopping.load()) {
     for (op* o : accepted)
       (void)finished_as_shut(c, f, o);

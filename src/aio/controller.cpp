@@ -63,8 +63,7 @@ void controller::stop() noexcept {
   for (auto& w : c.workers)
     w->wake();
   // Every request still queued or held back is cancelled by the workers; running ones end.
-  for (std::uint64_t n = c.outstanding.load(); n != 0; n = c.outstanding.load())
-    c.outstanding.wait(n);
+  c.outstanding.wait_for_zero();
   for (auto& w : c.workers) {
     w->wake();
     w->join();

@@ -23,6 +23,7 @@
 
 #include "base/futex.hpp"
 #include "base/per_thread.hpp"
+#include "base/sharded_count.hpp"
 #include "base/thread_safety.hpp"
 #include "engine.hpp"
 #include "keel/aio/controller.hpp"
@@ -49,7 +50,7 @@ struct file_state {
   std::unique_ptr<file_cache> cache;         // open_options::cache
 
   std::atomic<bool> closed{false};
-  std::atomic<std::uint32_t> in_flight{0};  // futex word: file::close waits for zero
+  base::sharded_count in_flight;  // file::close waits for zero (after setting `closed`)
 
   // Kept after their thread exits: its requests may still be running.
   base::per_thread_states streams{true};
@@ -84,8 +85,9 @@ struct controller::impl {
   std::atomic<bool> stopping{false};
   base::mutex stop_mutex;
   bool stopped KEEL_GUARDED_BY(stop_mutex) = false;
-  // Requests submitted and not finished (stop waits for zero; workers exit at zero).
-  std::atomic<std::uint64_t> outstanding{0};
+  // Requests submitted and not finished (stop waits for zero, after setting `stopping`;
+  // workers exit at zero).
+  base::sharded_count outstanding;
   std::unique_ptr<detail::write_back_cache> cache;  // null when the hard limit is zero
   // With submitter::adaptive, an id of this controller's, never reused (0: none): the
   // submitting threads' calls on it are timed (caller_clock.hpp). Set before it is shared.

@@ -65,8 +65,7 @@ result<void> file::close() noexcept {
   if (!state_) return {};
   detail::file_state& f = *state_;
   f.closed.store(true);
-  for (std::uint32_t n = f.in_flight.load(); n != 0; n = f.in_flight.load())
-    base::futex_wait(f.in_flight, n, nullptr);
+  f.in_flight.wait_for_zero();
   controller::impl& c = *f.owner;
   // The cache's bytes go out first, then the engine lets go (a ring that registered the
   // file holds it open in the kernel past close(2)), then the descriptor closes.

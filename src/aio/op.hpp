@@ -38,6 +38,7 @@ struct op {
   completion on_done;
   std::function<result<std::size_t>()> task;
   std::shared_ptr<file_state> file;
+  unsigned shard = 0;  // of the counts of requests in flight it was added to
   stream* owner = nullptr;
   bool dispatched = false;     // under owner->mutex
   bool cache_checked = false;  // the cache decided it goes to the engine

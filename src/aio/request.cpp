@@ -72,8 +72,9 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
   const timed_call timed(c.timed_callers);
   // Counted in before the flags are read; close() and stop() set their flag before they
   // wait for the counts: either we see the flag, or they see us.
-  f->in_flight.fetch_add(1);
-  c.outstanding.fetch_add(1);
+  o->shard = base::sharded_count::shard_of_this_thread();
+  f->in_flight.add(o->shard, 1);
+  c.outstanding.add(o->shard, 1);
   receipt r = receipt_access::make(o);
   if (finished_as_shut(c, *f, o)) return r;
   const auto mine = f->stream_of_this_thread();
@@ -151,9 +152,11 @@ void controller::impl::finish(detail::op* o, result<std::size_t> outcome, bool c
   }
 
   detail::file_state& f = *o->file;
-  if (f.in_flight.fetch_sub(1) == 1 && f.closed.load()) base::futex_wake(f.in_flight);
-  if (outstanding.fetch_sub(1) == 1 && stopping.load()) {
-    outstanding.notify_all();
+  f.in_flight.take(o->shard, 1);
+  if (f.closed.load()) f.in_flight.wake();
+  outstanding.take(o->shard, 1);
+  if (stopping.load()) {
+    outstanding.wake();
     for (auto& w : workers)
       w->wake();
   }

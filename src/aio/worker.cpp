@@ -43,7 +43,7 @@ bool worker::spin_for_work() noexcept {
 }
 
 bool worker::may_exit() const noexcept {
-  return ctl_.stopping.load() && ctl_.outstanding.load() == 0;
+  return ctl_.stopping.load() && ctl_.outstanding.sum() == 0;
 }
 
 }  // namespace keel::aio::detail
