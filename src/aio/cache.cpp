@@ -100,6 +100,30 @@ void drop_page(cache_control& cc, file_cache& fc, cache_page& p) noexcept KEEL_R
   fc.spare.push_back(std::move(gone));
 }
 
+// Over the soft limit, a write's new pages come from the file's least recently written clean
+// pages outside [lo, hi) (looking at no more than 64 of them): their memory is reused at once,
+// where the flusher would free them while the writer allocates and faults in fresh memory. Into
+// the spare pool until it holds `want`; how many pages went.
+std::size_t reclaim_clean(cache_control& cc, file_cache& fc, std::size_t want, std::uint64_t lo,
+                          std::uint64_t hi) noexcept KEEL_REQUIRES(fc.mutex) {
+  if (fc.reads_from_file != 0) return 0;  // a read at the engine may need them laid over
+  std::size_t taken = 0;
+  std::size_t looked = 0;
+  for (cache_page* p = fc.oldest; p != nullptr && looked < 64 && fc.spare.size() < want &&
+                                  fc.spare.size() < fc.spare.capacity();
+       ++looked) {
+    cache_page* next = p->newer;
+    if (!p->flushing && !p->dirty.any() && (p->offset + page_size <= lo || p->offset >= hi)) {
+      unlink_page(fc, *p);
+      fc.spare.push_back(fc.pages.take(p->offset));
+      cc.spare_pages.fetch_add(1, std::memory_order_relaxed);
+      ++taken;
+    }
+    p = next;
+  }
+  return taken;
+}
+
 // Frees the pages of the file's spare pool.
 void free_spare(cache_control& cc, file_cache& fc) noexcept KEEL_REQUIRES(fc.mutex) {
   cc.spare_pages.fetch_sub(fc.spare.size(), std::memory_order_relaxed);
@@ -506,6 +530,12 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     lock.unlock();
     cc.bypassed.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
+  }
+  if (const std::size_t need = missing + being_written;
+      need > fc.spare.size() &&
+      cc.bytes.load(std::memory_order_relaxed) + missing * page_size > cc.soft) {
+    const std::size_t reclaimed = reclaim_clean(cc, fc, need, first, end);
+    cc.bytes.fetch_sub(reclaimed * page_size);
   }
   // First every page, and the copies of pages being written out (an allocation may fail:
   // then nothing is written into them, and the empty pages made so far are dropped like
