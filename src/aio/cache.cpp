@@ -103,7 +103,8 @@ void drop_page(cache_control& cc, file_cache& fc, cache_page& p) noexcept KEEL_R
 // Over the soft limit, a write's new pages come from the file's least recently written clean
 // pages outside [lo, hi) (looking at no more than 64 of them): their memory is reused at once,
 // where the flusher would free them while the writer allocates and faults in fresh memory. Into
-// the spare pool until it holds `want`; how many pages went.
+// the spare pool until it holds `want` (past spare_cap, for as long as the write, under the
+// same mutex, takes them back out); how many pages went.
 std::size_t reclaim_clean(cache_control& cc, file_cache& fc, std::size_t want, std::uint64_t lo,
                           std::uint64_t hi) noexcept KEEL_REQUIRES(fc.mutex) {
   if (fc.reads_from_file != 0) return 0;  // a read at the engine may need them laid over
@@ -576,8 +577,8 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
         copies.push_back(new_page());
     }
   } catch (const std::bad_alloc&) {
+    cc.bytes.fetch_add(made * page_size);  // under the mutex: see below
     lock.unlock();
-    cc.bytes.fetch_add(made * page_size);
     if (touches_cache) return result<std::size_t>(errc_error(std::errc::not_enough_memory));
     cc.bypassed.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
@@ -615,10 +616,12 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     link_newest(fc, pg);
   }
   const bool write_behind = cc.behind_pages != 0 && fc.dirty_pages >= 2 * cc.behind_pages;
-  lock.unlock();
-  if (write_behind && !cc.behind.exchange(true)) wake_flusher(cc);
+  // Counted before the mutex goes: a write-out of another thread (an fsync's) may write and
+  // drop these pages as soon as it has the mutex, and takes them off the counts then.
   cc.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
   const std::size_t before = cc.bytes.fetch_add(made * page_size);
+  lock.unlock();
+  if (write_behind && !cc.behind.exchange(true)) wake_flusher(cc);
   if (before == 0 && made != 0) {
     wake_flusher(cc);  // it slept without a timer: idle rounds start now
   } else if (before + made * page_size > cc.soft && !cc.wanted.exchange(true)) {

@@ -14,7 +14,8 @@
 // copy would only cost). Once written out, a buffered file's pages go (the kernel's page
 // cache holds those bytes, and a write-only file would otherwise fill the cache with clean
 // pages, allocated and freed a page per page written); an O_DIRECT file's stay, for reads.
-// Dropped pages are kept for reuse (up to soft / 8 in all) until an idle round.
+// Dropped pages are kept for reuse (up to soft / 8, at least 64 pages, in all) until an
+// idle round.
 //
 // Invariant: a valid byte equals the file's content as the requests that finished made it,
 // so writing any valid byte to the file is always correct (a write-out may race with newer
@@ -220,7 +221,7 @@ struct cache_control {
   std::size_t behind_pages = 0;  // write-behind: the dirty pages a file keeps (0: off)
   // Dropped pages the files keep for reuse (a write-out drops in bursts that the next writes
   // take back: freed and allocated again they would cost malloc's time and page faults),
-  // up to soft / 8; an idle round frees them.
+  // up to soft / 8 (at least 64 pages); an idle round frees them.
   std::size_t spare_cap = 0;
   std::atomic<std::size_t> spare_pages{0};
   std::atomic<std::size_t> bytes{0};  // pages cached, in bytes

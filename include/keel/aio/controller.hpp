@@ -87,7 +87,8 @@ struct options {
   //! passed by at most one request). A hard limit of 0 turns the cache off. soft <= hard.
   //! Pages a buffered file wrote out go (the kernel's page cache holds their bytes); an
   //! O_DIRECT file's stay, clean, for reads. Dropped pages are kept for the next writes, up
-  //! to soft / 8 bytes beyond these limits, until an idle round frees them.
+  //! to soft / 8 bytes (at least 64 pages) beyond these limits, until an idle round or the
+  //! file's close frees them.
   std::size_t cache_soft_limit = std::size_t{32} << 20;
   std::size_t cache_hard_limit = std::size_t{128} << 20;
   //! When no write came into the cache for this long, the flusher writes out and drops the
