@@ -152,10 +152,8 @@ void controller::impl::finish(detail::op* o, result<std::size_t> outcome, bool c
   }
 
   detail::file_state& f = *o->file;
-  f.in_flight.take(o->shard, 1);
-  if (f.closed.load()) f.in_flight.wake();
-  outstanding.take(o->shard, 1);
-  if (stopping.load()) {
+  if (f.in_flight.take(o->shard, 1) && f.closed.load()) f.in_flight.wake();
+  if (outstanding.take(o->shard, 1) && stopping.load()) {
     outstanding.wake();
     for (auto& w : workers)
       w->wake();

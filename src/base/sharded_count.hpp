@@ -11,8 +11,8 @@
 // added before that flag was set and not yet taken is in its shard when the waiter reads
 // it, so a sum of 0 means that all of those were taken; a thing added after the flag must
 // see the flag and end without being waited for, exactly as with one atomic. A taker that
-// sees the flag bumps `turns` after its take and wakes the waiter, who reads `turns` before
-// summing: it never sleeps through the last take.
+// empties its shard and sees the flag bumps `turns` after its take and wakes the waiter, who
+// reads `turns` before summing: it never sleeps through the last take.
 
 #include <array>
 #include <atomic>
@@ -36,8 +36,12 @@ class sharded_count {
   }
 
   void add(unsigned shard, std::uint64_t n) noexcept { slots_[shard].v.fetch_add(n); }
-  //! Takes `n` added to `shard` earlier. Call `wake()` after it when the waiter's flag is set.
-  void take(unsigned shard, std::uint64_t n) noexcept { slots_[shard].v.fetch_sub(n); }
+  //! Takes `n` added to `shard` earlier: whether that emptied the shard. Then, when the
+  //! waiter's flag is set, call `wake()` (the take that brings the sum to 0 empties its own
+  //! shard, as every shard is 0 then; one that leaves its shard above 0 cannot be the last).
+  [[nodiscard]] bool take(unsigned shard, std::uint64_t n) noexcept {
+    return slots_[shard].v.fetch_sub(n) == n;
+  }
   //! Wakes a waiter (after a take that may have been the last).
   void wake() noexcept {
     turns_.fetch_add(1);
