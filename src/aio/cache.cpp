@@ -87,42 +87,46 @@ page_part part_of(std::uint64_t p, std::uint64_t offset, std::uint64_t end) noex
 
 // ---- writing out ----
 
-// Drops a clean page that no write-out holds: into the file's spare pool while the pools of
-// all files hold fewer than cc.spare_cap pages, else freed.
-void drop_page(cache_control& cc, file_cache& fc, cache_page& p) noexcept KEEL_REQUIRES(fc.mutex) {
+// Drops a clean page that no write-out holds (it no longer counts in cc.bytes): into the file's
+// spare pool while the pools of all files hold fewer than cc.spare_cap pages (or, with
+// `past_cap`, while the vector has room), else freed.
+void drop_page(cache_control& cc, file_cache& fc, cache_page& p, bool past_cap = false) noexcept
+    KEEL_REQUIRES(fc.mutex) {
   unlink_page(fc, p);
+  cc.bytes.fetch_sub(page_size);
   std::unique_ptr<cache_page> gone = fc.pages.take(p.offset);
   if (fc.spare.size() >= fc.spare.capacity()) return;  // (a push must not allocate)
-  if (cc.spare_pages.fetch_add(1, std::memory_order_relaxed) >= cc.spare_cap) {
+  if (cc.spare_pages.fetch_add(1, std::memory_order_relaxed) >= cc.spare_cap && !past_cap) {
     cc.spare_pages.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
   fc.spare.push_back(std::move(gone));
 }
 
+// Whether a write-out of `f` drops the pages it wrote: a buffered file's (the kernel's page
+// cache holds their bytes), unless a read at the engine may need them laid over.
+bool drops_written(const file_state& f, const file_cache& fc) noexcept KEEL_REQUIRES(fc.mutex) {
+  return !f.direct && fc.reads_from_file == 0;
+}
+
 // Over the soft limit, a write's new pages come from the file's least recently written clean
 // pages outside [lo, hi) (looking at no more than 64 of them): their memory is reused at once,
 // where the flusher would free them while the writer allocates and faults in fresh memory. Into
 // the spare pool until it holds `want` (past spare_cap, for as long as the write, under the
-// same mutex, takes them back out); how many pages went.
-std::size_t reclaim_clean(cache_control& cc, file_cache& fc, std::size_t want, std::uint64_t lo,
-                          std::uint64_t hi) noexcept KEEL_REQUIRES(fc.mutex) {
-  if (fc.reads_from_file != 0) return 0;  // a read at the engine may need them laid over
-  std::size_t taken = 0;
+// same mutex, takes them back out).
+void reclaim_clean(cache_control& cc, file_cache& fc, std::size_t want, std::uint64_t lo,
+                   std::uint64_t hi) noexcept KEEL_REQUIRES(fc.mutex) {
+  if (fc.reads_from_file != 0) return;  // a read at the engine may need them laid over
   std::size_t looked = 0;
   for (cache_page* p = fc.oldest; p != nullptr && looked < 64 && fc.spare.size() < want &&
                                   fc.spare.size() < fc.spare.capacity();
        ++looked) {
     cache_page* next = p->newer;
     if (!p->flushing && !p->dirty.any() && (p->offset + page_size <= lo || p->offset >= hi)) {
-      unlink_page(fc, *p);
-      fc.spare.push_back(fc.pages.take(p->offset));
-      cc.spare_pages.fetch_add(1, std::memory_order_relaxed);
-      ++taken;
+      drop_page(cc, fc, *p, true);
     }
     p = next;
   }
-  return taken;
 }
 
 // Frees the pages of the file's spare pool.
@@ -179,9 +183,9 @@ class write_out_batch {
   //! Under the file's mutex again: pages not written since they were added are clean now;
   //! a failure is kept for the next fsync or close. Pages a write copied meanwhile go (freed
   //! here). With `drop`, the batch's pages that are clean now go too (into the spare pool,
-  //! up to its size), before the copied ones are freed: how many.
-  std::size_t settle(cache_control& cc, file_cache& fc, const result<void>& written,
-                     bool drop = false) noexcept KEEL_REQUIRES(fc.mutex) {
+  //! up to its size), before the copied ones are freed.
+  void settle(cache_control& cc, file_cache& fc, const result<void>& written,
+              bool drop = false) noexcept KEEL_REQUIRES(fc.mutex) {
     const bool forget = base::is_planted(base::planted_bug::cache_forgets_failed_write_out);
     for (const entry& e : pages_) {
       e.page->flushing = false;
@@ -190,17 +194,13 @@ class write_out_batch {
         cc.dirty_pages.fetch_sub(1, std::memory_order_relaxed);
       }
     }
-    std::size_t dropped = 0;
     for (const entry& e : pages_) {
-      if (!drop || e.page->detached || e.page->dirty.any()) continue;
-      drop_page(cc, fc, *e.page);
-      ++dropped;
+      if (drop && !e.page->detached && !e.page->dirty.any()) drop_page(cc, fc, *e.page);
     }
     pages_.clear();
     fc.detached.clear();  // one write-out at a time: all of them were this batch's
     cc.written_out.fetch_add(bytes_, std::memory_order_relaxed);
     if (!written && !fc.flush_error && !forget) fc.flush_error = written.error();
-    return dropped;
   }
 
   //! Under the file's mutex, nothing written (an allocation failed while the batch was
@@ -261,8 +261,7 @@ result<void> write_out_all(cache_control& cc, file_state& f) noexcept {
     const result<void> written = b.write_through(*cc.write_engine, f);
     {
       const base::lock_guard lock(fc.mutex);
-      const std::size_t dropped = b.settle(cc, fc, written, !f.direct && fc.reads_from_file == 0);
-      cc.bytes.fetch_sub(dropped * page_size);
+      b.settle(cc, fc, written, drops_written(f, fc));
     }
     if (!written && outcome &&
         !base::is_planted(base::planted_bug::cache_forgets_failed_write_out)) {
@@ -336,7 +335,6 @@ bool shrink_file(cache_control& cc, file_state& f, std::size_t max_pages) noexce
       }
     }
   }
-  cc.bytes.fetch_sub(dropped * page_size);
   return dropped != 0 || (written && !b.empty());
 }
 
@@ -358,12 +356,8 @@ void write_behind_file(cache_control& cc, file_state& f, std::size_t keep) noexc
   });
   if (!taken || b.empty()) return;
   const result<void> written = b.write_through(*cc.write_engine, f);
-  std::size_t dropped = 0;
-  {
-    const base::lock_guard lock(fc.mutex);
-    dropped = b.settle(cc, fc, written, !f.direct && fc.reads_from_file == 0);
-  }
-  cc.bytes.fetch_sub(dropped * page_size);
+  const base::lock_guard lock(fc.mutex);
+  b.settle(cc, fc, written, drops_written(f, fc));
 }
 
 std::vector<std::shared_ptr<file_state>> cached_files(cache_control& cc) {
@@ -535,8 +529,7 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
   if (const std::size_t need = missing + being_written;
       need > fc.spare.size() &&
       cc.bytes.load(std::memory_order_relaxed) + missing * page_size > cc.soft) {
-    const std::size_t reclaimed = reclaim_clean(cc, fc, need, first, end);
-    cc.bytes.fetch_sub(reclaimed * page_size);
+    reclaim_clean(cc, fc, need, first, end);
   }
   // First every page, and the copies of pages being written out (an allocation may fail:
   // then nothing is written into them, and the empty pages made so far are dropped like
