@@ -43,6 +43,7 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
   }
   if (opts.fs == nullptr) opts.fs = &io::os();
   p->opts = std::move(opts);
+  p->readers_left = std::min(p->opts.reader_descriptions, detail::descriptor_share());
   if (auto s = detail::start_engine(*p, std::move(buffers)); !s) return std::unexpected(s.error());
   if (p->opts.cache_hard_limit != 0) {
     auto cache = detail::write_back_cache::start(*p);

@@ -54,6 +54,10 @@ struct file_state {
 
   // Kept after their thread exits: its requests may still be running.
   base::per_thread_states streams{true};
+  // Open file descriptions of the file that threads read through on their own
+  // (stream::reader, options::reader_descriptions), closed with it.
+  base::mutex readers_mutex;
+  std::vector<std::unique_ptr<io::file_handle>> readers KEEL_GUARDED_BY(readers_mutex);
 
   ~file_state();
   //! The calling thread's stream on this file (made on first use: not_enough_memory).
@@ -92,6 +96,8 @@ struct controller::impl {
   // With submitter::adaptive, an id of this controller's, never reused (0: none): the
   // submitting threads' calls on it are timed (caller_clock.hpp). Set before it is shared.
   std::uint64_t timed_callers = 0;
+  // Of options::reader_descriptions, the ones no file holds (set before it is shared).
+  std::atomic<unsigned> readers_left{0};
 
   impl();
   ~impl();

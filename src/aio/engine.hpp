@@ -70,6 +70,9 @@ class engine {
     (void)ops;
     return 0;
   }
+  //! Whether a request submit_here takes has ended, on the calling thread, when it returns:
+  //! no other thread ever sees it (op::keep).
+  [[nodiscard]] virtual bool ends_here() const noexcept { return false; }
   //! Ends what submit_here found ended (their completions run here, after the requests it
   //! did not take were handed to the workers: a completion may wait for those).
   virtual void settle_here() noexcept {}
@@ -96,6 +99,9 @@ class engine {
 std::unique_ptr<engine> make_uring_engine(controller::impl& c,
                                           std::vector<std::span<std::byte>> buffers) noexcept;
 std::unique_ptr<engine> make_posix_engine() noexcept;
+//! The open file descriptions of threads' own the process can spare a controller
+//! (options::reader_descriptions): a thirty-second of RLIMIT_NOFILE's soft limit.
+[[nodiscard]] unsigned descriptor_share() noexcept;
 std::unique_ptr<engine> make_stdio_engine() noexcept;
 std::unique_ptr<engine> make_null_engine() noexcept;
 

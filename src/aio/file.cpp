@@ -72,6 +72,14 @@ result<void> file::close() noexcept {
   result<void> r;
   if (f.cache) r = c.cache->detach(f);
   if (auto e = c.engine->closing(f); !e && r) r = e;
+  {
+    // Threads' own descriptions of it, read-only: closing them loses nothing to report.
+    const base::lock_guard lock(f.readers_mutex);
+    for (auto& h : f.readers)
+      (void)h->close();
+    c.readers_left.fetch_add(static_cast<unsigned>(f.readers.size()));
+    f.readers.clear();
+  }
   if (auto e = f.handle.close(); !e && r) r = e;
   state_.reset();
   return r;

@@ -66,7 +66,7 @@ bool finished_as_shut(controller::impl& c, file_state& f, op* o) noexcept {
 }
 
 receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
-  o->file = f;
+  o->file = f.get();
   if (const error why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
   const timed_call timed(c.timed_callers);
@@ -94,6 +94,7 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
       worker_index = s.next_worker++;
     } else {
       ++s.held_back;
+      o->keep = f;  // before the lock goes: the request it waits for hands it on
     }
   }
   if (ready) {
@@ -104,7 +105,11 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
         return r;
       }
     }
-    if (c.engine->submit_here(std::span(&o, 1)) == 0) c.dispatch(o, worker_index);
+    if (!c.engine->ends_here()) o->keep = f;
+    if (c.engine->submit_here(std::span(&o, 1)) == 0) {
+      if (!o->keep) o->keep = f;
+      c.dispatch(o, worker_index);
+    }
     c.engine->settle_here();
   }
   return r;

@@ -10,6 +10,7 @@
 
 #include "base/per_thread.hpp"
 #include "base/thread_safety.hpp"
+#include "keel/io/file_handle.hpp"
 #include "op.hpp"
 
 namespace keel::aio::detail {
@@ -25,6 +26,13 @@ struct stream final : base::thread_state {
   // Of them, not yet handed to a worker (no scan when zero).
   std::size_t held_back KEEL_GUARDED_BY(mutex) = 0;
   unsigned next_worker KEEL_GUARDED_BY(mutex) = 0;
+
+  // Used by the thread of the stream only (the posix engine's submit_here): its own open
+  // file description of the file, for the reads it runs itself (options::reader_descriptions);
+  // null before its 64th such read, and for good once one could not be had.
+  const io::file_handle* reader = nullptr;
+  unsigned reads_here = 0;
+  bool reader_tried = false;
 
   //! Appends `o`; whether it is ready (no earlier unfinished request holds it back).
   bool append(op& o) noexcept KEEL_REQUIRES(mutex);

@@ -111,7 +111,7 @@ std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
   if (auto early = c.before_engine(o)) {
     c.finish(&o, std::move(early->outcome), early->cancelled);
   } else {
-    c.finish(&o, run(o));
+    c.finish(&o, run_here(o));
   }
   return 1;
 }

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "aio_support.hpp"
@@ -422,6 +424,155 @@ TEST(AioPosixOnTheCaller, WritesTheCacheStepsAsideForRunInTheCall) {
   EXPECT_EQ(ended_at_once, 320) << "cached writes end in the call, and so do those passed on";
   ASSERT_TRUE(f->close());
   EXPECT_EQ(std::filesystem::file_size(dir.file("cached")), 320u * data.size());
+}
+
+// options::reader_descriptions: a thread that keeps reading a file one request at a time
+// on its own reads through an open file description of its own after its 64th read.
+
+// How many descriptors this process has open on `path`.
+int descriptors_on(const std::string& path) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string() == path) ++n;
+  }
+  return n;
+}
+
+// A posix controller whose threads run their requests themselves, with at most `readers`
+// descriptions of threads' own; null (a skip's reason in `why`) where the environment says
+// where requests start.
+std::unique_ptr<controller> posix_on_caller(unsigned readers, std::string& why) {
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON"); env != nullptr && *env != '\0') {
+    why = std::string("KEEL_AIO_SUBMIT_ON=") + env + " forces where requests start";
+    return nullptr;
+  }
+  options o;
+  o.engine = engine_kind::posix;
+  o.submit_on = submitter::caller;
+  o.reader_descriptions = readers;
+  auto c = controller::start(o);
+  EXPECT_TRUE(c) << c.error().message();
+  return c ? std::move(*c) : nullptr;
+}
+
+// `n` reads of the first block of `f` on this thread: how many came back whole and equal to
+// `expect`.
+int reads_equal(file& f, const std::vector<std::byte>& expect, int n) {
+  std::vector<std::byte> back(expect.size());
+  int good = 0;
+  for (int i = 0; i < n; ++i) {
+    std::fill(back.begin(), back.end(), std::byte{0});
+    good += f.read(0, back).wait().value_or(0) == expect.size() && back == expect ? 1 : 0;
+  }
+  return good;
+}
+
+// A file of one block of 7s, open on posix_on_caller(readers); `c` null (the reason in `why`)
+// where the test cannot run.
+struct one_block {
+  temp_dir dir;
+  std::string path = dir.file("read");
+  std::vector<std::byte> data = std::vector<std::byte>(4096, std::byte{7});
+  std::string why;
+  std::unique_ptr<controller> c;
+  file f;
+
+  explicit one_block(unsigned readers) : c(posix_on_caller(readers, why)) {
+    if (!c) return;
+    f = open_rw(*c, path);
+    EXPECT_EQ(f.write(0, data).wait().value_or(0), data.size());
+  }
+};
+
+TEST(AioPosixOnTheCaller, AThreadThatKeepsReadingGetsADescriptionOfItsOwn) {
+  one_block b(32);
+  if (!b.c) GTEST_SKIP() << b.why;
+  auto [f, data, path] = std::tie(b.f, b.data, b.path);
+  EXPECT_EQ(descriptors_on(path), 1);
+  EXPECT_EQ(reads_equal(f, data, 63), 63);
+  EXPECT_EQ(descriptors_on(path), 1) << "a thread that reads now and then shares the file's";
+  EXPECT_EQ(reads_equal(f, data, 100), 100);
+  EXPECT_EQ(descriptors_on(path), 2);
+  // Writes still go through the file's descriptor, and its own reads see them.
+  const std::vector<std::byte> later(4096, std::byte{9});
+  ASSERT_EQ(f.write(0, later).wait().value_or(0), later.size());
+  EXPECT_EQ(reads_equal(f, later, 10), 10);
+  std::thread([&] { EXPECT_EQ(reads_equal(f, later, 100), 100); }).join();
+  EXPECT_EQ(descriptors_on(path), 3) << "one per thread, kept after the thread is gone";
+  ASSERT_TRUE(f.close());
+  EXPECT_EQ(descriptors_on(path), 0) << "they close with the file";
+}
+
+// Its own description is of the file open, not of what the name says now: a file renamed
+// over the name, or the name removed, changes nothing it reads.
+TEST(AioPosixOnTheCaller, AThreadsOwnDescriptionIsOfTheOpenFileNotOfItsName) {
+  one_block b(32);
+  if (!b.c) GTEST_SKIP() << b.why;
+  auto [f, data, path] = std::tie(b.f, b.data, b.path);
+  {
+    const std::string other = b.dir.file("other");
+    std::FILE* o = std::fopen(other.c_str(), "w");
+    ASSERT_NE(o, nullptr);
+    const std::vector<char> foreign(4096, 'x');
+    ASSERT_EQ(std::fwrite(foreign.data(), 1, foreign.size(), o), foreign.size());
+    ASSERT_EQ(std::fclose(o), 0);
+    std::filesystem::rename(other, path);
+  }
+  EXPECT_EQ(reads_equal(f, data, 200), 200);
+  std::filesystem::remove(path);
+  std::thread([&] { EXPECT_EQ(reads_equal(f, data, 200), 200); }).join();
+  ASSERT_TRUE(f.close());
+}
+
+TEST(AioPosixOnTheCaller, DescriptionsOfThreadsOwnAreCappedPerController) {
+  for (const unsigned cap : {0u, 1u}) {
+    one_block b(cap);
+    if (!b.c) GTEST_SKIP() << b.why;
+    auto [f, data, path] = std::tie(b.f, b.data, b.path);
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 3; ++t)
+      readers.emplace_back([&] { EXPECT_EQ(reads_equal(f, data, 100), 100); });
+    for (auto& t : readers)
+      t.join();
+    EXPECT_EQ(descriptors_on(path), 1 + static_cast<int>(cap)) << "cap " << cap;
+    ASSERT_TRUE(f.close());
+  }
+}
+
+// A child of fork() has its threads' states afresh: it reads through descriptions of its
+// own making, and the parent's keep working.
+TEST(AioPosixOnTheCaller, AForkedChildReadsThroughDescriptionsOfItsOwn) {
+  one_block b(32);
+  if (!b.c) GTEST_SKIP() << b.why;
+  auto [f, data, path] = std::tie(b.f, b.data, b.path);
+  ASSERT_EQ(reads_equal(f, data, 100), 100);
+  ASSERT_EQ(descriptors_on(path), 2);
+  const pid_t child = test::fork_child([&] {
+    if (reads_equal(f, data, 100) != 100) return 1;
+    if (descriptors_on(path) != 3) return 2;  // the parent's two, inherited, and its own
+    return f.close() ? 0 : 3;
+  });
+  EXPECT_EQ(test::wait_exit(child), 0);
+  EXPECT_EQ(reads_equal(f, data, 100), 100);
+  ASSERT_TRUE(f.close());
+}
+
+// A request that ended within its submission holds no reference to its file: its receipt
+// must not look at the file, which may be gone with its controller by the time it waits.
+TEST(AioPosixOnTheCaller, AReceiptOutlivesItsFileAndController) {
+  one_block b(32);
+  if (!b.c) GTEST_SKIP() << b.why;
+  auto [f, data, path] = std::tie(b.f, b.data, b.path);
+  std::vector<std::byte> back(4096);
+  receipt r = f.read(0, back);
+  receipt w = f.write(4096, data);
+  ASSERT_TRUE(f.close());
+  b.c.reset();
+  EXPECT_EQ(r.state(), status::done);
+  EXPECT_EQ(r.wait().value_or(0), 4096u);
+  EXPECT_EQ(w.wait().value_or(0), 4096u);
+  EXPECT_EQ(back, data);
 }
 
 TEST(AioCallerRings, UnknownSubmitOnInTheEnvironmentIsRefused) {

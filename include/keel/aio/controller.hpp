@@ -79,6 +79,16 @@ struct options {
   //! the cache stepped aside for, or read it does not hold, starts like any other file's.
   //! The environment variable KEEL_AIO_SUBMIT_ON (adaptive, caller, workers) overrides this.
   submitter submit_on = submitter::adaptive;
+  //! posix engine: a thread that keeps reading a file one request at a time on its own
+  //! (submit_on) gets an open file description of the file of its own after its 64th such
+  //! read, reopened through /proc/self/fd. Threads that share one description contend on its
+  //! reference count in every pread (about a tenth of a 4 KiB read from the page cache, on
+  //! two threads); threads that each opened the file, as fio's do, do not. Only reads use
+  //! it; writes and syncs keep the file's own descriptor. At most this many per controller,
+  //! and no more than a thirty-second of RLIMIT_NOFILE; they close with their file. 0: none.
+  //! Where one cannot be had (no /proc, EMFILE, a filesystem other than io::os()), the
+  //! thread reads through the file's descriptor as before.
+  unsigned reader_descriptions = 32;
 
   //! The write-back cache of the files opened with open_options::cache, shared by them.
   //! Above `cache_soft_limit` bytes of cached pages a flusher thread writes out and drops
