@@ -14,6 +14,15 @@
 // or waiting on something else) and a completion lands on its ring, the ring's eventfd (a
 // worker's wake-up eventfd) wakes that worker, which reaps it under the ring's mutex. The
 // thread turns the eventfd off while it is in the ring itself.
+//
+// A buffered write to a file whose filesystem cannot take one without blocking (ext4 and
+// tmpfs cannot; xfs and btrfs can: FOP_BUFFER_WASYNC) would only be handed by the kernel to
+// an io-wq thread of its own, and its end back: two more hand-overs for a copy into the page
+// cache. The worker writes those itself (pwrite). The first buffered write of a file finds
+// out which kind it is, as pwritev2 with RWF_NOWAIT, which such a filesystem refuses with
+// EOPNOTSUPP before it writes anything (learn_buffered_writes). A thread that submits and
+// then waits writes them itself too: in the submission, on the ring's terms (caller_ring),
+// or as it waits (uring_worker::help).
 
 #include <liburing.h>
 #include <sys/eventfd.h>
@@ -121,10 +130,70 @@ struct uring_file final : engine_file {
   std::uint64_t file_id;
   int slot;
   std::atomic<std::uint64_t> registered_in{0};
+  // Whether its buffered writes go to the ring or are written by the worker
+  // (learn_buffered_writes).
+  enum class writes : std::uint8_t { unknown, to_the_ring, by_the_worker };
+  std::atomic<writes> buffered_writes{writes::unknown};
 };
 
 uring_file& of(file_state& f) noexcept {
   return static_cast<uring_file&>(*f.engine_data);
+}
+
+//! Whether `o` is a buffered write whose file's kind decides where it goes (see the top of
+//! the file): not of a chain, whose requests count in it as they start on the ring.
+bool buffered_write(const op& o) noexcept {
+  return o.kind == op_kind::write && !o.file->direct && o.in_chain == nullptr;
+}
+
+//! Whether `o` is a buffered write to a file that refuses a write that must not block: one
+//! the kernel would hand to a thread of its own, so one a thread of keel's writes itself.
+bool written_by_a_thread(const op& o) noexcept {
+  return buffered_write(o) && of(*o.file).buffered_writes.load(std::memory_order_relaxed) ==
+                                  uring_file::writes::by_the_worker;
+}
+
+//! Finds out, with `o`, the first buffered write of its file, which kind of file it is: as
+//! a write that must not block, which writes nothing where the file refuses it (EOPNOTSUPP)
+//! and may write some or all of `o` elsewhere. What it wrote (0 where the file refuses,
+//! and for any write but a file's first), or -errno (EAGAIN: it would have blocked); the
+//! caller counts what it wrote in o.done.
+int learn_buffered_writes(op& o) noexcept {
+  auto& mode = of(*o.file).buffered_writes;
+  if (!buffered_write(o) || mode.load(std::memory_order_relaxed) != uring_file::writes::unknown) {
+    return 0;
+  }
+  iovec v{o.buffer + o.done, o.length - o.done};
+  const ssize_t n =
+      ::pwritev2(o.file->handle.fd(), &v, 1, static_cast<off_t>(o.offset + o.done), RWF_NOWAIT);
+  if (n < 0 && errno == EOPNOTSUPP) {
+    mode.store(uring_file::writes::by_the_worker, std::memory_order_relaxed);
+    return 0;
+  }
+  // Written, or it would have blocked, or failed: the ring takes the rest (all of it again
+  // after a failure, which it reports itself).
+  mode.store(uring_file::writes::to_the_ring, std::memory_order_relaxed);
+  return n < 0 ? -errno : static_cast<int>(n);
+}
+
+//! Whether `o` may go to a ring other than a worker's: not a write a thread writes itself,
+//! nor a buffered write to a file not known yet (learn_buffered_writes).
+bool rings_may_take(const op& o) noexcept {
+  return !buffered_write(o) || of(*o.file).buffered_writes.load(std::memory_order_relaxed) ==
+                                   uring_file::writes::to_the_ring;
+}
+
+//! The rest of the write `o`, on the calling thread (written_by_a_thread).
+result<std::size_t> write_here(op& o) noexcept {
+  const std::size_t from = o.done;
+  if (auto w =
+          o.file->handle.write_at(static_cast<off_t>(o.offset + from),
+                                  std::span<const std::byte>(o.buffer + from, o.length - from));
+      !w) {
+    return std::unexpected(w.error());
+  }
+  o.done = o.length;
+  return o.length;
 }
 
 //! A ring's table of registered files (a sparse table, Linux 5.19+): the file id at each
@@ -247,6 +316,10 @@ class uring_engine final : public engine {
   void settle_here() noexcept override;
   bool wait_here(op& o) noexcept override;
   void add_counts(engine_stats& s) const noexcept override;
+  //! Counts a buffered write a thread of keel's wrote itself (written_by_a_thread).
+  void wrote_one() noexcept {
+    written_by_threads_.add(base::sharded_count::shard_of_this_thread(), 1);
+  }
 
   //! Worker `w`'s share of the caller rings: takes the completions their threads left
   //! there (a worker's thread) and settles them. Whether a ring with completions was busy
@@ -306,6 +379,7 @@ class uring_engine final : public engine {
   std::atomic<std::uint64_t> retired_started_{0};
   std::atomic<std::uint64_t> retired_registered_{0};
   std::atomic<std::uint64_t> retired_reaped_{0};
+  base::sharded_count written_by_threads_;  // by workers, waiters and submitters alike
   // Last: its rings end (and drain) while the rest of the engine is still there.
   base::per_thread_states rings_of_threads_;
 };
@@ -320,6 +394,38 @@ class uring_worker final : public worker {
   }
 
   [[nodiscard]] int wake_fd() const noexcept { return efd_; }
+
+  // A thread about to wait writes, on its own thread, the buffered writes in this worker's
+  // inbox that the worker would write itself (written_by_a_thread), as the posix engine's waiters
+  // run its requests: no hand-over, no wake-up. The rest goes back to the inbox, in order.
+  // Not on a worker's thread (its own ring would wait meanwhile), nor a cached file's
+  // request (the cache sees it in the worker).
+  bool help() noexcept override {
+    if (running_here != nullptr) return false;
+    op* list = take_all();
+    op* back = nullptr;
+    op* back_tail = nullptr;
+    bool ran = false;
+    while (list != nullptr) {
+      op* o = list;
+      list = o->next;
+      if (o->file->cache == nullptr && written_by_a_thread(*o) && engine_.buffer_of(*o) < 0) {
+        if (auto early = ctl_.before_engine(*o)) {
+          ctl_.finish(o, std::move(early->outcome), early->cancelled);
+        } else {
+          engine_.wrote_one();
+          ctl_.finish(o, write_here(*o));
+        }
+        ran = true;
+        continue;
+      }
+      o->next = nullptr;
+      (back_tail != nullptr ? back_tail->next : back) = o;
+      back_tail = o;
+    }
+    if (back != nullptr) push(back, back_tail);
+    return ran;
+  }
 
   void wake() noexcept override {
     const std::uint64_t one = 1;
@@ -548,6 +654,20 @@ class uring_worker final : public worker {
           // Not one that started already (a short transfer's rest): it ends on its own.
         } while (!pending_.empty() && pending_.front()->in_chain == ch &&
                  !pending_.front()->counted);
+        continue;
+      }
+      if (engine_.buffer_of(o) < 0) {
+        if (const int n = learn_buffered_writes(o); n > 0) o.done += static_cast<std::size_t>(n);
+      }
+      if (written_by_a_thread(o) && engine_.buffer_of(o) < 0) {
+        pending_.pop_front();
+        engine_.wrote_one();
+        done(o, write_here(o));
+        continue;
+      }
+      if (o.kind == op_kind::write && o.done == o.length) {  // written whole as it learnt
+        pending_.pop_front();
+        done(o, o.length);
         continue;
       }
       io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_);
@@ -891,10 +1011,31 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
     const base::lock_guard lock(r->mutex);
     r->quiet();
     for (op* o : ops) {
+      // A buffered write the kernel would hand to a thread of its own: written here, and
+      // settled with what the ring ended (not inside a completion's own submission). The
+      // first of its file finds out which kind it is; what that wrote is its end, or its
+      // rest goes to a worker, as a short transfer's does.
+      if (!for_the_cache(*o) && completions_running == 0 && r->stashed < r->stash.size() &&
+          buffered_write(*o) && buffer_of(*o) < 0) {
+        if (const int n = learn_buffered_writes(*o); n > 0) {
+          r->stash[r->stashed++] = {o, n};
+          ++taken;
+          continue;
+        }
+        if (written_by_a_thread(*o)) {
+          const ssize_t n = ::pwrite(o->file->handle.fd(), o->buffer + o->done, o->length - o->done,
+                                     static_cast<off_t>(o->offset + o->done));
+          r->stash[r->stashed++] = {o, n < 0 ? -errno : static_cast<int>(n)};
+          wrote_one();
+          ++taken;
+          continue;
+        }
+      }
       // Registered buffers are the workers' rings' (registering them again per thread
       // would pin the memory again); chains wait in a worker; so do requests that must
-      // meet the cache there.
+      // meet the cache there, and the first buffered writes of a file (learn_buffered_writes).
       if (o->in_chain != nullptr || o->kind == op_kind::task || for_the_cache(*o) ||
+          !rings_may_take(*o) ||
           ((o->kind == op_kind::read || o->kind == op_kind::write) &&
            (o->length == 0 || buffer_of(*o) >= 0)) ||
           !r->queue(*o)) {
@@ -906,7 +1047,7 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
     // Page-cache reads and writes ended inside the submission: settled by settle_here, once
     // the caller has handed over what the ring did not take. Not inside a completion's own
     // submission: the worker reaps those.
-    if (completions_running == 0 && r->stashed == 0) r->stashed = r->reap(r->stash);
+    if (completions_running == 0) r->stashed += r->reap(std::span(r->stash).subspan(r->stashed));
     r->leave();
   }
   return taken;
@@ -977,6 +1118,7 @@ void uring_engine::settle(std::span<const reaped> done) noexcept {
 }
 
 void uring_engine::add_counts(engine_stats& s) const noexcept {
+  s.buffered_writes_by_threads += written_by_threads_.sum();
   s.requests_on_caller_rings += retired_started_.load();
   s.requests_on_registered_files += retired_registered_.load();
   s.caller_requests_reaped_by_workers += retired_reaped_.load();

@@ -371,7 +371,11 @@ TEST(AioRegisteredFiles, RequestsUseThemAndCloseReallyCloses) {
   ASSERT_EQ(f.write(0, data).wait().value_or(0), 4u);
   ASSERT_EQ(f.read(0, back).wait().value_or(0), 4u);
   EXPECT_EQ(std::memcmp(data, back, 4), 0);
-  EXPECT_GE(c->engine_counts().requests_on_registered_files, 2u);
+  // The write may not go to the ring: a thread of keel's writes it where the kernel would
+  // hand it to a thread of its own (ext4, tmpfs).
+  const engine_stats st = c->engine_counts();
+  EXPECT_GE(st.requests_on_registered_files, 1u);
+  EXPECT_GE(st.requests_on_registered_files + st.buffered_writes_by_threads, 2u);
   const int fd = descriptor_of(path);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);

@@ -138,6 +138,10 @@ struct engine_stats {
   std::uint64_t requests_on_caller_rings = 0;
   //! io_uring: of those, the ones a worker reaped because their thread was away.
   std::uint64_t caller_requests_reaped_by_workers = 0;
+  //! io_uring: buffered writes a thread of keel's or the submitting thread wrote itself
+  //! (pwrite), to files whose filesystem cannot take a buffered write without blocking
+  //! (ext4, tmpfs; unlike xfs and btrfs): the kernel would hand each to a thread of its own.
+  std::uint64_t buffered_writes_by_threads = 0;
 };
 
 //! How a file is opened.
