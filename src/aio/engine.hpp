@@ -70,9 +70,6 @@ class engine {
     (void)ops;
     return 0;
   }
-  //! Whether a request submit_here takes has ended, on the calling thread, when it returns:
-  //! no other thread ever sees it (op::keep).
-  [[nodiscard]] virtual bool ends_here() const noexcept { return false; }
   //! Ends what submit_here found ended (their completions run here, after the requests it
   //! did not take were handed to the workers: a completion may wait for those).
   virtual void settle_here() noexcept {}

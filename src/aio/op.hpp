@@ -38,11 +38,9 @@ struct op {
   completion on_done;
   std::function<result<std::size_t>()> task;
   // Its file. While it is in flight the file cannot close (file_state::in_flight), but the
-  // end of finish() and a receipt's wait use the file (and its controller) past that point:
-  // `keep` holds the file for them once the request reaches any other thread than the one
-  // submitting it. One that ends within its submission on the submitting thread (the
-  // one-at-a-time engines' submit_here), whose submitter holds the file throughout, takes no
-  // reference: threads submitting to one file would contend on the count in every request.
+  // end of finish() and a receipt's wait use the file (and its controller) past that point,
+  // and a close() on another thread may let go of the file's last other reference then:
+  // `keep` holds it for the request's life.
   file_state* file = nullptr;
   std::shared_ptr<file_state> keep;
   unsigned shard = 0;  // of the counts of requests in flight it was added to

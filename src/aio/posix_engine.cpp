@@ -26,10 +26,10 @@ result<std::size_t> read_through(const io::file_handle& h, op& o) noexcept {
   return *n;
 }
 
-// A new open file description of `f`'s file for reads, kept in `f` until it closes, or null
-// where none can be had: through /proc/self/fd, which reopens the file open here whatever
-// its name now says.
-const io::file_handle* reopen_for_reads(file_state& f) noexcept {
+// A new open file description of `f`'s file for reads, kept in `f` until it closes (`kept`),
+// or null where none can be had: through /proc/self/fd, which reopens the file open here
+// whatever its name now says.
+const io::file_handle* reopen_for_reads(file_state& f, bool& kept) noexcept {
   char path[48];
   std::snprintf(path, sizeof path, "/proc/self/fd/%d", f.handle.fd());
   io::open_flags flags = io::open_flags::read;
@@ -39,17 +39,21 @@ const io::file_handle* reopen_for_reads(file_state& f) noexcept {
   // /proc may be anything (a container's own): reads must come from this very file.
   auto mine = f.handle.status();
   auto reopened = h->status();
-  if (!mine || !reopened || !mine->same_file(*reopened)) return nullptr;
-  std::unique_ptr<io::file_handle> kept(new (std::nothrow) io::file_handle(std::move(*h)));
-  if (!kept) return nullptr;
-  const io::file_handle* raw = kept.get();
+  const bool same = mine && reopened && mine->same_file(*reopened);
+  // Kept until the file closes even when not used: closing a descriptor of a file lets go
+  // of every POSIX record lock the process holds on it, which the file's own close does
+  // anyway, but nothing before it may.
+  std::unique_ptr<io::file_handle> own(new (std::nothrow) io::file_handle(std::move(*h)));
+  if (!own) return nullptr;
+  const io::file_handle* raw = own.get();
   const base::lock_guard lock(f.readers_mutex);
   try {
-    f.readers.push_back(std::move(kept));
+    f.readers.push_back(std::move(own));
   } catch (const std::bad_alloc&) {
     return nullptr;
   }
-  return raw;
+  kept = true;  // one of the controller's readers_left, given back when the file closes
+  return same ? raw : nullptr;
 }
 
 // The description the submitting thread of `o` reads through: its own once it has one (made
@@ -68,8 +72,9 @@ const io::file_handle* reader_of(op& o) noexcept {
   do {
     if (left == 0) return nullptr;
   } while (!c.readers_left.compare_exchange_weak(left, left - 1, std::memory_order_relaxed));
-  s.reader = reopen_for_reads(f);
-  if (s.reader == nullptr) c.readers_left.fetch_add(1, std::memory_order_relaxed);
+  bool kept = false;
+  s.reader = reopen_for_reads(f, kept);
+  if (!kept) c.readers_left.fetch_add(1, std::memory_order_relaxed);
   return s.reader;
 }
 

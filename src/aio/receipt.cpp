@@ -55,8 +55,7 @@ result<std::size_t> receipt::wait() const noexcept {
 result<std::size_t> receipt::wait(io::deadline d) const noexcept {
   if (op_ == nullptr) return errc_error(std::errc::invalid_argument);
   // A wait that finds its request ended takes no time worth counting (caller_clock.hpp):
-  // its time goes to the time outside, as does the few instructions' of the check. Nor
-  // does it look at the file: only a request still pending is sure to hold it (op::keep).
+  // its time goes to the time outside, as does the few instructions' of the check.
   const bool ended = detail::status_of(op_->state.load(std::memory_order_acquire)) !=
                      static_cast<std::uint32_t>(status::pending);
   controller::impl* c = !ended && op_->keep ? op_->keep->owner.get() : nullptr;

@@ -67,6 +67,7 @@ bool finished_as_shut(controller::impl& c, file_state& f, op* o) noexcept {
 
 receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
   o->file = f.get();
+  o->keep = f;
   if (const error why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
   const timed_call timed(c.timed_callers);
@@ -94,7 +95,6 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
       worker_index = s.next_worker++;
     } else {
       ++s.held_back;
-      o->keep = f;  // before the lock goes: the request it waits for hands it on
     }
   }
   if (ready) {
@@ -105,11 +105,7 @@ receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
         return r;
       }
     }
-    if (!c.engine->ends_here()) o->keep = f;
-    if (c.engine->submit_here(std::span(&o, 1)) == 0) {
-      if (!o->keep) o->keep = f;
-      c.dispatch(o, worker_index);
-    }
+    if (c.engine->submit_here(std::span(&o, 1)) == 0) c.dispatch(o, worker_index);
     c.engine->settle_here();
   }
   return r;

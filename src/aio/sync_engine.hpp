@@ -21,7 +21,6 @@ class sync_engine : public engine {
   //! time in keel's calls and has no other request of the file unfinished (it submits and
   //! waits, one at a time: a hand-over would only add two wake-ups to the wait).
   [[nodiscard]] std::size_t submit_here(std::span<op* const> ops) noexcept override;
-  [[nodiscard]] bool ends_here() const noexcept override { return true; }
 };
 
 }  // namespace keel::aio::detail

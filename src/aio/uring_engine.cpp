@@ -21,8 +21,8 @@
 // cache. The worker writes those itself (pwrite). The first buffered write of a file finds
 // out which kind it is, as pwritev2 with RWF_NOWAIT, which such a filesystem refuses with
 // EOPNOTSUPP before it writes anything (learn_buffered_writes). A thread that submits and
-// then waits writes them itself too: in the submission, on the ring's terms (caller_ring),
-// or as it waits (uring_worker::help).
+// then waits writes them itself, in the submission, as it would start them on its own ring
+// (caller_ring).
 
 #include <liburing.h>
 #include <sys/eventfd.h>
@@ -143,7 +143,7 @@ uring_file& of(file_state& f) noexcept {
 //! Whether `o` is a buffered write whose file's kind decides where it goes (see the top of
 //! the file): not of a chain, whose requests count in it as they start on the ring.
 bool buffered_write(const op& o) noexcept {
-  return o.kind == op_kind::write && !o.file->direct && o.in_chain == nullptr;
+  return o.kind == op_kind::write && o.length != 0 && !o.file->direct && o.in_chain == nullptr;
 }
 
 //! Whether `o` is a buffered write to a file that refuses a write that must not block: one
@@ -394,38 +394,6 @@ class uring_worker final : public worker {
   }
 
   [[nodiscard]] int wake_fd() const noexcept { return efd_; }
-
-  // A thread about to wait writes, on its own thread, the buffered writes in this worker's
-  // inbox that the worker would write itself (written_by_a_thread), as the posix engine's waiters
-  // run its requests: no hand-over, no wake-up. The rest goes back to the inbox, in order.
-  // Not on a worker's thread (its own ring would wait meanwhile), nor a cached file's
-  // request (the cache sees it in the worker).
-  bool help() noexcept override {
-    if (running_here != nullptr) return false;
-    op* list = take_all();
-    op* back = nullptr;
-    op* back_tail = nullptr;
-    bool ran = false;
-    while (list != nullptr) {
-      op* o = list;
-      list = o->next;
-      if (o->file->cache == nullptr && written_by_a_thread(*o) && engine_.buffer_of(*o) < 0) {
-        if (auto early = ctl_.before_engine(*o)) {
-          ctl_.finish(o, std::move(early->outcome), early->cancelled);
-        } else {
-          engine_.wrote_one();
-          ctl_.finish(o, write_here(*o));
-        }
-        ran = true;
-        continue;
-      }
-      o->next = nullptr;
-      (back_tail != nullptr ? back_tail->next : back) = o;
-      back_tail = o;
-    }
-    if (back != nullptr) push(back, back_tail);
-    return ran;
-  }
 
   void wake() noexcept override {
     const std::uint64_t one = 1;
@@ -1007,33 +975,36 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
   caller_ring* r = ring_of_this_thread(true);
   if (r == nullptr) return 0;
   std::size_t taken = 0;
+  // Buffered writes the kernel would hand to a thread of its own, from the front: written
+  // here, outside the ring's lock (a write may block, and a worker reaping the ring must not
+  // wait for it), and settled with what the ring ended. Not inside a completion's own
+  // submission. The first of a file finds out which kind it is; what that wrote is its end,
+  // or its rest goes to a worker, as a short transfer's does.
+  for (; taken < ops.size(); ++taken) {
+    op* o = ops[taken];
+    if (for_the_cache(*o) || completions_running != 0 || r->stashed == r->stash.size() ||
+        !buffered_write(*o) || buffer_of(*o) >= 0) {
+      break;
+    }
+    if (const int n = learn_buffered_writes(*o); n > 0) {
+      r->stash[r->stashed++] = {o, n};
+      continue;
+    }
+    if (!written_by_a_thread(*o)) break;
+    const ssize_t n = ::pwrite(o->file->handle.fd(), o->buffer + o->done, o->length - o->done,
+                               static_cast<off_t>(o->offset + o->done));
+    r->stash[r->stashed++] = {o, n < 0 ? -errno : static_cast<int>(n)};
+    wrote_one();
+  }
+  const std::size_t written = taken;
   {
     const base::lock_guard lock(r->mutex);
     r->quiet();
-    for (op* o : ops) {
-      // A buffered write the kernel would hand to a thread of its own: written here, and
-      // settled with what the ring ended (not inside a completion's own submission). The
-      // first of its file finds out which kind it is; what that wrote is its end, or its
-      // rest goes to a worker, as a short transfer's does.
-      if (!for_the_cache(*o) && completions_running == 0 && r->stashed < r->stash.size() &&
-          buffered_write(*o) && buffer_of(*o) < 0) {
-        if (const int n = learn_buffered_writes(*o); n > 0) {
-          r->stash[r->stashed++] = {o, n};
-          ++taken;
-          continue;
-        }
-        if (written_by_a_thread(*o)) {
-          const ssize_t n = ::pwrite(o->file->handle.fd(), o->buffer + o->done, o->length - o->done,
-                                     static_cast<off_t>(o->offset + o->done));
-          r->stash[r->stashed++] = {o, n < 0 ? -errno : static_cast<int>(n)};
-          wrote_one();
-          ++taken;
-          continue;
-        }
-      }
+    for (op* o : ops.subspan(written)) {
       // Registered buffers are the workers' rings' (registering them again per thread
       // would pin the memory again); chains wait in a worker; so do requests that must
-      // meet the cache there, and the first buffered writes of a file (learn_buffered_writes).
+      // meet the cache there, and buffered writes a thread writes or that find out what
+      // their file is (after the first of the batch that was not written above).
       if (o->in_chain != nullptr || o->kind == op_kind::task || for_the_cache(*o) ||
           !rings_may_take(*o) ||
           ((o->kind == op_kind::read || o->kind == op_kind::write) &&
@@ -1043,7 +1014,7 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
       }
       ++taken;
     }
-    if (taken != 0) r->submit();
+    if (taken != written) r->submit();
     // Page-cache reads and writes ended inside the submission: settled by settle_here, once
     // the caller has handed over what the ring did not take. Not inside a completion's own
     // submission: the worker reaps those.

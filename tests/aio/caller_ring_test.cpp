@@ -676,6 +676,23 @@ TEST(AioBufferedWrites, WritesTheKernelWouldHandOffAreWrittenByKeelsThreads) {
   if (ran == 0) GTEST_SKIP() << "neither tmpfs nor xfs could be mounted, or io_uring is denied";
 }
 
+// An empty write ends with 0 bytes, wherever buffered writes go, and does not stand for the
+// file's first write when it finds out what kind of file it is.
+TEST(AioBufferedWrites, AnEmptyWriteWritesNothingAndSucceeds) {
+  KEEL_ON_URING(c, submitter::caller);
+  temp_dir dir;
+  file f = open_rw(*c, dir.file("empty"));
+  EXPECT_EQ(f.write(0, std::span<const std::byte>()).wait().value_or(99), 0u) << "first";
+  const std::vector<std::byte> data(4096, std::byte{1});
+  ASSERT_EQ(f.write(0, data).wait().value_or(0), data.size());
+  EXPECT_EQ(f.write(4096, std::span<const std::byte>()).wait().value_or(99), 0u) << "after";
+  ASSERT_EQ(f.write(4096, data).wait().value_or(0), data.size());
+  const std::uint64_t by_threads = c->engine_counts().buffered_writes_by_threads;
+  EXPECT_EQ(by_threads, refuses_nowait_writes(dir.path().string()) ? 2u : 0u);
+  ASSERT_TRUE(f.close());
+  EXPECT_EQ(std::filesystem::file_size(dir.file("empty")), 8192u);
+}
+
 TEST(AioCallerRings, UnknownSubmitOnInTheEnvironmentIsRefused) {
   const pid_t child = test::fork_child([] {
     ::setenv("KEEL_AIO_SUBMIT_ON", "sideways", 1);

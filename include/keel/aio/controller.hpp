@@ -87,7 +87,9 @@ struct options {
   //! it; writes and syncs keep the file's own descriptor. At most this many per controller,
   //! and no more than a thirty-second of RLIMIT_NOFILE; they close with their file. 0: none.
   //! Where one cannot be had (no /proc, EMFILE, a filesystem other than io::os()), the
-  //! thread reads through the file's descriptor as before.
+  //! thread reads through the file's descriptor as before. The process sees them as any
+  //! other open of the file: a write lease (F_SETLEASE) cannot be taken while they are
+  //! open, inotify reports their opens, and the reopen waits for a lease to break.
   unsigned reader_descriptions = 32;
 
   //! The write-back cache of the files opened with open_options::cache, shared by them.
