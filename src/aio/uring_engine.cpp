@@ -18,10 +18,10 @@
 // A buffered write to a file whose filesystem cannot take one without blocking (ext4 and
 // tmpfs cannot; xfs and btrfs can: FOP_BUFFER_WASYNC) would only be handed by the kernel to
 // an io-wq thread of its own, and its end back: two more hand-overs for a copy into the page
-// cache. The worker writes those itself (pwrite). The first buffered write of a file finds
-// out which kind it is, as pwritev2 with RWF_NOWAIT, which such a filesystem refuses with
-// EOPNOTSUPP before it writes anything (learn_buffered_writes). A thread that submits and
-// then waits writes them itself, in the submission, as it would start them on its own ring
+// cache. The worker writes those itself (a pwrite, through the seam). The first buffered write of a
+// file finds out which kind it is, as pwritev2 with RWF_NOWAIT, which such a filesystem refuses
+// with EOPNOTSUPP before it writes anything (learn_buffered_writes). A thread that submits and then
+// waits writes them itself, in the submission, as it would start them on its own ring
 // (caller_ring).
 
 #include <liburing.h>
@@ -154,26 +154,25 @@ bool written_by_a_thread(const op& o) noexcept {
 }
 
 //! Finds out, with `o`, the first buffered write of its file, which kind of file it is: as
-//! a write that must not block, which writes nothing where the file refuses it (EOPNOTSUPP)
-//! and may write some or all of `o` elsewhere. What it wrote (0 where the file refuses,
-//! and for any write but a file's first), or -errno (EAGAIN: it would have blocked); the
-//! caller counts what it wrote in o.done.
-int learn_buffered_writes(op& o) noexcept {
+//! a write that must not block (io::filesystem::write_nowait), which writes nothing where the
+//! file refuses it and may write some or all of `o` elsewhere. The bytes it wrote (0 where
+//! the file refuses, and for any write but a file's first); the caller counts them in o.done.
+std::size_t learn_buffered_writes(op& o) noexcept {
   auto& mode = of(*o.file).buffered_writes;
   if (!buffered_write(o) || mode.load(std::memory_order_relaxed) != uring_file::writes::unknown) {
     return 0;
   }
-  iovec v{o.buffer + o.done, o.length - o.done};
-  const ssize_t n =
-      ::pwritev2(o.file->handle.fd(), &v, 1, static_cast<off_t>(o.offset + o.done), RWF_NOWAIT);
-  if (n < 0 && errno == EOPNOTSUPP) {
+  const io::file_handle& h = o.file->handle;
+  const iovec v{o.buffer + o.done, o.length - o.done};
+  const auto n = h.fs().write_nowait(h, static_cast<off_t>(o.offset + o.done), std::span(&v, 1));
+  if (!n && n.error() == std::errc::operation_not_supported) {
     mode.store(uring_file::writes::by_the_worker, std::memory_order_relaxed);
     return 0;
   }
   // Written, or it would have blocked, or failed: the ring takes the rest (all of it again
   // after a failure, which it reports itself).
   mode.store(uring_file::writes::to_the_ring, std::memory_order_relaxed);
-  return n < 0 ? -errno : static_cast<int>(n);
+  return n ? *n : 0;
 }
 
 //! Whether `o` may go to a ring other than a worker's: not a write a thread writes itself,
@@ -185,15 +184,13 @@ bool rings_may_take(const op& o) noexcept {
 
 //! The rest of the write `o`, on the calling thread (written_by_a_thread).
 result<std::size_t> write_here(op& o) noexcept {
-  const std::size_t from = o.done;
   if (auto w =
-          o.file->handle.write_at(static_cast<off_t>(o.offset + from),
-                                  std::span<const std::byte>(o.buffer + from, o.length - from));
+          o.file->handle.write_at(static_cast<off_t>(o.offset + o.done),
+                                  std::span<const std::byte>(o.buffer + o.done, o.length - o.done));
       !w) {
     return std::unexpected(w.error());
   }
-  o.done = o.length;
-  return o.length;
+  return o.length;  // finish() counts it in o.done
 }
 
 //! A ring's table of registered files (a sparse table, Linux 5.19+): the file id at each
@@ -624,9 +621,7 @@ class uring_worker final : public worker {
                  !pending_.front()->counted);
         continue;
       }
-      if (engine_.buffer_of(o) < 0) {
-        if (const int n = learn_buffered_writes(o); n > 0) o.done += static_cast<std::size_t>(n);
-      }
+      if (engine_.buffer_of(o) < 0) o.done += learn_buffered_writes(o);
       if (written_by_a_thread(o) && engine_.buffer_of(o) < 0) {
         pending_.pop_front();
         engine_.wrote_one();
@@ -982,18 +977,19 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
   // or its rest goes to a worker, as a short transfer's does.
   for (; taken < ops.size(); ++taken) {
     op* o = ops[taken];
+    // (What it writes must fit a completion's count, as a ring's chunk does.)
     if (for_the_cache(*o) || completions_running != 0 || r->stashed == r->stash.size() ||
-        !buffered_write(*o) || buffer_of(*o) >= 0) {
+        !buffered_write(*o) || buffer_of(*o) >= 0 || o->length - o->done > max_chunk) {
       break;
     }
-    if (const int n = learn_buffered_writes(*o); n > 0) {
-      r->stash[r->stashed++] = {o, n};
+    if (const std::size_t n = learn_buffered_writes(*o); n > 0) {
+      r->stash[r->stashed++] = {o, static_cast<int>(n)};
       continue;
     }
     if (!written_by_a_thread(*o)) break;
-    const ssize_t n = ::pwrite(o->file->handle.fd(), o->buffer + o->done, o->length - o->done,
-                               static_cast<off_t>(o->offset + o->done));
-    r->stash[r->stashed++] = {o, n < 0 ? -errno : static_cast<int>(n)};
+    const std::size_t rest = o->length - o->done;
+    const auto w = write_here(*o);
+    r->stash[r->stashed++] = {o, w ? static_cast<int>(rest) : -w.error().value()};
     wrote_one();
   }
   const std::size_t written = taken;

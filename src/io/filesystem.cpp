@@ -234,6 +234,13 @@ class posix_filesystem final : public filesystem {
     return static_cast<std::size_t>(n);
   }
 
+  result<std::size_t> write_nowait(const file_handle& file, off_t offset,
+                                   std::span<const iovec> buffers) noexcept override {
+    const ssize_t n = ::pwritev2(file.fd(), buffers.data(), iov_count(buffers), offset, RWF_NOWAIT);
+    if (n < 0) return last_errno_error();
+    return static_cast<std::size_t>(n);
+  }
+
   result<appended> append(const file_handle& file,
                           std::span<const iovec> buffers) noexcept override {
     const ssize_t n = ::writev(file.fd(), buffers.data(), iov_count(buffers));
@@ -394,6 +401,14 @@ bool file_status::is_directory() const noexcept {
 }
 
 filesystem::~filesystem() = default;
+
+result<std::size_t> filesystem::write_nowait(const file_handle& file, off_t offset,
+                                             std::span<const iovec> buffers) noexcept {
+  (void)file;
+  (void)offset;
+  (void)buffers;
+  return errc_error(std::errc::operation_not_supported);
+}
 
 file_handle filesystem::adopt(int fd, keel::detail::shared_path path) noexcept {
   return file_handle(fd, this, std::move(path));

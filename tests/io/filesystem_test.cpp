@@ -308,6 +308,34 @@ TEST(Filesystem, NamesListRenameAndStat) {
   EXPECT_EQ(via_link.error(), std::errc::too_many_symbolic_link_levels);
 }
 
+// A write that must not block: the OS's writes what it can or says why not, with nothing
+// written when its filesystem cannot take one; a wrapper says not_supported and writes
+// nothing, so that its callers fall back to the writes it sees.
+TEST(Filesystem, AWriteThatMustNotBlockWritesOrSaysWhyNot) {
+  temp_dir dir;
+  const std::string path = dir.file("nowait");
+  auto h = file_handle::open(path.c_str(), open_flags::read_write | open_flags::create);
+  ASSERT_TRUE(h) << h.error().message();
+  char bytes[4096];
+  std::memset(bytes, 7, sizeof bytes);
+  const iovec v{bytes, sizeof bytes};
+  counting_fs wrapper;
+  auto via_wrapper = wrapper.write_nowait(*h, 0, std::span(&v, 1));
+  ASSERT_FALSE(via_wrapper);
+  EXPECT_EQ(via_wrapper.error(), std::errc::operation_not_supported);
+  EXPECT_EQ(std::filesystem::file_size(path), 0u);
+  auto n = os().write_nowait(*h, 0, std::span(&v, 1));
+  if (n) {
+    EXPECT_LE(*n, sizeof bytes);
+    EXPECT_EQ(std::filesystem::file_size(path), *n);
+  } else {
+    EXPECT_TRUE(n.error() == std::errc::operation_not_supported ||
+                n.error() == std::errc::operation_would_block)
+        << n.error().message();
+    EXPECT_EQ(std::filesystem::file_size(path), 0u);
+  }
+}
+
 TEST(Filesystem, OperationNamesRoundTrip) {
   for (std::size_t i = 0; i < fs_op_count; ++i) {
     const auto op = static_cast<fs_op>(i);

@@ -221,6 +221,14 @@ class filesystem {
   //! One pwritev(2): may write fewer bytes than asked.
   [[nodiscard]] virtual result<std::size_t> write(const file_handle& file, off_t offset,
                                                   std::span<const iovec> buffers) noexcept = 0;
+  //! One pwritev2(2) with RWF_NOWAIT: a write that must not block. May write fewer bytes
+  //! than asked; operation_would_block where it would have blocked; operation_not_supported,
+  //! having written nothing, where the file's filesystem cannot take a buffered write that
+  //! way (ext4 and tmpfs cannot; io_uring then hands every such write to a kernel thread).
+  //! By default a filesystem says operation_not_supported, so that a wrapper which sees every
+  //! write (a fault_filesystem) sees these too, as plain writes.
+  [[nodiscard]] virtual result<std::size_t> write_nowait(const file_handle& file, off_t offset,
+                                                         std::span<const iovec> buffers) noexcept;
   //! One writev(2) on a descriptor opened with open_flags::append, and where it landed
   //! (lseek). Not for a handle that two threads append through at once (the landing offset
   //! is read from the descriptor's position).
