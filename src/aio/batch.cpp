@@ -59,8 +59,7 @@ void file::submit(std::span<request> requests, std::span<receipt> out) noexcept 
   }
   for (std::size_t i = 0; i < requests.size(); ++i) {
     op* o = make(requests[i]);
-    o->file = state_.get();
-    o->keep = state_;
+    o->file = state_;
     if (const error why = refusal(&f, *o)) {
       give(i, refuse(o, why));
       continue;

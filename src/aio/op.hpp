@@ -37,12 +37,10 @@ struct op {
   std::size_t done = 0;  // bytes transferred so far (the running worker's)
   completion on_done;
   std::function<result<std::size_t>()> task;
-  // Its file. While it is in flight the file cannot close (file_state::in_flight), but the
-  // end of finish() and a receipt's wait use the file (and its controller) past that point,
-  // and a close() on another thread may let go of the file's last other reference then:
-  // `keep` holds it for the request's life.
-  file_state* file = nullptr;
-  std::shared_ptr<file_state> keep;
+  // Its file, held for the request's life: the end of finish() and a receipt's wait use the
+  // file (and its controller) past the point where close() stops waiting for the request,
+  // and a close() on another thread may let go of the file's last other reference then.
+  std::shared_ptr<file_state> file;
   unsigned shard = 0;  // of the counts of requests in flight it was added to
   stream* owner = nullptr;
   bool dispatched = false;     // under owner->mutex

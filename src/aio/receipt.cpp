@@ -58,7 +58,7 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
   // its time goes to the time outside, as does the few instructions' of the check.
   const bool ended = detail::status_of(op_->state.load(std::memory_order_acquire)) !=
                      static_cast<std::uint32_t>(status::pending);
-  controller::impl* c = !ended && op_->keep ? op_->keep->owner.get() : nullptr;
+  controller::impl* c = !ended && op_->file ? op_->file->owner.get() : nullptr;
   const detail::timed_call timed(!ended && c != nullptr ? c->timed_callers : 0);
   const io::countdown cd = d.start();
   bool spun = false;

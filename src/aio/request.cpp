@@ -66,8 +66,7 @@ bool finished_as_shut(controller::impl& c, file_state& f, op* o) noexcept {
 }
 
 receipt submit_one(const std::shared_ptr<file_state>& f, op* o) noexcept {
-  o->file = f.get();
-  o->keep = f;
+  o->file = f;
   if (const error why = refusal(f.get(), *o)) return refuse(o, why);
   controller::impl& c = *f->owner;
   const timed_call timed(c.timed_callers);

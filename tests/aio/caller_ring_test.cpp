@@ -569,8 +569,8 @@ TEST(AioPosixOnTheCaller, AForkedChildReadsThroughDescriptionsOfItsOwn) {
   ASSERT_TRUE(f.close());
 }
 
-// A request that ended within its submission holds no reference to its file: its receipt
-// must not look at the file, which may be gone with its controller by the time it waits.
+// A receipt outlives its file and its controller: a wait after both are gone (for requests
+// that ended within their submissions) gives what the requests did.
 TEST(AioPosixOnTheCaller, AReceiptOutlivesItsFileAndController) {
   one_block b(32);
   if (!b.c) GTEST_SKIP() << b.why;
