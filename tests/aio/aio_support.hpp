@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "keel/aio/controller.hpp"
 
@@ -21,15 +22,22 @@ inline file open_rw(controller& c, const std::string& path) {
   return f ? std::move(*f) : file();
 }
 
-//! The descriptor this process has open on `path` (found in /proc/self/fd), or -1.
-inline int descriptor_of(const std::string& path) {
+//! The descriptors this process has open on `path` (found in /proc/self/fd).
+inline std::vector<int> descriptors_on(const std::string& path) {
+  std::vector<int> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
     std::error_code ec;
     if (std::filesystem::read_symlink(e.path(), ec).string() == path) {
-      return std::stoi(e.path().filename().string());
+      out.push_back(std::stoi(e.path().filename().string()));
     }
   }
-  return -1;
+  return out;
+}
+
+//! A descriptor this process has open on `path`, or -1.
+inline int descriptor_of(const std::string& path) {
+  const std::vector<int> fds = descriptors_on(path);
+  return fds.empty() ? -1 : fds.front();
 }
 
 }  // namespace keel::aio::test_support
