@@ -26,7 +26,7 @@ file::~file() {
 }
 
 bool file::is_open() const noexcept {
-  return state_ != nullptr;
+  return state_ != nullptr && !state_->closed.load(std::memory_order_relaxed);
 }
 bool file::is_direct() const noexcept {
   return state_ && state_->direct;
@@ -63,8 +63,13 @@ receipt file::submit(std::function<result<std::size_t>()> task, completion on_do
 
 result<void> file::close() noexcept {
   if (!state_) return {};
+  // The state stays until the object goes (a call on another thread may be reading
+  // state_). The first closer closes; any other waits until it has.
   detail::file_state& f = *state_;
-  f.closed.store(true);
+  if (f.closed.exchange(true)) {
+    f.close_done.wait(false);
+    return {};
+  }
   f.in_flight.wait_for_zero();
   controller::impl& c = *f.owner;
   // The cache's bytes go out first, then the engine lets go (a ring that registered the
@@ -81,7 +86,8 @@ result<void> file::close() noexcept {
     f.readers.clear();
   }
   if (auto e = f.handle.close(); !e && r) r = e;
-  state_.reset();
+  f.close_done.store(true);
+  f.close_done.notify_all();
   return r;
 }
 

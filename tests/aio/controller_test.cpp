@@ -772,5 +772,49 @@ TEST(Aio, CompletionRunsOnceBeforeWaitReturns) {
   }
 }
 
+// Every member of a file is thread-safe (file.hpp), close too: requests submitted while
+// other threads close the file run or fail with file_closed, and each closer returns only
+// once the descriptor is closed. (Under TSan, a race on the file's state fails it too.)
+TEST(Aio, CloseRacesWithRequestsAndAnotherClose) {
+  temp_dir dir;
+  auto c = start_engine(engine_here());
+  ASSERT_TRUE(c);
+  const std::string path = dir.file("f");
+  for (int round = 0; round < 40; ++round) {
+    file f = open_rw(*c, path);
+    std::atomic<bool> go{false};
+    std::atomic<int> bad{0};
+    std::atomic<int> left_open{0};
+    const auto closer = [&] {
+      while (!go.load())
+        std::this_thread::yield();
+      if (!f.close()) ++bad;
+      if (!test_support::descriptors_on(path).empty()) ++left_open;
+    };
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 2; ++t) {
+      ts.emplace_back([&, t] {
+        std::vector<std::byte> b(512, std::byte{1});
+        while (!go.load())
+          std::this_thread::yield();
+        for (int i = 0; i < 100; ++i) {
+          const auto r = f.write(512 * static_cast<unsigned>(t), b).wait();
+          if (r) continue;
+          if (r.error() != make_error_code(errc::file_closed)) ++bad;
+          break;
+        }
+      });
+    }
+    ts.emplace_back(closer);
+    go = true;
+    closer();
+    for (auto& t : ts)
+      t.join();
+    EXPECT_EQ(bad.load(), 0) << "round " << round;
+    EXPECT_EQ(left_open.load(), 0) << "round " << round << ": a close returned first";
+    EXPECT_FALSE(f.is_open());
+  }
+}
+
 }  // namespace
 }  // namespace keel::aio
