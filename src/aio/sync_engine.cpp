@@ -13,6 +13,19 @@
 namespace keel::aio::detail {
 namespace {
 
+class sync_worker;
+
+// What a thread took from workers' inboxes and has not run yet, innermost first (a wait
+// inside a completion may take more). Completions may wait for other requests: one taken
+// with the completion's own must not be left waiting on this very thread (help).
+struct taken {
+  sync_worker* from;
+  op* rest;
+  bool runs_tasks;
+  taken* outer;
+};
+thread_local taken* taken_here = nullptr;
+
 class sync_worker final : public worker {
  public:
   sync_worker(controller::impl& c, sync_engine& e) : worker(c), engine_(e) {}
@@ -24,19 +37,17 @@ class sync_worker final : public worker {
   }
 
   bool help() noexcept override {
-    op* list = take_all();
-    bool ran = false;
-    while (list != nullptr) {
-      op* o = list;
-      list = o->next;
-      if (o->kind == op_kind::task) {
-        push(o, o);  // tasks run on the controller's threads only
-      } else {
-        execute(*o);
-        ran = true;
+    // First what this thread took from an inbox and has yet to run: a completion it ran
+    // from there waits, maybe for one of them, and no other thread will run them.
+    for (taken* t = taken_here; t != nullptr; t = t->outer) {
+      while (t->rest != nullptr) {
+        op* o = t->rest;
+        t->rest = o->next;
+        if (t->from->run_one(*o, t->runs_tasks)) return true;
       }
     }
-    return ran;
+    op* list = take_all();
+    return list != nullptr && run_list(list, false);
   }
 
   result<void> start() noexcept override {
@@ -63,12 +74,33 @@ class sync_worker final : public worker {
         sleeping_.store(false);
         continue;
       }
-      while (list != nullptr) {
-        op* o = list;
-        list = o->next;
-        execute(*o);
-      }
+      (void)run_list(list, true);
     }
+  }
+
+  // Runs `list` on this thread, oldest first, where a wait inside a completion finds what
+  // is left of it (help). Tasks run on the controller's threads only: elsewhere
+  // (`runs_tasks` false) they go back to the inbox. Whether it ran a request.
+  bool run_list(op* list, bool runs_tasks) noexcept {
+    taken level{this, list, runs_tasks, taken_here};
+    taken_here = &level;
+    bool ran = false;
+    while (level.rest != nullptr) {
+      op* o = level.rest;
+      level.rest = o->next;
+      ran |= run_one(*o, runs_tasks);
+    }
+    taken_here = level.outer;
+    return ran;
+  }
+
+  bool run_one(op& o, bool runs_tasks) noexcept {
+    if (o.kind == op_kind::task && !runs_tasks) {
+      push(&o, &o);
+      return false;
+    }
+    execute(o);
+    return true;
   }
 
   void execute(op& o) noexcept {

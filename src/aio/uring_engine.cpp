@@ -119,6 +119,19 @@ struct reaped {
 };
 constexpr std::size_t reap_batch = 64;
 
+class uring_engine;
+
+//! Completions a thread took from a ring and has yet to settle, innermost first. One settled
+//! among them may wait for another of them (completions may wait, receipt.hpp), which no
+//! other thread would settle: the wait settles it (uring_worker::help).
+struct unsettled {
+  uring_engine* engine;
+  std::span<const reaped> rest;
+  unsigned next_worker;  // where what goes in again goes
+  unsettled* outer;
+};
+thread_local unsettled* unsettled_here = nullptr;
+
 //! What the engine keeps of a file: its index in every ring's table of registered files, or
 //! -1; the workers whose ring registered it (bit i % 64 for worker i), which must let go of
 //! it before it closes.
@@ -325,6 +338,9 @@ class uring_engine final : public engine {
   //! Settles completions taken from a caller ring: ends their requests, or hands what must
   //! go in again to a worker.
   void settle(std::span<const reaped> done) noexcept;
+  //! Settles one of the completions this thread took and has yet to settle (a completion
+  //! among them waits): whether there was one.
+  static bool settle_one_left() noexcept;
   //! Wakes worker `w` (a caller ring's completion may have gone unnoticed).
   void kick(unsigned w) noexcept;
   //! Whether a caller ring of worker `w`'s has requests its thread left running.
@@ -532,19 +548,9 @@ class uring_worker final : public worker {
   void loop() noexcept {
     for (;;) {
       if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
-      for (op* o = take_all(); o != nullptr;) {
-        op* next = o->next;
-        intake(*o);
-        o = next;
-      }
+      intake_all();
       queue_pending();
-      if (!armed_) {
-        if (io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_); sqe != nullptr) {
-          ::io_uring_prep_read(sqe, efd_, &efd_value_, sizeof efd_value_, 0);
-          ::io_uring_sqe_set_data64(sqe, wake_tag);
-          armed_ = true;
-        }
-      }
+      arm();
       if (in_flight_ == 0 && pending_.empty() && may_exit()) return;
 
       if (in_flight_ == 0 && pending_.empty() && inbox_empty() && spin_for_work() &&
@@ -566,25 +572,73 @@ class uring_worker final : public worker {
         r = ::io_uring_submit_and_wait(&ring_, 1);
       }
       sleeping_.store(false);
-      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
-        // The ring itself failed: nothing queued will run. Fail what is waiting for a slot.
-        while (!pending_.empty()) {
-          op* o = pending_.front();
-          pending_.pop_front();
-          done(*o, errno_error(-r));
-        }
+      after_submit(r);
+    }
+  }
+
+ public:
+  //! A completion or task running on this worker waits for a request (receipt.hpp allows
+  //! it): nobody else takes this worker's inbox or reaps its ring, so the wait does. First
+  //! what this thread took and has yet to settle, then one turn of the loop, waiting up to
+  //! a millisecond for the ring (woken by a push). Whether it may have helped.
+  bool help() noexcept override {
+    if (uring_engine::settle_one_left()) return true;
+    if (running_here != this) return false;
+    intake_all();
+    queue_pending();
+    arm();
+    __kernel_timespec ts{0, 1'000'000};
+    io_uring_cqe* first = nullptr;
+    after_submit(::io_uring_submit_and_wait_timeout(&ring_, &first, 1, &ts, nullptr));
+    return true;
+  }
+
+ private:
+  // Looks at what the inbox holds: what an earlier look took and has not looked at yet
+  // first (a completion run meanwhile may have waited, and looked itself: help).
+  void intake_all() noexcept {
+    if (taken_ == nullptr) taken_ = take_all();
+    while (taken_ != nullptr) {
+      op& o = *taken_;
+      taken_ = o.next;
+      intake(o);
+    }
+  }
+
+  // The eventfd's read, which a push completes: a wait on the ring then ends.
+  void arm() noexcept {
+    if (armed_) return;
+    if (io_uring_sqe* sqe = ::io_uring_get_sqe(&ring_); sqe != nullptr) {
+      ::io_uring_prep_read(sqe, efd_, &efd_value_, sizeof efd_value_, 0);
+      ::io_uring_sqe_set_data64(sqe, wake_tag);
+      armed_ = true;
+    }
+  }
+
+  // After submitting (with what it returned, `r`): the completions, one at a time, each
+  // taken off the ring before its request ends (a completion that waits may reap the ring
+  // itself: help), then what the submitting threads left on their own rings.
+  void after_submit(int r) noexcept {
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
+      // The ring itself failed: nothing queued will run. Fail what is waiting for a slot.
+      while (!pending_.empty()) {
+        op* o = pending_.front();
+        pending_.pop_front();
+        done(*o, errno_error(-r));
       }
+    }
+    for (;;) {
       unsigned head = 0;
-      unsigned seen = 0;
       io_uring_cqe* cqe = nullptr;
       io_uring_for_each_cqe(&ring_, head, cqe) {
-        ++seen;
-        complete(*cqe);
+        break;
       }
-      ::io_uring_cq_advance(&ring_, seen);
-      // What the submitting threads left on their own rings.
-      look_again_ = engine_.reap_left(index_);
+      if (cqe == nullptr) break;
+      const io_uring_cqe got = *cqe;
+      ::io_uring_cq_advance(&ring_, 1);
+      complete(got);
     }
+    look_again_ = engine_.reap_left(index_);
   }
 
   void intake(op& o) noexcept {
@@ -711,6 +765,7 @@ class uring_worker final : public worker {
   std::uint64_t efd_value_ = 0;
   bool armed_ = false;
   std::deque<op*> pending_;  // ready, waiting for a submission slot
+  op* taken_ = nullptr;      // taken from the inbox, not looked at yet (intake_all)
   unsigned in_flight_ = 0;
   bool look_again_ = false;  // a caller ring with completions was busy (reap_left)
 
@@ -1074,14 +1129,26 @@ bool uring_engine::reap_left(unsigned w) noexcept {
 
 void uring_engine::settle(std::span<const reaped> done) noexcept {
   const running_completions completing;
-  unsigned next = 0;
-  for (const auto& [o, res] : done) {
+  unsettled level{this, done, 0, unsettled_here};
+  unsettled_here = &level;
+  while (!level.rest.empty())
+    (void)settle_one_left();  // from the front of this level, the innermost
+  unsettled_here = level.outer;
+}
+
+bool uring_engine::settle_one_left() noexcept {
+  for (unsettled* u = unsettled_here; u != nullptr; u = u->outer) {
+    if (u->rest.empty()) continue;
+    const auto [o, res] = u->rest.front();
+    u->rest = u->rest.subspan(1);
     if (auto end = outcome_of(*o, res)) {
-      ctl_.finish(o, std::move(*end));
+      u->engine->ctl_.finish(o, std::move(*end));
     } else {
-      ctl_.dispatch(o, next);  // the rest goes in again, through a worker
+      u->engine->ctl_.dispatch(o, u->next_worker);  // the rest goes in again, by a worker
     }
+    return true;
   }
+  return false;
 }
 
 void uring_engine::add_counts(engine_stats& s) const noexcept {

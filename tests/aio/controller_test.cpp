@@ -816,5 +816,96 @@ TEST(Aio, CloseRacesWithRequestsAndAnotherClose) {
   }
 }
 
+// Completions may wait for other requests (receipt.hpp), also for one that the thread
+// running the completion took from an inbox together with its own request: that wait must
+// not leave it waiting for itself. Each engine, in a child with a time limit, since the
+// failure is a hang: the only worker is held by a task while both writes queue behind it.
+class CompletionWaits : public ::testing::TestWithParam<engine_kind> {};
+
+TEST_P(CompletionWaits, ForARequestQueuedBehindItsOwn) {
+  const engine_kind k = GetParam();
+  KEEL_NEED_ENGINE(k);
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON");
+      env != nullptr && *env != '\0' && std::string_view(env) != "workers") {
+    GTEST_SKIP() << "KEEL_AIO_SUBMIT_ON=" << env
+                 << " forces where requests start: this needs them queued for a worker";
+  }
+  temp_dir dir;
+  const pid_t child = test::fork_child([&] {
+    ::alarm(20);
+    options o;
+    o.engine = k;
+    o.workers = 1;
+    o.submit_on = submitter::workers;
+    auto c = controller::start(o);
+    if (!c) return 1;
+    file g = open_rw(**c, dir.file("held"));
+    file f = open_rw(**c, dir.file("a"));
+    file h = open_rw(**c, dir.file("b"));
+    std::atomic<bool> go{false};
+    receipt hold = g.submit([&]() -> result<std::size_t> {
+      while (!go.load())
+        std::this_thread::sleep_for(1ms);
+      return 0;
+    });
+    std::vector<std::byte> buf(4096, std::byte{7});
+    receipt second;
+    std::atomic<bool> second_known{false};
+    std::atomic<int> seen{-1};
+    receipt first = f.write(0, buf, [&](const result<std::size_t>&) {
+      while (!second_known.load())
+        std::this_thread::sleep_for(1ms);
+      seen = static_cast<int>(second.wait().value_or(0));
+    });
+    second = h.write(0, buf);
+    second_known = true;
+    go = true;
+    if (!hold.wait() || !first.wait() || !second.wait()) return 2;
+    return seen.load() == 4096 ? 0 : 3;
+  });
+  EXPECT_EQ(test::wait_exit(child), 0) << "128 + " << SIGALRM << ": it hung";
+}
+
+// The same on the submitting thread: requests of one batch that ended inside their
+// submission on the thread's own ring are settled there, and the first one's completion
+// waits for the second, which only this thread holds.
+TEST(CompletionWaits, OnTheSubmittingThreadForTheNextOfItsBatch) {
+  KEEL_NEED_ENGINE(engine_kind::io_uring);
+  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON");
+      env != nullptr && *env != '\0' && std::string_view(env) != "caller") {
+    GTEST_SKIP() << "KEEL_AIO_SUBMIT_ON=" << env
+                 << " forces where requests start: this needs them on the submitting thread";
+  }
+  temp_dir dir;
+  const pid_t child = test::fork_child([&] {
+    ::alarm(20);
+    options o;
+    o.engine = engine_kind::io_uring;
+    o.workers = 1;
+    o.submit_on = submitter::caller;
+    auto c = controller::start(o);
+    if (!c) return 1;
+    file f = open_rw(**c, dir.file("a"));
+    std::vector<std::byte> buf(8192, std::byte{7});
+    std::array<receipt, 2> out;
+    std::atomic<int> seen{-1};
+    std::array<request, 2> batch{
+        request{request::kind::write, 0, std::span(buf).first(4096),
+                [&](const result<std::size_t>&) {
+                  seen = static_cast<int>(out[1].wait().value_or(0));
+                }},
+        request{request::kind::write, 4096, std::span(buf).last(4096), {}}};
+    f.submit(batch, out);
+    if (!out[0].wait() || !out[1].wait()) return 2;
+    return seen.load() == 4096 ? 0 : 3;
+  });
+  EXPECT_EQ(test::wait_exit(child), 0) << "128 + " << SIGALRM << ": it hung";
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, CompletionWaits,
+                         ::testing::Values(engine_kind::io_uring, engine_kind::posix,
+                                           engine_kind::stdio, engine_kind::null),
+                         [](const auto& p) { return std::string(to_string(p.param)); });
+
 }  // namespace
 }  // namespace keel::aio

@@ -26,7 +26,8 @@ enum class status : std::uint8_t {
 //! the controller's threads, or on a thread waiting on a receipt without a deadline (which
 //! runs queued requests itself rather than wait, with the posix, stdio and null engines),
 //! or on the submitting thread for a request the write-back cache finishes at once. Keep it
-//! short: it runs where the next I/O would be issued.
+//! short: it runs where the next I/O would be issued. It may submit requests and wait for
+//! any request: the wait runs what its own thread holds rather than wait for itself.
 using completion = std::function<void(const result<std::size_t>&)>;
 
 //! The claim on one submitted request. Copyable (all copies see the same request); the
