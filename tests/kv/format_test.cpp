@@ -121,6 +121,20 @@ TEST(KvFormat, ASegmentHeaderBelongsToOneStoreAndOneNumber) {
   }
 }
 
+// Version 1 began a segment's blocks at byte 4096; read as version 2 (blocks from byte 64,
+// where version 1 left zeros), its records would be missed. It is refused instead.
+TEST(KvFormat, AVersion1SegmentIsRefusedNotMisread) {
+  const store_params s = some_store();
+  auto head = encode_segment_header({s.id, 42, 1ULL << 20}, salt);
+  constexpr base::format version_1{"KEELKVG1", 1, base::layout_of({4096, 64})};
+  const base::format_header old = version_1.header();
+  std::memcpy(head.data(), &old, sizeof old);
+  auto r = parse_segment_header(head, s.id, 42, salt);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::unsupported_version);
+  EXPECT_EQ(segment_header_size, 64u) << "the first block starts right after the header";
+}
+
 // ---- Blocks ----
 
 struct sample_block {
