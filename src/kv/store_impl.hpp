@@ -49,6 +49,9 @@ constexpr std::size_t next_segment = 88;
 constexpr std::size_t sync_started = 96;
 constexpr std::size_t sync_done = 104;
 constexpr std::size_t sync_error = 112;
+// When a waiter on *visible* last looked whether the writer in front is dead (steady clock,
+// ns; a hint: see store::impl::dead_check_is_taken).
+constexpr std::size_t dead_check_ns = 120;
 constexpr std::size_t pages_allocated = 128;
 constexpr std::size_t pages_used = 136;
 // The free page list (retired bucket pages, oldest first, linked through the pages): its
@@ -704,6 +707,9 @@ struct store::impl final : ix::page_source {
   void wait_visible(std::uint64_t seq) noexcept;
   //! Settles commit `v` (= visible + 1) if its writer is dead. Returns whether it did.
   bool settle_dead_commit(std::uint64_t v) noexcept;
+  //! Whether another waiter on *visible* looked for a dead writer within the last 2 ms, or
+  //! is looking now: else the caller's turn (it says so in the header).
+  bool dead_check_is_taken() noexcept;
   //! What a commit changes in the header's counters.
   struct counter_delta {
     std::int64_t records = 0;

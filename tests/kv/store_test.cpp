@@ -4,6 +4,7 @@
 
 #include "keel/kv/store.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -648,6 +649,45 @@ INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
                                            commit_step::written, commit_step::published_one,
                                            commit_step::published, commit_step::visible),
                          [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
+
+// Waiters take turns to look whether the writer in front died (a hint in the index header,
+// hdr::dead_check_ns). Whatever the hint says, a look comes: a time just now delays it by
+// at most 2 ms, and a time ahead of this clock (another boot's) is no one's turn.
+TEST(KvStoreKilled, ADeadWritersCommitIsSettledWhateverTheLookHintSays) {
+  const auto now_ns = [] {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now().time_since_epoch())
+                                          .count());
+  };
+  for (const bool ahead : {false, true}) {
+    temp_dir dir;
+    const std::string path = dir.file("s");
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "0"));
+    const pid_t victim = fork_child([&] {
+      auto mine = store::open(path, small());
+      if (!mine) return 2;
+      commit_hook = [](commit_step now) noexcept {
+        if (now == commit_step::took_seq) ::raise(SIGKILL);
+      };
+      (void)(*mine)->put("a", "1");
+      return 4;
+    });
+    const int status = test::wait_status(victim);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+    const int fd = ::open((path + "/index").c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const std::uint64_t hint = ahead ? now_ns() + (std::uint64_t{1} << 62) : now_ns();
+    ASSERT_EQ(::pwrite(fd, &hint, sizeof hint, hdr::dead_check_ns), 8);
+    ::close(fd);
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(s->put("a", "2"));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5))
+        << (ahead ? "a hint from the future" : "a hint of just now");
+    EXPECT_EQ(*s->get("a"), "2");
+  }
+}
 
 // Writers killed where their slots used to stay taken for as long as anybody had the store
 // open (reserved, marked, after their commit was visible): more victims than there are
