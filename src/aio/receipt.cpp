@@ -5,6 +5,7 @@
 #include "caller_clock.hpp"
 #include "detail.hpp"
 #include "keel/aio/errors.hpp"
+#include "worker.hpp"
 
 namespace keel::aio {
 namespace {
@@ -77,7 +78,7 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
     if (cd.expired()) return errc_error(std::errc::timed_out);
     // Rather than wait for a worker, run what the workers have not started (when waiting
     // without a deadline: a request run here could outlast it).
-    if (cd.is_infinite() && c != nullptr && c->help()) continue;
+    if (cd.is_infinite() && detail::worker::help_waiting(c)) continue;
     // A request started on this thread's own ring: reap it here (rather than sleep until a
     // worker does).
     if (cd.is_infinite() && op_->ring != nullptr && c->engine->wait_here(*op_)) continue;
@@ -94,6 +95,13 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
     if ((s & detail::op::has_waiters) == 0) {
       if (!op_->state.compare_exchange_weak(s, s | detail::op::has_waiters)) continue;
       s |= detail::op::has_waiters;
+    }
+    // A worker's thread (in a completion or task) is the only one that runs what reaches
+    // its inbox or its ring: it looks again every millisecond.
+    if (cd.is_infinite() && detail::worker::of_this_thread() != nullptr) {
+      const io::countdown tick = io::deadline(std::chrono::milliseconds(1)).start();
+      base::futex_wait(op_->state, s, &tick);
+      continue;
     }
     base::futex_wait(op_->state, s, &cd);
   }

@@ -46,8 +46,10 @@ class sync_worker final : public worker {
         if (t->from->run_one(*o, t->runs_tasks)) return true;
       }
     }
+    // Tasks run on the controller's threads only: on one of its workers, here too.
     op* list = take_all();
-    return list != nullptr && run_list(list, false);
+    const worker* here = of_this_thread();
+    return list != nullptr && run_list(list, here != nullptr && &here->owner() == &ctl_);
   }
 
   result<void> start() noexcept override {
@@ -61,6 +63,7 @@ class sync_worker final : public worker {
 
  private:
   void run() noexcept {
+    this_thread_is_mine();
     for (;;) {
       op* list = take_all();
       if (list == nullptr) {

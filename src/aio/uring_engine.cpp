@@ -454,6 +454,7 @@ class uring_worker final : public worker {
 
   void run() noexcept {
     running_here = this;
+    this_thread_is_mine();
     io_uring_params p{};
     p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
     int r = ::io_uring_queue_init_params(depth_, &ring_, &p);
@@ -599,12 +600,18 @@ class uring_worker final : public worker {
   bool help() noexcept override {
     if (uring_engine::settle_one_left()) return true;
     if (running_here != this) return false;
+    if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
     intake_all();
     queue_pending();
     arm();
     __kernel_timespec ts{0, 1'000'000};
     io_uring_cqe* first = nullptr;
-    after_submit(::io_uring_submit_and_wait_timeout(&ring_, &first, 1, &ts, nullptr));
+    sleeping_.store(true);  // a push wakes the wait (the eventfd's read ends it)
+    const bool wait = inbox_empty() && pending_.empty();
+    const int r = wait ? ::io_uring_submit_and_wait_timeout(&ring_, &first, 1, &ts, nullptr)
+                       : ::io_uring_submit_and_get_events(&ring_);
+    sleeping_.store(false);
+    after_submit(r);
     return true;
   }
 
@@ -749,6 +756,8 @@ class uring_worker final : public worker {
       armed_ = false;
       return;
     }
+    // The timeout liburing queues itself for a wait with a timeout on kernels before 5.11.
+    if (cqe.user_data == LIBURING_UDATA_TIMEOUT) return;
     op& o = *static_cast<op*>(::io_uring_cqe_get_data(&cqe));
     --in_flight_;
     if (auto end = outcome_of(o, cqe.res)) {

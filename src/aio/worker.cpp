@@ -37,6 +37,14 @@ op* worker::take_all() noexcept {
   return fifo;
 }
 
+thread_local worker* worker::this_threads_ = nullptr;
+
+bool worker::help_waiting(controller::impl* c) noexcept {
+  if (c != nullptr && c->help()) return true;
+  worker* own = this_threads_;
+  return own != nullptr && &own->ctl_ != c && own->help();
+}
+
 bool worker::spin_for_work() noexcept {
   return idle_spin_.spin(
       [&] { return !inbox_empty() || ctl_.stopping.load(std::memory_order_relaxed); });

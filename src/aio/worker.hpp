@@ -32,6 +32,15 @@ class worker {
   virtual result<void> start() noexcept = 0;
   //! Adds what this worker's engine did to `s`.
   virtual void add_counts(engine_stats& s) const noexcept { (void)s; }
+  [[nodiscard]] controller::impl& owner() const noexcept { return ctl_; }
+
+  //! The worker whose thread the calling thread is (of any controller), or null.
+  [[nodiscard]] static worker* of_this_thread() noexcept { return this_threads_; }
+  //! For a wait on the calling thread (a request's end, a file's last request): runs what
+  //! `c`'s workers have queued (c may be null) and, on a worker's thread, what that worker
+  //! holds, which no other thread would run (completions and tasks may wait). Whether it
+  //! ran anything.
+  static bool help_waiting(controller::impl* c) noexcept;
   void join() noexcept {
     if (thread_.joinable()) thread_.join();
   }
@@ -49,6 +58,9 @@ class worker {
   //! be handed to it.
   [[nodiscard]] bool may_exit() const noexcept;
 
+  //! Called first on the worker's thread.
+  void this_thread_is_mine() noexcept { this_threads_ = this; }
+
   controller::impl& ctl_;
   std::thread thread_;
   base::adaptive_spin idle_spin_;
@@ -58,6 +70,7 @@ class worker {
 
  private:
   std::atomic<op*> inbox_{nullptr};
+  static thread_local worker* this_threads_;
 };
 
 }  // namespace keel::aio::detail

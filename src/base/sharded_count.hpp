@@ -16,6 +16,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -62,6 +63,18 @@ class sharded_count {
       const std::uint32_t t = turns_.load();
       if (sum() == 0) return;
       futex_wait(turns_, t, nullptr);
+    }
+  }
+  //! The same, calling `help()` (whether it did something) before each sleep, and sleeping
+  //! at most `tick` at a time (negative: no limit): for a waiter that may itself hold what
+  //! the count waits for.
+  template <class Help>
+  void wait_for_zero(Help&& help, std::chrono::nanoseconds tick) noexcept {
+    for (;;) {
+      const std::uint32_t t = turns_.load();
+      if (sum() == 0) return;
+      if (help()) continue;
+      futex_wait(detail::word_of(turns_), t, tick);
     }
   }
 

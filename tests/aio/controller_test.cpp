@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -820,19 +821,37 @@ TEST(Aio, CloseRacesWithRequestsAndAnotherClose) {
 // running the completion took from an inbox together with its own request: that wait must
 // not leave it waiting for itself. Each engine, in a child with a time limit, since the
 // failure is a hang: the only worker is held by a task while both writes queue behind it.
-class CompletionWaits : public ::testing::TestWithParam<engine_kind> {};
+// Why a test that needs its requests queued for a controller's workers cannot have that
+// here (empty: it can).
+std::string workers_forced_away() {
+  const char* env = std::getenv("KEEL_AIO_SUBMIT_ON");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "workers") return {};
+  return std::string("KEEL_AIO_SUBMIT_ON=") + env +
+         " forces where requests start: this needs them queued for a worker";
+}
+
+class CompletionWaits : public ::testing::TestWithParam<engine_kind> {
+ protected:
+  void SetUp() override {
+    KEEL_NEED_ENGINE(GetParam());
+    if (const std::string why = workers_forced_away(); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+// Runs `body` in a forked child given 20 s, and expects it to exit 0: what these tests look
+// for is a hang.
+void expect_ends_in_a_child(const std::function<int()>& body) {
+  const pid_t child = test::fork_child([&] {
+    ::alarm(20);
+    return body();
+  });
+  EXPECT_EQ(test::wait_exit(child), 0) << "128 + " << SIGALRM << ": it hung";
+}
 
 TEST_P(CompletionWaits, ForARequestQueuedBehindItsOwn) {
   const engine_kind k = GetParam();
-  KEEL_NEED_ENGINE(k);
-  if (const char* env = std::getenv("KEEL_AIO_SUBMIT_ON");
-      env != nullptr && *env != '\0' && std::string_view(env) != "workers") {
-    GTEST_SKIP() << "KEEL_AIO_SUBMIT_ON=" << env
-                 << " forces where requests start: this needs them queued for a worker";
-  }
   temp_dir dir;
-  const pid_t child = test::fork_child([&] {
-    ::alarm(20);
+  expect_ends_in_a_child([&] {
     options o;
     o.engine = k;
     o.workers = 1;
@@ -863,7 +882,6 @@ TEST_P(CompletionWaits, ForARequestQueuedBehindItsOwn) {
     if (!hold.wait() || !first.wait() || !second.wait()) return 2;
     return seen.load() == 4096 ? 0 : 3;
   });
-  EXPECT_EQ(test::wait_exit(child), 0) << "128 + " << SIGALRM << ": it hung";
 }
 
 // The same on the submitting thread: requests of one batch that ended inside their
@@ -877,8 +895,7 @@ TEST(CompletionWaits, OnTheSubmittingThreadForTheNextOfItsBatch) {
                  << " forces where requests start: this needs them on the submitting thread";
   }
   temp_dir dir;
-  const pid_t child = test::fork_child([&] {
-    ::alarm(20);
+  expect_ends_in_a_child([&] {
     options o;
     o.engine = engine_kind::io_uring;
     o.workers = 1;
@@ -899,13 +916,111 @@ TEST(CompletionWaits, OnTheSubmittingThreadForTheNextOfItsBatch) {
     if (!out[0].wait() || !out[1].wait()) return 2;
     return seen.load() == 4096 ? 0 : 3;
   });
-  EXPECT_EQ(test::wait_exit(child), 0) << "128 + " << SIGALRM << ": it hung";
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, CompletionWaits,
                          ::testing::Values(engine_kind::io_uring, engine_kind::posix,
                                            engine_kind::stdio, engine_kind::null),
                          [](const auto& p) { return std::string(to_string(p.param)); });
+
+// Waits for `r` without running anything itself (a wait with a deadline does not), up to
+// `seconds`: the test's own wait must not rescue the thread it tests.
+bool ends_on_its_own(const receipt& r, int seconds) {
+  for (int i = 0; i < seconds * 100 && !r.ready(); ++i)
+    std::this_thread::sleep_for(10ms);
+  return r.ready();
+}
+
+// A one controller, one worker, requests queued for it: where a completion or task on
+// that worker that waits finds its own thread is the only one that can run what it waits for.
+std::unique_ptr<controller> one_worker(engine_kind k) {
+  options o;
+  o.engine = k;
+  o.workers = 1;
+  o.submit_on = submitter::workers;
+  auto c = controller::start(o);
+  return c ? std::move(*c) : nullptr;
+}
+
+// A completion, and a task, on the only worker of their controller wait for a task (which
+// runs on the controller's threads only: that worker's, here).
+TEST_P(CompletionWaits, ForATaskOnItsOwnWorker) {
+  const engine_kind k = GetParam();
+  temp_dir dir;
+  expect_ends_in_a_child([&] {
+    auto c = one_worker(k);
+    if (!c) return 1;
+    file f = open_rw(*c, dir.file("a"));
+    file g = open_rw(*c, dir.file("b"));
+    std::vector<std::byte> buf(4096, std::byte{7});
+    std::atomic<int> seen{-1};
+    receipt first = f.write(0, buf, [&](const result<std::size_t>&) {
+      seen =
+          static_cast<int>(g.submit([]() -> result<std::size_t> { return 7; }).wait().value_or(0));
+    });
+    if (!ends_on_its_own(first, 10) || seen.load() != 7) return 2;
+    receipt outer = f.submit([&]() -> result<std::size_t> {
+      return g.submit([]() -> result<std::size_t> { return 8; }).wait();
+    });
+    if (!ends_on_its_own(outer, 10)) return 3;
+    return outer.wait().value_or(0) == 8 ? 0 : 4;
+  });
+}
+
+// A completion closes a file one of whose requests its own thread holds (queued behind it
+// in the worker's inbox, or on the worker's ring): the close runs it rather than wait for it.
+TEST_P(CompletionWaits, ToCloseAFileWhoseRequestItsThreadHolds) {
+  const engine_kind k = GetParam();
+  temp_dir dir;
+  expect_ends_in_a_child([&] {
+    auto c = one_worker(k);
+    if (!c) return 1;
+    file h = open_rw(*c, dir.file("held"));
+    file f = open_rw(*c, dir.file("a"));
+    file g = open_rw(*c, dir.file("b"));
+    std::atomic<bool> go{false};
+    receipt hold = h.submit([&]() -> result<std::size_t> {
+      while (!go.load())
+        std::this_thread::sleep_for(1ms);
+      return 0;
+    });
+    std::vector<std::byte> buf(4096, std::byte{7});
+    std::atomic<int> closed{-1};
+    receipt first =
+        f.write(0, buf, [&](const result<std::size_t>&) { closed = g.close() ? 1 : 0; });
+    receipt second = g.write(0, buf);
+    go = true;
+    if (!ends_on_its_own(first, 10) || !ends_on_its_own(second, 1)) return 2;
+    if (second.wait().value_or(0) != 4096) return 3;
+    return closed.load() == 1 ? 0 : 4;
+  });
+}
+
+// Two controllers: a completion on the first's worker waits for a request of the second,
+// whose completion waits for a new request of the first. Each worker's thread, waiting,
+// runs what reaches its own inbox or ring, whichever controller it waits on.
+TEST_P(CompletionWaits, AcrossTwoControllers) {
+  const engine_kind k = GetParam();
+  temp_dir dir;
+  expect_ends_in_a_child([&] {
+    auto c1 = one_worker(k);
+    auto c2 = one_worker(k);
+    if (!c1 || !c2) return 1;
+    file f1 = open_rw(*c1, dir.file("a"));
+    file f2 = open_rw(*c2, dir.file("b"));
+    std::vector<std::byte> buf(4096, std::byte{7});
+    std::atomic<int> inner{-1};
+    std::atomic<int> outer{-1};
+    receipt x = f1.write(0, buf, [&](const result<std::size_t>&) {
+      receipt r = f2.write(0, buf, [&](const result<std::size_t>&) {
+        inner = static_cast<int>(f1.write(4096, buf).wait().value_or(0));
+      });
+      outer = static_cast<int>(r.wait().value_or(0));
+    });
+    if (!ends_on_its_own(x, 10)) return 2;
+    return inner.load() == 4096 && outer.load() == 4096 ? 0 : 3;
+  });
+}
 
 }  // namespace
 }  // namespace keel::aio

@@ -27,7 +27,10 @@ enum class status : std::uint8_t {
 //! runs queued requests itself rather than wait, with the posix, stdio and null engines),
 //! or on the submitting thread for a request the write-back cache finishes at once. Keep it
 //! short: it runs where the next I/O would be issued. It may submit requests and wait for
-//! any request: the wait runs what its own thread holds rather than wait for itself.
+//! them, and close files: a wait there runs what its own thread holds rather than wait for
+//! itself. Except for one request: a later one of the same thread and file that must follow
+//! the request completing (file.hpp, Ordering) starts only once this callback has returned,
+//! so a wait for it there never ends (wait with a deadline if unsure).
 using completion = std::function<void(const result<std::size_t>&)>;
 
 //! The claim on one submitted request. Copyable (all copies see the same request); the
