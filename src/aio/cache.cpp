@@ -783,11 +783,23 @@ result<void> write_back_cache::detach(file_state& f) noexcept {
     fc.closed = true;
   }
   r = take_flush_error(fc, r);
-  // The pages stay allocated until the file's state goes; they no longer count.
+  // The pages no longer count, and their memory goes now (the closed file's state lives on
+  // with its `file` object). A write-out writing from one (none: it would hold the flush
+  // mutex) would keep it until the state goes.
   const base::lock_guard lock(fc.mutex);
   free_spare(cc_, fc);
   cc_.bytes.fetch_sub(fc.pages.size() * page_size);
   cc_.dirty_pages.fetch_sub(fc.dirty_pages);
+  for (cache_page* p = fc.oldest; p != nullptr;) {
+    cache_page* const next = p->newer;
+    if (!p->flushing) {
+      unlink_page(fc, *p);
+      (void)fc.pages.take(p->offset);
+    }
+    p = next;
+  }
+  fc.dirty = nullptr;
+  fc.dirty_pages = 0;
   return r;
 }
 
