@@ -188,16 +188,6 @@ std::size_t learn_buffered_writes(op& o) noexcept {
   return n ? *n : 0;
 }
 
-//! Whether `o` is an fsync of a file whose buffered writes keel's threads write (a buffered
-//! file that refuses a write that must not block): io_uring would hand it to a thread of its
-//! own too, so the submitting thread that would wait for it runs it itself.
-bool synced_by_a_thread(const op& o) noexcept {
-  return (o.kind == op_kind::fsync || o.kind == op_kind::fdatasync) && !o.file->direct &&
-         o.in_chain == nullptr &&
-         of(*o.file).buffered_writes.load(std::memory_order_relaxed) ==
-             uring_file::writes::by_the_worker;
-}
-
 //! Whether `o` may go to a ring other than a worker's: not a write a thread writes itself,
 //! nor a buffered write to a file not known yet (learn_buffered_writes).
 bool rings_may_take(const op& o) noexcept {
@@ -340,10 +330,6 @@ class uring_engine final : public engine {
   void wrote_one() noexcept {
     written_by_threads_.add(base::sharded_count::shard_of_this_thread(), 1);
   }
-  //! Counts an fsync the submitting thread ran itself (synced_by_a_thread).
-  void synced_one() noexcept {
-    synced_by_threads_.add(base::sharded_count::shard_of_this_thread(), 1);
-  }
 
   //! Worker `w`'s share of the caller rings: takes the completions their threads left
   //! there (a worker's thread) and settles them. Whether a ring with completions was busy
@@ -407,7 +393,6 @@ class uring_engine final : public engine {
   std::atomic<std::uint64_t> retired_registered_{0};
   std::atomic<std::uint64_t> retired_reaped_{0};
   base::sharded_count written_by_threads_;  // by workers, waiters and submitters alike
-  base::sharded_count synced_by_threads_;   // by submitters
   // Last: its rings end (and drain) while the rest of the engine is still there.
   base::per_thread_states rings_of_threads_;
 };
@@ -1049,23 +1034,18 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
   caller_ring* r = ring_of_this_thread(true);
   if (r == nullptr) return 0;
   std::size_t taken = 0;
-  // Buffered writes the kernel would hand to a thread of its own, and those files' fsyncs
-  // (synced_by_a_thread), from the front: run here, outside the ring's lock (they may block,
-  // and a worker reaping the ring must not wait for them), and settled with what the ring
-  // ended. Not inside a completion's own submission. The first of a file finds out which kind it
-  // is; what that wrote is its end, or its rest goes to a worker, as a short transfer's does.
+  // Buffered writes the kernel would hand to a thread of its own, from the front: written
+  // here, outside the ring's lock (a write may block, and a worker reaping the ring must not
+  // wait for it), and settled with what the ring ended. Not inside a completion's own
+  // submission. The first of a file finds out which kind it is; what that wrote is its end,
+  // or its rest goes to a worker, as a short transfer's does.
   for (; taken < ops.size(); ++taken) {
     op* o = ops[taken];
     // (What it writes must fit a completion's count, as a ring's chunk does.)
-    if (for_the_cache(*o) || completions_running != 0 || r->stashed == r->stash.size()) break;
-    if (synced_by_a_thread(*o)) {
-      const io::file_handle& h = o->file->handle;
-      const auto d = o->kind == op_kind::fsync ? h.sync_all() : h.sync_data();
-      r->stash[r->stashed++] = {o, d ? 0 : -d.error().value()};
-      synced_one();
-      continue;
+    if (for_the_cache(*o) || completions_running != 0 || r->stashed == r->stash.size() ||
+        !buffered_write(*o) || buffer_of(*o) >= 0 || o->length - o->done > max_chunk) {
+      break;
     }
-    if (!buffered_write(*o) || buffer_of(*o) >= 0 || o->length - o->done > max_chunk) break;
     if (const std::size_t n = learn_buffered_writes(*o); n > 0) {
       r->stash[r->stashed++] = {o, static_cast<int>(n)};
       continue;
@@ -1182,7 +1162,6 @@ bool uring_engine::settle_one_left() noexcept {
 
 void uring_engine::add_counts(engine_stats& s) const noexcept {
   s.buffered_writes_by_threads += written_by_threads_.sum();
-  s.syncs_by_threads += synced_by_threads_.sum();
   s.requests_on_caller_rings += retired_started_.load();
   s.requests_on_registered_files += retired_registered_.load();
   s.caller_requests_reaped_by_workers += retired_reaped_.load();

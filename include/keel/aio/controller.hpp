@@ -144,9 +144,6 @@ struct engine_stats {
   //! (pwrite), to files whose filesystem cannot take a buffered write without blocking
   //! (ext4, tmpfs; unlike xfs and btrfs): the kernel would hand each to a thread of its own.
   std::uint64_t buffered_writes_by_threads = 0;
-  //! fsyncs and fdatasyncs of such files that the thread submitting them ran itself (it
-  //! would wait for them; io_uring would hand them to a thread of its own too).
-  std::uint64_t syncs_by_threads = 0;
 };
 
 //! How a file is opened.
