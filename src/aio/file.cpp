@@ -74,9 +74,7 @@ result<void> file::close() noexcept {
   controller::impl& c = *f.owner;
   // From a completion or a task, this thread may hold some of the file's requests itself.
   f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
-                            detail::worker::of_this_thread() != nullptr
-                                ? std::chrono::nanoseconds(1'000'000)
-                                : std::chrono::nanoseconds(-1));
+                            detail::worker::longest_sleep());
   // The cache's bytes go out first, then the engine lets go (a ring that registered the
   // file holds it open in the kernel past close(2)), then the descriptor closes.
   result<void> r;

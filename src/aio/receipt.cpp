@@ -96,10 +96,9 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
       if (!op_->state.compare_exchange_weak(s, s | detail::op::has_waiters)) continue;
       s |= detail::op::has_waiters;
     }
-    // A worker's thread (in a completion or task) is the only one that runs what reaches
-    // its inbox or its ring: it looks again every millisecond.
-    if (cd.is_infinite() && detail::worker::of_this_thread() != nullptr) {
-      const io::countdown tick = io::deadline(std::chrono::milliseconds(1)).start();
+    // On a worker's thread (in a completion or task), a limited sleep: it looks again.
+    if (const auto most = detail::worker::longest_sleep(); cd.is_infinite() && most.count() >= 0) {
+      const io::countdown tick = io::deadline(most).start();
       base::futex_wait(op_->state, s, &tick);
       continue;
     }

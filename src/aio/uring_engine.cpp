@@ -548,10 +548,7 @@ class uring_worker final : public worker {
 
   void loop() noexcept {
     for (;;) {
-      if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
-      intake_all();
-      queue_pending();
-      arm();
+      start_turn();
       if (in_flight_ == 0 && pending_.empty() && may_exit()) return;
 
       if (in_flight_ == 0 && pending_.empty() && inbox_empty() && spin_for_work() &&
@@ -585,10 +582,7 @@ class uring_worker final : public worker {
   bool help() noexcept override {
     if (uring_engine::settle_one_left()) return true;
     if (running_here != this) return false;
-    if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
-    intake_all();
-    queue_pending();
-    arm();
+    start_turn();
     __kernel_timespec ts{0, 1'000'000};
     io_uring_cqe* first = nullptr;
     sleeping_.store(true);  // a push wakes the wait (the eventfd's read ends it)
@@ -601,6 +595,15 @@ class uring_worker final : public worker {
   }
 
  private:
+  // A turn of the loop up to its submission: files close() asked about, the inbox, the
+  // ready requests into the ring, the eventfd's read.
+  void start_turn() noexcept {
+    if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
+    intake_all();
+    queue_pending();
+    arm();
+  }
+
   // Looks at what the inbox holds: what an earlier look took and has not looked at yet
   // first (a completion run meanwhile may have waited, and looked itself: help).
   void intake_all() noexcept {

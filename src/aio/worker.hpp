@@ -3,6 +3,7 @@
 // by the loop of the thread's engine (sync_engine.cpp, uring_engine.cpp).
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -41,6 +42,12 @@ class worker {
   //! holds, which no other thread would run (completions and tasks may wait). Whether it
   //! ran anything.
   static bool help_waiting(controller::impl* c) noexcept;
+  //! How long such a wait may sleep at a time: a millisecond on a worker's thread (the only
+  //! one that runs what reaches its inbox or ring), else without a limit (negative).
+  [[nodiscard]] static std::chrono::nanoseconds longest_sleep() noexcept {
+    return this_threads_ != nullptr ? std::chrono::nanoseconds(1'000'000)
+                                    : std::chrono::nanoseconds(-1);
+  }
   void join() noexcept {
     if (thread_.joinable()) thread_.join();
   }
