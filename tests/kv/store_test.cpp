@@ -650,6 +650,23 @@ INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
                                            commit_step::published, commit_step::visible),
                          [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
 
+// The wait status of a writer of the store at `path`, forked to put "a" = "1" and killed
+// (SIGKILL) at step `at` of that commit.
+int put_killed_at(const std::string& path, commit_step at) {
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    static commit_step kill_at;
+    kill_at = at;
+    commit_hook = [](commit_step now) noexcept {
+      if (now == kill_at) ::raise(SIGKILL);
+    };
+    (void)(*mine)->put("a", "1");
+    return 4;
+  });
+  return test::wait_status(victim);
+}
+
 // Waiters take turns to look whether the writer in front died (a hint in the index header,
 // hdr::dead_check_ns). Whatever the hint says, a look comes: a time just now delays it by
 // at most 2 ms, and a time ahead of this clock (another boot's) is no one's turn.
@@ -665,16 +682,7 @@ TEST(KvStoreKilled, ADeadWritersCommitIsSettledWhateverTheLookHintSays) {
     auto s = open_ok(path);
     ASSERT_TRUE(s);
     ASSERT_TRUE(s->put("a", "0"));
-    const pid_t victim = fork_child([&] {
-      auto mine = store::open(path, small());
-      if (!mine) return 2;
-      commit_hook = [](commit_step now) noexcept {
-        if (now == commit_step::took_seq) ::raise(SIGKILL);
-      };
-      (void)(*mine)->put("a", "1");
-      return 4;
-    });
-    const int status = test::wait_status(victim);
+    const int status = put_killed_at(path, commit_step::took_seq);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
     const int fd = ::open((path + "/index").c_str(), O_RDWR | O_CLOEXEC);
     ASSERT_GE(fd, 0);
@@ -826,16 +834,7 @@ TEST(KvStoreKilled, AReaderSeesADeadWritersCompleteCommitOnlyOnceItIsSettled) {
   ASSERT_TRUE(s->put("a", "0"));
   auto before = s->begin();  // a snapshot from before the dead commit
   ASSERT_TRUE(before);
-  const pid_t victim = fork_child([&] {
-    auto mine = store::open(path, small());
-    if (!mine) return 2;
-    commit_hook = [](commit_step now) noexcept {
-      if (now == commit_step::written) ::raise(SIGKILL);
-    };
-    (void)(*mine)->put("a", "1");
-    return 4;
-  });
-  test::wait_status(victim);
+  (void)put_killed_at(path, commit_step::written);
   EXPECT_EQ(*before->get("a"), "0");
   ASSERT_TRUE(s->put("z", "z"));  // settles the dead commit on its way to visible
   EXPECT_EQ(*s->get("a"), "1");
