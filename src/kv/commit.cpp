@@ -902,8 +902,10 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     // only if the log holds a segment's worth of dead versions. (Not more often: a put on a
     // store full of live data must fail fast.)
     const std::uint64_t seg_size = impl_->dir.params.segment_size;
-    if (impl_->compaction_runs_now() == seen && impl_->h64(hdr::dead_bytes).load() < seg_size &&
-        impl_->log_not_live() < seg_size) {
+    // Nor when the last compaction found nothing to take and not enough has died since.
+    if (impl_->compaction_runs_now() == seen &&
+        ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
+         impl_->compaction_would_take_nothing())) {
       // Nothing dead to compact: the checkpoint, a copy of the index that only makes an
       // open after a crash faster, gives its room on the volume to the store's data (not
       // under the budget, which does not count it; and with none there, the put fails at

@@ -192,6 +192,18 @@ std::uint64_t store::impl::log_not_live() const noexcept {
   return log > used ? log - used : 0;
 }
 
+bool store::impl::compaction_would_take_nothing() const noexcept {
+  // Read between two reads of the threshold: the compactor clears it before it writes the
+  // segment, so two equal reads bracket one finding's segment.
+  auto below = h64(hdr::fruitless_below);
+  const std::uint64_t b = below.load(std::memory_order_seq_cst);
+  if (b == 0) return false;
+  const std::uint64_t then = h64(hdr::fruitless_tail_segment).load(std::memory_order_seq_cst);
+  if (below.load(std::memory_order_seq_cst) != b) return false;
+  return h64(hdr::dead_bytes).load(std::memory_order_seq_cst) < b &&
+         fmt::segment_of(h64(hdr::tail).load(std::memory_order_seq_cst)) == then;
+}
+
 result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
   std::uint32_t* const ends = futex_word(hdr::compaction_ends);
@@ -304,6 +316,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // snapshot is at or above `horizon` (visible only grows).
   const std::uint64_t horizon = s.h64(hdr::visible).load(std::memory_order_seq_cst);
   const std::uint64_t active = fmt::segment_of(s.h64(hdr::tail).load(std::memory_order_acquire));
+  // Every commit visible now added the bytes it made dead before it became visible, and the
+  // walk below sees its entries: the dead still to come is what has been added since.
+  const std::uint64_t dead_then = s.h64(hdr::dead_bytes).load(std::memory_order_seq_cst);
   auto numbers = s.segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
@@ -473,14 +488,38 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     }
   };
   try {
+    // The fewest bytes that must die before a segment left here could be taken short of
+    // room (its room not held by records it keeps must reach a sixteenth of it).
+    std::uint64_t closest = UINT64_MAX;
+    bool pinned = false;
     for (const std::uint64_t n : candidates) {
       segment_use& u = use[n];
-      if (u.pinned) continue;
+      if (u.pinned) {
+        pinned = true;
+        continue;
+      }
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
       const std::uint64_t size = u.size = (*seg)->size;
       const std::uint64_t kept = u.live - u.forgettable;
-      if (short_now ? kept * 16 <= size * 15 : kept * 2 <= size) victims.insert(n);
+      if (short_now ? kept * 16 <= size * 15 : kept * 2 <= size) {
+        victims.insert(n);
+      } else {
+        const std::uint64_t unkept = size - std::min(size, kept);
+        closest = std::min(closest, (size + 15) / 16 - std::min((size + 15) / 16, unkept));
+      }
+    }
+    // Short of room with nothing to take (and no pending commit's segment, whose pin goes
+    // without a byte dying): a put that finds no room need not walk the index again until
+    // that many bytes have died, or a segment has been sealed since (unlike the ones here,
+    // its records' block headers were not counted). Each byte that dies since adds to *dead
+    // bytes* and takes at most one segment that much closer.
+    if (short_now && victims.empty() && !pinned) {
+      const std::uint64_t at = closest == UINT64_MAX ? s.dir.params.segment_size : closest;
+      auto below = s.h64(hdr::fruitless_below);
+      below.store(0, std::memory_order_seq_cst);
+      s.h64(hdr::fruitless_tail_segment).store(active, std::memory_order_seq_cst);
+      below.store(std::max<std::uint64_t>(1, dead_then + at), std::memory_order_seq_cst);
     }
     close_over_blobs();
     // The copies must fit in the room left: the rest of the tail's segment, the spare, and
@@ -610,6 +649,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
+    // What was found before no longer holds (*dead bytes* went down by an estimate).
+    s.h64(hdr::fruitless_below).store(0, std::memory_order_seq_cst);
   }
   s.unmap_removed_segments();
   // Near full, the room must show before the writers that wait for it retry (where other

@@ -1023,7 +1023,8 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible).store(next - 1);
   h64(hdr::sync_error).store(0);
   h64(hdr::visible_waiters).store(0);
-  table->finish_split(*this);  // alone: no locks to take
+  h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
+  table->finish_split(*this);          // alone: no locks to take
   remove_checkpoint_leftovers();
   reconcile_spare();
   // Segments named but not in the table: a maker or a taker of the spare killed between the

@@ -97,6 +97,12 @@ constexpr std::size_t ledger_closer = 448;
 constexpr std::size_t compaction_runs = 456;
 // Compaction runs ended so far: a futex (low 32 bits) for writers waiting for one to end.
 constexpr std::size_t compaction_ends = 464;
+// A compaction short of room that found nothing to take: it could take something only once
+// *dead bytes* reach this (0: no such finding), or a segment is sealed after the one the tail
+// was in then (whose number is in the next word). A hint that spares a full store's puts a
+// walk of the whole index each (see compaction_would_take_nothing).
+constexpr std::size_t fruitless_below = 472;
+constexpr std::size_t fruitless_tail_segment = 480;
 // Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
 // (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
 constexpr std::size_t visible_gates = 512;
@@ -657,6 +663,9 @@ struct store::impl final : ix::page_source {
   //! exact where the dead counter drifts low (a compaction subtracts its estimate of what it
   //! freed).
   [[nodiscard]] std::uint64_t log_not_live() const noexcept;
+  //! Whether the last compaction short of room found nothing it could take, and no byte has
+  //! died since that could change it (the hint the header's *fruitless* words keep).
+  [[nodiscard]] bool compaction_would_take_nothing() const noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
   //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.
