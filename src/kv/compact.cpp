@@ -368,6 +368,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (!walking) return std::unexpected(walking.error());
     auto counted = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
       const ix::bucket_ref b = s.table->page(page);
+      // The page's records lie at random in the log, each a cache miss (and on a big store a
+      // TLB miss): ask for all their first lines before reading any, so that the misses
+      // overlap (at a gigabyte: 0.31 s a walk reading one record at a time, 0.13 s so; asking
+      // a page ahead gained nothing more: the asks themselves wait for the TLB).
+      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+        const ix::entry_ref e = b.entry(k);
+        if (e.hi().load(std::memory_order_relaxed) == 0) continue;
+        const std::uint64_t at = e.location().load(std::memory_order_relaxed);
+        if (at == 0) continue;
+        if (auto bytes = s.bytes_at(at)) __builtin_prefetch(bytes->data());
+      }
       for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
         const ix::entry_ref e = b.entry(k);
         if (e.hi().load(std::memory_order_acquire) == 0) continue;
@@ -381,7 +392,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
           continue;
         }
         if (at == 0) continue;
-        auto rec = s.record_at(at, false);
+        auto rec = s.record_head_at(at);
         if (!rec) return std::unexpected(rec.error());
         if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
             rec->rec.head.seq <= horizon && candidates.contains(fmt::segment_of(at))) {

@@ -281,8 +281,12 @@ result<block_header> parse_block_header(std::span<const std::byte> bytes,
   return b;
 }
 
-result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t salt,
-                                 bool verify) noexcept {
+namespace {
+
+// parse_record_head's checks, and the record's parts; `before_parts` runs once the parts are
+// known to lie inside `bytes`, before any of them is read.
+template <class BeforeParts>
+result<record_view> parse_head(std::span<const std::byte> bytes, BeforeParts&& before_parts) {
   if (bytes.size() < sizeof(record_header)) return std::unexpected(corrupt_at(0).error());
   record_view r;
   r.head = load<record_header>(bytes, 0);
@@ -301,22 +305,42 @@ result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t
   if (sizeof(record_header) + pad8(body) > bytes.size()) {
     return std::unexpected(corrupt_at(0).error());
   }
-  // A record read at random is rarely in the cache: ask for all its lines now, so that their
-  // misses overlap instead of coming one after another as the checks below walk it.
-  const std::uint64_t ahead = std::min<std::uint64_t>(sizeof(record_header) + body, 4096);
-  for (std::uint64_t line = 64; line < ahead + 63; line += 64)
-    __builtin_prefetch(bytes.data() + line);
+  before_parts(sizeof(record_header) + body);
   r.key = bytes.subspan(sizeof(record_header), h.key_length);
   const auto inline_part = bytes.subspan(sizeof(record_header) + h.key_length, body - h.key_length);
   if (what == op::put) r.value = inline_part;
   if (what == op::put_blob) std::memcpy(&r.blob, inline_part.data(), sizeof r.blob);
   r.size = sizeof(record_header) + pad8(body);
+  return r;
+}
+
+}  // namespace
+
+result<record_view> parse_record_head(std::span<const std::byte> bytes) noexcept {
+  return parse_head(bytes, [](std::uint64_t) {});
+}
+
+result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t salt,
+                                 bool verify) noexcept {
+  auto parsed = parse_head(bytes, [&](std::uint64_t length) {
+    // A record read at random is rarely in the cache: ask for all its lines now, so that
+    // their misses overlap instead of coming one after another as the checks below walk it.
+    const std::uint64_t ahead = std::min<std::uint64_t>(length, 4096);
+    for (std::uint64_t line = 64; line < ahead + 63; line += 64)
+      __builtin_prefetch(bytes.data() + line);
+  });
+  if (!parsed) return parsed;
+  record_view& r = *parsed;
+  const record_header& h = r.head;
+  const std::uint64_t inlined = inline_length(static_cast<op>(h.op), h.value_length);
+  const std::uint64_t unpadded = sizeof(record_header) + h.key_length + inlined;
   // Padding is zero: the checksum does not cover it, and no byte of a record may change
   // unnoticed.
-  for (std::uint64_t i = sizeof(record_header) + body; i < r.size; ++i) {
+  for (std::uint64_t i = unpadded; i < r.size; ++i) {
     if (bytes[i] != std::byte{0}) return std::unexpected(corrupt_at(0).error());
   }
-  if (verify && record_checksum(h, r.key, inline_part, salt) != h.checksum) {
+  if (verify &&
+      record_checksum(h, r.key, bytes.subspan(unpadded - inlined, inlined), salt) != h.checksum) {
     return std::unexpected(corrupt_at(0).error());
   }
   return r;

@@ -219,6 +219,12 @@ struct record_view {
 [[nodiscard]] result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t salt,
                                                bool verify) noexcept;
 
+//! parse_record without reading past what locates the record's parts: checks its header's
+//! fields and that its parts lie inside `bytes`, not its padding nor its checksum (so it
+//! touches the record's first cache line, and a blob reference's). For walks that need only
+//! sizes and ops, such as compaction's count of what is live. Errors: as parse_record's.
+[[nodiscard]] result<record_view> parse_record_head(std::span<const std::byte> bytes) noexcept;
+
 //! A blob block's value (its header already parsed).
 [[nodiscard]] std::span<const std::byte> blob_value(std::span<const std::byte> block,
                                                     const block_header& h) noexcept;

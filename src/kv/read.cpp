@@ -10,16 +10,27 @@
 
 namespace keel::kv {
 
-result<found_record> store::impl::record_at(std::uint64_t location, bool verify) noexcept {
+template <class Parse>
+result<found_record> store::impl::read_record(std::uint64_t location, Parse&& parse) noexcept {
   auto s = segment_at(fmt::segment_of(location));
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(location);
   if (off < fmt::segment_header_size + sizeof(fmt::block_header) || off >= (*s)->size) {
     return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
   }
-  auto r = fmt::parse_record((*s)->bytes().subspan(off), salt, verify);
+  auto r = parse((*s)->bytes().subspan(off));
   if (!r) return std::unexpected(r.error().about((*s)->file.shared_path(), off));
   return found_record{location, *r, *s};
+}
+
+result<found_record> store::impl::record_at(std::uint64_t location, bool verify) noexcept {
+  return read_record(
+      location, [&](std::span<const std::byte> b) { return fmt::parse_record(b, salt, verify); });
+}
+
+result<found_record> store::impl::record_head_at(std::uint64_t location) noexcept {
+  return read_record(location,
+                     [](std::span<const std::byte> b) { return fmt::parse_record_head(b); });
 }
 
 result<std::span<const std::byte>> store::impl::value_of(const found_record& r,

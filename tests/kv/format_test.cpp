@@ -249,6 +249,40 @@ TEST(KvFormat, RecordLengthsBeyondTheBlockAreCorruptNotRead) {
   }
 }
 
+// What compaction's count of live bytes reads: the same parts and size as parse_record, and
+// the same refusals of a header whose lengths lie outside the block; the payload it leaves
+// unread (a damaged key still parses), which the copy of the record checks.
+TEST(KvFormat, ARecordsHeadReadsItsPartsAndRefusesWhatParseRecordRefusesInTheHeader) {
+  const sample_block b;
+  for (std::size_t at = sizeof(block_header); at < b.bytes.size();) {
+    const auto from = std::span<const std::byte>(b.bytes).subspan(at);
+    auto whole = parse_record(from, salt, true);
+    auto head = parse_record_head(from);
+    ASSERT_TRUE(whole);
+    ASSERT_TRUE(head);
+    EXPECT_EQ(head->size, whole->size);
+    EXPECT_EQ(head->head.op, whole->head.op);
+    EXPECT_EQ(head->key.data(), whole->key.data());
+    EXPECT_EQ(head->key.size(), whole->key.size());
+    EXPECT_EQ(head->value.size(), whole->value.size());
+    EXPECT_EQ(head->blob.location, whole->blob.location);
+    at += whole->size;
+  }
+  auto damaged = b.bytes;
+  damaged[sizeof(block_header) + sizeof(record_header)] ^= std::byte{1};  // the key's first byte
+  EXPECT_TRUE(parse_record_head(std::span<const std::byte>(damaged).subspan(sizeof(block_header))));
+  record_header h{};
+  std::memcpy(&h, damaged.data() + sizeof(block_header), sizeof h);
+  for (const std::uint64_t value_length : {std::uint64_t{1} << 40, std::uint64_t{1000}}) {
+    h.value_length = value_length;
+    std::memcpy(damaged.data() + sizeof(block_header), &h, sizeof h);
+    auto r = parse_record_head(
+        std::span<const std::byte>(damaged).subspan(sizeof(block_header), b.bytes.size() / 2));
+    ASSERT_FALSE(r) << value_length;
+    EXPECT_EQ(r.error(), errc::corrupt);
+  }
+}
+
 // Found by fuzz/kv_block: an empty value (a span with no data) was copied from a null pointer.
 TEST(KvFormat, AnEmptyValueIsAValueToo) {
   const std::string k = "empty";
