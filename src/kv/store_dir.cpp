@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "keel/io/fs_info.hpp"
+
 namespace keel::kv {
 namespace {
 
@@ -40,10 +42,27 @@ result<fmt::store_params> read_store_file(const io::file_handle& f) noexcept {
 
 // Writes a new store file under a temporary name and links it into place. file_exists:
 // another creator was first (its store is the one to open).
-result<fmt::store_params> create_store_file(const io::file_handle& dir,
+// The segment size a new store in `dir` gets when its options leave it to the store: a
+// 1024th of the volume, a power of two from 1 MiB to 64 MiB. The room kept for deletes and
+// compaction (two segments) is then 0.2 % of a volume of 1 GiB or more.
+result<std::uint64_t> segment_size_for(io::filesystem& fs, const io::file_handle& dir) noexcept {
+  auto info = fs.statfs(dir);
+  if (!info) return std::unexpected(info.error());
+  std::uint64_t size = fmt::min_segment_size;
+  while (size < fmt::default_segment_size && size * 2 <= info->total_bytes / 1024)
+    size *= 2;
+  return size;
+}
+
+result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_handle& dir,
                                             const store_dir_options& o) noexcept {
   fmt::store_params p;
   p.segment_size = o.segment_size;
+  if (p.segment_size == 0) {
+    auto chosen = segment_size_for(fs, dir);
+    if (!chosen) return std::unexpected(chosen.error());
+    p.segment_size = *chosen;
+  }
   p.created_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count());
@@ -70,9 +89,9 @@ result<fmt::store_params> create_store_file(const io::file_handle& dir,
 result<store_dir> open_store_dir(const std::string& path,
                                  const store_dir_options& options) noexcept {
   io::filesystem& fs = options.fs != nullptr ? *options.fs : io::os();
-  if (options.segment_size < fmt::min_segment_size ||
-      options.segment_size > fmt::max_segment_size ||
-      (options.segment_size & (options.segment_size - 1)) != 0) {
+  if (options.segment_size != 0 && (options.segment_size < fmt::min_segment_size ||
+                                    options.segment_size > fmt::max_segment_size ||
+                                    (options.segment_size & (options.segment_size - 1)) != 0)) {
     return errc_error(std::errc::invalid_argument);
   }
   if (options.create_if_missing) {
@@ -111,7 +130,7 @@ result<store_dir> open_store_dir(const std::string& path,
     }
     if (appeared) continue;
     if (!options.create_if_missing) return errc_error(std::errc::no_such_file_or_directory);
-    auto made = create_store_file(out.dir, options);
+    auto made = create_store_file(fs, out.dir, options);
     if (made) {
       out.params = *made;
       out.created = true;

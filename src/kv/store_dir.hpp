@@ -19,8 +19,9 @@ constexpr const char* segments_dir_name = "seg";
 struct store_dir_options {
   bool create_if_missing = true;
   bool error_if_exists = false;
-  //! For a new store only (a power of two, 1 MiB to 1 GiB).
-  std::uint64_t segment_size = fmt::default_segment_size;
+  //! For a new store only (a power of two, 1 MiB to 1 GiB; 0: chosen for the volume, see
+  //! kv::options::segment_size).
+  std::uint64_t segment_size = 0;
   io::filesystem* fs = nullptr;  //!< null: io::os()
 };
 

@@ -295,6 +295,37 @@ TEST(KvFullVolume, ThinlySpreadDeletesStillLetCompactionFreeRoom) {
   });
 }
 
+// With the segment size left to the store, a small volume fills: the room the store keeps
+// for deletes and compaction is two segments, and 64 MiB segments (the old default) left a
+// 64 MiB volume no room for one put and a 256 MiB one three quarters empty.
+TEST(KvFullVolume, TheDefaultSegmentSizeFitsTheVolume) {
+  for (const std::size_t mib : {64, 256}) {
+    const auto stored = count_on_small_volume(mib, [](const std::string& path, int& count) {
+      auto s = store::open(path, options{});
+      if (!s) return 2;
+      count = fill(**s, 0);
+      return count < 0 ? 3 : 0;
+    });
+    ASSERT_TRUE(stored) << mib << " MiB";
+    // 1 KiB values: at least 80 % of the volume (with 1 MiB segments, as chosen here; the
+    // rest is records' headers and keys, the index, and the room kept).
+    EXPECT_GE(*stored, static_cast<int>(mib * 1024 * 80 / 100)) << mib << " MiB";
+  }
+  // A 1024th of the volume, a power of two: 4 MiB segments on a 4 GiB volume (tmpfs takes
+  // memory only for what is written).
+  on_small_volume(4096, [](const std::string& path) {
+    auto s = store::open(path, options{});
+    if (!s || !(*s)->put("a", "1")) return 2;
+    std::uint64_t sizes = 0;
+    for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
+      if (e.path().filename() == "spare") continue;
+      if (e.file_size() != (std::uint64_t{4} << 20)) return 3;
+      ++sizes;
+    }
+    return sizes == 0 ? 4 : 0;
+  });
+}
+
 // The compactions begun on the store at `path` so far (the index header's count).
 std::uint64_t compaction_runs(const std::string& path) {
   const int fd = ::open((path + "/index").c_str(), O_RDONLY | O_CLOEXEC);
