@@ -42,6 +42,10 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   const std::uint64_t each = seg_size - fmt::segment_header_size;
   const auto cap = static_cast<std::uint64_t>(space::ledger::max_amount);
   r.bytes = whole >= cap / each ? cap : std::min(cap, r.bytes + whole * each);
+  // Less the pages of the directory doubled once: a split of any commit in the delta may
+  // double it (commits are charged their own splits' pages only).
+  const std::uint64_t doubling = ix::directory_pages(table->depth() + 1) * fmt::page_size;
+  r.bytes = r.bytes == cap ? cap : r.bytes - std::min(r.bytes, doubling);
   return r;
 }
 

@@ -862,8 +862,9 @@ TEST(KvLedger, AStoreFillsAsFarWithTheLedgerAsWithout) {
     if (!n) return;
     fitted[on ? 0 : 1] = *n;
   }
-  // The last put's worst case (its block twice, two pages and a directory doubling: about
-  // 14 KiB here) can be refused where the value itself (1.1 KiB) would still fit.
+  // The last put's worst case (its block twice and two pages) and the directory's next
+  // doubling (about 14 KiB here) can be refused where the value itself (1.1 KiB) would still
+  // fit.
   EXPECT_GE(fitted[0], fitted[1] - 16)
       << "with the ledger " << fitted[0] << ", without " << fitted[1];
 }
