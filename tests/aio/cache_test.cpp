@@ -310,8 +310,9 @@ TEST_F(AioCache, IdleRoundsHalveTheCache) {
     return now == 0;
   }));
   // 64 pages: 32, 16, 8, 4, 2, 1, 0. Rounds are 150 ms apart, so this thread sees nearly
-  // every step; one preempted for a round (a loaded machine) misses one, but each value it
-  // sees is one of those halves, and it sees most of them.
+  // every step; one preempted for a while (a loaded machine: make test runs the torture and
+  // kv tests beside this one) misses some, but each value it sees is one of those halves, and
+  // it sees at least two of them between all and nothing (dropped at once: none).
   std::vector<std::size_t> halves;
   for (std::size_t pages = 64; pages != 0; pages /= 2)
     halves.push_back(pages * detail::page_size);
@@ -322,7 +323,7 @@ TEST_F(AioCache, IdleRoundsHalveTheCache) {
       ++at;
     EXPECT_LT(at, halves.size()) << v << " bytes cached is not one of the halves";
   }
-  EXPECT_GE(seen.size(), halves.size() - 2) << "dropped at once, not halved round by round";
+  EXPECT_GE(seen.size(), 4u) << "dropped at once, not halved round by round";
   EXPECT_EQ(on_disk(path, 0, data.size()), data);
 }
 
