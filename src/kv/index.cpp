@@ -46,16 +46,19 @@ std::atomic_ref<std::uint64_t> table::directory_entry(std::uint64_t first,
 }
 
 result<void> table::create(page_source& pages) noexcept {
-  auto dir = pages.allocate(directory_pages(0));
+  auto dir = pages.allocate(directory_pages(initial_depth));
   if (!dir) return std::unexpected(dir.error());
-  auto bucket = pages.allocate(1);
-  if (!bucket) {
-    pages.release(*dir, directory_pages(0));
-    return std::unexpected(bucket.error());
+  const std::uint64_t n = std::uint64_t{1} << initial_depth;
+  auto buckets = pages.allocate(n);
+  if (!buckets) {
+    pages.release(*dir, directory_pages(initial_depth));
+    return std::unexpected(buckets.error());
   }
-  init_bucket(page(*bucket), 0, 0);
-  directory_entry(*dir, 0).store(*bucket, std::memory_order_release);
-  directory_.store(directory_word(*dir, 0), std::memory_order_release);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    init_bucket(page(*buckets + i), initial_depth, i);
+    directory_entry(*dir, i).store(*buckets + i, std::memory_order_release);
+  }
+  directory_.store(directory_word(*dir, initial_depth), std::memory_order_release);
   return {};
 }
 

@@ -3,6 +3,7 @@
 // whose 128-bit hashes collide live side by side.
 
 #include "kv/index.hpp"
+#include "kv/kv_support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -115,6 +116,7 @@ TEST(KvIndex, KeysWithTheSameHashLiveSideBySide) {
 // insert) is not found by readers, is reused by the next insert of that hash, and is left
 // behind by a split; a pending one is kept.
 TEST(KvIndex, UnpublishedEntriesAreInvisibleReusedAndDroppedBySplits) {
+  const test_support::one_page_index one;
   fixture f;
   const auto h = hash_of(5);
   auto taken = f.t.entry_for(f.t.page_of(h), h, fixture::is(5));
@@ -141,6 +143,7 @@ TEST(KvIndex, UnpublishedEntriesAreInvisibleReusedAndDroppedBySplits) {
 }
 
 TEST(KvIndex, AFailedAllocationChangesNothing) {
+  const test_support::one_page_index one;
   arena_pages small(4);  // header, directory, one bucket, and one page: not two to split into
   std::uint64_t directory = 0;
   std::uint64_t journal[3]{};

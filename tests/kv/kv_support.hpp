@@ -8,8 +8,19 @@
 #include <string>
 
 #include "keel/kv/store.hpp"
+#include "kv/index.hpp"
 
 namespace keel::kv::test_support {
+
+//! While it lives, a new index has one bucket page (not ix::initial_depth's 64): for tests
+//! that split that page on purpose.
+struct one_page_index {
+  unsigned was = ix::initial_depth;
+  one_page_index() noexcept { ix::initial_depth = 0; }
+  ~one_page_index() { ix::initial_depth = was; }
+  one_page_index(const one_page_index&) = delete;
+  one_page_index& operator=(const one_page_index&) = delete;
+};
 
 //! 1 MiB segments.
 inline options small() {

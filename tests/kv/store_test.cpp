@@ -750,6 +750,7 @@ TEST(KvStoreKilled, DeadWritersSlotsAreReclaimedWhileTheStoreStaysOpen) {
 // it split: the others must finish that split before they change its pages, or an update
 // made through one half is lost when the old page is split again.
 TEST(KvStoreKilled, ASplitHalfDoneIsFinishedAndLosesNoUpdate) {
+  const test_support::one_page_index one;
   temp_dir dir;
   const std::string path = dir.file("s");
   auto s = open_ok(path);  // open throughout: a survivor finishes it, not a lone reopener
@@ -799,6 +800,7 @@ TEST(KvStoreKilled, ASplitHalfDoneIsFinishedAndLosesNoUpdate) {
 
 // Alone, the next opener finishes a split its dead splitter left.
 TEST(KvStoreKilled, ALoneOpenerFinishesAHalfDoneSplit) {
+  const test_support::one_page_index one;
   temp_dir dir;
   const std::string path = dir.file("s");
   const auto key = [](int i) { return "k" + std::to_string(i); };
