@@ -322,7 +322,9 @@ result<record_view> parse_record_head(std::span<const std::byte> bytes) noexcept
 
 result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t salt,
                                  bool verify) noexcept {
+  std::uint64_t unpadded = 0;  // the header, key and inline part
   auto parsed = parse_head(bytes, [&](std::uint64_t length) {
+    unpadded = length;
     // A record read at random is rarely in the cache: ask for all its lines now, so that
     // their misses overlap instead of coming one after another as the checks below walk it.
     const std::uint64_t ahead = std::min<std::uint64_t>(length, 4096);
@@ -332,8 +334,7 @@ result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t
   if (!parsed) return parsed;
   record_view& r = *parsed;
   const record_header& h = r.head;
-  const std::uint64_t inlined = inline_length(static_cast<op>(h.op), h.value_length);
-  const std::uint64_t unpadded = sizeof(record_header) + h.key_length + inlined;
+  const std::uint64_t inlined = unpadded - sizeof(record_header) - h.key_length;
   // Padding is zero: the checksum does not cover it, and no byte of a record may change
   // unnoticed.
   for (std::uint64_t i = unpadded; i < r.size; ++i) {
