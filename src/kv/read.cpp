@@ -10,9 +10,13 @@
 
 namespace keel::kv {
 
+namespace {
+
+// record_at's part before the parse: `parse(bytes)` reads the record at the start of `bytes`,
+// the rest of its segment.
 template <class Parse>
-result<found_record> store::impl::read_record(std::uint64_t location, Parse&& parse) noexcept {
-  auto s = segment_at(fmt::segment_of(location));
+result<found_record> read_record(store::impl& st, std::uint64_t location, Parse&& parse) {
+  auto s = st.segment_at(fmt::segment_of(location));
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(location);
   if (off < fmt::segment_header_size + sizeof(fmt::block_header) || off >= (*s)->size) {
@@ -23,13 +27,16 @@ result<found_record> store::impl::read_record(std::uint64_t location, Parse&& pa
   return found_record{location, *r, *s};
 }
 
+}  // namespace
+
 result<found_record> store::impl::record_at(std::uint64_t location, bool verify) noexcept {
-  return read_record(
-      location, [&](std::span<const std::byte> b) { return fmt::parse_record(b, salt, verify); });
+  return read_record(*this, location, [&](std::span<const std::byte> b) {
+    return fmt::parse_record(b, salt, verify);
+  });
 }
 
 result<found_record> store::impl::record_head_at(std::uint64_t location) noexcept {
-  return read_record(location,
+  return read_record(*this, location,
                      [](std::span<const std::byte> b) { return fmt::parse_record_head(b); });
 }
 

@@ -680,10 +680,6 @@ struct store::impl final : ix::page_source {
   //! The record at `location`, its header checked alone (fmt::parse_record_head: its padding
   //! and checksum unread). Errors: corrupt (file, offset).
   [[nodiscard]] result<found_record> record_head_at(std::uint64_t location) noexcept;
-  //! record_at's part before the parse: `parse(bytes)` reads the record at the start of
-  //! `bytes`, the rest of its segment.
-  template <class Parse>
-  [[nodiscard]] result<found_record> read_record(std::uint64_t location, Parse&& parse) noexcept;
   //! A value's bytes (inline, or its blob's, checked as the options say).
   [[nodiscard]] result<std::span<const std::byte>> value_of(const found_record& r,
                                                             bool verify) noexcept;
