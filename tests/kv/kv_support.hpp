@@ -3,12 +3,14 @@
 // open that reports its error.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <memory>
 #include <string>
 
 #include "keel/kv/store.hpp"
 #include "kv/index.hpp"
+#include "kv/store_impl.hpp"
 
 namespace keel::kv::test_support {
 
@@ -21,6 +23,15 @@ struct one_page_index {
   one_page_index(const one_page_index&) = delete;
   one_page_index& operator=(const one_page_index&) = delete;
 };
+
+//! In a writer forked to be killed: SIGKILL at step `at` of its commits.
+inline void die_at(commit_step at) noexcept {
+  static commit_step kill_at;
+  kill_at = at;
+  commit_hook = [](commit_step now) noexcept {
+    if (now == kill_at) ::raise(SIGKILL);
+  };
+}
 
 //! 1 MiB segments.
 inline options small() {

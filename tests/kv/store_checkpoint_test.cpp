@@ -358,11 +358,7 @@ TEST_P(KvCheckpointDeadWriter, DoesNotPinTheReplayStart) {
   const pid_t victim = fork_child([&] {
     auto mine = store::open(path, small());
     if (!mine) return 2;
-    static commit_step kill_at;
-    kill_at = GetParam();
-    commit_hook = [](commit_step now) noexcept {
-      if (now == kill_at) ::raise(SIGKILL);
-    };
+    test_support::die_at(GetParam());
     (void)(*mine)->put("victim", "v");
     return 4;
   });

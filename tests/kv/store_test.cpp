@@ -594,11 +594,7 @@ TEST_P(KvStoreKilledAt, TheCommitIsWholeOrAbsentAndNobodyWaitsForIt) {
   const pid_t victim = fork_child([&] {
     auto mine = store::open(path, small());
     if (!mine) return 2;
-    static commit_step kill_at;
-    kill_at = at;
-    commit_hook = [](commit_step now) noexcept {
-      if (now == kill_at) ::raise(SIGKILL);
-    };
+    test_support::die_at(at);
     auto t = (*mine)->begin();
     if (!t || !t->get("c") || !t->put("a", "1") || !t->put("b", "1")) return 3;
     (void)t->commit();
@@ -656,11 +652,7 @@ int put_killed_at(const std::string& path, commit_step at) {
   const pid_t victim = fork_child([&] {
     auto mine = store::open(path, small());
     if (!mine) return 2;
-    static commit_step kill_at;
-    kill_at = at;
-    commit_hook = [](commit_step now) noexcept {
-      if (now == kill_at) ::raise(SIGKILL);
-    };
+    test_support::die_at(at);
     (void)(*mine)->put("a", "1");
     return 4;
   });
@@ -714,11 +706,7 @@ TEST(KvStoreKilled, DeadWritersSlotsAreReclaimedWhileTheStoreStaysOpen) {
     const pid_t victim = fork_child([&] {
       auto mine = store::open(path, small());
       if (!mine) return 2;
-      static commit_step kill_at;
-      kill_at = steps[static_cast<std::size_t>(i) % steps.size()];
-      commit_hook = [](commit_step now) noexcept {
-        if (now == kill_at) ::raise(SIGKILL);
-      };
+      test_support::die_at(steps[static_cast<std::size_t>(i) % steps.size()]);
       auto r = (*mine)->put("k" + std::to_string(i), "v");
       return r ? 4 : r.error() == errc::too_many_users ? 5 : 3;
     });
