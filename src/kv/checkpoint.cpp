@@ -360,7 +360,9 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
       }
       if ((seq & ix::pending) != 0 || seq > S) {
         // As a reader at S sees it (none: location 0).
-        at = visible_location(seq, at, h, {}, S);
+        auto resolved = named_by(p, h, e, seq, at, S);
+        if (!resolved) return std::unexpected(resolved.error());
+        at = *resolved;
         seq = 0;
         if (at != 0) {
           auto rec = record_at(at, false);

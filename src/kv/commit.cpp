@@ -31,27 +31,6 @@ void step(commit_step at) noexcept {
 
 // ---- Settling what dead writers left ----
 
-void store::impl::resolve_pending(ix::entry_ref e, const fmt::key_hash& h) noexcept {
-  std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-  if ((seq & ix::pending) == 0) return;
-  const std::uint64_t block = seq & ~ix::pending;
-  if (auto head = complete_block(block)) {
-    // The commit happened: its writer died before publishing this entry.
-    if (auto at = record_in_block(block, *head, h, {})) {
-      e.location().store(*at, std::memory_order_release);
-      e.seq().compare_exchange_strong(seq, head->seq, std::memory_order_acq_rel);
-      return;
-    }
-  }
-  // It never completed: the entry goes back to the version its location still names.
-  const std::uint64_t at = e.location().load(std::memory_order_acquire);
-  std::uint64_t restored = 0;
-  if (at != 0) {
-    if (auto r = record_at(at, false)) restored = r->rec.head.seq;
-  }
-  e.seq().compare_exchange_strong(seq, restored, std::memory_order_acq_rel);
-}
-
 bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
   const std::uint64_t next = h64(hdr::next_seq).load(std::memory_order_acquire);
   if (v >= next) return false;  // not handed out yet
@@ -544,26 +523,23 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     for (key_plan& k : keys) {
       k.entry.reset();
       k.prev = k.prev_seq = k.prev_size = 0;
-      const ix::bucket_ref b = s->table->page(k.page);
-      const std::size_t start = k.h.lo % ix::entries_per_page;
-      for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
-        const ix::entry_ref e = b.entry((start + j) % ix::entries_per_page);
-        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-        if (hi == 0) break;
-        if (hi != k.h.hi || e.lo().load() != k.h.lo) continue;
-        s->resolve_pending(e, k.h);  // only a dead writer's can be pending while we hold it
+      // Its entry (the dead writers' marks of its hash settled first: only theirs can be
+      // pending while we hold the page), told from other keys of its hash by its bytes.
+      auto found = s->find_locked(k.page, k.h, as_bytes(k.key));
+      if (!found) return std::unexpected(found.error());
+      if (*found) {
+        const ix::entry_ref e = **found;
         const std::uint64_t at = e.location().load(std::memory_order_acquire);
-        if (at == 0) continue;
-        auto rec = s->record_at(at, s->opts.verify_checksums);
+        // Its header alone: what it says is all a commit over it needs (a damaged value may
+        // be overwritten or erased).
+        auto rec = s->record_head_at(at);
         if (!rec) return std::unexpected(rec.error());
-        if (!std::ranges::equal(rec->rec.key, as_bytes(k.key))) continue;
         k.entry = e;
         k.prev = at;
         k.prev_seq = e.seq().load(std::memory_order_acquire);
         if (rec->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
           k.prev_size = fmt::stored_size(rec->rec);
         }
-        break;
       }
       // Anything newer than the snapshot (visible or not yet) was committed by somebody else.
       // (Still pending: its block could not be read; never build on it.)
@@ -662,36 +638,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     k.record_at = at;
     at += fmt::record_size(records[ri++]);
     if (!k.entry) {
-      const ix::bucket_ref b = s->table->page(k.page);
-      const std::size_t start = k.h.lo % ix::entries_per_page;
-      for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
-        const ix::entry_ref e = b.entry((start + j) % ix::entries_per_page);
-        const std::uint64_t hi = e.hi().load();
-        if (hi == 0) {
-          e.seq().store(ix::pending | *L);
-          e.location().store(0);
-          e.lo().store(k.h.lo);
-          // Counted first: a writer killed in between leaves the page counted one too full
-          // (it splits a little early), never one short of what it holds.
-          b.used().fetch_add(1);
-          e.hi().store(k.h.hi, std::memory_order_release);
-          k.entry = e;
-          break;
-        }
-        if (e.location().load() == 0 && e.seq().load() == 0) {
-          // Holds nothing (an undone insert, or an erased key compaction forgot): ours, for
-          // whatever hash. Our hash first, while it still holds nothing (a reader of either
-          // hash skips it, and a writer killed here leaves it reusable), then the mark.
-          if (hi != k.h.hi || e.lo().load() != k.h.lo) {
-            e.lo().store(k.h.lo);
-            e.hi().store(k.h.hi, std::memory_order_release);
-          }
-          e.seq().store(ix::pending | *L, std::memory_order_release);
-          k.entry = e;
-          break;
-        }
-      }
+      // A new key takes an empty entry, or one that holds nothing, pending on our block.
       // Room was made under this lock: an entry is always found.
+      k.entry = s->table->claim(k.page, k.h, 0, ix::pending | *L);
     } else {
       k.entry->seq().store(ix::pending | *L, std::memory_order_release);
     }

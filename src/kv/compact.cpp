@@ -7,6 +7,7 @@
 #include <climits>
 #include <map>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "base/futex.hpp"
@@ -76,10 +77,10 @@ result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countd
   return {};
 }
 
-result<bool> store::impl::relocate(
-    std::uint64_t at, const fmt::record_view& rec, const std::set<std::uint64_t>& victims,
-    const std::set<std::pair<std::uint64_t, std::uint64_t>>& forgettable, const io::countdown& cd,
-    compact_stats& st) noexcept {
+result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec,
+                                   const std::set<std::uint64_t>& victims,
+                                   const std::set<std::string, std::less<>>& forgettable,
+                                   const io::countdown& cd, compact_stats& st) noexcept {
   const fmt::key_hash h = fmt::hash_key(rec.key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
@@ -92,25 +93,20 @@ result<bool> store::impl::relocate(
       if (auto r = settle_split(cd); !r) return std::unexpected(r.error());
       continue;
     }
-    // The entry that names this very record, if any still does.
-    const ix::bucket_ref b = table->page(page);
-    const std::size_t start = h.lo % ix::entries_per_page;
+    // The entry that names this very record, if any still does (dead writers' marks of
+    // the hash settled first: only theirs can be pending while we hold the page).
+    if (auto r = settle_chain(page, h); !r) return std::unexpected(r.error());
     std::optional<ix::entry_ref> entry;
-    for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-      const ix::entry_ref e = b.entry((start + k) % ix::entries_per_page);
-      const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-      if (hi == 0) break;
-      if (hi != h.hi || e.lo().load() != h.lo) continue;
-      resolve_pending(e, h);  // only a dead writer's can be pending while we hold the page
-      if (e.location().load(std::memory_order_acquire) == at) {
-        entry = e;
-        break;
-      }
-    }
+    table->for_chain(page, h, [&](ix::entry_ref e) {
+      if (e.location().load(std::memory_order_acquire) != at) return true;
+      entry = e;
+      return false;
+    });
     if (!entry) return false;  // superseded: dead
 
     if (rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
-        forgettable.contains({h.hi, h.lo})) {
+        forgettable.contains(
+            std::string_view(reinterpret_cast<const char*>(rec.key.data()), rec.key.size()))) {
       // The key is gone for every snapshot, and no older version of it outlives this
       // compaction: nothing to copy, and the entry is free for any key (doc/kv-format.md,
       // "Compaction", forgetting erased keys).
@@ -330,8 +326,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   std::map<std::uint64_t, segment_use> use;
   std::set<std::uint64_t> candidates;  // only these were waited for
   // Erase records the entries name, that no snapshot can see past: key hash -> segment.
-  std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t>> erasures;
-  std::vector<std::uint64_t> erasure_sizes;  // their records' sizes
+  std::vector<std::pair<std::string, std::uint64_t>> erasures;  // key, segment
+  std::vector<std::uint64_t> erasure_sizes;                     // their records' sizes
   try {
     // Below the tail's segment only: a segment made and named, but not yet the tail's, is
     // about to be written. (So the highest-numbered segment always stays, and a rebuild,
@@ -396,7 +392,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         if (!rec) return std::unexpected(rec.error());
         if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
             rec->rec.head.seq <= horizon && candidates.contains(fmt::segment_of(at))) {
-          erasures.push_back({{e.hi().load(), e.lo().load()}, fmt::segment_of(at)});
+          erasures.push_back(
+              {std::string(reinterpret_cast<const char*>(rec->rec.key.data()), rec->rec.key.size()),
+               fmt::segment_of(at)});
           erasure_sizes.push_back(rec->rec.size);
         }
         auto& here = use[fmt::segment_of(at)];
@@ -420,17 +418,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   }
 
   // 3. Erased keys to forget: those whose erase record is the only record of the key left in
-  // any segment (counted by key hash, so a collision only keeps one). The erase record
+  // any segment (counted by key: a key sharing its hash does not count). The erase record
   // itself is what keeps a replay of the whole log from bringing an older version back: it
   // may go only with the last of them. Its entry is emptied before its segment is removed,
   // and if the compaction stops in between, the erase record alone still says the key is
   // gone. Counted before the victims are chosen: a segment of such records frees all of
   // them and copies nothing (a store whose keys were all erased must be able to empty).
-  std::set<std::pair<std::uint64_t, std::uint64_t>> forgettable;
+  std::set<std::string, std::less<>> forgettable;
   try {
-    std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> records_of;
-    for (const auto& [h, n] : erasures) {
-      records_of[h] = 0;
+    std::map<std::string, std::uint64_t, std::less<>> records_of;
+    for (const auto& [key, n] : erasures) {
+      records_of[key] = 0;
     }
     bool known = true;
     for (const std::uint64_t n : *numbers) {
@@ -454,16 +452,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
               auto rec =
                   fmt::parse_record(bytes.subspan(r, off + whole->length - r), s.salt, false);
               if (!rec) break;
-              const fmt::key_hash kh = fmt::hash_key(rec->key);
-              if (auto it = records_of.find({kh.hi, kh.lo}); it != records_of.end()) ++it->second;
+              const std::string_view key(reinterpret_cast<const char*>(rec->key.data()),
+                                         rec->key.size());
+              if (auto it = records_of.find(key); it != records_of.end()) ++it->second;
               r += rec->size;
             }
             return {};
           });
     }
     if (known) {
-      for (const auto& [h, count] : records_of) {
-        if (count == 1) forgettable.insert(h);
+      for (const auto& [key, count] : records_of) {
+        if (count == 1) forgettable.insert(key);
       }
     }
   } catch (const std::bad_alloc&) {
@@ -583,7 +582,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
           const std::uint64_t at = fmt::make_location(n, off);
           std::optional<fmt::block_header> whole;
           if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-            whole = s.complete_block(at);
+            auto c = s.complete_block(at);
+            if (!c) return std::unexpected(c.error());
+            whole = *c;
           } else if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
             if (auto c = fmt::check_block(bytes.subspan(off), s.salt)) whole = *c;
           }

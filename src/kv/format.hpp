@@ -44,6 +44,9 @@ struct key_hash {
   friend bool operator==(const key_hash&, const key_hash&) = default;
 };
 [[nodiscard]] key_hash hash_key(std::span<const std::byte> key) noexcept;
+//! For tests: when set, the hash of every key, so that keys can be made to collide on purpose
+//! (returns what hash_key returns, `hi` never 0).
+inline key_hash (*hash_hook)(std::span<const std::byte> key) noexcept = nullptr;
 
 //! XXH3-64 seeded with the store's salt: what every checksum of a store is.
 [[nodiscard]] std::uint64_t checksum(std::span<const std::byte> bytes, std::uint64_t salt) noexcept;

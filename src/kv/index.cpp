@@ -73,6 +73,34 @@ std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {
   return directory_entry(dir >> 8, i).load(std::memory_order_seq_cst);
 }
 
+std::optional<entry_ref> table::claim(std::uint64_t p, const fmt::key_hash& h,
+                                      std::uint64_t location, std::uint64_t seq) const noexcept {
+  const bucket_ref b = page(p);
+  const std::size_t start = h.lo % entries_per_page;
+  for (std::size_t k = 0; k < entries_per_page; ++k) {
+    const entry_ref e = b.entry((start + k) % entries_per_page);
+    const std::uint64_t hi = e.hi().load();
+    if (hi == 0) {
+      e.seq().store(seq);
+      e.location().store(location);
+      e.lo().store(h.lo);
+      b.used().fetch_add(1);
+      e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
+      return e;
+    }
+    if (e.location().load() == 0 && e.seq().load() == 0) {
+      if (hi != h.hi || e.lo().load() != h.lo) {
+        e.lo().store(h.lo);
+        e.hi().store(h.hi, std::memory_order_release);
+      }
+      e.location().store(location, std::memory_order_release);
+      e.seq().store(seq, std::memory_order_release);
+      return e;
+    }
+  }
+  return std::nullopt;
+}
+
 result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
   const bucket_ref old = page(p);
   const unsigned local = old.local_depth().load();

@@ -123,59 +123,35 @@ class table {
   //! The bucket page a key's hash belongs to, as the directory says now.
   [[nodiscard]] std::uint64_t page_of(const fmt::key_hash& h) const noexcept;
 
-  //! Readers: the entry of `h` whose record is the key (`same_key(location)` says so), in
-  //! page `p`. None: the key has no entry (or only one still being inserted).
-  template <class SameKey>
-  [[nodiscard]] std::optional<entry_ref> lookup(std::uint64_t p, const fmt::key_hash& h,
-                                                SameKey&& same_key) const noexcept {
+  //! The one walk of a probe chain: calls `visit(entry)` (returning false to stop) for each
+  //! entry of hash `h` in page `p`, from the hash's home slot on, wrapping, up to the first
+  //! empty entry (`hi` = 0). Entries are never emptied while a page is in use, so the walk
+  //! meets every entry an insert of `h` could have taken. Which entry is which key's is
+  //! the store's to decide (kv/probe.cpp): two keys may share a hash.
+  template <class Visit>
+  void for_chain(std::uint64_t p, const fmt::key_hash& h, Visit&& visit) const noexcept {
     const bucket_ref b = page(p);
     const std::size_t start = h.lo % entries_per_page;
     for (std::size_t k = 0; k < entries_per_page; ++k) {
       const entry_ref e = b.entry((start + k) % entries_per_page);
       const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-      if (hi == 0) return std::nullopt;  // the end of the probe: entries are never emptied
+      if (hi == 0) return;
       if (hi != h.hi || e.lo().load(std::memory_order_acquire) != h.lo) continue;
-      const std::uint64_t at = e.location().load(std::memory_order_acquire);
-      if (at != 0 && same_key(at)) return e;
+      if (!visit(e)) return;
     }
-    return std::nullopt;
   }
 
-  //! Writers, holding page `p` exclusively: the entry for the key, taking an empty one (or
-  //! one whose insert was undone) if it has none; nullopt when the page has no room (split
-  //! it, then look again in the page the directory then names). An entry whose seq is
-  //! pending is returned as it is, even one with no location yet: the caller resolves it
-  //! (doc/kv-format.md, "Dead users") and asks again.
-  template <class SameKey>
-  [[nodiscard]] std::optional<entry_ref> entry_for(std::uint64_t p, const fmt::key_hash& h,
-                                                   SameKey&& same_key) const noexcept {
-    const bucket_ref b = page(p);
-    const std::size_t start = h.lo % entries_per_page;
-    std::optional<entry_ref> reusable;
-    for (std::size_t k = 0; k < entries_per_page; ++k) {
-      const entry_ref e = b.entry((start + k) % entries_per_page);
-      const std::uint64_t hi = e.hi().load();
-      if (hi == 0) {
-        if (reusable) return reusable;
-        e.lo().store(h.lo);
-        b.used().fetch_add(1);  // first: killed in between, the page counts one too many
-        e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
-        return e;
-      }
-      if (hi != h.hi || e.lo().load() != h.lo) continue;
-      const std::uint64_t at = e.location().load();
-      if (at == 0) {
-        // Taken for this hash and never published. Pending: a dead writer's insert, maybe of
-        // this key, that the caller must resolve before anything else (never a second entry
-        // beside it). Otherwise undone: reusable, if the key has no entry further on.
-        if ((e.seq().load() & pending) != 0) return e;
-        if (!reusable) reusable = e;
-        continue;
-      }
-      if (same_key(at)) return e;
-    }
-    return reusable;
-  }
+  //! Writers, holding page `p` exclusively, for a key of hash `h` that has no entry there:
+  //! the first entry of its probe order that is empty or holds nothing (location 0, seq 0:
+  //! an undone insert, or an erased key compaction forgot), made the key's with `location`
+  //! and `seq`. A reader of either hash never takes it for its own meanwhile: an empty
+  //! entry gets its seq and location before its hash (counted in the page's *used* first:
+  //! a writer killed in between leaves the page counted one too full, never one short); one
+  //! that holds nothing gets the new hash while it still holds nothing, then its location,
+  //! then its seq (release). nullopt: the page has no room (split it).
+  [[nodiscard]] std::optional<entry_ref> claim(std::uint64_t p, const fmt::key_hash& h,
+                                               std::uint64_t location,
+                                               std::uint64_t seq) const noexcept;
 
   //! Splits page `p` (held exclusively by the caller, with the directory lock) into two
   //! pages by the next bit of `hi`, doubling the directory first if it must. Entries that

@@ -1158,7 +1158,9 @@ result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
       s, end, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
         const std::uint64_t at = fmt::make_location(s.number, off);
         if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-          if (auto whole = complete_block(at)) {
+          auto complete = complete_block(at);
+          if (!complete) return std::unexpected(complete.error());  // never a rollback
+          if (const auto& whole = *complete) {
             std::uint64_t r = off + sizeof(fmt::block_header);
             for (std::uint32_t i = 0; i < whole->records; ++i) {
               auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
@@ -1188,7 +1190,12 @@ result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
             auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
             if (!rec) break;  // cannot happen: check_block parsed them all
             const std::uint64_t rec_at = fmt::make_location(s.number, r);
-            if (value_of(found_record{rec_at, *rec, nullptr}, true)) {
+            auto blob = value_of(found_record{rec_at, *rec, nullptr}, true);
+            if (!blob && blob.error() != errc::corrupt &&
+                blob.error() != std::errc::no_such_file_or_directory) {
+              return std::unexpected(blob.error());
+            }
+            if (blob) {
               if (auto a = apply_record(rec_at, *rec, rec->head.seq); !a) return a;
               // Its commit block may be gone with a compacted segment: its seq still counts.
               max_seq = std::max(max_seq, rec->head.seq);
@@ -1224,16 +1231,10 @@ result<void> store::impl::apply_record(std::uint64_t location, const fmt::record
   const fmt::key_hash h = fmt::hash_key(r.key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
-    error unreadable;
-    auto e = table->entry_for(page, h, [&](std::uint64_t at) {
-      auto other = record_at(at, false);
-      if (!other) {
-        unreadable = other.error();
-        return false;
-      }
-      return std::ranges::equal(other->rec.key, r.key);
-    });
-    if (unreadable) return std::unexpected(unreadable);
+    auto found = find_locked(page, h, r.key);  // alone: nothing is pending
+    if (!found) return std::unexpected(found.error());
+    std::optional<ix::entry_ref> e = *found;
+    if (!e) e = table->claim(page, h, 0, 0);  // holds nothing until set below
     if (!e) {
       if (auto s = table->split(page, *this); !s) return s;
       continue;

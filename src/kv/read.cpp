@@ -62,69 +62,43 @@ result<std::span<const std::byte>> store::impl::value_of(const found_record& r,
   return value;
 }
 
-std::optional<fmt::block_header> store::impl::complete_block(std::uint64_t location) noexcept {
+result<std::optional<fmt::block_header>> store::impl::complete_block(
+    std::uint64_t location) noexcept {
+  using complete = std::optional<fmt::block_header>;
   auto bytes = bytes_at(location);
-  if (!bytes) return std::nullopt;
+  if (!bytes) return std::unexpected(bytes.error());
   auto head = fmt::check_block(*bytes, salt);
   if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-    return std::nullopt;
+    return complete{};
   }
   // A commit is complete only with every blob it names (a `none` commit's blob may not have
   // reached the disk before a power cut when its commit block did). A blob whose segment is
   // gone was removed by a compaction, which removes only blobs no live record names: the
-  // commit was complete (a replay that once found it incomplete voided it for good).
+  // commit was complete (a replay that once found it incomplete voided it for good). A blob
+  // that cannot be read for another reason (EMFILE, ENOMEM) is an error, never "incomplete".
   std::uint64_t r = sizeof(fmt::block_header);
   for (std::uint32_t i = 0; i < head->records; ++i) {
     auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), salt, false);
-    if (!rec) return std::nullopt;
+    if (!rec) return complete{};
     if (fmt::is_blob(*rec)) {
       auto v = value_of(found_record{location + r, *rec, nullptr}, true);
-      if (!v && v.error() != std::errc::no_such_file_or_directory) return std::nullopt;
+      if (!v && v.error() == errc::corrupt) return complete{};
+      if (!v && v.error() != std::errc::no_such_file_or_directory) {
+        return std::unexpected(v.error());
+      }
     }
     r += rec->size;
   }
-  return *head;
+  return complete(*head);
 }
 
-std::optional<fmt::block_header> store::impl::settled_block(std::uint64_t location,
-                                                            std::uint64_t snapshot) noexcept {
+result<std::optional<fmt::block_header>> store::impl::settled_block(
+    std::uint64_t location, std::uint64_t snapshot) noexcept {
   auto bytes = bytes_at(location);
-  if (!bytes) return std::nullopt;
+  if (!bytes) return std::unexpected(bytes.error());
   const std::uint64_t seq = fmt::block_seq(*bytes);
-  if (seq == 0 || seq > snapshot) return std::nullopt;
+  if (seq == 0 || seq > snapshot) return std::optional<fmt::block_header>{};
   return complete_block(location);
-}
-
-std::optional<std::uint64_t> store::impl::record_in_block(std::uint64_t block,
-                                                          const fmt::block_header& head,
-                                                          const fmt::key_hash& h,
-                                                          std::span<const std::byte> key) noexcept {
-  auto bytes = bytes_at(block);
-  if (!bytes) return std::nullopt;
-  std::uint64_t r = sizeof(fmt::block_header);
-  for (std::uint32_t i = 0; i < head.records; ++i) {
-    auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), salt, false);
-    if (!rec) return std::nullopt;
-    if (fmt::hash_key(rec->key) == h && (key.empty() || std::ranges::equal(rec->key, key))) {
-      return block + r;
-    }
-    r += rec->size;
-  }
-  return std::nullopt;
-}
-
-std::uint64_t store::impl::visible_location(std::uint64_t seq, std::uint64_t at,
-                                            const fmt::key_hash& h, std::span<const std::byte> key,
-                                            std::uint64_t snapshot) noexcept {
-  if ((seq & ix::pending) == 0) return at;
-  // A writer marked it and has not published: its version counts only if its block is
-  // complete and the snapshot sees its seq (then the writer died, and the commit was settled
-  // as made).
-  const std::uint64_t block = seq & ~ix::pending;
-  if (auto head = settled_block(block, snapshot)) {
-    if (auto rec_at = record_in_block(block, *head, h, key)) return *rec_at;
-  }
-  return at;
 }
 
 result<std::optional<found_record>> store::impl::back_to(found_record rec, std::uint64_t snapshot,
@@ -143,25 +117,11 @@ result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<cons
                                                                   std::uint64_t snapshot) noexcept {
   const std::uint64_t page = table->page_of(h);
   if (read_page_hook != nullptr) read_page_hook();
-  const ix::bucket_ref b = table->page(page);
-  const std::size_t start = h.lo % ix::entries_per_page;
-  for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-    const ix::entry_ref e = b.entry((start + k) % ix::entries_per_page);
-    const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-    if (hi == 0) break;
-    if (hi != h.hi || e.lo().load(std::memory_order_acquire) != h.lo) continue;
-    const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-    const std::uint64_t at =
-        visible_location(seq, e.location().load(std::memory_order_acquire), h, key, snapshot);
-    if (at == 0) continue;
-    auto rec = record_at(at, opts.verify_checksums);
-    if (!rec) return std::unexpected(rec.error());
-    if (!std::ranges::equal(rec->rec.key, key)) continue;  // another key with this hash
-    auto seen = back_to(*rec, snapshot, opts.verify_checksums);
-    if (!seen || !*seen || (*seen)->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
-      return seen;
-    }
-    return std::optional<found_record>{};
+  auto rec = locate(page, h, key, snapshot, opts.verify_checksums);
+  if (!rec || !*rec) return rec;
+  auto seen = back_to(**rec, snapshot, opts.verify_checksums);
+  if (!seen || !*seen || (*seen)->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
+    return seen;
   }
   return std::optional<found_record>{};
 }
@@ -230,30 +190,31 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
                              }),
                  keys.end());
       for (const key_entry& k : keys) {
-        // Every key of this hash in the page (a collision is two of them).
+        // Every key of this hash in the page (a collision is two of them), each once.
+        const fmt::key_hash h{k.hi, k.lo};
+        std::vector<std::string> seen_keys;
         for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
           const ix::entry_ref e = b.entry(j);
           if (e.hi().load(std::memory_order_acquire) != k.hi ||
               e.lo().load(std::memory_order_acquire) != k.lo) {
             continue;
           }
-          std::uint64_t at = e.location().load(std::memory_order_acquire);
           const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-          if ((seq & ix::pending) != 0) {
-            const std::uint64_t block = seq & ~ix::pending;
-            if (auto head = impl_->settled_block(block, snap)) {
-              if (auto r = impl_->record_in_block(block, *head, {k.hi, k.lo}, {})) at = *r;
-            }
-          }
-          if (at == 0) continue;
-          auto rec = impl_->record_at(at, impl_->opts.verify_checksums);
-          if (!rec) return std::unexpected(rec.error());
-          auto seen = impl_->read_at_snapshot(rec->rec.key, {k.hi, k.lo}, snap);
+          const std::uint64_t location = e.location().load(std::memory_order_acquire);
+          auto at = impl_->named_by(page, h, e, seq, location, snap);
+          if (!at) return std::unexpected(at.error());
+          if (*at == 0) continue;
+          auto named = impl_->record_head_at(*at);
+          if (!named) return std::unexpected(named.error());
+          std::string key(reinterpret_cast<const char*>(named->rec.key.data()),
+                          named->rec.key.size());
+          if (std::ranges::find(seen_keys, key) != seen_keys.end()) continue;
+          seen_keys.push_back(key);
+          auto seen = impl_->read_at_snapshot(as_bytes(key), h, snap);
           if (!seen) return std::unexpected(seen.error());
           if (!*seen) continue;
           item it;
-          it.key.assign(reinterpret_cast<const char*>((*seen)->rec.key.data()),
-                        (*seen)->rec.key.size());
+          it.key = std::move(key);
           if (!keys_only) {
             auto v = impl_->value_of(**seen, impl_->opts.verify_checksums);
             if (!v) return std::unexpected(v.error());
@@ -328,7 +289,9 @@ result<std::uint64_t> store::verify() noexcept {
               !fmt::check_block((*s)->bytes().subspan(off), impl_->salt)) {
             return {};
           }
-          if (!impl_->complete_block(fmt::make_location(n, off))) {
+          auto whole = impl_->complete_block(fmt::make_location(n, off));
+          if (!whole) return std::unexpected(whole.error());
+          if (!*whole) {
             return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
           }
           ++commits;

@@ -584,10 +584,10 @@ struct store::impl final : ix::page_source {
   //! Copies the record at `at` to the tail (and its blob, if that lies in a victim) and
   //! points its entry there, if its entry still names it: whether it did. An erase record
   //! whose key is in `forgettable` is not copied: its entry is emptied instead.
-  [[nodiscard]] result<bool> relocate(
-      std::uint64_t at, const fmt::record_view& rec, const std::set<std::uint64_t>& victims,
-      const std::set<std::pair<std::uint64_t, std::uint64_t>>& forgettable, const io::countdown& cd,
-      compact_stats& st) noexcept;
+  [[nodiscard]] result<bool> relocate(std::uint64_t at, const fmt::record_view& rec,
+                                      const std::set<std::uint64_t>& victims,
+                                      const std::set<std::string, std::less<>>& forgettable,
+                                      const io::countdown& cd, compact_stats& st) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
   void unmap_removed_segments() noexcept;
   // ---- the space ledger (space.cpp) ----
@@ -683,13 +683,6 @@ struct store::impl final : ix::page_source {
   //! A value's bytes (inline, or its blob's, checked as the options say).
   [[nodiscard]] result<std::span<const std::byte>> value_of(const found_record& r,
                                                             bool verify) noexcept;
-  //! Where the newest record of an entry (`seq`, location `at`) that a snapshot may see is:
-  //! `at`, or, for an entry a writer marked pending, the key's record in the marked block
-  //! if that block is settled at or below `snapshot` (`key` empty: found by hash alone).
-  [[nodiscard]] std::uint64_t visible_location(std::uint64_t seq, std::uint64_t at,
-                                               const fmt::key_hash& h,
-                                               std::span<const std::byte> key,
-                                               std::uint64_t snapshot) noexcept;
   //! Back from `rec` through its previous versions to the newest one `snapshot` sees
   //! (nullopt: none, the key did not exist then). An erase record is returned as it is.
   [[nodiscard]] result<std::optional<found_record>> back_to(found_record rec,
@@ -698,23 +691,54 @@ struct store::impl final : ix::page_source {
   //! The version of `key` a snapshot sees: its record, or nullopt (absent or erased).
   [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(
       std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot) noexcept;
-  //! The complete commit block at `location`, if it is one: its header.
-  [[nodiscard]] std::optional<fmt::block_header> complete_block(std::uint64_t location) noexcept;
+  //! The complete commit block at `location`, if it is one (with every blob it names): its
+  //! header; nullopt when it is not complete. Errors: what kept it from being read (a
+  //! segment that cannot be opened or mapped, EMFILE, ENOMEM...): never taken for "not
+  //! complete", which would roll a commit back.
+  [[nodiscard]] result<std::optional<fmt::block_header>> complete_block(
+      std::uint64_t location) noexcept;
   //! The complete commit block at `location` if its seq is at most `snapshot`: how a reader
   //! looks at the block of an entry still marked pending. Its writer may be writing it right
   //! now; then its seq word is 0 or above any snapshot (a live writer clears the mark before
-  //! its seq is visible), and nothing past that word is read.
-  [[nodiscard]] std::optional<fmt::block_header> settled_block(std::uint64_t location,
-                                                               std::uint64_t snapshot) noexcept;
-  //! In the complete block at `block`, the record of the key whose hash is `h` (and, when
-  //! given, whose bytes are `key`): its location.
-  [[nodiscard]] std::optional<std::uint64_t> record_in_block(
-      std::uint64_t block, const fmt::block_header& head, const fmt::key_hash& h,
-      std::span<const std::byte> key) noexcept;
+  //! its seq is visible), and nothing past that word is read. Errors: complete_block's.
+  [[nodiscard]] result<std::optional<fmt::block_header>> settled_block(
+      std::uint64_t location, std::uint64_t snapshot) noexcept;
+
+  // ---- probing (probe.cpp): which entry of a probe chain is which key's ----
+  // Two keys may share a 128-bit hash, so an entry is a key's only when the record it names
+  // holds the key's bytes; a pending entry (a writer's mark: pending | its block) names, once
+  // its block counts, its own key's record there. Every lookup, settling, scan, checkpoint
+  // copy and move of an entry goes through these (doc/kv-format.md, "Reading at a
+  // snapshot", "Dead users").
+  //! For a reader at `snapshot`: the newest record of `key` its entry names (checked as
+  //! `verify` says; back_to then finds the version the snapshot sees), or nullopt (no entry,
+  //! or a dead writer's insert not settled at the snapshot). Errors: a record or block that
+  //! cannot be read (a damaged record of another key of the hash is passed over).
+  [[nodiscard]] result<std::optional<found_record>> locate(std::uint64_t page,
+                                                           const fmt::key_hash& h,
+                                                           std::span<const std::byte> key,
+                                                           std::uint64_t snapshot,
+                                                           bool verify) noexcept;
+  //! For the holder of `page` (exclusively): settles the pending entries of hash `h` dead
+  //! writers left (settle_chain), then the entry of `key`, if it has one. Errors: as
+  //! settle_chain's.
+  [[nodiscard]] result<std::optional<ix::entry_ref>> find_locked(
+      std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept;
+  //! For the holder of `page` (exclusively): every entry of hash `h` a dead writer left
+  //! pending is settled: its block complete, it names its own key's record there and the
+  //! block's seq; else it goes back to the version its location names (new keys' entries to
+  //! holding nothing). Errors: a block or record that cannot be read: those entries stay
+  //! pending, nothing is guessed.
+  [[nodiscard]] result<void> settle_chain(std::uint64_t page, const fmt::key_hash& h) noexcept;
+  //! What entry `e` (of hash `h` in `page`, its seq and location as read) names for a reader
+  //! at `snapshot`: its location, or for a pending entry whose block is settled at or below
+  //! the snapshot, its own key's record there (0: none). For walks that meet entries, not
+  //! keys: checkpoints and scans.
+  [[nodiscard]] result<std::uint64_t> named_by(std::uint64_t page, const fmt::key_hash& h,
+                                               ix::entry_ref e, std::uint64_t seq, std::uint64_t at,
+                                               std::uint64_t snapshot) noexcept;
 
   // ---- writing (commit.cpp) ----
-  //! Settles an entry a dead writer left pending (doc/kv-format.md, "Dead users").
-  void resolve_pending(ix::entry_ref e, const fmt::key_hash& h) noexcept;
   //! Waits until every commit up to `seq` is visible, settling dead writers' commits.
   void wait_visible(std::uint64_t seq) noexcept;
   //! Settles commit `v` (= visible + 1) if its writer is dead. Returns whether it did.

@@ -1,0 +1,318 @@
+// Which entry of a probe chain is which key's (doc/kv-format.md, "Reading at a snapshot",
+// "Dead users"): the one place that turns the index's entries of a hash into keys' records.
+//
+// Two keys may share a 128-bit hash, so an entry is a key's only when the record it names
+// holds the key's bytes. A writer marks each entry it will publish with pending | its block's
+// location, leaving the location as it was: the key's previous record, or 0 for a new key.
+// Once the block counts (complete; for a reader, settled at or below its snapshot) a pending
+// entry names its own key's record in the block: for a key that existed, the record with the
+// bytes its previous record holds; for new keys, the records of the hash no such entry
+// claims, given to the new keys' entries in chain order (all of them new keys of one hash in
+// one commit, any of them may have any). Writers, readers, scans and checkpoints all ask
+// here, so they always agree.
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+bool same(std::span<const std::byte> a, std::span<const std::byte> b) noexcept {
+  return std::ranges::equal(a, b);
+}
+
+// An entry as read: its seq first, then its location. A publish stores them the other way
+// round (location, then seq), so a settled seq comes with its location; a pending one with
+// either the previous location or the settled one, which name the same key.
+struct seen_entry {
+  ix::entry_ref e{nullptr};
+  std::uint64_t seq = 0;
+  std::uint64_t at = 0;
+  [[nodiscard]] bool pending() const noexcept { return (seq & ix::pending) != 0; }
+  [[nodiscard]] std::uint64_t block() const noexcept { return seq & ~ix::pending; }
+};
+
+seen_entry see(ix::entry_ref e) noexcept {
+  const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+  return {e, seq, e.location().load(std::memory_order_acquire)};
+}
+
+// The entries of one hash in a page, as read (at most a page of them: no heap).
+struct chain {
+  std::array<seen_entry, ix::entries_per_page> entries{};
+  std::size_t n = 0;
+  bool any_pending = false;
+};
+
+chain read_chain(const ix::table& t, std::uint64_t page, const fmt::key_hash& h) noexcept {
+  chain c;
+  t.for_chain(page, h, [&](ix::entry_ref e) {
+    c.entries[c.n] = see(e);
+    c.any_pending |= c.entries[c.n].pending();
+    ++c.n;
+    return true;
+  });
+  return c;
+}
+
+// A record of a block that cannot be parsed: corrupt, naming its segment and offset.
+error bad_record(store::impl& s, std::uint64_t location, const error& e) noexcept {
+  auto seg = s.segment_at(fmt::segment_of(location));
+  if (!seg) return e;
+  return e.about((*seg)->file.shared_path(), fmt::offset_of(location));
+}
+
+// A record of a complete block.
+struct block_record {
+  std::uint64_t location;
+  std::span<const std::byte> key;
+};
+
+}  // namespace
+
+namespace {
+
+// The records of hash `h` in the complete block at `block`, in block order.
+result<std::vector<block_record>> records_of(store::impl& s, std::uint64_t block,
+                                             const fmt::block_header& head,
+                                             const fmt::key_hash& h) noexcept {
+  auto bytes = s.bytes_at(block);
+  if (!bytes) return std::unexpected(bytes.error());
+  std::vector<block_record> out;
+  try {
+    std::uint64_t r = sizeof(fmt::block_header);
+    for (std::uint32_t i = 0; i < head.records; ++i) {
+      auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
+      if (!rec) return std::unexpected(bad_record(s, block + r, rec.error()));
+      if (fmt::hash_key(rec->key) == h) out.push_back({block + r, rec->key});
+      r += rec->size;
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return out;
+}
+
+// The location of `key`'s record in the complete block at `block`, if it has one.
+result<std::optional<std::uint64_t>> key_in_block(store::impl& s, std::uint64_t block,
+                                                  const fmt::block_header& head,
+                                                  std::span<const std::byte> key) noexcept {
+  auto bytes = s.bytes_at(block);
+  if (!bytes) return std::unexpected(bytes.error());
+  std::uint64_t r = sizeof(fmt::block_header);
+  for (std::uint32_t i = 0; i < head.records; ++i) {
+    auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
+    if (!rec) return std::unexpected(bad_record(s, block + r, rec.error()));
+    if (same(rec->key, key)) return std::optional<std::uint64_t>(block + r);
+    r += rec->size;
+  }
+  return std::optional<std::uint64_t>{};
+}
+
+// For the entries of `c` pending on `block` (complete, its records of the hash `records`):
+// each one's own record there (0: none). An entry of a key that existed takes the record with
+// its previous record's key; the new keys' entries take the others, in chain order.
+result<std::vector<std::uint64_t>> assign(store::impl& s, const chain& c, std::uint64_t block,
+                                          const std::vector<block_record>& records) noexcept {
+  std::vector<std::uint64_t> out;
+  std::vector<bool> used;
+  try {
+    out.assign(c.n, 0);
+    used.assign(records.size(), false);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  for (std::size_t i = 0; i < c.n; ++i) {
+    const seen_entry& se = c.entries[i];
+    if (!se.pending() || se.block() != block || se.at == 0) continue;
+    auto before = s.record_head_at(se.at);
+    if (!before) return std::unexpected(before.error());
+    for (std::size_t j = 0; j < records.size(); ++j) {
+      if (used[j] || !same(records[j].key, before->rec.key)) continue;
+      used[j] = true;
+      out[i] = records[j].location;
+      break;
+    }
+  }
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < c.n; ++i) {
+    const seen_entry& se = c.entries[i];
+    if (!se.pending() || se.block() != block || se.at != 0) continue;
+    while (next < records.size() && used[next])
+      ++next;
+    if (next == records.size()) break;
+    used[next] = true;
+    out[i] = records[next].location;
+  }
+  return out;
+}
+
+// The record at `at` if it is `key`'s (checked as `verify` says), nullopt if it is another
+// key's. A damaged record is `key`'s error only when its bytes may be the key's: another
+// key of the hash, damaged, does not stop a lookup of this one.
+result<std::optional<found_record>> keyed_record(store::impl& s, std::uint64_t at,
+                                                 std::span<const std::byte> key,
+                                                 bool verify) noexcept {
+  auto r = s.record_at(at, verify);
+  if (r) return same(r->rec.key, key) ? std::optional<found_record>(*r) : std::nullopt;
+  if (r.error() != errc::corrupt) return std::unexpected(r.error());
+  auto head = s.record_head_at(at);
+  if (head && !same(head->rec.key, key)) return std::optional<found_record>{};
+  return std::unexpected(r.error());
+}
+
+}  // namespace
+
+result<std::optional<found_record>> store::impl::locate(std::uint64_t page, const fmt::key_hash& h,
+                                                        std::span<const std::byte> key,
+                                                        std::uint64_t snapshot,
+                                                        bool verify) noexcept {
+  using found = std::optional<found_record>;
+  // The common case first, as cheap as a probe without collisions: a settled entry whose
+  // record is the key's (a key has one entry; the first whose record holds it is it).
+  bool pending_seen = false;
+  bool done = false;
+  result<found> out{found{}};
+  table->for_chain(page, h, [&](ix::entry_ref e) {
+    const seen_entry se = see(e);
+    if (se.pending()) {
+      pending_seen = true;
+      return true;
+    }
+    if (se.at == 0) return true;  // holds nothing
+    out = keyed_record(*this, se.at, key, verify);
+    done = !out || out->has_value();
+    return !done;
+  });
+  if (done || !pending_seen) return out;
+
+  // A writer marked some entry of the hash: read the chain as it is now.
+  const chain c = read_chain(*table, page, h);
+  // The key's own entry: one whose location (settled, or the previous one of a pending
+  // entry) names a record holding the key.
+  for (std::size_t i = 0; i < c.n; ++i) {
+    const seen_entry& se = c.entries[i];
+    if (se.at == 0) continue;
+    auto mine = keyed_record(*this, se.at, key, false);
+    if (!mine) return std::unexpected(mine.error());
+    if (!*mine) continue;
+    if (se.pending()) {
+      auto counts = settled_block(se.block(), snapshot);
+      if (!counts) return std::unexpected(counts.error());
+      if (*counts) {
+        auto in = key_in_block(*this, se.block(), **counts, key);
+        if (!in) return std::unexpected(in.error());
+        if (*in) return keyed_record(*this, **in, key, verify);
+      }
+    }
+    return keyed_record(*this, se.at, key, verify);
+  }
+  // None: the key, if anywhere, is new in the block of a pending entry of a new key.
+  for (std::size_t i = 0; i < c.n; ++i) {
+    const seen_entry& se = c.entries[i];
+    if (!se.pending() || se.at != 0) continue;
+    auto counts = settled_block(se.block(), snapshot);
+    if (!counts) return std::unexpected(counts.error());
+    if (!*counts) continue;
+    auto in = key_in_block(*this, se.block(), **counts, key);
+    if (!in) return std::unexpected(in.error());
+    if (*in) return keyed_record(*this, **in, key, verify);
+  }
+  return found{};
+}
+
+result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& h) noexcept {
+  const chain c = read_chain(*table, page, h);
+  if (!c.any_pending) return {};
+  // Block by block: each decides all of its entries at once (new keys' entries share out
+  // the records no existing key's entry claims).
+  std::array<std::uint64_t, ix::entries_per_page> done_blocks{};
+  std::size_t done = 0;
+  for (std::size_t i = 0; i < c.n; ++i) {
+    if (!c.entries[i].pending()) continue;
+    const std::uint64_t block = c.entries[i].block();
+    if (std::find(done_blocks.begin(), done_blocks.begin() + static_cast<std::ptrdiff_t>(done),
+                  block) != done_blocks.begin() + static_cast<std::ptrdiff_t>(done)) {
+      continue;
+    }
+    done_blocks[done++] = block;
+    auto whole = complete_block(block);
+    if (!whole) return std::unexpected(whole.error());
+    std::vector<std::uint64_t> to;
+    if (*whole) {
+      auto records = records_of(*this, block, **whole, h);
+      if (!records) return std::unexpected(records.error());
+      auto given = assign(*this, c, block, *records);
+      if (!given) return std::unexpected(given.error());
+      to = std::move(*given);
+    }
+    for (std::size_t j = i; j < c.n; ++j) {
+      const seen_entry& se = c.entries[j];
+      if (!se.pending() || se.block() != block) continue;
+      std::uint64_t seq = se.seq;
+      if (!to.empty() && to[j] != 0) {
+        // The commit happened: its writer died before publishing this entry.
+        se.e.location().store(to[j], std::memory_order_release);
+        se.e.seq().compare_exchange_strong(seq, (*whole)->seq, std::memory_order_acq_rel);
+        continue;
+      }
+      // Not complete (or no record of its key there): back to the version its location
+      // names; a new key's entry then holds nothing.
+      std::uint64_t restored = 0;
+      if (se.at != 0) {
+        auto before = record_head_at(se.at);
+        if (!before) return std::unexpected(before.error());
+        restored = before->rec.head.seq;
+      }
+      se.e.seq().compare_exchange_strong(seq, restored, std::memory_order_acq_rel);
+    }
+  }
+  return {};
+}
+
+result<std::optional<ix::entry_ref>> store::impl::find_locked(
+    std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept {
+  if (auto r = settle_chain(page, h); !r) return std::unexpected(r.error());
+  result<std::optional<ix::entry_ref>> out{std::optional<ix::entry_ref>{}};
+  table->for_chain(page, h, [&](ix::entry_ref e) {
+    const std::uint64_t at = e.location().load(std::memory_order_acquire);
+    if (at == 0) return true;
+    auto mine = keyed_record(*this, at, key, false);
+    if (!mine) {
+      out = std::unexpected(mine.error());
+      return false;
+    }
+    if (!*mine) return true;
+    out = std::optional<ix::entry_ref>(e);
+    return false;
+  });
+  return out;
+}
+
+result<std::uint64_t> store::impl::named_by(std::uint64_t page, const fmt::key_hash& h,
+                                            ix::entry_ref e, std::uint64_t seq, std::uint64_t at,
+                                            std::uint64_t snapshot) noexcept {
+  if ((seq & ix::pending) == 0) return at;
+  const std::uint64_t block = seq & ~ix::pending;
+  auto counts = settled_block(block, snapshot);
+  if (!counts) return std::unexpected(counts.error());
+  if (!*counts) return at;
+  const chain c = read_chain(*table, page, h);
+  std::size_t i = 0;
+  while (i < c.n && c.entries[i].e.w != e.w)
+    ++i;
+  // Settled meanwhile (by a writer of the page): what it names now.
+  if (i == c.n || !c.entries[i].pending() || c.entries[i].block() != block) {
+    return i == c.n ? at : c.entries[i].at;
+  }
+  auto records = records_of(*this, block, **counts, h);
+  if (!records) return std::unexpected(records.error());
+  auto given = assign(*this, c, block, *records);
+  if (!given) return std::unexpected(given.error());
+  return (*given)[i] != 0 ? (*given)[i] : c.entries[i].at;
+}
+
+}  // namespace keel::kv
