@@ -353,6 +353,20 @@ std::span<const std::byte> blob_value(std::span<const std::byte> block,
   return block.subspan(sizeof(block_header), h.length - sizeof(block_header) - h.flags);
 }
 
+bool has_unwritten_sector(std::span<const std::byte> file, std::uint64_t offset,
+                          std::uint64_t length) noexcept {
+  const std::uint64_t end = std::min<std::uint64_t>(offset + length, file.size());
+  for (std::uint64_t at = offset; at < end;) {
+    const std::uint64_t next = std::min(end, (at / sector_size + 1) * sector_size);
+    const auto part = file.subspan(at, next - at);
+    if (std::all_of(part.begin(), part.end(), [](std::byte b) { return b == std::byte{0}; })) {
+      return true;
+    }
+    at = next;
+  }
+  return false;
+}
+
 result<block_header> check_block(std::span<const std::byte> bytes, std::uint64_t salt) noexcept {
   auto b = parse_block_header(bytes, salt);
   if (!b) return b;

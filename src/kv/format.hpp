@@ -232,6 +232,19 @@ struct record_view {
 [[nodiscard]] std::span<const std::byte> blob_value(std::span<const std::byte> block,
                                                     const block_header& h) noexcept;
 
+//! The unit a power cut writes whole or not at all (doc/kv-format.md, "Recovery": like
+//! SQLite's powersafe overwrite, keel counts on a sector of a write being either all new or
+//! all old after a cut).
+constexpr std::uint64_t sector_size = 512;
+
+//! Whether some sector (of the file, counted from its start) that [offset, offset + length)
+//! of `file` overlaps holds only zeros in that overlap: bytes a write never put there. Space
+//! keel writes a block into is fresh (allocated, zero), so a block a power cut tore has such
+//! a sector; one that bits flipped in, written whole, has none (unless its own bytes there
+//! are zeros). `file` is the file's bytes from its offset 0.
+[[nodiscard]] bool has_unwritten_sector(std::span<const std::byte> file, std::uint64_t offset,
+                                        std::uint64_t length) noexcept;
+
 //! Whether the block at the start of `bytes` is complete: its header, its payload checksum
 //! and every record check out and the records fill it exactly. The one test for "this commit
 //! happened", shared by replay and by users clearing up after a dead writer. Returns the

@@ -1025,8 +1025,11 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible_waiters).store(0);
   h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
   table->finish_split(*this);          // alone: no locks to take
-  remove_checkpoint_leftovers();
+  // What users that died part-way left in the store's files is cleared by a writable
+  // opener; a read-only one changes nothing of them.
   reconcile_spare();
+  if (opts.read_only) return {};
+  remove_checkpoint_leftovers();
   // Segments named but not in the table: a maker or a taker of the spare killed between the
   // name and the entry (nothing is written into a segment before it is entered), or a
   // compactor between clearing the entry and the name (its records moved). Past the tail's
@@ -1059,88 +1062,6 @@ result<void> store::impl::recover_alone() noexcept {
   return {};
 }
 
-result<void> store::impl::reset_index() noexcept {
-  if (auto r = index_file.truncate(0); !r) return r;
-  const std::uint64_t pages = initial_index_pages;
-  if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
-  const auto head = index_format.header();
-  std::memcpy(base(), &head, sizeof head);
-  std::memcpy(base() + hdr::store_id, dir.params.id.data(), 16);
-  h64(hdr::state).store(state_building);
-  h64(hdr::pages_allocated).store(pages);
-  h64(hdr::pages_used).store(first_free_page);
-  h64(hdr::next_segment).store(1);
-  return table->create(*this);
-}
-
-result<void> store::impl::rebuild() noexcept {
-  remove_checkpoint_leftovers();
-  auto listed = segment_numbers(true);
-  if (!listed) return std::unexpected(listed.error());
-  const std::vector<std::uint64_t>& numbers = *listed;
-
-  // From the checkpoint, if there is one that checks out and whose replay start is still
-  // there; else from the start of the log.
-  if (auto r = reset_index(); !r) return r;
-  std::uint64_t from = 0;
-  std::uint64_t max_seq = 0;
-  auto cp = load_checkpoint();
-  if (!cp) return std::unexpected(cp.error());
-  if (*cp &&
-      ((*cp)->first == 0 || std::ranges::binary_search(numbers, fmt::segment_of((*cp)->first)))) {
-    std::tie(from, max_seq) = **cp;
-  } else {
-    // None, or one passed over after part of it was read in.
-    if (auto r = reset_index(); !r) return r;
-  }
-
-  std::uint64_t tail = 0;
-  replayed_bytes = 0;
-  for (const std::uint64_t n : numbers) {
-    auto s = segment_at(n);
-    if (!s) return std::unexpected(s.error());
-    segtab(n, 0).store(n);
-    segtab(n, 1).store((*s)->size);
-    if (from != 0 && n < fmt::segment_of(from)) continue;  // in the checkpoint's copy
-    const bool mid = from != 0 && n == fmt::segment_of(from);
-    std::uint64_t end = mid ? fmt::offset_of(from) : fmt::segment_header_size;
-    replayed_bytes += (*s)->size - (mid ? std::min((*s)->size, end) : 0);
-    if (auto r = replay_segment(**s, max_seq, end); !r) return r;
-    if ((*s)->size == dir.params.segment_size) {
-      // The space left at the end of the segment before is dead (as reserve counts it when
-      // it moves on).
-      if (tail != 0) h64(hdr::dead_bytes).fetch_add(dir.params.segment_size - fmt::offset_of(tail));
-      tail = fmt::make_location(n, end);
-    }
-  }
-  if (tail != 0) {
-    // Past the last complete block lie only blocks that never completed; one whose header
-    // survived would make a later replay step over new blocks written inside it. Zeroed, and
-    // synced, before anything new goes there.
-    auto s = segment_at(fmt::segment_of(tail));
-    if (!s) return std::unexpected(s.error());
-    const std::uint64_t at = fmt::offset_of(tail);
-    const auto rest = (*s)->map.bytes().subspan(at);
-    if (std::any_of(rest.begin(), rest.end(), [](std::byte b) { return b != std::byte{0}; })) {
-      std::memset(rest.data(), 0, rest.size());
-      if (auto r = (*s)->file.sync_data(); !r) return r;
-    }
-  }
-  h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
-  reconcile_spare();
-  h64(hdr::tail).store(tail);
-  h64(hdr::visible).store(max_seq);
-  h64(hdr::counting).store(max_seq);
-  h64(hdr::next_seq).store(max_seq + 1);
-  const auto& boot = base::self().boot_id;
-  std::memcpy(base() + hdr::boot_id, boot.data(), 16);
-  const std::uint64_t sum =
-      fmt::checksum(std::span<const std::byte>(base(), hdr::checksummed), salt);
-  std::memcpy(base() + hdr::checksum, &sum, 8);
-  h64(hdr::state).store(state_valid, std::memory_order_release);
-  return {};
-}
-
 void store::impl::remove_checkpoint_leftovers() noexcept {
   // What a checkpointer killed between writing its copy and renaming it left
   // (io::atomic_replace's temporary name).
@@ -1149,62 +1070,6 @@ void store::impl::remove_checkpoint_leftovers() noexcept {
       if (e.name.starts_with(".checkpoint.keel-tmp.")) (void)io::unlink_at(dir.dir, e.name.c_str());
     }
   }
-}
-
-result<void> store::impl::replay_segment(segment& s, std::uint64_t& max_seq,
-                                         std::uint64_t& end) noexcept {
-  const std::span<const std::byte> bytes = s.bytes();
-  return for_each_block(
-      s, end, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-        const std::uint64_t at = fmt::make_location(s.number, off);
-        if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-          auto complete = complete_block(at);
-          if (!complete) return std::unexpected(complete.error());  // never a rollback
-          if (const auto& whole = *complete) {
-            std::uint64_t r = off + sizeof(fmt::block_header);
-            for (std::uint32_t i = 0; i < whole->records; ++i) {
-              auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
-              if (!rec) break;  // cannot happen: complete_block parsed them all
-              if (auto a = apply_record(fmt::make_location(s.number, r), *rec, whole->seq); !a) {
-                return a;
-              }
-              r += rec->size;
-            }
-            max_seq = std::max(max_seq, whole->seq);
-            end = off + head.length;
-          } else if (!opts.read_only && fmt::check_block(bytes.subspan(off), salt)) {
-            // Whole itself, but a blob it names did not survive: it never happened. Voided on
-            // disk, so that no later replay counts it once that blob's segment is compacted away
-            // (a missing segment means a removed blob, see complete_block).
-            std::memset(s.map.data() + off, 0, 8);
-            if (auto synced = s.file.sync_data(); !synced) return synced;
-          }
-        } else if (auto whole = fmt::check_block(bytes.subspan(off), salt)) {
-          end = off + head.length;
-          if (whole->kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
-          // Records compaction moved, each with its own seq. One whose blob copy did not survive
-          // a power cut is skipped: its original is still there (compaction removes a segment
-          // only after its copies are synced).
-          std::uint64_t r = off + sizeof(fmt::block_header);
-          for (std::uint32_t i = 0; i < whole->records; ++i) {
-            auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), salt, false);
-            if (!rec) break;  // cannot happen: check_block parsed them all
-            const std::uint64_t rec_at = fmt::make_location(s.number, r);
-            auto blob = value_of(found_record{rec_at, *rec, nullptr}, true);
-            if (!blob && blob.error() != errc::corrupt &&
-                blob.error() != std::errc::no_such_file_or_directory) {
-              return std::unexpected(blob.error());
-            }
-            if (blob) {
-              if (auto a = apply_record(rec_at, *rec, rec->head.seq); !a) return a;
-              // Its commit block may be gone with a compacted segment: its seq still counts.
-              max_seq = std::max(max_seq, rec->head.seq);
-            }
-            r += rec->size;
-          }
-        }
-        return {};
-      });
 }
 
 result<std::vector<std::uint64_t>> store::impl::segment_numbers(bool remove_leftovers) noexcept {
@@ -1224,44 +1089,6 @@ result<std::vector<std::uint64_t>> store::impl::segment_numbers(bool remove_left
   }
   std::sort(numbers.begin(), numbers.end());
   return numbers;
-}
-
-result<void> store::impl::apply_record(std::uint64_t location, const fmt::record_view& r,
-                                       std::uint64_t seq) noexcept {
-  const fmt::key_hash h = fmt::hash_key(r.key);
-  for (;;) {
-    const std::uint64_t page = table->page_of(h);
-    auto found = find_locked(page, h, r.key);  // alone: nothing is pending
-    if (!found) return std::unexpected(found.error());
-    std::optional<ix::entry_ref> e = *found;
-    if (!e) e = table->claim(page, h, 0, 0);  // holds nothing until set below
-    if (!e) {
-      if (auto s = table->split(page, *this); !s) return s;
-      continue;
-    }
-    const std::uint64_t old_at = e->location().load();
-    const std::uint64_t old_seq = e->seq().load();
-    if (old_at != 0 && old_seq >= seq) return {};  // a newer version is there already
-    const std::uint64_t size = fmt::stored_size(r);
-    if (old_at != 0) {
-      auto old = record_at(old_at, false);
-      if (old && old->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
-        const std::uint64_t old_size = fmt::stored_size(old->rec);
-        h64(hdr::live_records).fetch_sub(1);
-        h64(hdr::live_bytes).fetch_sub(old_size);
-        h64(hdr::dead_bytes).fetch_add(old_size);
-      }
-    }
-    if (r.head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
-      h64(hdr::dead_bytes).fetch_add(size);
-    } else {
-      h64(hdr::live_records).fetch_add(1);
-      h64(hdr::live_bytes).fetch_add(size);
-    }
-    e->location().store(location);
-    e->seq().store(seq);
-    return {};
-  }
 }
 
 // ---- store ----

@@ -333,13 +333,31 @@ struct store::impl final : ix::page_source {
 
   // ---- open.cpp ----
   [[nodiscard]] result<void> open_index() noexcept;
-  [[nodiscard]] result<void> rebuild() noexcept;
   [[nodiscard]] result<void> recover_alone() noexcept;
-  //! Replays the blocks of `s` from offset `end` on (doc/kv-format.md, "Checkpoints and
-  //! recovery"); `end` ends after its last block that checks out, `max_seq` at the highest
-  //! seq applied.
-  [[nodiscard]] result<void> replay_segment(segment& s, std::uint64_t& max_seq,
+
+  // ---- recovery.cpp: rebuilding the index from the log ----
+  //! Rebuilds the index from the checkpoint and the log (alone), by the recovery rules
+  //! (doc/kv-format.md, "Recovery"). Errors: what it could not read (then nothing of the log
+  //! was changed), corrupt (file, offset: damage that may hide a key's newest version),
+  //! read_only (a read-only opener that found a commit it must void).
+  [[nodiscard]] result<void> rebuild() noexcept;
+  struct replay_state;
+  //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
+  //! header checks out (complete or not: its writer reserved all of it).
+  [[nodiscard]] result<void> replay_segment(segment& s, replay_state& st,
                                             std::uint64_t& end) noexcept;
+  //! What a commit block whose header checks out is: complete (every record and every blob
+  //! there; a blob damaged since is that key's `corrupt`, the commit stands), torn (a sector
+  //! of it, or of a blob it names, never written: a power cut took the commit) or damaged
+  //! (written whole, and changed since). Errors: what kept it from being read.
+  struct commit_judgement {
+    enum class kind : std::uint8_t { complete, torn, damaged } what = kind::complete;
+    //! torn: the block itself is whole, a blob it names is not (a later replay would take
+    //! the commit for whole once that blob's segment is compacted away: it must be voided).
+    bool blob_torn = false;
+  };
+  [[nodiscard]] result<commit_judgement> judge_commit(std::uint64_t location,
+                                                      const fmt::block_header& head) noexcept;
   //! Makes the index empty (a directory of depth 0 and its page), state `building`.
   [[nodiscard]] result<void> reset_index() noexcept;
   //! Removes what checkpointers killed part-way left (alone).

@@ -1,0 +1,341 @@
+// Rebuilding the index from the log (doc/kv-format.md, "Checkpoints and recovery",
+// "Recovery"), by one rule: recovery rolls back nothing it cannot prove absent. A commit
+// block is judged by its bytes: complete, torn (a sector of it, or of a blob it names, was
+// never written: a power cut took it, and it never happened), or damaged (written whole and
+// changed since: it happened, and its damage is reported, never taken for "never happened").
+// What cannot be read is the rebuild's error, and nothing of the log is changed then.
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/process.hpp"
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+
+// A record of a damaged block replay could not apply: the rebuild stands only if a newer
+// version of its key was applied (else its key would be served an older version).
+struct unread_record {
+  std::uint64_t location = 0;
+  std::uint64_t seq = 0;
+  std::string key;  // empty: its header could not be read (nor its key known)
+};
+
+struct store::impl::replay_state {
+  //! The seq the loaded checkpoint is a copy at (0: none): commits at or below are in it.
+  std::uint64_t checkpoint_seq = 0;
+  std::uint64_t max_seq = 0;
+  std::vector<unread_record> unread;
+  //! Commit blocks that are whole but name a torn blob: voided once the replay is done.
+  std::vector<std::uint64_t> voids;
+};
+
+result<void> store::impl::reset_index() noexcept {
+  if (auto r = index_file.truncate(0); !r) return r;
+  const std::uint64_t pages = initial_index_pages;
+  if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
+  const auto head = index_format.header();
+  std::memcpy(base(), &head, sizeof head);
+  std::memcpy(base() + hdr::store_id, dir.params.id.data(), 16);
+  h64(hdr::state).store(state_building);
+  h64(hdr::pages_allocated).store(pages);
+  h64(hdr::pages_used).store(first_free_page);
+  h64(hdr::next_segment).store(1);
+  return table->create(*this);
+}
+
+result<store::impl::commit_judgement> store::impl::judge_commit(
+    std::uint64_t location, const fmt::block_header& head) noexcept {
+  using kind = commit_judgement::kind;
+  auto seg = segment_at(fmt::segment_of(location));
+  if (!seg) return std::unexpected(seg.error());
+  const std::uint64_t off = fmt::offset_of(location);
+  const auto bytes = (*seg)->bytes().subspan(off);
+  if (!fmt::check_block(bytes, salt)) {
+    const bool torn = fmt::has_unwritten_sector((*seg)->bytes(), off, head.length);
+    return commit_judgement{torn ? kind::torn : kind::damaged, false};
+  }
+  std::uint64_t r = sizeof(fmt::block_header);
+  for (std::uint32_t i = 0; i < head.records; ++i) {
+    auto rec = fmt::parse_record(bytes.subspan(r, head.length - r), salt, false);
+    if (!rec) return commit_judgement{kind::damaged, false};  // cannot be: check_block read it
+    r += rec->size;
+    if (!fmt::is_blob(*rec)) continue;
+    auto v = value_of(found_record{location + r - rec->size, *rec, nullptr}, true);
+    if (v || v.error() == std::errc::no_such_file_or_directory) continue;  // (removed whole)
+    if (v.error() != errc::corrupt) return std::unexpected(v.error());
+    // The blob does not check out: never written (torn), or written and changed since (the
+    // commit stands; reading that value is `corrupt`).
+    auto blob_seg = segment_at(fmt::segment_of(rec->blob.location));
+    if (!blob_seg) return std::unexpected(blob_seg.error());
+    if (fmt::has_unwritten_sector((*blob_seg)->bytes(), fmt::offset_of(rec->blob.location),
+                                  fmt::blob_block_size(rec->head.value_length))) {
+      return commit_judgement{kind::torn, true};
+    }
+  }
+  return commit_judgement{kind::complete, false};
+}
+
+namespace {
+
+// The records of the block at `off` of `bytes` (whose header checks out) one by one, each
+// checked by its own checksum: `apply(location, record)` for those that check out, and
+// `unread(location, head or null)` for those that do not. A record whose header cannot be
+// read ends the walk (where the next one starts is unknown): it and those after it are
+// unread with no header.
+template <class Apply, class Unread>
+result<void> each_record(std::span<const std::byte> bytes, std::uint64_t segment, std::uint64_t off,
+                         const fmt::block_header& head, std::uint64_t salt, Apply&& apply,
+                         Unread&& unread) noexcept {
+  std::uint64_t r = off + sizeof(fmt::block_header);
+  for (std::uint32_t i = 0; i < head.records; ++i) {
+    const auto rest = bytes.subspan(r, off + head.length - r);
+    const std::uint64_t at = fmt::make_location(segment, r);
+    auto rec = fmt::parse_record(rest, salt, true);
+    if (rec) {
+      if (auto a = apply(at, *rec); !a) return a;
+      r += rec->size;
+      continue;
+    }
+    auto shape = fmt::parse_record_head(rest);
+    if (!shape) {
+      for (; i < head.records; ++i) {
+        if (auto u = unread(at, nullptr); !u) return u;
+      }
+      return {};
+    }
+    if (auto u = unread(at, &*shape); !u) return u;
+    r += shape->size;
+  }
+  return {};
+}
+
+}  // namespace
+
+result<void> store::impl::replay_segment(segment& s, replay_state& st,
+                                         std::uint64_t& end) noexcept {
+  using kind = commit_judgement::kind;
+  const std::span<const std::byte> bytes = s.bytes();
+  const auto note_unread = [&](std::uint64_t seq) {
+    return [&st, seq](std::uint64_t at, const fmt::record_view* shape) -> result<void> {
+      try {
+        unread_record u{at, shape != nullptr ? shape->head.seq : seq, {}};
+        if (shape != nullptr)
+          u.key.assign(reinterpret_cast<const char*>(shape->key.data()), shape->key.size());
+        st.unread.push_back(std::move(u));
+      } catch (const std::bad_alloc&) {
+        return errc_error(std::errc::not_enough_memory);
+      }
+      return {};
+    };
+  };
+  return for_each_block(
+      s, end, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+        // Every block whose header checks out is stepped over whole, complete or not: its
+        // writer reserved all of it, and nothing new may be written inside it.
+        end = off + head.length;
+        const std::uint64_t at = fmt::make_location(s.number, off);
+        if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+          auto judged = judge_commit(at, head);
+          if (!judged) return std::unexpected(judged.error());
+          switch (judged->what) {
+            case kind::torn:
+              // It never happened. A whole block naming a torn blob is voided, so that no
+              // later replay counts it once that blob's segment is compacted away (a missing
+              // segment means a removed blob, see complete_block).
+              if (judged->blob_torn) {
+                try {
+                  st.voids.push_back(at);
+                } catch (const std::bad_alloc&) {
+                  return errc_error(std::errc::not_enough_memory);
+                }
+              }
+              return {};
+            case kind::complete:
+            case kind::damaged:
+              break;
+          }
+          // It happened. Its records that check out are applied; a damaged one is noted, and
+          // stands in the way unless a newer version of its key is found (rebuild). One at or
+          // below the checkpoint's seq is in the copy already, damage and all.
+          st.max_seq = std::max(st.max_seq, head.seq);
+          const bool in_copy = head.seq <= st.checkpoint_seq;
+          return each_record(
+              bytes, s.number, off, head, salt,
+              [&](std::uint64_t rec_at, const fmt::record_view& rec) {
+                return apply_record(rec_at, rec, head.seq);
+              },
+              [&](std::uint64_t rec_at, const fmt::record_view* shape) -> result<void> {
+                if (in_copy) return {};
+                return note_unread(head.seq)(rec_at, shape);
+              });
+        }
+        if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
+        // Records compaction moved, each with its own seq; a copy counts toward *visible*
+        // even when its commit block is gone. A copy is synced before its original's segment
+        // goes: one a power cut tore (or whose blob copy it tore) still has its original.
+        if (!fmt::check_block(bytes.subspan(off), salt) &&
+            fmt::has_unwritten_sector(bytes, off, head.length)) {
+          return {};
+        }
+        return each_record(
+            bytes, s.number, off, head, salt,
+            [&](std::uint64_t rec_at, const fmt::record_view& rec) -> result<void> {
+              auto blob = value_of(found_record{rec_at, rec, nullptr}, true);
+              if (!blob) {
+                if (blob.error() == std::errc::no_such_file_or_directory) return {};
+                if (blob.error() != errc::corrupt) return std::unexpected(blob.error());
+                auto blob_seg = segment_at(fmt::segment_of(rec.blob.location));
+                if (!blob_seg) return std::unexpected(blob_seg.error());
+                if (fmt::has_unwritten_sector((*blob_seg)->bytes(),
+                                              fmt::offset_of(rec.blob.location),
+                                              fmt::blob_block_size(rec.head.value_length))) {
+                  return {};  // torn: its original is still there
+                }
+              }
+              if (auto a = apply_record(rec_at, rec, rec.head.seq); !a) return a;
+              st.max_seq = std::max(st.max_seq, rec.head.seq);
+              return {};
+            },
+            [&](std::uint64_t rec_at, const fmt::record_view* shape) -> result<void> {
+              if (shape != nullptr && shape->head.seq <= st.checkpoint_seq) return {};
+              return note_unread(0)(rec_at, shape);
+            });
+      });
+}
+
+result<void> store::impl::rebuild() noexcept {
+  const bool writable = !opts.read_only;
+  if (writable) remove_checkpoint_leftovers();
+  auto listed = segment_numbers(writable);
+  if (!listed) return std::unexpected(listed.error());
+  const std::vector<std::uint64_t>& numbers = *listed;
+
+  // From the checkpoint, if there is one that checks out and whose replay start is still
+  // there; else from the start of the log.
+  if (auto r = reset_index(); !r) return r;
+  std::uint64_t from = 0;
+  replay_state st;
+  auto cp = load_checkpoint();
+  if (!cp) return std::unexpected(cp.error());
+  if (*cp &&
+      ((*cp)->first == 0 || std::ranges::binary_search(numbers, fmt::segment_of((*cp)->first)))) {
+    std::tie(from, st.checkpoint_seq) = **cp;
+    st.max_seq = st.checkpoint_seq;
+  } else {
+    // None, or one passed over after part of it was read in.
+    if (auto r = reset_index(); !r) return r;
+  }
+
+  std::uint64_t tail = 0;
+  replayed_bytes = 0;
+  for (const std::uint64_t n : numbers) {
+    auto s = segment_at(n);
+    if (!s) return std::unexpected(s.error());
+    segtab(n, 0).store(n);
+    segtab(n, 1).store((*s)->size);
+    if (from != 0 && n < fmt::segment_of(from)) continue;  // in the checkpoint's copy
+    const bool mid = from != 0 && n == fmt::segment_of(from);
+    std::uint64_t end = mid ? fmt::offset_of(from) : fmt::segment_header_size;
+    replayed_bytes += (*s)->size - (mid ? std::min((*s)->size, end) : 0);
+    if (auto r = replay_segment(**s, st, end); !r) return r;
+    if ((*s)->size == dir.params.segment_size) {
+      // The space left at the end of the segment before is dead (as reserve counts it when
+      // it moves on). The tail goes after the last block whose header checks out: nothing
+      // past it was ever a block, and what is written there next is never inside one.
+      if (tail != 0) h64(hdr::dead_bytes).fetch_add(dir.params.segment_size - fmt::offset_of(tail));
+      tail = fmt::make_location(n, end);
+    }
+  }
+
+  // Damage that may hide a key's newest version: the store is refused (corrupt, naming it)
+  // unless a newer version of each such record's key was found. Never an older version
+  // served in its place.
+  for (const unread_record& u : st.unread) {
+    bool superseded = false;
+    if (!u.key.empty()) {
+      const auto kb = as_bytes(u.key);
+      const fmt::key_hash h = fmt::hash_key(kb);
+      auto e = find_locked(table->page_of(h), h, kb);
+      if (!e) return std::unexpected(e.error());
+      superseded = *e && (*e)->seq().load() > u.seq;
+    }
+    if (!superseded) {
+      auto s = segment_at(fmt::segment_of(u.location));
+      if (!s) return std::unexpected(s.error());
+      return std::unexpected(
+          error(errc::corrupt).about((*s)->file.shared_path(), fmt::offset_of(u.location)));
+    }
+  }
+  if (!st.voids.empty()) {
+    if (!writable) {
+      // Voiding writes: a read-only opener cannot recover this store (a writable open can).
+      auto s = segment_at(fmt::segment_of(st.voids.front()));
+      return std::unexpected(error(errc::read_only)
+                                 .about(s ? (*s)->file.shared_path() : keel::detail::shared_path{},
+                                        fmt::offset_of(st.voids.front())));
+    }
+    for (const std::uint64_t at : st.voids) {
+      auto s = segment_at(fmt::segment_of(at));
+      if (!s) return std::unexpected(s.error());
+      std::memset((*s)->map.data() + fmt::offset_of(at), 0, 8);
+      if (auto synced = (*s)->file.sync_data(); !synced) return synced;
+    }
+  }
+  h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
+  reconcile_spare();
+  h64(hdr::tail).store(tail);
+  h64(hdr::visible).store(st.max_seq);
+  h64(hdr::counting).store(st.max_seq);
+  h64(hdr::next_seq).store(st.max_seq + 1);
+  const auto& boot = base::self().boot_id;
+  std::memcpy(base() + hdr::boot_id, boot.data(), 16);
+  const std::uint64_t sum =
+      fmt::checksum(std::span<const std::byte>(base(), hdr::checksummed), salt);
+  std::memcpy(base() + hdr::checksum, &sum, 8);
+  h64(hdr::state).store(state_valid, std::memory_order_release);
+  return {};
+}
+
+result<void> store::impl::apply_record(std::uint64_t location, const fmt::record_view& r,
+                                       std::uint64_t seq) noexcept {
+  const fmt::key_hash h = fmt::hash_key(r.key);
+  for (;;) {
+    const std::uint64_t page = table->page_of(h);
+    auto found = find_locked(page, h, r.key);  // alone: nothing is pending
+    if (!found) return std::unexpected(found.error());
+    std::optional<ix::entry_ref> e = *found;
+    if (!e) e = table->claim(page, h, 0, 0);  // holds nothing until set below
+    if (!e) {
+      if (auto s = table->split(page, *this); !s) return s;
+      continue;
+    }
+    const std::uint64_t old_at = e->location().load();
+    const std::uint64_t old_seq = e->seq().load();
+    if (old_at != 0 && old_seq >= seq) return {};  // a newer version is there already
+    const std::uint64_t size = fmt::stored_size(r);
+    if (old_at != 0) {
+      auto old = record_at(old_at, false);
+      if (old && old->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
+        const std::uint64_t old_size = fmt::stored_size(old->rec);
+        h64(hdr::live_records).fetch_sub(1);
+        h64(hdr::live_bytes).fetch_sub(old_size);
+        h64(hdr::dead_bytes).fetch_add(old_size);
+      }
+    }
+    if (r.head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
+      h64(hdr::dead_bytes).fetch_add(size);
+    } else {
+      h64(hdr::live_records).fetch_add(1);
+      h64(hdr::live_bytes).fetch_add(size);
+    }
+    e->location().store(location);
+    e->seq().store(seq);
+    return {};
+  }
+}
+
+}  // namespace keel::kv
