@@ -129,7 +129,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     if (fmt::is_blob(rec) && victims.contains(fmt::segment_of(rec.blob.location))) {
       // Its blob goes too (a victim's blobs are only ever this segment's records' or
       // another victim's: see compact).
-      auto value = value_of(found_record{at, rec, nullptr}, opts.verify_checksums);
+      auto value = value_of(found_record{at, rec, nullptr}, true);  // copies are checked
       if (!value) return std::unexpected(value.error());
       const std::uint64_t len = fmt::blob_block_size(value->size());
       auto nb = reserve(len, room_for::compaction);  // it may take the spare
@@ -445,13 +445,16 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
                 head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
               return {};
             }
-            auto whole = fmt::check_block(bytes.subspan(off), s.salt);
-            if (!whole) return {};  // never replayed
+            // Whole or not: a damaged block's records are still versions of their keys (a
+            // torn one's are never replayed, and counting them only forgets less). A record
+            // whose key cannot be read may be any key's: then nothing is forgotten.
             std::uint64_t r = off + sizeof(fmt::block_header);
-            for (std::uint32_t i = 0; i < whole->records; ++i) {
-              auto rec =
-                  fmt::parse_record(bytes.subspan(r, off + whole->length - r), s.salt, false);
-              if (!rec) break;
+            for (std::uint32_t i = 0; i < head.records; ++i) {
+              auto rec = fmt::parse_record_head(bytes.subspan(r, off + head.length - r));
+              if (!rec) {
+                known = false;
+                return {};
+              }
               const std::string_view key(reinterpret_cast<const char*>(rec->key.data()),
                                          rec->key.size());
               if (auto it = records_of.find(key); it != records_of.end()) ++it->second;
@@ -579,24 +582,37 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     const auto bytes = (*seg)->bytes();
     auto walked = s.for_each_block(
         **seg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-          const std::uint64_t at = fmt::make_location(n, off);
-          std::optional<fmt::block_header> whole;
-          if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
-            auto c = s.complete_block(at);
-            if (!c) return std::unexpected(c.error());
-            whole = *c;
-          } else if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
-            if (auto c = fmt::check_block(bytes.subspan(off), s.salt)) whole = *c;
+          // Every block whose header checks out, record by record: a record an entry names
+          // is live whatever the rest of its block is (a commit damaged after it was made
+          // stands). A copy is made only of a record that checks out (always: a copy gets a
+          // new checksum, and must never make damage look whole); one that does not stays,
+          // and so does its segment while an entry names it (below).
+          if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) &&
+              head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
+            return {};
           }
-          if (!whole) return {};
           std::uint64_t r = off + sizeof(fmt::block_header);
-          for (std::uint32_t i = 0; i < whole->records; ++i) {
-            auto rec = fmt::parse_record(bytes.subspan(r, off + whole->length - r), s.salt,
-                                         s.opts.verify_checksums);
-            if (!rec) return std::unexpected(rec.error().about((*seg)->file.shared_path(), r));
+          for (std::uint32_t i = 0; i < head.records; ++i) {
+            const auto rest = bytes.subspan(r, off + head.length - r);
+            auto rec = fmt::parse_record(rest, s.salt, true);
+            if (!rec) {
+              st.records_unreadable += 1;
+              auto shape = fmt::parse_record_head(rest);
+              if (!shape) {
+                st.records_unreadable += head.records - i - 1;
+                return {};  // where the next record starts is unknown
+              }
+              r += shape->size;
+              continue;
+            }
             auto moved = s.relocate(fmt::make_location(n, r), *rec, victims, forgettable, cd, st);
-            if (!moved) return std::unexpected(moved.error());
-            if (*moved) moved_from[n] += rec->size;
+            if (!moved && moved.error() == errc::corrupt) {
+              st.records_unreadable += 1;  // its blob does not check out: it stays
+            } else if (!moved) {
+              return std::unexpected(moved.error());
+            } else if (*moved) {
+              moved_from[n] += rec->size;
+            }
             r += rec->size;
           }
           return {};
@@ -618,6 +634,42 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     }
   }
   if (victims.empty() && stopped) return std::unexpected(*stopped);
+
+  // 5b. A victim is removed only once no entry names it: a live record that could not be
+  // copied (it did not check out) keeps its segment, and the segments holding its blobs.
+  // Entries only ever move out of victims now (new records go to the tail), so one walk
+  // after the moves decides.
+  {
+    std::set<std::uint64_t> named;
+    auto hold = snapshot_hold::take(s);
+    if (!hold) return std::unexpected(hold.error());
+    try {
+      auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+        const ix::bucket_ref b = s.table->page(page);
+        for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+          const ix::entry_ref e = b.entry(k);
+          if (e.hi().load(std::memory_order_acquire) == 0) continue;
+          const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+          const std::uint64_t at = e.location().load(std::memory_order_acquire);
+          if (at != 0 && victims.contains(fmt::segment_of(at))) named.insert(fmt::segment_of(at));
+          if ((seq & ix::pending) != 0) named.insert(fmt::segment_of(seq & ~ix::pending));
+        }
+        return true;
+      });
+      if (!walked) return std::unexpected(walked.error());
+      if (std::ranges::any_of(named, [&](std::uint64_t n) { return victims.contains(n); })) {
+        const std::set<std::uint64_t> before = victims;
+        std::erase_if(victims, [&](std::uint64_t n) { return named.contains(n); });
+        close_over_blobs();
+        for (const std::uint64_t kept : before) {
+          if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+        }
+      }
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
+  }
+  if (victims.empty()) return st;
 
   // 6. The copies on disk before any original goes; then nobody may still read an original
   // (a snapshot from before the moves, or one walking back to older versions).

@@ -285,5 +285,65 @@ TEST(KvDamage, AReadOnlyFirstOpenerAfterAPowerCutWritesNothing) {
   EXPECT_EQ(*c, "after the cut");
 }
 
+// A segment compaction would empty holds a commit of two keys, one of them damaged: the
+// damaged record cannot be copied, so the segment stays, with both keys; the other key is
+// moved or kept and reads its value. Once the damaged key is written anew, compaction takes
+// the segment. (It once moved nothing, removed the segment, and lost both keys for good.)
+TEST(KvDamage, ACompactionNeverRemovesASegmentHoldingALiveRecordItCouldNotCopy) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const auto filler = [](int k, int round) {
+    return "f" + std::to_string(k) + ":" + std::to_string(round) + std::string(1000, 'f');
+  };
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(t->put("a", "value of a <damaged-marker>" + std::string(500, 'a')));
+    ASSERT_TRUE(t->put("b", "value of b"));
+    ASSERT_TRUE(t->commit());
+    // The rest of the first segment, then all of it again: a, b are its only live records.
+    for (int round = 0; round < 2; ++round) {
+      for (int k = 0; k < 1500; ++k)
+        ASSERT_TRUE(s->put("f" + std::to_string(k), filler(k, round)));
+    }
+  }
+  const place a = find_last(path, "<damaged-marker>");
+  ASSERT_NE(a.offset, std::string::npos);
+  const std::string first_segment = a.file;
+  flip_bit(a, 2);
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_GT(c->segments_removed, 0u) << "the other dead segments go";
+  EXPECT_TRUE(std::filesystem::exists(first_segment)) << "removed with a live record in it";
+  auto b = s->get("b");
+  ASSERT_TRUE(b) << b.error().message();
+  EXPECT_EQ(*b, "value of b");
+  auto got = s->get("a");
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error(), errc::corrupt) << got.error().message();
+  for (int k = 0; k < 1500; k += 100) {
+    auto f = s->get("f" + std::to_string(k));
+    ASSERT_TRUE(f) << f.error().message();
+    EXPECT_EQ(*f, filler(k, 1));
+  }
+  // Written anew, the damaged record is dead: compaction may take its segment now.
+  ASSERT_TRUE(s->put("a", "a again"));
+  auto again = s->compact();
+  ASSERT_TRUE(again) << again.error().message();
+  EXPECT_FALSE(std::filesystem::exists(first_segment));
+  EXPECT_EQ(*s->get("a"), "a again");
+  EXPECT_EQ(*s->get("b"), "value of b");
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  EXPECT_EQ(*rebuilt->get("a"), "a again");
+  EXPECT_EQ(*rebuilt->get("b"), "value of b");
+}
+
 }  // namespace
 }  // namespace keel::kv

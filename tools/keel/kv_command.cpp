@@ -236,11 +236,10 @@ int run_kv_command(int argc, char** argv) {
     auto c = (*s)->compact();
     if (!c) return fail("compact", c.error());
     if (json) {
-      nlohmann::json j{{"segments_removed", c->segments_removed},
-                       {"records_moved", c->records_moved},
-                       {"bytes_moved", c->bytes_moved},
-                       {"bytes_freed", c->bytes_freed},
-                       {"erasures_dropped", c->erasures_dropped}};
+      nlohmann::json j{
+          {"segments_removed", c->segments_removed}, {"records_moved", c->records_moved},
+          {"bytes_moved", c->bytes_moved},           {"bytes_freed", c->bytes_freed},
+          {"erasures_dropped", c->erasures_dropped}, {"records_unreadable", c->records_unreadable}};
       fmt::print("{}\n", j.dump(2));
     } else {
       fmt::print(
@@ -248,6 +247,12 @@ int run_kv_command(int argc, char** argv) {
           "keys\n",
           c->segments_removed, c->bytes_freed, c->records_moved, c->bytes_moved,
           c->erasures_dropped);
+      if (c->records_unreadable != 0) {
+        fmt::print(
+            "left {} records that do not check out where they are (their segments stay while "
+            "they are live): run verify\n",
+            c->records_unreadable);
+      }
     }
     return exit_ok;
   }

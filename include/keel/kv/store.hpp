@@ -127,6 +127,10 @@ struct compact_stats {
   //! Erased keys forgotten: their erase records went with their segments, and their index
   //! entries were freed for other keys (no older version of the key was left anywhere).
   std::uint64_t erasures_dropped = 0;
+  //! Records in the segments it emptied that did not check out (damaged): never copied (a
+  //! copy would look whole), left where they are; a segment with one an entry still names
+  //! stays. `verify` names each. Written anew or erased, such a key's damaged record is dead.
+  std::uint64_t records_unreadable = 0;
 };
 
 class store;
