@@ -49,6 +49,9 @@ class keel_category final : public std::error_category {
         return "opened read-only";
       case errc::budget_reached:
         return "the store's byte budget is reached (the device may still have room)";
+      case errc::sync_failed:
+        return "read-only: an fdatasync of this file failed (data written since may be lost); "
+               "close the store in every process and reopen it";
     }
     return "unknown keel error";
   }
@@ -77,6 +80,8 @@ class keel_category final : public std::error_category {
         return std::errc::value_too_large;
       case errc::read_only:
         return std::errc::read_only_file_system;
+      case errc::sync_failed:
+        return std::errc::io_error;
       case errc::not_found:
       case errc::conflict:
       case errc::budget_reached:

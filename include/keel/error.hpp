@@ -64,6 +64,14 @@ enum class errc : int {
   //! The store's own byte budget (`max_bytes`) is reached; the device may have room.
   //! Delete or compact, or raise the budget. (A full device is ENOSPC, no_space_on_device.)
   budget_reached,
+
+  // ---- kv, after a failed sync ----
+  //! An fdatasync of the store's file the error names failed: the kernel may have dropped
+  //! the data it could not write, and the sync is never retried (a retry could report
+  //! success over lost data). The store takes no change until it is reopened by a user alone
+  //! (every process closed it); reads go on. Nothing else (EMFILE, ENOMEM) makes a store read
+  //! only.
+  sync_failed,  // ≈ io_error
 };
 
 //! The category of keel::errc ("keel").

@@ -213,9 +213,7 @@ result<void> store::impl::room_for_checkpoint() const noexcept {
 }
 
 result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
-  if (opts.read_only || failed.load() || h64(hdr::sync_error).load() != 0) {
-    return keel_error(errc::read_only);
-  }
+  if (auto w = writable(); !w) return std::unexpected(w.error());
   auto lease = acquire_slot();
   if (!lease) return std::unexpected(lease.error());
   struct release {

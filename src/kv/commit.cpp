@@ -218,23 +218,47 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
     }
     step(commit_step::syncing);
     result<void> r;
-    for (std::uint64_t w = 0; w < dirty_words && r; ++w) {
-      for (std::uint64_t bits = taken[w]; bits != 0 && r; bits &= bits - 1) {
+    // Bits whose segments are not synced yet: given back if a segment cannot be reached.
+    std::array<std::uint64_t, dirty_words> left = taken;
+    std::uint64_t failed_segment = 0;
+    error unreached;
+    for (std::uint64_t w = 0; w < dirty_words && r && !unreached; ++w) {
+      for (std::uint64_t bits = taken[w]; bits != 0; bits &= bits - 1) {
+        const std::uint64_t bit = bits & (~bits + 1);
         const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
         if (i >= segtab_entries) break;
         const std::uint64_t n = segtab(i, 0).load();
-        if (n == 0 || n % segtab_entries != i) continue;
-        auto seg = segment_at(n);
-        if (!seg) {
-          r = std::unexpected(seg.error());
-          break;
+        if (n != 0 && n % segtab_entries == i) {
+          auto seg = segment_at(n);
+          if (!seg) {
+            unreached = seg.error();
+            break;
+          }
+          r = (*seg)->sync();
+          if (!r) {
+            failed_segment = n;
+            break;
+          }
         }
-        r = (*seg)->file.sync_data();
+        left[w] &= ~bit;
       }
+    }
+    if (unreached) {
+      // A segment this process cannot reach (EMFILE, ENOMEM mapping it): nothing failed to
+      // sync, and the store stays writable. The segments not synced go back to the dirty
+      // bitmap, and `done` stays behind `started`, so the next leader (of any process)
+      // syncs every segment. This commit, visible, is not known to be durable: its error.
+      for (std::uint64_t w = 0; w < dirty_words; ++w) {
+        if (left[w] != 0) dirty_word(w * 64).fetch_or(left[w], std::memory_order_seq_cst);
+      }
+      (void)g->unlock();
+      base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
+      return std::unexpected(unreached);
     }
     if (!r) {
       // Never retried: the kernel may have dropped the pages it could not write. Every
-      // commit of this group and after fails; the store is read-only until reopened.
+      // commit of this group and after fails; the store is read-only until reopened alone.
+      h64(hdr::sync_error_segment).store(failed_segment);
       h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
     }
     h64(hdr::sync_ns)
@@ -243,12 +267,21 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
     h64(hdr::sync_done).store(mine, std::memory_order_release);
     (void)g->unlock();
     base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
+    if (!r) {
+      failed.store(true);
+      return std::unexpected(r.error());
+    }
   }
-  if (const auto e = h64(hdr::sync_error).load(); e != 0) {
-    failed.store(true);
-    return errno_error(static_cast<int>(e));
-  }
-  return {};
+  return writable();
+}
+
+result<void> store::impl::writable() noexcept {
+  if (opts.read_only) return keel_error(errc::read_only);
+  if (h64(hdr::sync_error).load(std::memory_order_acquire) == 0 && !failed.load()) return {};
+  failed.store(true);
+  // Which sync failed: its segment, named (the number is written before the errno).
+  const std::uint64_t n = h64(hdr::sync_error_segment).load();
+  return std::unexpected(error(errc::sync_failed).about(path + "/seg/" + segment_name(n)));
 }
 
 std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
@@ -357,11 +390,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // Begun before a fork: the slot it would commit through is the parent's.
   if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
   if (writes.empty()) return snapshot;  // a reader: serialised at its snapshot
-  if (s->opts.read_only) return keel_error(errc::read_only);
-  if (s->failed.load() || s->h64(hdr::sync_error).load() != 0) {
-    s->failed.store(true);
-    return keel_error(errc::read_only);
-  }
+  if (auto w = s->writable(); !w) return std::unexpected(w.error());
   const io::countdown cd = io::deadline(s->opts.lock_timeout).start();
   std::vector<key_plan> keys;
   try {

@@ -171,7 +171,6 @@ void store::impl::unmap_removed_segments() noexcept {
         segment_chunks[s->number >> chunk_bits].load()[s->number & ((1u << chunk_bits) - 1)];
     cell.store(nullptr, std::memory_order_release);
     (void)s->map.unmap();
-    (void)s->file.close();
   }
 }
 
@@ -278,9 +277,7 @@ result<compact_stats> store::compact() noexcept {
 result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_since,
                                            bool* others_ran, bool wait_for_byte) noexcept {
   impl& s = *this;
-  if (s.opts.read_only || s.failed.load() || s.h64(hdr::sync_error).load() != 0) {
-    return keel_error(errc::read_only);
-  }
+  if (auto w = s.writable(); !w) return std::unexpected(w.error());
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
   // The maintenance byte, for the whole run: one compactor at a time, no verify walking the
   // segments, and no checkpoint (one copied while records move could name originals that

@@ -545,8 +545,9 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
   auto s = std::make_unique<segment>();
   s->number = number;
   s->size = head->size;
-  s->file = std::move(*f);
+  s->path = f->shared_path();
   s->map = std::move(*m);
+  (void)f->close();  // the map stays; so does no descriptor
   segment* raw = s.get();
   segments_owned.push_back(std::move(s));
   cell.store(raw, std::memory_order_release);
@@ -911,7 +912,7 @@ result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexc
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(location);
   if (off < fmt::segment_header_size || off >= (*s)->size) {
-    return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+    return std::unexpected(error(errc::corrupt).about((*s)->path, off));
   }
   return (*s)->map.bytes().subspan(off);
 }
@@ -1022,6 +1023,7 @@ result<void> store::impl::recover_alone() noexcept {
   const std::uint64_t next = h64(hdr::next_seq).load();
   h64(hdr::visible).store(next - 1);
   h64(hdr::sync_error).store(0);
+  h64(hdr::sync_error_segment).store(0);
   h64(hdr::visible_waiters).store(0);
   h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
   table->finish_split(*this);          // alone: no locks to take

@@ -62,7 +62,7 @@ chain read_chain(const ix::table& t, std::uint64_t page, const fmt::key_hash& h)
 error bad_record(store::impl& s, std::uint64_t location, const error& e) noexcept {
   auto seg = s.segment_at(fmt::segment_of(location));
   if (!seg) return e;
-  return e.about((*seg)->file.shared_path(), fmt::offset_of(location));
+  return e.about((*seg)->path, fmt::offset_of(location));
 }
 
 // A record of a complete block.

@@ -20,10 +20,10 @@ result<found_record> read_record(store::impl& st, std::uint64_t location, Parse&
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(location);
   if (off < fmt::segment_header_size + sizeof(fmt::block_header) || off >= (*s)->size) {
-    return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+    return std::unexpected(error(errc::corrupt).about((*s)->path, off));
   }
   auto r = parse((*s)->bytes().subspan(off));
-  if (!r) return std::unexpected(r.error().about((*s)->file.shared_path(), off));
+  if (!r) return std::unexpected(r.error().about((*s)->path, off));
   return found_record{location, *r, *s};
 }
 
@@ -46,9 +46,7 @@ result<std::span<const std::byte>> store::impl::value_of(const found_record& r,
   auto s = segment_at(fmt::segment_of(r.rec.blob.location));
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(r.rec.blob.location);
-  const auto bad = [&] {
-    return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
-  };
+  const auto bad = [&] { return std::unexpected(error(errc::corrupt).about((*s)->path, off)); };
   if (off < fmt::segment_header_size || off >= (*s)->size) return bad();
   const auto bytes = (*s)->bytes().subspan(off);
   auto head = fmt::parse_block_header(bytes, salt);
@@ -292,7 +290,7 @@ result<std::uint64_t> store::verify() noexcept {
           auto whole = impl_->complete_block(fmt::make_location(n, off));
           if (!whole) return std::unexpected(whole.error());
           if (!*whole) {
-            return std::unexpected(error(errc::corrupt).about((*s)->file.shared_path(), off));
+            return std::unexpected(error(errc::corrupt).about((*s)->path, off));
           }
           ++commits;
           return {};

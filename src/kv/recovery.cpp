@@ -266,8 +266,7 @@ result<void> store::impl::rebuild() noexcept {
     if (!superseded) {
       auto s = segment_at(fmt::segment_of(u.location));
       if (!s) return std::unexpected(s.error());
-      return std::unexpected(
-          error(errc::corrupt).about((*s)->file.shared_path(), fmt::offset_of(u.location)));
+      return std::unexpected(error(errc::corrupt).about((*s)->path, fmt::offset_of(u.location)));
     }
   }
   if (!st.voids.empty()) {
@@ -275,14 +274,14 @@ result<void> store::impl::rebuild() noexcept {
       // Voiding writes: a read-only opener cannot recover this store (a writable open can).
       auto s = segment_at(fmt::segment_of(st.voids.front()));
       return std::unexpected(error(errc::read_only)
-                                 .about(s ? (*s)->file.shared_path() : keel::detail::shared_path{},
+                                 .about(s ? (*s)->path : keel::detail::shared_path{},
                                         fmt::offset_of(st.voids.front())));
     }
     for (const std::uint64_t at : st.voids) {
       auto s = segment_at(fmt::segment_of(at));
       if (!s) return std::unexpected(s.error());
       std::memset((*s)->map.data() + fmt::offset_of(at), 0, 8);
-      if (auto synced = (*s)->file.sync_data(); !synced) return synced;
+      if (auto synced = (*s)->sync(); !synced) return synced;
     }
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);

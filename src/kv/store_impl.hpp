@@ -103,6 +103,8 @@ constexpr std::size_t compaction_ends = 464;
 // walk of the whole index each (see compaction_would_take_nothing).
 constexpr std::size_t fruitless_below = 472;
 constexpr std::size_t fruitless_tail_segment = 480;
+// The segment whose fdatasync failed (with *sync error*: written before it).
+constexpr std::size_t sync_error_segment = 488;
 // Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
 // (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
 constexpr std::size_t visible_gates = 512;
@@ -210,14 +212,22 @@ struct slot_ref {
   }
 };
 
-//! A segment as this process has it: its descriptor and a map of all of it.
+//! A segment as this process has it: a map of all of it, and no descriptor (its file is
+//! closed once mapped: a store of 8064 segments holds no more descriptors than one of one,
+//! whatever RLIMIT_NOFILE says).
 struct segment {
   std::uint64_t number = 0;
   std::uint64_t size = 0;
-  io::file_handle file;
+  keel::detail::shared_path path;  //!< what errors about it name
   io::mapped_file map;
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
     return {map.data(), map.size()};
+  }
+  //! Its data on stable storage (msync MS_SYNC: fdatasync of the mapped range, through the
+  //! seam). Errors: the sync's, naming the file; never retried.
+  [[nodiscard]] result<void> sync() const noexcept {
+    if (auto r = map.sync(0, 0, true); !r) return std::unexpected(r.error().about(path));
+    return {};
   }
 };
 
@@ -784,6 +794,9 @@ struct store::impl final : ix::page_source {
   //! `every_segment`: syncs every segment, dirty or not (a checkpoint: a dead writer's
   //! block may have landed after a leader took its dirty bit, and nobody set it again).
   [[nodiscard]] result<void> group_sync(bool every_segment = false) noexcept;
+  //! Whether this store takes changes: read_only (opened so), sync_failed (an fdatasync of
+  //! the segment it names failed: until reopened alone), else nothing.
+  [[nodiscard]] result<void> writable() noexcept;
   //! A sync leader's wait for the commits the last sync woke (doc/kv-format.md, step 11).
   void gather_sync_batch() noexcept;
   [[nodiscard]] result<void> split_page(std::uint64_t page, const fmt::key_hash& h,

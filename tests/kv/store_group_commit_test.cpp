@@ -27,23 +27,19 @@ using test::wait_exit;
 using test_support::open_ok;
 using test_support::small;
 
-// Counts data syncs; once armed, holds the first one until released.
+// Counts data syncs (of a file, or of a map: how segments are synced); once armed, holds the
+// first one until released.
 class gated_fs final : public io::filesystem_wrapper {
  public:
   gated_fs() noexcept : io::filesystem_wrapper(io::os()) {}
 
   result<void> sync(const io::file_handle& file, io::sync_kind kind) noexcept override {
-    if (kind == io::sync_kind::data) {
-      syncs.fetch_add(1);
-      std::unique_lock l(m_);
-      if (armed_) {
-        armed_ = false;
-        held_ = true;
-        cv_.notify_all();
-        cv_.wait(l, [&] { return !held_; });
-      }
-    }
+    if (kind == io::sync_kind::data) gate();
     return io::filesystem_wrapper::sync(file, kind);
+  }
+  result<void> sync_map(void* address, std::size_t length, bool wait) noexcept override {
+    if (wait) gate();
+    return io::filesystem_wrapper::sync_map(address, length, wait);
   }
   void arm() {
     std::lock_guard l(m_);
@@ -62,6 +58,17 @@ class gated_fs final : public io::filesystem_wrapper {
   std::atomic<int> syncs{0};
 
  private:
+  void gate() {
+    syncs.fetch_add(1);
+    std::unique_lock l(m_);
+    if (armed_) {
+      armed_ = false;
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(l, [&] { return !held_; });
+    }
+  }
+
   std::mutex m_;
   std::condition_variable cv_;
   bool armed_ = false;

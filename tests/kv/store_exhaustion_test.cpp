@@ -1,0 +1,122 @@
+// Resources running out beside the paths the store walks: a process out of file descriptors
+// is that process's error, never the store's state; a store of many segments needs no
+// descriptor per segment. Only a failed fdatasync turns a store read-only.
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <string>
+
+#include "keel/io/fault_filesystem.hpp"
+#include "kv/kv_support.hpp"
+#include "support/process.hpp"
+
+namespace keel::kv {
+namespace {
+
+using test::fork_child;
+using test::temp_dir;
+using test_support::open_ok;
+using test_support::small;
+
+const std::error_code emfile(EMFILE, std::system_category());
+
+// Another process, out of descriptors, leads a group sync or writes a checkpoint and cannot
+// map a segment it must sync. Its own call fails with EMFILE; the store stays writable for
+// everyone (it once stored the EMFILE as a failed sync: every process was refused), and the
+// segment it could not sync is synced by the next leader.
+TEST(KvExhaustion, AProcessOutOfDescriptorsTurnsNoStoreReadOnly) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = small();
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  // Two segments of commits nobody synced yet.
+  for (int k = 0; k < 1500; ++k)
+    ASSERT_TRUE(s->put("k" + std::to_string(k), std::string(1000, 'v')));
+  const std::string first = "/seg/" + segment_name(1);
+  const pid_t other = fork_child([&] {
+    io::fault_filesystem fs;
+    options mine = small();
+    mine.fs = &fs;
+    auto m = store::open(path, mine);
+    if (!m) return 2;
+    // It may map the active segment, not the first one, which is dirty.
+    fs.inject({.on = io::fs_op::open,
+               .repeat = io::fault_filesystem::fault::repeat::forever,
+               .error = EMFILE,
+               .path_contains = first});
+    auto t = (*m)->begin();
+    if (!t || !t->put("from the other", "x")) return 3;
+    auto led = t->commit(durability::sync);
+    if (led || led.error() != emfile) return 4;
+    auto cp = (*m)->checkpoint();
+    if (cp || cp.error() != emfile) return 5;
+    return 0;
+  });
+  EXPECT_EQ(test::wait_exit(other), 0)
+      << "3: no put, 4: the sync it led did not fail with EMFILE, 5: nor the checkpoint";
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->put("after", "y"));
+  auto r = t->commit(durability::sync);
+  ASSERT_TRUE(r) << "the store turned read-only: " << r.error().message();
+  ASSERT_TRUE(s->checkpoint());
+  EXPECT_EQ(*s->get("from the other"), "x");
+}
+
+// A store of more segments than the process may hold descriptors: reads across all of it,
+// writes, and a rebuild after a reboot work under a small RLIMIT_NOFILE.
+TEST(KvExhaustion, AStoreOfManySegmentsNeedsNoDescriptorPerSegment) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  constexpr int keys = 1900;  // about 110 segments of 1 MiB
+  const auto value = [](int k) {
+    std::string v = "value " + std::to_string(k) + ":";
+    v.resize(60'000, static_cast<char>('a' + k % 26));
+    return v;
+  };
+  const pid_t child = fork_child([&] {
+    const rlimit few{64, 64};
+    if (::setrlimit(RLIMIT_NOFILE, &few) != 0) return test::cannot_set_up;
+    {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      for (int k = 0; k < keys; ++k) {
+        if (!(*s)->put("k" + std::to_string(k), value(k))) return 3;
+      }
+    }
+    for (const bool reboot : {false, true}) {
+      if (reboot) std::filesystem::remove(path + "/index");
+      auto s = store::open(path, small());
+      if (!s) return reboot ? 4 : 5;
+      for (int k = 0; k < keys; ++k) {
+        auto v = (*s)->get("k" + std::to_string(k));
+        if (!v || *v != value(k)) return 6;
+      }
+      std::size_t seen = 0;
+      std::string cursor;
+      for (;;) {
+        auto page = (*s)->scan(cursor, 100, true);
+        if (!page) return 7;
+        seen += page->items.size();
+        if (page->done) break;
+        cursor = page->cursor;
+      }
+      if (seen != keys + (reboot ? 1u : 0u)) return 8;  // and "more", put below
+      if (!(*s)->checkpoint() || !(*s)->put("more", "m")) return 9;
+    }
+    return 0;
+  });
+  const int code = test::wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot lower RLIMIT_NOFILE here";
+  EXPECT_EQ(code, 0) << "2/3: filling, 4: rebuild, 5: reopen, 6: get, 7/8: scan, 9: write";
+  std::size_t segments = 0;
+  for (const auto& e : std::filesystem::directory_iterator(path + "/seg"))
+    segments += e.path().filename().string().size() == 16 ? 1 : 0;
+  EXPECT_GT(segments, 100u) << "more segments than the 64 descriptors it may hold";
+}
+
+}  // namespace
+}  // namespace keel::kv
