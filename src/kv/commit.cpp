@@ -31,11 +31,11 @@ void step(commit_step at) noexcept {
 
 // ---- Settling what dead writers left ----
 
-bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
+bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
   const std::uint64_t next = h64(hdr::next_seq).load(std::memory_order_acquire);
   if (v >= next) return false;  // not handed out yet
   std::optional<std::uint32_t> owner;
-  bool live_taker = false;
+  std::vector<std::uint32_t> live_takers;
   std::vector<std::uint32_t> dead_takers;
   for (std::uint32_t u = 0; u < max_slots; ++u) {
     const slot_ref s = slot(u);
@@ -45,33 +45,53 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
       break;
     }
     if (state == u64(commit_state::taking)) {
-      if (slot_owner_dead(u)) {
-        dead_takers.push_back(u);
-      } else {
-        live_taker = true;
-      }
+      (slot_owner_dead(u) ? dead_takers : live_takers).push_back(u);
     }
   }
   std::uint64_t expect = v - 1;
-  if (owner) {
-    if (!slot_owner_dead(*owner)) return false;
-    // Complete or not, its seq is settled now: made visible, holding whatever its block
-    // holds (its entries are settled by the next holders of their pages, and readers check
-    // its block meanwhile).
+  const auto make_visible = [&] {
     if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
-      return true;  // another settler did it, and frees the slot (which may be reused now)
+      return false;  // another settler did it (and frees what it may)
     }
     wake_visible(v);
-    free_dead_slot(*owner);
+    return true;
+  };
+  if (owner) {
+    const bool dead = slot_owner_dead(*owner);
+    if (!dead) {
+      if (!abandon_live) return false;
+      // Alive, and too slow to wait for (stopped, or starved of CPU past the waiters'
+      // deadline): its block is abandoned unless it is sealed already. Sealed, the commit
+      // is made (its writer publishes it when it goes on; readers read its block meanwhile);
+      // abandoned, it is a hole (its writer finds its seal refused, undoes its marks and
+      // fails). Either way v is settled now.
+      auto block = bytes_at(slot(*owner).block().load(std::memory_order_acquire));
+      if (!block) return false;
+      (void)fmt::void_block(*block);
+      return make_visible();
+    }
+    // Dead: complete or not, its seq is settled now, holding whatever its block holds (its
+    // entries are settled by the next holders of their pages, and readers check its block
+    // meanwhile).
+    if (make_visible()) free_dead_slot(*owner);
     return true;
   }
-  if (live_taker || dead_takers.empty()) return false;  // its taker is about to say so
-  // Nobody claims v and only dead writers were taking a seq: one of them took v and died
-  // before writing it down. A hole.
-  if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
-    return true;  // another settler made the hole, and frees what it may
+  if (!live_takers.empty()) {
+    if (!abandon_live) return false;  // its taker is about to say so
+    // One of them took v (or will: each takes a seq from next_seq, above v) and has not
+    // written it down. Every one's block is abandoned, so none of their commits happens: v
+    // is a hole. One sealed meanwhile went on to write its seq: look again later.
+    for (const std::uint32_t u : live_takers) {
+      auto block = bytes_at(slot(u).block().load(std::memory_order_acquire));
+      if (!block) return false;
+      const std::uint64_t was = fmt::void_block(*block);
+      if (was != 0 && was != fmt::void_seq) return false;
+    }
+  } else if (dead_takers.empty()) {
+    return false;  // its taker is about to say so
   }
-  wake_visible(v);
+  // Nobody claims v and its taker will never write it: a hole.
+  if (!make_visible()) return true;
   // A dead taker's seq is below the next seq as of now; once all of those are visible, none
   // is owed any more and its slot can go (free_dead_slot checks).
   for (const std::uint32_t u : dead_takers)
@@ -79,7 +99,7 @@ bool store::impl::settle_dead_commit(std::uint64_t v) noexcept {
   return true;
 }
 
-void store::impl::wait_visible(std::uint64_t seq) noexcept {
+void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept {
   auto visible = h64(hdr::visible);
   if (visible.load(std::memory_order_acquire) >= seq) return;
   // The commits in front already hold their seqs and are past waiting for anybody: a spin
@@ -94,7 +114,11 @@ void store::impl::wait_visible(std::uint64_t seq) noexcept {
   // Asleep on the gate of our seq: *visible* moves by one at a time, and each step wakes only
   // the waiters of its own gate (with a thousand writers queued, waking all of them at every
   // commit would cost more than the commits). The sleep is bounded: the commit in front may
-  // be a dead writer's, which nobody else settles; the bound grows while it is alive.
+  // be a dead writer's, which nobody else settles; the bound grows while it is alive. Once
+  // the caller's deadline has passed, a writer in front that is alive and has not made its
+  // commit visible is not waited for any more either: its commit is settled as its block
+  // says (settle_commit), so no call waits much past options::lock_timeout for a writer
+  // that is stopped.
   std::uint32_t* const word = visible_gate(seq);
   const std::atomic_ref<std::uint32_t> gate(*word);
   auto waiters = h64(hdr::visible_waiters);
@@ -108,12 +132,15 @@ void store::impl::wait_visible(std::uint64_t seq) noexcept {
       base::futex_wait(word, g, interval, base::futex_scope::shared);
     }
     waiters.fetch_sub(1);
-    if (clock::now() - last_check >= interval) {
+    const bool late = cd.expired();
+    if (late || clock::now() - last_check >= interval) {
       last_check = clock::now();
       const std::uint64_t now = visible.load(std::memory_order_acquire);
-      if (now < seq && (dead_check_is_taken() || !settle_dead_commit(now + 1))) {
+      if (now < seq && (late ? !settle_commit(now + 1, true)
+                             : dead_check_is_taken() || !settle_commit(now + 1, false))) {
         interval = std::min<std::chrono::milliseconds>(2 * interval, std::chrono::milliseconds(64));
       }
+      if (late) interval = std::chrono::milliseconds(2);
     }
   }
 }
@@ -132,8 +159,9 @@ bool store::impl::dead_check_is_taken() noexcept {
   return !word.compare_exchange_strong(last, t, std::memory_order_relaxed);
 }
 
-void store::impl::publish_visible(std::uint64_t seq, counter_delta d) noexcept {
-  wait_visible(seq - 1);
+void store::impl::publish_visible(std::uint64_t seq, counter_delta d,
+                                  const io::countdown& cd) noexcept {
+  wait_visible(seq - 1, cd);
   // The counters change in the ordered step, marked: a reader that sees *visible* = v
   // before and after reading them, and the mark not past v, read them exactly as of v.
   h64(hdr::counting).store(seq, std::memory_order_seq_cst);
@@ -141,8 +169,12 @@ void store::impl::publish_visible(std::uint64_t seq, counter_delta d) noexcept {
       .fetch_add(static_cast<std::uint64_t>(d.records), std::memory_order_seq_cst);
   h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d.live), std::memory_order_seq_cst);
   h64(hdr::dead_bytes).fetch_add(d.dead, std::memory_order_seq_cst);
-  h64(hdr::visible).store(seq, std::memory_order_seq_cst);
-  wake_visible(seq);
+  // Made visible already by a waiter that found this writer too slow to wait for, its block
+  // sealed (settle_commit): *visible* never goes back. (Its counters then come late.)
+  std::uint64_t before = seq - 1;
+  if (h64(hdr::visible).compare_exchange_strong(before, seq, std::memory_order_seq_cst)) {
+    wake_visible(seq);
+  }
 }
 
 void store::impl::wake_visible(std::uint64_t seq) noexcept {
@@ -575,7 +607,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       if (k.entry && ((k.prev_seq & ix::pending) != 0 || k.prev_seq > snapshot)) {
         // Not visible yet: wait until it is (settling it if its writer died), so that the
         // retry's snapshot sees it rather than conflicting with it again.
-        if ((k.prev_seq & ix::pending) == 0) s->wait_visible(k.prev_seq);
+        if ((k.prev_seq & ix::pending) == 0) s->wait_visible(k.prev_seq, cd);
         return keel_error(errc::conflict);
       }
       if (!k.entry && k.w != nullptr) ++new_keys[k.page];
@@ -686,9 +718,23 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   step(commit_step::recorded);
 
   // 7. Write the block (header last), noting its segment for the next group sync.
-  s->write_dirty(*L, [&] {
-    fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt);
+  // Sealed last (its seq word, from 0): a waiter that found us too slow to wait for may have
+  // abandoned it first (settle_commit); then this commit never happens.
+  const bool sealed = s->write_dirty(*L, [&] {
+    fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt, false);
+    return fmt::seal_block(*bytes, seq);
   });
+  if (!sealed) {
+    // Every mark goes back (the entries hold what they held); our seq is a hole, made
+    // visible by whoever abandoned the block (or by us in order); the block is dead space.
+    for (const key_plan& k : keys) {
+      if (k.w == nullptr) continue;
+      k.entry->seq().store(k.prev != 0 ? k.prev_seq : 0, std::memory_order_release);
+    }
+    s->publish_visible(seq, {0, 0, length}, cd);
+    me.state().store(u64(commit_state::idle), std::memory_order_release);
+    return errc_error(std::errc::timed_out);
+  }
   step(commit_step::written);
 
   // 9. Publish: each entry names the new record, then the seq (the pending mark goes last).
@@ -718,7 +764,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   step(commit_step::published);
 
   // 10. Visible, in seq order.
-  s->publish_visible(seq, {d_records, d_live, d_dead});
+  s->publish_visible(seq, {d_records, d_live, d_dead}, cd);
   step(commit_step::visible);
   me.state().store(u64(commit_state::idle), std::memory_order_release);
   (void)held.unlock();

@@ -69,7 +69,7 @@ result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countd
   while (visible.load(std::memory_order_acquire) < seq) {
     if (cd.expired()) return errc_error(std::errc::timed_out);
     if (std::chrono::steady_clock::now() - last_settle >= std::chrono::milliseconds(2)) {
-      (void)settle_dead_commit(visible.load(std::memory_order_acquire) + 1);
+      (void)settle_commit(visible.load(std::memory_order_acquire) + 1, false);
       last_settle = std::chrono::steady_clock::now();
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));

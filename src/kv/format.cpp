@@ -175,7 +175,7 @@ std::uint64_t block_size(std::span<const record_in> records) noexcept {
 }
 
 void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
-                  std::span<const record_in> records, std::uint64_t salt) noexcept {
+                  std::span<const record_in> records, std::uint64_t salt, bool seal) noexcept {
   XXH3_state_t payload;
   XXH3_INITSTATE(&payload);  // as above
   XXH3_64bits_reset_withSeed(&payload, salt);
@@ -218,8 +218,30 @@ void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
   std::memcpy(out.data(), &b, seq_at);
   std::memcpy(out.data() + seq_at + 8, reinterpret_cast<const std::byte*>(&b) + seq_at + 8,
               sizeof b - seq_at - 8);
-  std::atomic_ref(*reinterpret_cast<std::uint64_t*>(out.data() + seq_at))
-      .store(b.seq, std::memory_order_release);
+  if (seal) {
+    std::atomic_ref(*reinterpret_cast<std::uint64_t*>(out.data() + seq_at))
+        .store(b.seq, std::memory_order_release);
+  }
+}
+
+namespace {
+
+std::atomic_ref<std::uint64_t> seq_word(std::span<std::byte> block) noexcept {
+  return std::atomic_ref(
+      *reinterpret_cast<std::uint64_t*>(block.data() + offsetof(block_header, seq)));
+}
+
+}  // namespace
+
+bool seal_block(std::span<std::byte> block, std::uint64_t seq) noexcept {
+  std::uint64_t expected = 0;
+  return seq_word(block).compare_exchange_strong(expected, seq, std::memory_order_acq_rel);
+}
+
+std::uint64_t void_block(std::span<std::byte> block) noexcept {
+  std::uint64_t seen = 0;
+  seq_word(block).compare_exchange_strong(seen, void_seq, std::memory_order_acq_rel);
+  return seen;
 }
 
 std::uint64_t block_seq(std::span<const std::byte> block) noexcept {

@@ -179,8 +179,22 @@ struct record_in {
 //! only once all of it is, and a reader that sees the seq word (block_seq) sees the rest.
 //! Keys and lengths must already be valid (1–max_key bytes, values ≤ max_value); `out`
 //! starts 8-aligned.
+//! With `seal` false (a commit block of a commit in flight), the seq word is left as it is
+//! (0), for seal_block: the block is whole only once sealed.
 void encode_block(std::span<std::byte> out, block_kind kind, std::uint64_t seq,
-                  std::span<const record_in> records, std::uint64_t salt) noexcept;
+                  std::span<const record_in> records, std::uint64_t salt,
+                  bool seal = true) noexcept;
+//! In a commit block's seq word: the block was abandoned (void_block) before it was sealed.
+//! Above every seq: no snapshot ever counts the block, and its header's checksum fails.
+constexpr std::uint64_t void_seq = ~std::uint64_t{0};
+//! Seals the commit block encode_block wrote unsealed at `block`: its seq word goes from 0
+//! to `seq` (compare and swap, release). False: another user abandoned it first
+//! (void_block); the commit never happens.
+[[nodiscard]] bool seal_block(std::span<std::byte> block, std::uint64_t seq) noexcept;
+//! Abandons the commit block at `block` (being written by a user too slow to wait for) if it
+//! is not sealed yet: its seq word goes from 0 to void_seq. Returns the word as it was: 0 (it
+//! is abandoned now), void_seq (it was before), or the seq it was sealed with.
+[[nodiscard]] std::uint64_t void_block(std::span<std::byte> block) noexcept;
 //! The seq word of the commit block that starts at `block` (8-aligned), loaded with acquire
 //! order: 0 while its writer has not finished it. Safe to call while a writer in this or
 //! another process is still writing the block, which no other read of it is.

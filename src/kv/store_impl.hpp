@@ -768,9 +768,13 @@ struct store::impl final : ix::page_source {
 
   // ---- writing (commit.cpp) ----
   //! Waits until every commit up to `seq` is visible, settling dead writers' commits.
-  void wait_visible(std::uint64_t seq) noexcept;
-  //! Settles commit `v` (= visible + 1) if its writer is dead. Returns whether it did.
-  bool settle_dead_commit(std::uint64_t v) noexcept;
+  //! Once `cd` has expired, a writer in front that is alive but has not made its commit
+  //! visible is not waited for either (settle_commit abandons or makes its commit).
+  void wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept;
+  //! Settles commit `v` (= visible + 1) if its writer is dead, or, with `abandon_live`, alive
+  //! but too slow to wait for: a block not sealed yet is abandoned (fmt::void_block: v is a
+  //! hole, and its writer's seal fails), a sealed one is made visible. Returns whether it did.
+  bool settle_commit(std::uint64_t v, bool abandon_live) noexcept;
   //! Whether another waiter on *visible* looked for a dead writer within the last 2 ms, or
   //! is looking now: else the caller's turn (it says so in the header).
   bool dead_check_is_taken() noexcept;
@@ -782,7 +786,7 @@ struct store::impl final : ix::page_source {
   };
   //! Makes commit `seq` visible once every commit before it is, adding its counter changes
   //! in the same ordered step (so the counters are exact as of *visible*: see checkpoints).
-  void publish_visible(std::uint64_t seq, counter_delta d) noexcept;
+  void publish_visible(std::uint64_t seq, counter_delta d, const io::countdown& cd) noexcept;
   //! Wakes every thread sleeping on *visible* (all processes).
   //! *visible* has become `seq`: wakes its waiters.
   void wake_visible(std::uint64_t seq) noexcept;

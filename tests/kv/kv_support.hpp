@@ -6,11 +6,50 @@
 #include <signal.h>
 
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "keel/kv/store.hpp"
 #include "kv/index.hpp"
 #include "kv/store_impl.hpp"
+
+namespace keel::kv {
+
+//! A commit step's name, for test names and messages.
+inline const char* name_of(commit_step at) noexcept {
+  switch (at) {
+    case commit_step::charged:
+      return "charged";
+    case commit_step::locked:
+      return "locked";
+    case commit_step::reserved:
+      return "reserved";
+    case commit_step::marked:
+      return "marked";
+    case commit_step::took_seq:
+      return "took_seq";
+    case commit_step::recorded:
+      return "recorded";
+    case commit_step::written:
+      return "written";
+    case commit_step::published_one:
+      return "published_one";
+    case commit_step::published:
+      return "published";
+    case commit_step::visible:
+      return "visible";
+    case commit_step::sync_waiting:
+      return "sync_waiting";
+    case commit_step::syncing:
+      return "syncing";
+  }
+  return "?";
+}
+inline void PrintTo(commit_step at, std::ostream* os) {
+  *os << name_of(at);
+}
+
+}  // namespace keel::kv
 
 namespace keel::kv::test_support {
 

@@ -1,0 +1,111 @@
+// A writer that is alive but stopped (SIGSTOP, a debugger, a machine too busy to run it)
+// at a step of its commit: no other call waits for it much past options::lock_timeout. Its
+// commit is then abandoned if it was not yet whole (it fails when the writer goes on, and
+// nobody ever sees it), or made visible if its block was whole (the writer publishes it
+// when it goes on). Either way everyone agrees, also after a rebuild.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include "kv/kv_support.hpp"
+#include "support/process.hpp"
+
+namespace keel::kv {
+namespace {
+
+using test::fork_child;
+using test::temp_dir;
+using test_support::open_ok;
+using test_support::small;
+
+options short_timeout() {
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  return o;
+}
+
+class KvStoreStopped : public ::testing::TestWithParam<commit_step> {};
+
+TEST_P(KvStoreStopped, AStoppedWriterHoldsNobodyPastTheirTimeout) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path, short_timeout());
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("base", "0"));
+  // 0: its commit went in; 1: it failed with timed_out; else what went wrong.
+  const pid_t writer = fork_child([&] {
+    auto mine = store::open(path, short_timeout());
+    if (!mine) return 2;
+    static commit_step stop_at;
+    stop_at = GetParam();
+    commit_hook = [](commit_step now) noexcept {
+      if (now == stop_at) ::raise(SIGSTOP);
+    };
+    auto t = (*mine)->begin();
+    if (!t || !t->put("a", "1") || !t->put("a2", "1")) return 3;
+    auto r = t->commit();
+    commit_hook = nullptr;
+    if (r) return 0;
+    return r.error() == std::errc::timed_out ? 1 : 4;
+  });
+  int status = 0;
+  ASSERT_EQ(::waitpid(writer, &status, WUNTRACED), writer);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "status " << status;
+  // An unrelated put: it waits for the stopped commit in front only until its own timeout.
+  const auto began = std::chrono::steady_clock::now();
+  auto put = s->put("b", "2");
+  const auto waited = std::chrono::steady_clock::now() - began;
+  ASSERT_TRUE(put) << put.error().message();
+  EXPECT_LT(waited, std::chrono::seconds(10)) << "held by a stopped writer";
+  EXPECT_EQ(*s->get("b"), "2");
+  const auto a_now = s->get("a");
+  ASSERT_EQ(::kill(writer, SIGCONT), 0);
+  const int code = test::wait_exit(writer);
+  ASSERT_TRUE(code == 0 || code == 1) << "exit " << code;
+  const bool went_in = code == 0;
+  // What readers saw while it was stopped is what it did.
+  if (went_in) {
+    ASSERT_TRUE(a_now) << "its commit went in, yet was not there: " << a_now.error().message();
+  } else {
+    EXPECT_FALSE(a_now) << "abandoned, yet seen: " << *a_now;
+  }
+  for (int round = 0; round < 3; ++round) {
+    if (round == 1) {
+      s.reset();
+      s = open_ok(path, short_timeout());
+    }
+    if (round == 2) {
+      s.reset();
+      std::filesystem::remove(path + "/index");
+      s = open_ok(path, short_timeout());
+    }
+    ASSERT_TRUE(s);
+    for (const char* k : {"a", "a2"}) {
+      auto v = s->get(k);
+      if (went_in) {
+        ASSERT_TRUE(v) << "round " << round << ": " << k << ": " << v.error().message();
+        EXPECT_EQ(*v, "1");
+      } else {
+        ASSERT_FALSE(v) << "round " << round << ": " << k << " is there";
+        EXPECT_EQ(v.error(), errc::not_found);
+      }
+    }
+    EXPECT_EQ(*s->get("b"), "2");
+    ASSERT_TRUE(s->put("c" + std::to_string(round), "after"));  // writers go on
+    EXPECT_EQ(*s->get("c" + std::to_string(round)), "after");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AtEachStepAfterItsSeq, KvStoreStopped,
+                         ::testing::Values(commit_step::took_seq, commit_step::recorded,
+                                           commit_step::written, commit_step::published_one,
+                                           commit_step::published),
+                         [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
+
+}  // namespace
+}  // namespace keel::kv
