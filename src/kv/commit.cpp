@@ -377,8 +377,26 @@ struct transaction::impl {
   ~impl() { s->release_slot(lease); }
 
   result<std::span<const std::byte>> view(std::string_view key) noexcept;
+  //! Whether `key` is there at the snapshot (or written by this transaction), from its
+  //! record's header alone: a key whose value is damaged is there. Counts as a read.
+  result<bool> contains(std::string_view key) noexcept;
   result<std::uint64_t> commit(durability d) noexcept;
 };
+
+result<bool> transaction::impl::contains(std::string_view key) noexcept {
+  if (auto k = check_key(key); !k) return std::unexpected(k.error());
+  if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
+  if (auto w = writes.find(key); w != writes.end()) return !w->second.erase;
+  try {
+    reads.emplace(key);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  const auto kb = as_bytes(key);
+  auto r = s->read_at_snapshot(kb, fmt::hash_key(kb), snapshot, false);
+  if (!r) return std::unexpected(r.error());
+  return r->has_value();
+}
 
 result<std::span<const std::byte>> transaction::impl::view(std::string_view key) noexcept {
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
@@ -394,7 +412,7 @@ result<std::span<const std::byte>> transaction::impl::view(std::string_view key)
     return errc_error(std::errc::not_enough_memory);
   }
   const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, fmt::hash_key(kb), snapshot);
+  auto r = s->read_at_snapshot(kb, fmt::hash_key(kb), snapshot, s->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   return s->value_of(**r, s->opts.verify_checksums);
@@ -887,7 +905,7 @@ result<std::string> store::get(std::string_view key) noexcept {
   } hold{impl_.get(), *lease};
   const std::uint64_t snap = impl_->take_snapshot(*lease);
   const auto kb = as_bytes(key);
-  auto r = impl_->read_at_snapshot(kb, fmt::hash_key(kb), snap);
+  auto r = impl_->read_at_snapshot(kb, fmt::hash_key(kb), snap, impl_->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   auto v = impl_->value_of(**r, impl_->opts.verify_checksums);
@@ -960,8 +978,10 @@ result<void> store::erase(std::string_view key) noexcept {
     const std::uint64_t seen = impl_->compaction_runs_now();
     auto t = begin();
     if (!t) return std::unexpected(t.error());
-    auto v = t->get_view(key);
-    if (!v) return std::unexpected(v.error());
+    // Whether it is there, from its record's header: a damaged value is erased like any.
+    auto there = t->impl_->contains(key);
+    if (!there) return std::unexpected(there.error());
+    if (!*there) return keel_error(errc::not_found);
     if (auto e = t->erase(key); !e) return e;
     auto r = t->commit();
     if (r) return {};

@@ -1,4 +1,4 @@
-// Reading: records, values, snapshot lookups, scans, stats and verify (doc/kv-format.md,
+// Reading: records, values, snapshot lookups, scans and stats (doc/kv-format.md,
 // "Reading at a snapshot", "Scanning").
 
 #include <algorithm>
@@ -112,12 +112,13 @@ result<std::optional<found_record>> store::impl::back_to(found_record rec, std::
 
 result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<const std::byte> key,
                                                                   const fmt::key_hash& h,
-                                                                  std::uint64_t snapshot) noexcept {
+                                                                  std::uint64_t snapshot,
+                                                                  bool verify) noexcept {
   const std::uint64_t page = table->page_of(h);
   if (read_page_hook != nullptr) read_page_hook();
-  auto rec = locate(page, h, key, snapshot, opts.verify_checksums);
+  auto rec = locate(page, h, key, snapshot, verify);
   if (!rec || !*rec) return rec;
-  auto seen = back_to(**rec, snapshot, opts.verify_checksums);
+  auto seen = back_to(**rec, snapshot, verify);
   if (!seen || !*seen || (*seen)->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
     return seen;
   }
@@ -208,7 +209,7 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
                           named->rec.key.size());
           if (std::ranges::find(seen_keys, key) != seen_keys.end()) continue;
           seen_keys.push_back(key);
-          auto seen = impl_->read_at_snapshot(as_bytes(key), h, snap);
+          auto seen = impl_->read_at_snapshot(as_bytes(key), h, snap, impl_->opts.verify_checksums);
           if (!seen) return std::unexpected(seen.error());
           if (!*seen) continue;
           item it;
@@ -267,45 +268,6 @@ result<store_stats> store::stats() noexcept {
         static_cast<double>(used) / static_cast<double>(st.index_pages * ix::entries_per_page);
   }
   return st;
-}
-
-result<std::uint64_t> store::verify() noexcept {
-  // No compaction meanwhile (it would remove segments under the walk): the maintenance byte,
-  // which also keeps checkpoints waiting.
-  const io::countdown cd = io::deadline(impl_->opts.lock_timeout).start();
-  if (auto b = impl_->take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
-  const maintenance_hold held{impl_.get()};
-  auto numbers = impl_->segment_numbers(false);
-  if (!numbers) return std::unexpected(numbers.error());
-  std::uint64_t commits = 0;
-  for (const std::uint64_t n : *numbers) {
-    auto s = impl_->segment_at(n);
-    if (!s) return std::unexpected(s.error());
-    auto walked = impl_->for_each_block(
-        **s, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-          if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) ||
-              !fmt::check_block((*s)->bytes().subspan(off), impl_->salt)) {
-            return {};
-          }
-          auto whole = impl_->complete_block(fmt::make_location(n, off));
-          if (!whole) return std::unexpected(whole.error());
-          if (!*whole) {
-            return std::unexpected(error(errc::corrupt).about((*s)->path, off));
-          }
-          ++commits;
-          return {};
-        });
-    if (!walked) return std::unexpected(walked.error());
-  }
-  // Then every live key's newest record and value, checksums and all.
-  std::string cursor;
-  for (;;) {
-    auto page = scan(cursor, 1024, false);
-    if (!page) return std::unexpected(page.error());
-    if (page->done) break;
-    cursor = page->cursor;
-  }
-  return commits;
 }
 
 }  // namespace keel::kv

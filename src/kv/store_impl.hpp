@@ -718,7 +718,8 @@ struct store::impl final : ix::page_source {
                                                             bool verify) noexcept;
   //! The version of `key` a snapshot sees: its record, or nullopt (absent or erased).
   [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(
-      std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot) noexcept;
+      std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot,
+      bool verify) noexcept;
   //! The complete commit block at `location`, if it is one (with every blob it names): its
   //! header; nullopt when it is not complete. Errors: what kept it from being read (a
   //! segment that cannot be opened or mapped, EMFILE, ENOMEM...): never taken for "not

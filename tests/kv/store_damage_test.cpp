@@ -393,5 +393,85 @@ TEST(KvDamage, AProcessShortOfDescriptorsNeverSettlesADeadWritersCommitHalfWay) 
   EXPECT_EQ(*s->get("b"), "new b");
 }
 
+// verify lists every damage, each with its file and offset: an old version's record, the
+// newest version's record and a value kept as a blob. (It once said "ok, every checksum
+// matches" over a damaged old version.)
+TEST(KvDamage, VerifyListsEveryDamageOldVersionsIncluded) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "first <first-marker>" + std::string(100, '1')));
+    ASSERT_TRUE(s->put("a", "second <second-marker>" + std::string(100, '2')));
+    ASSERT_TRUE(s->put("c", big_value('C')));
+    verify_report clean;
+    auto ok = s->verify(&clean);
+    ASSERT_TRUE(ok) << ok.error().message();
+    EXPECT_EQ(clean.commits, 3u);
+    EXPECT_TRUE(clean.damaged.empty());
+  }
+  const place first = find_last(path, "<first-marker>");
+  const place second = find_last(path, "<second-marker>");
+  const place blob = find_last(path, "<blob-marker>");
+  for (const place& p : {first, second, blob})
+    flip_bit(p, 3);
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  verify_report report;
+  auto v = s->verify(&report);
+  ASSERT_FALSE(v);
+  EXPECT_EQ(v.error(), errc::corrupt);
+  ASSERT_EQ(report.damaged.size(), 3u);
+  // Records are named at their start, before the value; a blob at its block's start.
+  const std::size_t names[] = {first.offset, second.offset, blob.offset};
+  for (std::size_t i = 0; i < 3; ++i) {
+    const damage& d = report.damaged[i];
+    EXPECT_EQ(d.file, i < 2 ? first.file : blob.file) << d.what;
+    EXPECT_LT(d.offset, names[i]) << d.what;
+    EXPECT_GT(d.offset + (i < 2 ? 2000 : 200'000), names[i]) << d.what;
+  }
+  EXPECT_NE(report.damaged[0].what.find("\"a\""), std::string::npos) << report.damaged[0].what;
+  EXPECT_NE(report.damaged[2].what.find("\"c\""), std::string::npos) << report.damaged[2].what;
+}
+
+// A key whose newest record is damaged is repaired by writing it anew, or by erasing it.
+// (Both once failed with `corrupt`: a commit read the old record's checksum.)
+TEST(KvDamage, ADamagedKeyCanBeOverwrittenOrErased) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "a <a-marker>" + std::string(100, 'a')));
+    ASSERT_TRUE(s->put("b", "b <b-marker>" + std::string(100, 'b')));
+    ASSERT_TRUE(s->put("c", big_value('C')));
+  }
+  for (const char* m : {"<a-marker>", "<b-marker>", "<blob-marker>"})
+    flip_bit(find_last(path, m), 3);
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  for (const char* k : {"a", "b", "c"}) {
+    auto v = s->get(k);
+    ASSERT_FALSE(v) << k;
+    EXPECT_EQ(v.error(), errc::corrupt) << v.error().message();
+  }
+  auto put = s->put("a", "repaired");
+  ASSERT_TRUE(put) << put.error().message();
+  EXPECT_EQ(*s->get("a"), "repaired");
+  for (const char* k : {"b", "c"}) {
+    auto erased = s->erase(k);
+    ASSERT_TRUE(erased) << k << ": " << erased.error().message();
+    EXPECT_EQ(s->get(k).error(), errc::not_found);
+  }
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  EXPECT_EQ(*rebuilt->get("a"), "repaired");
+  EXPECT_EQ(rebuilt->get("b").error(), errc::not_found);
+  EXPECT_EQ(rebuilt->get("c").error(), errc::not_found);
+}
+
 }  // namespace
 }  // namespace keel::kv

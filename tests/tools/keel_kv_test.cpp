@@ -140,6 +140,38 @@ TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {
 
 namespace {
 
+TEST(KeelKv, VerifyNamesEveryDamagedPlaceAndExitsThree) {
+  keel::test::temp_dir dir;
+  const std::string s = dir.file("store");
+  {
+    auto st = keel::kv::store::open(s);
+    ASSERT_TRUE(st) << st.error().message();
+    ASSERT_TRUE((*st)->put("a", "old <old-marker> value"));
+    ASSERT_TRUE((*st)->put("a", "new value"));
+  }
+  auto r = kv(dir, {s, "verify"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  // One flipped bit in the old version's value.
+  for (const auto& e : std::filesystem::directory_iterator(s + "/seg")) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::stringstream all;
+    all << f.rdbuf();
+    const std::size_t at = all.str().find("<old-marker>");
+    if (at == std::string::npos) continue;
+    f.seekp(static_cast<std::streamoff>(at + 2));
+    f.put(static_cast<char>(all.str()[at + 2] ^ 0x04));
+  }
+  r = kv(dir, {s, "verify"});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("damaged: " + s + "/seg/0000000000000001 at offset "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"a\""), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("1 places damaged"), std::string::npos) << r.err;
+  r = kv(dir, {s, "get", "a"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "new value");
+}
+
 TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   keel::test::temp_dir dir;
   const std::string json = dir.file("kv.json");

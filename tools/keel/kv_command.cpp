@@ -261,9 +261,26 @@ int run_kv_command(int argc, char** argv) {
     return exit_ok;
   }
   if (*verify) {
-    auto v = (*s)->verify();
-    if (!v) return fail("verify", v.error());
-    fmt::print("ok: {} commits, every checksum matches\n", *v);
+    kv::verify_report report;
+    auto v = (*s)->verify(&report);
+    for (const kv::damage& d : report.damaged) {
+      fmt::print("damaged: {} at offset {}: {}\n", d.file, d.offset, d.what);
+    }
+    const std::string torn =
+        report.torn == 0 ? ""
+                         : fmt::format(
+                               " ({} commits a power cut tore before they completed: they never "
+                               "happened)",
+                               report.torn);
+    if (!v && report.damaged.empty()) return fail("verify", v.error());
+    if (!v) {
+      fmt::print(stderr,
+                 "keel kv: verify: {} places damaged, {} commits whole{}; a key whose newest "
+                 "version is damaged reads as corrupt until written anew or erased\n",
+                 report.damaged.size(), report.commits, torn);
+      return exit_corrupt;
+    }
+    fmt::print("ok: {} commits, every checksum matches{}\n", *v, torn);
     return exit_ok;
   }
   return exit_usage;

@@ -133,6 +133,24 @@ struct compact_stats {
   std::uint64_t records_unreadable = 0;
 };
 
+//! A place `verify` found damaged.
+struct damage {
+  std::string file;          //!< the store's file
+  std::uint64_t offset = 0;  //!< where in it
+  std::string what;          //!< what is wrong there (and the key, when it can be read)
+};
+
+//! What `verify` found.
+struct verify_report {
+  std::uint64_t commits = 0;  //!< complete commit blocks
+  //! Commit blocks a power cut tore before they completed: commits that never happened
+  //! (not damage: the store was never told they were durable).
+  std::uint64_t torn = 0;
+  //! Every block, record, value and index entry that does not check out, old versions
+  //! included, in file order.
+  std::vector<damage> damaged;
+};
+
 class store;
 
 //! One key and its value, as a scan returns them.
@@ -239,13 +257,15 @@ class store {
   [[nodiscard]] result<scan_page> scan(std::string_view cursor, std::size_t limit,
                                        bool keys_only = false) noexcept;
   [[nodiscard]] result<store_stats> stats() noexcept;
-  //! Reads every block of every segment and checks every checksum. Returns the number of
-  //! complete commit blocks; errors: corrupt (the first damage, file and offset), timed_out.
-  //! Waits (up to options::lock_timeout) for a compaction, a checkpoint or another verify
-  //! to end, and keeps them from starting until it is done (background checkpoints are
-  //! written afterwards). Meant for a quiet store: blocks still being written are read as
-  //! they are.
-  [[nodiscard]] result<std::uint64_t> verify() noexcept;
+  //! Reads every block of every segment and checks every checksum, every value a record
+  //! names, and every index entry against the record it names. Returns the number of
+  //! complete commit blocks; errors: corrupt (the first damage, file and offset; `report`,
+  //! when given, lists every one, old versions included), timed_out, and what kept it from
+  //! reading. Waits (up to options::lock_timeout) for a compaction, a checkpoint or another
+  //! verify to end, and keeps them from starting until it is done (background checkpoints
+  //! are written afterwards). Meant for a quiet store: blocks still being written are read
+  //! as they are.
+  [[nodiscard]] result<std::uint64_t> verify(verify_report* report = nullptr) noexcept;
 
   //! Moves the live records out of every segment (but the one being appended to) that is at
   //! most half live (when a put would find no room: any with a sixteenth dead), and removes

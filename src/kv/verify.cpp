@@ -1,0 +1,179 @@
+// verify: every block of every segment, every value a record names and every index entry,
+// checked; every damage found is listed (file, offset, what), old versions included, and a
+// commit a power cut tore is told apart from damage (doc/kv-format.md, "Recovery").
+
+#include <cctype>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+// A key for a message: as it is when it is printable, else in hex.
+std::string describe(std::span<const std::byte> key) {
+  std::string out;
+  bool printable = true;
+  for (const std::byte b : key)
+    printable &= std::isprint(static_cast<unsigned char>(b)) != 0;
+  if (printable) {
+    out.assign(reinterpret_cast<const char*>(key.data()), key.size());
+    return '"' + out + '"';
+  }
+  static constexpr char digits[] = "0123456789abcdef";
+  out = "0x";
+  for (const std::byte b : key) {
+    out += digits[static_cast<unsigned>(b) >> 4];
+    out += digits[static_cast<unsigned>(b) & 15];
+  }
+  return out;
+}
+
+// The damage list, each place once.
+class findings {
+ public:
+  explicit findings(verify_report& out) noexcept : out_(out) {}
+  void note(const keel::detail::shared_path& file, std::uint64_t offset, std::string what) {
+    std::string name(file.view());
+    if (!seen_.emplace(name, offset).second) return;
+    out_.damaged.push_back({std::move(name), offset, std::move(what)});
+  }
+
+ private:
+  verify_report& out_;
+  std::set<std::pair<std::string, std::uint64_t>> seen_;
+};
+
+}  // namespace
+
+result<std::uint64_t> store::verify(verify_report* report) noexcept {
+  impl& s = *impl_;
+  // No compaction meanwhile (it would remove segments under the walk): the maintenance byte,
+  // which also keeps checkpoints waiting.
+  const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
+  if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  const maintenance_hold held{&s};
+  verify_report local;
+  verify_report& out = report != nullptr ? *report : local;
+  try {
+    out = {};
+    findings found(out);
+    auto numbers = s.segment_numbers(false);
+    if (!numbers) return std::unexpected(numbers.error());
+
+    // A record's blob, if it has one, must check out too.
+    const auto check_value = [&](std::uint64_t at, const fmt::record_view& rec) -> result<void> {
+      if (!fmt::is_blob(rec)) return {};
+      auto v = s.value_of(found_record{at, rec, nullptr}, true);
+      if (v || v.error() == std::errc::no_such_file_or_directory) return {};  // removed whole
+      if (v.error() != errc::corrupt) return std::unexpected(v.error());
+      auto blob_seg = s.segment_at(fmt::segment_of(rec.blob.location));
+      if (!blob_seg) return std::unexpected(blob_seg.error());
+      found.note((*blob_seg)->path, fmt::offset_of(rec.blob.location),
+                 "the value of " + describe(rec.key) + " (seq " + std::to_string(rec.head.seq) +
+                     ") does not check out");
+      return {};
+    };
+    // Each record of a block whose header checks out, by its own checksum.
+    const auto check_records = [&](const segment& seg, std::uint64_t off,
+                                   const fmt::block_header& head) -> result<void> {
+      const auto bytes = seg.bytes();
+      std::uint64_t r = off + sizeof(fmt::block_header);
+      bool any = false;
+      for (std::uint32_t i = 0; i < head.records; ++i) {
+        const auto rest = bytes.subspan(r, off + head.length - r);
+        auto rec = fmt::parse_record(rest, s.salt, true);
+        if (rec) {
+          if (auto v = check_value(fmt::make_location(seg.number, r), *rec); !v) return v;
+          r += rec->size;
+          continue;
+        }
+        any = true;
+        auto shape = fmt::parse_record_head(rest);
+        if (!shape) {
+          found.note(seg.path, r, "a record that cannot be read (nor can the rest of its block)");
+          return {};
+        }
+        found.note(seg.path, r,
+                   "the record of " + describe(shape->key) + " (seq " +
+                       std::to_string(shape->head.seq) + ") does not check out");
+        r += shape->size;
+      }
+      if (!any && !fmt::check_block(bytes.subspan(off), s.salt)) {
+        found.note(seg.path, off, "a block whose checksums do not match its records");
+      }
+      return {};
+    };
+
+    for (const std::uint64_t n : *numbers) {
+      auto seg = s.segment_at(n);
+      if (!seg) return std::unexpected(seg.error());
+      const segment& sg = **seg;
+      auto walked = s.for_each_block(
+          sg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+            const auto kind = static_cast<fmt::block_kind>(head.kind);
+            if (kind == fmt::block_kind::commit) {
+              auto judged = s.judge_commit(fmt::make_location(n, off), head);
+              if (!judged) return std::unexpected(judged.error());
+              if (judged->what == impl::commit_judgement::kind::torn) {
+                ++out.torn;  // never happened: not damage
+                return {};
+              }
+              ++out.commits;
+              return check_records(sg, off, head);
+            }
+            if (kind == fmt::block_kind::relocation) {
+              if (!fmt::check_block(sg.bytes().subspan(off), s.salt) &&
+                  fmt::has_unwritten_sector(sg.bytes(), off, head.length)) {
+                return {};  // a copy a power cut tore: its original stayed
+              }
+              return check_records(sg, off, head);
+            }
+            return {};  // a blob is checked through the record that names it
+          });
+      if (!walked) return std::unexpected(walked.error());
+    }
+
+    // Every index entry names a record of its own hash.
+    auto hold = snapshot_hold::take(s);
+    if (!hold) return std::unexpected(hold.error());
+    auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+      const ix::bucket_ref b = s.table->page(page);
+      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+        const ix::entry_ref e = b.entry(k);
+        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+        if (hi == 0) continue;
+        const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+        const std::uint64_t at = e.location().load(std::memory_order_acquire);
+        if ((seq & ix::pending) != 0 || at == 0) continue;  // settled when used
+        auto rec = s.record_head_at(at);
+        auto seg = s.segment_at(fmt::segment_of(at));
+        if (!seg) return std::unexpected(seg.error());
+        if (!rec) {
+          found.note((*seg)->path, fmt::offset_of(at),
+                     "no record where an index entry (page " + std::to_string(page) + ") says");
+          continue;
+        }
+        const fmt::key_hash h = fmt::hash_key(rec->rec.key);
+        if (h.hi != hi || h.lo != e.lo().load(std::memory_order_acquire)) {
+          found.note((*seg)->path, fmt::offset_of(at),
+                     "an index entry (page " + std::to_string(page) +
+                         ") of another hash names the record of " + describe(rec->rec.key));
+        }
+      }
+      return true;
+    });
+    if (!walked) return std::unexpected(walked.error());
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  if (!out.damaged.empty()) {
+    const damage& first = out.damaged.front();
+    return std::unexpected(error(errc::corrupt).about(first.file, first.offset));
+  }
+  return out.commits;
+}
+
+}  // namespace keel::kv
