@@ -3,6 +3,7 @@
 // snapshot can reach them, while readers and writers go on.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <map>
@@ -686,8 +687,13 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   if (auto r = s.remove_checkpoint(); !r) return std::unexpected(r.error());
   const auto free_before = s.fs->statfs(s.dir.dir);
   {
-    auto g = s.locks->lock({lock::entity(entity_sync)}, io::deadline(cd.expiry()));
+    // With the `segment` lock too, which every change of the manifest holds: the victims
+    // go off it first (a segment listed is one that must be there; their copies are synced,
+    // so one unlisted and still there is a leftover the next lone opener removes).
+    const std::array<lock::entity, 2> both{lock::entity(entity_sync), lock::entity(entity_segment)};
+    auto g = s.locks->lock(both, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
+    if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
     for (const std::uint64_t n : victims) {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());

@@ -160,6 +160,68 @@ result<segment_params> parse_segment_header(std::span<const std::byte> bytes,
   return p;
 }
 
+// ---- The manifest ----
+
+namespace {
+constexpr std::size_t manifest_id_at = 24, manifest_generation_at = 40, manifest_count_at = 48,
+                      manifest_header = 64;
+}  // namespace
+
+std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id, const manifest& m,
+                                       std::uint64_t salt) {
+  std::vector<std::byte> out(manifest_header + m.entries.size() * sizeof(manifest_entry) + 8);
+  const std::span<std::byte> s(out);
+  store(s, 0, manifest_format.header());
+  std::memcpy(out.data() + manifest_id_at, id.data(), id.size());
+  store(s, manifest_generation_at, m.generation);
+  store(s, manifest_count_at, static_cast<std::uint64_t>(m.entries.size()));
+  for (std::size_t i = 0; i < m.entries.size(); ++i)
+    store(s, manifest_header + i * sizeof(manifest_entry), m.entries[i]);
+  const std::size_t end = out.size() - 8;
+  store(s, end, checksum(s.first(end), salt));
+  return out;
+}
+
+result<manifest> parse_manifest(std::span<const std::byte> bytes,
+                                const std::array<std::uint8_t, 16>& id,
+                                std::uint64_t salt) noexcept {
+  auto head = base::check_header(bytes, manifest_format);
+  if (!head) return std::unexpected(head.error());
+  if (*head == base::header_state::blank || bytes.size() < manifest_header + 8) {
+    return std::unexpected(corrupt_at(0).error());
+  }
+  const auto count = load<std::uint64_t>(bytes, manifest_count_at);
+  if (count > max_segments ||
+      count > (bytes.size() - manifest_header - 8) / sizeof(manifest_entry)) {
+    return std::unexpected(corrupt_at(manifest_count_at).error());
+  }
+  const std::size_t end = manifest_header + count * sizeof(manifest_entry);
+  if (load<std::uint64_t>(bytes, end) != checksum(bytes.first(end), salt)) {
+    return std::unexpected(corrupt_at(end).error());
+  }
+  if (std::memcmp(bytes.data() + manifest_id_at, id.data(), id.size()) != 0) {
+    return std::unexpected(corrupt_at(manifest_id_at).error());
+  }
+  manifest m;
+  m.generation = load<std::uint64_t>(bytes, manifest_generation_at);
+  try {
+    m.entries.reserve(count);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::size_t at = manifest_header + i * sizeof(manifest_entry);
+      const auto e = load<manifest_entry>(bytes, at);
+      if (e.number == 0 || e.number > max_segment_number || e.size < segment_header_size ||
+          e.size > max_segment_offset ||
+          (!m.entries.empty() && e.number <= m.entries.back().number)) {
+        return std::unexpected(corrupt_at(at).error());
+      }
+      m.entries.push_back(e);
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return m;
+}
+
 // ---- Blocks and records ----
 
 std::uint64_t record_size(const record_in& r) noexcept {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "base/format_header.hpp"
 #include "keel/result.hpp"
@@ -71,8 +72,10 @@ struct store_params {
 
 constexpr std::size_t store_file_size = page_size;
 constexpr std::size_t store_checksum_at = page_size - 8;
+// Version 2: the store keeps a manifest of its segments (version 1 had none; its stores are
+// refused with unsupported_version).
 inline constexpr base::format store_format{
-    "KEELKVS1", 1, base::layout_of({store_file_size, 72, store_checksum_at})};
+    "KEELKVS1", 2, base::layout_of({store_file_size, 72, store_checksum_at})};
 
 //! The store file's 4096 bytes for `p` (checksummed; the checksum's seed is 0, since the
 //! salt is read from this file).
@@ -109,6 +112,50 @@ struct segment_params {
                                                           const std::array<std::uint8_t, 16>& id,
                                                           std::uint64_t number,
                                                           std::uint64_t salt) noexcept;
+
+// ---- The manifest: which segments the store has ----
+
+//! The most segments a store holds (the index's segment table has an entry for each).
+constexpr std::uint64_t max_segments = 8064;
+//! The manifest file is two slots of one size, allocated when it is made: a change is
+//! written into the slot not in use and synced, so it needs no new room (compaction works on
+//! a full volume) and a torn write leaves the other slot as it was. A slot starts at a page
+//! and doubles (a new file, replaced whole) when a segment more would not fit, up to the
+//! size that holds max_segments.
+constexpr std::uint64_t manifest_min_slot = 4096;
+constexpr std::uint64_t manifest_max_slot = 128 * 1024;
+//! The segments a slot of `slot_size` bytes holds.
+[[nodiscard]] constexpr std::uint64_t manifest_capacity(std::uint64_t slot_size) noexcept {
+  return (slot_size - 72) / 16;
+}
+static_assert(manifest_capacity(manifest_max_slot) >= max_segments);
+inline constexpr base::format manifest_format{"KEELKVM1", 1,
+                                              base::layout_of({64, 16, 8, max_segments})};
+
+//! A segment the manifest lists.
+struct manifest_entry {
+  std::uint64_t number = 0;
+  std::uint64_t size = 0;
+  friend bool operator==(const manifest_entry&, const manifest_entry&) = default;
+};
+
+//! A manifest slot as read.
+struct manifest {
+  std::uint64_t generation = 0;         //!< the slot with the higher one is current
+  std::vector<manifest_entry> entries;  //!< ascending
+  std::uint64_t slot_size = 0;          //!< of the file it was read from (0: none yet)
+};
+
+//! A slot's bytes: its 64-byte header (common header, store id, generation, count), the
+//! entries in number order, and a checksum of all of it. At most max_segments entries.
+[[nodiscard]] std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id,
+                                                     const manifest& m, std::uint64_t salt);
+//! Reads a slot (`bytes`: the slot, which may run on past its checksum). Errors:
+//! not_keel_file, unsupported_version, corrupt (blank, another store's, a bad checksum, a
+//! count past the slot, entries out of order or of a size below a segment header).
+[[nodiscard]] result<manifest> parse_manifest(std::span<const std::byte> bytes,
+                                              const std::array<std::uint8_t, 16>& id,
+                                              std::uint64_t salt) noexcept;
 
 // ---- Blocks and records ----
 

@@ -605,6 +605,7 @@ void store::impl::enter_segment(std::uint64_t number, std::uint64_t size) noexce
 
 result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   // Under the `segment` lock (or alone): one maker at a time.
+  if (auto m = ensure_manifest(); !m) return std::unexpected(m.error());
   auto picked = new_segment_number();
   if (!picked) return picked;
   const std::uint64_t number = *picked;
@@ -615,6 +616,12 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
     return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
   }
   if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(path + "/seg"));
+  // Listed once its name is durable, before anything is written into it: a listed segment
+  // that is missing is damage, never a maker's leftover.
+  if (auto l = list_segment(number, size); !l) {
+    (void)io::unlink_at(dir.segments, name.c_str());  // unlisted: nobody's
+    return std::unexpected(l.error());
+  }
   enter_segment(number, size);
   return number;
 }
@@ -741,12 +748,21 @@ result<std::uint64_t> store::impl::adopt_spare() noexcept {
                    io::rename_mode::no_replace);
   }
   if (!r) return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
-  // A segment now: in the table before anything else can fail (a named segment missing from
-  // it would hold its room and never be compacted), the word cleared before the caller
-  // moves the tail into it (see reserve).
+  // A segment now: its name durable, then listed, then in the table (a named segment
+  // missing from it would hold its room and never be compacted), the word cleared before
+  // the caller moves the tail into it (see reserve).
+  const auto back_to_spare = [&](const error& e) -> result<std::uint64_t> {
+    // The spare again if it can be (else an unlisted file the next lone opener removes).
+    if (!fs->rename(&dir.segments, name.c_str(), &dir.segments, spare_name,
+                    io::rename_mode::no_replace)) {
+      h64(hdr::spare).store(0);
+    }
+    return std::unexpected(e);
+  };
+  if (auto d = dir.segments.sync_all(); !d) return back_to_spare(d.error().about(named));
+  if (auto l = list_segment(number, size); !l) return back_to_spare(l.error());
   enter_segment(number, size);
   h64(hdr::spare).store(0);
-  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
   return number;
 }
 
@@ -763,8 +779,27 @@ std::uint64_t store::impl::abandoned_segment() const noexcept {
   return abandoned ? last : 0;
 }
 
+result<void> store::impl::adopt_named_leftover() noexcept {
+  // The last number handed out, named in seg/ but neither listed nor entered: its maker (or
+  // the taker of the spare) died between naming it and listing it, holding the segment lock
+  // we hold now. Nothing was written into it (nothing is before it is listed), and it holds
+  // a segment's room, which a full volume needs: listed and entered, it is the abandoned
+  // segment the next writer takes.
+  const std::uint64_t last = h64(hdr::next_segment).load() - 1;
+  if (last == 0 || segtab(last, 0).load() != 0) return {};
+  const std::string name = segment_name(last);
+  auto st = fs->stat_at(&dir.segments, name.c_str(), false);
+  if (!st || st->size != dir.params.segment_size) return {};
+  auto seg = segment_at(last);
+  if (!seg) return {};  // not a segment of ours at all: left alone
+  if (auto l = list_segment(last, (*seg)->size); !l) return l;
+  enter_segment(last, (*seg)->size);
+  return {};
+}
+
 result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
+  if (auto a = adopt_named_leftover(); !a) return std::unexpected(a.error());
   // The last segment made, if the tail never moved into it (its maker, or the taker of the
   // spare, was killed, or failed, in between): nothing was written there, so it is the next
   // one, whoever asks (else, on a full volume, it would hold its room for good). A blob
@@ -1027,40 +1062,25 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible_waiters).store(0);
   h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
   table->finish_split(*this);          // alone: no locks to take
+  reconcile_spare();
+  // The manifest's segments must all be there (corrupt, naming one that is not); those it
+  // does not list are leftovers, removed by a writable opener. One listed and not in the
+  // table was made by a user killed before it entered it: nothing was written there, and it
+  // is entered as dead room (the next writer that needs a segment takes the last one made,
+  // compaction removes the others).
+  auto listed = check_segments();
+  if (!listed) return std::unexpected(listed.error());
+  for (const std::uint64_t n : *listed) {
+    if (segtab(n, 0).load() != 0) continue;
+    auto seg = segment_at(n);
+    if (!seg) return std::unexpected(seg.error());
+    enter_segment(n, (*seg)->size);
+    h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size);
+  }
   // What users that died part-way left in the store's files is cleared by a writable
   // opener; a read-only one changes nothing of them.
-  reconcile_spare();
   if (opts.read_only) return {};
   remove_checkpoint_leftovers();
-  // Segments named but not in the table: a maker or a taker of the spare killed between the
-  // name and the entry (nothing is written into a segment before it is entered), or a
-  // compactor between clearing the entry and the name (its records moved). Past the tail's
-  // segment, removed (the room they hold is what a full volume lacks); below it, entered as
-  // empty, so that compaction removes them.
-  if (auto listed = segment_numbers(false)) {
-    const std::uint64_t active = fmt::segment_of(h64(hdr::tail).load());
-    bool removed = false;
-    for (const std::uint64_t n : *listed) {
-      if (segtab(n, 0).load() != 0) continue;
-      if (n > active) {
-        const std::string name = segment_name(n);
-        removed = io::unlink_at(dir.segments, name.c_str()) || removed;
-        continue;
-      }
-      auto seg = segment_at(n);
-      if (!seg) continue;
-      enter_segment(n, (*seg)->size);
-      h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size);
-    }
-    if (removed) (void)dir.segments.sync_all();
-  }
-  // Leftovers of segment makers that died.
-  if (auto entries = fs->list_directory(dir.segments)) {
-    for (const auto& e : *entries) {
-      if (e.name.starts_with(segment_temp_prefix))
-        (void)io::unlink_at(dir.segments, e.name.c_str());
-    }
-  }
   return {};
 }
 
@@ -1069,7 +1089,9 @@ void store::impl::remove_checkpoint_leftovers() noexcept {
   // (io::atomic_replace's temporary name).
   if (auto entries = fs->list_directory(dir.dir)) {
     for (const auto& e : *entries) {
-      if (e.name.starts_with(".checkpoint.keel-tmp.")) (void)io::unlink_at(dir.dir, e.name.c_str());
+      if (e.name.starts_with(".checkpoint.keel-tmp.") || e.name.starts_with(".manifest.")) {
+        (void)io::unlink_at(dir.dir, e.name.c_str());
+      }
     }
   }
 }

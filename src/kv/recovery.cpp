@@ -47,6 +47,41 @@ result<void> store::impl::reset_index() noexcept {
   return table->create(*this);
 }
 
+result<std::vector<std::uint64_t>> store::impl::check_segments() noexcept {
+  // What the manifest lists must be there: one missing (deleted by hand, lost) is damage,
+  // named, never a shorter log replayed. What it does not list is not the store's log: a
+  // maker's or a compactor's leftover (nothing is written into a segment before it is
+  // listed, and a compacted one is taken off before it is removed), removed by a writable
+  // opener alone and never replayed.
+  auto listed = listed_segments();
+  if (!listed) return std::unexpected(listed.error());
+  auto present = segment_numbers(!opts.read_only);
+  if (!present) return std::unexpected(present.error());
+  std::vector<std::uint64_t> numbers;
+  try {
+    for (const fmt::manifest_entry& e : *listed) {
+      if (!std::ranges::binary_search(*present, e.number)) {
+        return std::unexpected(error(errc::corrupt).about(path + "/seg/" + segment_name(e.number)));
+      }
+      numbers.push_back(e.number);
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  if (!opts.read_only) {
+    bool removed = false;
+    for (const std::uint64_t n : *present) {
+      if (std::ranges::binary_search(numbers, n)) continue;
+      removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
+    }
+    if (removed) {
+      if (auto d = dir.segments.sync_all(); !d)
+        return std::unexpected(d.error().about(path + "/seg"));
+    }
+  }
+  return numbers;
+}
+
 result<store::impl::commit_judgement> store::impl::judge_commit(
     std::uint64_t location, const fmt::block_header& head) noexcept {
   using kind = commit_judgement::kind;
@@ -210,9 +245,9 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
 result<void> store::impl::rebuild() noexcept {
   const bool writable = !opts.read_only;
   if (writable) remove_checkpoint_leftovers();
-  auto listed = segment_numbers(writable);
-  if (!listed) return std::unexpected(listed.error());
-  const std::vector<std::uint64_t>& numbers = *listed;
+  auto checked = check_segments();
+  if (!checked) return std::unexpected(checked.error());
+  const std::vector<std::uint64_t>& numbers = *checked;
 
   // From the checkpoint, if there is one that checks out and whose replay start is still
   // there; else from the start of the log.

@@ -351,6 +351,9 @@ struct store::impl final : ix::page_source {
   //! was changed), corrupt (file, offset: damage that may hide a key's newest version),
   //! read_only (a read-only opener that found a commit it must void).
   [[nodiscard]] result<void> rebuild() noexcept;
+  //! The segments the manifest lists, each checked to be there (corrupt, naming one that is
+  //! not); those it does not list are removed when writable (leftovers, never replayed).
+  [[nodiscard]] result<std::vector<std::uint64_t>> check_segments() noexcept;
   struct replay_state;
   //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
   //! header checks out (complete or not: its writer reserved all of it).
@@ -420,6 +423,23 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] std::uint64_t log_distance(std::uint64_t from, std::uint64_t to) const noexcept;
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
   [[nodiscard]] result<std::vector<std::uint64_t>> segment_numbers(bool remove_leftovers) noexcept;
+
+  // ---- the manifest (manifest.cpp): which segments the store has ----
+  //! The segments the manifest lists, ascending. A store with no manifest and no segment
+  //! file has none (one just made); one with segment files and no manifest is corrupt.
+  [[nodiscard]] result<fmt::manifest> read_manifest() noexcept;
+  [[nodiscard]] result<std::vector<fmt::manifest_entry>> listed_segments() noexcept;
+  //! Adds (or updates) segment `number` of `size` bytes: before anything is written into it
+  //! (under the `segment` lock, or alone). The file is durable when this returns.
+  [[nodiscard]] result<void> list_segment(std::uint64_t number, std::uint64_t size) noexcept;
+  //! Takes `numbers` off the manifest: before their files are removed (under the `segment`
+  //! lock, or alone).
+  [[nodiscard]] result<void> unlist_segments(const std::set<std::uint64_t>& numbers) noexcept;
+  //! Makes the manifest file if there is none (under the `segment` lock, or alone): before
+  //! the first segment is named.
+  [[nodiscard]] result<void> ensure_manifest() noexcept;
+  //! Replaces the manifest with `m`, its generation one more.
+  [[nodiscard]] result<void> write_manifest(const fmt::manifest& m) noexcept;
   //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header
   //! checks out, complete or not, in order; space between them is stepped over 8 bytes at a
   //! time, and a block by its length (its writer reserved all of it).
@@ -561,6 +581,9 @@ struct store::impl final : ix::page_source {
   //! The last segment made, when the tail never moved into it (its maker, or the taker of the
   //! spare, killed or failed in between): nothing was written there (0: none).
   [[nodiscard]] std::uint64_t abandoned_segment() const noexcept;
+  //! Lists and enters the last segment made when its maker died between naming it and
+  //! listing it (under the `segment` lock): abandoned_segment then hands it out.
+  [[nodiscard]] result<void> adopt_named_leftover() noexcept;
   //! The next active segment (under the `segment` lock): a new one, or for compaction when
   //! none can be made, the spare.
   [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who) noexcept;
@@ -717,9 +740,10 @@ struct store::impl final : ix::page_source {
                                                             std::uint64_t snapshot,
                                                             bool verify) noexcept;
   //! The version of `key` a snapshot sees: its record, or nullopt (absent or erased).
-  [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(
-      std::span<const std::byte> key, const fmt::key_hash& h, std::uint64_t snapshot,
-      bool verify) noexcept;
+  [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(std::span<const std::byte> key,
+                                                                     const fmt::key_hash& h,
+                                                                     std::uint64_t snapshot,
+                                                                     bool verify) noexcept;
   //! The complete commit block at `location`, if it is one (with every blob it names): its
   //! header; nullopt when it is not complete. Errors: what kept it from being read (a
   //! segment that cannot be opened or mapped, EMFILE, ENOMEM...): never taken for "not

@@ -2,6 +2,7 @@
 // checked; every damage found is listed (file, offset, what), old versions included, and a
 // commit a power cut tore is told apart from damage (doc/kv-format.md, "Recovery").
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 #include <string>
@@ -62,6 +63,20 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     findings found(out);
     auto numbers = s.segment_numbers(false);
     if (!numbers) return std::unexpected(numbers.error());
+    // Every segment the manifest lists is there.
+    auto listed = s.read_manifest();
+    if (!listed) {
+      if (listed.error() != errc::corrupt) return std::unexpected(listed.error());
+      found.note(keel::detail::shared_path(listed.error().path()),
+                 listed.error().has_offset() ? listed.error().offset() : 0,
+                 "the manifest (the list of the store's segments) does not check out");
+    } else {
+      for (const fmt::manifest_entry& e : listed->entries) {
+        if (std::ranges::binary_search(*numbers, e.number)) continue;
+        found.note(keel::detail::shared_path(s.path + "/seg/" + segment_name(e.number)), 0,
+                   "a segment the manifest lists is missing");
+      }
+    }
 
     // A record's blob, if it has one, must check out too.
     const auto check_value = [&](std::uint64_t at, const fmt::record_view& rec) -> result<void> {

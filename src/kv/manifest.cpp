@@ -1,0 +1,178 @@
+// The manifest (doc/kv-format.md, "The manifest"): the store's own list of the segments it
+// has, so that a segment deleted or lost outside the store is `corrupt`, naming it, never an
+// older state served. Two slots in a file allocated whole when it is made: generation g lives
+// in slot g % 2, a change writes generation g + 1 into the other slot and syncs it, and a
+// reader takes the valid slot of the higher generation. So a change needs no new room (it
+// works on a full volume) and a write a power cut tore leaves the slot before. Changed by
+// whoever makes, takes or removes a segment, under the `segment` lock or alone.
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+namespace {
+
+constexpr const char* manifest_name = "manifest";
+
+// A slot size the file may have: a page, doubled, up to the largest.
+bool valid_slot(std::uint64_t slot) noexcept {
+  return slot >= fmt::manifest_min_slot && slot <= fmt::manifest_max_slot &&
+         (slot & (slot - 1)) == 0;
+}
+
+}  // namespace
+
+result<fmt::manifest> store::impl::read_manifest() noexcept {
+  const std::string named = path + "/" + manifest_name;
+  auto f = io::file_handle::open_at(dir.dir, manifest_name,
+                                    io::open_flags::read | io::open_flags::no_follow);
+  if (!f) {
+    if (f.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(f.error().about(named));
+    }
+    // None: a store that never made a segment has none yet. A store with segments and no
+    // manifest lost it: what it should hold cannot be known.
+    auto present = segment_numbers(false);
+    if (!present) return std::unexpected(present.error());
+    if (!present->empty()) return std::unexpected(error(errc::corrupt).about(named));
+    return fmt::manifest{};
+  }
+  auto size = f->size();
+  if (!size) return std::unexpected(size.error().about(named));
+  const auto file_size = static_cast<std::uint64_t>(*size);
+  const std::uint64_t slot_bytes = file_size / 2;
+  if (file_size % 2 != 0 || !valid_slot(slot_bytes)) {
+    return std::unexpected(error(errc::corrupt).about(named, file_size));
+  }
+  std::vector<std::byte> bytes;
+  try {
+    bytes.resize(file_size);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  auto n = f->read_at(0, bytes);
+  if (!n) return std::unexpected(n.error().about(named));
+  if (*n != bytes.size()) return std::unexpected(error(errc::corrupt).about(named, *n));
+  // Made whole and never written: both slots blank, no segment listed yet.
+  const auto blank = [&](std::uint64_t slot) {
+    const auto head =
+        std::span<const std::byte>(bytes).subspan(slot * slot_bytes, sizeof(base::format_header));
+    return std::ranges::all_of(head, [](std::byte b) { return b == std::byte{0}; });
+  };
+  if (blank(0) && blank(1)) return fmt::manifest{0, {}, slot_bytes};
+  std::optional<fmt::manifest> current;
+  error why;
+  for (std::uint64_t slot = 0; slot < 2; ++slot) {
+    auto m = fmt::parse_manifest(
+        std::span<const std::byte>(bytes).subspan(slot * slot_bytes, slot_bytes), dir.params.id,
+        salt);
+    if (!m) {
+      if (!why) why = m.error().about(named, slot * slot_bytes);
+      continue;
+    }
+    m->slot_size = slot_bytes;
+    if (m->generation % 2 != slot) continue;  // not where that generation is written
+    if (!current || m->generation > current->generation) current = std::move(*m);
+  }
+  if (!current) return std::unexpected(why ? why : error(errc::corrupt).about(named));
+  return std::move(*current);
+}
+
+result<std::vector<fmt::manifest_entry>> store::impl::listed_segments() noexcept {
+  auto m = read_manifest();
+  if (!m) return std::unexpected(m.error());
+  return std::move(m->entries);
+}
+
+result<void> store::impl::ensure_manifest() noexcept {
+  const std::string named = path + "/" + manifest_name;
+  auto st = fs->stat_at(&dir.dir, manifest_name, false);
+  if (st) return {};
+  if (st.error() != std::errc::no_such_file_or_directory) {
+    return std::unexpected(st.error().about(named));
+  }
+  // Made whole (both slots allocated, zero), synced, then named, like a segment: before the
+  // first segment, so that a store with segments and no manifest is one that lost it.
+  auto t = io::make_temp_file(dir.dir, ".manifest.", io::open_flags::read_write, 0644);
+  if (!t) return std::unexpected(t.error().about(named));
+  auto r = allocate_in(t->file, 0, static_cast<off_t>(2 * fmt::manifest_min_slot));
+  if (r) r = t->file.sync_data();
+  if (r) {
+    r = t->link_as(dir.dir, manifest_name);
+    if (!r && r.error() == std::errc::file_exists) r = {};  // another's, made meanwhile
+  }
+  (void)t->remove_name(dir.dir);
+  if (r) r = dir.dir.sync_all();
+  if (!r) return std::unexpected(r.error().about(named));
+  return {};
+}
+
+result<void> store::impl::write_manifest(const fmt::manifest& m) noexcept {
+  const std::string named = path + "/" + manifest_name;
+  if (m.entries.size() > fmt::max_segments) return errc_error(std::errc::file_too_large);
+  try {
+    fmt::manifest next;
+    next.generation = m.generation + 1;
+    next.entries = m.entries;
+    const auto bytes = fmt::encode_manifest(dir.params.id, next, salt);
+    const std::uint64_t slot = next.generation % 2;
+    if (m.slot_size != 0 && next.entries.size() <= fmt::manifest_capacity(m.slot_size)) {
+      // In place, into the slot not in use: no new room, and a torn write spares the other.
+      auto f = io::file_handle::open_at(dir.dir, manifest_name,
+                                        io::open_flags::read_write | io::open_flags::no_follow);
+      if (!f) return std::unexpected(f.error().about(named));
+      const auto at = static_cast<off_t>(slot * m.slot_size);
+      auto r = f->write_at(at, bytes);
+      if (r) r = f->sync_data();
+      if (!r) return std::unexpected(r.error().about(named, static_cast<std::uint64_t>(at)));
+      return {};
+    }
+    // Slots too small (only ever when a segment is added): a new file of slots twice as
+    // large, replaced whole.
+    std::uint64_t slot_bytes = std::max(m.slot_size, fmt::manifest_min_slot);
+    while (fmt::manifest_capacity(slot_bytes) < next.entries.size())
+      slot_bytes *= 2;
+    std::vector<std::byte> file(2 * slot_bytes);
+    std::memcpy(file.data() + slot * slot_bytes, bytes.data(), bytes.size());
+    io::replace_options ro;
+    ro.fs = fs;
+    if (auto r = io::atomic_replace(named.c_str(), file, ro); !r) {
+      return std::unexpected(r.error().about(named));
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return {};
+}
+
+result<void> store::impl::list_segment(std::uint64_t number, std::uint64_t size) noexcept {
+  auto m = read_manifest();
+  if (!m) return std::unexpected(m.error());
+  try {
+    const fmt::manifest_entry e{number, size};
+    auto at = std::ranges::lower_bound(m->entries, number, {}, &fmt::manifest_entry::number);
+    if (at != m->entries.end() && at->number == number) {
+      *at = e;
+    } else {
+      m->entries.insert(at, e);
+    }
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return write_manifest(*m);
+}
+
+result<void> store::impl::unlist_segments(const std::set<std::uint64_t>& numbers) noexcept {
+  auto m = read_manifest();
+  if (!m) return std::unexpected(m.error());
+  std::erase_if(m->entries,
+                [&](const fmt::manifest_entry& e) { return numbers.contains(e.number); });
+  return write_manifest(*m);
+}
+
+}  // namespace keel::kv
