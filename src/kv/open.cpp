@@ -1125,12 +1125,30 @@ const std::string& store::path() const noexcept {
 }
 
 result<std::unique_ptr<store>> store::open(const std::string& path, const options& o) noexcept {
+  // Options that cannot work are refused before anything is made.
+  const auto invalid = [&] {
+    return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
+  };
+  if (o.lock_timeout.count() < 0) return invalid();
+  // Room for the index as made, a segment to write in, the one kept for deletes, the spare.
+  const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {
+    return o.max_bytes != 0 && o.max_bytes < 3 * segment_size + index_pages * fmt::page_size;
+  };
   store_dir_options d;
-  d.create_if_missing = o.create_if_missing && !o.read_only;
+  d.create_if_missing = false;
   d.error_if_exists = o.error_if_exists;
   d.segment_size = o.segment_size;
   d.fs = o.fs;
   auto sd = open_store_dir(path, d);
+  if (!sd && sd.error() == std::errc::no_such_file_or_directory && o.create_if_missing &&
+      !o.read_only) {
+    // None yet: judged as the store it would make, then made.
+    auto size = new_store_segment_size(path, d);
+    if (!size) return std::unexpected(size.error());
+    if (budget_too_small(*size, initial_index_pages)) return invalid();
+    d.create_if_missing = true;
+    sd = open_store_dir(path, d);
+  }
   if (!sd) return std::unexpected(sd.error());
   if (!o.read_only) {
     // Copy-on-write (btrfs) writes a changed block to new room, which fallocate did not
@@ -1142,14 +1160,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     (void)fs.disable_copy_on_write(sd->dir);
     (void)fs.disable_copy_on_write(sd->segments);
   }
-  // Room for the index as made, a segment to write in, the one kept for deletes, the spare.
-  const auto budget_too_small = [&](std::uint64_t index_pages) {
-    return o.max_bytes != 0 &&
-           o.max_bytes < 3 * sd->params.segment_size + index_pages * fmt::page_size;
-  };
-  if (budget_too_small(initial_index_pages)) {
-    return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
-  }
+  if (budget_too_small(sd->params.segment_size, initial_index_pages)) return invalid();
   auto p = std::make_unique<impl>();
   p->path = path;
   p->opts = o;
@@ -1162,8 +1173,8 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   if (!locks) return std::unexpected(locks.error().about(path + "/lock"));
   p->locks = std::move(*locks);
   if (auto r = p->open_index(); !r) return std::unexpected(r.error().about(path + "/index"));
-  if (budget_too_small(p->h64(hdr::pages_allocated).load())) {  // an index grown since
-    return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
+  if (budget_too_small(p->dir.params.segment_size, p->h64(hdr::pages_allocated).load())) {
+    return invalid();  // an index grown since
   }
   p->serving = true;
   register_store(p.get());

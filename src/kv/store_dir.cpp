@@ -45,13 +45,17 @@ result<fmt::store_params> read_store_file(const io::file_handle& f) noexcept {
 // The segment size a new store in `dir` gets when its options leave it to the store: a
 // 1024th of the volume, a power of two from 1 MiB to 64 MiB. The room kept for deletes and
 // compaction (two segments) is then 0.2 % of a volume of 1 GiB or more.
+std::uint64_t segment_size_of_volume(std::uint64_t total_bytes) noexcept {
+  std::uint64_t size = fmt::min_segment_size;
+  while (size < fmt::default_segment_size && size * 2 <= total_bytes / 1024)
+    size *= 2;
+  return size;
+}
+
 result<std::uint64_t> segment_size_for(io::filesystem& fs, const io::file_handle& dir) noexcept {
   auto info = fs.statfs(dir);
   if (!info) return std::unexpected(info.error());
-  std::uint64_t size = fmt::min_segment_size;
-  while (size < fmt::default_segment_size && size * 2 <= info->total_bytes / 1024)
-    size *= 2;
-  return size;
+  return segment_size_of_volume(info->total_bytes);
 }
 
 result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_handle& dir,
@@ -86,6 +90,29 @@ result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_h
 
 }  // namespace
 
+result<std::uint64_t> new_store_segment_size(const std::string& path,
+                                             const store_dir_options& options) noexcept {
+  if (options.segment_size != 0) return options.segment_size;
+  io::filesystem& fs = options.fs != nullptr ? *options.fs : io::os();
+  // The volume the store would be made on: the path's, or its nearest existing parent's.
+  std::string at = path;
+  for (;;) {
+    auto info = fs.statfs(at.c_str());
+    if (info) return segment_size_of_volume(info->total_bytes);
+    if (info.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(info.error().about(at));
+    }
+    const std::size_t slash = at.find_last_of('/');
+    if (slash == std::string::npos) {
+      at = ".";
+    } else if (slash == 0) {
+      at = "/";
+    } else {
+      at.resize(slash);
+    }
+  }
+}
+
 result<store_dir> open_store_dir(const std::string& path,
                                  const store_dir_options& options) noexcept {
   io::filesystem& fs = options.fs != nullptr ? *options.fs : io::os();
@@ -118,13 +145,15 @@ result<store_dir> open_store_dir(const std::string& path,
       return std::unexpected(f.error().about(path + "/" + store_file_name));
     }
     // No store file: a store only if the directory holds nothing else (but what a crashed
-    // creator of this store left). Anything else is somebody's, and stays untouched.
+    // creator of this store left: its temporary store file; the store file is linked before
+    // anything else is made). Anything else is somebody's, and stays untouched, even one
+    // named as a store's own (`seg`, `manifest`).
     auto entries = fs.list_directory(out.dir);
     if (!entries) return std::unexpected(entries.error());
     bool appeared = false;  // a racing creator linked it since we looked: open that
     for (const auto& e : *entries) {
       appeared |= e.name == store_file_name;
-      if (!is_creators_leftover(e) && e.name != segments_dir_name && e.name != store_file_name) {
+      if (!is_creators_leftover(e) && e.name != store_file_name) {
         return std::unexpected(error(errc::not_keel_file).about(path));
       }
     }

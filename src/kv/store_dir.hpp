@@ -41,4 +41,10 @@ struct store_dir {
 [[nodiscard]] result<store_dir> open_store_dir(const std::string& path,
                                                const store_dir_options& options) noexcept;
 
+//! The segment size a store made at `path` with `options` would get (its volume's, from the
+//! path or its nearest existing parent, unless the options say), so that options can be
+//! judged before anything is made. Errors: statfs's.
+[[nodiscard]] result<std::uint64_t> new_store_segment_size(
+    const std::string& path, const store_dir_options& options) noexcept;
+
 }  // namespace keel::kv

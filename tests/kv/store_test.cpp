@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -577,6 +578,64 @@ TEST(KvStore, AForeignDirectoryIsRefusedAndLeftAlone) {
   options o = small();
   o.create_if_missing = false;
   EXPECT_EQ(store::open(dir.file("absent"), o).error(), std::errc::no_such_file_or_directory);
+}
+
+// Names a store uses, taken by a user's files in a directory that is not a store: the store is
+// refused, nothing is made there and nothing of the user's is touched. (A user's file `seg`
+// once got a store made beside it; a user's directory `seg/` became a store's, and its
+// `.seg.draft` was deleted.)
+TEST(KvStore, AUsersFileNamedAsTheStoresOwnIsNeverTakenForOne) {
+  for (const bool as_directory : {false, true}) {
+    temp_dir dir;
+    const std::string path = dir.file("mine");
+    std::filesystem::create_directory(path);
+    if (as_directory) {
+      std::filesystem::create_directory(path + "/seg");
+      std::ofstream(path + "/seg/.seg.draft") << "my draft";
+    } else {
+      std::ofstream(path + "/seg") << "my notes";
+    }
+    auto s = store::open(path, small());
+    ASSERT_FALSE(s) << "a store was made in a user's directory";
+    EXPECT_EQ(s.error(), errc::not_keel_file) << s.error().message();
+    std::size_t entries = 0;
+    for (const auto& e : std::filesystem::directory_iterator(path)) {
+      EXPECT_EQ(e.path().filename(), "seg");
+      ++entries;
+    }
+    EXPECT_EQ(entries, 1u) << "something was made beside the user's file";
+    if (as_directory) {
+      std::ifstream draft(path + "/seg/.seg.draft");
+      std::string content;
+      std::getline(draft, content);
+      EXPECT_EQ(content, "my draft");
+    }
+  }
+}
+
+// Options that cannot work are refused before anything is made: a budget below what a store
+// needs on an absent path (it once made the store, then refused), a negative lock timeout.
+TEST(KvStore, BadOptionsAreRefusedBeforeAnythingIsMade) {
+  temp_dir dir;
+  const std::string path = dir.file("absent");
+  options o = small();
+  o.max_bytes = 4096;
+  auto s = store::open(path, o);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::invalid_argument) << s.error().message();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "made before it was refused";
+  o = small();
+  o.lock_timeout = std::chrono::milliseconds(-1);
+  s = store::open(path, o);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::invalid_argument) << s.error().message();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "made before it was refused";
+  o = small();
+  o.segment_size = 3 << 20;  // not a power of two
+  s = store::open(path, o);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error(), std::errc::invalid_argument) << s.error().message();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "made before it was refused";
 }
 
 // A writer killed at each step of its commit: the others go on at once, and the commit is
