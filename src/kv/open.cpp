@@ -972,7 +972,21 @@ bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noe
   if (s.h64(hdr::state).load(std::memory_order_acquire) != state_valid) return false;
   const auto& boot = base::self().boot_id;
   if (std::all_of(boot.begin(), boot.end(), [](std::uint8_t b) { return b == 0; })) return false;
-  return std::memcmp(s.base() + hdr::boot_id, boot.data(), 16) == 0;
+  if (std::memcmp(s.base() + hdr::boot_id, boot.data(), 16) != 0) return false;
+  // Its pages are all in the file (one cut short by hand would be a SIGBUS at the first
+  // touch past its end) and its directory among them: else it is damaged, and rebuilt by an
+  // opener alone, refused by one that is not.
+  const std::uint64_t allocated = s.h64(hdr::pages_allocated).load();
+  const std::uint64_t used = s.h64(hdr::pages_used).load();
+  const std::uint64_t word = s.h64(hdr::directory).load();
+  const unsigned depth = static_cast<unsigned>(word & 0xff);
+  if (allocated * fmt::page_size > file_size || used > allocated || used < first_free_page ||
+      depth > ix::max_depth || (word >> 8) < first_free_page ||
+      (word >> 8) + ix::directory_pages(depth) > used) {
+    why = error(errc::corrupt);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
