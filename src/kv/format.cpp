@@ -164,7 +164,7 @@ result<segment_params> parse_segment_header(std::span<const std::byte> bytes,
 
 namespace {
 constexpr std::size_t manifest_id_at = 24, manifest_generation_at = 40, manifest_count_at = 48,
-                      manifest_header = 64;
+                      manifest_durable_at = 56, manifest_header = 64;
 }  // namespace
 
 std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id, const manifest& m,
@@ -175,6 +175,7 @@ std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id, c
   std::memcpy(out.data() + manifest_id_at, id.data(), id.size());
   store(s, manifest_generation_at, m.generation);
   store(s, manifest_count_at, static_cast<std::uint64_t>(m.entries.size()));
+  store(s, manifest_durable_at, m.durable_below);
   for (std::size_t i = 0; i < m.entries.size(); ++i)
     store(s, manifest_header + i * sizeof(manifest_entry), m.entries[i]);
   const std::size_t end = out.size() - 8;
@@ -204,6 +205,7 @@ result<manifest> parse_manifest(std::span<const std::byte> bytes,
   }
   manifest m;
   m.generation = load<std::uint64_t>(bytes, manifest_generation_at);
+  m.durable_below = load<std::uint64_t>(bytes, manifest_durable_at);
   try {
     m.entries.reserve(count);
     for (std::uint64_t i = 0; i < count; ++i) {

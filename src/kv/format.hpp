@@ -141,7 +141,11 @@ struct manifest_entry {
 
 //! A manifest slot as read.
 struct manifest {
-  std::uint64_t generation = 0;         //!< the slot with the higher one is current
+  std::uint64_t generation = 0;  //!< the slot with the higher one is current
+  //! Every block at a location below it is on stable storage (written when the last user
+  //! closed the store, after syncing every segment; 0: nothing known): a block there that
+  //! does not check out was damaged, never torn by a power cut.
+  std::uint64_t durable_below = 0;
   std::vector<manifest_entry> entries;  //!< ascending
   std::uint64_t slot_size = 0;          //!< of the file it was read from (0: none yet)
 };

@@ -64,7 +64,11 @@ result<fmt::manifest> store::impl::read_manifest() noexcept {
         std::span<const std::byte>(bytes).subspan(slot * slot_bytes, sizeof(base::format_header));
     return std::ranges::all_of(head, [](std::byte b) { return b == std::byte{0}; });
   };
-  if (blank(0) && blank(1)) return fmt::manifest{0, {}, slot_bytes};
+  if (blank(0) && blank(1)) {
+    fmt::manifest none;
+    none.slot_size = slot_bytes;
+    return none;
+  }
   std::optional<fmt::manifest> current;
   error why;
   for (std::uint64_t slot = 0; slot < 2; ++slot) {
@@ -118,6 +122,7 @@ result<void> store::impl::write_manifest(const fmt::manifest& m) noexcept {
   try {
     fmt::manifest next;
     next.generation = m.generation + 1;
+    next.durable_below = m.durable_below;
     next.entries = m.entries;
     const auto bytes = fmt::encode_manifest(dir.params.id, next, salt);
     const std::uint64_t slot = next.generation % 2;
@@ -172,6 +177,27 @@ result<void> store::impl::unlist_segments(const std::set<std::uint64_t>& numbers
   if (!m) return std::unexpected(m.error());
   std::erase_if(m->entries,
                 [&](const fmt::manifest_entry& e) { return numbers.contains(e.number); });
+  return write_manifest(*m);
+}
+
+result<void> store::impl::seal_durable() noexcept {
+  // Alone (the caller holds the open byte exclusively): nobody writes meanwhile, so a sync of
+  // every segment in the table puts every block below the tail on stable storage.
+  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+    const std::uint64_t n = segtab(i, 0).load();
+    if (n == 0 || n % segtab_entries != i) continue;
+    auto seg = segment_at(n);
+    if (!seg) return std::unexpected(seg.error());
+    if (auto r = (*seg)->sync(); !r) return r;
+  }
+  auto m = read_manifest();
+  if (!m) return std::unexpected(m.error());
+  std::uint64_t tail = h64(hdr::tail).load();
+  if (const std::uint64_t torn = h64(hdr::unvoided_torn).load(); torn != 0) {
+    tail = std::min(tail, torn);
+  }
+  if (m->slot_size == 0 || tail <= m->durable_below) return {};  // nothing new to say
+  m->durable_below = tail;
   return write_manifest(*m);
 }
 

@@ -111,6 +111,13 @@ store::impl::~impl() {
   unregister_store(this);
   base::lock_guard g(live_mutex);
   if (live.is_open() && live_generation == base::fork_generation() && index_map.data()) {
+    // The last user out (its shared hold of the open byte turns exclusive only when nobody
+    // else holds it) leaves what it can prove durable in the manifest. Best effort: without
+    // it a rebuild only knows less.
+    if (!opts.read_only && !failed.load() && h64(hdr::sync_error).load() == 0 &&
+        fs->lock(live, open_byte, 1, io::lock_request::exclusive, false)) {
+      (void)seal_durable();
+    }
     for (std::uint32_t u = 0; u < max_slots; ++u) {
       if (!ours[u]) continue;
       const slot_ref s = slot(u);

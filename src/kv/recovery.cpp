@@ -25,12 +25,22 @@ struct unread_record {
 };
 
 struct store::impl::replay_state {
+  //! Every block below this location is durable (the manifest says so): one there that does
+  //! not check out is damaged, never torn.
+  std::uint64_t durable_below = 0;
   //! The seq the loaded checkpoint is a copy at (0: none): commits at or below are in it.
   std::uint64_t checkpoint_seq = 0;
   std::uint64_t max_seq = 0;
   std::vector<unread_record> unread;
-  //! Commit blocks that are whole but name a torn blob: voided once the replay is done.
+  //! Blocks a power cut tore: voided once the replay is done (their first 8 bytes zeroed and
+  //! synced), so that no later replay judges them again, when what the bytes show has
+  //! changed: once the blob a whole commit block names is compacted away (its missing
+  //! segment then reads as a removed blob), or once a close has recorded every block below
+  //! the tail as durable (a torn block there would read as damage).
   std::vector<std::uint64_t> voids;
+  //! Of those, a whole commit block naming a torn blob: it must be voided before anything
+  //! else happens to the store (a read-only opener refuses the store).
+  bool must_void = false;
 };
 
 result<void> store::impl::reset_index() noexcept {
@@ -167,6 +177,14 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
       return {};
     };
   };
+  const auto note_void = [&st](std::uint64_t at) -> result<void> {
+    try {
+      st.voids.push_back(at);
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
+    return {};
+  };
   return for_each_block(
       s, end, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
         // Every block whose header checks out is stepped over whole, complete or not: its
@@ -176,19 +194,12 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
         if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
           auto judged = judge_commit(at, head);
           if (!judged) return std::unexpected(judged.error());
+          if (judged->what == kind::torn && at < st.durable_below) judged->what = kind::damaged;
           switch (judged->what) {
             case kind::torn:
-              // It never happened. A whole block naming a torn blob is voided, so that no
-              // later replay counts it once that blob's segment is compacted away (a missing
-              // segment means a removed blob, see complete_block).
-              if (judged->blob_torn) {
-                try {
-                  st.voids.push_back(at);
-                } catch (const std::bad_alloc&) {
-                  return errc_error(std::errc::not_enough_memory);
-                }
-              }
-              return {};
+              // It never happened: voided (see replay_state::voids).
+              st.must_void |= judged->blob_torn;
+              return note_void(at);
             case kind::complete:
             case kind::damaged:
               break;
@@ -212,9 +223,9 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
         // Records compaction moved, each with its own seq; a copy counts toward *visible*
         // even when its commit block is gone. A copy is synced before its original's segment
         // goes: one a power cut tore (or whose blob copy it tore) still has its original.
-        if (!fmt::check_block(bytes.subspan(off), salt) &&
+        if (!fmt::check_block(bytes.subspan(off), salt) && at >= st.durable_below &&
             fmt::has_unwritten_sector(bytes, off, head.length)) {
-          return {};
+          return note_void(at);
         }
         return each_record(
             bytes, s.number, off, head, salt,
@@ -225,10 +236,11 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
                 if (blob.error() != errc::corrupt) return std::unexpected(blob.error());
                 auto blob_seg = segment_at(fmt::segment_of(rec.blob.location));
                 if (!blob_seg) return std::unexpected(blob_seg.error());
-                if (fmt::has_unwritten_sector((*blob_seg)->bytes(),
+                if (rec.blob.location >= st.durable_below &&
+                    fmt::has_unwritten_sector((*blob_seg)->bytes(),
                                               fmt::offset_of(rec.blob.location),
                                               fmt::blob_block_size(rec.head.value_length))) {
-                  return {};  // torn: its original is still there
+                  return note_void(at);  // torn: its original is still there
                 }
               }
               if (auto a = apply_record(rec_at, rec, rec.head.seq); !a) return a;
@@ -254,6 +266,9 @@ result<void> store::impl::rebuild() noexcept {
   if (auto r = reset_index(); !r) return r;
   std::uint64_t from = 0;
   replay_state st;
+  auto m = read_manifest();
+  if (!m) return std::unexpected(m.error());
+  st.durable_below = m->durable_below;
   auto cp = load_checkpoint();
   if (!cp) return std::unexpected(cp.error());
   if (*cp &&
@@ -304,19 +319,26 @@ result<void> store::impl::rebuild() noexcept {
       return std::unexpected(error(errc::corrupt).about((*s)->path, fmt::offset_of(u.location)));
     }
   }
+  h64(hdr::unvoided_torn).store(0);
   if (!st.voids.empty()) {
-    if (!writable) {
+    if (!writable && st.must_void) {
       // Voiding writes: a read-only opener cannot recover this store (a writable open can).
       auto s = segment_at(fmt::segment_of(st.voids.front()));
       return std::unexpected(error(errc::read_only)
                                  .about(s ? (*s)->path : keel::detail::shared_path{},
                                         fmt::offset_of(st.voids.front())));
     }
-    for (const std::uint64_t at : st.voids) {
-      auto s = segment_at(fmt::segment_of(at));
-      if (!s) return std::unexpected(s.error());
-      std::memset((*s)->map.data() + fmt::offset_of(at), 0, 8);
-      if (auto synced = (*s)->sync(); !synced) return synced;
+    if (!writable) {
+      // Left as they are: no close may record them as durable (seal_durable stops below the
+      // first), and the next writable rebuild voids them.
+      h64(hdr::unvoided_torn).store(*std::ranges::min_element(st.voids));
+    } else {
+      for (const std::uint64_t at : st.voids) {
+        auto s = segment_at(fmt::segment_of(at));
+        if (!s) return std::unexpected(s.error());
+        std::memset((*s)->map.data() + fmt::offset_of(at), 0, 8);
+        if (auto synced = (*s)->sync(); !synced) return synced;
+      }
     }
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);

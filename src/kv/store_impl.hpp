@@ -105,6 +105,9 @@ constexpr std::size_t fruitless_below = 472;
 constexpr std::size_t fruitless_tail_segment = 480;
 // The segment whose fdatasync failed (with *sync error*: written before it).
 constexpr std::size_t sync_error_segment = 488;
+// The first block a read-only rebuild found torn and could not void (0: none): no close
+// records it, or anything after it, as durable (seal_durable).
+constexpr std::size_t unvoided_torn = 496;
 // Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
 // (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
 constexpr std::size_t visible_gates = 512;
@@ -438,6 +441,11 @@ struct store::impl final : ix::page_source {
   //! Makes the manifest file if there is none (under the `segment` lock, or alone): before
   //! the first segment is named.
   [[nodiscard]] result<void> ensure_manifest() noexcept;
+  //! The last user closing (alone, writable): syncs every segment, then records in the
+  //! manifest that every block below the tail is durable (fmt::manifest::durable_below), so
+  //! that a later rebuild takes a block there that does not check out for damage, never for
+  //! one a power cut tore. Errors: the syncs', the manifest's (nothing is claimed then).
+  [[nodiscard]] result<void> seal_durable() noexcept;
   //! Replaces the manifest with `m`, its generation one more.
   [[nodiscard]] result<void> write_manifest(const fmt::manifest& m) noexcept;
   //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header

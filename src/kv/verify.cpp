@@ -65,6 +65,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     if (!numbers) return std::unexpected(numbers.error());
     // Every segment the manifest lists is there.
     auto listed = s.read_manifest();
+    const std::uint64_t durable_below = listed ? listed->durable_below : 0;
     if (!listed) {
       if (listed.error() != errc::corrupt) return std::unexpected(listed.error());
       found.note(keel::detail::shared_path(listed.error().path()),
@@ -132,7 +133,8 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
             if (kind == fmt::block_kind::commit) {
               auto judged = s.judge_commit(fmt::make_location(n, off), head);
               if (!judged) return std::unexpected(judged.error());
-              if (judged->what == impl::commit_judgement::kind::torn) {
+              if (judged->what == impl::commit_judgement::kind::torn &&
+                  fmt::make_location(n, off) >= durable_below) {
                 ++out.torn;  // never happened: not damage
                 return {};
               }
@@ -141,6 +143,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
             }
             if (kind == fmt::block_kind::relocation) {
               if (!fmt::check_block(sg.bytes().subspan(off), s.salt) &&
+                  fmt::make_location(n, off) >= durable_below &&
                   fmt::has_unwritten_sector(sg.bytes(), off, head.length)) {
                 return {};  // a copy a power cut tore: its original stayed
               }

@@ -243,12 +243,18 @@ TEST(KvDamage, ARebuildShortOfDescriptorsFailsAndDestroysNothing) {
 TEST(KvDamage, AReadOnlyFirstOpenerAfterAPowerCutWritesNothing) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  {
-    auto s = open_ok(path, sync_small());
-    ASSERT_TRUE(s);
-    ASSERT_TRUE(s->put("a", "old a"));
-    ASSERT_TRUE(s->put("a", "torn <torn-marker>" + std::string(3000, 't')));
-  }
+  // The writer is gone without closing (the power went): nothing says its last commit is
+  // durable.
+  const pid_t writer = fork_child([&] {
+    auto s = store::open(path, sync_small());
+    if (!s || !(*s)->put("a", "old a")) return 2;
+    auto t = (*s)->begin();
+    if (!t || !t->put("a", "torn <torn-marker>" + std::string(3000, 't'))) return 3;
+    if (!t->commit(durability::none)) return 4;
+    ::raise(SIGKILL);
+    return 5;
+  });
+  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
   const place torn = find_last(path, "<torn-marker>");
   ASSERT_NE(torn.offset, std::string::npos);
   {
@@ -537,6 +543,37 @@ TEST(KvDamage, AnIndexCutShortIsRebuilt) {
     return 0;
   });
   EXPECT_EQ(test::wait_exit(reader), 0) << "2: no open, 3: a value lost; 135: SIGBUS";
+}
+
+// A range of zeros in the newest commit of a store its last user closed: the close recorded
+// that every block was on stable storage, so the zeros are damage, never a commit a power cut
+// tore: the key is never rolled back to its older version.
+TEST(KvDamage, ZerosInACleanlyClosedStoreAreDamageNotAPowerCut) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "old a"));
+    ASSERT_TRUE(s->put("a", "new a <zeroed-marker>" + std::string(3000, 'n')));
+  }
+  const place newest = find_last(path, "<zeroed-marker>");
+  ASSERT_NE(newest.offset, std::string::npos);
+  {
+    std::string bytes = read_file(newest.file);
+    const std::size_t sector = (newest.offset + 1024) / 512 * 512;
+    std::memset(bytes.data() + sector, 0, 512);
+    write_file(newest.file, bytes);
+  }
+  std::filesystem::remove(path + "/index");
+  auto s = store::open(path, small());
+  if (!s) {
+    EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+    return;
+  }
+  auto a = (*s)->get("a");
+  ASSERT_FALSE(a) << "rolled back to: " << *a;
+  EXPECT_EQ(a.error(), errc::corrupt) << a.error().message();
 }
 
 }  // namespace
