@@ -379,6 +379,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
       ++n;
     }
     copy.used().store(n);
+    copy.sum().store(ix::count_sum(copy));
   }
   for (std::uint64_t i = 0; i < copied_page.size(); ++i) {
     if (!copied_page[i]) std::memset(out.get() + (1 + i) * fmt::page_size, 0, fmt::page_size);

@@ -721,7 +721,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       // Room was made under this lock: an entry is always found.
       k.entry = s->table->claim(k.page, k.h, 0, ix::pending | *L);
     } else {
-      k.entry->seq().store(ix::pending | *L, std::memory_order_release);
+      const ix::entry_ref e = *k.entry;
+      ix::change_entry(s->table->page(k.page), e,
+                       [&] { e.seq().store(ix::pending | *L, std::memory_order_release); });
     }
   }
 
@@ -747,7 +749,10 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     // visible by whoever abandoned the block (or by us in order); the block is dead space.
     for (const key_plan& k : keys) {
       if (k.w == nullptr) continue;
-      k.entry->seq().store(k.prev != 0 ? k.prev_seq : 0, std::memory_order_release);
+      const ix::entry_ref e = *k.entry;
+      ix::change_entry(s->table->page(k.page), e, [&] {
+        e.seq().store(k.prev != 0 ? k.prev_seq : 0, std::memory_order_release);
+      });
     }
     s->publish_visible(seq, {0, 0, length}, cd);
     me.state().store(u64(commit_state::idle), std::memory_order_release);
@@ -775,8 +780,11 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       ++d_records;
       d_live += static_cast<std::int64_t>(size);
     }
-    k.entry->location().store(k.record_at, std::memory_order_release);
-    k.entry->seq().store(seq, std::memory_order_release);
+    const ix::entry_ref e = *k.entry;
+    ix::change_entry(s->table->page(k.page), e, [&] {
+      e.location().store(k.record_at, std::memory_order_release);
+      e.seq().store(seq, std::memory_order_release);
+    });
     if (ri == 1) step(commit_step::published_one);
   }
   step(commit_step::published);

@@ -111,8 +111,11 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       // The key is gone for every snapshot, and no older version of it outlives this
       // compaction: nothing to copy, and the entry is free for any key (doc/kv-format.md,
       // "Compaction", forgetting erased keys).
-      entry->location().store(0, std::memory_order_release);
-      entry->seq().store(0, std::memory_order_release);
+      const ix::entry_ref e = *entry;
+      ix::change_entry(table->page(page), e, [&] {
+        e.location().store(0, std::memory_order_release);
+        e.seq().store(0, std::memory_order_release);
+      });
       st.erasures_dropped += 1;
       return true;
     }
@@ -152,7 +155,10 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
     });
     // The copy is whole before the entry names it; the seq stays (it is the same version).
-    entry->location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
+    const ix::entry_ref e = *entry;
+    ix::change_entry(table->page(page), e, [&] {
+      e.location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
+    });
     st.records_moved += 1;
     st.bytes_moved += moved + length;
     return true;

@@ -12,7 +12,22 @@ void init_bucket(const bucket_ref& b, unsigned depth, std::uint64_t prefix) noex
   b.prefix().store(prefix);
   b.used().store(0);
   b.retired_at().store(0);
+  b.sum().store(0);
+  b.changing().store(0);
   b.magic().store(bucket_magic, std::memory_order_release);
+}
+
+std::uint64_t fmix(std::uint64_t k) noexcept {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+std::uint64_t rotl(std::uint64_t v, unsigned r) noexcept {
+  return (v << r) | (v >> (64 - r));
 }
 
 // Places a copy of an entry in a page being filled (nobody reads it yet): from its home slot
@@ -34,6 +49,46 @@ void place(const bucket_ref& b, std::uint64_t hi, std::uint64_t lo, std::uint64_
 }
 
 }  // namespace
+
+std::uint64_t entry_sum(const entry_ref& e) noexcept {
+  return fmix(e.hi().load(std::memory_order_relaxed) ^
+              rotl(e.lo().load(std::memory_order_relaxed), 16) ^
+              rotl(e.location().load(std::memory_order_relaxed), 32) ^
+              rotl(e.seq().load(std::memory_order_relaxed), 48));
+}
+
+std::uint64_t count_sum(const bucket_ref& b) noexcept {
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < entries_per_page; ++k)
+    sum += entry_sum(b.entry(k));
+  return sum;
+}
+
+bool table::pages_sound(std::uint64_t first_page, std::uint64_t pages_used) noexcept {
+  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  const unsigned global = static_cast<unsigned>(dir & 0xff);
+  std::uint64_t last = 0;
+  for (std::uint64_t i = 0; i < (std::uint64_t{1} << global); ++i) {
+    const std::uint64_t p = directory_entry(dir >> 8, i).load(std::memory_order_acquire);
+    if (p < first_page || p >= pages_used) return false;
+    const bucket_ref b = page(p);
+    const unsigned local = b.local_depth().load();
+    if (b.magic().load() != bucket_magic || local > global ||
+        (local != 0 && (i >> (global - local)) != b.prefix().load())) {
+      return false;
+    }
+    if (p == last) continue;
+    last = p;
+    const std::uint64_t counted = count_sum(b);
+    if (b.changing().load() != 0) {
+      b.sum().store(counted);  // its writer was killed in the middle: what is there stands
+      b.changing().store(0);
+    } else if (b.sum().load() != counted) {
+      return false;
+    }
+  }
+  return true;
+}
 
 std::size_t directory_pages(unsigned depth) noexcept {
   const std::size_t words = std::size_t{1} << depth;
@@ -81,20 +136,24 @@ std::optional<entry_ref> table::claim(std::uint64_t p, const fmt::key_hash& h,
     const entry_ref e = b.entry((start + k) % entries_per_page);
     const std::uint64_t hi = e.hi().load();
     if (hi == 0) {
-      e.seq().store(seq);
-      e.location().store(location);
-      e.lo().store(h.lo);
-      b.used().fetch_add(1);
-      e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
+      change_entry(b, e, [&] {
+        e.seq().store(seq);
+        e.location().store(location);
+        e.lo().store(h.lo);
+        b.used().fetch_add(1);
+        e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
+      });
       return e;
     }
     if (e.location().load() == 0 && e.seq().load() == 0) {
-      if (hi != h.hi || e.lo().load() != h.lo) {
-        e.lo().store(h.lo);
-        e.hi().store(h.hi, std::memory_order_release);
-      }
-      e.location().store(location, std::memory_order_release);
-      e.seq().store(seq, std::memory_order_release);
+      change_entry(b, e, [&] {
+        if (hi != h.hi || e.lo().load() != h.lo) {
+          e.lo().store(h.lo);
+          e.hi().store(h.hi, std::memory_order_release);
+        }
+        e.location().store(location, std::memory_order_release);
+        e.seq().store(seq, std::memory_order_release);
+      });
       return e;
     }
   }
@@ -147,6 +206,8 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
     const bool upper = ((hi >> (63 - local)) & 1) != 0;
     place(page(upper ? *high : *low), hi, e.lo().load(), location, seq);
   }
+  page(*low).sum().store(count_sum(page(*low)));
+  page(*high).sum().store(count_sum(page(*high)));
   // The journal, before the first switch: a writer routed to a half by a switched entry
   // sees it, and so does whoever takes the old page after a splitter died.
   journal(1).store(*low, std::memory_order_relaxed);

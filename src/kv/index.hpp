@@ -54,6 +54,12 @@ struct bucket_ref {
   [[nodiscard]] std::atomic_ref<std::uint64_t> retired_at() const noexcept { return u64(24); }
   //! Once retired: the next page of the free list (0: none). Readers never look at it.
   [[nodiscard]] std::atomic_ref<std::uint64_t> next_free() const noexcept { return u64(32); }
+  //! The sum (wrapping) of entry_sum over its entries: what lets an opener alone tell a
+  //! damaged page from its data (see change_entry).
+  [[nodiscard]] std::atomic_ref<std::uint64_t> sum() const noexcept { return u64(40); }
+  //! 1 while a writer changes an entry and the sum: one left at 1 is a writer killed in the
+  //! middle (its sum is counted again), not damage.
+  [[nodiscard]] std::atomic_ref<std::uint64_t> changing() const noexcept { return u64(48); }
   [[nodiscard]] entry_ref entry(std::size_t i) const noexcept {
     return {reinterpret_cast<std::uint64_t*>(base + 64 + i * 32)};
   }
@@ -66,6 +72,25 @@ struct bucket_ref {
     return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base + at));
   }
 };
+
+//! What an entry adds to its page's sum: a bijective mix of its four words (so any one bit
+//! changed changes it), 0 for an empty entry.
+[[nodiscard]] std::uint64_t entry_sum(const entry_ref& e) noexcept;
+//! A writer's change of entry `e` of page `b` (holding the page exclusively, or alone): runs
+//! `change()`, which stores to the entry's words, keeping the page's sum right; the page
+//! says it is changing meanwhile. Every change of an entry of a page in use goes through
+//! here.
+template <class Change>
+void change_entry(const bucket_ref& b, const entry_ref& e, Change&& change) noexcept {
+  b.changing().store(1, std::memory_order_relaxed);
+  const std::uint64_t before = entry_sum(e);
+  change();
+  b.sum().store(b.sum().load(std::memory_order_relaxed) - before + entry_sum(e),
+                std::memory_order_relaxed);
+  b.changing().store(0, std::memory_order_release);
+}
+//! The sum of a page's entries, counted afresh.
+[[nodiscard]] std::uint64_t count_sum(const bucket_ref& b) noexcept;
 
 //! Pages of a directory of depth `depth`.
 [[nodiscard]] std::size_t directory_pages(unsigned depth) noexcept;
@@ -165,6 +190,13 @@ class table {
   //! saying so. Until finish_split, nobody may change `p` or either half: a key's newest
   //! version must stay in both the copy its entry names now and the one it will name.
   [[nodiscard]] result<void> split(std::uint64_t p, page_source& pages) noexcept;
+
+  //! Whether the pages the directory names look like what writers left (an opener alone
+  //! asks, before it uses an index it did not build): each a bucket page among the first
+  //! `pages_used`, of a depth and prefix that fit where the directory names it, and whose
+  //! entries add up to its sum (a page a writer was killed changing is counted again).
+  //! False: damage, the index must be rebuilt.
+  [[nodiscard]] bool pages_sound(std::uint64_t first_page, std::uint64_t pages_used) noexcept;
 
   //! The split in progress, if any (old 0: none).
   [[nodiscard]] split_journal pending_split() const noexcept;

@@ -998,6 +998,38 @@ bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noe
 
 }  // namespace
 
+bool store::impl::index_sound() noexcept {
+  // The index outlives its users, on disk: an opener alone checks what it can of it before
+  // it trusts it (a flipped bit would otherwise read a present key as absent, or send the
+  // next commit over blocks already written). Its bucket pages add up to their sums...
+  if (!table->pages_sound(first_free_page, h64(hdr::pages_used).load())) return false;
+  // ...and its tail lies past every block of the tail's segment, with every seq there below
+  // the next one.
+  const std::uint64_t tail = h64(hdr::tail).load();
+  if (tail == 0) return true;
+  auto seg = segment_at(fmt::segment_of(tail));
+  if (!seg) return false;  // the rebuild says why
+  const std::uint64_t at = fmt::offset_of(tail);
+  if (at < fmt::segment_header_size || at > (*seg)->size) return false;
+  const std::uint64_t next = h64(hdr::next_seq).load();
+  const auto bytes = (*seg)->bytes();
+  std::uint64_t off = fmt::segment_header_size;
+  while (off + sizeof(fmt::block_header) <= at) {
+    auto head = fmt::parse_block_header(bytes.subspan(off), salt);
+    if (!head) {
+      off += 8;
+      continue;
+    }
+    if (head->kind == static_cast<std::uint16_t>(fmt::block_kind::commit) && head->seq >= next) {
+      return false;
+    }
+    off += head->length;
+  }
+  // Not inside a block, and no block right at it (the tail never goes back).
+  return off <= at && !fmt::parse_block_header(bytes.subspan(at), salt) &&
+         h64(hdr::visible).load() < next;
+}
+
 result<void> store::impl::open_index() noexcept {
   auto f = io::file_handle::open_at(
       dir.dir, "index",
@@ -1026,8 +1058,9 @@ result<void> store::impl::open_index() noexcept {
       auto size = index_file.size();
       if (!size) return std::unexpected(size.error());
       error why;
-      auto r =
-          header_valid(*this, static_cast<std::uint64_t>(*size), why) ? recover_alone() : rebuild();
+      auto r = header_valid(*this, static_cast<std::uint64_t>(*size), why) && index_sound()
+                   ? recover_alone()
+                   : rebuild();
       if (!r) return r;
       reset_ledger();  // what dead users charged is nobody's now
       // A rebuild does not know which segment was made of the deletes' room: on a volume

@@ -388,8 +388,10 @@ result<void> store::impl::apply_record(std::uint64_t location, const fmt::record
       h64(hdr::live_records).fetch_add(1);
       h64(hdr::live_bytes).fetch_add(size);
     }
-    e->location().store(location);
-    e->seq().store(seq);
+    ix::change_entry(table->page(page), *e, [&] {
+      e->location().store(location);
+      e->seq().store(seq);
+    });
     return {};
   }
 }

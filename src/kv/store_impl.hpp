@@ -347,6 +347,10 @@ struct store::impl final : ix::page_source {
   // ---- open.cpp ----
   [[nodiscard]] result<void> open_index() noexcept;
   [[nodiscard]] result<void> recover_alone() noexcept;
+  //! Whether an index found valid on disk looks like what its users left (alone, before it
+  //! is used): its pages add up (ix::table::pages_sound) and its tail lies past the log's
+  //! last block. False: it is rebuilt.
+  [[nodiscard]] bool index_sound() noexcept;
 
   // ---- recovery.cpp: rebuilding the index from the log ----
   //! Rebuilds the index from the checkpoint and the log (alone), by the recovery rules
