@@ -23,6 +23,8 @@
 #include "keel/io/file_handle.hpp"
 #include "keel/lock/atomic_append.hpp"
 #include "keel/lock/memory_map.hpp"
+#include "kv_workload.hpp"
+#include "process.hpp"
 
 namespace keel::torture {
 
@@ -51,6 +53,8 @@ std::string_view to_string(workload w) noexcept {
       return "memory_map";
     case workload::cache:
       return "cache";
+    case workload::kv:
+      return "kv";
   }
   return "?";
 }
@@ -63,7 +67,7 @@ std::vector<mode> all_modes() {
   return {mode::kill, mode::powerloss, mode::io_errors, mode::corrupt};
 }
 std::vector<workload> all_workloads() {
-  return {workload::atomic_append, workload::memory_map, workload::cache};
+  return {workload::atomic_append, workload::memory_map, workload::cache, workload::kv};
 }
 
 bool mode_from(std::string_view s, mode& out) noexcept {
@@ -87,6 +91,10 @@ bool workload_from(std::string_view s, workload& out) noexcept {
 }
 
 namespace {
+
+using detail::exit_status;
+using detail::spawn;
+using detail::wait_for;
 
 constexpr std::uint32_t entity_count = 4;
 using failure_text = std::optional<std::string>;
@@ -178,60 +186,6 @@ class oracle_map {
  private:
   shared_oracle* o_;
 };
-
-// ---- Processes ----
-
-template <class F>
-pid_t spawn(F&& body) {
-  std::fflush(nullptr);  // or the child would print the parent's buffered output again
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::alarm(120);  // a child that hangs dies of SIGALRM: the parent reports it
-    const int code = body();
-    std::fflush(nullptr);
-    ::_exit(code);
-  }
-  return pid;
-}
-
-struct exit_status {
-  bool timed_out = false;
-  bool exited = false;
-  int code = 0;
-  int signal = 0;
-  [[nodiscard]] bool clean() const noexcept { return exited && code == 0; }
-  [[nodiscard]] std::string describe() const {
-    if (timed_out) return "hung (killed after its time limit)";
-    if (exited) return "exited " + std::to_string(code);
-    return std::string("died of ") + ::strsignal(signal);
-  }
-};
-
-// Waits for `pid` at most `limit`; past it, kills it.
-exit_status wait_for(pid_t pid, std::chrono::milliseconds limit) {
-  exit_status s;
-  const auto until = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) return s;
-    if (std::chrono::steady_clock::now() >= until) {
-      s.timed_out = true;
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(200us);
-  }
-  if (WIFEXITED(status)) {
-    s.exited = true;
-    s.code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    s.signal = WTERMSIG(status);
-  }
-  return s;
-}
 
 // ---- The lock under test ----
 
@@ -667,7 +621,7 @@ outcome run(const config& c, const std::function<void(std::uint64_t)>& progress)
   std::filesystem::create_directories(at.map_dir);
   if (!applies(c.how, c.what)) return out;
   std::unique_ptr<lock::shared_fs_mutex> checker;
-  if (c.how == mode::kill && c.what != workload::cache) {
+  if (c.how == mode::kill && c.what != workload::cache && c.what != workload::kv) {
     auto m = open_lock(c.what, at, io::os());
     if (!m) {
       out.failures.push_back({c.seed, "opening the lock failed: " + m.error().message()});
@@ -680,6 +634,9 @@ outcome run(const config& c, const std::function<void(std::uint64_t)>& progress)
     failure_text f;
     if (c.what == workload::cache) {
       f = cache_cycle(c, at, seed);
+    } else if (c.what == workload::kv) {
+      start_afresh(at);
+      f = detail::kv_cycle(c.how, at.dir, at.map_dir, seed);
     } else {
       switch (c.how) {
         case mode::kill:

@@ -24,7 +24,7 @@
 namespace keel::torture {
 
 enum class mode : std::uint8_t { kill, powerloss, io_errors, corrupt };
-enum class workload : std::uint8_t { atomic_append, memory_map, cache };
+enum class workload : std::uint8_t { atomic_append, memory_map, cache, kv };
 
 [[nodiscard]] std::string_view to_string(mode m) noexcept;
 [[nodiscard]] std::string_view to_string(workload w) noexcept;

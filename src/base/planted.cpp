@@ -8,7 +8,7 @@ namespace keel::base {
 std::atomic<planted_bug> planted{planted_bug::none};
 
 namespace {
-constexpr std::array<std::pair<planted_bug, std::string_view>, 7> names{{
+constexpr std::array<std::pair<planted_bug, std::string_view>, 11> names{{
     {planted_bug::none, "none"},
     {planted_bug::memory_map_skips_recovery, "memory_map_skips_recovery"},
     {planted_bug::atomic_append_skips_header_sync, "atomic_append_skips_header_sync"},
@@ -16,6 +16,10 @@ constexpr std::array<std::pair<planted_bug, std::string_view>, 7> names{{
     {planted_bug::atomic_append_skips_checksum, "atomic_append_skips_checksum"},
     {planted_bug::cache_skips_fsync, "cache_skips_fsync"},
     {planted_bug::cache_forgets_failed_write_out, "cache_forgets_failed_write_out"},
+    {planted_bug::kv_forgets_last_commit, "kv_forgets_last_commit"},
+    {planted_bug::kv_skips_sync, "kv_skips_sync"},
+    {planted_bug::kv_ignores_failed_manifest_write, "kv_ignores_failed_manifest_write"},
+    {planted_bug::kv_skips_record_checksum, "kv_skips_record_checksum"},
 }};
 }  // namespace
 

@@ -165,6 +165,17 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
   }
 }
 
+void store::impl::forget_segment(std::uint64_t number) noexcept {
+  base::lock_guard g(segments_mutex);
+  auto* chunk = segment_chunks[number >> chunk_bits].load();
+  if (chunk == nullptr) return;
+  auto& cell = chunk[number & ((1u << chunk_bits) - 1)];
+  segment* s = cell.load();
+  if (s == nullptr) return;
+  cell.store(nullptr, std::memory_order_release);
+  (void)s->map.unmap();  // the object stays (see unmap_removed_segments)
+}
+
 void store::impl::unmap_removed_segments() noexcept {
   const std::uint64_t now = h64(hdr::compactions).load(std::memory_order_acquire);
   if (now == compactions_seen.load(std::memory_order_relaxed)) return;

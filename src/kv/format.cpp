@@ -1,4 +1,5 @@
 #include "kv/format.hpp"
+#include "base/planted.hpp"
 
 // The state struct on the stack (streaming without a heap allocation per checksum).
 #define XXH_STATIC_LINKING_ONLY
@@ -427,7 +428,7 @@ result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t
   for (std::uint64_t i = unpadded; i < r.size; ++i) {
     if (bytes[i] != std::byte{0}) return std::unexpected(corrupt_at(0).error());
   }
-  if (verify &&
+  if (verify && !base::is_planted(base::planted_bug::kv_skips_record_checksum) &&
       record_checksum(h, r.key, bytes.subspan(unpadded - inlined, inlined), salt) != h.checksum) {
     return std::unexpected(corrupt_at(0).error());
   }
@@ -437,6 +438,30 @@ result<record_view> parse_record(std::span<const std::byte> bytes, std::uint64_t
 std::span<const std::byte> blob_value(std::span<const std::byte> block,
                                       const block_header& h) noexcept {
   return block.subspan(sizeof(block_header), h.length - sizeof(block_header) - h.flags);
+}
+
+void void_torn_block(std::span<std::byte> block) noexcept {
+  store(block, 0, void_magic);
+}
+
+std::optional<std::uint64_t> spanned_block(std::span<const std::byte> bytes,
+                                           std::uint64_t salt) noexcept {
+  if (bytes.size() < sizeof(block_header)) return std::nullopt;
+  block_header b = load<block_header>(bytes, 0);
+  if (b.magic == void_magic) {
+    b.magic = block_magic;
+  } else if (b.magic == block_magic && b.seq == void_seq &&
+             b.kind == static_cast<std::uint16_t>(block_kind::commit) &&
+             bytes.size() >= sizeof(block_header) + sizeof(record_header)) {
+    b.seq = load<record_header>(bytes, sizeof(block_header)).seq;
+  } else {
+    return std::nullopt;
+  }
+  if (b.header_checksum != header_checksum(b, salt) || b.length < sizeof(block_header) ||
+      b.length % 8 != 0 || b.length > bytes.size()) {
+    return std::nullopt;
+  }
+  return b.length;
 }
 
 bool has_unwritten_sector(std::span<const std::byte> file, std::uint64_t offset,

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -296,6 +297,19 @@ struct record_view {
 //! A blob block's value (its header already parsed).
 [[nodiscard]] std::span<const std::byte> blob_value(std::span<const std::byte> block,
                                                     const block_header& h) noexcept;
+
+//! In place of a block's magic: a block a power cut tore, voided by a rebuild so that no
+//! later one judges it again (doc/kv-format.md, "Recovery"); the rest of its header stays.
+constexpr std::uint32_t void_magic = 0x44494f56;  // "VOID"
+//! Voids the torn block at the start of `block` (its header checked out): its magic becomes
+//! void_magic.
+void void_torn_block(std::span<std::byte> block) noexcept;
+//! The length of the block at the start of `bytes` if it is one keel left there on purpose,
+//! not damage: a torn block voided (void_torn_block), or a commit abandoned before it was
+//! sealed (void_block: its seq word all ones, its header otherwise as written, with its
+//! records' seq). nullopt otherwise.
+[[nodiscard]] std::optional<std::uint64_t> spanned_block(std::span<const std::byte> bytes,
+                                                         std::uint64_t salt) noexcept;
 
 //! The unit a power cut writes whole or not at all (doc/kv-format.md, "Recovery": like
 //! SQLite's powersafe overwrite, keel counts on a sector of a write being either all new or

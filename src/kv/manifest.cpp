@@ -58,20 +58,23 @@ result<fmt::manifest> store::impl::read_manifest() noexcept {
   auto n = f->read_at(0, bytes);
   if (!n) return std::unexpected(n.error().about(named));
   if (*n != bytes.size()) return std::unexpected(error(errc::corrupt).about(named, *n));
-  // Made whole and never written: both slots blank, no segment listed yet.
+  // Slot 0 blank is generation 0, listing nothing: the file as made, before its first
+  // change (generation 1, in slot 1) was written, or while a power cut or a failed write tore
+  // that change. Slot 1 blank is no generation: generation 2 and later go to slot 0 only
+  // after generation 1 went to slot 1.
   const auto blank = [&](std::uint64_t slot) {
     const auto head =
         std::span<const std::byte>(bytes).subspan(slot * slot_bytes, sizeof(base::format_header));
     return std::ranges::all_of(head, [](std::byte b) { return b == std::byte{0}; });
   };
-  if (blank(0) && blank(1)) {
-    fmt::manifest none;
-    none.slot_size = slot_bytes;
-    return none;
-  }
   std::optional<fmt::manifest> current;
+  if (blank(0)) {
+    current.emplace();
+    current->slot_size = slot_bytes;
+  }
   error why;
   for (std::uint64_t slot = 0; slot < 2; ++slot) {
+    if (slot == 0 && current) continue;
     auto m = fmt::parse_manifest(
         std::span<const std::byte>(bytes).subspan(slot * slot_bytes, slot_bytes), dir.params.id,
         salt);

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "base/per_thread.hpp"
+#include "base/planted.hpp"
 #include "base/process.hpp"
 #include "kv/store_impl.hpp"
 
@@ -625,7 +626,8 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(path + "/seg"));
   // Listed once its name is durable, before anything is written into it: a listed segment
   // that is missing is damage, never a maker's leftover.
-  if (auto l = list_segment(number, size); !l) {
+  if (auto l = list_segment(number, size);
+      !l && !base::is_planted(base::planted_bug::kv_ignores_failed_manifest_write)) {
     (void)io::unlink_at(dir.segments, name.c_str());  // unlisted: nobody's
     return std::unexpected(l.error());
   }
@@ -799,6 +801,9 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   if (!st || st->size != dir.params.segment_size) return {};
   auto seg = segment_at(last);
   if (!seg) return {};  // not a segment of ours at all: left alone
+  // Nothing written: its first block's place still zero (else it is no maker's leftover).
+  const auto first = (*seg)->bytes().subspan(fmt::segment_header_size, sizeof(fmt::block_header));
+  if (!std::ranges::all_of(first, [](std::byte b) { return b == std::byte{0}; })) return {};
   if (auto l = list_segment(last, (*seg)->size); !l) return l;
   enter_segment(last, (*seg)->size);
   return {};
@@ -1111,6 +1116,10 @@ result<void> store::impl::recover_alone() noexcept {
   }
   const std::uint64_t next = h64(hdr::next_seq).load();
   h64(hdr::visible).store(next - 1);
+  if (base::is_planted(base::planted_bug::kv_forgets_last_commit) && next > 1) {
+    h64(hdr::visible).store(next - 2);
+    h64(hdr::next_seq).store(next - 1);
+  }
   h64(hdr::sync_error).store(0);
   h64(hdr::sync_error_segment).store(0);
   h64(hdr::visible_waiters).store(0);
@@ -1122,9 +1131,9 @@ result<void> store::impl::recover_alone() noexcept {
   // table was made by a user killed before it entered it: nothing was written there, and it
   // is entered as dead room (the next writer that needs a segment takes the last one made,
   // compaction removes the others).
-  auto listed = check_segments();
-  if (!listed) return std::unexpected(listed.error());
-  for (const std::uint64_t n : *listed) {
+  auto census = check_segments();
+  if (!census) return std::unexpected(census.error());
+  for (const std::uint64_t n : census->listed) {
     if (segtab(n, 0).load() != 0) continue;
     auto seg = segment_at(n);
     if (!seg) return std::unexpected(seg.error());
@@ -1134,6 +1143,7 @@ result<void> store::impl::recover_alone() noexcept {
   // What users that died part-way left in the store's files is cleared by a writable
   // opener; a read-only one changes nothing of them.
   if (opts.read_only) return {};
+  if (auto r = remove_leftovers(census->unlisted); !r) return r;
   remove_checkpoint_leftovers();
   return {};
 }

@@ -151,17 +151,21 @@ result<std::vector<std::uint64_t>> assign(store::impl& s, const chain& c, std::u
 }
 
 // The record at `at` if it is `key`'s (checked as `verify` says), nullopt if it is another
-// key's. A damaged record is `key`'s error only when its bytes may be the key's: another
-// key of the hash, damaged, does not stop a lookup of this one.
+// key's. A record that does not check out is `key`'s error: its entry holds `key`'s 128-bit
+// hash, and the bytes that would say whose it is are what may be damaged (another key of
+// the hash, damaged, is the rare case that costs a lookup an error, never an answer).
 result<std::optional<found_record>> keyed_record(store::impl& s, std::uint64_t at,
                                                  std::span<const std::byte> key,
                                                  bool verify) noexcept {
-  auto r = s.record_at(at, verify);
-  if (r) return same(r->rec.key, key) ? std::optional<found_record>(*r) : std::nullopt;
-  if (r.error() != errc::corrupt) return std::unexpected(r.error());
-  auto head = s.record_head_at(at);
-  if (head && !same(head->rec.key, key)) return std::optional<found_record>{};
-  return std::unexpected(r.error());
+  auto r = verify ? s.record_at(at, true) : s.record_head_at(at);
+  if (!r) return std::unexpected(r.error());
+  if (same(r->rec.key, key)) return std::optional<found_record>(*r);
+  if (!verify) {
+    // Told apart by bytes that did not check out yet: only a record that does is another's.
+    auto whole = s.record_at(at, true);
+    if (!whole) return std::unexpected(whole.error());
+  }
+  return std::optional<found_record>{};
 }
 
 }  // namespace
@@ -281,11 +285,19 @@ result<std::optional<ix::entry_ref>> store::impl::find_locked(
     std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept {
   if (auto r = settle_chain(page, h); !r) return std::unexpected(r.error());
   result<std::optional<ix::entry_ref>> out{std::optional<ix::entry_ref>{}};
+  // With no entry whose record holds the key, one under its hash whose record does not check
+  // out is taken for the key's own (its key's bytes may be what was damaged): writing the key
+  // anew repairs it (readers get `corrupt` from it meanwhile, never another answer).
+  std::optional<ix::entry_ref> damaged;
   table->for_chain(page, h, [&](ix::entry_ref e) {
     const std::uint64_t at = e.location().load(std::memory_order_acquire);
     if (at == 0) return true;
     auto mine = keyed_record(*this, at, key, false);
     if (!mine) {
+      if (mine.error() == errc::corrupt) {
+        if (!damaged) damaged = e;
+        return true;
+      }
       out = std::unexpected(mine.error());
       return false;
     }
@@ -293,6 +305,7 @@ result<std::optional<ix::entry_ref>> store::impl::find_locked(
     out = std::optional<ix::entry_ref>(e);
     return false;
   });
+  if (out && !*out && damaged) return damaged;
   return out;
 }
 

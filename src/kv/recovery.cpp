@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,12 +17,37 @@
 
 namespace keel::kv {
 
-// A record of a damaged block replay could not apply: the rebuild stands only if a newer
-// version of its key was applied (else its key would be served an older version).
-struct unread_record {
-  std::uint64_t location = 0;
-  std::uint64_t seq = 0;
-  std::string key;  // empty: its header could not be read (nor its key known)
+// Records of damaged blocks replay could not apply (they do not check out): the rebuild
+// stands only if each was superseded, which is proven only by a record that checks out and
+// names it as its previous version (its own bytes, key and seq included, may be what is
+// damaged). Previous versions always lie at lower locations, so each is proven, if ever,
+// after it was noted.
+struct unread_records {
+  std::set<std::uint64_t> at;  // records whose header could be read: their locations
+  struct tail {
+    std::uint64_t from, end;  // a block's records from the first unreadable header on
+    std::uint32_t count;      // how many of them are still unproven
+  };
+  std::vector<tail> tails;
+  //! A record that checks out names `prev` as its previous version.
+  void superseded(std::uint64_t prev) noexcept {
+    if (prev == 0 || (at.empty() && tails.empty())) return;
+    if (at.erase(prev) != 0) return;
+    for (tail& t : tails) {
+      if (prev >= t.from && prev < t.end && t.count > 0) {
+        --t.count;
+        return;
+      }
+    }
+  }
+  //! The first record still unproven (0: none).
+  [[nodiscard]] std::uint64_t first() const noexcept {
+    std::uint64_t first = at.empty() ? 0 : *at.begin();
+    for (const tail& t : tails) {
+      if (t.count > 0 && (first == 0 || t.from < first)) first = t.from;
+    }
+    return first;
+  }
 };
 
 struct store::impl::replay_state {
@@ -31,9 +57,9 @@ struct store::impl::replay_state {
   //! The seq the loaded checkpoint is a copy at (0: none): commits at or below are in it.
   std::uint64_t checkpoint_seq = 0;
   std::uint64_t max_seq = 0;
-  std::vector<unread_record> unread;
-  //! Blocks a power cut tore: voided once the replay is done (their first 8 bytes zeroed and
-  //! synced), so that no later replay judges them again, when what the bytes show has
+  unread_records unread;
+  //! Blocks a power cut tore: voided once the replay is done (their magic replaced, synced:
+  //! fmt::void_torn_block), so that no later replay judges them again, when what the bytes show has
   //! changed: once the blob a whole commit block names is compacted away (its missing
   //! segment then reads as a removed blob), or once a close has recorded every block below
   //! the tail as durable (a torn block there would read as damage).
@@ -57,39 +83,73 @@ result<void> store::impl::reset_index() noexcept {
   return table->create(*this);
 }
 
-result<std::vector<std::uint64_t>> store::impl::check_segments() noexcept {
+result<store::impl::segment_census> store::impl::check_segments() noexcept {
   // What the manifest lists must be there: one missing (deleted by hand, lost) is damage,
   // named, never a shorter log replayed. What it does not list is not the store's log: a
   // maker's or a compactor's leftover (nothing is written into a segment before it is
-  // listed, and a compacted one is taken off before it is removed), removed by a writable
-  // opener alone and never replayed.
+  // listed, and a compacted one is taken off before it is removed), never replayed, and
+  // removed once proven dead (remove_leftovers).
   auto listed = listed_segments();
   if (!listed) return std::unexpected(listed.error());
   auto present = segment_numbers(!opts.read_only);
   if (!present) return std::unexpected(present.error());
-  std::vector<std::uint64_t> numbers;
+  segment_census census;
   try {
     for (const fmt::manifest_entry& e : *listed) {
       if (!std::ranges::binary_search(*present, e.number)) {
         return std::unexpected(error(errc::corrupt).about(path + "/seg/" + segment_name(e.number)));
       }
-      numbers.push_back(e.number);
+      census.listed.push_back(e.number);
+    }
+    for (const std::uint64_t n : *present) {
+      if (!std::ranges::binary_search(census.listed, n)) census.unlisted.push_back(n);
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
-  if (!opts.read_only) {
-    bool removed = false;
-    for (const std::uint64_t n : *present) {
-      if (std::ranges::binary_search(numbers, n)) continue;
-      removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
+  return census;
+}
+
+result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unlisted) noexcept {
+  // Alone, writable, with the index built. A leftover is removed only once nothing in it can
+  // be live: every record in it checks out and its key's entry holds that version or a newer
+  // one (an erase record's key may have none: forgotten). Else the manifest has lost a
+  // segment that still matters (damage): the store is refused, naming the manifest, and the
+  // file stays.
+  bool removed = false;
+  for (const std::uint64_t n : unlisted) {
+    auto seg = segment_at(n);
+    if (!seg) continue;  // not one of this store's segments as far as can be told: left alone
+    const segment& sg = **seg;
+    const auto bytes = sg.bytes();
+    auto proven =
+        for_each_block(sg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+          if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::blob)) return {};
+          std::uint64_t r = off + sizeof(fmt::block_header);
+          for (std::uint32_t i = 0; i < head.records; ++i) {
+            auto rec = fmt::parse_record(bytes.subspan(r, off + head.length - r), salt, true);
+            if (!rec) return keel_error(errc::corrupt);
+            const fmt::key_hash h = fmt::hash_key(rec->key);
+            auto e = find_locked(table->page_of(h), h, rec->key);
+            if (!e) return std::unexpected(e.error());
+            const bool erase = rec->head.op == static_cast<std::uint8_t>(fmt::op::erase);
+            if (*e ? (*e)->seq().load() < rec->head.seq : !erase) return keel_error(errc::corrupt);
+            r += rec->size;
+          }
+          return {};
+        });
+    if (!proven) {
+      if (proven.error() != errc::corrupt) return std::unexpected(proven.error());
+      return std::unexpected(error(errc::corrupt).about(path + "/manifest"));
     }
-    if (removed) {
-      if (auto d = dir.segments.sync_all(); !d)
-        return std::unexpected(d.error().about(path + "/seg"));
-    }
+    forget_segment(n);  // its room comes back only once nobody maps it
+    removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
   }
-  return numbers;
+  if (removed) {
+    if (auto d = dir.segments.sync_all(); !d)
+      return std::unexpected(d.error().about(path + "/seg"));
+  }
+  return {};
 }
 
 result<store::impl::commit_judgement> store::impl::judge_commit(
@@ -128,9 +188,9 @@ namespace {
 
 // The records of the block at `off` of `bytes` (whose header checks out) one by one, each
 // checked by its own checksum: `apply(location, record)` for those that check out, and
-// `unread(location, head or null)` for those that do not. A record whose header cannot be
-// read ends the walk (where the next one starts is unknown): it and those after it are
-// unread with no header.
+// `unread(location, end, count)` for those that do not: one (count 1, `end` 0) whose header
+// could be read, or, from one whose header could not (where the next starts is unknown), the
+// `count` records left in [location, end).
 template <class Apply, class Unread>
 result<void> each_record(std::span<const std::byte> bytes, std::uint64_t segment, std::uint64_t off,
                          const fmt::block_header& head, std::uint64_t salt, Apply&& apply,
@@ -146,13 +206,8 @@ result<void> each_record(std::span<const std::byte> bytes, std::uint64_t segment
       continue;
     }
     auto shape = fmt::parse_record_head(rest);
-    if (!shape) {
-      for (; i < head.records; ++i) {
-        if (auto u = unread(at, nullptr); !u) return u;
-      }
-      return {};
-    }
-    if (auto u = unread(at, &*shape); !u) return u;
+    if (!shape) return unread(at, fmt::make_location(segment, off + head.length), head.records - i);
+    if (auto u = unread(at, std::uint64_t{0}, 1u); !u) return u;
     r += shape->size;
   }
   return {};
@@ -164,18 +219,18 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
                                          std::uint64_t& end) noexcept {
   using kind = commit_judgement::kind;
   const std::span<const std::byte> bytes = s.bytes();
-  const auto note_unread = [&](std::uint64_t seq) {
-    return [&st, seq](std::uint64_t at, const fmt::record_view* shape) -> result<void> {
-      try {
-        unread_record u{at, shape != nullptr ? shape->head.seq : seq, {}};
-        if (shape != nullptr)
-          u.key.assign(reinterpret_cast<const char*>(shape->key.data()), shape->key.size());
-        st.unread.push_back(std::move(u));
-      } catch (const std::bad_alloc&) {
-        return errc_error(std::errc::not_enough_memory);
+  const auto note_unread = [&st](std::uint64_t at, std::uint64_t until,
+                                 std::uint32_t count) -> result<void> {
+    try {
+      if (until == 0) {
+        st.unread.at.insert(at);
+      } else {
+        st.unread.tails.push_back({at, until, count});
       }
-      return {};
-    };
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
+    return {};
   };
   const auto note_void = [&st](std::uint64_t at) -> result<void> {
     try {
@@ -185,8 +240,19 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
     }
     return {};
   };
+  // Below durable_below every byte is a block, zeros, or one keel left on purpose: anything
+  // else is a block whose header was damaged, which could hide a commit: refused, naming it.
+  const auto unexplained = [&](std::uint64_t off, std::uint64_t) -> result<void> {
+    return std::unexpected(error(errc::corrupt).about(s.path, off));
+  };
+  // Past a block keel left on purpose too: nothing new is written inside it.
+  const auto spanned = [&](std::uint64_t off, std::uint64_t length) -> result<void> {
+    end = off + length;
+    return {};
+  };
   return for_each_block(
-      s, end, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+      s, end,
+      [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
         // Every block whose header checks out is stepped over whole, complete or not: its
         // writer reserved all of it, and nothing new may be written inside it.
         end = off + head.length;
@@ -212,11 +278,11 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
           return each_record(
               bytes, s.number, off, head, salt,
               [&](std::uint64_t rec_at, const fmt::record_view& rec) {
+                st.unread.superseded(rec.head.prev);
                 return apply_record(rec_at, rec, head.seq);
               },
-              [&](std::uint64_t rec_at, const fmt::record_view* shape) -> result<void> {
-                if (in_copy) return {};
-                return note_unread(head.seq)(rec_at, shape);
+              [&](std::uint64_t rec_at, std::uint64_t rec_end, std::uint32_t count) {
+                return in_copy ? result<void>{} : note_unread(rec_at, rec_end, count);
               });
         }
         if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
@@ -243,15 +309,15 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
                   return note_void(at);  // torn: its original is still there
                 }
               }
+              st.unread.superseded(rec.head.prev);
               if (auto a = apply_record(rec_at, rec, rec.head.seq); !a) return a;
               st.max_seq = std::max(st.max_seq, rec.head.seq);
               return {};
             },
-            [&](std::uint64_t rec_at, const fmt::record_view* shape) -> result<void> {
-              if (shape != nullptr && shape->head.seq <= st.checkpoint_seq) return {};
-              return note_unread(0)(rec_at, shape);
-            });
-      });
+            // (A damaged copy's seq cannot be believed: never taken as in the checkpoint.)
+            note_unread);
+      },
+      st.durable_below, unexplained, spanned);
 }
 
 result<void> store::impl::rebuild() noexcept {
@@ -259,7 +325,7 @@ result<void> store::impl::rebuild() noexcept {
   if (writable) remove_checkpoint_leftovers();
   auto checked = check_segments();
   if (!checked) return std::unexpected(checked.error());
-  const std::vector<std::uint64_t>& numbers = *checked;
+  const std::vector<std::uint64_t>& numbers = checked->listed;
 
   // From the checkpoint, if there is one that checks out and whose replay start is still
   // there; else from the start of the log.
@@ -302,22 +368,15 @@ result<void> store::impl::rebuild() noexcept {
   }
 
   // Damage that may hide a key's newest version: the store is refused (corrupt, naming it)
-  // unless a newer version of each such record's key was found. Never an older version
-  // served in its place.
-  for (const unread_record& u : st.unread) {
-    bool superseded = false;
-    if (!u.key.empty()) {
-      const auto kb = as_bytes(u.key);
-      const fmt::key_hash h = fmt::hash_key(kb);
-      auto e = find_locked(table->page_of(h), h, kb);
-      if (!e) return std::unexpected(e.error());
-      superseded = *e && (*e)->seq().load() > u.seq;
-    }
-    if (!superseded) {
-      auto s = segment_at(fmt::segment_of(u.location));
-      if (!s) return std::unexpected(s.error());
-      return std::unexpected(error(errc::corrupt).about((*s)->path, fmt::offset_of(u.location)));
-    }
+  // unless each such record was superseded (unread_records). Never an older version served
+  // in its place.
+  if (const std::uint64_t first = st.unread.first(); first != 0) {
+    auto s = segment_at(fmt::segment_of(first));
+    if (!s) return std::unexpected(s.error());
+    return std::unexpected(error(errc::corrupt).about((*s)->path, fmt::offset_of(first)));
+  }
+  if (writable) {
+    if (auto r = remove_leftovers(checked->unlisted); !r) return r;
   }
   h64(hdr::unvoided_torn).store(0);
   if (!st.voids.empty()) {
@@ -336,7 +395,7 @@ result<void> store::impl::rebuild() noexcept {
       for (const std::uint64_t at : st.voids) {
         auto s = segment_at(fmt::segment_of(at));
         if (!s) return std::unexpected(s.error());
-        std::memset((*s)->map.data() + fmt::offset_of(at), 0, 8);
+        fmt::void_torn_block((*s)->map.bytes().subspan(fmt::offset_of(at)));
         if (auto synced = (*s)->sync(); !synced) return synced;
       }
     }

@@ -179,6 +179,16 @@ result<store_dir> open_store_dir(const std::string& path,
   out.segments = std::move(*seg);
   if (out.created) {
     if (auto s = out.dir.sync_all(); !s) return std::unexpected(s.error());
+    // The store's directory is an entry of its parent: durable too, or a power cut could take
+    // the whole store after its first `sync` commit returned.
+    std::string parent = path;
+    while (parent.size() > 1 && parent.back() == '/')
+      parent.pop_back();
+    const std::size_t slash = parent.find_last_of('/');
+    parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
+    auto up = io::file_handle::open_directory(fs, parent.c_str());
+    if (!up) return std::unexpected(up.error().about(parent));
+    if (auto s = up->sync_all(); !s) return std::unexpected(s.error().about(parent));
   }
   return out;
 }

@@ -359,8 +359,15 @@ struct store::impl final : ix::page_source {
   //! read_only (a read-only opener that found a commit it must void).
   [[nodiscard]] result<void> rebuild() noexcept;
   //! The segments the manifest lists, each checked to be there (corrupt, naming one that is
-  //! not); those it does not list are removed when writable (leftovers, never replayed).
-  [[nodiscard]] result<std::vector<std::uint64_t>> check_segments() noexcept;
+  //! not), and those named in seg/ that it does not list (leftovers, never replayed).
+  struct segment_census {
+    std::vector<std::uint64_t> listed;    //!< the manifest's, all there
+    std::vector<std::uint64_t> unlisted;  //!< named in seg/, not listed: leftovers
+  };
+  [[nodiscard]] result<segment_census> check_segments() noexcept;
+  //! Removes the leftovers (alone, writable, the index built) once each is proven to hold
+  //! nothing live; else corrupt, naming the manifest (it lost a segment that matters).
+  [[nodiscard]] result<void> remove_leftovers(const std::vector<std::uint64_t>& unlisted) noexcept;
   struct replay_state;
   //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
   //! header checks out (complete or not: its writer reserved all of it).
@@ -463,6 +470,20 @@ struct store::impl final : ix::page_source {
   template <class F>
   [[nodiscard]] result<void> for_each_block(const segment& s, std::uint64_t from,
                                             F&& f) const noexcept {
+    const auto nothing = [](std::uint64_t, std::uint64_t) noexcept { return result<void>{}; };
+    return for_each_block(s, from, std::forward<F>(f), 0, nothing, nothing);
+  }
+  //! The same, telling what lies between blocks: a block keel left on purpose
+  //! (fmt::spanned_block: voided, abandoned) is stepped over whole, after
+  //! `spanned(offset, length)`; and the space below location `known_below` (written whole:
+  //! the manifest's durable below) must be blocks, zeros or such blocks: at any other byte
+  //! there, `unexplained(offset, 8)` is called before stepping on (a block whose header was
+  //! damaged is found so, never taken for space nobody wrote). Each callback returns
+  //! result<void>; an error stops the walk.
+  template <class F, class Unexplained, class Spanned>
+  [[nodiscard]] result<void> for_each_block(const segment& s, std::uint64_t from, F&& f,
+                                            std::uint64_t known_below, Unexplained&& unexplained,
+                                            Spanned&& spanned) const noexcept {
     const std::span<const std::byte> bytes = s.bytes();
     std::uint64_t off = std::max<std::uint64_t>(from, fmt::segment_header_size);
     while (off + sizeof(fmt::block_header) <= s.size) {
@@ -470,12 +491,24 @@ struct store::impl final : ix::page_source {
       std::memcpy(&magic, bytes.data() + off, 4);
       auto head = magic == fmt::block_magic ? fmt::parse_block_header(bytes.subspan(off), salt)
                                             : keel_error(errc::corrupt);
-      if (!head) {
-        off += 8;
+      if (head) {
+        if (auto r = f(off, *head); !r) return r;
+        off += head->length;
         continue;
       }
-      if (auto r = f(off, *head); !r) return r;
-      off += head->length;
+      std::uint64_t word = 0;
+      std::memcpy(&word, bytes.data() + off, 8);
+      if (word != 0) {
+        if (auto length = fmt::spanned_block(bytes.subspan(off), salt)) {
+          if (auto r = spanned(off, *length); !r) return r;
+          off += *length;
+          continue;
+        }
+        if (fmt::make_location(s.number, off) < known_below) {
+          if (auto r = unexplained(off, std::uint64_t{8}); !r) return r;
+        }
+      }
+      off += 8;
     }
     return {};
   }
@@ -651,6 +684,8 @@ struct store::impl final : ix::page_source {
                                       const std::set<std::uint64_t>& victims,
                                       const std::set<std::string, std::less<>>& forgettable,
                                       const io::countdown& cd, compact_stats& st) noexcept;
+  //! Unmaps segment `number` in this process (one it removed, nobody else using it).
+  void forget_segment(std::uint64_t number) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
   void unmap_removed_segments() noexcept;
   // ---- the space ledger (space.cpp) ----

@@ -127,8 +127,10 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
       const segment& sg = **seg;
+      std::uint64_t unexplained_to = 0;  // the end of the run last noted
       auto walked = s.for_each_block(
-          sg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+          sg, fmt::segment_header_size,
+          [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
             const auto kind = static_cast<fmt::block_kind>(head.kind);
             if (kind == fmt::block_kind::commit) {
               auto judged = s.judge_commit(fmt::make_location(n, off), head);
@@ -150,7 +152,18 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
               return check_records(sg, off, head);
             }
             return {};  // a blob is checked through the record that names it
-          });
+          },
+          durable_below,
+          [&](std::uint64_t off, std::uint64_t length) -> result<void> {
+            if (off != unexplained_to) {
+              found.note(sg.path, off,
+                         "bytes that are no block where every block was written whole (a "
+                         "block header damaged?)");
+            }
+            unexplained_to = off + length;
+            return {};
+          },
+          [](std::uint64_t, std::uint64_t) { return result<void>{}; });
       if (!walked) return std::unexpected(walked.error());
     }
 

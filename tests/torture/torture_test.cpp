@@ -88,18 +88,24 @@ TEST_P(TortureCatches, ThePlantedBug) {
 
 INSTANTIATE_TEST_SUITE_P(
     Every, TortureCatches,
-    ::testing::Values(planted_case{mode::kill, workload::memory_map,
-                                   base::planted_bug::memory_map_skips_recovery, 50},
-                      planted_case{mode::powerloss, workload::atomic_append,
-                                   base::planted_bug::atomic_append_skips_header_sync, 200},
-                      planted_case{mode::io_errors, workload::atomic_append,
-                                   base::planted_bug::atomic_append_ignores_failed_append, 200},
-                      planted_case{mode::corrupt, workload::atomic_append,
-                                   base::planted_bug::atomic_append_skips_checksum, 300},
-                      planted_case{mode::powerloss, workload::cache,
-                                   base::planted_bug::cache_skips_fsync, 100},
-                      planted_case{mode::io_errors, workload::cache,
-                                   base::planted_bug::cache_forgets_failed_write_out, 200}),
+    ::testing::Values(
+        planted_case{mode::kill, workload::memory_map, base::planted_bug::memory_map_skips_recovery,
+                     50},
+        planted_case{mode::powerloss, workload::atomic_append,
+                     base::planted_bug::atomic_append_skips_header_sync, 200},
+        planted_case{mode::io_errors, workload::atomic_append,
+                     base::planted_bug::atomic_append_ignores_failed_append, 200},
+        planted_case{mode::corrupt, workload::atomic_append,
+                     base::planted_bug::atomic_append_skips_checksum, 300},
+        planted_case{mode::powerloss, workload::cache, base::planted_bug::cache_skips_fsync, 100},
+        planted_case{mode::io_errors, workload::cache,
+                     base::planted_bug::cache_forgets_failed_write_out, 200},
+        planted_case{mode::kill, workload::kv, base::planted_bug::kv_forgets_last_commit, 100},
+        planted_case{mode::powerloss, workload::kv, base::planted_bug::kv_skips_sync, 200},
+        planted_case{mode::io_errors, workload::kv,
+                     base::planted_bug::kv_ignores_failed_manifest_write, 300},
+        planted_case{mode::corrupt, workload::kv, base::planted_bug::kv_skips_record_checksum,
+                     300}),
     [](const auto& param_info) {
       std::string name = std::string(to_string(param_info.param.how)) + "_" +
                          std::string(to_string(param_info.param.what));

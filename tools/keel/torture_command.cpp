@@ -15,15 +15,19 @@ namespace keel::tools {
 int run_torture_command(int argc, char** argv) {
   CLI::App app{
       "Run keel's workloads under failure, cycle after cycle, and check an oracle after each:\n"
-      "  kill       SIGKILL a user at a random moment; a new user must get every lock\n"
+      "  kill       SIGKILL a user at a random moment; a new user must get every lock,\n"
+      "             every acknowledged commit must be there\n"
       "  powerloss  cut the power at a random file operation (fault seam), rebuild what\n"
       "             survived (torn writes in half the cycles), reopen, check\n"
-      "  io-errors  fail the N-th file operation once or forever (EIO, ENOSPC): errors are\n"
-      "             returned, never a crash, hang or double holder; all reopens after\n"
-      "  corrupt    flip bits, zero ranges, truncate the lock's files: a clear error naming\n"
-      "             the file, or a wait; never a crash, hang or wrong grant\n"
-      "Workloads: the atomic_append lock log, the memory_map table, and the aio write-back\n"
-      "cache (what a successful fsync covered must be in the file).\n"
+      "  io-errors  fail the N-th file operation once or forever (EIO, ENOSPC, and for kv\n"
+      "             EDQUOT, EMFILE, ENOMEM): errors are returned, never a crash, hang or\n"
+      "             double holder; all reopens after\n"
+      "  corrupt    flip bits, zero ranges, truncate (kv: and remove) files of a closed\n"
+      "             lock or store: a clear error naming the file, or a wait; never a crash,\n"
+      "             hang, wrong grant, or an older or another key's value\n"
+      "Workloads: the atomic_append lock log, the memory_map table, the aio write-back cache\n"
+      "(what a successful fsync covered must be in the file), and keel::kv (transactions\n"
+      "checked against an oracle of what each wrote and whether it was acknowledged).\n"
       "A failure prints the seed that replays it: --seed S --cycles 1.",
       "keel torture"};
   std::string mode_name = "all";
@@ -33,7 +37,7 @@ int run_torture_command(int argc, char** argv) {
   bool keep_going = false;
   app.add_option("--mode", mode_name, "kill, powerloss, io-errors, corrupt, or all")
       ->capture_default_str();
-  app.add_option("--workload", workload_name, "atomic_append, memory_map, cache, or all")
+  app.add_option("--workload", workload_name, "atomic_append, memory_map, cache, kv, or all")
       ->capture_default_str();
   app.add_option("--cycles", c.cycles, "Cycles per mode and workload")
       ->capture_default_str()

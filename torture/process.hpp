@@ -1,0 +1,70 @@
+#pragma once
+// The harness's processes: a child that cannot hang for ever, and a bounded wait for it.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace keel::torture::detail {
+
+//! Runs `body` in a forked child (which dies of SIGALRM after two minutes).
+template <class F>
+pid_t spawn(F&& body) {
+  std::fflush(nullptr);  // or the child would print the parent's buffered output again
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(120);  // a child that hangs dies of SIGALRM: the parent reports it
+    const int code = body();
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  return pid;
+}
+
+struct exit_status {
+  bool timed_out = false;
+  bool exited = false;
+  int code = 0;
+  int signal = 0;
+  [[nodiscard]] bool clean() const noexcept { return exited && code == 0; }
+  [[nodiscard]] std::string describe() const {
+    if (timed_out) return "hung (killed after its time limit)";
+    if (exited) return "exited " + std::to_string(code);
+    return std::string("died of ") + ::strsignal(signal);
+  }
+};
+
+// Waits for `pid` at most `limit`; past it, kills it.
+inline exit_status wait_for(pid_t pid, std::chrono::milliseconds limit) {
+  exit_status s;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return s;
+    if (std::chrono::steady_clock::now() >= until) {
+      s.timed_out = true;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (WIFEXITED(status)) {
+    s.exited = true;
+    s.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    s.signal = WTERMSIG(status);
+  }
+  return s;
+}
+
+}  // namespace keel::torture::detail
