@@ -79,15 +79,6 @@ void unregister_store(store::impl* s) noexcept {
   r.erase(std::remove(r.begin(), r.end(), s), r.end());
 }
 
-std::optional<std::uint64_t> parse_segment_name(std::string_view name) noexcept {
-  if (name.size() != 16) return std::nullopt;
-  std::uint64_t n = 0;
-  const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), n, 16);
-  if (ec != std::errc{} || end != name.data() + name.size()) return std::nullopt;
-  if (segment_name(n) != name || n == 0 || n > fmt::max_segment_number) return std::nullopt;
-  return n;
-}
-
 constexpr std::string_view segment_temp_prefix = ".seg.";
 // The spare segment's name in seg/ (see ensure_spare).
 constexpr const char* spare_name = "spare";
@@ -1166,7 +1157,7 @@ result<std::vector<std::uint64_t>> store::impl::segment_numbers(bool remove_left
   std::vector<std::uint64_t> numbers;
   try {
     for (const auto& e : *entries) {
-      if (auto n = parse_segment_name(e.name)) {
+      if (auto n = segment_number_of(e.name)) {
         numbers.push_back(*n);
       } else if (remove_leftovers && e.name.starts_with(segment_temp_prefix)) {
         (void)io::unlink_at(dir.segments, e.name.c_str());

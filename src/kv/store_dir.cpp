@@ -90,6 +90,18 @@ result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_h
 
 }  // namespace
 
+std::optional<std::uint64_t> segment_number_of(std::string_view name) noexcept {
+  if (name.size() != 16) return std::nullopt;
+  std::uint64_t n = 0;
+  for (const char c : name) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return std::nullopt;
+    n = n << 4 | static_cast<std::uint64_t>(digit);
+  }
+  if (n == 0 || n > fmt::max_segment_number) return std::nullopt;
+  return n;
+}
+
 result<std::uint64_t> new_store_segment_size(const std::string& path,
                                              const store_dir_options& options) noexcept {
   if (options.segment_size != 0) return options.segment_size;

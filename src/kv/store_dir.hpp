@@ -5,7 +5,9 @@
 // creator won the race, and then that one's store is opened), so a crash at any point
 // leaves either no store or a whole one, never a half-made one.
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "keel/io/file_handle.hpp"
 #include "keel/io/filesystem.hpp"
@@ -15,6 +17,10 @@ namespace keel::kv {
 
 constexpr const char* store_file_name = "keel-kv";
 constexpr const char* segments_dir_name = "seg";
+
+//! The number a file name in `seg/` gives its segment (16 lowercase hex digits, 1 to the
+//! largest segment number), or nullopt for any other name.
+[[nodiscard]] std::optional<std::uint64_t> segment_number_of(std::string_view name) noexcept;
 
 struct store_dir_options {
   bool create_if_missing = true;

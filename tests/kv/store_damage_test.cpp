@@ -639,5 +639,53 @@ TEST(KvDamage, ADamagedBlockHeaderIsNeverTakenForEmptySpace) {
   ASSERT_FALSE(a) << "served: " << *a;
 }
 
+// salvage: a store damaged so that it will not open (its manifest gone) and with the newest
+// version of one key damaged: every other key's newest value is copied into a new store, the
+// damaged key's older version is, and both are listed.
+TEST(KvDamage, SalvageCopiesWhatCanBeReadAndListsTheRest) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const std::string big = big_value('S');
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    for (int k = 0; k < 500; ++k)
+      ASSERT_TRUE(s->put("k" + std::to_string(k), "first " + std::to_string(k)));
+    for (int k = 0; k < 500; k += 2)
+      ASSERT_TRUE(s->put("k" + std::to_string(k), "second " + std::to_string(k)));
+    ASSERT_TRUE(s->erase("k7"));
+    ASSERT_TRUE(s->put("blob", big));
+    ASSERT_TRUE(s->put("k4", "newest <salvage-marker> of k4"));
+  }
+  flip_bit(find_last(path, "<salvage-marker>"), 3);
+  std::filesystem::remove(path + "/manifest");
+  ASSERT_FALSE(store::open(path, small())) << "the store should refuse to open";
+  const std::string to = dir.file("salvaged");
+  auto r = store::salvage(path, to, small());
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r->keys, 500u);  // 500 less k7, plus blob
+  EXPECT_EQ(r->erased, 1u);
+  ASSERT_EQ(r->unreadable.size(), 1u);
+  EXPECT_NE(r->unreadable[0].what.find("\"k4\""), std::string::npos) << r->unreadable[0].what;
+  ASSERT_EQ(r->older.size(), 1u);
+  EXPECT_EQ(r->older[0].key, "k4");
+  auto s = open_ok(to);
+  ASSERT_TRUE(s);
+  for (int k = 0; k < 500; ++k) {
+    const std::string key = "k" + std::to_string(k);
+    auto v = s->get(key);
+    if (k == 7) {
+      EXPECT_EQ(v.error(), errc::not_found);
+      continue;
+    }
+    ASSERT_TRUE(v) << key << ": " << v.error().message();
+    EXPECT_EQ(*v, (k % 2 == 0 ? "second " : "first ") + std::to_string(k)) << "k4: older copied";
+  }
+  EXPECT_EQ(*s->get("blob"), big);
+  EXPECT_TRUE(s->verify());
+  // A second salvage into the same place is refused: it holds a store now.
+  EXPECT_FALSE(store::salvage(path, to, small()));
+}
+
 }  // namespace
 }  // namespace keel::kv

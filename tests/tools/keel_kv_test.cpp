@@ -170,6 +170,18 @@ TEST(KeelKv, VerifyNamesEveryDamagedPlaceAndExitsThree) {
   r = kv(dir, {s, "get", "a"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "new value");
+  // salvage copies what it can read into a new store, lists the rest, and exits 3.
+  const std::string d = dir.file("salvaged");
+  r = kv(dir, {s, "salvage", d});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("unreadable: " + s + "/seg/0000000000000001 at offset "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("salvaged 1 keys into " + d), std::string::npos) << r.out;
+  r = kv(dir, {d, "get", "a"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "new value");
+  r = kv(dir, {s, "salvage", d});
+  EXPECT_EQ(r.code, 5) << "a store is there now: " << r.err;
 }
 
 TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {

@@ -116,6 +116,14 @@ int run_kv_command(int argc, char** argv) {
   auto* checkpoint = app.add_subcommand(
       "checkpoint",
       "Write a checkpoint now: after a power loss, the next open replays only the log since");
+  std::string dest;
+  auto* salvage = app.add_subcommand(
+      "salvage",
+      "Copy the newest readable version of every key into a new store DEST, reading the "
+      "segments directly (for a damaged store, also one that will not open); list what could "
+      "not be read. Exit 0 when everything was read, 3 when something was not (DEST is "
+      "written either way)");
+  salvage->add_option("DEST", dest, "The new store (absent, or an empty directory)")->required();
 
   try {
     app.parse(argc, argv);
@@ -138,6 +146,21 @@ int run_kv_command(int argc, char** argv) {
       }
       value = raw;
     }
+  }
+  if (*salvage) {
+    kv::options made;
+    made.durable = kv::durability::none;
+    auto r = kv::store::salvage(path, dest, made);
+    if (!r) return fail("salvage", r.error());
+    for (const kv::damage& d : r->unreadable) {
+      fmt::print("unreadable: {} at offset {}: {}\n", d.file, d.offset, d.what);
+    }
+    for (const auto& k : r->older) {
+      fmt::print("older: {}: {}\n", hex ? to_hex(k.key) : k.key, k.what);
+    }
+    fmt::print("salvaged {} keys into {} ({} erased, {} commits read, {} torn by a power cut)\n",
+               r->keys, dest, r->erased, r->commits, r->torn);
+    return r->unreadable.empty() && r->older.empty() ? exit_ok : exit_corrupt;
   }
   kv::options o;
   o.create_if_missing = put->parsed();

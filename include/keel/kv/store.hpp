@@ -151,6 +151,24 @@ struct verify_report {
   std::vector<damage> damaged;
 };
 
+//! What `store::salvage` did.
+struct salvage_report {
+  std::uint64_t keys = 0;     //!< keys copied: the newest readable version of each
+  std::uint64_t erased = 0;   //!< keys whose newest readable version is an erase (not copied)
+  std::uint64_t commits = 0;  //!< commit blocks read, whole or in part
+  //! Commit blocks a power cut tore before they completed: commits that never happened.
+  std::uint64_t torn = 0;
+  //! Every place it could not read: segment files, blocks, records, values.
+  std::vector<damage> unreadable;
+  //! Keys whose newest version found could not be read: what was copied is older (or the
+  //! key is absent). Each key as it is, and what happened.
+  struct older_key {
+    std::string key;
+    std::string what;
+  };
+  std::vector<older_key> older;
+};
+
 class store;
 
 //! One key and its value, as a scan returns them.
@@ -231,6 +249,19 @@ class store {
   [[nodiscard]] static result<std::unique_ptr<store>> open(const std::string& path) noexcept {
     return open(path, options{});
   }
+  //! Copies the newest readable version of every key of the store at `from` into a new
+  //! store made at `to` (absent, or an empty directory), and lists what it could not read
+  //! (SQLite's .recover, tkrzw's restore): for a store that refuses to open (`corrupt`), or
+  //! to move what survives of a damaged one. It reads `from`'s store file and segments
+  //! directly (its index, manifest and checkpoint are not needed) and never writes there;
+  //! nobody may write `from` meanwhile. A commit a power cut tore is left out (it never
+  //! happened); a damaged one gives the records of it that check out. `o` is the new
+  //! store's (its fs reads `from` too). Errors: not_keel_file, unsupported_version or corrupt
+  //! (`from`'s store file: without it nothing can be read), file_exists (`to` holds
+  //! something), and what making or writing `to` met.
+  [[nodiscard]] static result<salvage_report> salvage(const std::string& from,
+                                                      const std::string& to,
+                                                      const options& o) noexcept;
   ~store();
   store(const store&) = delete;
   store& operator=(const store&) = delete;
