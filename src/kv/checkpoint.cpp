@@ -21,7 +21,7 @@ namespace {
 constexpr const char* checkpoint_name = "checkpoint";
 //! The least checkpoint interval by default (options::checkpoint_bytes).
 constexpr std::uint64_t default_checkpoint_bytes = std::uint64_t{128} << 20;
-constexpr base::format checkpoint_format{"KEELKVC1", 1, index_format.layout};
+constexpr base::format checkpoint_format{"KEELKVC1", 2, index_format.layout};
 
 // The checkpoint's first page (the index pages follow it, from first_free_page on).
 namespace cp {
@@ -335,51 +335,69 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   }
   for (std::uint64_t i = 0; i < entries; ++i) {
     if (i > 0 && named[i] == named[i - 1]) continue;
-    const std::uint64_t p = named[i];
-    const ix::bucket_ref b = table->page(p);
-    const ix::bucket_ref copy{page_out(p)};
-    copy.magic().store(b.magic().load(std::memory_order_acquire));
-    copy.local_depth().store(b.local_depth().load(std::memory_order_acquire));
-    copy.prefix().store(b.prefix().load(std::memory_order_acquire));
-    std::uint64_t n = 0;
-    for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-      const ix::entry_ref e = b.entry(k);
-      const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-      if (hi == 0) continue;
-      const fmt::key_hash h{hi, e.lo().load(std::memory_order_acquire)};
-      // The entry as it is, its seq read on both sides of its location: a pair that a
-      // publish tore shows a pending mark on one side (it comes between).
-      std::uint64_t seq = 0;
-      std::uint64_t at = 0;
-      for (;;) {
-        seq = e.seq().load(std::memory_order_acquire);
-        at = e.location().load(std::memory_order_acquire);
-        if (e.seq().load(std::memory_order_acquire) == seq) break;
-      }
-      if ((seq & ix::pending) != 0 || seq > S) {
-        // As a reader at S sees it (none: location 0).
-        auto resolved = named_by(p, h, e, seq, at, S);
-        if (!resolved) return std::unexpected(resolved.error());
-        at = *resolved;
-        seq = 0;
-        if (at != 0) {
-          auto rec = record_at(at, false);
-          if (!rec) return std::unexpected(rec.error());
-          auto seen = back_to(*rec, S, false);
-          if (!seen) return std::unexpected(seen.error());
-          at = *seen ? (*seen)->location : 0;
-          seq = *seen ? (*seen)->rec.head.seq : 0;
-        }
-      }
-      const ix::entry_ref to = copy.entry(k);
-      to.hi().store(h.hi);
-      to.lo().store(h.lo);
-      to.location().store(at);
-      to.seq().store(at == 0 ? 0 : seq);
-      ++n;
+    // The page and its overflow chain, each page copied with its link. A chain page
+    // allocated after `used` was read holds only keys inserted after S: the copy's chain
+    // ends before it.
+    const std::uint64_t named_page = named[i];
+    std::vector<std::uint64_t> chain;
+    try {
+      table->for_page_chain(named_page, [&](std::uint64_t q) {
+        if (!in_use(q)) return false;
+        chain.push_back(q);
+        return true;
+      });
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
     }
-    copy.used().store(n);
-    copy.sum().store(ix::count_sum(copy));
+    for (std::size_t c = 0; c < chain.size(); ++c) {
+      const std::uint64_t p = chain[c];
+      const ix::bucket_ref b = table->page(p);
+      if (copied_page[p - first_free_page]) return keel_error(errc::corrupt);  // a looped chain
+      const ix::bucket_ref copy{page_out(p)};
+      copy.overflow().store(c + 1 < chain.size() ? chain[c + 1] : 0);
+      copy.magic().store(b.magic().load(std::memory_order_acquire));
+      copy.local_depth().store(b.local_depth().load(std::memory_order_acquire));
+      copy.prefix().store(b.prefix().load(std::memory_order_acquire));
+      std::uint64_t n = 0;
+      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
+        const ix::entry_ref e = b.entry(k);
+        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+        if (hi == 0) continue;
+        const fmt::key_hash h{hi, e.lo().load(std::memory_order_acquire)};
+        // The entry as it is, its seq read on both sides of its location: a pair that a
+        // publish tore shows a pending mark on one side (it comes between).
+        std::uint64_t seq = 0;
+        std::uint64_t at = 0;
+        for (;;) {
+          seq = e.seq().load(std::memory_order_acquire);
+          at = e.location().load(std::memory_order_acquire);
+          if (e.seq().load(std::memory_order_acquire) == seq) break;
+        }
+        if ((seq & ix::pending) != 0 || seq > S) {
+          // As a reader at S sees it (none: location 0).
+          auto resolved = named_by(named_page, h, e, seq, at, S);
+          if (!resolved) return std::unexpected(resolved.error());
+          at = *resolved;
+          seq = 0;
+          if (at != 0) {
+            auto rec = record_at(at, false);
+            if (!rec) return std::unexpected(rec.error());
+            auto seen = back_to(*rec, S, false);
+            if (!seen) return std::unexpected(seen.error());
+            at = *seen ? (*seen)->location : 0;
+            seq = *seen ? (*seen)->rec.head.seq : 0;
+          }
+        }
+        const ix::entry_ref to = copy.entry(k);
+        to.hi().store(h.hi);
+        to.lo().store(h.lo);
+        to.location().store(at);
+        to.seq().store(at == 0 ? 0 : seq);
+        ++n;
+      }
+      copy.used().store(n);
+      copy.sum().store(ix::count_sum(copy));
+    }
   }
   for (std::uint64_t i = 0; i < copied_page.size(); ++i) {
     if (!copied_page[i]) std::memset(out.get() + (1 + i) * fmt::page_size, 0, fmt::page_size);

@@ -348,8 +348,9 @@ result<void> store::impl::settle_split(const io::countdown& cd) noexcept {
   }
 }
 
-result<void> store::impl::split_page(std::uint64_t page, const fmt::key_hash& h,
-                                     const io::countdown& cd) noexcept {
+result<void> store::impl::grow_page(std::uint64_t page, const fmt::key_hash& h,
+                                    std::span<const fmt::key_hash> coming, std::size_t wanted,
+                                    const io::countdown& cd) noexcept {
   for (;;) {
     if (auto r = settle_split(cd); !r) return r;
     const std::array<lock::entity, 2> want{lock::entity(page), lock::entity(entity_directory)};
@@ -358,7 +359,11 @@ result<void> store::impl::split_page(std::uint64_t page, const fmt::key_hash& h,
     if (table->pending_split().old != 0) continue;  // a splitter died since: finish it first
     // Split by someone else meanwhile: the key is routed elsewhere now.
     if (table->page_of(h) != page) return {};
-    return table->split(page, *this);
+    if (table->room(page) >= wanted) return {};  // grown by someone else meanwhile
+    // A split that separates nothing (keys of one hash) would only double the directory:
+    // the page's chain gets a page more instead.
+    if (table->split_separates(page, coming)) return table->split(page, *this);
+    return table->add_overflow(page, *this);
   }
 }
 
@@ -632,27 +637,31 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       }
       if (!k.entry && k.w != nullptr) ++new_keys[k.page];
     }
+    // A page's chain with fewer free entries (empty, or holding nothing: an undone insert,
+    // an erased key compaction forgot) than the commit's new keys in it must grow.
     const key_plan* full = nullptr;
+    std::size_t wanted = 0;
     for (const auto& [page, count] : new_keys) {
-      const ix::bucket_ref b = s->table->page(page);
-      std::uint64_t used = b.used().load();
-      if (used + count > ix::entries_per_page) {
-        // Entries that hold nothing (an undone insert, an erased key compaction forgot) are
-        // room too.
-        for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
-          const ix::entry_ref e = b.entry(j);
-          if (e.hi().load() != 0 && e.location().load() == 0 && e.seq().load() == 0) --used;
-        }
-      }
-      if (used + count <= ix::entries_per_page) continue;
+      if (s->table->room(page) >= count) continue;
       for (const key_plan& k : keys) {
         if (k.page == page) full = &k;
       }
+      wanted = count;
     }
     if (full == nullptr) break;
     (void)held.unlock();
     charged.used = true;  // the split's pages are taken, whatever the commit does next
-    if (auto r = s->split_page(full->page, full->h, cd); !r) return std::unexpected(r.error());
+    std::vector<fmt::key_hash> coming;
+    try {
+      for (const key_plan& k : keys) {
+        if (k.page == full->page && k.w != nullptr) coming.push_back(k.h);
+      }
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
+    if (auto r = s->grow_page(full->page, full->h, coming, wanted, cd); !r) {
+      return std::unexpected(r.error());
+    }
   }
 
   step(commit_step::locked);
@@ -724,7 +733,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       k.entry = s->table->claim(k.page, k.h, 0, ix::pending | *L);
     } else {
       const ix::entry_ref e = *k.entry;
-      ix::change_entry(s->table->page(k.page), e,
+      ix::change_entry(s->table->page_holding(e), e,
                        [&] { e.seq().store(ix::pending | *L, std::memory_order_release); });
     }
   }
@@ -752,7 +761,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     for (const key_plan& k : keys) {
       if (k.w == nullptr) continue;
       const ix::entry_ref e = *k.entry;
-      ix::change_entry(s->table->page(k.page), e, [&] {
+      ix::change_entry(s->table->page_holding(e), e, [&] {
         e.seq().store(k.prev != 0 ? k.prev_seq : 0, std::memory_order_release);
       });
     }
@@ -783,7 +792,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       d_live += static_cast<std::int64_t>(size);
     }
     const ix::entry_ref e = *k.entry;
-    ix::change_entry(s->table->page(k.page), e, [&] {
+    ix::change_entry(s->table->page_holding(e), e, [&] {
       e.location().store(k.record_at, std::memory_order_release);
       e.seq().store(seq, std::memory_order_release);
     });

@@ -112,7 +112,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       // compaction: nothing to copy, and the entry is free for any key (doc/kv-format.md,
       // "Compaction", forgetting erased keys).
       const ix::entry_ref e = *entry;
-      ix::change_entry(table->page(page), e, [&] {
+      ix::change_entry(table->page_holding(e), e, [&] {
         e.location().store(0, std::memory_order_release);
         e.seq().store(0, std::memory_order_release);
       });
@@ -156,7 +156,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     });
     // The copy is whole before the entry names it; the seq stays (it is the same version).
     const ix::entry_ref e = *entry;
-    ix::change_entry(table->page(page), e, [&] {
+    ix::change_entry(table->page_holding(e), e, [&] {
       e.location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
     });
     st.records_moved += 1;

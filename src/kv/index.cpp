@@ -1,6 +1,8 @@
 #include "kv/index.hpp"
 
+#include <algorithm>
 #include <system_error>
+#include <vector>
 
 namespace keel::kv::ix {
 namespace {
@@ -14,6 +16,7 @@ void init_bucket(const bucket_ref& b, unsigned depth, std::uint64_t prefix) noex
   b.retired_at().store(0);
   b.sum().store(0);
   b.changing().store(0);
+  b.overflow().store(0);
   b.magic().store(bucket_magic, std::memory_order_release);
 }
 
@@ -33,7 +36,7 @@ std::uint64_t rotl(std::uint64_t v, unsigned r) noexcept {
 // Places a copy of an entry in a page being filled (nobody reads it yet): from its home slot
 // on, the first empty one. A page split into two never overflows: each gets at most what
 // the old page held.
-void place(const bucket_ref& b, std::uint64_t hi, std::uint64_t lo, std::uint64_t location,
+bool place(const bucket_ref& b, std::uint64_t hi, std::uint64_t lo, std::uint64_t location,
            std::uint64_t seq) noexcept {
   const std::size_t start = lo % entries_per_page;
   for (std::size_t k = 0; k < entries_per_page; ++k) {
@@ -44,8 +47,14 @@ void place(const bucket_ref& b, std::uint64_t hi, std::uint64_t lo, std::uint64_
     e.seq().store(seq, std::memory_order_relaxed);
     e.hi().store(hi, std::memory_order_relaxed);
     b.used().fetch_add(1, std::memory_order_relaxed);
-    return;
+    return true;
   }
+  return false;
+}
+
+// Whether an entry holds something: a location, or a writer's pending mark.
+bool holds_something(const entry_ref& e) noexcept {
+  return e.hi().load() != 0 && (e.location().load() != 0 || (e.seq().load() & pending) != 0);
 }
 
 }  // namespace
@@ -79,13 +88,23 @@ bool table::pages_sound(std::uint64_t first_page, std::uint64_t pages_used) noex
     }
     if (p == last) continue;
     last = p;
-    const std::uint64_t counted = count_sum(b);
-    if (b.changing().load() != 0) {
-      b.sum().store(counted);  // its writer was killed in the middle: what is there stands
-      b.changing().store(0);
-    } else if (b.sum().load() != counted) {
-      return false;
-    }
+    bool sound = true;
+    for_page_chain(p, [&](std::uint64_t q) {
+      const bucket_ref c = page(q);
+      if (q < first_page || q >= pages_used || c.magic().load() != bucket_magic ||
+          c.local_depth().load() != local || c.prefix().load() != b.prefix().load()) {
+        return sound = false;
+      }
+      const std::uint64_t counted = count_sum(c);
+      if (c.changing().load() != 0) {
+        c.sum().store(counted);  // its writer was killed in the middle: what is there stands
+        c.changing().store(0);
+      } else if (c.sum().load() != counted) {
+        return sound = false;
+      }
+      return true;
+    });
+    if (!sound) return false;
   }
   return true;
 }
@@ -130,48 +149,129 @@ std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {
 
 std::optional<entry_ref> table::claim(std::uint64_t p, const fmt::key_hash& h,
                                       std::uint64_t location, std::uint64_t seq) const noexcept {
-  const bucket_ref b = page(p);
   const std::size_t start = h.lo % entries_per_page;
-  for (std::size_t k = 0; k < entries_per_page; ++k) {
-    const entry_ref e = b.entry((start + k) % entries_per_page);
-    const std::uint64_t hi = e.hi().load();
-    if (hi == 0) {
-      change_entry(b, e, [&] {
-        e.seq().store(seq);
-        e.location().store(location);
-        e.lo().store(h.lo);
-        b.used().fetch_add(1);
-        e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
-      });
-      return e;
-    }
-    if (e.location().load() == 0 && e.seq().load() == 0) {
-      change_entry(b, e, [&] {
-        if (hi != h.hi || e.lo().load() != h.lo) {
+  std::optional<entry_ref> out;
+  for_page_chain(p, [&](std::uint64_t q) {
+    const bucket_ref b = page(q);
+    for (std::size_t k = 0; k < entries_per_page; ++k) {
+      const entry_ref e = b.entry((start + k) % entries_per_page);
+      const std::uint64_t hi = e.hi().load();
+      if (hi == 0) {
+        change_entry(b, e, [&] {
+          e.seq().store(seq);
+          e.location().store(location);
           e.lo().store(h.lo);
-          e.hi().store(h.hi, std::memory_order_release);
-        }
-        e.location().store(location, std::memory_order_release);
-        e.seq().store(seq, std::memory_order_release);
-      });
-      return e;
+          b.used().fetch_add(1);
+          e.hi().store(h.hi, std::memory_order_release);  // readers check hi first, then lo
+        });
+        out = e;
+        return false;
+      }
+      if (e.location().load() == 0 && e.seq().load() == 0) {
+        change_entry(b, e, [&] {
+          if (hi != h.hi || e.lo().load() != h.lo) {
+            e.lo().store(h.lo);
+            e.hi().store(h.hi, std::memory_order_release);
+          }
+          e.location().store(location, std::memory_order_release);
+          e.seq().store(seq, std::memory_order_release);
+        });
+        out = e;
+        return false;
+      }
     }
-  }
-  return std::nullopt;
+    return true;  // full: on into the next page of the chain
+  });
+  return out;
+}
+
+std::size_t table::room(std::uint64_t p) const noexcept {
+  std::size_t free = 0;
+  for_page_chain(p, [&](std::uint64_t q) {
+    const bucket_ref b = page(q);
+    for (std::size_t k = 0; k < entries_per_page; ++k)
+      free += holds_something(b.entry(k)) ? 0 : 1;
+    return true;
+  });
+  return free;
+}
+
+bool table::split_separates(std::uint64_t p, std::span<const fmt::key_hash> hashes) const noexcept {
+  const unsigned local = page(p).local_depth().load();
+  if (local >= max_depth) return false;
+  bool side[2] = {false, false};
+  const auto bit = [&](std::uint64_t hi) { return ((hi >> (63 - local)) & 1) != 0; };
+  for (const fmt::key_hash& h : hashes)
+    side[bit(h.hi) ? 1 : 0] = true;
+  for_page_chain(p, [&](std::uint64_t q) {
+    const bucket_ref b = page(q);
+    for (std::size_t k = 0; k < entries_per_page; ++k) {
+      const entry_ref e = b.entry(k);
+      if (holds_something(e)) side[bit(e.hi().load()) ? 1 : 0] = true;
+    }
+    return !(side[0] && side[1]);
+  });
+  return side[0] && side[1];
+}
+
+result<void> table::add_overflow(std::uint64_t p, page_source& pages) noexcept {
+  auto q = pages.allocate(1);
+  if (!q) return std::unexpected(q.error());
+  const bucket_ref base = page(p);
+  init_bucket(page(*q), base.local_depth().load(), base.prefix().load());
+  std::uint64_t last = p;
+  for_page_chain(p, [&](std::uint64_t r) {
+    last = r;
+    return true;
+  });
+  // Whole before it is linked: a reader that follows the link finds an empty page.
+  page(last).overflow().store(*q, std::memory_order_release);
+  return {};
 }
 
 result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
   const bucket_ref old = page(p);
   const unsigned local = old.local_depth().load();
   if (local >= max_depth) return errc_error(std::errc::file_too_large);
-  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
-  auto low = pages.allocate(1);
-  if (!low) return std::unexpected(low.error());
-  auto high = pages.allocate(1);
-  if (!high) {
-    pages.release(*low, 1);
-    return std::unexpected(high.error());
+  const auto upper = [&](std::uint64_t hi) { return ((hi >> (63 - local)) & 1) != 0; };
+  // The pages each half needs: its entries (of the whole chain) that hold something.
+  std::uint64_t count[2] = {0, 0};
+  for_page_chain(p, [&](std::uint64_t q) {
+    const bucket_ref b = page(q);
+    for (std::size_t k = 0; k < entries_per_page; ++k) {
+      const entry_ref e = b.entry(k);
+      if (holds_something(e)) ++count[upper(e.hi().load()) ? 1 : 0];
+    }
+    return true;
+  });
+  // Every page first (nothing is changed when one cannot be had): the halves' chains.
+  std::vector<std::uint64_t> made[2];
+  const auto give_back = [&] {
+    for (const auto& side : made) {
+      for (const std::uint64_t q : side)
+        pages.release(q, 1);
+    }
+  };
+  try {
+    for (int side = 0; side < 2; ++side) {
+      const std::uint64_t need =
+          std::max<std::uint64_t>(1, (count[side] + entries_per_page - 1) / entries_per_page);
+      for (std::uint64_t i = 0; i < need; ++i) {
+        auto q = pages.allocate(1);
+        if (!q) {
+          give_back();
+          return std::unexpected(q.error());
+        }
+        made[side].push_back(*q);
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    give_back();
+    return errc_error(std::errc::not_enough_memory);
   }
+  const std::uint64_t low = made[0].front();
+  const std::uint64_t high = made[1].front();
+  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
   const unsigned global = static_cast<unsigned>(dir & 0xff);
   const std::uint64_t first = dir >> 8;
   if (local == global) {
@@ -179,8 +279,7 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
     // the new one, published by one store of the directory word.
     auto bigger = pages.allocate(directory_pages(global + 1));
     if (!bigger) {
-      pages.release(*low, 1);
-      pages.release(*high, 1);
+      give_back();
       return std::unexpected(bigger.error());
     }
     const std::uint64_t n = std::uint64_t{1} << global;
@@ -194,24 +293,33 @@ result<void> table::split(std::uint64_t p, page_source& pages) noexcept {
   }
   // The two halves, by bit `local` from the top of hi, filled before anyone can see them.
   const std::uint64_t prefix = old.prefix().load();
-  init_bucket(page(*low), local + 1, prefix << 1);
-  init_bucket(page(*high), local + 1, (prefix << 1) | 1);
-  for (std::size_t k = 0; k < entries_per_page; ++k) {
-    const entry_ref e = old.entry(k);
-    const std::uint64_t hi = e.hi().load();
-    if (hi == 0) continue;
-    const std::uint64_t seq = e.seq().load();
-    const std::uint64_t location = e.location().load();
-    if (location == 0 && (seq & pending) == 0) continue;  // holds nothing
-    const bool upper = ((hi >> (63 - local)) & 1) != 0;
-    place(page(upper ? *high : *low), hi, e.lo().load(), location, seq);
+  for (int side = 0; side < 2; ++side) {
+    for (std::size_t i = 0; i < made[side].size(); ++i) {
+      const bucket_ref b = page(made[side][i]);
+      init_bucket(b, local + 1, (prefix << 1) | static_cast<std::uint64_t>(side));
+      if (i + 1 < made[side].size()) b.overflow().store(made[side][i + 1]);
+    }
   }
-  page(*low).sum().store(count_sum(page(*low)));
-  page(*high).sum().store(count_sum(page(*high)));
+  for_page_chain(p, [&](std::uint64_t q) {
+    const bucket_ref b = page(q);
+    for (std::size_t k = 0; k < entries_per_page; ++k) {
+      const entry_ref e = b.entry(k);
+      if (!holds_something(e)) continue;  // an undone insert is left behind
+      const std::uint64_t hi = e.hi().load();
+      for (const std::uint64_t to : made[upper(hi) ? 1 : 0]) {
+        if (place(page(to), hi, e.lo().load(), e.location().load(), e.seq().load())) break;
+      }
+    }
+    return true;
+  });
+  for (const auto& side : made) {
+    for (const std::uint64_t q : side)
+      page(q).sum().store(count_sum(page(q)));
+  }
   // The journal, before the first switch: a writer routed to a half by a switched entry
   // sees it, and so does whoever takes the old page after a splitter died.
-  journal(1).store(*low, std::memory_order_relaxed);
-  journal(2).store(*high, std::memory_order_relaxed);
+  journal(1).store(low, std::memory_order_relaxed);
+  journal(2).store(high, std::memory_order_relaxed);
   journal(0).store(p, std::memory_order_seq_cst);
   finish_split(pages);
   return {};
@@ -251,7 +359,19 @@ void table::finish_split(page_source& pages) noexcept {
   // Cleared before the old page is retired: a finisher that dies between the two leaks one
   // page rather than retiring it twice.
   journal(0).store(0, std::memory_order_seq_cst);
-  pages.retire(j.old, 1);
+  // The old page and its chain (their links are read before they are retired: a retired
+  // page's free-list link is another word).
+  std::vector<std::uint64_t> chain;
+  try {
+    for_page_chain(j.old, [&](std::uint64_t q) {
+      chain.push_back(q);
+      return true;
+    });
+  } catch (const std::bad_alloc&) {
+    chain.assign(1, j.old);  // the rest leak, never reused twice
+  }
+  for (const std::uint64_t q : chain)
+    pages.retire(q, 1);
 }
 
 }  // namespace keel::kv::ix

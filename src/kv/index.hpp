@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "keel/result.hpp"
 #include "kv/format.hpp"
@@ -28,6 +29,8 @@ constexpr std::uint32_t bucket_magic = 0x4b435542;  // "BUCK"
 constexpr std::uint64_t pending = std::uint64_t{1} << 63;
 //! Deepest directory: 2^max_depth entries.
 constexpr unsigned max_depth = 40;
+//! The most pages a chain may have (an index's pages).
+constexpr std::uint64_t max_chain = std::uint64_t{1} << 24;
 
 //! One entry: the key's hash, the location of its newest record (0: none yet, or undone) and
 //! that record's seq (or pending | block location while a writer publishes).
@@ -60,6 +63,9 @@ struct bucket_ref {
   //! 1 while a writer changes an entry and the sum: one left at 1 is a writer killed in the
   //! middle (its sum is counted again), not damage.
   [[nodiscard]] std::atomic_ref<std::uint64_t> changing() const noexcept { return u64(48); }
+  //! The next page of its chain (0: none): where entries go when no split can separate them
+  //! (keys of one hash; table::add_overflow), of the same depth and prefix, in no directory.
+  [[nodiscard]] std::atomic_ref<std::uint64_t> overflow() const noexcept { return u64(56); }
   [[nodiscard]] entry_ref entry(std::size_t i) const noexcept {
     return {reinterpret_cast<std::uint64_t*>(base + 64 + i * 32)};
   }
@@ -148,23 +154,56 @@ class table {
   //! The bucket page a key's hash belongs to, as the directory says now.
   [[nodiscard]] std::uint64_t page_of(const fmt::key_hash& h) const noexcept;
 
-  //! The one walk of a probe chain: calls `visit(entry)` (returning false to stop) for each
-  //! entry of hash `h` in page `p`, from the hash's home slot on, wrapping, up to the first
-  //! empty entry (`hi` = 0). Entries are never emptied while a page is in use, so the walk
-  //! meets every entry an insert of `h` could have taken. Which entry is which key's is
-  //! the store's to decide (kv/probe.cpp): two keys may share a hash.
-  template <class Visit>
-  void for_chain(std::uint64_t p, const fmt::key_hash& h, Visit&& visit) const noexcept {
-    const bucket_ref b = page(p);
-    const std::size_t start = h.lo % entries_per_page;
-    for (std::size_t k = 0; k < entries_per_page; ++k) {
-      const entry_ref e = b.entry((start + k) % entries_per_page);
-      const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-      if (hi == 0) return;
-      if (hi != h.hi || e.lo().load(std::memory_order_acquire) != h.lo) continue;
-      if (!visit(e)) return;
+  //! Calls `f(page number)` (returning false to stop) for page `p` and each page of its
+  //! overflow chain, in order.
+  template <class F>
+  void for_page_chain(std::uint64_t p, F&& f) const noexcept {
+    // Bounded by the index's size: a damaged link never loops for ever.
+    for (std::uint64_t q = p, hops = 0; q != 0 && hops < max_chain;
+         q = page(q).overflow().load(std::memory_order_acquire), ++hops) {
+      if (!f(q)) return;
     }
   }
+
+  //! The one walk of a probe chain: calls `visit(entry)` (returning false to stop) for each
+  //! entry of hash `h` in page `p`, from the hash's home slot on, wrapping, up to the first
+  //! empty entry (`hi` = 0), and on into the next page of the page's chain when a page has
+  //! none (entries go there only once a page is full). Entries are never emptied while a
+  //! page is in use, so the walk meets every entry an insert of `h` could have taken. Which
+  //! entry is which key's is the store's to decide (kv/probe.cpp): two keys may share a hash.
+  template <class Visit>
+  void for_chain(std::uint64_t p, const fmt::key_hash& h, Visit&& visit) const noexcept {
+    const std::size_t start = h.lo % entries_per_page;
+    bool go_on = true;
+    for_page_chain(p, [&](std::uint64_t q) {
+      const bucket_ref b = page(q);
+      for (std::size_t k = 0; k < entries_per_page; ++k) {
+        const entry_ref e = b.entry((start + k) % entries_per_page);
+        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+        if (hi == 0) return false;  // the end of the probe
+        if (hi != h.hi || e.lo().load(std::memory_order_acquire) != h.lo) continue;
+        if (!visit(e)) return go_on = false;
+      }
+      return go_on;
+    });
+  }
+
+  //! The page that holds entry `e`.
+  [[nodiscard]] bucket_ref page_holding(const entry_ref& e) const noexcept {
+    const auto at = static_cast<std::size_t>(reinterpret_cast<const std::byte*>(e.w) - base_);
+    return page(at / page_size);
+  }
+  //! Entries a page's chain can still take (empty, or holding nothing).
+  [[nodiscard]] std::size_t room(std::uint64_t p) const noexcept;
+  //! Whether splitting page `p` separates anything: its chain's entries that hold something,
+  //! and keys of `hashes` (about to be added), are not all on one side of the next bit. A
+  //! split that does not would only double the directory (keys of one hash): the page gets
+  //! an overflow page instead (add_overflow).
+  [[nodiscard]] bool split_separates(std::uint64_t p,
+                                     std::span<const fmt::key_hash> hashes) const noexcept;
+  //! Adds an empty page at the end of page `p`'s chain (the caller holds `p` exclusively and
+  //! the directory lock). Errors: the allocation's.
+  [[nodiscard]] result<void> add_overflow(std::uint64_t p, page_source& pages) noexcept;
 
   //! Writers, holding page `p` exclusively, for a key of hash `h` that has no entry there:
   //! the first entry of its probe order that is empty or holds nothing (location 0, seq 0:
@@ -179,8 +218,9 @@ class table {
                                                std::uint64_t seq) const noexcept;
 
   //! Splits page `p` (held exclusively by the caller, with the directory lock) into two
-  //! pages by the next bit of `hi`, doubling the directory first if it must. Entries that
-  //! hold nothing (location 0, not pending) are left behind. The old page (and an old
+  //! pages by the next bit of `hi`, doubling the directory first if it must, each half with
+  //! an overflow chain when its entries need one. Entries that hold nothing (location 0, not
+  //! pending) are left behind. The old page (and an old
   //! directory) go to `pages.retire`. Errors: the allocation's; when the
   //! page is at max_depth: file_too_large (2^40 directory entries). Nothing is changed on error.
   //! No split may be pending (finish_split first).

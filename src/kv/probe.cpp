@@ -40,22 +40,37 @@ seen_entry see(ix::entry_ref e) noexcept {
   return {e, seq, e.location().load(std::memory_order_acquire)};
 }
 
-// The entries of one hash in a page, as read (at most a page of them: no heap).
+// The entries of one hash in a page's chain, as read: a page's worth without the heap (more
+// only when keys of one hash overflowed into its chain).
 struct chain {
-  std::array<seen_entry, ix::entries_per_page> entries{};
+  std::array<seen_entry, ix::entries_per_page> first{};
+  std::vector<seen_entry> more;
   std::size_t n = 0;
   bool any_pending = false;
+  [[nodiscard]] const seen_entry& operator[](std::size_t i) const noexcept {
+    return i < first.size() ? first[i] : more[i - first.size()];
+  }
 };
 
-chain read_chain(const ix::table& t, std::uint64_t page, const fmt::key_hash& h) noexcept {
-  chain c;
-  t.for_chain(page, h, [&](ix::entry_ref e) {
-    c.entries[c.n] = see(e);
-    c.any_pending |= c.entries[c.n].pending();
-    ++c.n;
-    return true;
-  });
-  return c;
+result<chain> read_chain(const ix::table& t, std::uint64_t page, const fmt::key_hash& h) noexcept {
+  result<chain> out{std::in_place};
+  chain& c = *out;
+  try {
+    t.for_chain(page, h, [&](ix::entry_ref e) {
+      const seen_entry se = see(e);
+      if (c.n < c.first.size()) {
+        c.first[c.n] = se;
+      } else {
+        c.more.push_back(se);
+      }
+      c.any_pending |= se.pending();
+      ++c.n;
+      return true;
+    });
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  return out;
 }
 
 // A record of a block that cannot be parsed: corrupt, naming its segment and offset.
@@ -126,7 +141,7 @@ result<std::vector<std::uint64_t>> assign(store::impl& s, const chain& c, std::u
     return errc_error(std::errc::not_enough_memory);
   }
   for (std::size_t i = 0; i < c.n; ++i) {
-    const seen_entry& se = c.entries[i];
+    const seen_entry& se = c[i];
     if (!se.pending() || se.block() != block || se.at == 0) continue;
     auto before = s.record_head_at(se.at);
     if (!before) return std::unexpected(before.error());
@@ -139,7 +154,7 @@ result<std::vector<std::uint64_t>> assign(store::impl& s, const chain& c, std::u
   }
   std::size_t next = 0;
   for (std::size_t i = 0; i < c.n; ++i) {
-    const seen_entry& se = c.entries[i];
+    const seen_entry& se = c[i];
     if (!se.pending() || se.block() != block || se.at != 0) continue;
     while (next < records.size() && used[next])
       ++next;
@@ -194,11 +209,13 @@ result<std::optional<found_record>> store::impl::locate(std::uint64_t page, cons
   if (done || !pending_seen) return out;
 
   // A writer marked some entry of the hash: read the chain as it is now.
-  const chain c = read_chain(*table, page, h);
+  auto read = read_chain(*table, page, h);
+  if (!read) return std::unexpected(read.error());
+  const chain& c = *read;
   // The key's own entry: one whose location (settled, or the previous one of a pending
   // entry) names a record holding the key.
   for (std::size_t i = 0; i < c.n; ++i) {
-    const seen_entry& se = c.entries[i];
+    const seen_entry& se = c[i];
     if (se.at == 0) continue;
     auto mine = keyed_record(*this, se.at, key, false);
     if (!mine) return std::unexpected(mine.error());
@@ -216,7 +233,7 @@ result<std::optional<found_record>> store::impl::locate(std::uint64_t page, cons
   }
   // None: the key, if anywhere, is new in the block of a pending entry of a new key.
   for (std::size_t i = 0; i < c.n; ++i) {
-    const seen_entry& se = c.entries[i];
+    const seen_entry& se = c[i];
     if (!se.pending() || se.at != 0) continue;
     auto counts = settled_block(se.block(), snapshot);
     if (!counts) return std::unexpected(counts.error());
@@ -229,20 +246,19 @@ result<std::optional<found_record>> store::impl::locate(std::uint64_t page, cons
 }
 
 result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& h) noexcept {
-  const chain c = read_chain(*table, page, h);
+  auto read = read_chain(*table, page, h);
+  if (!read) return std::unexpected(read.error());
+  const chain& c = *read;
   if (!c.any_pending) return {};
   // Block by block: each decides all of its entries at once (new keys' entries share out
   // the records no existing key's entry claims).
-  std::array<std::uint64_t, ix::entries_per_page> done_blocks{};
-  std::size_t done = 0;
   for (std::size_t i = 0; i < c.n; ++i) {
-    if (!c.entries[i].pending()) continue;
-    const std::uint64_t block = c.entries[i].block();
-    if (std::find(done_blocks.begin(), done_blocks.begin() + static_cast<std::ptrdiff_t>(done),
-                  block) != done_blocks.begin() + static_cast<std::ptrdiff_t>(done)) {
-      continue;
-    }
-    done_blocks[done++] = block;
+    if (!c[i].pending()) continue;
+    const std::uint64_t block = c[i].block();
+    bool done = false;  // by an earlier entry of the block
+    for (std::size_t j = 0; j < i && !done; ++j)
+      done = c[j].pending() && c[j].block() == block;
+    if (done) continue;
     auto whole = complete_block(block);
     if (!whole) return std::unexpected(whole.error());
     std::vector<std::uint64_t> to;
@@ -254,12 +270,12 @@ result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& 
       to = std::move(*given);
     }
     for (std::size_t j = i; j < c.n; ++j) {
-      const seen_entry& se = c.entries[j];
+      const seen_entry& se = c[j];
       if (!se.pending() || se.block() != block) continue;
       std::uint64_t seq = se.seq;
       if (!to.empty() && to[j] != 0) {
         // The commit happened: its writer died before publishing this entry.
-        ix::change_entry(table->page(page), se.e, [&] {
+        ix::change_entry(table->page_holding(se.e), se.e, [&] {
           se.e.location().store(to[j], std::memory_order_release);
           se.e.seq().compare_exchange_strong(seq, (*whole)->seq, std::memory_order_acq_rel);
         });
@@ -273,7 +289,7 @@ result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& 
         if (!before) return std::unexpected(before.error());
         restored = before->rec.head.seq;
       }
-      ix::change_entry(table->page(page), se.e, [&] {
+      ix::change_entry(table->page_holding(se.e), se.e, [&] {
         se.e.seq().compare_exchange_strong(seq, restored, std::memory_order_acq_rel);
       });
     }
@@ -317,19 +333,21 @@ result<std::uint64_t> store::impl::named_by(std::uint64_t page, const fmt::key_h
   auto counts = settled_block(block, snapshot);
   if (!counts) return std::unexpected(counts.error());
   if (!*counts) return at;
-  const chain c = read_chain(*table, page, h);
+  auto read = read_chain(*table, page, h);
+  if (!read) return std::unexpected(read.error());
+  const chain& c = *read;
   std::size_t i = 0;
-  while (i < c.n && c.entries[i].e.w != e.w)
+  while (i < c.n && c[i].e.w != e.w)
     ++i;
   // Settled meanwhile (by a writer of the page): what it names now.
-  if (i == c.n || !c.entries[i].pending() || c.entries[i].block() != block) {
-    return i == c.n ? at : c.entries[i].at;
+  if (i == c.n || !c[i].pending() || c[i].block() != block) {
+    return i == c.n ? at : c[i].at;
   }
   auto records = records_of(*this, block, **counts, h);
   if (!records) return std::unexpected(records.error());
   auto given = assign(*this, c, block, *records);
   if (!given) return std::unexpected(given.error());
-  return (*given)[i] != 0 ? (*given)[i] : c.entries[i].at;
+  return (*given)[i] != 0 ? (*given)[i] : c[i].at;
 }
 
 }  // namespace keel::kv

@@ -169,63 +169,76 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
       std::uint64_t hi, lo;
     };
     // From the directory entry of the cursor's prefix.
-    auto walked = impl_->for_each_bucket_page(after_hi, [&](std::uint64_t page) -> result<bool> {
-      const ix::bucket_ref b = impl_->table->page(page);
-      std::vector<key_entry> keys;
-      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-        const ix::entry_ref e = b.entry(k);
-        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-        if (hi == 0) continue;
-        const std::uint64_t lo = e.lo().load(std::memory_order_acquire);
-        if (!from_start && (hi < after_hi || (hi == after_hi && lo <= after_lo))) continue;
-        keys.push_back({hi, lo});
-      }
-      std::sort(keys.begin(), keys.end(), [](const key_entry& x, const key_entry& y) {
-        return x.hi != y.hi ? x.hi < y.hi : x.lo < y.lo;
+    // Every entry of a page's chain (one prefix range of hashes: sorted as one).
+    const auto each_entry = [&](std::uint64_t page, auto&& f) {
+      impl_->table->for_page_chain(page, [&](std::uint64_t q) {
+        const ix::bucket_ref b = impl_->table->page(q);
+        for (std::size_t k = 0; k < ix::entries_per_page; ++k)
+          f(b.entry(k));
+        return true;
       });
-      keys.erase(std::unique(keys.begin(), keys.end(),
-                             [](const key_entry& x, const key_entry& y) {
-                               return x.hi == y.hi && x.lo == y.lo;
-                             }),
-                 keys.end());
-      for (const key_entry& k : keys) {
-        // Every key of this hash in the page (a collision is two of them), each once.
-        const fmt::key_hash h{k.hi, k.lo};
-        std::vector<std::string> seen_keys;
-        for (std::size_t j = 0; j < ix::entries_per_page; ++j) {
-          const ix::entry_ref e = b.entry(j);
-          if (e.hi().load(std::memory_order_acquire) != k.hi ||
-              e.lo().load(std::memory_order_acquire) != k.lo) {
-            continue;
+    };
+    auto walked = impl_->for_each_bucket_page(
+        after_hi,
+        [&](std::uint64_t page) -> result<bool> {
+          std::vector<key_entry> keys;
+          each_entry(page, [&](const ix::entry_ref& e) {
+            const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+            if (hi == 0) return;
+            const std::uint64_t lo = e.lo().load(std::memory_order_acquire);
+            if (!from_start && (hi < after_hi || (hi == after_hi && lo <= after_lo))) return;
+            keys.push_back({hi, lo});
+          });
+          std::sort(keys.begin(), keys.end(), [](const key_entry& x, const key_entry& y) {
+            return x.hi != y.hi ? x.hi < y.hi : x.lo < y.lo;
+          });
+          keys.erase(std::unique(keys.begin(), keys.end(),
+                                 [](const key_entry& x, const key_entry& y) {
+                                   return x.hi == y.hi && x.lo == y.lo;
+                                 }),
+                     keys.end());
+          for (const key_entry& k : keys) {
+            // Every key of this hash in the page (a collision is two of them), each once.
+            const fmt::key_hash h{k.hi, k.lo};
+            std::vector<std::string> seen_keys;
+            std::vector<ix::entry_ref> entries;
+            each_entry(page, [&](const ix::entry_ref& e) {
+              if (e.hi().load(std::memory_order_acquire) == k.hi &&
+                  e.lo().load(std::memory_order_acquire) == k.lo) {
+                entries.push_back(e);
+              }
+            });
+            for (const ix::entry_ref& e : entries) {
+              const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
+              const std::uint64_t location = e.location().load(std::memory_order_acquire);
+              auto at = impl_->named_by(page, h, e, seq, location, snap);
+              if (!at) return std::unexpected(at.error());
+              if (*at == 0) continue;
+              auto named = impl_->record_head_at(*at);
+              if (!named) return std::unexpected(named.error());
+              std::string key(reinterpret_cast<const char*>(named->rec.key.data()),
+                              named->rec.key.size());
+              if (std::ranges::find(seen_keys, key) != seen_keys.end()) continue;
+              seen_keys.push_back(key);
+              auto seen =
+                  impl_->read_at_snapshot(as_bytes(key), h, snap, impl_->opts.verify_checksums);
+              if (!seen) return std::unexpected(seen.error());
+              if (!*seen) continue;
+              item it;
+              it.key = std::move(key);
+              if (!keys_only) {
+                auto v = impl_->value_of(**seen, impl_->opts.verify_checksums);
+                if (!v) return std::unexpected(v.error());
+                it.value.assign(reinterpret_cast<const char*>(v->data()), v->size());
+              }
+              out.items.push_back(std::move(it));
+            }
+            out.cursor = cursor_of(k.hi, k.lo);
+            if (out.items.size() >= limit) return false;
           }
-          const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-          const std::uint64_t location = e.location().load(std::memory_order_acquire);
-          auto at = impl_->named_by(page, h, e, seq, location, snap);
-          if (!at) return std::unexpected(at.error());
-          if (*at == 0) continue;
-          auto named = impl_->record_head_at(*at);
-          if (!named) return std::unexpected(named.error());
-          std::string key(reinterpret_cast<const char*>(named->rec.key.data()),
-                          named->rec.key.size());
-          if (std::ranges::find(seen_keys, key) != seen_keys.end()) continue;
-          seen_keys.push_back(key);
-          auto seen = impl_->read_at_snapshot(as_bytes(key), h, snap, impl_->opts.verify_checksums);
-          if (!seen) return std::unexpected(seen.error());
-          if (!*seen) continue;
-          item it;
-          it.key = std::move(key);
-          if (!keys_only) {
-            auto v = impl_->value_of(**seen, impl_->opts.verify_checksums);
-            if (!v) return std::unexpected(v.error());
-            it.value.assign(reinterpret_cast<const char*>(v->data()), v->size());
-          }
-          out.items.push_back(std::move(it));
-        }
-        out.cursor = cursor_of(k.hi, k.lo);
-        if (out.items.size() >= limit) return false;
-      }
-      return true;
-    });
+          return true;
+        },
+        false);
     if (!walked) return std::unexpected(walked.error());
     out.done = out.items.size() < limit;
     return out;

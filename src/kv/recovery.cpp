@@ -6,6 +6,7 @@
 // What cannot be read is the rebuild's error, and nothing of the log is changed then.
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <set>
 #include <string>
@@ -425,7 +426,11 @@ result<void> store::impl::apply_record(std::uint64_t location, const fmt::record
     std::optional<ix::entry_ref> e = *found;
     if (!e) e = table->claim(page, h, 0, 0);  // holds nothing until set below
     if (!e) {
-      if (auto s = table->split(page, *this); !s) return s;
+      // Alone: no locks. A split that separates nothing gives the chain a page instead.
+      const std::array<fmt::key_hash, 1> coming{h};
+      auto grown = table->split_separates(page, coming) ? table->split(page, *this)
+                                                        : table->add_overflow(page, *this);
+      if (!grown) return grown;
       continue;
     }
     const std::uint64_t old_at = e->location().load();
@@ -447,7 +452,7 @@ result<void> store::impl::apply_record(std::uint64_t location, const fmt::record
       h64(hdr::live_records).fetch_add(1);
       h64(hdr::live_bytes).fetch_add(size);
     }
-    ix::change_entry(table->page(page), *e, [&] {
+    ix::change_entry(table->page_holding(*e), *e, [&] {
       e->location().store(location);
       e->seq().store(seq);
     });

@@ -153,7 +153,7 @@ constexpr std::uint64_t entity_sync = entity_base + 4;
 //! end are never touched).
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
-inline constexpr base::format index_format{"KEELKVX1", 3,
+inline constexpr base::format index_format{"KEELKVX1", 4,
                                            base::layout_of({fmt::page_size,
                                                             first_free_page,
                                                             max_slots,
@@ -545,12 +545,15 @@ struct store::impl final : ix::page_source {
     }
   }
   //! Visits the bucket pages one directory word names, in directory order from the entry of
-  //! hash prefix `from_hi` (0: the first), each run of entries naming one page once;
-  //! `visit(page)` returns result<bool> (false: stop there). The word is read once: pages a
-  //! split retires meanwhile still hold their entries, as long as the caller holds a snapshot
-  //! taken before (snapshot_hold, or a transaction's), which keeps them from reuse.
+  //! hash prefix `from_hi` (0: the first), each run of entries naming one page once, each
+  //! followed by the pages of its overflow chain (`chains`; else the caller walks a chain
+  //! itself, table::for_page_chain); `visit(page)` returns result<bool> (false: stop there).
+  //! The word is read once: pages a split retires meanwhile still hold their entries, as long
+  //! as the caller holds a snapshot taken before (snapshot_hold, or a transaction's), which
+  //! keeps them from reuse.
   template <class Visit>
-  result<void> for_each_bucket_page(std::uint64_t from_hi, Visit&& visit) const {
+  result<void> for_each_bucket_page(std::uint64_t from_hi, Visit&& visit,
+                                    bool chains = true) const {
     const std::uint64_t word = h64(hdr::directory).load(std::memory_order_seq_cst);
     const unsigned depth = static_cast<unsigned>(word & 0xff);
     const std::uint64_t n = std::uint64_t{1} << depth;
@@ -561,7 +564,11 @@ struct store::impl final : ix::page_source {
                                      .load(std::memory_order_seq_cst);
       if (page == last) continue;
       last = page;
-      auto go = visit(page);
+      result<bool> go = true;
+      table->for_page_chain(page, [&](std::uint64_t q) {
+        go = visit(q);
+        return go && *go && chains;
+      });
       if (!go) return std::unexpected(go.error());
       if (!*go) return {};
     }
@@ -875,8 +882,13 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> writable() noexcept;
   //! A sync leader's wait for the commits the last sync woke (doc/kv-format.md, step 11).
   void gather_sync_batch() noexcept;
-  [[nodiscard]] result<void> split_page(std::uint64_t page, const fmt::key_hash& h,
-                                        const io::countdown& cd) noexcept;
+  //! Makes room for `wanted` new keys in page `page`'s chain (`coming`: their hashes; `h`
+  //! one of them): splits it when a split separates its keys, else gives its chain a page
+  //! more (keys of one hash: no directory doubling for nothing). Takes the page's and the
+  //! directory's locks.
+  [[nodiscard]] result<void> grow_page(std::uint64_t page, const fmt::key_hash& h,
+                                       std::span<const fmt::key_hash> coming, std::size_t wanted,
+                                       const io::countdown& cd) noexcept;
   //! Finishes the split a dead splitter left half done, if any, taking the locks it needs
   //! (a live splitter's is waited for).
   [[nodiscard]] result<void> settle_split(const io::countdown& cd) noexcept;

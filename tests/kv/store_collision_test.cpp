@@ -99,6 +99,103 @@ TEST(KvCollision, KeysSharingAHashLiveSideBySide) {
   expect_values(*rebuilt, want, "rebuilt");
 }
 
+// More keys of one hash than a bucket page holds: no split can separate them, so the page
+// grows a chain of overflow pages rather than doubling the directory up to its 2^40 entries.
+// Keys of other hashes then split the chained page (each half takes its share of the chain);
+// erases, compaction, a checkpoint and both rebuilds keep every key. Two processes add keys
+// of the hash at once.
+TEST(KvCollision, ManyKeysOfOneHashGrowAChainNotTheDirectory) {
+  const colliding_hashes same;
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  auto before = s->stats();
+  ASSERT_TRUE(before);
+  std::map<std::string, std::string> want;
+  // One by one, then 300 in one commit (its page needs three more pages at once).
+  for (int i = 0; i < 400; ++i) {
+    const std::string k = "c" + std::to_string(i);
+    ASSERT_TRUE(s->put(k, "v" + k)) << k;
+    want[k] = "v" + k;
+  }
+  {
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    for (int i = 400; i < 700; ++i) {
+      const std::string k = "c" + std::to_string(i);
+      ASSERT_TRUE(t->put(k, "v" + k));
+      want[k] = "v" + k;
+    }
+    ASSERT_TRUE(t->commit());
+  }
+  // Two processes at once, each its own keys of the hash.
+  std::vector<pid_t> kids;
+  for (int w = 0; w < 2; ++w) {
+    kids.push_back(fork_child([&, w] {
+      auto mine = store::open(path, small());
+      if (!mine) return 2;
+      for (int i = 0; i < 300; ++i) {
+        const std::string k = "c" + std::to_string(w) + "-" + std::to_string(i);
+        if (!(*mine)->put(k, "v" + k)) return 3;
+      }
+      return 0;
+    }));
+    for (int i = 0; i < 300; ++i) {
+      const std::string k = "c" + std::to_string(w) + "-" + std::to_string(i);
+      want[k] = "v" + k;
+    }
+  }
+  for (const pid_t kid : kids)
+    EXPECT_EQ(test::wait_status(kid), 0);
+  auto grown = s->stats();
+  ASSERT_TRUE(grown);
+  // 1300 keys of one hash: 11 pages of 126 entries, give or take; a directory doubled each
+  // time would have failed (file_too_large) or taken terabytes.
+  EXPECT_GE(grown->index_pages, before->index_pages + 10);
+  EXPECT_LE(grown->index_pages, before->index_pages + 16);
+  EXPECT_EQ(grown->index_bytes, before->index_bytes);
+  expect_values(*s, want, "one hash");
+
+  // Keys of other hashes: the chained page is split (its range holds them too).
+  for (int i = 0; i < 20000; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    ASSERT_TRUE(s->put(k, "w")) << k;
+    want[k] = "w";
+  }
+  for (int i = 0; i < 700; i += 3) {
+    const std::string k = "c" + std::to_string(i);
+    auto erased = s->erase(k);
+    ASSERT_TRUE(erased) << k << ": " << erased.error().message();
+    want.erase(k);
+  }
+  ASSERT_TRUE(s->put("c5", "changed"));
+  want["c5"] = "changed";
+  expect_values(*s, want, "split");
+  ASSERT_TRUE(s->compact());
+  expect_values(*s, want, "compacted");
+  verify_report found;
+  EXPECT_TRUE(s->verify(&found)) << (found.damaged.empty() ? "" : found.damaged[0].what);
+  ASSERT_TRUE(s->checkpoint());
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto from_checkpoint = open_ok(path);
+  ASSERT_TRUE(from_checkpoint);
+  expect_values(*from_checkpoint, want, "from a checkpoint");
+  // Keys of the hash added to the loaded chain, and then a rebuild from the log alone.
+  for (int i = 0; i < 200; ++i) {
+    const std::string k = "c-after-" + std::to_string(i);
+    ASSERT_TRUE(from_checkpoint->put(k, "a"));
+    want[k] = "a";
+  }
+  from_checkpoint.reset();
+  std::filesystem::remove(path + "/index");
+  std::filesystem::remove(path + "/checkpoint");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, want, "rebuilt from the log");
+}
+
 // A writer puts two keys of one hash in one commit and dies once its block is whole, with
 // nothing published: the commit happened. Once its seq is settled, readers see each key's own
 // value; a scan returns
