@@ -58,7 +58,7 @@ class salvager {
         from_path_(std::move(from_path)) {}
 
   // Maps every segment and collects every version of every key it can read.
-  result<void> read() {
+  result<void> gather() {
     const std::string& path = from_path_;
     auto entries = fs_.list_directory(from_.segments);
     if (!entries) return std::unexpected(entries.error().about(path + "/seg"));
@@ -92,7 +92,7 @@ class salvager {
   }
 
   // Writes the newest readable version of every key into `to`.
-  result<void> write(store& to) {
+  result<void> copy_into(store& to) {
     auto t = to.begin();
     if (!t) return std::unexpected(t.error());
     std::size_t staged = 0;
@@ -267,14 +267,14 @@ result<salvage_report> store::salvage(const std::string& from, const std::string
     if (!source) return std::unexpected(source.error());
     salvage_report out;
     salvager s(fs, *source, from, out);
-    if (auto r = s.read(); !r) return std::unexpected(r.error());
+    if (auto r = s.gather(); !r) return std::unexpected(r.error());
     options made = o;
     made.create_if_missing = true;
     made.error_if_exists = true;
     made.read_only = false;
     auto dest = store::open(to, made);
     if (!dest) return std::unexpected(dest.error());
-    if (auto r = s.write(**dest); !r) return std::unexpected(r.error());
+    if (auto r = s.copy_into(**dest); !r) return std::unexpected(r.error());
     return out;
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
