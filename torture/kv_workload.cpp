@@ -382,6 +382,19 @@ std::uint32_t newest_acked(const kv_oracle& o, int k) {
   return 0;
 }
 
+// Every byte of a file open in `f`, which is left at its start.
+std::string contents_of(std::istream& f) {
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  std::string out(size > 0 ? static_cast<std::size_t>(size) : 0, '\0');
+  f.seekg(0);
+  f.read(out.data(), static_cast<std::streamsize>(out.size()));
+  out.resize(static_cast<std::size_t>(std::max<std::streamsize>(f.gcount(), 0)));
+  f.clear();
+  f.seekg(0);
+  return out;
+}
+
 // Flips a bit in (or just before: its record's header) the newest value of a random key,
 // where damage matters most: what it did, or "" when no such value was found.
 std::string damage_a_live_value(const kv_oracle& o, const std::string& path, std::mt19937_64& rng) {
@@ -391,7 +404,7 @@ std::string damage_a_live_value(const kv_oracle& o, const std::string& path, std
   const std::string value = value_for(c, k);
   for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
     std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const std::string bytes(std::istreambuf_iterator<char>(f), {});
+    const std::string bytes = contents_of(f);
     const std::size_t at = bytes.rfind(value.substr(0, std::min<std::size_t>(value.size(), 64)));
     if (at == std::string::npos) continue;
     const std::size_t from = at >= 64 ? at - 64 : 0;
@@ -424,7 +437,7 @@ std::string damage(const kv_oracle& o, const std::string& path, std::mt19937_64&
   std::string bytes;
   {
     std::ifstream in(victim, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    bytes = contents_of(in);
   }
   // Where something was written: damage there matters.
   std::size_t used = bytes.size();

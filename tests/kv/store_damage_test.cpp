@@ -18,6 +18,7 @@
 #include "keel/io/fault_filesystem.hpp"
 #include "kv/kv_support.hpp"
 #include "support/process.hpp"
+#include "support/run_program.hpp"
 
 namespace keel::kv {
 namespace {
@@ -28,8 +29,7 @@ using test_support::open_ok;
 using test_support::small;
 
 std::string read_file(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return test::slurp(file);
 }
 
 void write_file(const std::string& file, const std::string& bytes) {
