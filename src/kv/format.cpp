@@ -311,6 +311,26 @@ std::uint64_t void_block(std::span<std::byte> block) noexcept {
   return seen;
 }
 
+bool bury_block(std::span<std::byte> block, std::uint64_t length, std::uint64_t salt) noexcept {
+  if (length < sizeof(block_header) || length % 8 != 0 || length > block.size()) return false;
+  const std::uint64_t was = void_block(block);
+  if (was != 0 && was != void_seq) return false;
+  // A reader loads the seq word first (void_seq: not a commit) and a settler checks the
+  // whole block (never whole now): neither takes the header written around it for anything.
+  block_header b{};
+  b.magic = block_magic;
+  b.kind = static_cast<std::uint16_t>(block_kind::commit);
+  b.seq = void_seq;
+  b.length = length;
+  b.header_checksum = header_checksum(b, salt);
+  b.magic = void_magic;
+  constexpr std::size_t seq_at = offsetof(block_header, seq);
+  std::memcpy(block.data(), &b, seq_at);
+  std::memcpy(block.data() + seq_at + 8, reinterpret_cast<const std::byte*>(&b) + seq_at + 8,
+              sizeof b - seq_at - 8);
+  return true;
+}
+
 std::uint64_t block_seq(std::span<const std::byte> block) noexcept {
   if (block.size() < sizeof(block_header)) return 0;
   // The word is only ever written through an atomic_ref (encode_block) or before the

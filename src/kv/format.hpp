@@ -247,6 +247,14 @@ constexpr std::uint64_t void_seq = ~std::uint64_t{0};
 //! is not sealed yet: its seq word goes from 0 to void_seq. Returns the word as it was: 0 (it
 //! is abandoned now), void_seq (it was before), or the seq it was sealed with.
 [[nodiscard]] std::uint64_t void_block(std::span<std::byte> block) noexcept;
+//! Buries the commit block of `length` bytes at `block` whose writer died before sealing it
+//! (or was abandoned: void_block): its seq word becomes void_seq unless it was sealed, and a
+//! whole header is written around it, magic void_magic, with the block's length, so that every
+//! later walk steps over it (spanned_block) whatever the writer left (its header or records
+//! half written, or none). Returns false, changing nothing, if the block was sealed: its
+//! commit happened. Only for a block whose writer is dead (nobody writes it any more).
+[[nodiscard]] bool bury_block(std::span<std::byte> block, std::uint64_t length,
+                              std::uint64_t salt) noexcept;
 //! The seq word of the commit block that starts at `block` (8-aligned), loaded with acquire
 //! order: 0 while its writer has not finished it. Safe to call while a writer in this or
 //! another process is still writing the block, which no other read of it is.

@@ -200,6 +200,33 @@ result<void> store::impl::seal_durable() noexcept {
     tail = std::min(tail, torn);
   }
   if (m->slot_size == 0 || tail <= m->durable_below) return {};  // nothing new to say
+  // Only as far as a rebuild's walk would find every byte explained (blocks, zeros, blocks
+  // keel left on purpose): whatever else lies there (a dead writer's block nobody could
+  // bury, what a rebuild stepped over past its tail, damage) is not claimed durable, as a
+  // rebuild would take it for damage then. Each close walks only what is new since.
+  auto numbers = segment_numbers(false);
+  if (!numbers) return std::unexpected(numbers.error());
+  const std::uint64_t from = m->durable_below;
+  for (const std::uint64_t n : *numbers) {
+    if (n < fmt::segment_of(from)) continue;
+    if (n > fmt::segment_of(tail)) break;
+    auto seg = segment_at(n);
+    if (!seg) return std::unexpected(seg.error());
+    std::uint64_t odd = 0;
+    (void)for_each_block(
+        **seg, n == fmt::segment_of(from) ? fmt::offset_of(from) : 0,
+        [](std::uint64_t, const fmt::block_header&) { return result<void>{}; }, ~std::uint64_t{0},
+        [&](std::uint64_t off, std::uint64_t) -> result<void> {
+          odd = fmt::make_location(n, off);
+          return keel_error(errc::corrupt);  // stops the walk
+        },
+        [](std::uint64_t, std::uint64_t) { return result<void>{}; });
+    if (odd != 0) {
+      tail = std::min(tail, odd);
+      break;
+    }
+  }
+  if (tail <= m->durable_below) return {};
   m->durable_below = tail;
   return write_manifest(*m);
 }

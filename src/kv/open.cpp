@@ -216,6 +216,7 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
       (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
       continue;
     }
+    bury_unsealed(s);
     s.state().store(static_cast<std::uint64_t>(commit_state::idle));
     s.snapshot().store(0);
     s.seq().store(0);
@@ -281,11 +282,29 @@ bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {
   return false;  // not a state: never touched
 }
 
+void store::impl::bury_unsealed(const slot_ref& s) noexcept {
+  const auto state = static_cast<commit_state>(s.state().load(std::memory_order_acquire));
+  if (state == commit_state::idle) return;
+  // Its block is known once its length is (the location is written first).
+  const std::uint64_t length = s.block_length().load(std::memory_order_acquire);
+  const std::uint64_t at = s.block().load(std::memory_order_acquire);
+  if (length == 0 || at == 0) return;
+  auto bytes = bytes_at(at);
+  if (!opts.read_only && bytes && fmt::bury_block(*bytes, length, salt)) return;
+  if (bytes && fmt::block_seq(*bytes) != 0 && fmt::block_seq(*bytes) != fmt::void_seq) return;
+  // Not buried (read-only, or its segment cannot be reached now): no close may record it as
+  // durable; the next writable rebuild steps over it above durable below.
+  std::uint64_t first = h64(hdr::unvoided_torn).load();
+  while ((first == 0 || at < first) && !h64(hdr::unvoided_torn).compare_exchange_weak(first, at)) {
+  }
+}
+
 void store::impl::free_dead_slot(std::uint32_t u) noexcept {
   // Under its byte, so this never frees a slot someone just took.
   as_dead_users_byte(u, [&] {
     const slot_ref s = slot(u);
     if (slot_reclaimable(s)) {
+      bury_unsealed(s);
       s.snapshot().store(0);
       s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
     }
@@ -1098,6 +1117,7 @@ result<void> store::impl::recover_alone() noexcept {
   // not is a hole. Every seq handed out is therefore settled.
   for (std::uint32_t u = 0; u < max_slots; ++u) {
     const slot_ref s = slot(u);
+    bury_unsealed(s);
     s.state().store(0);
     s.seq().store(0);
     s.block().store(0);

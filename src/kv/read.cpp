@@ -65,6 +65,11 @@ result<std::optional<fmt::block_header>> store::impl::complete_block(
   using complete = std::optional<fmt::block_header>;
   auto bytes = bytes_at(location);
   if (!bytes) return std::unexpected(bytes.error());
+  // Never sealed (its writer is still at it, died, or was abandoned): not read further, as
+  // its writer or whoever buries it (bury_unsealed) may be writing the rest.
+  if (const std::uint64_t seq = fmt::block_seq(*bytes); seq == 0 || seq == fmt::void_seq) {
+    return complete{};
+  }
   auto head = fmt::check_block(*bytes, salt);
   if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::commit)) {
     return complete{};

@@ -587,6 +587,12 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] bool slot_reclaimable(const slot_ref& s) noexcept;
   //! Frees slot `u` of a dead user if it is reclaimable, holding its byte meanwhile.
   void free_dead_slot(std::uint32_t u) noexcept;
+  //! Before a dead user's slot is cleared (its byte held, or alone): the commit block it was
+  //! writing, if it never sealed it, is buried (fmt::bury_block), so that no later walk takes
+  //! what it left for damage once a close records the space as durable. A read-only user
+  //! writes no segment: the first such block is noted as unvoided torn instead (no close
+  //! records it as durable).
+  void bury_unsealed(const slot_ref& s) noexcept;
   //! Runs `f()` holding slot `u`'s byte, if no user of this process has the slot and its
   //! byte is free (its user is gone): nobody else can be using the slot meanwhile, not its
   //! dead user nor a new one (who would hold the byte).

@@ -89,6 +89,91 @@ options sync_small() {
   return o;
 }
 
+// A writer killed while it wrote its commit block, before it sealed it, leaves the block
+// unfinished: its commit never happened. After a clean close (which records the blocks below
+// the tail as durable) and a reboot, the rebuild must take it for what it is, never for
+// damage. (The store was once refused as corrupt there.) The states a kill leaves: the block
+// whole but for its seq word; its records written and no header yet; half its records.
+class KvDeadWriterBlock : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "old a"));
+  }
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    test_support::die_at(commit_step::written);
+    auto t = (*mine)->begin();
+    if (!t || !t->put("a", "new a <dead-marker>" + std::string(600, 'n')) || !t->put("b", "b")) {
+      return 3;
+    }
+    (void)t->commit();
+    return 4;
+  });
+  const int status = test::wait_status(victim);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  // Its block back to a state the kill could have left it in.
+  const place marker = find_last(path, "<dead-marker>");
+  ASSERT_NE(marker.offset, std::string::npos);
+  std::string bytes = read_file(marker.file);
+  const std::size_t block = bytes.rfind("VBK1", marker.offset);
+  ASSERT_NE(block, std::string::npos);
+  ASSERT_EQ(block % 8, 0u);
+  switch (GetParam()) {
+    case 0:
+      std::memset(bytes.data() + block + offsetof(fmt::block_header, seq), 0, 8);
+      break;
+    case 1:
+      std::memset(bytes.data() + block, 0, sizeof(fmt::block_header));
+      break;
+    default:
+      std::memset(bytes.data() + block, 0, sizeof(fmt::block_header));
+      std::memset(bytes.data() + marker.offset + 300, 0, 300);
+      break;
+  }
+  write_file(marker.file, bytes);
+  {
+    auto s = open_ok(path);  // alone: the dead writer's commit is a hole
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->get("a").value_or("?"), "old a");
+    EXPECT_EQ(s->get("b").error(), errc::not_found);
+    ASSERT_TRUE(s->put("c", "c <c-marker>" + std::string(3000, 'c')));
+  }  // the last to close: below the tail is durable now
+  for (int boot = 0; boot < 2; ++boot) {
+    std::filesystem::remove(path + "/index");
+    auto s = store::open(path, small());
+    ASSERT_TRUE(s) << "boot " << boot << ": " << s.error().message();
+    EXPECT_EQ((*s)->get("a").value_or("?"), "old a");
+    EXPECT_EQ((*s)->get("b").error(), errc::not_found);
+    EXPECT_EQ((*s)->get("c").value_or("?"), "c <c-marker>" + std::string(3000, 'c'));
+    verify_report found;
+    EXPECT_TRUE((*s)->verify(&found)) << (found.damaged.empty() ? "" : found.damaged[0].what);
+  }
+  // The close recorded the space past the buried block as durable too: zeros in "c" now are
+  // damage, not a power cut's.
+  const place c = find_last(path, "<c-marker>");
+  ASSERT_NE(c.offset, std::string::npos);
+  bytes = read_file(c.file);
+  std::memset(bytes.data() + (c.offset + 1024) / 512 * 512, 0, 512);
+  write_file(c.file, bytes);
+  std::filesystem::remove(path + "/index");
+  auto s = store::open(path, small());
+  if (!s) {
+    EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+    return;
+  }
+  auto got = (*s)->get("c");
+  ASSERT_FALSE(got) << "a damaged commit taken for a torn one";
+  EXPECT_EQ(got.error(), errc::corrupt);
+}
+
+INSTANTIATE_TEST_SUITE_P(States, KvDeadWriterBlock, ::testing::Values(0, 1, 2));
+
 // A bit flipped in a value kept in its own segment, after its `sync` commit returned: the
 // rebuild a reboot causes keeps the commit (its other key has its new value) and reads of the
 // damaged value are `corrupt`; nothing on disk is changed, so repairing the bit brings the
