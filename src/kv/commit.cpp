@@ -359,7 +359,7 @@ result<void> store::impl::grow_page(std::uint64_t page, const fmt::key_hash& h,
     if (table->pending_split().old != 0) continue;  // a splitter died since: finish it first
     // Split by someone else meanwhile: the key is routed elsewhere now.
     if (table->page_of(h) != page) return {};
-    if (table->room(page) >= wanted) return {};  // grown by someone else meanwhile
+    if (table->has_room(page, wanted)) return {};  // grown by someone else meanwhile
     // A split that separates nothing (keys of one hash) would only double the directory:
     // the page's chain gets a page more instead.
     if (table->split_separates(page, coming)) return table->split(page, *this);
@@ -642,7 +642,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     const key_plan* full = nullptr;
     std::size_t wanted = 0;
     for (const auto& [page, count] : new_keys) {
-      if (s->table->room(page) >= count) continue;
+      if (s->table->has_room(page, count)) continue;
       for (const key_plan& k : keys) {
         if (k.page == page) full = &k;
       }

@@ -185,6 +185,18 @@ std::optional<entry_ref> table::claim(std::uint64_t p, const fmt::key_hash& h,
   return out;
 }
 
+bool table::has_room(std::uint64_t p, std::size_t wanted) const noexcept {
+  // Every commit asks: first by the pages' counts of used entries (an entry counted used may
+  // hold nothing, which room() counts as free too).
+  std::size_t sure = 0;
+  for_page_chain(p, [&](std::uint64_t q) {
+    const std::uint64_t used = page(q).used().load();
+    sure += used < entries_per_page ? entries_per_page - used : 0;
+    return sure < wanted;
+  });
+  return sure >= wanted || room(p) >= wanted;
+}
+
 std::size_t table::room(std::uint64_t p) const noexcept {
   std::size_t free = 0;
   for_page_chain(p, [&](std::uint64_t q) {

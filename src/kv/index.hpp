@@ -195,6 +195,8 @@ class table {
   }
   //! Entries a page's chain can still take (empty, or holding nothing).
   [[nodiscard]] std::size_t room(std::uint64_t p) const noexcept;
+  //! Whether room(p) >= wanted, mostly without counting entries.
+  [[nodiscard]] bool has_room(std::uint64_t p, std::size_t wanted) const noexcept;
   //! Whether splitting page `p` separates anything: its chain's entries that hold something,
   //! and keys of `hashes` (about to be added), are not all on one side of the next bit. A
   //! split that does not would only double the directory (keys of one hash): the page gets

@@ -299,30 +299,43 @@ result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& 
 
 result<std::optional<ix::entry_ref>> store::impl::find_locked(
     std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept {
-  if (auto r = settle_chain(page, h); !r) return std::unexpected(r.error());
-  result<std::optional<ix::entry_ref>> out{std::optional<ix::entry_ref>{}};
-  // With no entry whose record holds the key, one under its hash whose record does not check
-  // out is taken for the key's own (its key's bytes may be what was damaged): writing the key
-  // anew repairs it (readers get `corrupt` from it meanwhile, never another answer).
-  std::optional<ix::entry_ref> damaged;
-  table->for_chain(page, h, [&](ix::entry_ref e) {
-    const std::uint64_t at = e.location().load(std::memory_order_acquire);
-    if (at == 0) return true;
-    auto mine = keyed_record(*this, at, key, false);
-    if (!mine) {
-      if (mine.error() == errc::corrupt) {
-        if (!damaged) damaged = e;
-        return true;
+  // One walk in the common case: a pending entry met on the way (a dead or abandoned
+  // writer's) is settled first, with the whole chain, and the walk starts again.
+  for (bool settled = false;; settled = true) {
+    result<std::optional<ix::entry_ref>> out{std::optional<ix::entry_ref>{}};
+    // With no entry whose record holds the key, one under its hash whose record does not
+    // check out is taken for the key's own (its key's bytes may be what was damaged):
+    // writing the key anew repairs it (readers get `corrupt` from it meanwhile, never
+    // another answer).
+    std::optional<ix::entry_ref> damaged;
+    bool pending_met = false;
+    table->for_chain(page, h, [&](ix::entry_ref e) {
+      if (!settled && (e.seq().load(std::memory_order_acquire) & ix::pending) != 0) {
+        pending_met = true;
+        return false;
       }
-      out = std::unexpected(mine.error());
+      const std::uint64_t at = e.location().load(std::memory_order_acquire);
+      if (at == 0) return true;
+      auto mine = keyed_record(*this, at, key, false);
+      if (!mine) {
+        if (mine.error() == errc::corrupt) {
+          if (!damaged) damaged = e;
+          return true;
+        }
+        out = std::unexpected(mine.error());
+        return false;
+      }
+      if (!*mine) return true;
+      out = std::optional<ix::entry_ref>(e);
       return false;
+    });
+    if (pending_met) {
+      if (auto r = settle_chain(page, h); !r) return std::unexpected(r.error());
+      continue;
     }
-    if (!*mine) return true;
-    out = std::optional<ix::entry_ref>(e);
-    return false;
-  });
-  if (out && !*out && damaged) return damaged;
-  return out;
+    if (out && !*out && damaged) return damaged;
+    return out;
+  }
 }
 
 result<std::uint64_t> store::impl::named_by(std::uint64_t page, const fmt::key_hash& h,

@@ -832,9 +832,9 @@ struct store::impl final : ix::page_source {
                                                            std::span<const std::byte> key,
                                                            std::uint64_t snapshot,
                                                            bool verify) noexcept;
-  //! For the holder of `page` (exclusively): settles the pending entries of hash `h` dead
-  //! writers left (settle_chain), then the entry of `key`, if it has one. Errors: as
-  //! settle_chain's.
+  //! For the holder of `page` (exclusively): the entry of `key`, if it has one, once every
+  //! pending entry of hash `h` a dead writer left before it in the chain (all of them, when
+  //! the key has none) is settled (settle_chain). Errors: as settle_chain's.
   [[nodiscard]] result<std::optional<ix::entry_ref>> find_locked(
       std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept;
   //! For the holder of `page` (exclusively): every entry of hash `h` a dead writer left
