@@ -52,7 +52,10 @@ enum class durability : std::uint8_t {
 struct options {
   bool create_if_missing = true;
   bool error_if_exists = false;
-  //! Reads only: every change fails with errc::read_only.
+  //! Reads only: every change fails with errc::read_only. Nothing of the log (segments,
+  //! manifest, checkpoint) is written, also when the store needs recovery; the index file,
+  //! the shared map every user registers in (and a cache of the log), is written: its user
+  //! slots, and a rebuild of it when the opener is the first since a reboot.
   bool read_only = false;
   //! The default of every commit (a transaction may ask for another).
   durability durable = durability::none;
