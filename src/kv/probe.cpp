@@ -128,8 +128,9 @@ result<std::optional<std::uint64_t>> key_in_block(store::impl& s, std::uint64_t 
 }
 
 // For the entries of `c` pending on `block` (complete, its records of the hash `records`):
-// each one's own record there (0: none). An entry of a key that existed takes the record with
-// its previous record's key; the new keys' entries take the others, in chain order.
+// each one's own record there (0: none). A record some entry names already is taken (its
+// entry was published); an entry of a key that existed takes the record with its previous
+// record's key; the new keys' entries take the others, in chain order.
 result<std::vector<std::uint64_t>> assign(store::impl& s, const chain& c, std::uint64_t block,
                                           const std::vector<block_record>& records) noexcept {
   std::vector<std::uint64_t> out;
@@ -140,9 +141,18 @@ result<std::vector<std::uint64_t>> assign(store::impl& s, const chain& c, std::u
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
+  // A record an entry names already is that entry's: its writer published it (the rest of
+  // its commit's entries may still be pending: a writer killed part-way through step 9).
+  for (std::size_t j = 0; j < records.size(); ++j) {
+    for (std::size_t i = 0; i < c.n; ++i) {
+      if (c[i].at != records[j].location) continue;
+      used[j] = true;
+      if (c[i].pending() && c[i].block() == block) out[i] = records[j].location;
+    }
+  }
   for (std::size_t i = 0; i < c.n; ++i) {
     const seen_entry& se = c[i];
-    if (!se.pending() || se.block() != block || se.at == 0) continue;
+    if (!se.pending() || se.block() != block || se.at == 0 || out[i] != 0) continue;
     auto before = s.record_head_at(se.at);
     if (!before) return std::unexpected(before.error());
     for (std::size_t j = 0; j < records.size(); ++j) {

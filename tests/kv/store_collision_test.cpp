@@ -271,6 +271,51 @@ TEST_P(KvCollisionDeadWriter, ACheckpointCopiesEachPendingKeyAsItsOwn) {
   expect_values(*rebuilt, want_, "rebuilt from a checkpoint of pending entries");
 }
 
+// A writer of new keys of one hash (and of one that existed) killed once it had published
+// the first entry, the others still pending: the published entry's record is its own, never
+// handed again to a pending entry. Scans return every key once, a writer of the hash settles
+// each key to its own record, and a checkpoint keeps them. (A scan once missed a key, and
+// settling then lost it: its record had gone to two entries.)
+TEST(KvCollision, AWriterKilledAfterPublishingOneEntryLeavesEveryKeyItsOwn) {
+  const colliding_hashes same;
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("c-old", "old"));
+  }
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    test_support::die_at(commit_step::published_one);
+    auto t = (*mine)->begin();
+    if (!t) return 3;
+    for (const char* k : {"c0", "c1", "c-old", "c2", "c3"}) {
+      if (!t->put(k, std::string("v-") + k)) return 4;
+    }
+    (void)t->commit();
+    return 5;
+  });
+  const int status = test::wait_status(victim);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  const std::map<std::string, std::string> want{
+      {"c0", "v-c0"}, {"c1", "v-c1"}, {"c-old", "v-c-old"}, {"c2", "v-c2"}, {"c3", "v-c3"}};
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  expect_values(*s, want, "opened alone");
+  ASSERT_TRUE(s->put("c-other", "o"));  // settles the hash's entries
+  auto settled = want;
+  settled["c-other"] = "o";
+  expect_values(*s, settled, "settled");
+  ASSERT_TRUE(s->checkpoint());
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path);
+  ASSERT_TRUE(rebuilt);
+  expect_values(*rebuilt, settled, "from the checkpoint");
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, KvCollisionDeadWriter, ::testing::Values(0, 1, 2, 3));
 
 }  // namespace
