@@ -91,6 +91,8 @@ class salvager {
     return {};
   }
 
+  static constexpr std::uint64_t batch_bytes = std::uint64_t{256} << 10;
+
   // Writes the newest readable version of every key into `to`.
   result<void> copy_into(store& to) {
     auto t = to.begin();
@@ -118,6 +120,16 @@ class salvager {
                    ") does not check out");
           continue;
         }
+        // Batches small enough for the smallest segment (1 MiB): a commit block must fit in
+        // one (values kept as blobs only add a reference to it).
+        if (staged > 0 && (staged >= 256 || bytes + key.size() + value->size() > batch_bytes)) {
+          if (auto c = t->commit(durability::none); !c) return std::unexpected(c.error());
+          auto next = to.begin();
+          if (!next) return std::unexpected(next.error());
+          t = std::move(next);
+          staged = 0;
+          bytes = 0;
+        }
         if (auto r = t->put(
                 key, std::string_view(reinterpret_cast<const char*>(value->data()), value->size()));
             !r) {
@@ -125,7 +137,7 @@ class salvager {
         }
         ++out_.keys;
         ++staged;
-        bytes += value->size();
+        bytes += key.size() + value->size();
         copied = true;
         if (i != 0)
           older(key, "its newest version (seq " + std::to_string(versions[0].seq) +
@@ -136,14 +148,6 @@ class salvager {
       if (newer != unread_seq_.end() && (versions.empty() || newer->second > versions[0].seq)) {
         older(key,
               "a newer version (seq " + std::to_string(newer->second) + ") does not check out");
-      }
-      if (staged >= 256 || bytes >= (std::uint64_t{16} << 20)) {
-        if (auto c = t->commit(durability::none); !c) return std::unexpected(c.error());
-        auto next = to.begin();
-        if (!next) return std::unexpected(next.error());
-        t = std::move(next);
-        staged = 0;
-        bytes = 0;
       }
     }
     // Keys seen only in records that did not check out.

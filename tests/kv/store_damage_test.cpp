@@ -772,5 +772,32 @@ TEST(KvDamage, SalvageCopiesWhatCanBeReadAndListsTheRest) {
   EXPECT_FALSE(store::salvage(path, to, small()));
 }
 
+// Salvage into a store of the smallest segments (1 MiB) copies values that together are
+// many times a segment, and values of every size. (Its commits once batched 16 MiB and
+// failed with too_large.)
+TEST(KvDamage, SalvageIntoSmallSegmentsCopiesEverything) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  std::map<std::string, std::string> want;
+  {
+    auto s = open_ok(path, small());
+    ASSERT_TRUE(s);
+    for (int i = 0; i < 300; ++i) {
+      const std::string k = "k" + std::to_string(i);
+      want[k] = std::string(i % 3 == 0 ? 60000 : 8000, static_cast<char>('a' + i % 26));
+      ASSERT_TRUE(s->put(k, want[k]));
+    }
+  }
+  const std::string to = dir.file("copy");
+  auto r = store::salvage(path, to, small());
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r->keys, want.size());
+  EXPECT_TRUE(r->unreadable.empty());
+  auto copy = open_ok(to, small());
+  ASSERT_TRUE(copy);
+  for (const auto& [k, v] : want)
+    EXPECT_EQ(copy->get(k).value_or("?"), v) << k;
+}
+
 }  // namespace
 }  // namespace keel::kv
