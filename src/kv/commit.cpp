@@ -228,7 +228,7 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
     auto g = locks->try_lock({lock::entity(entity_sync)});
     if (!g) {
       if (g.error() != std::errc::operation_would_block) return std::unexpected(g.error());
-      if (cd.expired()) return errc_error(std::errc::timed_out);
+      if (cd.expired()) return sync_without_leader();
       base::futex_wait(done_word, static_cast<std::uint32_t>(done), std::chrono::milliseconds(2),
                        base::futex_scope::shared);
       continue;
@@ -301,6 +301,28 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
     (void)g->unlock();
     base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
     if (!r) {
+      failed.store(true);
+      return std::unexpected(r.error());
+    }
+  }
+  return writable();
+}
+
+result<void> store::impl::sync_without_leader() noexcept {
+  // The leader is too slow to wait for (stopped, or starved of CPU): this commit is already
+  // visible, so failing it with timed_out would have its caller retry a commit that went in.
+  // It syncs for itself instead, without the lock (a sync covers what was written before it,
+  // whoever asks), every segment in use: the leader may hold the dirty bits it took. A
+  // failed sync is reported as a leader's is, never retried.
+  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+    const std::uint64_t n = segtab(i, 0).load();
+    if (n == 0 || n % segtab_entries != i) continue;
+    auto seg = segment_at(n);
+    if (!seg) return std::unexpected(seg.error());
+    if (base::is_planted(base::planted_bug::kv_skips_sync)) continue;
+    if (auto r = (*seg)->sync(); !r) {
+      h64(hdr::sync_error_segment).store(n);
+      h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
       failed.store(true);
       return std::unexpected(r.error());
     }

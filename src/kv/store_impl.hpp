@@ -886,6 +886,9 @@ struct store::impl final : ix::page_source {
   //! Whether this store takes changes: read_only (opened so), sync_failed (an fdatasync of
   //! the segment it names failed: until reopened alone), else nothing.
   [[nodiscard]] result<void> writable() noexcept;
+  //! A sync waiter's own sync once its deadline passed with the leader still at it (stopped,
+  //! or starved): every segment in use, without the sync lock. Errors: as a leader's.
+  [[nodiscard]] result<void> sync_without_leader() noexcept;
   //! A sync leader's wait for the commits the last sync woke (doc/kv-format.md, step 11).
   void gather_sync_batch() noexcept;
   //! Makes room for `wanted` new keys in page `page`'s chain (`coming`: their hashes; `h`

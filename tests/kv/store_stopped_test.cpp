@@ -101,6 +101,52 @@ TEST_P(KvStoreStopped, AStoppedWriterHoldsNobodyPastTheirTimeout) {
   }
 }
 
+// A sync leader stopped while it syncs for everyone: the others' `sync` commits, visible
+// already, are not failed with timed_out (their callers would retry commits that went in):
+// past their deadline they sync for themselves. (60 of 60 unrelated sync puts once failed
+// so, each applied anyway.)
+TEST(KvStoreStoppedLeader, SyncCommitsSyncForThemselvesPastTheirTimeout) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = short_timeout();
+  o.durable = durability::sync;
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  const pid_t leader = fork_child([&] {
+    auto mine = store::open(path, o);
+    if (!mine) return 2;
+    commit_hook = [](commit_step now) noexcept {
+      if (now == commit_step::syncing) ::raise(SIGSTOP);
+    };
+    auto r = (*mine)->put("l", "1");
+    commit_hook = nullptr;
+    return r ? 0 : 3;
+  });
+  // A failed assertion must not leave it stopped (the test run would wait for it).
+  struct killed_on_failure {
+    pid_t pid;
+    ~killed_on_failure() {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        (void)test::wait_status(pid);
+      }
+    }
+  } guard{leader};
+  int status = 0;
+  ASSERT_EQ(::waitpid(leader, &status, WUNTRACED), leader);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "status " << status;
+  for (int i = 0; i < 3; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    auto put = s->put(k, "v");
+    ASSERT_TRUE(put) << k << ": " << put.error().message();
+    EXPECT_EQ(s->get(k).value_or("?"), "v");
+  }
+  ASSERT_EQ(::kill(leader, SIGCONT), 0);
+  guard.pid = 0;
+  EXPECT_EQ(test::wait_exit(leader), 0);
+  EXPECT_EQ(s->get("l").value_or("?"), "1");
+}
+
 INSTANTIATE_TEST_SUITE_P(AtEachStepAfterItsSeq, KvStoreStopped,
                          ::testing::Values(commit_step::took_seq, commit_step::recorded,
                                            commit_step::written, commit_step::published_one,
