@@ -120,6 +120,36 @@ TEST(MemoryMap, AFileThatIsNotOursIsRefusedAndLeftAlone) {
   }
 }
 
+// A first user whose header write failed part-way (EIO, ENOSPC after a part) leaves less
+// than a page that starts as a header does: that set-up never happened, and the next first
+// user sets the lock up afresh. (keel::kv's torture saw stores that could not be opened
+// again, about 1 cycle in 200 of its io-errors mode.) A short file that does not start so
+// is still refused.
+TEST(MemoryMap, AHeaderTornAtSetUpIsSetUpAfresh) {
+  temp_dir dir;
+  temp_dir maps("/dev/shm");
+  memory_map::options o;
+  o.map_directory = maps.path().string();
+  std::string header;
+  {
+    auto first = memory_map::open(dir.file("lock"), o);
+    ASSERT_TRUE(first) << first.error().message();
+    header = read_all(dir.file("lock"));
+  }
+  ASSERT_GT(header.size(), 112u);
+  for (const std::size_t part : {std::size_t{3}, std::size_t{55}, std::size_t{112}}) {
+    write_all(dir.file("lock"), header.substr(0, part));
+    auto m = memory_map::open(dir.file("lock"), o);
+    ASSERT_TRUE(m) << part << " bytes: " << m.error().message();
+  }
+  std::string foreign = header.substr(0, 55);
+  foreign[1] ^= 1;
+  write_all(dir.file("lock"), foreign);
+  auto m = memory_map::open(dir.file("lock"), o);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(read_all(dir.file("lock")), foreign);
+}
+
 // A lock file whose map path was damaged is corrupt, named with the field's offset: it is
 // never followed to another file.
 TEST(MemoryMap, ADamagedMapPathIsCorruptNotFollowed) {

@@ -103,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
         planted_case{mode::kill, workload::kv, base::planted_bug::kv_forgets_last_commit, 100},
         planted_case{mode::powerloss, workload::kv, base::planted_bug::kv_skips_sync, 200},
         planted_case{mode::io_errors, workload::kv,
-                     base::planted_bug::kv_ignores_failed_manifest_write, 300},
+                     base::planted_bug::kv_ignores_failed_manifest_write, 2000},
         planted_case{mode::corrupt, workload::kv, base::planted_bug::kv_skips_record_checksum,
                      300}),
     [](const auto& param_info) {

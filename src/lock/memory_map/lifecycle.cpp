@@ -108,9 +108,17 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
     if (!got) return std::unexpected(got.error());
     // Whatever the file holds, it must be a lock file of ours before we write to it: empty,
     // a header, or the page of zeros a last user leaves.
-    auto old = mm::parse_lock_file(std::span(page).first(*got));
+    // A first user writes its header as one page; a write that failed part-way (EIO, ENOSPC,
+    // ENOMEM after a part) leaves less than a page starting as that header does. Such a
+    // set-up never happened: the next first user sets the lock up afresh (a user in the
+    // meantime is refused below: in use, yet never set up).
+    const auto common = mm::lockfile_format.header();
+    const std::size_t shown = std::min<std::size_t>(*got, sizeof common);
+    const bool torn_setup =
+        *got > 0 && *got < mm::lockfile_page && std::memcmp(page.data(), &common, shown) == 0;
+    auto old = mm::parse_lock_file(std::span(page).first(torn_setup ? 0 : *got));
     if (!old) return corrupt_here(old.error());
-    if (old->blank && *got != 0 &&
+    if (old->blank && *got != 0 && !torn_setup &&
         (*got != mm::lockfile_page ||
          std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; }))) {
       return corrupt_here(error(errc::not_keel_file));
