@@ -215,7 +215,7 @@ result<manifest> parse_manifest(std::span<const std::byte> bytes,
       const std::size_t at = manifest_header + i * sizeof(manifest_entry);
       const auto e = load<manifest_entry>(bytes, at);
       if (e.number == 0 || e.number > max_segment_number || e.size < segment_header_size ||
-          e.size > max_segment_offset ||
+          e.size > max_segment_offset || e.sealed_blocks > e.size / sizeof(block_header) ||
           (!m.entries.empty() && e.number <= m.entries.back().number)) {
         return std::unexpected(corrupt_at(at).error());
       }

@@ -124,19 +124,25 @@ constexpr std::uint64_t max_segments = 8064;
 //! and doubles (a new file, replaced whole) when a segment more would not fit, up to the
 //! size that holds max_segments.
 constexpr std::uint64_t manifest_min_slot = 4096;
-constexpr std::uint64_t manifest_max_slot = 128 * 1024;
+constexpr std::uint64_t manifest_max_slot = 256 * 1024;
 //! The segments a slot of `slot_size` bytes holds.
 [[nodiscard]] constexpr std::uint64_t manifest_capacity(std::uint64_t slot_size) noexcept {
-  return (slot_size - 72) / 16;
+  return (slot_size - 72) / 24;
 }
 static_assert(manifest_capacity(manifest_max_slot) >= max_segments);
-inline constexpr base::format manifest_format{"KEELKVM1", 1,
-                                              base::layout_of({64, 16, 8, max_segments})};
+// Version 2: each entry counts the segment's blocks below durable_below (version 1 did not:
+// a block zeroed whole there went unseen). Version 1 manifests are refused as unsupported.
+inline constexpr base::format manifest_format{"KEELKVM1", 2,
+                                              base::layout_of({64, 24, 8, max_segments})};
 
 //! A segment the manifest lists.
 struct manifest_entry {
   std::uint64_t number = 0;
   std::uint64_t size = 0;
+  //! Blocks (commit, blob, relocation: headers that check out) in the segment below the
+  //! manifest's durable_below, counted by the closes that recorded it: a walk that finds
+  //! fewer there finds a block damaged past recognition (zeroed whole, say).
+  std::uint64_t sealed_blocks = 0;
   friend bool operator==(const manifest_entry&, const manifest_entry&) = default;
 };
 

@@ -162,12 +162,11 @@ result<void> store::impl::list_segment(std::uint64_t number, std::uint64_t size)
   auto m = read_manifest();
   if (!m) return std::unexpected(m.error());
   try {
-    const fmt::manifest_entry e{number, size};
     auto at = std::ranges::lower_bound(m->entries, number, {}, &fmt::manifest_entry::number);
     if (at != m->entries.end() && at->number == number) {
-      *at = e;
+      at->size = size;
     } else {
-      m->entries.insert(at, e);
+      m->entries.insert(at, fmt::manifest_entry{number, size, 0});
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
@@ -204,23 +203,31 @@ result<void> store::impl::seal_durable() noexcept {
   // keel left on purpose): whatever else lies there (a dead writer's block nobody could
   // bury, what a rebuild stepped over past its tail, damage) is not claimed durable, as a
   // rebuild would take it for damage then. Each close walks only what is new since.
-  auto numbers = segment_numbers(false);
-  if (!numbers) return std::unexpected(numbers.error());
+  // Each segment's blocks below the new mark are counted into its entry (the walk from the
+  // old mark adds to what earlier closes counted): a later walk that finds fewer finds a
+  // block damaged past recognition (zeroed whole), never space nobody wrote.
   const std::uint64_t from = m->durable_below;
-  for (const std::uint64_t n : *numbers) {
+  for (fmt::manifest_entry& e : m->entries) {
+    const std::uint64_t n = e.number;
     if (n < fmt::segment_of(from)) continue;
     if (n > fmt::segment_of(tail)) break;
     auto seg = segment_at(n);
     if (!seg) return std::unexpected(seg.error());
-    std::uint64_t odd = 0;
+    std::uint64_t odd = 0, counted = 0;
     (void)for_each_block(
         **seg, n == fmt::segment_of(from) ? fmt::offset_of(from) : 0,
-        [](std::uint64_t, const fmt::block_header&) { return result<void>{}; }, ~std::uint64_t{0},
+        [&](std::uint64_t off, const fmt::block_header&) -> result<void> {
+          if (fmt::make_location(n, off) >= tail) return keel_error(errc::corrupt);  // done
+          ++counted;
+          return {};
+        },
+        ~std::uint64_t{0},
         [&](std::uint64_t off, std::uint64_t) -> result<void> {
           odd = fmt::make_location(n, off);
           return keel_error(errc::corrupt);  // stops the walk
         },
         [](std::uint64_t, std::uint64_t) { return result<void>{}; });
+    e.sealed_blocks += counted;
     if (odd != 0) {
       tail = std::min(tail, odd);
       break;
@@ -229,6 +236,39 @@ result<void> store::impl::seal_durable() noexcept {
   if (tail <= m->durable_below) return {};
   m->durable_below = tail;
   return write_manifest(*m);
+}
+
+store::impl::sealed_census store::impl::count_sealed(const segment& s,
+                                                     std::uint64_t below) const noexcept {
+  sealed_census c;
+  if (s.number > fmt::segment_of(below)) return c;
+  const std::uint64_t end =
+      s.number == fmt::segment_of(below) ? fmt::offset_of(below) : ~std::uint64_t{0};
+  std::uint64_t last_end = fmt::segment_header_size;
+  const auto next = [&](std::uint64_t off, std::uint64_t length) -> result<void> {
+    if (off >= end) return keel_error(errc::corrupt);  // done
+    if (off > last_end && c.gap == 0) c.gap = last_end;
+    last_end = off + length;
+    return {};
+  };
+  (void)for_each_block(
+      s, fmt::segment_header_size,
+      [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+        auto r = next(off, head.length);
+        if (r) ++c.blocks;
+        return r;
+      },
+      0, [](std::uint64_t, std::uint64_t) { return result<void>{}; }, next);
+  if (c.gap == 0) c.gap = last_end;
+  return c;
+}
+
+result<void> store::impl::check_sealed(const segment& s, const fmt::manifest& m) const noexcept {
+  const auto e = std::ranges::lower_bound(m.entries, s.number, {}, &fmt::manifest_entry::number);
+  if (e == m.entries.end() || e->number != s.number || e->sealed_blocks == 0) return {};
+  const sealed_census c = count_sealed(s, m.durable_below);
+  if (c.blocks >= e->sealed_blocks) return {};
+  return std::unexpected(error(errc::corrupt).about(s.path, c.gap));
 }
 
 }  // namespace keel::kv

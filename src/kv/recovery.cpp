@@ -355,6 +355,9 @@ result<void> store::impl::rebuild() noexcept {
     segtab(n, 0).store(n);
     segtab(n, 1).store((*s)->size);
     if (from != 0 && n < fmt::segment_of(from)) continue;  // in the checkpoint's copy
+    // Every block the closes counted must still be there (else one was zeroed whole, and
+    // what it held would read as space).
+    if (auto c = check_sealed(**s, *m); !c) return c;
     const bool mid = from != 0 && n == fmt::segment_of(from);
     std::uint64_t end = mid ? fmt::offset_of(from) : fmt::segment_header_size;
     replayed_bytes += (*s)->size - (mid ? std::min((*s)->size, end) : 0);

@@ -457,6 +457,17 @@ struct store::impl final : ix::page_source {
   //! that a later rebuild takes a block there that does not check out for damage, never for
   //! one a power cut tore. Errors: the syncs', the manifest's (nothing is claimed then).
   [[nodiscard]] result<void> seal_durable() noexcept;
+  //! The blocks of a segment below a manifest's durable_below, as a walk finds them.
+  struct sealed_census {
+    std::uint64_t blocks = 0;  //!< headers that check out
+    //! Where the first space between blocks (or after the last) begins: where a block that
+    //! was counted and is not found any more lay.
+    std::uint64_t gap = 0;
+  };
+  [[nodiscard]] sealed_census count_sealed(const segment& s, std::uint64_t below) const noexcept;
+  //! Whether `s` still has every block `m` counted in it (fmt::manifest_entry::sealed_blocks).
+  //! Errors: corrupt, naming the segment and count_sealed's gap.
+  [[nodiscard]] result<void> check_sealed(const segment& s, const fmt::manifest& m) const noexcept;
   //! Replaces the manifest with `m`, its generation one more.
   [[nodiscard]] result<void> write_manifest(const fmt::manifest& m) noexcept;
   //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header

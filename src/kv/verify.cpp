@@ -165,6 +165,11 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
           },
           [](std::uint64_t, std::uint64_t) { return result<void>{}; });
       if (!walked) return std::unexpected(walked.error());
+      if (!listed) continue;
+      if (auto c = s.check_sealed(sg, *listed); !c) {
+        found.note(sg.path, c.error().offset(),
+                   "a block the last close counted is missing (every byte of it zeroed?)");
+      }
     }
 
     // Every index entry names a record of its own hash.

@@ -724,6 +724,80 @@ TEST(KvDamage, ADamagedBlockHeaderIsNeverTakenForEmptySpace) {
   ASSERT_FALSE(a) << "served: " << *a;
 }
 
+// A whole commit block zeroed in a store its last user closed: no byte of it is left to
+// find, but the close counted the blocks below what it recorded as durable, segment by
+// segment, in the manifest: a rebuild that finds one fewer refuses the store naming the
+// segment and where the block was, and `verify` lists it. (The rebuild once took the zeros
+// for space nobody wrote, served the older value, and verify said ok.) The newest block of
+// the segment; one with blocks after it; one after a checkpoint (the rebuild replays that
+// segment from the middle).
+class KvZeroedBlock : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvZeroedBlock, IsDamageNeverAnOlderValue) {
+  const int where = GetParam();
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    for (int k = 0; k < 20; ++k)
+      ASSERT_TRUE(s->put("k" + std::to_string(k), "v" + std::to_string(k)));
+    ASSERT_TRUE(s->put("a", "old a"));
+    if (where == 2) {
+      ASSERT_TRUE(s->checkpoint());
+    }
+    ASSERT_TRUE(s->put("a", "<zeroed-block> new a"));
+    if (where == 1) {
+      for (int k = 0; k < 20; ++k)
+        ASSERT_TRUE(s->put("k" + std::to_string(k), "w" + std::to_string(k)));
+    }
+  }
+  const place marker = find_last(path, "<zeroed-block>");
+  ASSERT_NE(marker.offset, std::string::npos);
+  const std::size_t block = marker.offset - 1 - 48 - 48;  // key "a", record and block headers
+  {
+    std::string bytes = read_file(marker.file);
+    std::uint64_t length = 0;
+    std::memcpy(&length, bytes.data() + block + 16, 8);
+    ASSERT_GT(length, 48u);
+    ASSERT_LT(length, 4096u);
+    std::memset(bytes.data() + block, 0, length);
+    write_file(marker.file, bytes);
+  }
+  {
+    // The index still names the record: reading it is corrupt; verify lists the block.
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    auto a = s->get("a");
+    ASSERT_FALSE(a) << "served: " << *a;
+    EXPECT_EQ(a.error(), errc::corrupt) << a.error().message();
+    verify_report report;
+    auto v = s->verify(&report);
+    ASSERT_FALSE(v) << "verify said ok";
+    EXPECT_EQ(v.error(), errc::corrupt) << v.error().message();
+    bool named = false;
+    for (const damage& d : report.damaged)
+      named |= d.file == marker.file && d.offset == block;
+    EXPECT_TRUE(named) << report.damaged.size() << " places, the first: "
+                       << (report.damaged.empty() ? ""
+                                                  : report.damaged[0].file + " " +
+                                                        std::to_string(report.damaged[0].offset) +
+                                                        " " + report.damaged[0].what);
+  }
+  std::filesystem::remove(path + "/index");  // as a reboot would have it rebuilt
+  auto s = store::open(path, small());
+  if (!s) {
+    EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+    EXPECT_EQ(s.error().path(), marker.file) << s.error().message();
+    EXPECT_TRUE(s.error().has_offset() && s.error().offset() == block) << s.error().message();
+    return;
+  }
+  auto a = (*s)->get("a");
+  ASSERT_FALSE(a) << "rolled back to: " << *a;
+}
+
+INSTANTIATE_TEST_SUITE_P(Where, KvZeroedBlock, ::testing::Values(0, 1, 2));
+
 // salvage: a store damaged so that it will not open (its manifest gone) and with the newest
 // version of one key damaged: every other key's newest value is copied into a new store, the
 // damaged key's older version is, and both are listed.
