@@ -553,7 +553,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     ~ledger_hold() { done(); }
   } charged;
-  if (!only_erases && s->ledger) {
+  if (!only_erases && s->opts.ledger && !s->opts.read_only) {
     // (The directory's next doubling is held back from every delta's room once, in
     // room_for_puts: charged to each commit, it made a 1 KiB put cost 40 KiB at 100 000
     // keys, and a thousand writers closed deltas ten times as often, each close waiting for

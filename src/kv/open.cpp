@@ -222,7 +222,13 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     s.seq().store(0);
     s.block().store(0);
     s.block_length().store(0);
-    s.ledger_pin().store(0);  // a dead user's charge stays charged (safe)
+    // A dead user's charge stays charged (safe); an evicted one's cost is no longer
+    // written off.
+    if (ledger) {
+      ledger->leave(u);
+    } else {
+      s.ledger_pin().store(0);
+    }
     // A user killed while it closed a delta: nobody closes it now.
     if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
       h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
@@ -1056,7 +1062,7 @@ result<void> store::impl::open_index() noexcept {
   index_map = std::move(*m);
   table.emplace(base(), h64(hdr::directory),
                 reinterpret_cast<std::uint64_t*>(base() + hdr::split_journal));
-  if (opts.ledger && !opts.read_only) {
+  {  // (also for users that charge nothing: they free dead users' pins)
     ledger.emplace(*reinterpret_cast<space::ledger_words*>(base() + hdr::ledger),
                    base() + slot_first_page * fmt::page_size + slot_ledger_pin, max_slots,
                    slot_size);

@@ -46,6 +46,10 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   // double it (commits are charged their own splits' pages only).
   const std::uint64_t doubling = ix::directory_pages(table->depth() + 1) * fmt::page_size;
   r.bytes = r.bytes == cap ? cap : r.bytes - std::min(r.bytes, doubling);
+  // Less what evicted writers may still use (space::ledger::evict).
+  if (ledger && r.bytes != cap) {
+    r.bytes -= std::min(r.bytes, static_cast<std::uint64_t>(ledger->written_off()));
+  }
   return r;
 }
 
@@ -162,18 +166,31 @@ std::int64_t store::impl::share(std::uint64_t room, std::int64_t cost) const noe
 
 result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept {
   // Writers leave a delta within their commit, which waits for nothing of ours.
+  int late_rounds = 0;
   for (int round = 0;; ++round) {
     if (ledger->quiet(d)) return {};
     if (round >= 64) {
       // A pin left by a dead user (cleared when its slot is next taken) would hold it
-      // forever.
+      // forever. Past the deadline, so would one of a user alive and stopped (SIGSTOP, a
+      // debugger) or starved of CPU: it is evicted (its cost written off until it leaves),
+      // and the delta no longer waits for it. It goes on unharmed when it runs again.
+      const bool late = cd.expired();
       for (std::uint32_t u = 0; u < max_slots; ++u) {
-        if (slot(u).ledger_pin().load(std::memory_order_acquire) == d && slot_owner_dead(u)) {
-          free_dead_pin(u, d);
+        const std::uint64_t pin = slot(u).ledger_pin().load(std::memory_order_acquire);
+        if (pin != d && (pin & space::ledger::evicted) == 0) continue;
+        if (slot_owner_dead(u)) {
+          free_dead_pin(u, pin);
+        } else if (late && pin == d) {
+          ledger->evict(u, d);
         }
       }
       if (ledger->quiet(d)) return {};
-      if (cd.expired()) return errc_error(std::errc::timed_out);
+      if (late) {
+        // A writer that read the old front pins it for a moment: a few more looks.
+        if (++late_rounds > 64) return errc_error(std::errc::timed_out);
+        std::this_thread::yield();
+        continue;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     } else {
       std::this_thread::yield();
@@ -181,12 +198,11 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
   }
 }
 
-void store::impl::free_dead_pin(std::uint32_t u, std::uint64_t d) noexcept {
+void store::impl::free_dead_pin(std::uint32_t u, std::uint64_t pin) noexcept {
   // Its pin is the dead user's (a new user clears it when it takes the slot, under the byte
-  // too).
+  // too); an evicted one's cost comes off what is written off.
   as_dead_users_byte(u, [&] {
-    std::uint64_t expect = d;
-    slot(u).ledger_pin().compare_exchange_strong(expect, 0, std::memory_order_seq_cst);
+    if (slot(u).ledger_pin().load(std::memory_order_seq_cst) == pin) ledger->leave(u);
   });
 }
 

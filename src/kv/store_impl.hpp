@@ -125,8 +125,11 @@ constexpr std::uint64_t state_valid = 1;
 constexpr std::size_t slot_first_page = 1;
 constexpr std::size_t max_slots = 1024;
 constexpr std::size_t slot_size = 256;
-//! Where in a slot its user's ledger pin is (the delta it is charging, 0: none).
+//! Where in a slot its user's ledger words are (space::writer_words: the delta it is
+//! charging, 0: none; and its cost).
 constexpr std::size_t slot_ledger_pin = 64;
+constexpr std::size_t slot_ledger_cost = 72;
+static_assert(slot_ledger_cost == slot_ledger_pin + offsetof(space::writer_words, cost));
 constexpr std::size_t segtab_first_page = 65;
 constexpr std::size_t segtab_entries = 8064;
 constexpr std::size_t segtab_entry_size = 32;
@@ -153,7 +156,7 @@ constexpr std::uint64_t entity_sync = entity_base + 4;
 //! end are never touched).
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
-inline constexpr base::format index_format{"KEELKVX1", 4,
+inline constexpr base::format index_format{"KEELKVX1", 5,
                                            base::layout_of({fmt::page_size,
                                                             first_free_page,
                                                             max_slots,
@@ -178,6 +181,7 @@ inline constexpr base::format index_format{"KEELKVX1", 4,
                                                             hdr::compaction_runs,
                                                             hdr::compaction_ends,
                                                             slot_ledger_pin,
+                                                            slot_ledger_cost,
                                                             hdr::visible_gates,
                                                             hdr::visible_gate_count,
                                                             index_window})};
@@ -264,8 +268,8 @@ struct store::impl final : ix::page_source {
   std::unique_ptr<lock::memory_map> locks;
   std::optional<ix::table> table;
   std::uint64_t salt = 0;
-  //! The space ledger in the index header, its pins in the user slots (null: options::ledger
-  //! off, or read-only).
+  //! The space ledger in the index header, its pins in the user slots (every user has the
+  //! view; only writers with options::ledger on charge it).
   std::optional<space::ledger> ledger;
 
   // ---- per process (reopened after fork) ----
@@ -743,10 +747,12 @@ struct store::impl final : ix::page_source {
   //! its own; the whole room near full (four segments or less) or when a sixteenth of it is
   //! below `cost`.
   [[nodiscard]] std::int64_t share(std::uint64_t room, std::int64_t cost) const noexcept;
-  //! Waits until no writer is inside delta `d`, clearing the pins of dead users.
+  //! Waits until no writer is inside delta `d`, clearing the pins of dead users, and past
+  //! `cd` evicting live ones (space::ledger::evict). Errors: timed_out (a pin that could be
+  //! neither cleared nor evicted).
   [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
-  //! Clears slot `u`'s pin if it still names `d` and its user is dead (holding its byte).
-  void free_dead_pin(std::uint32_t u, std::uint64_t d) noexcept;
+  //! Leaves for slot `u` if its pin is still `pin` and its user is dead (holding its byte).
+  void free_dead_pin(std::uint32_t u, std::uint64_t pin) noexcept;
   //! Zeroes the ledger and every pin: alone, before anyone charges.
   void reset_ledger() noexcept;
 

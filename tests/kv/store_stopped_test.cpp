@@ -9,11 +9,13 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
 #include "kv/kv_support.hpp"
 #include "support/process.hpp"
+#include "support/run_program.hpp"
 
 namespace keel::kv {
 namespace {
@@ -28,6 +30,18 @@ options short_timeout() {
   o.lock_timeout = std::chrono::milliseconds(300);
   return o;
 }
+
+// A child stopped with SIGSTOP, killed unless the test lets it go (pid 0): a failed
+// assertion must not leave it stopped (the test run would wait for it).
+struct killed_on_failure {
+  pid_t pid;
+  ~killed_on_failure() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      (void)test::wait_status(pid);
+    }
+  }
+};
 
 class KvStoreStopped : public ::testing::TestWithParam<commit_step> {};
 
@@ -122,16 +136,7 @@ TEST(KvStoreStoppedLeader, SyncCommitsSyncForThemselvesPastTheirTimeout) {
     commit_hook = nullptr;
     return r ? 0 : 3;
   });
-  // A failed assertion must not leave it stopped (the test run would wait for it).
-  struct killed_on_failure {
-    pid_t pid;
-    ~killed_on_failure() {
-      if (pid > 0) {
-        ::kill(pid, SIGKILL);
-        (void)test::wait_status(pid);
-      }
-    }
-  } guard{leader};
+  killed_on_failure guard{leader};
   int status = 0;
   ASSERT_EQ(::waitpid(leader, &status, WUNTRACED), leader);
   ASSERT_TRUE(WIFSTOPPED(status)) << "status " << status;
@@ -145,6 +150,55 @@ TEST(KvStoreStoppedLeader, SyncCommitsSyncForThemselvesPastTheirTimeout) {
   guard.pid = 0;
   EXPECT_EQ(test::wait_exit(leader), 0);
   EXPECT_EQ(s->get("l").value_or("?"), "1");
+}
+
+// A writer stopped after its commit was charged to a delta of the space ledger (with a
+// budget, deltas close every few hundred puts): every close after next would wait for that
+// delta to go quiet, and every put once the front delta's budget is spent would wait for
+// that close. (With max_bytes set, every put timed out while it stayed stopped.) Past its
+// deadline the closer evicts it, its cost written off until it goes on; when it does, its
+// commit goes in and nothing stays written off.
+TEST(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = short_timeout();
+  o.max_bytes = std::uint64_t{32} << 20;
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("base", "0"));
+  const pid_t writer = fork_child([&] {
+    auto mine = store::open(path, o);
+    if (!mine) return 2;
+    commit_hook = [](commit_step now) noexcept {
+      if (now == commit_step::charged) ::raise(SIGSTOP);
+    };
+    auto r = (*mine)->put("stopped", std::string(1024, 's'));
+    commit_hook = nullptr;
+    return r ? 0 : 3;
+  });
+  killed_on_failure guard{writer};
+  int status = 0;
+  ASSERT_EQ(::waitpid(writer, &status, WUNTRACED), writer);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "status " << status;
+  // Enough to close several deltas (a 1 KiB put is charged about 10 KiB of the ~7 MiB a
+  // delta is given).
+  const std::string value(1024, 'v');
+  for (int i = 0; i < 4000; ++i) {
+    auto put = s->put("k" + std::to_string(i), value);
+    ASSERT_TRUE(put) << "put " << i << ": " << put.error().message();
+  }
+  ASSERT_EQ(::kill(writer, SIGCONT), 0);
+  guard.pid = 0;
+  EXPECT_EQ(test::wait_exit(writer), 0);
+  EXPECT_EQ(s->get("stopped").value_or("?"), std::string(1024, 's'));
+  // Nothing stays written off (space::ledger_words::written_off, in the index's header).
+  const std::string index = test::slurp(path + "/index");
+  std::int64_t written_off = -1;
+  std::memcpy(&written_off, index.data() + hdr::ledger + offsetof(space::ledger_words, written_off),
+              8);
+  EXPECT_EQ(written_off, 0);
+  for (int i = 0; i < 4000; i += 397)
+    EXPECT_EQ(s->get("k" + std::to_string(i)).value_or("?"), value);
 }
 
 INSTANTIATE_TEST_SUITE_P(AtEachStepAfterItsSeq, KvStoreStopped,

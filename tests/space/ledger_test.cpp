@@ -65,8 +65,8 @@ TEST(SpaceLedger, EveryCallAgreesWithASequentialModel) {
     std::mt19937_64 rng(seed);
     ledger_words words{};
     constexpr std::size_t writers = 64;
-    std::array<std::uint64_t, writers> pins{};
-    ledger l(words, reinterpret_cast<std::byte*>(pins.data()), writers, 8);
+    std::array<writer_words, writers> pins{};
+    ledger l(words, reinterpret_cast<std::byte*>(pins.data()), writers, sizeof(writer_words));
     model m;
     std::vector<std::pair<std::size_t, charge>> held;  // writer, its charge
     std::vector<std::size_t> idle(writers);
@@ -134,8 +134,8 @@ TEST(SpaceLedger, EveryCallAgreesWithASequentialModel) {
 
 TEST(SpaceLedger, ZeroedWordsHaveNoBudgetUntilTheFirstTransition) {
   ledger_words words{};
-  std::array<std::uint64_t, 3> pins{};
-  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  std::array<writer_words, 3> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
   EXPECT_EQ(l.front(), 0u);
   EXPECT_FALSE(charged_or_not(l, 0, 0));
   EXPECT_TRUE(l.quiet(0));
@@ -145,16 +145,16 @@ TEST(SpaceLedger, ZeroedWordsHaveNoBudgetUntilTheFirstTransition) {
   EXPECT_EQ(*d, 1u);
   auto c = charged_or_not(l, 0, 100);
   ASSERT_TRUE(c);
-  EXPECT_EQ(pins[0], 1u) << "the writer's pin names the delta it is inside";
+  EXPECT_EQ(pins[0].pin, 1u) << "the writer's pin names the delta it is inside";
   EXPECT_FALSE(charged_or_not(l, 1, 1)) << "the budget is spent";
-  EXPECT_EQ(pins[1], 0u) << "a writer whose charge failed is not inside";
+  EXPECT_EQ(pins[1].pin, 0u) << "a writer whose charge failed is not inside";
   EXPECT_TRUE(charged_or_not(l, 2, 0)) << "a charge of nothing fits (with nobody backing out)";
 }
 
 TEST(SpaceLedger, BadArgumentsAreRefusedAndChangeNothing) {
   ledger_words words{};
-  std::array<std::uint64_t, 1> pins{};
-  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  std::array<writer_words, 1> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
   EXPECT_EQ(l.transition(-1).error(), std::errc::invalid_argument);
   EXPECT_EQ(l.transition(ledger::max_amount + 1).error(), std::errc::invalid_argument);
   EXPECT_EQ(l.front(), 0u);
@@ -187,8 +187,8 @@ TEST(SpaceLedger, BadArgumentsAreRefusedAndChangeNothing) {
 // the balance short, and correcting again to the same figure raises it once, not twice.
 TEST(SpaceLedger, CorrectingAgainAfterAKilledCorrectionRaisesTheBalanceOnce) {
   ledger_words words{};
-  std::array<std::uint64_t, 1> pins{};
-  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  std::array<writer_words, 1> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
   ASSERT_TRUE(l.transition(100));
   auto c = charged_or_not(l, 0, 30);
   ASSERT_TRUE(c);
@@ -206,11 +206,11 @@ TEST(SpaceLedger, CorrectingAgainAfterAKilledCorrectionRaisesTheBalanceOnce) {
 // busy until the owner leaves for it, and neither lets the delta be overdrawn.
 TEST(SpaceLedger, AWriterKilledInsideTryChargeErrsOnTheSafeSide) {
   ledger_words words{};
-  std::array<std::uint64_t, 3> pins{};
-  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  std::array<writer_words, 3> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
   ASSERT_TRUE(l.transition(100));
-  pins[0] = 1;  // pinned, killed before charging
-  pins[1] = 1;  // pinned, charged 150 (over the balance), killed before backing out
+  pins[0].pin = 1;  // pinned, killed before charging
+  pins[1].pin = 1;  // pinned, charged 150 (over the balance), killed before backing out
   words.balance[1] -= 150;
   EXPECT_FALSE(charged_or_not(l, 2, 1)) << "the dead writer's cost still counts";
   ASSERT_TRUE(l.transition(100));
@@ -227,8 +227,8 @@ TEST(SpaceLedger, AWriterKilledInsideTryChargeErrsOnTheSafeSide) {
 // A delta's writers keep its words: the delta after next cannot open over them.
 TEST(SpaceLedger, ADeltaWithAWriterInsideIsNotReused) {
   ledger_words words{};
-  std::array<std::uint64_t, 2> pins{};
-  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), 8);
+  std::array<writer_words, 2> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
   ASSERT_TRUE(l.transition(10));
   auto c = charged_or_not(l, 1, 4);
   ASSERT_TRUE(c);
@@ -241,6 +241,70 @@ TEST(SpaceLedger, ADeltaWithAWriterInsideIsNotReused) {
   EXPECT_TRUE(l.transition(10));
 }
 
+// A writer stopped inside a delta (SIGSTOP) would keep it from going quiet for as long as it
+// stays stopped: the back end evicts it. The delta reads quiet and its words may serve the
+// delta after next; the writer's cost is written off until it leaves; when it goes on, its
+// refund (or leave) touches no balance and takes its cost off what is written off.
+TEST(SpaceLedger, AnEvictedWritersCostIsWrittenOffUntilItLeaves) {
+  for (const bool refunds : {true, false}) {
+    ledger_words words{};
+    std::array<writer_words, 3> pins{};
+    ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
+    ASSERT_TRUE(l.transition(100));
+    auto c = charged_or_not(l, 1, 30);
+    ASSERT_TRUE(c);
+    EXPECT_FALSE(l.evict(0, 1)) << "writer 0 is inside no delta";
+    EXPECT_EQ(l.written_off(), 0);
+    ASSERT_TRUE(l.transition(100));  // delta 2; delta 1 closed, not quiet
+    EXPECT_FALSE(l.quiet(1));
+    EXPECT_FALSE(l.evict(1, 2)) << "writer 1 is not inside delta 2";
+    EXPECT_TRUE(l.evict(1, 1));
+    EXPECT_TRUE(l.quiet(1));
+    EXPECT_EQ(l.written_off(), 30);
+    EXPECT_FALSE(l.evict(1, 1)) << "evicted once";
+    EXPECT_EQ(l.written_off(), 30);
+    ASSERT_TRUE(l.transition(100));  // delta 3, over delta 1's words
+    EXPECT_EQ(l.balance(), 100);
+    auto other = charged_or_not(l, 2, 40);
+    ASSERT_TRUE(other);
+    // The evicted writer goes on.
+    if (refunds) {
+      ASSERT_TRUE(l.refund(1, *c));
+    } else {
+      l.leave(1);
+    }
+    EXPECT_EQ(l.balance(), 60) << "delta 3's balance is delta 3's alone";
+    EXPECT_EQ(l.written_off(), 0);
+    EXPECT_EQ(pins[1].pin, 0u);
+    EXPECT_FALSE(l.refund(1, *c)) << "given back once";
+    EXPECT_TRUE(charged_or_not(l, 1, 10)) << "the writer charges again";
+    l.leave(1);
+    l.leave(2);
+  }
+}
+
+// Evicted before its charge: it may take its cost from words another delta uses by then
+// (safe: that delta has less), and finding its charge refused there it leaves nothing
+// written off.
+TEST(SpaceLedger, AWriterEvictedBeforeItChargesLeavesNothingWrittenOff) {
+  ledger_words words{};
+  std::array<writer_words, 2> pins{};
+  ledger l(words, reinterpret_cast<std::byte*>(pins.data()), pins.size(), sizeof(writer_words));
+  ASSERT_TRUE(l.transition(100));
+  // Writer 0 pinned delta 1 and stopped before charging (as try_charge leaves it).
+  pins[0] = {1, 500};
+  ASSERT_TRUE(l.transition(100));
+  EXPECT_TRUE(l.evict(0, 1));
+  EXPECT_EQ(l.written_off(), 500);
+  ASSERT_TRUE(l.transition(100));
+  // It goes on: its charge of 500 fails against delta 3's words, and it unpins.
+  words.balance[1] -= 500;
+  words.balance[1] += 500;
+  l.leave(0);
+  EXPECT_EQ(l.written_off(), 0);
+  EXPECT_EQ(l.balance(), 100);
+}
+
 // ---- Concurrency: threads of several processes charge at once; a back end closes deltas
 // when the balance runs out, waits for each closed one to go quiet and checks that what the
 // ledger says was charged is exactly what the writers kept, and never over the budget.
@@ -250,7 +314,7 @@ constexpr std::size_t writers = 16;
 struct shared_state {
   ledger_words words;
   struct alignas(64) pin_line {
-    std::uint64_t pin;
+    writer_words pin;
   };
   pin_line pins[writers];
   std::atomic<std::int64_t> kept[max_deltas];       // costs kept (less refunds), per delta
@@ -370,14 +434,14 @@ TEST(SpaceLedger, WritersInThreadsAndProcessesNeverOverdrawADelta) {
 TEST(SpaceLedger, AWriterKilledInsideADeltaIsLeftForByItsOwner) {
   struct two_writers {
     ledger_words words;
-    std::uint64_t pins[2];
+    writer_words pins[2];
   };
   auto* sh = static_cast<two_writers*>(::mmap(nullptr, sizeof(two_writers), PROT_READ | PROT_WRITE,
                                               MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(sh, MAP_FAILED);
   *sh = {};
   const auto view = [sh] {
-    return ledger(sh->words, reinterpret_cast<std::byte*>(sh->pins), 2, 8);
+    return ledger(sh->words, reinterpret_cast<std::byte*>(sh->pins), 2, sizeof(writer_words));
   };
   ledger l = view();
   ASSERT_TRUE(l.transition(1000));

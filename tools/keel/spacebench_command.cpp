@@ -393,8 +393,8 @@ json ledger_run(const config& c, const std::string& mnt) {
   std::ranges::sort(ratios);
   // One writer charging and leaving, over and over, in a budget it never exhausts.
   space::ledger_words words{};
-  std::uint64_t pin = 0;
-  space::ledger l(words, reinterpret_cast<std::byte*>(&pin), 1, 8);
+  space::writer_words pin{};
+  space::ledger l(words, reinterpret_cast<std::byte*>(&pin), 1, sizeof pin);
   (void)l.transition(space::ledger::max_amount);
   constexpr std::uint64_t charges = 10'000'000;
   const auto start = clock_type::now();

@@ -46,6 +46,16 @@
 //! pin set and its cost charged, which errs on the safe side; its owner, which notices the
 //! death (keel::kv's user slots), clears the pin (`leave`).
 //!
+//! **A writer that stops inside a delta** (SIGSTOP, a debugger) would keep it from ever
+//! being quiet, and so the delta after next from ever opening: every writer would wait for
+//! it. The back end may *evict* it instead (`evict`): its pin is marked, so the delta reads
+//! quiet, and its cost (which it wrote beside its pin before pinning) is added to the
+//! *written off* word: room the owner must hold back from every budget it gives
+//! (`written_off`), since the evicted writer may still use it. When the writer goes on and
+//! leaves (or refunds, or finds its charge refused), it finds its pin marked, touches no
+//! balance (the delta's words may serve another by then) and takes its cost off *written
+//! off*: what it used is in the room the owner measures from then on.
+//!
 //! **Deciding no_space.** A charge can fail while the balance would cover it: another writer
 //! backing out lowers it for a moment. So a failed charge only means "close the delta"; the
 //! owner reports no_space when the budget it gives an empty delta is below the cost.
@@ -66,12 +76,21 @@ namespace keel::space {
 
 //! The ledger's shared words: 64 bytes, 8-byte aligned, zero before first use.
 struct ledger_words {
-  std::uint64_t front;      //!< the front delta's number
-  std::int64_t balance[2];  //!< delta d's balance, at d % 2
-  std::int64_t budget[2];   //!< delta d's budget, at d % 2: set at transition, raised by correct
-  std::uint64_t reserved[3];
+  std::uint64_t front;       //!< the front delta's number
+  std::int64_t balance[2];   //!< delta d's balance, at d % 2
+  std::int64_t budget[2];    //!< delta d's budget, at d % 2: set at transition, raised by correct
+  std::int64_t written_off;  //!< the costs of evicted writers that have not left yet
+  std::uint64_t reserved[2];
 };
 static_assert(sizeof(ledger_words) == 64);
+
+//! A writer's words in the shared memory: its pin (the delta it is inside, 0: none; with
+//! ledger::evicted set: evicted from it) and the cost it charges there.
+struct writer_words {
+  std::uint64_t pin;
+  std::int64_t cost;
+};
+static_assert(sizeof(writer_words) == 16);
 
 //! A kept charge: the delta and the cost.
 struct charge {
@@ -88,9 +107,13 @@ class ledger {
   //! the balance in range.
   static constexpr std::size_t max_writers = std::size_t{1} << 14;
 
-  //! A view of `words`, and of `writers` (at most max_writers) pins: 8-byte words, the first
-  //! at `pins` (8-byte aligned), each `stride` bytes (a multiple of 8) after the one before (a
-  //! field of the owner's per-writer records). Not owned: they outlive the ledger.
+  //! A pin's mark: its writer was evicted from the delta it names.
+  static constexpr std::uint64_t evicted = std::uint64_t{1} << 63;
+
+  //! A view of `words`, and of `writers` (at most max_writers) writer_words, the first at
+  //! `pins` (8-byte aligned), each `stride` bytes (a multiple of 8, at least 16) after the
+  //! one before (a field of the owner's per-writer records). Not owned: they outlive the
+  //! ledger.
   ledger(ledger_words& words, std::byte* pins, std::size_t writers, std::size_t stride) noexcept
       : w_(&words), pins_(pins), writers_(writers), stride_(stride) {}
 
@@ -105,11 +128,13 @@ class ledger {
   [[nodiscard]] result<std::optional<charge>> try_charge(std::size_t who,
                                                          std::int64_t cost) noexcept;
   //! The writer is done: its space is in use (or accounted by the owner). Also what the
-  //! owner calls for a writer it finds dead, whatever it was doing.
+  //! owner calls for a writer it finds dead, whatever it was doing. An evicted writer's cost
+  //! comes off *written off*.
   void leave(std::size_t who) noexcept;
   //! The writer did not use its space after all (it failed or was aborted before writing):
-  //! the cost goes back to the balance, and the writer leaves. Errors: invalid_argument
-  //! (`c` is not the charge `who` holds); nothing changes.
+  //! the cost goes back to the balance (unless it was evicted: then off *written off*), and
+  //! the writer leaves. Errors: invalid_argument (`c` is not the charge `who` holds);
+  //! nothing changes.
   [[nodiscard]] result<void> refund(std::size_t who, const charge& c) noexcept;
 
   // ---- back end (one thread at a time) ----
@@ -126,6 +151,13 @@ class ledger {
   [[nodiscard]] result<std::uint64_t> transition(std::int64_t provisional) noexcept;
   //! Whether no writer is inside delta `d` (for a closed delta: its charges are final).
   [[nodiscard]] bool quiet(std::uint64_t d) const noexcept;
+  //! Evicts writer `who` from delta `d` if it is inside it (the owner finds it too slow to
+  //! wait for: stopped): `d` no longer waits for it, and its cost is written off until it
+  //! leaves. Returns whether it was inside `d`.
+  bool evict(std::size_t who, std::uint64_t d) noexcept;
+  //! The costs of evicted writers that have not left: room they may still use, which the
+  //! owner holds back from the budgets it gives (never negative).
+  [[nodiscard]] std::int64_t written_off() const noexcept;
   //! The costs charged to delta `d` and not refunded: final once it is quiet (for d the
   //! front delta or the one before it).
   [[nodiscard]] std::int64_t charged(std::uint64_t d) const noexcept;
@@ -142,6 +174,10 @@ class ledger {
  private:
   [[nodiscard]] std::atomic_ref<std::uint64_t> front_word() const noexcept;
   [[nodiscard]] std::atomic_ref<std::uint64_t> pin(std::size_t who) const noexcept;
+  [[nodiscard]] std::atomic_ref<std::int64_t> cost(std::size_t who) const noexcept;
+  //! Clears `who`'s pin; if it was evicted, its cost comes off written_off. Returns the pin
+  //! as it was.
+  std::uint64_t unpin(std::size_t who, std::memory_order order) noexcept;
   [[nodiscard]] std::atomic_ref<std::int64_t> balance(std::uint64_t d) const noexcept;
   [[nodiscard]] std::atomic_ref<std::int64_t> budget(std::uint64_t d) const noexcept;
   ledger_words* w_;
