@@ -21,7 +21,9 @@ namespace {
 constexpr const char* checkpoint_name = "checkpoint";
 //! The least checkpoint interval by default (options::checkpoint_bytes).
 constexpr std::uint64_t default_checkpoint_bytes = std::uint64_t{128} << 20;
-constexpr base::format checkpoint_format{"KEELKVC1", 2, index_format.layout};
+// Version 3: key hashes seeded with the store's salt (a version 2 copy's hashes are
+// unseeded: passed over, and the log replayed).
+constexpr base::format checkpoint_format{"KEELKVC1", 3, index_format.layout};
 
 // The checkpoint's first page (the index pages follow it, from first_free_page on).
 namespace cp {

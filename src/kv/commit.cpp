@@ -421,7 +421,7 @@ result<bool> transaction::impl::contains(std::string_view key) noexcept {
     return errc_error(std::errc::not_enough_memory);
   }
   const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, fmt::hash_key(kb), snapshot, false);
+  auto r = s->read_at_snapshot(kb, s->hash_of(kb), snapshot, false);
   if (!r) return std::unexpected(r.error());
   return r->has_value();
 }
@@ -440,7 +440,7 @@ result<std::span<const std::byte>> transaction::impl::view(std::string_view key)
     return errc_error(std::errc::not_enough_memory);
   }
   const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, fmt::hash_key(kb), snapshot, s->opts.verify_checksums);
+  auto r = s->read_at_snapshot(kb, s->hash_of(kb), snapshot, s->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   return s->value_of(**r, s->opts.verify_checksums);
@@ -473,10 +473,10 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   std::vector<key_plan> keys;
   try {
     keys.reserve(writes.size() + reads.size());
-    const auto plan = [](std::string_view k, const write* w) {
+    const auto plan = [this](std::string_view k, const write* w) {
       key_plan p;
       p.key = k;
-      p.h = fmt::hash_key(as_bytes(k));
+      p.h = s->hash_of(as_bytes(k));
       p.w = w;
       return p;
     };
@@ -946,7 +946,7 @@ result<std::string> store::get(std::string_view key) noexcept {
   } hold{impl_.get(), *lease};
   const std::uint64_t snap = impl_->take_snapshot(*lease);
   const auto kb = as_bytes(key);
-  auto r = impl_->read_at_snapshot(kb, fmt::hash_key(kb), snap, impl_->opts.verify_checksums);
+  auto r = impl_->read_at_snapshot(kb, impl_->hash_of(kb), snap, impl_->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   auto v = impl_->value_of(**r, impl_->opts.verify_checksums);

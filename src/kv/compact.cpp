@@ -82,7 +82,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
                                    const std::set<std::uint64_t>& victims,
                                    const std::set<std::string, std::less<>>& forgettable,
                                    const io::countdown& cd, compact_stats& st) noexcept {
-  const fmt::key_hash h = fmt::hash_key(rec.key);
+  const fmt::key_hash h = hash_of(rec.key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
     auto g = locks->lock({lock::entity(page)}, io::deadline(cd.expiry()));

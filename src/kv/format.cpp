@@ -67,9 +67,9 @@ std::uint64_t header_checksum(const block_header& h, std::uint64_t salt) noexcep
 
 }  // namespace
 
-key_hash hash_key(std::span<const std::byte> key) noexcept {
-  if (hash_hook != nullptr) return hash_hook(key);
-  const XXH128_hash_t h = XXH3_128bits(key.data(), key.size());
+key_hash hash_key(std::span<const std::byte> key, std::uint64_t seed) noexcept {
+  if (hash_hook != nullptr) return hash_hook(key, seed);
+  const XXH128_hash_t h = XXH3_128bits_withSeed(key.data(), key.size(), seed);
   return {h.high64 == 0 ? 1 : h.high64, h.low64};
 }
 

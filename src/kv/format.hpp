@@ -45,10 +45,15 @@ struct key_hash {
   std::uint64_t lo;
   friend bool operator==(const key_hash&, const key_hash&) = default;
 };
-[[nodiscard]] key_hash hash_key(std::span<const std::byte> key) noexcept;
+//! Seeded with the store's salt (random, made with the store): keys that share a hash cannot
+//! be made by someone who cannot read the store's files (XXH3 is no cryptographic hash, and
+//! unseeded, keys over 240 bytes of one chosen hash are easy to make). Keys of one hash still
+//! cost only a probe (overflow chains), never an error; the seed keeps them from being made
+//! by the thousand to slow every lookup of their page.
+[[nodiscard]] key_hash hash_key(std::span<const std::byte> key, std::uint64_t seed) noexcept;
 //! For tests: when set, the hash of every key, so that keys can be made to collide on purpose
 //! (returns what hash_key returns, `hi` never 0).
-inline key_hash (*hash_hook)(std::span<const std::byte> key) noexcept = nullptr;
+inline key_hash (*hash_hook)(std::span<const std::byte> key, std::uint64_t seed) noexcept = nullptr;
 
 //! XXH3-64 seeded with the store's salt: what every checksum of a store is.
 [[nodiscard]] std::uint64_t checksum(std::span<const std::byte> bytes, std::uint64_t salt) noexcept;

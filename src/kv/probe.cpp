@@ -102,7 +102,7 @@ result<std::vector<block_record>> records_of(store::impl& s, std::uint64_t block
     for (std::uint32_t i = 0; i < head.records; ++i) {
       auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
       if (!rec) return std::unexpected(bad_record(s, block + r, rec.error()));
-      if (fmt::hash_key(rec->key) == h) out.push_back({block + r, rec->key});
+      if (s.hash_of(rec->key) == h) out.push_back({block + r, rec->key});
       r += rec->size;
     }
   } catch (const std::bad_alloc&) {

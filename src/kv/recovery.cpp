@@ -130,7 +130,7 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
           for (std::uint32_t i = 0; i < head.records; ++i) {
             auto rec = fmt::parse_record(bytes.subspan(r, off + head.length - r), salt, true);
             if (!rec) return keel_error(errc::corrupt);
-            const fmt::key_hash h = fmt::hash_key(rec->key);
+            const fmt::key_hash h = hash_of(rec->key);
             auto e = find_locked(table->page_of(h), h, rec->key);
             if (!e) return std::unexpected(e.error());
             const bool erase = rec->head.op == static_cast<std::uint8_t>(fmt::op::erase);
@@ -421,7 +421,7 @@ result<void> store::impl::rebuild() noexcept {
 
 result<void> store::impl::apply_record(std::uint64_t location, const fmt::record_view& r,
                                        std::uint64_t seq) noexcept {
-  const fmt::key_hash h = fmt::hash_key(r.key);
+  const fmt::key_hash h = hash_of(r.key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
     auto found = find_locked(page, h, r.key);  // alone: nothing is pending

@@ -156,7 +156,7 @@ constexpr std::uint64_t entity_sync = entity_base + 4;
 //! end are never touched).
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
-inline constexpr base::format index_format{"KEELKVX1", 5,
+inline constexpr base::format index_format{"KEELKVX1", 6,
                                            base::layout_of({fmt::page_size,
                                                             first_free_page,
                                                             max_slots,
@@ -268,6 +268,10 @@ struct store::impl final : ix::page_source {
   std::unique_ptr<lock::memory_map> locks;
   std::optional<ix::table> table;
   std::uint64_t salt = 0;
+  //! The hash of a key in this store (seeded with its salt: fmt::hash_key).
+  [[nodiscard]] fmt::key_hash hash_of(std::span<const std::byte> key) const noexcept {
+    return fmt::hash_key(key, salt);
+  }
   //! The space ledger in the index header, its pins in the user slots (every user has the
   //! view; only writers with options::ledger on charge it).
   std::optional<space::ledger> ledger;

@@ -192,7 +192,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
                      "no record where an index entry (page " + std::to_string(page) + ") says");
           continue;
         }
-        const fmt::key_hash h = fmt::hash_key(rec->rec.key);
+        const fmt::key_hash h = s.hash_of(rec->rec.key);
         if (h.hi != hi || h.lo != e.lo().load(std::memory_order_acquire)) {
           found.note((*seg)->path, fmt::offset_of(at),
                      "an index entry (page " + std::to_string(page) +

@@ -85,7 +85,7 @@ struct fixture {
 };
 
 fmt::key_hash hash_of(std::uint64_t k) {
-  return fmt::hash_key(std::as_bytes(std::span(&k, 1)));
+  return fmt::hash_key(std::as_bytes(std::span(&k, 1)), 0x5eed);
 }
 
 TEST(KvIndex, EveryKeyIsFoundThroughSplitsAndDoublings) {

@@ -27,11 +27,11 @@ constexpr fmt::key_hash shared_hash{0x5a5a5a5a5a5a5a5aULL, 42};
 
 struct colliding_hashes {
   colliding_hashes() noexcept {
-    fmt::hash_hook = [](std::span<const std::byte> key) noexcept {
+    fmt::hash_hook = [](std::span<const std::byte> key, std::uint64_t seed) noexcept {
       if (!key.empty() && key[0] == std::byte{'c'}) return shared_hash;
       const auto was = fmt::hash_hook;
       fmt::hash_hook = nullptr;
-      const fmt::key_hash h = fmt::hash_key(key);
+      const fmt::key_hash h = fmt::hash_key(key, seed);
       fmt::hash_hook = was;
       return h;
     };

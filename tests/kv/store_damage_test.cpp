@@ -675,7 +675,9 @@ TEST(KvDamage, AFlippedBitInTheIndexIsRebuiltNeverAWrongAnswer) {
         ASSERT_TRUE(s->put("k" + std::to_string(k), "v" + std::to_string(k)));
     }
     const std::string key = "k500";
-    const fmt::key_hash h = fmt::hash_key(as_bytes(key));
+    auto params = fmt::parse_store_file(as_bytes(std::string_view(read_file(path + "/keel-kv"))));
+    ASSERT_TRUE(params);
+    const fmt::key_hash h = fmt::hash_key(as_bytes(key), params->salt);
     std::string index = read_file(path + "/index");
     std::string hi(8, '\0');
     std::memcpy(hi.data(), &h.hi, 8);
