@@ -20,6 +20,7 @@
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/fault_filesystem.hpp"
 #include "keel/io/file_handle.hpp"
+#include "lock/memory_map/format.hpp"
 #include "lock/memory_map/slot_table.hpp"
 #include "support/process.hpp"
 
@@ -423,6 +424,34 @@ TEST(MemoryMap, RemovingOrphanMapsLeavesWhatIsNotOneAlone) {
   EXPECT_EQ(read_all(text), "not a map\n");
   EXPECT_EQ(read_all(other_version), head);
   EXPECT_TRUE(std::filesystem::is_directory(p.o.map_directory + "/keel-mm-00000000000000bb"));
+}
+
+// A maker killed (or failing to remove its file) before its file became a map leaves it
+// empty, or of a map's size with no header: the next first user of any lock removes it,
+// unless its maker still holds it. (Such files piled up by the hundred in /dev/shm under the
+// io-errors torture, and every first user stepped over each of them, forever.)
+TEST(MemoryMap, AMapFileAMakerLeftBeforeItsHeaderIsRemoved) {
+  lock_place p;
+  const std::string empty = p.o.map_directory + "/keel-mm-00000000000000cc";
+  const std::string sized = p.o.map_directory + "/keel-mm-00000000000000dd";
+  const std::string making = p.o.map_directory + "/keel-mm-00000000000000ee";
+  write_all(empty, "");
+  write_all(sized, std::string(mm::map_size, '\0'));
+  write_all(making, "");
+  // A maker at work on the third: it holds the byte from before its header is written.
+  auto f = io::file_handle::open(making.c_str(), io::open_flags::read_write);
+  ASSERT_TRUE(f);
+  auto held = io::try_lock_extent(*f, mm::map_held_byte, 1, io::lock_kind::shared);
+  ASSERT_TRUE(held);
+  {
+    auto m = memory_map::open(p.path, p.o);
+    ASSERT_TRUE(m) << m.error().message();
+    EXPECT_TRUE((*m)->try_lock({entity(1)}));
+  }
+  EXPECT_FALSE(std::filesystem::exists(empty));
+  EXPECT_FALSE(std::filesystem::exists(sized));
+  EXPECT_TRUE(std::filesystem::exists(making)) << "a map in the making was removed";
+  EXPECT_EQ(maps_in(p.o.map_directory), 1u);
 }
 
 TEST(MemoryMap, ForcedFallbackAloneUsesNoMap) {

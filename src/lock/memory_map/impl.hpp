@@ -57,9 +57,11 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& path,
 
 //! Removes the map files in `dir` that nobody uses (their map_held_byte is free): maps whose
 //! users all died, whose lock file may be gone too, so that no next first user would ever
-//! remove them. Leaves alone what is not a map of this format or cannot be probed (another
-//! user's file). Best effort, as a destructor's clean-up: nothing it meets is an error of
-//! the caller's.
+//! remove them, and files a maker left before they became maps (killed, or failing to
+//! remove them: empty, or of a map's size with no header yet), which every first user would
+//! otherwise step over forever. Leaves alone what is not a map of this format or cannot be
+//! probed (another user's file). Best effort, as a destructor's clean-up: nothing it meets is an
+//! error of the caller's.
 void remove_orphan_maps(io::filesystem& fs, const std::string& dir) noexcept;
 
 //! Whether open_map's error says the map is not this process's to share (gone, another

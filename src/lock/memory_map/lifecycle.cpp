@@ -53,8 +53,16 @@ result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
       return std::unexpected(f.error());
     }
     // Held before the header makes it a map: remove_orphan_maps never takes a map in the
-    // making for one nobody uses.
+    // making for one nobody uses. Before we hold it, it may take our file for one a maker
+    // left (killed, or failed to remove it): then it holds the byte while it removes it, or
+    // has removed it, and we make another.
     auto held = io::try_lock_extent(*f, mm::map_held_byte, 1, io::lock_kind::shared);
+    if (!held && detail::is_contention(held.error())) continue;
+    if (held) {
+      auto named = still_named(fs, nullptr, p.c_str(), *f);
+      if (named && !*named) continue;
+      if (!named) held = std::unexpected(named.error());
+    }
     // Reserve the blocks before mapping: a full /dev/shm is an error here, never a SIGBUS.
     auto m = held ? io::allocate_and_map(*f, mm::map_size)
                   : result<io::mapped_file>(std::unexpected(held.error()));
@@ -315,7 +323,13 @@ void remove_orphan_maps(io::filesystem& fs, const std::string& dir) noexcept {
     if (!f) continue;
     std::array<std::byte, sizeof(base::format_header)> head{};
     auto n = f->read_at(0, head);
-    if (!n || !check_map(std::span(head).first(*n))) continue;  // not one of ours, or in the making
+    if (!n) continue;
+    // A map, or one in the making that its maker left (killed, or failed to remove it): empty,
+    // or of a map's size with no header yet. Anything else of that name is not one of ours.
+    const bool blank = std::ranges::all_of(std::span(head).first(*n),
+                                           [](std::byte b) { return b == std::byte{0}; });
+    const bool left_by_maker = blank && (st->size == 0 || st->size == static_cast<off_t>(map_size));
+    if (!left_by_maker && !check_map(std::span(head).first(*n))) continue;
     auto unused = io::try_lock_extent(*f, map_held_byte, 1, io::lock_kind::exclusive);
     if (!unused) continue;
     // Still the file probed (not one made under the name since): remove it while the byte is
