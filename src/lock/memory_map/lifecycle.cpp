@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "base/process.hpp"
 #include "impl.hpp"
@@ -33,6 +34,25 @@ result<bool> still_named(io::filesystem& fs, const io::file_handle* dir, const c
   if (!opened) return std::unexpected(opened.error());
   auto named = fs.stat_at(dir, name, false);
   return named && named->same_file(*opened);
+}
+
+// Whether a lock file's first bytes (at most a page) are what a write of our header over the
+// page of zeros a last user leaves, or of those zeros over our header, leaves when it fails
+// part-way: each byte of the common header's place is either the header's or zero, and some
+// are the header's. Anything else is not ours to set up, whatever follows.
+bool lock_file_torn(std::span<const std::byte> bytes) noexcept {
+  if (bytes.empty() || bytes.size() > mm::lockfile_page) return false;
+  const auto common = mm::lockfile_format.header();
+  const auto* c = reinterpret_cast<const std::byte*>(&common);
+  bool ours = false;
+  for (std::size_t i = 0; i < std::min(bytes.size(), sizeof common); ++i) {
+    if (bytes[i] == c[i] && c[i] != std::byte{0}) {
+      ours = true;
+    } else if (bytes[i] != std::byte{0}) {
+      return false;
+    }
+  }
+  return ours;
 }
 
 // Creates a map file in `dir` with a fresh random name, its blocks reserved, holding its
@@ -115,24 +135,28 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
     auto got = marker.read_at(0, page);
     if (!got) return std::unexpected(got.error());
     // Whatever the file holds, it must be a lock file of ours before we write to it: empty,
-    // a header, or the page of zeros a last user leaves.
-    // A first user writes its header as one page; a write that failed part-way (EIO, ENOSPC,
-    // ENOMEM after a part) leaves less than a page starting as that header does. Such a
-    // set-up never happened: the next first user sets the lock up afresh (a user in the
-    // meantime is refused below: in use, yet never set up).
-    const auto common = mm::lockfile_format.header();
-    const std::size_t shown = std::min<std::size_t>(*got, sizeof common);
-    const bool torn_setup =
-        *got > 0 && *got < mm::lockfile_page && std::memcmp(page.data(), &common, shown) == 0;
-    auto old = mm::parse_lock_file(std::span(page).first(torn_setup ? 0 : *got));
-    if (!old) return corrupt_here(old.error());
-    if (old->blank && *got != 0 && !torn_setup &&
+    // a header, or the page of zeros a last user leaves; or what a write of either, failed
+    // part-way (EIO, ENOSPC, ENOMEM after a part), left of it over the other (lock_file_torn).
+    // Such a set-up or reset never happened: if nobody uses the lock, the first user sets it
+    // up afresh; a user meanwhile is refused, as for any damage.
+    const auto read = std::span<const std::byte>(page).first(*got);
+    auto old = mm::parse_lock_file(read);
+    const bool blank_with_more =
+        old && old->blank && *got != 0 &&
         (*got != mm::lockfile_page ||
-         std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; }))) {
-      return corrupt_here(error(errc::not_keel_file));
+         std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; }));
+    std::optional<error> unreadable;
+    if (!old || blank_with_more) {
+      unreadable = old ? error(errc::not_keel_file) : old.error();
+      if (!lock_file_torn(read)) return corrupt_here(*unreadable);
     }
     auto first = io::try_lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
     if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
+    if (unreadable) {
+      if (!first) return corrupt_here(*unreadable);
+      old = mm::parse_lock_file({});  // blank: set up afresh
+      if (!old) return corrupt_here(old.error());
+    }
     if (first) {
       // Held until converted to shared below: should set-up fail, the guard unlocks it
       // before the init lock is let go, so the next opener is the first user again (and
@@ -405,10 +429,15 @@ memory_map::~memory_map() {
   if (!init) return;
   auto last = io::try_lock_extent(p.marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
   if (last) {
-    // The last user: remove the map and reset the lock file for the next first user.
+    // The last user: remove the map and reset the lock file for the next first user. The
+    // common header goes last, so that a write failed part-way leaves what the next first
+    // user knows for a reset torn (lock_file_torn), never bytes it must refuse.
     if (!p.map_path.empty()) (void)io::unlink(*p.fs, p.map_path.c_str());
+    const std::size_t common = sizeof(base::format_header);
     std::vector<std::byte> zeros(mm::lockfile_page);
-    (void)p.marker.write_at(0, zeros);
+    if (p.marker.write_at(common, std::span(zeros).subspan(common))) {
+      (void)p.marker.write_at(0, std::span(zeros).first(common));
+    }
   }
 }
 
