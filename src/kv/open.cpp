@@ -1159,8 +1159,8 @@ result<void> store::impl::recover_alone() noexcept {
   }
   // What users that died part-way left in the store's files is cleared by a writable
   // opener; a read-only one changes nothing of them.
+  if (auto r = remove_leftovers(census->unlisted, !opts.read_only); !r) return r;
   if (opts.read_only) return {};
-  if (auto r = remove_leftovers(census->unlisted); !r) return r;
   remove_checkpoint_leftovers();
   return {};
 }

@@ -111,12 +111,13 @@ result<store::impl::segment_census> store::impl::check_segments() noexcept {
   return census;
 }
 
-result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unlisted) noexcept {
-  // Alone, writable, with the index built. A leftover is removed only once nothing in it can
-  // be live: every record in it checks out and its key's entry holds that version or a newer
-  // one (an erase record's key may have none: forgotten). Else the manifest has lost a
-  // segment that still matters (damage): the store is refused, naming the manifest, and the
-  // file stays.
+result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unlisted,
+                                           bool remove) noexcept {
+  // Alone, with the index built. A leftover is removed (by a writable opener; a read-only
+  // one only looks) only once nothing in it can be live: every record in it checks out and its
+  // key's entry holds that version or a newer one (an erase record's key may have none: forgotten).
+  // Else the manifest has lost a segment that still matters (damage): the store is refused, naming
+  // the manifest, and the file stays.
   bool removed = false;
   for (const std::uint64_t n : unlisted) {
     auto seg = segment_at(n);
@@ -143,7 +144,8 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
       if (proven.error() != errc::corrupt) return std::unexpected(proven.error());
       return std::unexpected(error(errc::corrupt).about(path + "/manifest"));
     }
-    forget_segment(n);  // its room comes back only once nobody maps it
+    if (!remove) continue;  // (a read-only opener changes nothing)
+    forget_segment(n);      // its room comes back only once nobody maps it
     removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
   }
   if (removed) {
@@ -379,9 +381,7 @@ result<void> store::impl::rebuild() noexcept {
     if (!s) return std::unexpected(s.error());
     return std::unexpected(error(errc::corrupt).about((*s)->path, fmt::offset_of(first)));
   }
-  if (writable) {
-    if (auto r = remove_leftovers(checked->unlisted); !r) return r;
-  }
+  if (auto r = remove_leftovers(checked->unlisted, writable); !r) return r;
   h64(hdr::unvoided_torn).store(0);
   if (!st.voids.empty()) {
     if (!writable && st.must_void) {

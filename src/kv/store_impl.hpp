@@ -373,9 +373,11 @@ struct store::impl final : ix::page_source {
     std::vector<std::uint64_t> unlisted;  //!< named in seg/, not listed: leftovers
   };
   [[nodiscard]] result<segment_census> check_segments() noexcept;
-  //! Removes the leftovers (alone, writable, the index built) once each is proven to hold
-  //! nothing live; else corrupt, naming the manifest (it lost a segment that matters).
-  [[nodiscard]] result<void> remove_leftovers(const std::vector<std::uint64_t>& unlisted) noexcept;
+  //! Proves each leftover holds nothing live (alone, the index built), and with `remove`
+  //! (writable) removes it; else corrupt, naming the manifest (it lost a segment that matters,
+  //! or was damaged: a read-only opener never serves the store without it either).
+  [[nodiscard]] result<void> remove_leftovers(const std::vector<std::uint64_t>& unlisted,
+                                              bool remove) noexcept;
   struct replay_state;
   //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
   //! header checks out (complete or not: its writer reserved all of it).

@@ -606,6 +606,54 @@ TEST(KvDamage, ASegmentDeletedByHandIsCorruptNamingIt) {
   EXPECT_EQ(s.error().path(), path + "/manifest");
 }
 
+// The manifest zeroed while the store is closed (both slots blank: no segment listed), or
+// its newest slot only (after a writer killed as it wrote, the older one lists fewer
+// segments): the segments it no longer lists
+// hold live records, so the manifest lost them. Every opener refuses the store naming the
+// manifest, the read-only one too. (A read-only first opener once took every segment for a
+// leftover and served an empty store, or an older one.)
+TEST(KvDamage, AZeroedManifestIsCorruptForEveryOpener) {
+  for (const bool whole : {true, false}) {
+    temp_dir dir;
+    const std::string path = dir.file("s");
+    // Killed rather than closed: the manifest's last change then lists a segment (a close
+    // writes one that lists what the slot before did).
+    const pid_t writer = fork_child([&] {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      for (int k = 0; k < 50; ++k) {  // 5 segments
+        if (!(*s)->put("k" + std::to_string(k), std::string(100'000, 'a'))) return 3;
+      }
+      ::raise(SIGKILL);
+      return 4;
+    });
+    ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+    std::string m = read_file(path + "/manifest");
+    ASSERT_EQ(m.size() % 2, 0u);
+    const std::size_t slot = m.size() / 2;
+    std::uint64_t generation[2] = {};
+    std::memcpy(&generation[0], m.data() + 40, 8);
+    std::memcpy(&generation[1], m.data() + slot + 40, 8);
+    if (whole) {
+      m.assign(m.size(), '\0');
+    } else {
+      const std::size_t newest = generation[1] > generation[0] ? slot : 0;
+      std::memset(m.data() + newest, 0, slot);
+    }
+    write_file(path + "/manifest", m);
+    for (const bool read_only : {true, false}) {
+      std::filesystem::remove(path + "/index");  // as after a reboot
+      options o = small();
+      o.read_only = read_only;
+      auto s = store::open(path, o);
+      ASSERT_FALSE(s) << (whole ? "whole" : "newest slot") << (read_only ? ", read-only" : "")
+                      << ": opened";
+      EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+      EXPECT_EQ(s.error().path(), path + "/manifest") << s.error().message();
+    }
+  }
+}
+
 // The index cut short by hand (to its fixed pages) while the store is closed: the next open
 // rebuilds it from the log (it is a cache of it). (It once died of SIGBUS after 20 s.)
 TEST(KvDamage, AnIndexCutShortIsRebuilt) {
