@@ -111,6 +111,13 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
   // lock, to make a segment) while the back end waits for it to leave.
   if (ledger->front() != seen) return {};  // closed by another: try the next one
   if (ledger_close_hook != nullptr) ledger_close_hook();
+  // An evicted writer that died never leaves: its cost would stay written off for good.
+  if (ledger->written_off() != 0) {
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      const std::uint64_t pin = slot(u).ledger_pin().load(std::memory_order_acquire);
+      if ((pin & space::ledger::evicted) != 0 && slot_owner_dead(u)) free_dead_pin(u, pin);
+    }
+  }
   std::int64_t provisional = 0;
   for (;;) {
     // The delta before `seen` lends its words to the next: it must be quiet. (A writer that

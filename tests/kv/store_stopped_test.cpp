@@ -158,7 +158,10 @@ TEST(KvStoreStoppedLeader, SyncCommitsSyncForThemselvesPastTheirTimeout) {
 // that close. (With max_bytes set, every put timed out while it stayed stopped.) Past its
 // deadline the closer evicts it, its cost written off until it goes on; when it does, its
 // commit goes in and nothing stays written off.
-TEST(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
+class KvLedgerStopped : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
+  const bool killed = GetParam();  // killed while stopped, rather than let go on
   temp_dir dir;
   const std::string path = dir.file("s");
   options o = short_timeout();
@@ -187,10 +190,21 @@ TEST(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
     auto put = s->put("k" + std::to_string(i), value);
     ASSERT_TRUE(put) << "put " << i << ": " << put.error().message();
   }
-  ASSERT_EQ(::kill(writer, SIGCONT), 0);
-  guard.pid = 0;
-  EXPECT_EQ(test::wait_exit(writer), 0);
-  EXPECT_EQ(s->get("stopped").value_or("?"), std::string(1024, 's'));
+  if (killed) {
+    guard.pid = 0;
+    ASSERT_EQ(::kill(writer, SIGKILL), 0);
+    EXPECT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+    // Its cost is given back at the next close of a delta.
+    for (int i = 4000; i < 8000; ++i) {
+      auto put = s->put("k" + std::to_string(i), value);
+      ASSERT_TRUE(put) << "put " << i << ": " << put.error().message();
+    }
+  } else {
+    ASSERT_EQ(::kill(writer, SIGCONT), 0);
+    guard.pid = 0;
+    EXPECT_EQ(test::wait_exit(writer), 0);
+    EXPECT_EQ(s->get("stopped").value_or("?"), std::string(1024, 's'));
+  }
   // Nothing stays written off (space::ledger_words::written_off, in the index's header).
   const std::string index = test::slurp(path + "/index");
   std::int64_t written_off = -1;
@@ -200,6 +214,9 @@ TEST(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
   for (int i = 0; i < 4000; i += 397)
     EXPECT_EQ(s->get("k" + std::to_string(i)).value_or("?"), value);
 }
+
+INSTANTIATE_TEST_SUITE_P(GoesOnOrIsKilled, KvLedgerStopped, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "killed" : "goes_on"; });
 
 INSTANTIATE_TEST_SUITE_P(AtEachStepAfterItsSeq, KvStoreStopped,
                          ::testing::Values(commit_step::took_seq, commit_step::recorded,
