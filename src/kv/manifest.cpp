@@ -205,37 +205,87 @@ result<void> store::impl::seal_durable() noexcept {
   // rebuild would take it for damage then. Each close walks only what is new since.
   // Each segment's blocks below the new mark are counted into its entry (the walk from the
   // old mark adds to what earlier closes counted): a later walk that finds fewer finds a
-  // block damaged past recognition (zeroed whole), never space nobody wrote.
+  // block damaged past recognition (zeroed whole), never space nobody wrote. The mark stops
+  // at the end of the last block the walk explains, never inside a block.
   const std::uint64_t from = m->durable_below;
+  std::vector<segment*> buried;
   for (fmt::manifest_entry& e : m->entries) {
     const std::uint64_t n = e.number;
     if (n < fmt::segment_of(from)) continue;
     if (n > fmt::segment_of(tail)) break;
     auto seg = segment_at(n);
     if (!seg) return std::unexpected(seg.error());
-    std::uint64_t odd = 0, counted = 0;
-    (void)for_each_block(
-        **seg, n == fmt::segment_of(from) ? fmt::offset_of(from) : 0,
-        [&](std::uint64_t off, const fmt::block_header&) -> result<void> {
-          if (fmt::make_location(n, off) >= tail) return keel_error(errc::corrupt);  // done
-          ++counted;
-          return {};
-        },
-        ~std::uint64_t{0},
-        [&](std::uint64_t off, std::uint64_t) -> result<void> {
-          odd = fmt::make_location(n, off);
-          return keel_error(errc::corrupt);  // stops the walk
-        },
-        [](std::uint64_t, std::uint64_t) { return result<void>{}; });
-    e.sealed_blocks += counted;
+    segment& sg = **seg;
+    std::uint64_t start = n == fmt::segment_of(from) ? fmt::offset_of(from) : 0;
+    std::uint64_t odd = 0;
+    for (;;) {
+      std::uint64_t last_end = std::max<std::uint64_t>(start, fmt::segment_header_size);
+      std::uint64_t odd_off = 0;
+      (void)for_each_block(
+          sg, start,
+          [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+            if (fmt::make_location(n, off) >= tail) return keel_error(errc::corrupt);  // done
+            ++e.sealed_blocks;
+            last_end = off + head.length;
+            return {};
+          },
+          ~std::uint64_t{0},
+          [&](std::uint64_t off, std::uint64_t) -> result<void> {
+            odd_off = off;
+            return keel_error(errc::corrupt);  // stops the walk
+          },
+          [&](std::uint64_t off, std::uint64_t length) -> result<void> {
+            last_end = off + length;
+            return {};
+          });
+      if (odd_off == 0 || fmt::make_location(n, odd_off) >= tail) break;
+      // Alone, nobody writes: a block whose header was never written is a dead writer's (a
+      // blob it wrote value first, or a commit block it was filling): buried, as the one who
+      // clears a dead writer's slot buries its commit block, and the walk goes on past it.
+      if (bury_headerless(sg, last_end, odd_off, tail)) {
+        if (buried.empty() || buried.back() != &sg) buried.push_back(&sg);
+        start = last_end;
+        continue;
+      }
+      odd = fmt::make_location(n, last_end);
+      break;
+    }
     if (odd != 0) {
       tail = std::min(tail, odd);
       break;
     }
   }
+  for (segment* sg : buried) {
+    if (auto r = sg->sync(); !r) return r;
+  }
   if (tail <= m->durable_below) return {};
   m->durable_below = tail;
   return write_manifest(*m);
+}
+
+bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t odd,
+                                  std::uint64_t tail) noexcept {
+  // [at, odd) is zeros (the walk stepped over it): a header never written there is 48 zero
+  // bytes before the first that is not. Anything else (bytes of a header, damaged) stays,
+  // and the mark stops before it.
+  if (odd < at + sizeof(fmt::block_header)) return false;
+  const std::span<std::byte> bytes = s.map.bytes();
+  const std::uint64_t limit =
+      s.number == fmt::segment_of(tail) ? fmt::offset_of(tail) : static_cast<std::uint64_t>(s.size);
+  // Up to the next block (or block keel left on purpose), or the end of the written space.
+  std::uint64_t next = odd + 8;
+  for (;; next += 8) {
+    if (next + sizeof(fmt::block_header) > limit) {
+      next = limit;  // none: the space the writer reserved ends where the written space does
+      break;
+    }
+    std::uint32_t magic = 0;
+    std::memcpy(&magic, bytes.data() + next, 4);
+    if (magic == fmt::block_magic && fmt::parse_block_header(bytes.subspan(next), salt)) break;
+    if (fmt::spanned_block(bytes.subspan(next), salt)) break;
+  }
+  if (next <= at) return false;
+  return fmt::bury_block(bytes.subspan(at, next - at), next - at, salt);
 }
 
 store::impl::sealed_census store::impl::count_sealed(const segment& s,

@@ -467,6 +467,12 @@ struct store::impl final : ix::page_source {
   //! that a later rebuild takes a block there that does not check out for damage, never for
   //! one a power cut tore. Errors: the syncs', the manifest's (nothing is claimed then).
   [[nodiscard]] result<void> seal_durable() noexcept;
+  //! seal_durable, alone: buries as one block keel left on purpose the space from `at` (the
+  //! end of the last block a walk explained) to the next block, when a header was never
+  //! written at `at` (48 zero bytes before `odd`, the first byte the walk could not explain):
+  //! what a writer that died left of a blob or a commit block. Whether it did.
+  [[nodiscard]] bool bury_headerless(segment& s, std::uint64_t at, std::uint64_t odd,
+                                     std::uint64_t tail) noexcept;
   //! The blocks of a segment below a manifest's durable_below, as a walk finds them.
   struct sealed_census {
     std::uint64_t blocks = 0;  //!< headers that check out

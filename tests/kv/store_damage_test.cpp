@@ -172,6 +172,64 @@ TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
   EXPECT_EQ(got.error(), errc::corrupt);
 }
 
+// A writer killed after it wrote a blob's value and before its header (a blob is written
+// value first), or a commit block's records and not its header, leaves bytes nothing
+// explains and no slot records. The last user to close, alone, buries them as a block keel
+// left on purpose, and records what follows as durable. (The close's durable mark once
+// stopped there for good: a commit block zeroed, or a sync commit damaged, sessions later
+// was then taken for space or for a torn block, and an older value served.)
+TEST(KvDeadWriterBlob, IsBuriedAtTheCloseAndLaterDamageIsStillFound) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("a", "old a"));
+  }
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    test_support::die_at(commit_step::locked);  // its blob written, its block not
+    std::string big = "<dead-blob>" + std::string(200'000, 'z');
+    (void)(*mine)->put("big", big);
+    return 4;
+  });
+  const int status = test::wait_status(victim);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  const place blob = find_last(path, "<dead-blob>");
+  ASSERT_NE(blob.offset, std::string::npos);
+  {
+    // Its header not written yet.
+    std::string bytes = read_file(blob.file);
+    ASSERT_GE(blob.offset, sizeof(fmt::block_header));
+    std::memset(bytes.data() + blob.offset - sizeof(fmt::block_header), 0,
+                sizeof(fmt::block_header));
+    write_file(blob.file, bytes);
+  }
+  for (int session = 0; session < 3; ++session) {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("c" + std::to_string(session), "c <c-marker>" + std::string(3000, 'c')));
+  }
+  // A sector of the newest "c" zeroed: damage (the closes recorded it durable), never a
+  // commit a power cut tore.
+  const place c = find_last(path, "<c-marker>");
+  ASSERT_NE(c.offset, std::string::npos);
+  std::string bytes = read_file(c.file);
+  std::memset(bytes.data() + (c.offset + 1024) / 512 * 512, 0, 512);
+  write_file(c.file, bytes);
+  std::filesystem::remove(path + "/index");
+  auto s = store::open(path, small());
+  if (!s) {
+    EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+    return;
+  }
+  EXPECT_EQ((*s)->get("a").value_or("?"), "old a");
+  auto got = (*s)->get("c2");
+  ASSERT_FALSE(got) << "a damaged commit taken for a torn one";
+  EXPECT_EQ(got.error(), errc::corrupt);
+}
+
 INSTANTIATE_TEST_SUITE_P(States, KvDeadWriterBlock, ::testing::Values(0, 1, 2));
 
 // A bit flipped in a value kept in its own segment, after its `sync` commit returned: the
