@@ -269,23 +269,20 @@ bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t od
   // bytes before the first that is not. Anything else (bytes of a header, damaged) stays,
   // and the mark stops before it.
   if (odd < at + sizeof(fmt::block_header)) return false;
-  const std::span<std::byte> bytes = s.map.bytes();
   const std::uint64_t limit =
       s.number == fmt::segment_of(tail) ? fmt::offset_of(tail) : static_cast<std::uint64_t>(s.size);
   // Up to the next block (or block keel left on purpose), or the end of the written space.
-  std::uint64_t next = odd + 8;
-  for (;; next += 8) {
-    if (next + sizeof(fmt::block_header) > limit) {
-      next = limit;  // none: the space the writer reserved ends where the written space does
-      break;
-    }
-    std::uint32_t magic = 0;
-    std::memcpy(&magic, bytes.data() + next, 4);
-    if (magic == fmt::block_magic && fmt::parse_block_header(bytes.subspan(next), salt)) break;
-    if (fmt::spanned_block(bytes.subspan(next), salt)) break;
-  }
+  std::uint64_t next = limit;
+  const auto found = [&](std::uint64_t off, std::uint64_t) -> result<void> {
+    next = std::min(next, off);
+    return keel_error(errc::corrupt);  // stops the walk
+  };
+  (void)for_each_block(
+      s, odd + 8,
+      [&](std::uint64_t off, const fmt::block_header& head) { return found(off, head.length); }, 0,
+      [](std::uint64_t, std::uint64_t) { return result<void>{}; }, found);
   if (next <= at) return false;
-  return fmt::bury_block(bytes.subspan(at, next - at), next - at, salt);
+  return fmt::bury_block(s.map.bytes().subspan(at, next - at), next - at, salt);
 }
 
 store::impl::sealed_census store::impl::count_sealed(const segment& s,

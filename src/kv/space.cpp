@@ -112,12 +112,7 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
   if (ledger->front() != seen) return {};  // closed by another: try the next one
   if (ledger_close_hook != nullptr) ledger_close_hook();
   // An evicted writer that died never leaves: its cost would stay written off for good.
-  if (ledger->written_off() != 0) {
-    for (std::uint32_t u = 0; u < max_slots; ++u) {
-      const std::uint64_t pin = slot(u).ledger_pin().load(std::memory_order_acquire);
-      if ((pin & space::ledger::evicted) != 0 && slot_owner_dead(u)) free_dead_pin(u, pin);
-    }
-  }
+  if (ledger->written_off() != 0) free_dead_pins(0);
   std::int64_t provisional = 0;
   for (;;) {
     // The delta before `seen` lends its words to the next: it must be quiet. (A writer that
@@ -181,15 +176,10 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
       // forever. Past the deadline, so would one of a user alive and stopped (SIGSTOP, a
       // debugger) or starved of CPU: it is evicted (its cost written off until it leaves),
       // and the delta no longer waits for it. It goes on unharmed when it runs again.
+      free_dead_pins(d);
       const bool late = cd.expired();
-      for (std::uint32_t u = 0; u < max_slots; ++u) {
-        const std::uint64_t pin = slot(u).ledger_pin().load(std::memory_order_acquire);
-        if (pin != d && (pin & space::ledger::evicted) == 0) continue;
-        if (slot_owner_dead(u)) {
-          free_dead_pin(u, pin);
-        } else if (late && pin == d) {
-          ledger->evict(u, d);
-        }
+      for (std::uint32_t u = 0; late && u < max_slots; ++u) {
+        if (slot(u).ledger_pin().load(std::memory_order_acquire) == d) ledger->evict(u, d);
       }
       if (ledger->quiet(d)) return {};
       if (late) {
@@ -205,12 +195,17 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
   }
 }
 
-void store::impl::free_dead_pin(std::uint32_t u, std::uint64_t pin) noexcept {
-  // Its pin is the dead user's (a new user clears it when it takes the slot, under the byte
-  // too); an evicted one's cost comes off what is written off.
-  as_dead_users_byte(u, [&] {
-    if (slot(u).ledger_pin().load(std::memory_order_seq_cst) == pin) ledger->leave(u);
-  });
+void store::impl::free_dead_pins(std::uint64_t d) noexcept {
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    const std::uint64_t pin = slot(u).ledger_pin().load(std::memory_order_acquire);
+    if ((pin != d || d == 0) && (pin & space::ledger::evicted) == 0) continue;
+    if (!slot_owner_dead(u)) continue;
+    // Its pin is the dead user's (a new user clears it when it takes the slot, under the
+    // byte too); an evicted one's cost comes off what is written off.
+    as_dead_users_byte(u, [&] {
+      if (slot(u).ledger_pin().load(std::memory_order_seq_cst) == pin) ledger->leave(u);
+    });
+  }
 }
 
 void store::impl::reset_ledger() noexcept {

@@ -763,8 +763,9 @@ struct store::impl final : ix::page_source {
   //! `cd` evicting live ones (space::ledger::evict). Errors: timed_out (a pin that could be
   //! neither cleared nor evicted).
   [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
-  //! Leaves for slot `u` if its pin is still `pin` and its user is dead (holding its byte).
-  void free_dead_pin(std::uint32_t u, std::uint64_t pin) noexcept;
+  //! Leaves for every dead user (holding its byte) whose pin names delta `d` (0: none) or
+  //! is evicted.
+  void free_dead_pins(std::uint64_t d) noexcept;
   //! Zeroes the ledger and every pin: alone, before anyone charges.
   void reset_ledger() noexcept;
 

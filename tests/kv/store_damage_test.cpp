@@ -94,29 +94,36 @@ options sync_small() {
 // the tail as durable) and a reboot, the rebuild must take it for what it is, never for
 // damage. (The store was once refused as corrupt there.) The states a kill leaves: the block
 // whole but for its seq word; its records written and no header yet; half its records.
+// A store holding a = "old a", then a writer killed (SIGKILL) at `step` of committing
+// `commit(store&)`: whether it died so.
+template <class Commit>
+bool a_writer_died_at(const std::string& path, commit_step step, Commit commit) {
+  {
+    auto s = open_ok(path);
+    if (!s || !s->put("a", "old a")) return false;
+  }
+  const pid_t victim = fork_child([&] {
+    auto mine = store::open(path, small());
+    if (!mine) return 2;
+    test_support::die_at(step);
+    commit(**mine);
+    return 4;
+  });
+  const int status = test::wait_status(victim);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
 class KvDeadWriterBlock : public ::testing::TestWithParam<int> {};
 
 TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  {
-    auto s = open_ok(path);
-    ASSERT_TRUE(s);
-    ASSERT_TRUE(s->put("a", "old a"));
-  }
-  const pid_t victim = fork_child([&] {
-    auto mine = store::open(path, small());
-    if (!mine) return 2;
-    test_support::die_at(commit_step::written);
-    auto t = (*mine)->begin();
-    if (!t || !t->put("a", "new a <dead-marker>" + std::string(600, 'n')) || !t->put("b", "b")) {
-      return 3;
+  ASSERT_TRUE(a_writer_died_at(path, commit_step::written, [](store& mine) {
+    auto t = mine.begin();
+    if (t && t->put("a", "new a <dead-marker>" + std::string(600, 'n')) && t->put("b", "b")) {
+      (void)t->commit();
     }
-    (void)t->commit();
-    return 4;
-  });
-  const int status = test::wait_status(victim);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  }));
   // Its block back to a state the kill could have left it in.
   const place marker = find_last(path, "<dead-marker>");
   ASSERT_NE(marker.offset, std::string::npos);
@@ -181,21 +188,10 @@ TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
 TEST(KvDeadWriterBlob, IsBuriedAtTheCloseAndLaterDamageIsStillFound) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  {
-    auto s = open_ok(path);
-    ASSERT_TRUE(s);
-    ASSERT_TRUE(s->put("a", "old a"));
-  }
-  const pid_t victim = fork_child([&] {
-    auto mine = store::open(path, small());
-    if (!mine) return 2;
-    test_support::die_at(commit_step::locked);  // its blob written, its block not
-    std::string big = "<dead-blob>" + std::string(200'000, 'z');
-    (void)(*mine)->put("big", big);
-    return 4;
-  });
-  const int status = test::wait_status(victim);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  // Killed once its blob is written and its block not.
+  ASSERT_TRUE(a_writer_died_at(path, commit_step::locked, [](store& mine) {
+    (void)mine.put("big", "<dead-blob>" + std::string(200'000, 'z'));
+  }));
   const place blob = find_last(path, "<dead-blob>");
   ASSERT_NE(blob.offset, std::string::npos);
   {
