@@ -75,6 +75,11 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
   const std::uint64_t me = (std::uint64_t{who} + 1) << 32 | static_cast<std::uint32_t>(::getpid());
   auto interval = std::chrono::milliseconds(1);
   auto last_check = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point late_since{};
+  // Half the timeout again (at least 50 ms): a closer starved of CPU rather than stopped
+  // gets that long to run once nothing holds it.
+  const auto late_grace =
+      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(50), opts.lock_timeout / 2);
   for (;;) {
     if (ledger->front() != seen) return {};  // closed by another: try the next delta
     std::uint64_t was = closer.load(std::memory_order_seq_cst);
@@ -88,8 +93,19 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
     // Another closes it: wait for the word to change, then charge again (the delta it opened,
     // once corrected, may hold us: closing it at once would give the next one nothing again).
     // Now and then check the closer lives (one killed while closing would hold every writer
-    // back).
-    if (cd.expired()) return errc_error(std::errc::timed_out);
+    // back). Past our deadline the closer may still be waiting, to its own far deadline, for
+    // the delta before to go quiet, held by a writer stopped inside it: we evict that writer
+    // ourselves (as the closer would, see wait_quiet), then give the closer a moment to move
+    // the front on. A closer that does not (itself stopped, or starved) fails us.
+    if (cd.expired()) {
+      if (late_since == std::chrono::steady_clock::time_point{}) {
+        late_since = std::chrono::steady_clock::now();
+        if (seen >= 2) evict_live_pins(seen - 1);
+      } else if (std::chrono::steady_clock::now() - late_since >= late_grace) {
+        return errc_error(std::errc::timed_out);
+      }
+      interval = std::chrono::milliseconds(1);
+    }
     base::futex_wait(word, static_cast<std::uint32_t>(was), interval, base::futex_scope::shared);
     if (closer.load(std::memory_order_seq_cst) != was) return {};
     if (std::chrono::steady_clock::now() - last_check >= interval) {
@@ -178,9 +194,7 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
       // and the delta no longer waits for it. It goes on unharmed when it runs again.
       free_dead_pins(d);
       const bool late = cd.expired();
-      for (std::uint32_t u = 0; late && u < max_slots; ++u) {
-        if (slot(u).ledger_pin().load(std::memory_order_acquire) == d) ledger->evict(u, d);
-      }
+      if (late) evict_live_pins(d);
       if (ledger->quiet(d)) return {};
       if (late) {
         // A writer that read the old front pins it for a moment: a few more looks.
@@ -192,6 +206,15 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
     } else {
       std::this_thread::yield();
     }
+  }
+}
+
+void store::impl::evict_live_pins(std::uint64_t d) noexcept {
+  // Safe from any user, closing or not, and from several at once: the cost is written off
+  // before the mark (space::ledger::evict), so whoever measures the room once the delta reads
+  // quiet counts it.
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    if (slot(u).ledger_pin().load(std::memory_order_acquire) == d) (void)ledger->evict(u, d);
   }
 }
 

@@ -763,6 +763,9 @@ struct store::impl final : ix::page_source {
   //! `cd` evicting live ones (space::ledger::evict). Errors: timed_out (a pin that could be
   //! neither cleared nor evicted).
   [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
+  //! Evicts every live user whose pin names delta `d` (space::ledger::evict): by the closer
+  //! past its deadline, and by a writer waiting for a close past its own.
+  void evict_live_pins(std::uint64_t d) noexcept;
   //! Leaves for every dead user (holding its byte) whose pin names delta `d` (0: none) or
   //! is evicted.
   void free_dead_pins(std::uint64_t d) noexcept;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -183,27 +184,57 @@ TEST(KvStoreStoppedLeader, SyncCommitsSyncForThemselvesPastTheirTimeout) {
 // that close. (With max_bytes set, every put timed out while it stayed stopped.) Past its
 // deadline the closer evicts it, its cost written off until it goes on; when it does, its
 // commit goes in and nothing stays written off.
-class KvLedgerStopped : public ::testing::TestWithParam<bool> {};
-
-TEST_P(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
-  const bool killed = GetParam();  // killed while stopped, rather than let go on
-  temp_dir dir;
-  const std::string path = dir.file("s");
+// A budget: puts are charged to the deltas of the space ledger.
+options charged_to_a_ledger() {
   options o = short_timeout();
   o.max_bytes = std::uint64_t{32} << 20;
-  auto s = open_ok(path, o);
-  ASSERT_TRUE(s);
-  ASSERT_TRUE(s->put("base", "0"));
-  const pid_t writer = fork_child([&] {
+  return o;
+}
+
+// A child that opens `path` and puts `key`, stopped (SIGSTOP) once its put is charged to a
+// delta of the ledger; exits 0 when its put goes in once it goes on.
+pid_t a_writer_stopped_when_charged(const std::string& path, const options& o,
+                                    const std::string& key, const std::string& value) {
+  return fork_child([&] {
     auto mine = store::open(path, o);
     if (!mine) return 2;
     commit_hook = [](commit_step now) noexcept {
       if (now == commit_step::charged) ::raise(SIGSTOP);
     };
-    auto r = (*mine)->put("stopped", std::string(1024, 's'));
+    auto r = (*mine)->put(key, value);
     commit_hook = nullptr;
     return r ? 0 : 3;
   });
+}
+
+// space::ledger_words::written_off, in the index's header.
+std::int64_t written_off_in(const std::string& path) {
+  const std::string index = test::slurp(path + "/index");
+  std::int64_t written_off = -1;
+  std::memcpy(&written_off, index.data() + hdr::ledger + offsetof(space::ledger_words, written_off),
+              8);
+  return written_off;
+}
+
+// A store whose puts are charged to a ledger, a put made.
+class KvLedgerStore : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("base", "0"));
+  }
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const options o = charged_to_a_ledger();
+  std::unique_ptr<store> s;
+};
+
+class KvLedgerStopped : public KvLedgerStore, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
+  const bool killed = GetParam();  // killed while stopped, rather than let go on
+  const pid_t writer = a_writer_stopped_when_charged(path, o, "stopped", std::string(1024, 's'));
   killed_on_failure guard{writer};
   int status = 0;
   ASSERT_EQ(::waitpid(writer, &status, WUNTRACED), writer);
@@ -230,14 +261,62 @@ TEST_P(KvLedgerStopped, AWriterStoppedInsideADeltaHoldsNoPutPastTheirTimeout) {
     EXPECT_EQ(test::wait_exit(writer), 0);
     EXPECT_EQ(s->get("stopped").value_or("?"), std::string(1024, 's'));
   }
-  // Nothing stays written off (space::ledger_words::written_off, in the index's header).
-  const std::string index = test::slurp(path + "/index");
-  std::int64_t written_off = -1;
-  std::memcpy(&written_off, index.data() + hdr::ledger + offsetof(space::ledger_words, written_off),
-              8);
-  EXPECT_EQ(written_off, 0);
+  EXPECT_EQ(written_off_in(path), 0);  // nothing stays written off
   for (int i = 0; i < 4000; i += 397)
     EXPECT_EQ(s->get("k" + std::to_string(i)).value_or("?"), value);
+}
+
+// The writer stopped inside a delta, and the close that waits for that delta to go quiet
+// made by a user with a far deadline: a put of a user with a near one, waiting for that
+// close, once failed with timed_out until the closer's own deadline (review: a put with a
+// 300 ms timeout failed for a minute). Past its own deadline, it evicts the stopped writer
+// itself.
+using KvLedgerStoppedCloser = KvLedgerStore;
+
+TEST_F(KvLedgerStoppedCloser, AWaiterEvictsTheStoppedWriterPastItsOwnDeadline) {
+  const std::string value(1024, 'v');
+  const pid_t writer = a_writer_stopped_when_charged(path, o, "w0000", value);
+  killed_on_failure guard_writer{writer};
+  int status = 0;
+  ASSERT_EQ(::waitpid(writer, &status, WUNTRACED), writer);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "status " << status;
+  // The closer: its second close waits for the delta the writer is stopped in.
+  static const test::signal_pipe* closing = nullptr;
+  const test::signal_pipe closing_pipe;
+  closing = &closing_pipe;
+  const pid_t closer = fork_child([&] {
+    options far = o;
+    far.lock_timeout = std::chrono::minutes(10);
+    auto mine = store::open(path, far);
+    if (!mine) return 2;
+    static int closes = 0;
+    ledger_close_hook = [] noexcept {
+      if (++closes == 2) closing->notify();
+    };
+    for (int i = 0; closes < 2; ++i) {
+      if (i == 100000) return 4;
+      char key[16];
+      std::snprintf(key, sizeof key, "c%04d", i % 10000);
+      if (!(*mine)->put(key, value)) return 3;
+    }
+    return 0;
+  });
+  killed_on_failure guard_closer{closer};
+  ASSERT_TRUE(closing_pipe.ready_within(std::chrono::minutes(2))) << "the closer never closed";
+  // The front delta is spent (the closer could not charge it): ours cannot either.
+  const auto began = std::chrono::steady_clock::now();
+  auto put = s->put("p0000", value);
+  const auto waited = std::chrono::steady_clock::now() - began;
+  ASSERT_TRUE(put) << put.error().message();
+  EXPECT_LT(waited, std::chrono::seconds(10)) << "held by the closer's deadline";
+  guard_closer.pid = 0;
+  EXPECT_EQ(test::wait_exit(closer), 0);
+  ASSERT_EQ(::kill(writer, SIGCONT), 0);
+  guard_writer.pid = 0;
+  EXPECT_EQ(test::wait_exit(writer), 0);
+  EXPECT_EQ(s->get("w0000").value_or("?"), value);
+  EXPECT_EQ(s->get("p0000").value_or("?"), value);
+  EXPECT_EQ(written_off_in(path), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(GoesOnOrIsKilled, KvLedgerStopped, ::testing::Bool(),
