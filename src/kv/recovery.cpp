@@ -117,7 +117,16 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
   // one only looks) only once nothing in it can be live: every record in it checks out and its
   // key's entry holds that version or a newer one (an erase record's key may have none: forgotten).
   // Else the manifest has lost a segment that still matters (damage): the store is refused, naming
-  // the manifest, and the file stays.
+  // the manifest, and the file stays. So does one that an entry names: the record it holds, its
+  // pending block, or the blob of its record (an index kept from before the manifest lost it
+  // names the very versions in it, which no seq comparison tells from superseded ones).
+  if (unlisted.empty()) return {};
+  const auto lost = error(errc::corrupt).about(path + "/manifest");
+  if (auto named = index_names_any(unlisted); !named) {
+    return std::unexpected(named.error());
+  } else if (*named) {
+    return std::unexpected(lost);
+  }
   bool removed = false;
   for (const std::uint64_t n : unlisted) {
     auto seg = segment_at(n);
@@ -142,7 +151,7 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
         });
     if (!proven) {
       if (proven.error() != errc::corrupt) return std::unexpected(proven.error());
-      return std::unexpected(error(errc::corrupt).about(path + "/manifest"));
+      return std::unexpected(lost);
     }
     if (!remove) continue;  // (a read-only opener changes nothing)
     forget_segment(n);      // its room comes back only once nobody maps it
@@ -153,6 +162,31 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
       return std::unexpected(d.error().about(path + "/seg"));
   }
   return {};
+}
+
+result<bool> store::impl::index_names_any(const std::vector<std::uint64_t>& segments) noexcept {
+  const auto in = [&](std::uint64_t location) {
+    return location != 0 &&
+           std::ranges::find(segments, fmt::segment_of(location)) != segments.end();
+  };
+  bool named = false;
+  auto walked = for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+    const ix::bucket_ref b = table->page(page);
+    for (std::size_t k = 0; k < ix::entries_per_page && !named; ++k) {
+      const ix::entry_ref e = b.entry(k);
+      if (e.hi().load() == 0) continue;
+      const std::uint64_t seq = e.seq().load();
+      const std::uint64_t at = e.location().load();
+      named = ((seq & ix::pending) != 0 && in(seq & ~ix::pending)) || in(at);
+      if (named || at == 0) continue;
+      // (A record that cannot be read is not this walk's to judge: reading it says corrupt.)
+      if (auto rec = record_head_at(at); rec && fmt::is_blob(rec->rec))
+        named = in(rec->rec.blob.location);
+    }
+    return !named;
+  });
+  if (!walked) return std::unexpected(walked.error());
+  return named;
 }
 
 result<store::impl::commit_judgement> store::impl::judge_commit(

@@ -378,6 +378,9 @@ struct store::impl final : ix::page_source {
   //! or was damaged: a read-only opener never serves the store without it either).
   [[nodiscard]] result<void> remove_leftovers(const std::vector<std::uint64_t>& unlisted,
                                               bool remove) noexcept;
+  //! Whether an index entry names anything in `segments`: its record, its pending block, or
+  //! its record's blob (alone).
+  [[nodiscard]] result<bool> index_names_any(const std::vector<std::uint64_t>& segments) noexcept;
   struct replay_state;
   //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
   //! header checks out (complete or not: its writer reserved all of it).

@@ -665,7 +665,9 @@ TEST(KvDamage, ASegmentDeletedByHandIsCorruptNamingIt) {
 // segments): the segments it no longer lists
 // hold live records, so the manifest lost them. Every opener refuses the store naming the
 // manifest, the read-only one too. (A read-only first opener once took every segment for a
-// leftover and served an empty store, or an older one.)
+// leftover and served an empty store, or an older one. With the index kept, a writable
+// opener took the segments for leftovers whose records were superseded, since each entry
+// held the very version in them, and removed them all.)
 TEST(KvDamage, AZeroedManifestIsCorruptForEveryOpener) {
   for (const bool whole : {true, false}) {
     temp_dir dir;
@@ -695,15 +697,19 @@ TEST(KvDamage, AZeroedManifestIsCorruptForEveryOpener) {
       std::memset(m.data() + newest, 0, slot);
     }
     write_file(path + "/manifest", m);
-    for (const bool read_only : {true, false}) {
-      std::filesystem::remove(path + "/index");  // as after a reboot
-      options o = small();
-      o.read_only = read_only;
-      auto s = store::open(path, o);
-      ASSERT_FALSE(s) << (whole ? "whole" : "newest slot") << (read_only ? ", read-only" : "")
-                      << ": opened";
-      EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
-      EXPECT_EQ(s.error().path(), path + "/manifest") << s.error().message();
+    const std::vector<std::string> segments = segment_files(path);
+    for (const bool reboot : {false, true}) {
+      for (const bool read_only : {true, false}) {
+        if (reboot) std::filesystem::remove(path + "/index");
+        options o = small();
+        o.read_only = read_only;
+        auto s = store::open(path, o);
+        ASSERT_FALSE(s) << (whole ? "whole" : "newest slot") << (read_only ? ", read-only" : "")
+                        << (reboot ? ", index rebuilt" : ", index kept") << ": opened";
+        EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+        EXPECT_EQ(s.error().path(), path + "/manifest") << s.error().message();
+        EXPECT_EQ(segment_files(path), segments) << "a segment holding live records was removed";
+      }
     }
   }
 }
