@@ -282,6 +282,11 @@ bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t od
       [&](std::uint64_t off, const fmt::block_header& head) { return found(off, head.length); }, 0,
       [](std::uint64_t, std::uint64_t) { return result<void>{}; }, found);
   if (next <= at) return false;
+  // A block an index entry names was whole once (its commit published): its header was
+  // damaged since, and burying it would make that for good. It stays, and the mark stops.
+  const location_range space[] = {
+      {fmt::make_location(s.number, at), fmt::make_location(s.number, next)}};
+  if (auto named = index_names(space, false); !named || *named) return false;
   return fmt::bury_block(s.map.bytes().subspan(at, next - at), next - at, salt);
 }
 

@@ -122,7 +122,14 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
   // names the very versions in it, which no seq comparison tells from superseded ones).
   if (unlisted.empty()) return {};
   const auto lost = error(errc::corrupt).about(path + "/manifest");
-  if (auto named = index_names_any(unlisted); !named) {
+  std::vector<location_range> ranges;
+  try {
+    for (const std::uint64_t n : unlisted)
+      ranges.push_back({fmt::make_location(n, 0), fmt::make_location(n + 1, 0)});
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  if (auto named = index_names(ranges, true); !named) {
     return std::unexpected(named.error());
   } else if (*named) {
     return std::unexpected(lost);
@@ -164,10 +171,12 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
   return {};
 }
 
-result<bool> store::impl::index_names_any(const std::vector<std::uint64_t>& segments) noexcept {
+result<bool> store::impl::index_names(std::span<const location_range> ranges,
+                                      bool pending) noexcept {
   const auto in = [&](std::uint64_t location) {
-    return location != 0 &&
-           std::ranges::find(segments, fmt::segment_of(location)) != segments.end();
+    return location != 0 && std::ranges::any_of(ranges, [&](const location_range& r) {
+             return location >= r.from && location < r.to;
+           });
   };
   bool named = false;
   auto walked = for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
@@ -177,11 +186,12 @@ result<bool> store::impl::index_names_any(const std::vector<std::uint64_t>& segm
       if (e.hi().load() == 0) continue;
       const std::uint64_t seq = e.seq().load();
       const std::uint64_t at = e.location().load();
-      named = ((seq & ix::pending) != 0 && in(seq & ~ix::pending)) || in(at);
+      named = (pending && (seq & ix::pending) != 0 && in(seq & ~ix::pending)) || in(at);
       if (named || at == 0) continue;
       // (A record that cannot be read is not this walk's to judge: reading it says corrupt.)
-      if (auto rec = record_head_at(at); rec && fmt::is_blob(rec->rec))
+      if (auto rec = record_head_at(at); rec && fmt::is_blob(rec->rec)) {
         named = in(rec->rec.blob.location);
+      }
     }
     return !named;
   });

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -378,9 +379,15 @@ struct store::impl final : ix::page_source {
   //! or was damaged: a read-only opener never serves the store without it either).
   [[nodiscard]] result<void> remove_leftovers(const std::vector<std::uint64_t>& unlisted,
                                               bool remove) noexcept;
-  //! Whether an index entry names anything in `segments`: its record, its pending block, or
-  //! its record's blob (alone).
-  [[nodiscard]] result<bool> index_names_any(const std::vector<std::uint64_t>& segments) noexcept;
+  //! Locations from `from` up to `to`.
+  struct location_range {
+    std::uint64_t from;
+    std::uint64_t to;
+  };
+  //! Whether an index entry names a location in one of `ranges`: its record, its record's
+  //! blob, or (with `pending`) its pending block (alone: no snapshot is taken).
+  [[nodiscard]] result<bool> index_names(std::span<const location_range> ranges,
+                                         bool pending) noexcept;
   struct replay_state;
   //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
   //! header checks out (complete or not: its writer reserved all of it).

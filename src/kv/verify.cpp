@@ -123,6 +123,8 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
       return {};
     };
 
+    // The commit and relocation blocks the walk found, in the order of their locations.
+    std::vector<impl::location_range> blocks;
     for (const std::uint64_t n : *numbers) {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
@@ -141,6 +143,8 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
                 return {};
               }
               ++out.commits;
+              blocks.push_back(
+                  {fmt::make_location(n, off), fmt::make_location(n, off + head.length)});
               return check_records(sg, off, head);
             }
             if (kind == fmt::block_kind::relocation) {
@@ -149,6 +153,8 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
                   fmt::has_unwritten_sector(sg.bytes(), off, head.length)) {
                 return {};  // a copy a power cut tore: its original stayed
               }
+              blocks.push_back(
+                  {fmt::make_location(n, off), fmt::make_location(n, off + head.length)});
               return check_records(sg, off, head);
             }
             return {};  // a blob is checked through the record that names it
@@ -191,6 +197,14 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
           found.note((*seg)->path, fmt::offset_of(at),
                      "no record where an index entry (page " + std::to_string(page) + ") says");
           continue;
+        }
+        // Inside a block the walk found: else the header of its block was damaged since its
+        // commit was published, and a rebuild would take the block for space.
+        const auto after = std::ranges::upper_bound(blocks, at, {}, &impl::location_range::from);
+        if (after == blocks.begin() || std::prev(after)->to <= at) {
+          found.note((*seg)->path, fmt::offset_of(at),
+                     "a record an index entry names lies in no block that checks out (its block "
+                     "header damaged?)");
         }
         const fmt::key_hash h = s.hash_of(rec->rec.key);
         if (h.hi != hi || h.lo != e.lo().load(std::memory_order_acquire)) {

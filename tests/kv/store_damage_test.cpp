@@ -908,6 +908,65 @@ TEST_P(KvZeroedBlock, IsDamageNeverAnOlderValue) {
 
 INSTANTIATE_TEST_SUITE_P(Where, KvZeroedBlock, ::testing::Values(0, 1, 2));
 
+// The header of a `sync` commit's block damaged after every user was killed (no close
+// recorded it as durable), the index kept: the index still names its records, so `verify`
+// lists the block, the value stays served, and the next close neither buries the block as
+// a dead writer's nor records it as durable. (verify said ok; a close could bury it, and the
+// next rebuild then served the older value.) Without the index, such a block cannot be
+// told from one a power cut tore (doc/kv-format.md, "What a rebuild cannot tell").
+class KvDamagedUnclosedHeader : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KvDamagedUnclosedHeader, IsListedByVerifyAndNeverBuried) {
+  const bool zeroed = GetParam();  // the whole header, else one bit of its seq
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const std::string newest = "<unclosed-marker> new a";
+  const pid_t writer = fork_child([&] {
+    auto s = store::open(path, sync_small());
+    if (!s || !(*s)->put("a", "old a") || !(*s)->put("a", newest)) return 2;
+    for (int k = 0; k < 20; ++k) {
+      if (!(*s)->put("k" + std::to_string(k), "v")) return 3;
+    }
+    ::raise(SIGKILL);
+    return 4;
+  });
+  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+  const place marker = find_last(path, "<unclosed-marker>");
+  ASSERT_NE(marker.offset, std::string::npos);
+  const std::size_t block = marker.offset - 1 - 48 - 48;  // key "a", record and block headers
+  {
+    std::string bytes = read_file(marker.file);
+    ASSERT_EQ(bytes.compare(block, 4, "VBK1"), 0);
+    if (zeroed) {
+      std::memset(bytes.data() + block, 0, sizeof(fmt::block_header));
+    } else {
+      bytes[block + offsetof(fmt::block_header, seq)] ^= 0x01;
+    }
+    write_file(marker.file, bytes);
+  }
+  for (int session = 0; session < 2; ++session) {
+    auto s = open_ok(path, sync_small());  // the first: alone after the kill
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->get("a").value_or("?"), newest) << "session " << session;
+    verify_report report;
+    auto v = s->verify(&report);
+    ASSERT_FALSE(v) << "session " << session << ": verify said ok";
+    EXPECT_EQ(v.error(), errc::corrupt) << v.error().message();
+    bool named = false;
+    for (const damage& d : report.damaged)
+      named |= d.file == marker.file && d.offset == marker.offset - 1 - 48;
+    EXPECT_TRUE(named) << "session " << session << ": the record's block is not listed";
+  }  // each session's close: the block stays as it is
+  std::string bytes = read_file(marker.file);
+  if (zeroed) {
+    EXPECT_EQ(bytes.substr(block, sizeof(fmt::block_header)),
+              std::string(sizeof(fmt::block_header), '\0'))
+        << "buried";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroedOrFlipped, KvDamagedUnclosedHeader, ::testing::Bool());
+
 // salvage: a store damaged so that it will not open (its manifest gone) and with the newest
 // version of one key damaged: every other key's newest value is copied into a new store, the
 // damaged key's older version is, and both are listed.
