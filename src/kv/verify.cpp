@@ -61,10 +61,14 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
   try {
     out = {};
     findings found(out);
+    // Every commit visible now has its block in a segment listed below (later ones may land
+    // where the walk has passed).
+    const std::uint64_t walked_after = s.h64(hdr::visible).load(std::memory_order_seq_cst);
+    // Every segment the manifest lists is there. (The manifest first: a segment is made before
+    // it is listed, so one a writer lists meanwhile is among those found after.)
+    auto listed = s.read_manifest();
     auto numbers = s.segment_numbers(false);
     if (!numbers) return std::unexpected(numbers.error());
-    // Every segment the manifest lists is there.
-    auto listed = s.read_manifest();
     const std::uint64_t durable_below = listed ? listed->durable_below : 0;
     if (!listed) {
       if (listed.error() != errc::corrupt) return std::unexpected(listed.error());
@@ -201,7 +205,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
         // Inside a block the walk found: else the header of its block was damaged since its
         // commit was published, and a rebuild would take the block for space.
         const auto after = std::ranges::upper_bound(blocks, at, {}, &impl::location_range::from);
-        if (after == blocks.begin() || std::prev(after)->to <= at) {
+        if (seq <= walked_after && (after == blocks.begin() || std::prev(after)->to <= at)) {
           found.note((*seg)->path, fmt::offset_of(at),
                      "a record an index entry names lies in no block that checks out (its block "
                      "header damaged?)");

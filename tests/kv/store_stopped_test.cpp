@@ -24,6 +24,7 @@ namespace keel::kv {
 namespace {
 
 using test::fork_child;
+using test::killed_on_failure;
 using test::temp_dir;
 using test_support::open_ok;
 using test_support::small;
@@ -33,18 +34,6 @@ options short_timeout() {
   o.lock_timeout = std::chrono::milliseconds(300);
   return o;
 }
-
-// A child stopped with SIGSTOP, killed unless the test lets it go (pid 0): a failed
-// assertion must not leave it stopped (the test run would wait for it).
-struct killed_on_failure {
-  pid_t pid;
-  ~killed_on_failure() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      (void)test::wait_status(pid);
-    }
-  }
-};
 
 // A stopped writer keeps the locks of its keys' index pages (doc/kv-format.md): the keys
 // "a…" lie on one half of the index and the others on the other, so that the unrelated put

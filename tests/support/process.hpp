@@ -101,6 +101,18 @@ inline int wait_status(pid_t pid) {
   return status;
 }
 
+//! A child killed (SIGKILL) and waited for unless the test lets it go (pid 0): a failed
+//! assertion must not leave it stopped or running on (the test run would wait for it).
+struct killed_on_failure {
+  pid_t pid;
+  ~killed_on_failure() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      (void)wait_status(pid);
+    }
+  }
+};
+
 //! The exit code of `pid`, or 128 + signal if it was killed.
 inline int wait_exit(pid_t pid) {
   const int status = wait_status(pid);

@@ -297,8 +297,8 @@ class store {
   //! when given, lists every one, old versions included), timed_out, and what kept it from
   //! reading. Waits (up to options::lock_timeout) for a compaction, a checkpoint or another
   //! verify to end, and keeps them from starting until it is done (background checkpoints
-  //! are written afterwards). Meant for a quiet store: blocks still being written are read
-  //! as they are.
+  //! are written afterwards). Other processes may commit meanwhile: what they write after
+  //! it began is not judged (test `KvVerify.FindsNoDamageWhileAnotherProcessCommits`).
   [[nodiscard]] result<std::uint64_t> verify(verify_report* report = nullptr) noexcept;
 
   //! Moves the live records out of every segment (but the one being appended to) that is at
