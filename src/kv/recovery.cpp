@@ -134,7 +134,9 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
   } else if (*named) {
     return std::unexpected(lost);
   }
-  bool removed = false;
+  // Every leftover proven before any is removed: a refused store keeps every file (salvage
+  // reads them). (One holding only a live blob was once removed before the next was refused.)
+  std::vector<std::uint64_t> dead;
   for (const std::uint64_t n : unlisted) {
     auto seg = segment_at(n);
     if (!seg) continue;  // not one of this store's segments as far as can be told: left alone
@@ -160,8 +162,16 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
       if (proven.error() != errc::corrupt) return std::unexpected(proven.error());
       return std::unexpected(lost);
     }
-    if (!remove) continue;  // (a read-only opener changes nothing)
-    forget_segment(n);      // its room comes back only once nobody maps it
+    try {
+      dead.push_back(n);
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
+  }
+  if (!remove) return {};  // (a read-only opener changes nothing)
+  bool removed = false;
+  for (const std::uint64_t n : dead) {
+    forget_segment(n);  // its room comes back only once nobody maps it
     removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
   }
   if (removed) {

@@ -715,6 +715,34 @@ TEST(KvDamage, AZeroedManifestIsCorruptForEveryOpener) {
   }
 }
 
+// A zeroed manifest, the index gone: the store is refused before any segment it no longer
+// lists is removed, so salvage still finds every value. (A segment holding only a live
+// blob passed for a leftover and was removed before the next one was refused.)
+TEST(KvDamage, ARefusedStoreKeepsEverySegment) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("big", big_value('b')));  // a segment of its own
+    for (int k = 0; k < 50; ++k)
+      ASSERT_TRUE(s->put("k" + std::to_string(k), std::string(3000, 'k')));
+  }
+  const std::vector<std::string> segments = segment_files(path);
+  write_file(path + "/manifest", std::string(read_file(path + "/manifest").size(), '\0'));
+  std::filesystem::remove(path + "/index");
+  auto s = store::open(path, small());
+  ASSERT_FALSE(s) << "opened";
+  EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
+  EXPECT_EQ(segment_files(path), segments) << "a segment was removed";
+  auto salvaged = store::salvage(path, dir.file("copy"), small());
+  ASSERT_TRUE(salvaged) << salvaged.error().message();
+  EXPECT_EQ(salvaged->keys, 51u);
+  auto copy = open_ok(dir.file("copy"));
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(copy->get("big").value_or("?"), big_value('b'));
+}
+
 // The index cut short by hand (to its fixed pages) while the store is closed: the next open
 // rebuilds it from the log (it is a cache of it). (It once died of SIGBUS after 20 s.)
 TEST(KvDamage, AnIndexCutShortIsRebuilt) {
