@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -162,14 +163,14 @@ result<store_dir> open_store_dir(const std::string& path,
     // named as a store's own (`seg`, `manifest`).
     auto entries = fs.list_directory(out.dir);
     if (!entries) return std::unexpected(entries.error());
-    bool appeared = false;  // a racing creator linked it since we looked: open that
-    for (const auto& e : *entries) {
-      appeared |= e.name == store_file_name;
-      if (!is_creators_leftover(e) && e.name != store_file_name) {
-        return std::unexpected(error(errc::not_keel_file).about(path));
-      }
+    // A racing creator linked it since we looked (and may have made `seg` since, listed
+    // before it): open that. Only then is anything else somebody's.
+    if (std::ranges::any_of(*entries, [](const auto& e) { return e.name == store_file_name; })) {
+      continue;
     }
-    if (appeared) continue;
+    if (!std::ranges::all_of(*entries, [](const auto& e) { return is_creators_leftover(e); })) {
+      return std::unexpected(error(errc::not_keel_file).about(path));
+    }
     if (!options.create_if_missing) return errc_error(std::errc::no_such_file_or_directory);
     auto made = create_store_file(fs, out.dir, options);
     if (made) {

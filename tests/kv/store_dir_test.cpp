@@ -130,8 +130,13 @@ TEST(KvStoreDir, RacingCreatorsOpenOneStore) {
       return 0;
     }));
   }
+  // Every one waited for before any assertion (the directory goes with the test). One once
+  // took the `seg` a racing creator had made, listed before its store file, for a user's.
+  std::vector<int> codes;
   for (const pid_t k : kids)
-    ASSERT_EQ(wait_exit(k), 0);
+    codes.push_back(wait_exit(k));
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(codes[i], 0) << "creator " << i;
   const std::string first = slurp(ids + "0");
   ASSERT_EQ(first.size(), 16u);
   for (int i = 1; i < 8; ++i)
