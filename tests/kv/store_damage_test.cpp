@@ -114,6 +114,18 @@ bool a_writer_died_at(const std::string& path, commit_step step, Commit commit) 
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
+// A sector of the newest value marked "<c-marker>" zeroed, and the index removed (as a
+// reboot would have it rebuilt). Whether the marker was found.
+bool zero_a_sector_of_the_newest_c(const std::string& path) {
+  const place c = find_last(path, "<c-marker>");
+  if (c.offset == std::string::npos) return false;
+  std::string bytes = read_file(c.file);
+  std::memset(bytes.data() + (c.offset + 1024) / 512 * 512, 0, 512);
+  write_file(c.file, bytes);
+  std::filesystem::remove(path + "/index");
+  return true;
+}
+
 class KvDeadWriterBlock : public ::testing::TestWithParam<int> {};
 
 TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
@@ -164,12 +176,7 @@ TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
   }
   // The close recorded the space past the buried block as durable too: zeros in "c" now are
   // damage, not a power cut's.
-  const place c = find_last(path, "<c-marker>");
-  ASSERT_NE(c.offset, std::string::npos);
-  bytes = read_file(c.file);
-  std::memset(bytes.data() + (c.offset + 1024) / 512 * 512, 0, 512);
-  write_file(c.file, bytes);
-  std::filesystem::remove(path + "/index");
+  ASSERT_TRUE(zero_a_sector_of_the_newest_c(path));
   auto s = store::open(path, small());
   if (!s) {
     EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
@@ -210,12 +217,7 @@ TEST(KvDeadWriterBlob, IsBuriedAtTheCloseAndLaterDamageIsStillFound) {
   }
   // A sector of the newest "c" zeroed: damage (the closes recorded it durable), never a
   // commit a power cut tore.
-  const place c = find_last(path, "<c-marker>");
-  ASSERT_NE(c.offset, std::string::npos);
-  std::string bytes = read_file(c.file);
-  std::memset(bytes.data() + (c.offset + 1024) / 512 * 512, 0, 512);
-  write_file(c.file, bytes);
-  std::filesystem::remove(path + "/index");
+  ASSERT_TRUE(zero_a_sector_of_the_newest_c(path));
   auto s = store::open(path, small());
   if (!s) {
     EXPECT_EQ(s.error(), errc::corrupt) << s.error().message();
