@@ -83,24 +83,30 @@ class stdio_engine final : public sync_engine {
     };
     switch (o.kind) {
       case op_kind::read: {
-        if (auto r = seek(); !r) return std::unexpected(r.error());
+        if (auto r = seek(); !r) {
+          // Past the largest offset the filesystem allows, lseek refuses (EINVAL) where a
+          // pread finds the end of the file: what the other engines report.
+          if (r.error() == std::errc::invalid_argument) return 0;
+          return std::unexpected(r.error());
+        }
+        errno = 0;
         const std::size_t n = std::fread(o.buffer, 1, o.length, s);
         if (n < o.length && std::ferror(s) != 0) {
+          const int e = errno != 0 ? errno : EIO;  // fread's errno (EISDIR, EIO, ...)
           std::clearerr(s);
-          return errc_error(std::errc::io_error);
+          return errno_error(e);
         }
         std::clearerr(s);  // end of file is not sticky for the next request
         return n;
       }
       case op_kind::write: {
-        if (auto r = seek(); !r) return std::unexpected(r.error());
-        const std::size_t n = std::fwrite(o.buffer, 1, o.length, s);
-        if (n < o.length) {
-          const int e = errno != 0 ? errno : EIO;
-          std::clearerr(s);
-          return errno_error(e);
-        }
-        return n;
+        // Done only once the bytes are in the kernel, as pwrite's are: flushed from the
+        // stream's buffer now, so that a refused write fails here, in its own receipt. Left
+        // in the buffer, it would be acknowledged, then fail in the next request's flush,
+        // which glibc answers by dropping the buffer: a lost write nobody was told about.
+        if (auto r = seek(); !r) return std::unexpected(past_the_largest_offset(r.error()));
+        if (auto w = put(s, o.buffer, o.length); !w) return std::unexpected(w.error());
+        return o.length;
       }
       case op_kind::fsync:
       case op_kind::fdatasync:
@@ -125,14 +131,34 @@ class stdio_engine final : public sync_engine {
                          std::span<const iovec> data) noexcept override {
     stdio_file& sf = of(f);
     const base::lock_guard lock(sf.mutex);
-    if (::fseeko(sf.stream, static_cast<off_t>(offset), SEEK_SET) != 0) return last_errno_error();
+    if (::fseeko(sf.stream, static_cast<off_t>(offset), SEEK_SET) != 0) {
+      return std::unexpected(past_the_largest_offset(last_errno_error().error()));
+    }
     for (const iovec& v : data) {
-      errno = 0;
-      if (std::fwrite(v.iov_base, 1, v.iov_len, sf.stream) != v.iov_len) {
-        const int e = errno != 0 ? errno : EIO;
-        std::clearerr(sf.stream);
-        return errno_error(e);
+      if (auto w = put(sf.stream, static_cast<const std::byte*>(v.iov_base), v.iov_len); !w) {
+        return w;
       }
+    }
+    return {};
+  }
+
+ private:
+  // lseek refuses an offset past the largest the filesystem allows with EINVAL, where the
+  // write there gets EFBIG (the posix engine's, io_uring's): the write's errno. (Offsets
+  // past what an off_t holds never get here: refused as bad_request.)
+  static error past_the_largest_offset(const error& e) noexcept {
+    if (e == std::errc::invalid_argument) return std::error_code(EFBIG, std::system_category());
+    return e;
+  }
+
+  // Writes `n` bytes at the stream's position and flushes them to the kernel: the write's
+  // own errno when it fails (EFBIG, ENOSPC, ...). The buffer is empty afterwards either way.
+  static result<void> put(std::FILE* s, const std::byte* p, std::size_t n) noexcept {
+    errno = 0;
+    if (std::fwrite(p, 1, n, s) != n || std::fflush(s) != 0) {
+      const int e = errno != 0 ? errno : EIO;
+      std::clearerr(s);
+      return errno_error(e);
     }
     return {};
   }
