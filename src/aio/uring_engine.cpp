@@ -112,6 +112,60 @@ bool completions_waiting(const io_uring& ring) noexcept {
          __atomic_load_n(ring.cq.khead, __ATOMIC_RELAXED);
 }
 
+//! Whether io_uring_enter's error `r` (negative) means the ring cannot be entered again: a
+//! seccomp profile that denies the call once the ring is set up, a ring torn down. Others
+//! (EINTR, EAGAIN, EBUSY, ETIME, ENOMEM) pass.
+bool ring_is_dead(int r) noexcept {
+  switch (-r) {
+    case EPERM:
+    case EACCES:
+    case ENOSYS:
+    case EOPNOTSUPP:
+    case EBADF:
+    case EFAULT:
+    case EINVAL:
+    case ENXIO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr std::uint64_t discarded_tag = 1;  // a request taken back out of a dead ring
+
+//! The requests `ring` holds that the kernel has not taken (its enter failed): calls
+//! `back(op&)` for each and turns its entry into a NOP of no request, so that nothing runs
+//! them should the ring ever be entered again. Entries of no request are skipped.
+template <class F>
+void take_back_unsubmitted(io_uring& ring, F&& back) noexcept {
+  const unsigned head = __atomic_load_n(ring.sq.khead, __ATOMIC_ACQUIRE);
+  const unsigned tail = *ring.sq.ktail;
+  for (unsigned i = head; i != tail; ++i) {
+    io_uring_sqe* sqe = &ring.sq.sqes[i & ring.sq.ring_mask];
+    const std::uint64_t tag = sqe->user_data;
+    ::io_uring_prep_nop(sqe);
+    ::io_uring_sqe_set_data64(sqe, discarded_tag);
+    if (tag != wake_tag && tag != discarded_tag && tag != LIBURING_UDATA_TIMEOUT) {
+      back(*reinterpret_cast<op*>(static_cast<std::uintptr_t>(tag)));
+    }
+  }
+}
+
+//! Submits a NOP to a ring just set up and reaps it: what the engine does with a ring, so
+//! that a ring that can be set up but not entered (seccomp denying io_uring_enter alone)
+//! fails at start, where the default engine falls back to posix. 0 or -errno.
+int probe(io_uring& ring) noexcept {
+  io_uring_sqe* sqe = ::io_uring_get_sqe(&ring);
+  if (sqe == nullptr) return -EBUSY;
+  ::io_uring_prep_nop(sqe);
+  ::io_uring_sqe_set_data64(sqe, discarded_tag);
+  const int r = ::io_uring_submit_and_wait(&ring, 1);
+  if (r < 0) return r;
+  io_uring_cqe* cqe = nullptr;
+  if (::io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) ::io_uring_cqe_seen(&ring, cqe);
+  return 0;
+}
+
 //! A completion taken from a caller ring, to be settled outside the ring's lock.
 struct reaped {
   op* o;
@@ -451,6 +505,11 @@ class uring_worker final : public worker {
       report_start(std::error_code(-r, std::system_category()));
       return;
     }
+    if (r = probe(ring_); r < 0) {
+      ::io_uring_queue_exit(&ring_);
+      report_start(std::error_code(-r, std::system_category()));
+      return;
+    }
     if (!engine_.buffers().empty()) {
       std::vector<iovec> iov;
       try {
@@ -548,6 +607,10 @@ class uring_worker final : public worker {
 
   void loop() noexcept {
     for (;;) {
+      if (dead_ != 0) {
+        without_the_ring();
+        return;
+      }
       start_turn();
       if (in_flight_ == 0 && pending_.empty() && may_exit()) return;
 
@@ -582,6 +645,7 @@ class uring_worker final : public worker {
   bool help() noexcept override {
     if (uring_engine::settle_one_left()) return true;
     if (running_here != this) return false;
+    if (dead_ != 0) return fail_inbox();
     start_turn();
     __kernel_timespec ts{0, 1'000'000};
     io_uring_cqe* first = nullptr;
@@ -636,6 +700,17 @@ class uring_worker final : public worker {
         pending_.pop_front();
         done(*o, errno_error(-r));
       }
+      if (ring_is_dead(r) && dead_ == 0) {
+        // For good (io_uring_enter denied once running): what the kernel never took fails
+        // with the error, as does every request that comes from now on; the loop sleeps on
+        // the eventfd instead of the ring (without_the_ring). Requests the kernel took
+        // before cannot be reaped without entering: they stay pending.
+        dead_ = -r;
+        take_back_unsubmitted(ring_, [&](op& o) {
+          --in_flight_;
+          done(o, errno_error(dead_));
+        });
+      }
     }
     for (;;) {
       unsigned head = 0;
@@ -649,6 +724,39 @@ class uring_worker final : public worker {
       complete(got);
     }
     look_again_ = engine_.reap_left(index_);
+  }
+
+  // The loop of a worker whose ring died: every request that comes fails with the ring's
+  // error (tasks still run), and the thread sleeps on its eventfd.
+  void without_the_ring() noexcept {
+    for (;;) {
+      if (fail_inbox()) continue;
+      if (may_exit()) return;
+      sleeping_.store(true);
+      if (inbox_empty() && !may_exit()) {
+        std::uint64_t v = 0;
+        (void)!::read(efd_, &v, sizeof v);  // the wake-up eventfd: not a file, not the seam's
+      }
+      sleeping_.store(false);
+    }
+  }
+
+  // Ends what the inbox holds, the ring dead: whether there was anything.
+  bool fail_inbox() noexcept {
+    if (taken_ == nullptr) taken_ = take_all();
+    if (taken_ == nullptr) return false;
+    while (taken_ != nullptr) {
+      op& o = *taken_;
+      taken_ = o.next;
+      if (auto early = ctl_.before_engine(o)) {
+        done(o, std::move(early->outcome), early->cancelled);
+      } else if (o.kind == op_kind::task) {
+        done(o, o.task());
+      } else {
+        done(o, errno_error(dead_));
+      }
+    }
+    return true;
   }
 
   void intake(op& o) noexcept {
@@ -744,8 +852,9 @@ class uring_worker final : public worker {
       armed_ = false;
       return;
     }
-    // The timeout liburing queues itself for a wait with a timeout on kernels before 5.11.
-    if (cqe.user_data == LIBURING_UDATA_TIMEOUT) return;
+    // The timeout liburing queues itself for a wait with a timeout on kernels before 5.11,
+    // and the NOPs of the probe and of requests taken back.
+    if (cqe.user_data == LIBURING_UDATA_TIMEOUT || cqe.user_data == discarded_tag) return;
     op& o = *static_cast<op*>(::io_uring_cqe_get_data(&cqe));
     --in_flight_;
     if (auto end = outcome_of(o, cqe.res)) {
@@ -780,6 +889,7 @@ class uring_worker final : public worker {
   op* taken_ = nullptr;      // taken from the inbox, not looked at yet (intake_all)
   unsigned in_flight_ = 0;
   bool look_again_ = false;  // a caller ring with completions was busy (reap_left)
+  int dead_ = 0;             // the errno that killed the ring (after_submit), 0 while it lives
 
   // start() waits for the worker thread to set up its ring: the outcome, then the flag.
   std::atomic<bool> started_{false};
@@ -827,7 +937,14 @@ class caller_ring final : public base::thread_state {
   bool start(unsigned depth, unsigned slots) noexcept {
     depth_ = depth;
     if (::io_uring_queue_init(depth, &ring, 0) < 0) return false;
-    if (ring.cq.kflags == nullptr) {  // no IORING_CQ_EVENTFD_DISABLED (before Linux 5.8)
+    // No IORING_CQ_EVENTFD_DISABLED (before Linux 5.8), or a ring that cannot be entered.
+    if (ring.cq.kflags == nullptr || probe(ring) < 0) {
+      ::io_uring_queue_exit(&ring);
+      return false;
+    }
+    try {
+      given_back.reserve(depth);
+    } catch (const std::bad_alloc&) {
       ::io_uring_queue_exit(&ring);
       return false;
     }
@@ -867,10 +984,23 @@ class caller_ring final : public base::thread_state {
     if (::io_uring_cq_ready(&ring) != 0) engine_.kick(worker);
   }
 
-  //! Submits what is queued (all of it: EINTR, EAGAIN and EBUSY go round again).
+  //! Submits what is queued (all of it: EINTR, EAGAIN and EBUSY go round again). Where the
+  //! ring cannot be entered any more (ring_is_dead), what the kernel did not take is taken
+  //! back into `given_back`, for the workers, and the thread stops using the ring.
   void submit() noexcept KEEL_REQUIRES(mutex) {
     while (::io_uring_sq_ready(&ring) != 0) {
       const int r = ::io_uring_submit(&ring);
+      if (r < 0 && ring_is_dead(r)) {
+        closing_ = true;  // usable() no more: the thread's requests go to the workers
+        // (Called at once, under `mutex` still, which the analysis cannot follow into it.)
+        take_back_unsubmitted(ring, [&](op& o) KEEL_NO_THREAD_SAFETY_ANALYSIS {
+          o.ring = nullptr;
+          o.in_ring = false;
+          --in_flight;
+          given_back.push_back(&o);  // reserved for the whole ring
+        });
+        return;
+      }
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) return;  // next enter tries
     }
   }
@@ -936,6 +1066,9 @@ class caller_ring final : public base::thread_state {
   // (settle_here): the thread's own.
   std::array<reaped, reap_batch> stash{};
   std::size_t stashed = 0;
+  // Requests taken back out of the ring when it could not be entered (submit), for the
+  // workers: the thread's own.
+  std::vector<op*> given_back;
   // Held by the thread while it submits or reaps (also while it sleeps in the ring for a
   // completion), by a worker only to reap (try_lock): never waited for by a worker.
   base::mutex mutex;
@@ -1084,6 +1217,11 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
     if (completions_running == 0) r->stashed += r->reap(std::span(r->stash).subspan(r->stashed));
     r->leave();
   }
+  // Taken, then given back by a ring that could not be entered: started by the workers.
+  unsigned next = 0;
+  for (op* o : r->given_back)
+    ctl_.dispatch(o, next);
+  r->given_back.clear();
   return taken;
 }
 
