@@ -52,6 +52,9 @@ class keel_category final : public std::error_category {
       case errc::sync_failed:
         return "read-only: an fdatasync of this file failed (data written since may be lost); "
                "close the store in every process and reopen it";
+      case errc::inherited_across_fork:
+        return "the aio controller was inherited across fork(): only the parent may use it; "
+               "start a controller in the child";
     }
     return "unknown keel error";
   }
@@ -85,6 +88,7 @@ class keel_category final : public std::error_category {
       case errc::not_found:
       case errc::conflict:
       case errc::budget_reached:
+      case errc::inherited_across_fork:
         break;
     }
     return {value, *this};

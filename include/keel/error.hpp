@@ -72,6 +72,12 @@ enum class errc : int {
   //! (every process closed it); reads go on. Nothing else (EMFILE, ENOMEM) makes a store read
   //! only.
   sync_failed,  // ≈ io_error
+
+  // ---- aio, in a forked child ----
+  //! The aio controller (or a file or request of it) came from the parent across fork():
+  //! its threads and their requests stayed there, so the child may not use it (it would run
+  //! or re-run the parent's requests). Start a controller of the child's own.
+  inherited_across_fork,
 };
 
 //! The category of keel::errc ("keel").

@@ -497,7 +497,6 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
   const std::uint64_t end = o.offset + o.length;
   const std::uint64_t first = o.offset & ~std::uint64_t{page_size - 1};
   base::unique_lock lock(fc.mutex);
-  fc.logical_size = std::max(fc.logical_size, end);
   std::size_t missing = 0;
   std::size_t being_written = 0;  // pages a write-out is writing from: copied first
   bool touches_cache = false;
@@ -509,21 +508,42 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
       ++missing;
     }
   }
-  // At the hard limit a write that touches no cached page goes to the file; one that does
-  // is cached whole (the limit is passed by at most one request), so that no page can hold
-  // bytes older than the file's.
-  if (missing != 0 && !touches_cache &&
+  // At the hard limit a write that needs a page the cache lacks goes to the file, also one
+  // that touches cached pages (an append that begins in the page the last one ended in would
+  // otherwise grow the cache without bound): its bytes go into those pages first, dirty, so
+  // that a write-out of them, before or after the write lands, writes its bytes and never
+  // older ones. Pages made meanwhile by other threads are seen to when it ends
+  // (passed_write_finished). Where a write-out is writing from one of the pages, the write is
+  // cached whole instead (the limit is then passed by at most this request).
+  if (missing != 0 && being_written == 0 &&
       cc.bytes.load(std::memory_order_relaxed) + missing * page_size > cc.hard) {
+    std::size_t now_dirty = 0;
+    for (std::uint64_t p = first; p < end && touches_cache; p += page_size) {
+      cache_page* pg = fc.pages.find(p);
+      if (pg == nullptr) continue;
+      const page_part part = part_of(p, o.offset, end);
+      std::memcpy(pg->data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
+      pg->valid.set(part.lo, part.hi);
+      if (!pg->dirty.any()) {
+        mark_dirty(fc, *pg);
+        ++now_dirty;
+      }
+      pg->dirty.set(part.lo, part.hi);
+      ++pg->generation;
+    }
+    cc.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
     lock.unlock();
     cc.bypassed.fetch_add(1, std::memory_order_relaxed);
     if (!cc.wanted.exchange(true)) wake_flusher(cc);
+    o.passed_cache = true;
     return std::nullopt;
   }
-  // Where the cache does not pay, it steps aside (as at the hard limit, only for a write
-  // that touches no cached page: no page can then hold bytes older than the file's).
+  // Where the cache does not pay, it steps aside (only for a write that touches no cached
+  // page; a page made meanwhile by another thread's write is seen to when it ends).
   if (steps_aside(fc, o, touches_cache)) {
     lock.unlock();
     cc.bypassed.fetch_add(1, std::memory_order_relaxed);
+    o.passed_cache = true;
     return std::nullopt;
   }
   if (const std::size_t need = missing + being_written;
@@ -574,8 +594,12 @@ std::optional<result<std::size_t>> cache_write(cache_control& cc, file_cache& fc
     lock.unlock();
     if (touches_cache) return result<std::size_t>(errc_error(std::errc::not_enough_memory));
     cc.bypassed.fetch_add(1, std::memory_order_relaxed);
+    o.passed_cache = true;
     return std::nullopt;
   }
+  // The file's size once the cached writes are out: only a write the cache took counts (a
+  // write that went to the file and failed must not move the end reads see).
+  fc.logical_size = std::max(fc.logical_size, end);
   const std::uint64_t stamp = cc.writes.fetch_add(1, std::memory_order_relaxed) + 1;
   std::size_t now_dirty = 0;
   for (std::size_t k = 0; k < pages.size(); ++k) {
@@ -771,6 +795,54 @@ void write_back_cache::read_finished(op& o, result<std::size_t>& outcome) noexce
     });
   }
   outcome = n;
+}
+
+void write_back_cache::passed_write_finished(op& o, const result<std::size_t>& outcome) noexcept {
+  o.passed_cache = false;
+  file_cache& fc = *o.file->cache;
+  const std::uint64_t end = o.offset + o.length;
+  const std::uint64_t first = o.offset & ~std::uint64_t{page_size - 1};
+  const auto touches = [&]() KEEL_REQUIRES(fc.mutex) {
+    for (std::uint64_t p = first; p < end; p += page_size) {
+      if (fc.pages.find(p) != nullptr) return true;
+    }
+    return false;
+  };
+  {
+    const base::lock_guard lock(fc.mutex);
+    if (outcome) fc.logical_size = std::max(fc.logical_size, end);
+    if (!touches()) return;  // the common case: nothing cached to keep in step
+  }
+  // Pages that hold some of these bytes: cached when the write went past (the hard limit),
+  // or made since by another thread's write. A write-out may have written their bytes over
+  // this write's since it ended, so with the write-outs held off (the flush mutex: no page
+  // is being written from), this write's bytes go into them, dirty: the next write-out
+  // puts the file and the pages in step. A failed write left the file's bytes unknown:
+  // the pages' go out again instead.
+  const base::lock_guard flush_lock(fc.flush_mutex);
+  const base::lock_guard lock(fc.mutex);
+  if (fc.closed) return;
+  std::size_t now_dirty = 0;
+  for (std::uint64_t p = first; p < end; p += page_size) {
+    cache_page* pg = fc.pages.find(p);
+    if (pg == nullptr) continue;
+    const page_part part = part_of(p, o.offset, end);
+    const bool was_dirty = pg->dirty.any();
+    if (outcome) {
+      std::memcpy(pg->data() + part.lo, o.buffer + (p + part.lo - o.offset), part.hi - part.lo);
+      pg->valid.set(part.lo, part.hi);
+      pg->dirty.set(part.lo, part.hi);
+    } else {
+      pg->valid.runs(part.lo, part.hi,
+                     [&](std::size_t lo, std::size_t hi) { pg->dirty.set(lo, hi); });
+    }
+    ++pg->generation;
+    if (!was_dirty && pg->dirty.any()) {
+      mark_dirty(fc, *pg);
+      ++now_dirty;
+    }
+  }
+  cc_.dirty_pages.fetch_add(now_dirty, std::memory_order_relaxed);
 }
 
 result<void> write_back_cache::detach(file_state& f) noexcept {

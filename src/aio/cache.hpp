@@ -267,6 +267,9 @@ class write_back_cache {
   std::optional<result<std::size_t>> on_worker(op& o) noexcept;
   //! A read that went to the engine (o.reads_file) ended: lays the cached bytes over it.
   void read_finished(op& o, result<std::size_t>& outcome) noexcept;
+  //! A write the cache sent to the engine (o.passed_cache) ended: the file's size moves with
+  //! it if it succeeded, and the pages that hold some of its bytes are brought in step.
+  void passed_write_finished(op& o, const result<std::size_t>& outcome) noexcept;
   //! `f` closes (its last request ended): writes out and drops its pages. The error of a
   //! failed write-out, now or earlier and not yet reported.
   [[nodiscard]] result<void> detach(file_state& f) noexcept;

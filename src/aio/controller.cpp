@@ -4,19 +4,37 @@
 #include "keel/aio/controller.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 
+#include "base/abandon.hpp"
 #include "cache.hpp"
+#include "completing.hpp"
 #include "detail.hpp"
 
 namespace keel::aio {
 
 controller::impl::impl() = default;
-controller::impl::~impl() = default;
+
+controller::impl::~impl() {
+  if (!inherited()) return;
+  // A forked child's copy (the last file or request of it gone there): its threads are the
+  // parent's (joining one would fail) and so is its engine state (a stdio stream would flush
+  // the parent's buffer). Left as they are.
+  for (auto& w : workers)
+    base::abandon(std::move(w));
+  base::abandon(std::move(engine));
+  base::abandon(std::move(cache));
+}
 
 controller::controller(std::shared_ptr<impl> p) noexcept : impl_(std::move(p)) {}
 
 controller::~controller() {
+  if (impl_->inherited()) {
+    base::abandon(std::move(impl_));  // the parent's (see impl::~impl)
+    return;
+  }
   stop();
 }
 
@@ -58,6 +76,18 @@ result<std::unique_ptr<controller>> controller::start(options opts) noexcept {
 
 void controller::stop() noexcept {
   impl& c = *impl_;
+  if (c.inherited()) return;  // the parent's to stop
+  if (const detail::worker* w = detail::worker::of_this_thread();
+      w != nullptr && &w->owner() == &c) {
+    // A completion or task on one of its own workers: stopping joins that very thread.
+    std::fputs(
+        "keel::aio: a controller was stopped or destroyed from a completion or task on "
+        "one of its own threads, which stopping must join; aborting\n",
+        stderr);
+    std::abort();
+  }
+  // From a completion on another thread: the requests completing here are not waited for.
+  if (detail::completing_here != nullptr) detail::let_go_of_completions(nullptr, &c);
   const base::lock_guard lock(c.stop_mutex);
   if (c.stopped) return;
   c.stopping.store(true);

@@ -99,10 +99,17 @@ struct controller::impl {
   std::uint64_t timed_callers = 0;
   // Of options::reader_descriptions, the ones no file holds (set before it is shared).
   std::atomic<unsigned> readers_left{0};
+  // The process's forks when it started: in a child forked since, the controller is the
+  // parent's (its threads, their requests and locks stayed there) and nothing of it runs.
+  const std::uint64_t forks_at_start = base::fork_generation();
 
   impl();
   ~impl();
 
+  //! Whether this is a forked child's copy of the controller (errc::inherited_across_fork).
+  [[nodiscard]] bool inherited() const noexcept {
+    return base::fork_generation() != forks_at_start;
+  }
   [[nodiscard]] engine_kind kind() const noexcept { return engine->kind(); }
   //! Runs requests queued for the workers on the calling thread (worker::help): whether
   //! it ran any.
@@ -115,6 +122,9 @@ struct controller::impl {
   //! The end of a request: publishes `outcome` (or cancellation), runs the completion,
   //! wakes waiters, and hands on the ops of its stream that waited for it.
   void finish(detail::op* o, result<std::size_t> outcome, bool cancelled = false) noexcept;
+  //! Takes the finished (or completing) `o` out of its stream and hands on the requests of
+  //! the stream that no earlier unfinished one holds back any more.
+  void release_followers(detail::op* o) noexcept;
 };
 
 }  // namespace keel::aio

@@ -2,7 +2,9 @@
 
 #include "keel/aio/file.hpp"
 
+#include "base/abandon.hpp"
 #include "cache.hpp"
+#include "completing.hpp"
 #include "request.hpp"
 #include "worker.hpp"
 
@@ -67,11 +69,19 @@ result<void> file::close() noexcept {
   // The state stays until the object goes (a call on another thread may be reading
   // state_). The first closer closes; any other waits until it has.
   detail::file_state& f = *state_;
+  controller::impl& c = *f.owner;
+  if (c.inherited()) {
+    // A forked child's copy: the parent's threads may have held its locks, and its requests
+    // and cached bytes are the parent's to finish. Nothing is run, written or freed here.
+    base::abandon(std::move(state_));
+    return std::unexpected(make_error_code(errc::inherited_across_fork));
+  }
+  // From a completion: the requests completing on this thread are not waited for.
+  if (detail::completing_here != nullptr) detail::let_go_of_completions(&f, nullptr);
   if (f.closed.exchange(true)) {
     f.close_done.wait(false);
     return {};
   }
-  controller::impl& c = *f.owner;
   // From a completion or a task, this thread may hold some of the file's requests itself.
   f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
                             detail::worker::longest_sleep());

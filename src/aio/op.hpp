@@ -46,6 +46,7 @@ struct op {
   bool dispatched = false;     // under owner->mutex
   bool cache_checked = false;  // the cache decided it goes to the engine
   bool reads_file = false;     // a read of a cached file at the engine (see cache.hpp)
+  bool passed_cache = false;   // a write of a cached file the cache sent to the engine
   op* next = nullptr;          // inbox and worker-local queues
 
   // A batch's requests that must follow one another go to one io_uring worker as a chain,

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <new>
 
+#include "base/abandon.hpp"
 #include "cache.hpp"
 #include "detail.hpp"
 #include "keel/aio/errors.hpp"
@@ -21,6 +22,8 @@ std::atomic<std::uint64_t> next_file_id{1};
 }  // namespace
 
 detail::file_state::~file_state() {
+  // In a forked child, the parent's: a stdio stream would flush the parent's buffer.
+  if (owner && owner->inherited()) base::abandon(std::move(engine_data));
   engine_data.reset();  // before the handle closes the descriptor
 }
 
@@ -33,6 +36,7 @@ result<detail::stream*> detail::file_state::stream_of_this_thread() noexcept {
 }
 
 result<file> controller::open(const std::string& path, open_options how) noexcept {
+  if (impl_->inherited()) return std::unexpected(make_error_code(errc::inherited_across_fork));
   if (!how.read && !how.write) return errc_error(std::errc::invalid_argument);
   if ((how.create || how.truncate) && !how.write) return errc_error(std::errc::invalid_argument);
   if (auto ok = impl_->engine->accepts(how); !ok) return std::unexpected(ok.error());

@@ -3,6 +3,7 @@
 #include "keel/aio/receipt.hpp"
 
 #include "caller_clock.hpp"
+#include "completing.hpp"
 #include "detail.hpp"
 #include "keel/aio/errors.hpp"
 #include "worker.hpp"
@@ -61,6 +62,14 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
                      static_cast<std::uint32_t>(status::pending);
   controller::impl* c = !ended && op_->file ? op_->file->owner.get() : nullptr;
   const detail::timed_call timed(!ended && c != nullptr ? c->timed_callers : 0);
+  if (c != nullptr && c->inherited()) {
+    // A forked child's copy of a request the parent had not finished: it ends (or ended)
+    // there, never here.
+    return std::unexpected(make_error_code(errc::inherited_across_fork));
+  }
+  // Inside a completion: what waits for the request completing here must not wait for
+  // this wait too (completing.hpp).
+  if (!ended && detail::completing_here != nullptr) detail::let_go_of_completions(nullptr, nullptr);
   const io::countdown cd = d.start();
   bool spun = false;
   for (;;) {

@@ -8,6 +8,7 @@
 
 #include "cache.hpp"
 #include "caller_clock.hpp"
+#include "completing.hpp"
 #include "keel/aio/errors.hpp"
 
 namespace keel::aio::detail {
@@ -26,6 +27,7 @@ op* make_op(op_kind k, std::uint64_t offset, std::byte* buffer, std::size_t leng
 
 error refusal(const file_state* f, const op& o) noexcept {
   if (f == nullptr) return make_error_code(errc::file_closed);
+  if (f->owner->inherited()) return make_error_code(errc::inherited_across_fork);
   if ((o.kind == op_kind::read && !f->readable) || (o.kind == op_kind::write && !f->writable)) {
     return make_error_code(errc::not_opened_for);
   }
@@ -126,34 +128,37 @@ void controller::impl::finish(detail::op* o, result<std::size_t> outcome, bool c
   status st = status::done;
   if (cancelled) outcome = std::unexpected(make_error_code(errc::controller_stopped));
   if (o->reads_file) cache->read_finished(*o, outcome);
+  if (o->passed_cache) cache->passed_write_finished(*o, outcome);
   if (cancelled) {
     st = status::cancelled;
   } else if (!outcome) {
     st = status::failed;
+    // Whatever the engine: the error names its file (and where, for a read or write).
+    if (outcome.error().path().empty()) {
+      const bool ranged = o->kind == detail::op_kind::read || o->kind == detail::op_kind::write;
+      outcome = std::unexpected(outcome.error().about(o->file->handle.shared_path(),
+                                                      ranged ? o->offset : keel::error::no_offset));
+    }
   }
   if (outcome) {
     o->done = *outcome;
   } else {
     o->error = outcome.error();
   }
-  if (o->on_done) o->on_done(outcome);
+  detail::completion_frame frame{o, detail::completing_here};
+  if (o->on_done) {
+    detail::completing_here = &frame;
+    o->on_done(outcome);
+    detail::completing_here = frame.outer;
+  }
   const std::uint32_t before =
       o->state.exchange(static_cast<std::uint32_t>(st), std::memory_order_acq_rel);
   if ((before & detail::op::has_waiters) != 0) base::futex_wake(o->state);
 
-  if (detail::stream* s = o->owner; s != nullptr) {
-    // Hand on the ops of the stream that no earlier unfinished op holds back any more.
-    detail::stream::released ready;
-    s->finished(*o, ready);
-    for (std::size_t i = 0; i < ready.n_few; ++i)
-      dispatch(ready.few[i], ready.first_worker);
-    for (detail::op* y : ready.more)
-      dispatch(y, ready.first_worker);
-  }
-
+  if (!frame.followers_released) release_followers(o);
   detail::file_state& f = *o->file;
-  if (f.in_flight.take(o->shard, 1) && f.closed.load()) f.in_flight.wake();
-  if (outstanding.take(o->shard, 1) && stopping.load()) {
+  if (!frame.out_of_file && f.in_flight.take(o->shard, 1) && f.closed.load()) f.in_flight.wake();
+  if (!frame.out_of_controller && outstanding.take(o->shard, 1) && stopping.load()) {
     outstanding.wake();
     for (auto& w : workers)
       w->wake();
@@ -161,4 +166,38 @@ void controller::impl::finish(detail::op* o, result<std::size_t> outcome, bool c
   o->unref();
 }
 
+void controller::impl::release_followers(detail::op* o) noexcept {
+  detail::stream* s = o->owner;
+  if (s == nullptr) return;
+  detail::stream::released ready;
+  s->finished(*o, ready);
+  for (std::size_t i = 0; i < ready.n_few; ++i)
+    dispatch(ready.few[i], ready.first_worker);
+  for (detail::op* y : ready.more)
+    dispatch(y, ready.first_worker);
+}
+
 }  // namespace keel::aio
+
+namespace keel::aio::detail {
+
+void let_go_of_completions(const file_state* closing, const void* stopping) noexcept {
+  for (completion_frame* fr = completing_here; fr != nullptr; fr = fr->outer) {
+    op* o = fr->o;
+    controller::impl& c = *o->file->owner;
+    if (!fr->followers_released) {
+      fr->followers_released = true;
+      c.release_followers(o);
+    }
+    if (closing != nullptr && o->file.get() == closing && !fr->out_of_file) {
+      fr->out_of_file = true;
+      (void)o->file->in_flight.take(o->shard, 1);  // the closer is this thread
+    }
+    if (stopping != nullptr && &c == stopping && !fr->out_of_controller) {
+      fr->out_of_controller = true;
+      (void)c.outstanding.take(o->shard, 1);  // the stopper is this thread
+    }
+  }
+}
+
+}  // namespace keel::aio::detail

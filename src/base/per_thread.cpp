@@ -31,6 +31,10 @@ struct thread_cache {
 
   ~thread_cache() {
     last = {};
+    // A forked child's copy of a thread that never looked since: the entries are the
+    // parent's (their registries' locks may be held by the parent's threads, which do not
+    // exist here). The registries free their states in time.
+    if (generation != fork_generation()) return;
     for (auto& e : entries) {
       if (auto r = e.registry.lock()) {
         const base::lock_guard lock(r->mutex);

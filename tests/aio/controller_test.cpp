@@ -34,7 +34,12 @@ namespace {
 using namespace std::chrono_literals;
 using test::temp_dir;
 using test_support::descriptor_of;
+using test_support::ends_on_its_own;
+using test_support::expect_ends_in_a_child;
+using test_support::one_worker;
 using test_support::open_rw;
+using test_support::unavailable;
+using test_support::workers_forced_away;
 
 std::unique_ptr<controller> start_engine(engine_kind k, unsigned workers = 2) {
   options o;
@@ -48,33 +53,6 @@ std::unique_ptr<controller> start_engine(engine_kind k, unsigned workers = 2) {
   EXPECT_EQ((*c)->engine(), k);
   return std::move(*c);
 }
-
-// Why engine `k` cannot be had here (empty: it can): KEEL_AIO_ENGINE forcing another one on
-// every controller, or io_uring forbidden or missing (a seccomp filter, as Docker's default
-// profile has; kernel.io_uring_disabled; an old kernel).
-std::string unavailable(engine_kind k) {
-  if (const char* env = std::getenv("KEEL_AIO_ENGINE");
-      env != nullptr && *env != '\0' && std::string_view(env) != to_string(k)) {
-    return std::string("KEEL_AIO_ENGINE=") + env + " forces every controller's engine";
-  }
-  if (k != engine_kind::io_uring) return {};
-  static const std::string why = [] {
-    options o;
-    o.engine = engine_kind::io_uring;
-    o.workers = 1;
-    auto c = controller::start(o);
-    return c ? std::string() : "io_uring cannot start here: " + c.error().message();
-  }();
-  return why;
-}
-
-// A test of what engine `k` itself does skips, with the reason, where it cannot be had.
-#define KEEL_NEED_ENGINE(k)                                             \
-  do {                                                                  \
-    if (const std::string why_not = unavailable(k); !why_not.empty()) { \
-      GTEST_SKIP() << why_not;                                          \
-    }                                                                   \
-  } while (false)
 
 // The engine a test of behaviour every engine shares runs on: the one KEEL_AIO_ENGINE
 // forces, else io_uring where it works, else posix.
@@ -821,15 +799,6 @@ TEST(Aio, CloseRacesWithRequestsAndAnotherClose) {
 // running the completion took from an inbox together with its own request: that wait must
 // not leave it waiting for itself. Each engine, in a child with a time limit, since the
 // failure is a hang: the only worker is held by a task while both writes queue behind it.
-// Why a test that needs its requests queued for a controller's workers cannot have that
-// here (empty: it can).
-std::string workers_forced_away() {
-  const char* env = std::getenv("KEEL_AIO_SUBMIT_ON");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "workers") return {};
-  return std::string("KEEL_AIO_SUBMIT_ON=") + env +
-         " forces where requests start: this needs them queued for a worker";
-}
-
 class CompletionWaits : public ::testing::TestWithParam<engine_kind> {
  protected:
   void SetUp() override {
@@ -837,16 +806,6 @@ class CompletionWaits : public ::testing::TestWithParam<engine_kind> {
     if (const std::string why = workers_forced_away(); !why.empty()) GTEST_SKIP() << why;
   }
 };
-
-// Runs `body` in a forked child given 20 s, and expects it to exit 0: what these tests look
-// for is a hang.
-void expect_ends_in_a_child(const std::function<int()>& body) {
-  const pid_t child = test::fork_child([&] {
-    ::alarm(20);
-    return body();
-  });
-  EXPECT_EQ(test::wait_exit(child), 0) << "128 + " << SIGALRM << ": it hung";
-}
 
 TEST_P(CompletionWaits, ForARequestQueuedBehindItsOwn) {
   const engine_kind k = GetParam();
@@ -922,25 +881,6 @@ INSTANTIATE_TEST_SUITE_P(Engines, CompletionWaits,
                          ::testing::Values(engine_kind::io_uring, engine_kind::posix,
                                            engine_kind::stdio, engine_kind::null),
                          [](const auto& p) { return std::string(to_string(p.param)); });
-
-// Waits for `r` without running anything itself (a wait with a deadline does not), up to
-// `seconds`: the test's own wait must not rescue the thread it tests.
-bool ends_on_its_own(const receipt& r, int seconds) {
-  for (int i = 0; i < seconds * 100 && !r.ready(); ++i)
-    std::this_thread::sleep_for(10ms);
-  return r.ready();
-}
-
-// A one controller, one worker, requests queued for it: where a completion or task on
-// that worker that waits finds its own thread is the only one that can run what it waits for.
-std::unique_ptr<controller> one_worker(engine_kind k) {
-  options o;
-  o.engine = k;
-  o.workers = 1;
-  o.submit_on = submitter::workers;
-  auto c = controller::start(o);
-  return c ? std::move(*c) : nullptr;
-}
 
 // A completion, and a task, on the only worker of their controller wait for a task (which
 // runs on the controller's threads only: that worker's, here).

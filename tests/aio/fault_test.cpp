@@ -281,6 +281,29 @@ TEST_F(AioFaults, ACacheWriteOutThatFailsIsTheNextFsyncsError) {
   EXPECT_TRUE(f.close());
 }
 
+// At the hard limit the cache stops growing, also under appends that each begin in the page
+// the previous one ended in (a write that touches a cached page stayed in the cache whole,
+// so these never left it), with every write to the file failing: past the limit the appends
+// go to the file, where they fail in their own receipts.
+TEST_F(AioFaults, TheHardLimitHoldsForAppendsThatTouchTheLastPage) {
+  ASSERT_NO_FATAL_FAILURE(start(true, 1 << 20, 60s));
+  fs.inject({.on = fs_op::write, .nth = 1, .repeat = fault::repeat::forever, .error = EIO});
+  const auto data = pattern(4095, 9);
+  std::size_t most = 0;
+  std::size_t failed = 0;
+  for (std::uint64_t at = 0; at < (std::uint64_t{12} << 20); at += data.size()) {
+    const auto w = f.write(at, data).wait();
+    if (!w) {
+      EXPECT_EQ(w.error(), std::errc::io_error);
+      ++failed;
+    }
+    most = std::max(most, c->cache().cached_bytes);
+  }
+  EXPECT_LE(most, (std::size_t{4} << 20) + 2 * 4096) << "the hard limit is 4 MiB";
+  EXPECT_GT(failed, 0u) << "past the limit, appends reach the (failing) file";
+  EXPECT_FALSE(f.fsync().wait()) << "the cached pages could not go out either";
+}
+
 // The flusher's write-out fails in the background (the soft limit is tiny): nobody waits for
 // it, so the next fsync reports it, even though a later write-out got the bytes there.
 TEST_F(AioFaults, AFlushersFailedWriteOutWaitsForTheNextFsync) {

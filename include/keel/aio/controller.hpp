@@ -45,6 +45,11 @@ struct options {
   //! The engine; unset: io_uring where it works here, else posix. The environment variable
   //! KEEL_AIO_ENGINE (io_uring, posix, stdio, null) overrides both. A chosen engine that
   //! cannot start is an error; only the default falls back.
+  //! io_uring is tried as it is used (a NOP submitted and reaped on every ring), so a
+  //! profile that lets rings be set up but denies io_uring_enter fails at start. Should
+  //! io_uring_enter be denied once running, a ring fails what it holds and the kernel did
+  //! not take, and every later request, with that error (what the kernel took before stays
+  //! pending: it cannot be reaped without entering).
   std::optional<engine_kind> engine;
   //! The filesystem files are opened, read, written and synced through (the seam; null:
   //! io::os()). The write-back cache writes out through it too. Only the posix engine runs
@@ -167,6 +172,15 @@ struct open_options {
 //! Owns worker threads and their engines, and runs the requests of the files opened through
 //! it (see file.hpp for ordering). Start one with `start`; `stop` (or the destructor) ends
 //! it. Thread-safe. Files may outlive it: their requests are then cancelled.
+//!
+//! **fork().** A controller belongs to the process that started it. In a forked child its
+//! threads do not exist, and its requests (queued, running, cached bytes not yet written
+//! out) are the parent's, which finishes them: the child never runs or re-runs any of them.
+//! There every call on the inherited controller, its files and its receipts of requests not
+//! finished at the fork fails with errc::inherited_across_fork (receipts of finished ones
+//! keep their outcome); stop() does nothing; closing or destroying them writes, runs and
+//! frees nothing (their memory stays until the child exits: the parent's threads may have
+//! held their locks). A child may do nothing with it, and start controllers of its own.
 class controller {
  public:
   //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE or

@@ -41,8 +41,14 @@ struct request {
 //! receipt is ready or its completion has run).
 //!
 //! **Errors** come back in the receipt, never by throwing: the errno of the failed call, or
-//! an aio::errc for a request keel refused before running it. A short transfer is continued
-//! until done or end of file; a failed fsync is reported, not retried.
+//! an aio::errc for a request keel refused before running it, naming the file (and for a read
+//! or write the offset asked for). A short transfer is continued until done or end of file;
+//! a failed fsync is reported, not retried. A request is reported done only once its effect
+//! is where the engine's contract puts it: a write in the kernel (the stdio engine flushes
+//! its stream's buffer, so a refused write fails in its own receipt), or for a cached file
+//! in the cache, whose failed write-out the next fsync or close of the file reports (the
+//! bytes stay cached, dirty, for the next one). A write that fails leaves the end of the file
+//! where it was.
 class file {
  public:
   file() noexcept = default;

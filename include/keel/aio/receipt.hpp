@@ -26,11 +26,19 @@ enum class status : std::uint8_t {
 //! the controller's threads, or on a thread waiting on a receipt without a deadline (which
 //! runs queued requests itself rather than wait, with the posix, stdio and null engines),
 //! or on the submitting thread for a request the write-back cache finishes at once. Keep it
-//! short: it runs where the next I/O would be issued. It may submit requests and wait for
-//! them, and close files: a wait there runs what its own thread holds rather than wait for
-//! itself. Except for one request: a later one of the same thread and file that must follow
-//! the request completing (file.hpp, Ordering) starts only once this callback has returned,
-//! so a wait for it there never ends (wait with a deadline if unsure).
+//! short: it runs where the next I/O would be issued.
+//!
+//! The callbacks of one thread's requests on one file run in their order: a later request
+//! that must follow the one completing (file.hpp, Ordering) starts once this callback has
+//! returned, or as soon as it waits. A callback may submit requests and wait for any of
+//! them, also for those that must follow its own, directly or through requests between (a
+//! read that waits behind a write that waits behind the request completing): waiting lets
+//! them go first. It may close files, also its own request's (the close does not wait for
+//! the callbacks running on its thread), and stop or destroy a controller other than the
+//! one whose thread it runs on. It must not throw (an exception escaping it ends the process
+//! through std::terminate, as from any noexcept function), and must not stop or destroy its
+//! own controller while it runs on one of that controller's threads: stopping joins that
+//! thread, so the process aborts with a message saying so instead of hanging.
 using completion = std::function<void(const result<std::size_t>&)>;
 
 //! The claim on one submitted request. Copyable (all copies see the same request); the
