@@ -9,6 +9,24 @@
 #include "worker.hpp"
 
 namespace keel::aio {
+namespace {
+
+// The files this thread is closing, innermost first: a wait inside a close runs queued
+// requests here, whose completions may close the same file again.
+struct closing_here {
+  const detail::file_state* f;
+  closing_here* outer;
+};
+thread_local closing_here* closes_here = nullptr;
+
+bool this_thread_closes(const detail::file_state& f) noexcept {
+  for (const closing_here* c = closes_here; c != nullptr; c = c->outer) {
+    if (c->f == &f) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 using detail::make_op;
 using detail::op_kind;
@@ -79,12 +97,22 @@ result<void> file::close() noexcept {
   // From a completion: the requests completing on this thread are not waited for.
   if (detail::completing_here != nullptr) detail::let_go_of_completions(&f, nullptr);
   if (f.closed.exchange(true)) {
+    // A close of it further out on this thread, waiting for its requests, ran the request
+    // whose completion closes it again: that close ends when this call has returned.
+    if (this_thread_closes(f)) return {};
+    // Another thread closes it, and waits for the file's requests: those this thread holds
+    // (taken from an inbox by a wait it is inside of, on its ring) must run here meanwhile.
+    f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
+                              detail::worker::longest_sleep());
     f.close_done.wait(false);
     return {};
   }
   // From a completion or a task, this thread may hold some of the file's requests itself.
+  closing_here mine{&f, closes_here};
+  closes_here = &mine;
   f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
                             detail::worker::longest_sleep());
+  closes_here = mine.outer;
   // The cache's bytes go out first, then the engine lets go (a ring that registered the
   // file holds it open in the kernel past close(2)), then the descriptor closes.
   result<void> r;
