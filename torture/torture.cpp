@@ -41,6 +41,10 @@ std::string_view to_string(mode m) noexcept {
       return "io-errors";
     case mode::corrupt:
       return "corrupt";
+    case mode::fork:
+      return "fork";
+    case mode::mixed:
+      return "mixed";
   }
   return "?";
 }
@@ -60,11 +64,12 @@ std::string_view to_string(workload w) noexcept {
 }
 
 bool applies(mode m, workload w) noexcept {
+  if (m == mode::fork || m == mode::mixed) return w == workload::cache;
   return !(m == mode::corrupt && w == workload::cache);
 }
 
 std::vector<mode> all_modes() {
-  return {mode::kill, mode::powerloss, mode::io_errors, mode::corrupt};
+  return {mode::kill, mode::powerloss, mode::io_errors, mode::corrupt, mode::fork, mode::mixed};
 }
 std::vector<workload> all_workloads() {
   return {workload::atomic_append, workload::memory_map, workload::cache, workload::kv};
@@ -561,6 +566,48 @@ failure_text cache_cycle(const config& c, const places& at, std::uint64_t seed) 
   detail::cache_run run;
   const std::uint64_t child_seed = rng();
   std::string how;
+  if (c.how == mode::fork) {
+    detail::aio_writer w = detail::random_writer(rng());
+    w.window = std::max(w.window, 2u);
+    w.fork_every = 1 + static_cast<int>(rng() % 40);
+    how = "fork every " + std::to_string(w.fork_every) + " writes, " +
+          std::string(aio::to_string(w.engine)) + (w.cache ? " with the cache" : "");
+    const pid_t pid = spawn([&] { return run.write(data, io::os(), child_seed, 400, w); });
+    const exit_status s = wait_for(pid, 60s);
+    if (!s.clean()) return fail("the forking writer %s (%s)", s.describe().c_str(), how.c_str());
+    failure_text f = run.check(data, true);
+    if (f) *f += " (" + how + ")";
+    return f;
+  }
+  if (c.how == mode::mixed) {
+    // Two writers, each its own engine and settings, on the two halves of the blocks.
+    std::vector<pid_t> pids;
+    for (std::uint32_t half = 0; half < 2; ++half) {
+      detail::aio_writer w = detail::random_writer(rng());
+      w.first_block = half * 32;
+      w.block_count = 32;
+      how += std::string(half == 0 ? "" : " and ") + std::string(aio::to_string(w.engine)) +
+             (w.cache ? "+cache" : "") + " window " + std::to_string(w.window);
+      const std::uint64_t seed_of_writer = rng();
+      pids.push_back(spawn([&] { return run.write(data, io::os(), seed_of_writer, 2000, w); }));
+    }
+    const bool killing = rng() % 4 != 0;
+    if (killing) {
+      for (const pid_t pid : pids) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 20000));
+        ::kill(pid, SIGKILL);
+      }
+    }
+    for (const pid_t pid : pids) {
+      const exit_status s = wait_for(pid, 60s);
+      if (!killing && !s.clean())
+        return fail("a writer %s (%s)", s.describe().c_str(), how.c_str());
+    }
+    how += killing ? ", killed" : ", finished";
+    failure_text f = run.check(data, !killing);
+    if (f) *f += " (" + how + ")";
+    return f;
+  }
   if (c.how == mode::kill) {
     const pid_t pid = spawn([&] { return run.write(data, io::os(), child_seed, 4000); });
     std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 20000));
@@ -651,6 +698,9 @@ outcome run(const config& c, const std::function<void(std::uint64_t)>& progress)
         case mode::corrupt:
           f = corrupt_cycle(c, at, seed);
           break;
+        case mode::fork:
+        case mode::mixed:
+          break;  // keel::aio's (applies)
       }
     }
     ++out.cycles;

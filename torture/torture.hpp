@@ -8,7 +8,12 @@
 // crashes or hangs or breaks its promise; after the fault clears, everything reopens
 // intact), corrupt (flip bits, zero ranges, truncate the files keel writes: use reports a
 // clear error naming the file, never crashes or hangs, and never returns a wrong answer
-// where checksums are on).
+// where checksums are on), and for keel::aio (the cache workload) two more: fork (the
+// writer, with writes in flight, forks children that must be refused the inherited
+// controller and run one of their own; the file must end exactly as the writer's
+// acknowledged writes left it) and mixed (two writers of any engine, cache or not, any
+// submitter, writes in flight, on halves of one file, each killed at a random moment or
+// left to finish; what their fsyncs covered, or their writes if they finished, must hold).
 //
 // Every cycle has its own seed (the run's seed + the cycle number): a failure prints it, and
 // `--seed S --cycles 1` replays that cycle alone.
@@ -23,7 +28,7 @@
 
 namespace keel::torture {
 
-enum class mode : std::uint8_t { kill, powerloss, io_errors, corrupt };
+enum class mode : std::uint8_t { kill, powerloss, io_errors, corrupt, fork, mixed };
 enum class workload : std::uint8_t { atomic_append, memory_map, cache, kv };
 
 [[nodiscard]] std::string_view to_string(mode m) noexcept;
@@ -32,7 +37,8 @@ enum class workload : std::uint8_t { atomic_append, memory_map, cache, kv };
 [[nodiscard]] bool workload_from(std::string_view s, workload& out) noexcept;
 [[nodiscard]] std::vector<mode> all_modes();
 [[nodiscard]] std::vector<workload> all_workloads();
-//! Whether `m` means anything for `w` (the cache has no file format to corrupt).
+//! Whether `m` means anything for `w` (the cache has no file format to corrupt; fork and
+//! mixed are keel::aio's).
 [[nodiscard]] bool applies(mode m, workload w) noexcept;
 
 struct config {

@@ -23,6 +23,7 @@
 
 #include "base/futex.hpp"
 #include "base/per_thread.hpp"
+#include "base/planted.hpp"
 #include "base/sharded_count.hpp"
 #include "base/thread_safety.hpp"
 #include "engine.hpp"
@@ -108,7 +109,8 @@ struct controller::impl {
 
   //! Whether this is a forked child's copy of the controller (errc::inherited_across_fork).
   [[nodiscard]] bool inherited() const noexcept {
-    return base::fork_generation() != forks_at_start;
+    return base::fork_generation() != forks_at_start &&
+           !base::is_planted(base::planted_bug::aio_child_uses_parents_controller);
   }
   [[nodiscard]] engine_kind kind() const noexcept { return engine->kind(); }
   //! Runs requests queued for the workers on the calling thread (worker::help): whether

@@ -8,7 +8,7 @@ namespace keel::base {
 std::atomic<planted_bug> planted{planted_bug::none};
 
 namespace {
-constexpr std::array<std::pair<planted_bug, std::string_view>, 11> names{{
+constexpr std::array<std::pair<planted_bug, std::string_view>, 12> names{{
     {planted_bug::none, "none"},
     {planted_bug::memory_map_skips_recovery, "memory_map_skips_recovery"},
     {planted_bug::atomic_append_skips_header_sync, "atomic_append_skips_header_sync"},
@@ -20,6 +20,7 @@ constexpr std::array<std::pair<planted_bug, std::string_view>, 11> names{{
     {planted_bug::kv_skips_sync, "kv_skips_sync"},
     {planted_bug::kv_ignores_failed_manifest_write, "kv_ignores_failed_manifest_write"},
     {planted_bug::kv_skips_record_checksum, "kv_skips_record_checksum"},
+    {planted_bug::aio_child_uses_parents_controller, "aio_child_uses_parents_controller"},
 }};
 }  // namespace
 

@@ -16,11 +16,12 @@ enum class planted_bug : std::uint8_t {
   atomic_append_ignores_failed_append,  //!< a failed append is taken as held (io-errors)
   atomic_append_skips_checksum,         //!< records are believed without their checksum (corrupt)
   cache_skips_fsync,  //!< the aio cache answers fsync without writing out or syncing (powerloss)
-  cache_forgets_failed_write_out,    //!< the cache drops pages it failed to write (io-errors)
-  kv_forgets_last_commit,            //!< an opener alone makes the newest commit invisible (kill)
-  kv_skips_sync,                     //!< a group sync syncs nothing (powerloss)
-  kv_ignores_failed_manifest_write,  //!< a segment whose listing failed is used (io-errors)
-  kv_skips_record_checksum,          //!< records are read without their checksum (corrupt)
+  cache_forgets_failed_write_out,     //!< the cache drops pages it failed to write (io-errors)
+  kv_forgets_last_commit,             //!< an opener alone makes the newest commit invisible (kill)
+  kv_skips_sync,                      //!< a group sync syncs nothing (powerloss)
+  kv_ignores_failed_manifest_write,   //!< a segment whose listing failed is used (io-errors)
+  kv_skips_record_checksum,           //!< records are read without their checksum (corrupt)
+  aio_child_uses_parents_controller,  //!< a forked child runs the inherited controller (fork)
 };
 
 //! The bug planted in this process (none by default).

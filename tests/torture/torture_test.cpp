@@ -104,8 +104,9 @@ INSTANTIATE_TEST_SUITE_P(
         planted_case{mode::powerloss, workload::kv, base::planted_bug::kv_skips_sync, 200},
         planted_case{mode::io_errors, workload::kv,
                      base::planted_bug::kv_ignores_failed_manifest_write, 2000},
-        planted_case{mode::corrupt, workload::kv, base::planted_bug::kv_skips_record_checksum,
-                     300}),
+        planted_case{mode::corrupt, workload::kv, base::planted_bug::kv_skips_record_checksum, 300},
+        planted_case{mode::fork, workload::cache,
+                     base::planted_bug::aio_child_uses_parents_controller, 20}),
     [](const auto& param_info) {
       std::string name = std::string(to_string(param_info.param.how)) + "_" +
                          std::string(to_string(param_info.param.what));

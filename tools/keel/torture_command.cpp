@@ -25,6 +25,11 @@ int run_torture_command(int argc, char** argv) {
       "  corrupt    flip bits, zero ranges, truncate (kv: and remove) files of a closed\n"
       "             lock or store: a clear error naming the file, or a wait; never a crash,\n"
       "             hang, wrong grant, or an older or another key's value\n"
+      "  fork       (cache) the writer forks children with writes in flight: each must be\n"
+      "             refused the inherited controller and run one of its own; the file ends\n"
+      "             exactly as the writer's acknowledged writes left it\n"
+      "  mixed      (cache) two writers of random engines, cache or not, writes in flight,\n"
+      "             on halves of one file, killed at random moments or left to finish\n"
       "Workloads: the atomic_append lock log, the memory_map table, the aio write-back cache\n"
       "(what a successful fsync covered must be in the file), and keel::kv (transactions\n"
       "checked against an oracle of what each wrote and whether it was acknowledged).\n"
@@ -35,7 +40,7 @@ int run_torture_command(int argc, char** argv) {
   torture::config c;
   std::string plant = "none";
   bool keep_going = false;
-  app.add_option("--mode", mode_name, "kill, powerloss, io-errors, corrupt, or all")
+  app.add_option("--mode", mode_name, "kill, powerloss, io-errors, corrupt, fork, mixed, or all")
       ->capture_default_str();
   app.add_option("--workload", workload_name, "atomic_append, memory_map, cache, kv, or all")
       ->capture_default_str();
@@ -54,7 +59,7 @@ int run_torture_command(int argc, char** argv) {
                  "Run with a bug planted on purpose, to see the harness catch it: "
                  "memory_map_skips_recovery, atomic_append_skips_header_sync, "
                  "atomic_append_ignores_failed_append, atomic_append_skips_checksum, "
-                 "cache_skips_fsync, cache_forgets_failed_write_out")
+                 "cache_skips_fsync, cache_forgets_failed_write_out, aio_child_uses_parents_controller")
       ->capture_default_str();
   app.add_flag("--keep-going", keep_going, "Go on after a failure (default: stop at the first)");
   try {
