@@ -55,11 +55,12 @@ int run_torture_command(int argc, char** argv) {
   app.add_option("--map-dir", c.map_directory, "Where memory_map puts its maps (tmpfs)")
       ->capture_default_str()
       ->check(CLI::ExistingDirectory);
-  app.add_option("--plant", plant,
-                 "Run with a bug planted on purpose, to see the harness catch it: "
-                 "memory_map_skips_recovery, atomic_append_skips_header_sync, "
-                 "atomic_append_ignores_failed_append, atomic_append_skips_checksum, "
-                 "cache_skips_fsync, cache_forgets_failed_write_out, aio_child_uses_parents_controller")
+  app.add_option(
+         "--plant", plant,
+         "Run with a bug planted on purpose, to see the harness catch it: "
+         "memory_map_skips_recovery, atomic_append_skips_header_sync, "
+         "atomic_append_ignores_failed_append, atomic_append_skips_checksum, "
+         "cache_skips_fsync, cache_forgets_failed_write_out, aio_child_uses_parents_controller")
       ->capture_default_str();
   app.add_flag("--keep-going", keep_going, "Go on after a failure (default: stop at the first)");
   try {
