@@ -47,8 +47,11 @@ error refusal(const file_state* f, const op& o) noexcept {
 
 receipt refuse(op* o, const error& why) noexcept {
   receipt r = receipt_access::make(o);
-  o->error = why;
-  if (o->on_done) o->on_done(std::unexpected(why));
+  const bool ranged = o->kind == op_kind::read || o->kind == op_kind::write;
+  o->error = o->file ? why.about(o->file->handle.shared_path(),
+                                 ranged ? o->offset : keel::error::no_offset)
+                     : why;
+  if (o->on_done) o->on_done(std::unexpected(o->error));
   o->state.store(static_cast<std::uint32_t>(status::failed), std::memory_order_release);
   o->unref();  // the controller's reference: the receipt keeps the op
   return r;

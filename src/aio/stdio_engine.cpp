@@ -51,6 +51,12 @@ class stdio_engine final : public sync_engine {
       ::close(dup_fd);  // the dup above, outside the seam
       return errno_error(e);
     }
+    // Unbuffered: every request is its own read or write at its own offset, and no bytes
+    // wait in the stream. A buffered one kept read-ahead whose end a forked child's exit()
+    // gave back to the kernel (glibc seeks every stream's descriptor back to its logical
+    // position at exit), moving the offset the parent's next write went to, through the
+    // description parent and child share.
+    std::setvbuf(sf->stream, nullptr, _IONBF, 0);
     f.engine_data = std::move(sf);
     return {};
   }

@@ -730,10 +730,12 @@ class uring_worker final : public worker {
   // error (tasks still run), and the thread sleeps on its eventfd.
   void without_the_ring() noexcept {
     for (;;) {
+      // close() still asks this worker to let go of its files (it waits for that).
+      if (forget_done_.load(std::memory_order_relaxed) != forget_asked_.load()) forget_files();
       if (fail_inbox()) continue;
       if (may_exit()) return;
       sleeping_.store(true);
-      if (inbox_empty() && !may_exit()) {
+      if (inbox_empty() && !may_exit() && forget_done_.load() == forget_asked_.load()) {
         std::uint64_t v = 0;
         (void)!::read(efd_, &v, sizeof v);  // the wake-up eventfd: not a file, not the seam's
       }

@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -500,12 +501,52 @@ TEST(AioUringDenied, ARingDeniedOnceRunningFailsItsRequestsWithoutSpinning) {
     if (cpu_us(after) - cpu_us(before) > 150'000) return 4;  // a spinning worker: ~300 000
     const auto w = f.write(0, data).wait();
     if (w || w.error() != std::errc::operation_not_permitted) return 5;
+    if (!f.close()) return 6;  // the dead ring still lets go of the file it registered
     c.reset();
     return 0;
   });
   const int code = test::wait_exit(child);
   if (code == test::cannot_set_up) GTEST_SKIP() << "cannot install a seccomp filter here";
   EXPECT_EQ(code, 0) << "3: the read did not fail with EPERM; 4: the process spun; 142: hung";
+}
+
+// A child that merely exits with exit() (glibc then syncs every stdio stream, the parent's
+// too) must not move where the parent's stdio engine reads and writes: the descriptor's
+// offset is the parent's and the child's. The parent reads at 100 and writes 'W' at 12000
+// in a loop while children come and go; a 'W' anywhere else is a write sent astray.
+TEST(AioForkedChild, ExitingLeavesTheParentsStdioWritesWhereTheyWereSent) {
+  KEEL_NEED_ENGINE(engine_kind::stdio);
+  temp_dir dir;
+  const std::string path = dir.file("stdio-fork");
+  auto c = one_worker(engine_kind::stdio);
+  ASSERT_TRUE(c);
+  file f = open_file(*c, path, false);
+  ASSERT_TRUE(f.write(0, bytes_of(16384, '.')).wait());
+  std::atomic<bool> done{false};
+  std::thread io([&] {
+    const auto w = bytes_of(10, 'W');
+    std::vector<std::byte> back(10);
+    while (!done.load()) {
+      (void)f.read(100, back).wait();
+      (void)f.write(12000, w).wait();
+    }
+  });
+  for (int i = 0; i < 200; ++i) {
+    const pid_t child = test::fork_child([] {
+      std::exit(0);  // destructors and stdio's cleanup run
+      return 0;
+    });
+    EXPECT_EQ(test::wait_exit(child), 0);
+  }
+  done = true;
+  io.join();
+  ASSERT_TRUE(f.close());
+  const auto all = on_disk(path, 0, 16384);
+  std::size_t astray = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i] == std::byte{'W'} && (i < 12000 || i >= 12010)) ++astray;
+  }
+  EXPECT_EQ(astray, 0u) << "bytes of 'W' outside [12000, 12010)";
 }
 
 std::vector<engine_and_cache> engines(bool with_null) {

@@ -47,8 +47,9 @@ struct request {
 //! is where the engine's contract puts it: a write in the kernel (the stdio engine flushes
 //! its stream's buffer, so a refused write fails in its own receipt), or for a cached file
 //! in the cache, whose failed write-out the next fsync or close of the file reports (the
-//! bytes stay cached, dirty, for the next one). A write that fails leaves the end of the file
-//! where it was.
+//! bytes stay cached, dirty, for the next one). A write that fails may have written part of
+//! its bytes, as pwrite(2) does (a full device, RLIMIT_FSIZE); what reads report then is what
+//! the file holds: the cache never reports an end of file that no write made.
 class file {
  public:
   file() noexcept = default;
