@@ -50,7 +50,10 @@ class TorturePass : public ::testing::TestWithParam<std::tuple<mode, workload>> 
 
 TEST_P(TorturePass, RealCodePasses) {
   const auto [how, what] = GetParam();
-  const std::uint64_t cycles = how == mode::corrupt ? 40 : how == mode::kill ? 40 : 60;
+  // (fork: each cycle forks up to 400 children, slow under the sanitizers.)
+  const std::uint64_t cycles = how == mode::corrupt || how == mode::kill ? 40
+                               : how == mode::fork || how == mode::mixed ? 30
+                                                                         : 60;
   const outcome out = run(config_for(how, what, cycles));
   EXPECT_EQ(out.cycles, cycles);
   EXPECT_TRUE(out.failures.empty()) << describe(out);
