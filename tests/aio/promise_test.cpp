@@ -524,6 +524,11 @@ TEST(AioUringDenied, ARingDeniedOnceRunningFailsItsRequestsWithoutSpinning) {
 // in a loop while children come and go; a 'W' anywhere else is a write sent astray.
 TEST(AioForkedChild, ExitingLeavesTheParentsStdioWritesWhereTheyWereSent) {
   KEEL_NEED_ENGINE(engine_kind::stdio);
+#if defined(__SANITIZE_ADDRESS__)
+  // LeakSanitizer checks at the children's exit(), which this test is about: it reports
+  // the parent's memory their threads held, and can hang stopping threads that do not exist.
+  GTEST_SKIP() << "exit() in a forked child runs LeakSanitizer";
+#endif
   temp_dir dir;
   const std::string path = dir.file("stdio-fork");
   auto c = one_worker(engine_kind::stdio);
