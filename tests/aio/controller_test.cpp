@@ -36,6 +36,7 @@ using test::temp_dir;
 using test_support::descriptor_of;
 using test_support::ends_on_its_own;
 using test_support::expect_ends_in_a_child;
+using test_support::hold_until;
 using test_support::one_worker;
 using test_support::open_rw;
 using test_support::unavailable;
@@ -821,11 +822,7 @@ TEST_P(CompletionWaits, ForARequestQueuedBehindItsOwn) {
     file f = open_rw(**c, dir.file("a"));
     file h = open_rw(**c, dir.file("b"));
     std::atomic<bool> go{false};
-    receipt hold = g.submit([&]() -> result<std::size_t> {
-      while (!go.load())
-        std::this_thread::sleep_for(1ms);
-      return 0;
-    });
+    receipt hold = hold_until(g, go);
     std::vector<std::byte> buf(4096, std::byte{7});
     receipt second;
     std::atomic<bool> second_known{false};
@@ -919,11 +916,7 @@ TEST_P(CompletionWaits, ToCloseAFileWhoseRequestItsThreadHolds) {
     file f = open_rw(*c, dir.file("a"));
     file g = open_rw(*c, dir.file("b"));
     std::atomic<bool> go{false};
-    receipt hold = h.submit([&]() -> result<std::size_t> {
-      while (!go.load())
-        std::this_thread::sleep_for(1ms);
-      return 0;
-    });
+    receipt hold = hold_until(h, go);
     std::vector<std::byte> buf(4096, std::byte{7});
     std::atomic<int> closed{-1};
     receipt first =
