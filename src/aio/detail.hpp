@@ -50,9 +50,9 @@ struct file_state {
   std::unique_ptr<engine_file> engine_data;  // goes before the descriptor closes
   std::unique_ptr<file_cache> cache;         // open_options::cache
 
-  std::atomic<bool> closed{false};      // set by the first file::close
-  std::atomic<bool> close_done{false};  // set when it has closed; other closers wait for it
-  base::sharded_count in_flight;        // file::close waits for zero (after setting `closed`)
+  std::atomic<bool> closed{false};           // set by the first file::close
+  std::atomic<std::uint32_t> close_done{0};  // 1 once it has closed; other closers wait for it
+  base::sharded_count in_flight;             // file::close waits for zero (after setting `closed`)
 
   // Kept after their thread exits: its requests may still be running.
   base::per_thread_states streams{true};

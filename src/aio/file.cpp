@@ -3,6 +3,7 @@
 #include "keel/aio/file.hpp"
 
 #include "base/abandon.hpp"
+#include "base/futex.hpp"
 #include "cache.hpp"
 #include "completing.hpp"
 #include "request.hpp"
@@ -104,7 +105,12 @@ result<void> file::close() noexcept {
     // (taken from an inbox by a wait it is inside of, on its ring) must run here meanwhile.
     f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
                               detail::worker::longest_sleep());
-    f.close_done.wait(false);
+    // The first closer may then wait for this thread: a worker's ring must let go of the
+    // file, and the cache's bytes go out through the workers.
+    while (f.close_done.load() == 0) {
+      if (detail::worker::help_waiting(&c)) continue;
+      base::futex_wait(base::detail::word_of(f.close_done), 0, detail::worker::longest_sleep());
+    }
     return {};
   }
   // From a completion or a task, this thread may hold some of the file's requests itself.
@@ -127,8 +133,8 @@ result<void> file::close() noexcept {
     f.readers.clear();
   }
   if (auto e = f.handle.close(); !e && r) r = e;
-  f.close_done.store(true);
-  f.close_done.notify_all();
+  f.close_done.store(1);
+  base::futex_wake(f.close_done);
   return r;
 }
 

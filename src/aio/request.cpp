@@ -194,11 +194,12 @@ void let_go_of_completions(const file_state* closing, const void* stopping) noex
     }
     if (closing != nullptr && o->file.get() == closing && !fr->out_of_file) {
       fr->out_of_file = true;
-      (void)o->file->in_flight.take(o->shard, 1);  // the closer is this thread
+      // Another thread may be closing it too, and wait for this take.
+      if (o->file->in_flight.take(o->shard, 1)) o->file->in_flight.wake();
     }
     if (stopping != nullptr && &c == stopping && !fr->out_of_controller) {
       fr->out_of_controller = true;
-      (void)c.outstanding.take(o->shard, 1);  // the stopper is this thread
+      if (c.outstanding.take(o->shard, 1)) c.outstanding.wake();  // as above
     }
   }
 }

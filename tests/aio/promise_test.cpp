@@ -248,6 +248,48 @@ TEST_P(Promises, ACompletionMayCloseItsOwnFile) {
   });
 }
 
+// A completion on the worker closes a file the main thread is closing. When the completion
+// is of the file's own last request, the first closer waits for that request, which the
+// second lets go of: the first must be woken for it. When it is of another file, the first
+// closer waits for the worker itself (an io_uring worker's ring lets go of a file it
+// registered), so the second must run what its worker owes while it waits. Both closes
+// return, and so does the request.
+TEST_P(Promises, ACompletionMayCloseAFileAnotherThreadCloses) {
+  const auto [engine, cache] = GetParam();
+  temp_dir dir;
+  for (const bool own : {true, false}) {
+    SCOPED_TRACE(own ? "a completion of the file's own request" : "of another file's");
+    expect_ends_in_a_child([&] {
+      auto c = one_worker(engine, cache);
+      if (!c) return 1;
+      file f = open_file(*c, dir.file("shared"), cache);
+      file g = open_file(*c, dir.file("other"), false);
+      // Through the worker, so that its ring (io_uring) holds the file.
+      if (!f.write(0, bytes_of(4096, 'c')).wait() || !f.fsync().wait()) return 2;
+      std::atomic<bool> started{false};
+      std::atomic<int> inner{-1};
+      receipt last = (own ? f : g)
+                         .submit([]() -> result<std::size_t> { return 1; },
+                                 [&](const result<std::size_t>&) {
+                                   started = true;
+                                   for (;;) {  // until the main thread closes it
+                                     const auto probe = f.fsync().wait();
+                                     if (!probe && probe.error() == keel::errc::file_closed) {
+                                       break;
+                                     }
+                                   }
+                                   inner = f.close() ? 1 : 0;
+                                 });
+      while (!started.load())
+        std::this_thread::yield();
+      if (!f.close()) return 3;
+      if (!ends_on_its_own(last, 10) || inner.load() != 1) return 4;
+      c.reset();
+      return 0;
+    });
+  }
+}
+
 // A completion of read X waits for read Y of another range, and a write Z overlapping both
 // was submitted between them: Y waits for Z, Z for X. The wait lets the requests behind X
 // go: Y ends, and so does X's completion.
