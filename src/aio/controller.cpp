@@ -94,7 +94,10 @@ void controller::stop() noexcept {
   for (auto& w : c.workers)
     w->wake();
   // Every request still queued or held back is cancelled by the workers; running ones end.
-  c.outstanding.wait_for_zero();
+  // A completion on this controller may wait for a request that only this thread runs (this
+  // is another controller's worker, or took that request from an inbox): help meanwhile.
+  c.outstanding.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
+                              detail::worker::longest_sleep());
   for (auto& w : c.workers) {
     w->wake();
     w->join();

@@ -290,6 +290,47 @@ TEST_P(Promises, ACompletionMayCloseAFileAnotherThreadCloses) {
   }
 }
 
+// A completion on controller A stops controller B, whose own completion waits for a write
+// queued on A's only worker: that worker is the thread stopping B, so the stop must run it
+// while it waits for B's requests.
+TEST_P(Promises, ACompletionMayStopAControllerThatWaitsForItsOwn) {
+  const auto [engine, cache] = GetParam();
+  temp_dir dir;
+  expect_ends_in_a_child([&] {
+    auto a = one_worker(engine, cache);
+    auto b = one_worker(engine, cache);
+    if (!a || !b) return 1;
+    file fa = open_file(*a, dir.file("a"), cache);
+    file fb = open_file(*b, dir.file("b"), cache);
+    std::atomic<bool> queued{false};
+    receipt on_a;
+    std::atomic<long> seen{-1};
+    receipt rb = fb.submit([]() -> result<std::size_t> { return 1; },
+                           [&](const result<std::size_t>&) {
+                             while (!queued.load())
+                               std::this_thread::yield();
+                             seen = static_cast<long>(on_a.wait().value_or(0));
+                           });
+    std::atomic<bool> stopped{false};
+    receipt stopper = fa.submit(
+        [&]() -> result<std::size_t> {
+          while (!queued.load())  // the write below is in the inbox by then
+            std::this_thread::yield();
+          return 1;
+        },
+        [&](const result<std::size_t>&) {
+          b->stop();
+          stopped = true;
+        });
+    const auto data = bytes_of(4096, 'a');
+    on_a = fa.write(0, data);
+    queued = true;
+    if (!ends_on_its_own(stopper, 10) || !stopped.load()) return 2;
+    if (!ends_on_its_own(rb, 10) || seen.load() != 4096) return 3;
+    return 0;
+  });
+}
+
 // A completion of read X waits for read Y of another range, and a write Z overlapping both
 // was submitted between them: Y waits for Z, Z for X. The wait lets the requests behind X
 // go: Y ends, and so does X's completion.

@@ -87,6 +87,11 @@ class file {
 
   //! Waits for every request on this file to finish, then closes it. Later requests fail
   //! with aio::errc::file_closed. Errors: those of close(2) (the data may not be on disk).
+  //! With io_uring it also waits, on a thread that is not one of the controller's, until
+  //! every worker whose ring used the file has let go of it (a ring holds the file open past
+  //! close(2)): a task or callback on such a worker that waits for the closing thread by
+  //! other means than keel's (a flag set after close returns) would wait forever. keel's own
+  //! waits (a receipt, a close, a stop) run meanwhile what their thread owes.
   result<void> close() noexcept;
 
  private:

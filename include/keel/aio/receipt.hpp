@@ -35,10 +35,11 @@ enum class status : std::uint8_t {
 //! read that waits behind a write that waits behind the request completing): waiting lets
 //! them go first. It may close files, also its own request's (the close does not wait for
 //! the callbacks running on its thread), and stop or destroy a controller other than the
-//! one whose thread it runs on. It must not throw (an exception escaping it ends the process
-//! through std::terminate, as from any noexcept function), and must not stop or destroy its
-//! own controller while it runs on one of that controller's threads: stopping joins that
-//! thread, so the process aborts with a message saying so instead of hanging.
+//! one whose thread it runs on, also one whose callbacks wait for requests queued on
+//! this very thread (the stop runs them while it waits). It must not throw (an exception escaping
+//! it ends the process through std::terminate, as from any noexcept function), and must not stop or
+//! destroy its own controller while it runs on one of that controller's threads: stopping joins
+//! that thread, so the process aborts with a message saying so instead of hanging.
 using completion = std::function<void(const result<std::size_t>&)>;
 
 //! The claim on one submitted request. Copyable (all copies see the same request); the
