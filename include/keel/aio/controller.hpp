@@ -48,8 +48,10 @@ struct options {
   //! io_uring is tried as it is used (a NOP submitted and reaped on every ring), so a
   //! profile that lets rings be set up but denies io_uring_enter fails at start. Should
   //! io_uring_enter be denied once running, a ring fails what it holds and the kernel did
-  //! not take, and every later request, with that error (what the kernel took before stays
-  //! pending: it cannot be reaped without entering).
+  //! not take, and every later request that reaches that ring, with that error (what the
+  //! kernel took before stays pending: it cannot be reaped without entering). Requests that
+  //! do not reach it still run: a write the cache takes, or one a thread of the caller's
+  //! runs itself (submitter::caller, buffered).
   std::optional<engine_kind> engine;
   //! The filesystem files are opened, read, written and synced through (the seam; null:
   //! io::os()). The write-back cache writes out through it too. Only the posix engine runs
@@ -178,9 +180,11 @@ struct open_options {
 //! out) are the parent's, which finishes them: the child never runs or re-runs any of them.
 //! There every call on the inherited controller, its files and its receipts of requests not
 //! finished at the fork fails with errc::inherited_across_fork (receipts of finished ones
-//! keep their outcome); stop() does nothing; closing or destroying them writes, runs and
-//! frees nothing (their memory stays until the child exits: the parent's threads may have
-//! held their locks). A child may do nothing with it, and start controllers of its own.
+//! keep their outcome; the state() of an unfinished one stays status::pending, as it was
+//! at the fork: only wait() says why); stop() does nothing; closing or destroying them
+//! writes, runs and frees nothing (their memory stays until the child exits: the parent's
+//! threads may have held their locks). A child may do nothing with it, and start
+//! controllers of its own.
 class controller {
  public:
   //! Starts the workers. Errors: invalid_argument (no workers, unknown KEEL_AIO_ENGINE or
