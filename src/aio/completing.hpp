@@ -8,8 +8,10 @@
 // (for a receipt, for a file to close, for its controller to stop) would then wait for
 // itself, directly or through requests between: a read that waits behind a write that waits
 // behind the request completing. So a wait inside a completion first lets go of the
-// requests completing on its thread: their streams hand on what waited for them, and a
-// close or stop no longer counts them. finish() does for them only what is left.
+// requests completing on its thread: their streams hand on what waited for them, no close
+// of their files counts them any more (a closer of one of them may be what the wait waits
+// for, or be nested, on another thread, in a close this wait waits for), and a stop of the
+// controller stopped here no longer counts them. finish() does for them only what is left.
 
 #include "op.hpp"
 
@@ -27,8 +29,8 @@ struct completion_frame {
 inline thread_local completion_frame* completing_here = nullptr;
 
 //! Before a wait on this thread that may block: lets go of the requests whose completions
-//! run here (see above); `closing`, a file being closed here, stops counting those of its
-//! own; `stopping`, a controller being stopped here, those of its own.
-void let_go_of_completions(const file_state* closing, const void* stopping) noexcept;
+//! run here (see above); `stopping`, a controller being stopped here, stops counting those
+//! of its own.
+void let_go_of_completions(const void* stopping) noexcept;
 
 }  // namespace keel::aio::detail

@@ -87,7 +87,7 @@ void controller::stop() noexcept {
     std::abort();
   }
   // From a completion on another thread: the requests completing here are not waited for.
-  if (detail::completing_here != nullptr) detail::let_go_of_completions(nullptr, &c);
+  if (detail::completing_here != nullptr) detail::let_go_of_completions(&c);
   const base::lock_guard lock(c.stop_mutex);
   if (c.stopped) return;
   c.stopping.store(true);

@@ -13,19 +13,12 @@ namespace keel::aio {
 namespace {
 
 // The files this thread is closing, innermost first: a wait inside a close runs queued
-// requests here, whose completions may close the same file again.
+// requests here, whose completions may close files again.
 struct closing_here {
   const detail::file_state* f;
   closing_here* outer;
 };
 thread_local closing_here* closes_here = nullptr;
-
-bool this_thread_closes(const detail::file_state& f) noexcept {
-  for (const closing_here* c = closes_here; c != nullptr; c = c->outer) {
-    if (c->f == &f) return true;
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -96,11 +89,13 @@ result<void> file::close() noexcept {
     return std::unexpected(make_error_code(errc::inherited_across_fork));
   }
   // From a completion: the requests completing on this thread are not waited for.
-  if (detail::completing_here != nullptr) detail::let_go_of_completions(&f, nullptr);
+  if (detail::completing_here != nullptr) detail::let_go_of_completions(nullptr);
   if (f.closed.exchange(true)) {
-    // A close of it further out on this thread, waiting for its requests, ran the request
-    // whose completion closes it again: that close ends when this call has returned.
-    if (this_thread_closes(f)) return {};
+    // Called while a close further out on this thread waits for its file's requests (a
+    // completion it ran closes again, this file or another): it returns at once. For this
+    // file, that close ends when this call has returned; for another, its first closer may
+    // itself be inside a close that waits for the one further out here.
+    if (closes_here != nullptr) return {};
     // Another thread closes it, and waits for the file's requests: those this thread holds
     // (taken from an inbox by a wait it is inside of, on its ring) must run here meanwhile.
     f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },

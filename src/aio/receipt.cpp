@@ -69,7 +69,7 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
   }
   // Inside a completion: what waits for the request completing here must not wait for
   // this wait too (completing.hpp).
-  if (!ended && detail::completing_here != nullptr) detail::let_go_of_completions(nullptr, nullptr);
+  if (!ended && detail::completing_here != nullptr) detail::let_go_of_completions(nullptr);
   const io::countdown cd = d.start();
   bool spun = false;
   for (;;) {

@@ -184,7 +184,7 @@ void controller::impl::release_followers(detail::op* o) noexcept {
 
 namespace keel::aio::detail {
 
-void let_go_of_completions(const file_state* closing, const void* stopping) noexcept {
+void let_go_of_completions(const void* stopping) noexcept {
   for (completion_frame* fr = completing_here; fr != nullptr; fr = fr->outer) {
     op* o = fr->o;
     controller::impl& c = *o->file->owner;
@@ -192,10 +192,12 @@ void let_go_of_completions(const file_state* closing, const void* stopping) noex
       fr->followers_released = true;
       c.release_followers(o);
     }
-    if (closing != nullptr && o->file.get() == closing && !fr->out_of_file) {
+    if (!fr->out_of_file) {
+      // Its file's closers no longer wait for it: a closer of that file may be what this
+      // wait waits for, directly or through a close nested in it on another thread.
       fr->out_of_file = true;
-      // Another thread may be closing it too, and wait for this take.
-      if (o->file->in_flight.take(o->shard, 1)) o->file->in_flight.wake();
+      file_state& f = *o->file;
+      if (f.in_flight.take(o->shard, 1) && f.closed.load()) f.in_flight.wake();
     }
     if (stopping != nullptr && &c == stopping && !fr->out_of_controller) {
       fr->out_of_controller = true;

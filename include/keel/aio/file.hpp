@@ -91,7 +91,10 @@ class file {
   //! every worker whose ring used the file has let go of it (a ring holds the file open past
   //! close(2)): a task or callback on such a worker that waits for the closing thread by
   //! other means than keel's (a flag set after close returns) would wait forever. keel's own
-  //! waits (a receipt, a close, a stop) run meanwhile what their thread owes.
+  //! waits (a receipt, a close, a stop) run meanwhile what their thread owes. A close
+  //! called from a callback that a close on the same thread runs while it waits, of a
+  //! file another close has begun, returns at once, before that close has ended (waiting
+  //! could close a cycle of closes nested on two threads).
   result<void> close() noexcept;
 
  private:
