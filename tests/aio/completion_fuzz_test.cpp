@@ -209,6 +209,73 @@ TEST_P(CompletionFuzz, EveryRequestEndsAndNothingHangs) {
   }
 }
 
+// Completions that close each other's files while other threads do too: each write's
+// completion may close its own file, the next file, and write to a third and wait. Closes
+// nest (a close waits, runs a completion that closes another file) on several threads at
+// once, in every order. Every close and every request must end.
+TEST_P(CompletionFuzz, CompletionsMayCloseEachOthersFiles) {
+  const auto [engine, cache] = GetParam();
+  KEEL_NEED_ENGINE(engine);
+  temp_dir dir;
+  const pid_t child = test::fork_child([&] {
+    ::alarm(60);
+    options o;
+    o.engine = engine;
+    o.workers = 2;
+    auto c = controller::start(o);
+    if (!c) return 3;
+    const std::vector<std::byte> data(4096, std::byte{'d'});
+    constexpr int n = 4;
+    for (int round = 0; round < 20; ++round) {
+      std::vector<file> fs;
+      for (int i = 0; i < n; ++i) {
+        open_options how;
+        how.write = true;
+        how.create = true;
+        how.cache = cache;
+        auto f = (*c)->open(dir.file("each-" + std::to_string(i)), how);
+        if (!f) return 4;
+        fs.push_back(std::move(*f));
+      }
+      std::mutex mutex;
+      std::vector<receipt> all;
+      const auto work = [&](int t) {
+        std::vector<receipt> mine;
+        for (int k = 0; k < 20; ++k) {
+          const int i = (t + k) % n;
+          mine.push_back(fs[i].write(4096 * (k % 3), data, [&, i, k](const result<std::size_t>&) {
+            if (k % 5 == 0) (void)fs[i].close();
+            if (k % 7 == 0) (void)fs[(i + 1) % n].close();
+            if (k % 3 == 0) (void)fs[(i + 2) % n].write(0, data).wait();
+          }));
+        }
+        for (const receipt& r : mine)
+          (void)r.wait();
+        const std::lock_guard lock(mutex);
+        all.insert(all.end(), mine.begin(), mine.end());
+      };
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 3; ++t)
+        threads.emplace_back(work, t);
+      std::thread closer([&] {
+        for (int i = n - 1; i >= 0; --i)
+          (void)fs[i].close();
+      });
+      for (auto& t : threads)
+        t.join();
+      closer.join();
+      for (auto& f : fs)
+        (void)f.close();
+      for (const receipt& r : all) {
+        if (!r.ready()) return 5;
+      }
+    }
+    c->reset();
+    return 0;
+  });
+  ASSERT_EQ(test::wait_exit(child), 0) << "142: hung; 128+6: aborted; 5: a request never ended";
+}
+
 std::vector<fuzz_case> fuzz_cases() {
   std::vector<fuzz_case> out;
   for (const auto k :
