@@ -31,6 +31,7 @@
 
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
+#include "kv/small_volume.hpp"
 #include "kv/store_impl.hpp"
 #include "support/process.hpp"
 
@@ -40,85 +41,12 @@ namespace {
 using test::fork_child;
 using test::temp_dir;
 using test::wait_exit;
+using test_support::count_on_small_volume;
+using test_support::fill;
+using test_support::key_of;
+using test_support::on_small_volume;
 using test_support::small;
-
-// Why a btrfs loop volume cannot be made here ("" when it can be tried).
-std::string why_no_btrfs() {
-  if (::geteuid() != 0) return "mounting a loop device needs root";
-  if (std::system("command -v mkfs.btrfs >/dev/null 2>&1") != 0) {
-    return "no mkfs.btrfs (btrfs-progs) here";
-  }
-  return "";
-}
-
-std::string key_of(int i) {
-  return "key-" + std::to_string(i);
-}
-
-// Puts values of `size` bytes (1 KiB by default) under key_of(from), key_of(from + 1), ...
-// until one fails: the key after the last that succeeded, or -1 when the failure is not
-// no_space.
-int fill(store& s, int from, std::size_t size = 1024) {
-  const std::string value(size, 'v');
-  for (int i = from;; ++i) {
-    auto r = s.put(key_of(i), value);
-    if (!r) return r.error() == std::errc::no_space_on_device ? i : -1;
-  }
-}
-
-// Runs `body(path)` in a child on a private tmpfs of `mib` MiB; its exit code (0: passed).
-template <class F>
-void on_small_volume(std::size_t mib, F&& body, const std::string& type = "tmpfs") {
-  if (type != "tmpfs") {
-    if (::geteuid() != 0) GTEST_SKIP() << "mounting a loop device needs root";
-    if (std::system(("command -v mkfs." + type + " >/dev/null 2>&1").c_str()) != 0) {
-      GTEST_SKIP() << "no mkfs." << type << " here";
-    }
-  }
-  temp_dir dir;
-  const std::string mnt = dir.file("mnt");
-  std::filesystem::create_directory(mnt);
-  const pid_t child = fork_child([&] {
-    const bool made =
-        type == "tmpfs"
-            ? test::mount_private_tmpfs(mnt, mib << 20)
-            : test::mount_private_loop(type, dir.file(type + ".img"), mnt, mib << 20).empty();
-    if (!made) return test::cannot_set_up;
-    return body(mnt + "/s");
-  });
-  const int code = wait_exit(child);
-  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private " << type << " here";
-  EXPECT_EQ(code, 0) << "see the child's numbered checks (a signal: the store faulted)";
-}
-
-// As on_small_volume, for a body that counts what fitted: `body(path, count)` sets `count`
-// and returns 0 (or a numbered check's failure). The count, or nothing when the child failed
-// (the test then has failed) or the volume could not be made (the test is skipped).
-template <class F>
-std::optional<int> count_on_small_volume(std::size_t mib, F&& body,
-                                         const std::string& type = "tmpfs") {
-  temp_dir dir;
-  const std::string file = dir.file("count");
-  on_small_volume(
-      mib,
-      [&](const std::string& path) {
-        int count = 0;
-        if (const int code = body(path, count); code != 0) return code;
-        std::FILE* f = std::fopen(file.c_str(), "w");
-        if (f == nullptr) return 100;
-        std::fprintf(f, "%d\n", count);
-        std::fclose(f);
-        return 0;
-      },
-      type);
-  std::FILE* f = std::fopen(file.c_str(), "r");
-  if (f == nullptr) return std::nullopt;
-  int count = 0;
-  const bool read = std::fscanf(f, "%d", &count) == 1;
-  std::fclose(f);
-  if (!read) return std::nullopt;
-  return count;
-}
+using test_support::why_no_btrfs;
 
 TEST(KvFullVolume, DeletesAndCompactionWorkAndMakeRoomAgain) {
   on_small_volume(12, [](const std::string& path) {

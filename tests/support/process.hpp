@@ -153,7 +153,9 @@ inline std::string mount_private_loop(const std::string& type, const std::string
   const int fd = ::open(image.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
   if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return "cannot make " + image;
   ::close(fd);
-  const std::string mkfs = "mkfs." + type + " -q -f '" + image + "' >/dev/null 2>&1";
+  // ext2/3/4's mke2fs forces with -F; btrfs and xfs with -f.
+  const std::string force = type.starts_with("ext") ? " -F" : " -f";
+  const std::string mkfs = "mkfs." + type + " -q" + force + " '" + image + "' >/dev/null 2>&1";
   if (std::system(mkfs.c_str()) != 0) return "mkfs." + type + " failed (not installed?)";
   const std::string mount = "mount -o loop '" + image + "' '" + dir + "' >/dev/null 2>&1";
   if (std::system(mount.c_str()) != 0) return "cannot mount a loop device here";
