@@ -703,6 +703,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // replays the whole log).
   if (auto r = s.remove_checkpoint(); !r) return std::unexpected(r.error());
   const auto free_before = s.fs->statfs(s.dir.dir);
+  std::uint64_t kept_room = 0;  // victims' kept as the spare or the next segment
   {
     // With the `segment` lock too, which every change of the manifest holds: the victims
     // go off it first (a segment listed is one that must be there; their copies are synced,
@@ -711,6 +712,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     auto g = s.locks->lock(both, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
+    bool kept_spare = false;
+    std::uint64_t kept_next = 0;
     for (const std::uint64_t n : victims) {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
@@ -719,10 +722,19 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       // maker killed in between, shares the entry of a segment 8064 numbers apart).
       std::uint64_t holder = n;
       s.segtab(n, 0).compare_exchange_strong(holder, 0, std::memory_order_seq_cst);
-      const std::string name = segment_name(n);
-      if (auto r = io::unlink_at(s.dir.segments, name.c_str()); !r) {
-        return std::unexpected(r.error().about(s.path + "/seg/" + name));
+      // Compaction took the spare: the first victim is the next one. And one is kept as the
+      // next segment, unless one is there: a commit that only erases then needs no room
+      // from the volume, whoever else fills it.
+      impl::room_kept keep;
+      if (!kept_spare && s.h64(hdr::spare).load() == 0) {
+        keep.as = impl::room_kept::spare;
+      } else if (kept_next == 0 && s.abandoned_segment() == 0) {
+        keep.as = impl::room_kept::next;
       }
+      auto given = s.give_back_segment(n, size, keep);
+      if (!given) return std::unexpected(given.error());
+      if (given->as == impl::room_kept::spare) kept_spare = true;
+      if (given->as == impl::room_kept::next) kept_next = given->number;
       const std::uint64_t dead = size - fmt::segment_header_size > use[n].live
                                      ? size - fmt::segment_header_size - use[n].live
                                      : 0;
@@ -730,8 +742,18 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       s.h64(hdr::dead_bytes).fetch_sub(std::min(was, dead));
       st.segments_removed += 1;
       st.bytes_freed += size;
+      if (given->as != impl::room_kept::volume) kept_room += size;
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
+    if (kept_spare) s.h64(hdr::spare).store(s.dir.params.segment_size);
+    if (kept_next != 0) {
+      // Listed, then entered, as a segment made: named and not listed, it is the leftover the
+      // next writer adopts (adopt_named_leftover).
+      if (auto l = s.list_segment(kept_next, s.dir.params.segment_size); !l) {
+        return std::unexpected(l.error());
+      }
+      s.enter_segment(kept_next, s.dir.params.segment_size);
+    }
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
     // What was found before no longer holds (*dead bytes* went down by an estimate).
     s.h64(hdr::fruitless_below).store(0, std::memory_order_seq_cst);
@@ -741,7 +763,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // users still map a removed segment it is not free yet on any filesystem: then only
   // btrfs's own delay is worth a sync).
   if (free_before && free_before->type == io::fs_type::btrfs && s.short_of_room()) {
-    if (auto r = s.show_freed_room(free_before, st.bytes_freed); !r) {
+    if (auto r = s.show_freed_room(free_before, st.bytes_freed - kept_room); !r) {
       return std::unexpected(r.error());
     }
   }

@@ -4,9 +4,11 @@
 
 #include <pthread.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -789,6 +791,75 @@ result<std::uint64_t> store::impl::adopt_spare() noexcept {
   enter_segment(number, size);
   h64(hdr::spare).store(0);
   return number;
+}
+
+result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t number,
+                                                              std::uint64_t size,
+                                                              room_kept may_keep) noexcept {
+  const std::string name = segment_name(number);
+  const std::string named = path + "/seg/" + name;
+  auto f = io::file_handle::open_at(dir.segments, name.c_str(),
+                                    io::open_flags::read_write | io::open_flags::no_follow);
+  if (!f) return std::unexpected(f.error().about(named));
+  // Kept, this segment's room does not go back to the volume, where another program may take
+  // it before a commit that only erases could make a spare or a segment again (every erase
+  // would then fail). Its bytes are zeroed first, over the blocks it has (no new one, except
+  // on a copy-on-write filesystem), and synced before it is named anew: a segment made of it
+  // must hold no old block a rebuild could read.
+  if (may_keep.as != room_kept::volume && size == dir.params.segment_size) {
+    // First a leftover's name, durable (one killed, or a power cut, from here on leaves what
+    // a lone opener removes, never a segment's name over zeros).
+    const std::string temp = std::string(segment_temp_prefix) + name;
+    if (auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
+                            io::rename_mode::no_replace);
+        !r) {
+      return std::unexpected(r.error().about(named));
+    }
+    if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
+    static const std::array<std::byte, 64 << 10> zeros{};
+    std::array<iovec, 16> chunk{};
+    for (auto& v : chunk)
+      v = {const_cast<std::byte*>(zeros.data()), zeros.size()};
+    const std::uint64_t step = zeros.size() * chunk.size();
+    result<void> z;
+    for (std::uint64_t at = 0; z && at < size; at += step) {
+      const std::size_t n = static_cast<std::size_t>(std::min(step, size - at) / zeros.size());
+      z = f->write_at(static_cast<off_t>(at), std::span<const iovec>(chunk.data(), n));
+    }
+    room_kept kept = may_keep;
+    std::string new_name = spare_name;
+    if (z && kept.as == room_kept::next) {
+      // The next segment, made and abandoned: the next writer that needs one takes it.
+      auto picked = new_segment_number();
+      if (!picked) return std::unexpected(picked.error());
+      kept.number = *picked;
+      new_name = segment_name(kept.number);
+      z = f->write_at(0, fmt::encode_segment_header({dir.params.id, kept.number, size}, salt));
+    }
+    if (z) z = f->sync_data();
+    if (z) {
+      z = fs->rename(&dir.segments, temp.c_str(), &dir.segments, new_name.c_str(),
+                     io::rename_mode::no_replace);
+      if (z) return kept;
+    }
+    // Room to write the zeros refused (copy-on-write, full), or a file there already: the
+    // segment goes back to the volume after all.
+    const std::error_code e = z.error().code();
+    if (e != std::errc::no_space_on_device &&
+        e != std::error_code(EDQUOT, std::system_category()) && e != std::errc::file_exists) {
+      return std::unexpected(z.error().about(named));
+    }
+    if (auto r = io::unlink_at(dir.segments, temp.c_str()); !r) {
+      return std::unexpected(r.error().about(path + "/seg/" + temp));
+    }
+  } else if (auto r = io::unlink_at(dir.segments, name.c_str()); !r) {
+    return std::unexpected(r.error().about(named));
+  }
+  // Unnamed, its blocks would still be held by every process that maps it, and one that
+  // sits idle unmaps it only at its next call into the store: emptied, they are free at
+  // once. Nobody reads it any more (compaction waited for every snapshot that could).
+  if (auto t = f->truncate(0); !t) return std::unexpected(t.error().about(named));
+  return room_kept{};
 }
 
 void store::impl::reconcile_spare() noexcept {

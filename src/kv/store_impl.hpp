@@ -734,6 +734,17 @@ struct store::impl final : ix::page_source {
                                       const std::set<std::uint64_t>& victims,
                                       const std::set<std::string, std::less<>>& forgettable,
                                       const io::countdown& cd, compact_stats& st) noexcept;
+  //! Where a removed segment's room went: back to the volume, or kept as seg/spare, or as
+  //! the next segment (`number`, named and synced, still to list and enter).
+  struct room_kept {
+    enum : std::uint8_t { volume, spare, next } as = volume;
+    std::uint64_t number = 0;
+  };
+  //! Removes segment `number` (off the manifest and the table already, nobody reading it):
+  //! kept as `may_keep` asks, zeroed, when it can be; else unlinked and emptied, so that no
+  //! other process's map of it holds its blocks. Under the `segment` lock.
+  [[nodiscard]] result<room_kept> give_back_segment(std::uint64_t number, std::uint64_t size,
+                                                    room_kept may_keep) noexcept;
   //! Unmaps segment `number` in this process (one it removed, nobody else using it).
   void forget_segment(std::uint64_t number) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often).

@@ -231,19 +231,23 @@ TEST_P(KvCompactPowerCut, EveryValueSurvives) {
   EXPECT_TRUE(v) << v.error().message();
 }
 
-INSTANTIATE_TEST_SUITE_P(AtTheNthSync, KvCompactPowerCut,
-                         ::testing::Values(compact_cut{io::fs_op::sync, 1},
-                                           compact_cut{io::fs_op::sync, 2},
-                                           compact_cut{io::fs_op::sync, 3},
-                                           compact_cut{io::fs_op::sync, 5},
-                                           compact_cut{io::fs_op::sync_directory, 1},
-                                           compact_cut{io::fs_op::sync_directory, 2},
-                                           compact_cut{io::fs_op::sync_directory, 3},
-                                           compact_cut{io::fs_op::sync, 1000}),
-                         [](const auto& p) {
-                           return std::string(p.param.on == io::fs_op::sync ? "File" : "Dir") +
-                                  std::to_string(p.param.nth);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AtTheNthSync, KvCompactPowerCut,
+    ::testing::Values(compact_cut{io::fs_op::sync, 1}, compact_cut{io::fs_op::sync, 2},
+                      compact_cut{io::fs_op::sync, 3}, compact_cut{io::fs_op::sync, 5},
+                      compact_cut{io::fs_op::sync_directory, 1},
+                      compact_cut{io::fs_op::sync_directory, 2},
+                      compact_cut{io::fs_op::sync_directory, 3},
+                      // Past the copies: a victim kept as the spare or
+                      // the next segment (renamed, zeroed, renamed).
+                      compact_cut{io::fs_op::sync, 4}, compact_cut{io::fs_op::sync, 6},
+                      compact_cut{io::fs_op::sync, 7}, compact_cut{io::fs_op::sync_directory, 4},
+                      compact_cut{io::fs_op::sync_directory, 5},
+                      compact_cut{io::fs_op::sync, 1000}),
+    [](const auto& p) {
+      return std::string(p.param.on == io::fs_op::sync ? "File" : "Dir") +
+             std::to_string(p.param.nth);
+    });
 
 // A sync leader killed after it took the dirty bits and before it synced anything: the next
 // sync commit syncs every segment, not only the one it wrote in, so the commits before it
