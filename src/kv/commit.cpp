@@ -503,6 +503,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   std::uint64_t own_segments = 0;
   std::uint64_t own_room = 0;
   std::uint64_t puts = 0;
+  std::uint64_t block = sizeof(fmt::block_header);  // the commit block alone
   for (const key_plan& k : keys) {
     if (k.w == nullptr) continue;
     fmt::record_in r;
@@ -525,6 +526,12 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     puts += k.w->erase ? 0 : 1;
     need += fmt::record_size(r);
+    block += fmt::record_size(r);
+  }
+  // A block never spans two segments: one that cannot fit a segment is too large whatever
+  // room is left (before any check of the room, which would call it no_space near full).
+  if (block > s->dir.params.segment_size - fmt::segment_header_size) {
+    return keel_error(errc::too_large);
   }
   // Under a budget, a commit whose blobs and block cannot all fit in the room left is
   // refused before its blobs are written: written, they would be space no commit uses (and a

@@ -109,6 +109,31 @@ TEST(KvFullVolume, PutsNeverTakeTheSpareAndAReopenedFullStoreStillFreesRoom) {
 
 // Puts stop with a segment of free room left on the volume, beside the spare: deletes go on
 // into it, thousands of them, without a compaction, and without touching the spare.
+// A transaction whose block can never fit one segment is too large, whatever room is left:
+// the same answer on an empty volume and on a full one (it said no_space near full).
+TEST(KvFullVolume, ATransactionLargerThanASegmentIsTooLargeFullOrNot) {
+  on_small_volume(12, [](const std::string& path) {
+    auto s = store::open(path, small());
+    if (!s) return 2;
+    const auto too_big = [&]() -> std::error_code {
+      auto t = (*s)->begin();
+      if (!t) return t.error().code();
+      // 1 500 values of 1 000 bytes, each below the blob threshold: one block of 1.5 MB.
+      for (int i = 0; i < 1500; ++i) {
+        if (!t->put("big-" + std::to_string(i), std::string(1000, 'b'))) return {};
+      }
+      auto c = t->commit();
+      return c ? std::error_code{} : c.error().code();
+    };
+    if (too_big() != make_error_code(errc::too_large)) return 3;
+    if (fill(**s, 0) < 1000) return 4;
+    if (too_big() != make_error_code(errc::too_large)) return 5;
+    // Nothing of either is there.
+    if ((*s)->get("big-0")) return 6;
+    return 0;
+  });
+}
+
 TEST(KvFullVolume, PutsLeaveDeletesASegmentAndTheSpareToCompaction) {
   on_small_volume(12, [](const std::string& path) {
     auto s = store::open(path, small());

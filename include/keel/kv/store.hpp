@@ -217,11 +217,12 @@ class transaction {
   //! Applies every write at once, or none, and returns the commit's seq: its place in the
   //! store's serial order (a transaction that wrote nothing returns its snapshot, where it
   //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only,
-  //! budget_reached (options::max_bytes), no_space_on_device (the volume is full:
-  //! nothing of the commit is visible; puts stop a segment early, and commits that only
-  //! erase go on into that segment; once they have filled it too, `compact` frees room,
-  //! through a spare segment kept for it alone, and the commit retried goes in), and I/O
-  //! errors (for `sync`, a failed fdatasync: the commit is visible but not known to be
+  //! too_large (its records, values below the blob threshold included, take more than one
+  //! segment: so on any volume, full or not), budget_reached (options::max_bytes),
+  //! no_space_on_device (the volume is full: nothing of the commit is visible; puts stop a segment
+  //! early, and commits that only erase go on into that segment; once they have filled it too,
+  //! `compact` frees room, through a spare segment kept for it alone, and the commit retried goes
+  //! in), and I/O errors (for `sync`, a failed fdatasync: the commit is visible but not known to be
   //! durable). Ends the transaction either way.
   [[nodiscard]] result<std::uint64_t> commit() noexcept;
   [[nodiscard]] result<std::uint64_t> commit(durability d) noexcept;
