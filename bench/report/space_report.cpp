@@ -154,6 +154,50 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
     targets.push_back({v + ": time to fail, retried puts", fmt::format("{:.6f} s", fail), "≤ 0.1 s",
                        fail <= 0.1});
   }
+  // The shared volume (issue 46): an idle opener, a budget, a foreign writer. A file of an
+  // older spacebench has none of them.
+  for (const auto& doc : docs) {
+    const std::string v = name_of(doc);
+    const auto why_not = [](const json& r) {
+      for (const char* k : {"skipped", "died", "error"}) {
+        if (r.contains(k) && r[k].is_string()) return "not measured: " + r[k].get<std::string>();
+      }
+      return std::string("not measured");
+    };
+    if (doc.contains("idle_opener")) {
+      const json& r = doc["idle_opener"];
+      const bool measured = r.contains("put_again") && !r.contains("error");
+      const double pct = number(r, "put_again_pct");
+      targets.push_back({v + ": puts another process fits after erase + compact, an opener idle",
+                         measured ? fmt::format("{:.1f} % ({} of {} erased)", pct,
+                                                r["put_again"].get<std::uint64_t>(),
+                                                r["erased"].get<std::uint64_t>())
+                                  : why_not(r),
+                         "≥ 95 %", measured && pct >= 95.0, measured});
+    }
+    if (doc.contains("idle_opener_budget")) {
+      const json& r = doc["idle_opener_budget"];
+      const bool measured = r.contains("device_bytes") && !r.contains("error");
+      const double used = number(r, "device_bytes");
+      const double budget = number(r, "max_bytes");
+      targets.push_back(
+          {v + ": device bytes under max_bytes, an opener idle",
+           measured ? fmt::format("{:.2f} MiB of {:.2f} MiB", used / 1048576.0, budget / 1048576.0)
+                    : why_not(r),
+           "≤ the budget", measured && used <= budget, measured});
+    }
+    if (doc.contains("foreign_writer")) {
+      const json& r = doc["foreign_writer"];
+      const bool measured = r.contains("erases_tried") && !r.contains("error");
+      const std::uint64_t failed = measured ? r["erase_failures"].get<std::uint64_t>() : 0;
+      targets.push_back({v + ": erases failed while a foreign writer keeps the volume full",
+                         measured ? fmt::format("{} of {} (longest {:.3f} s)", failed,
+                                                r["erases_tried"].get<std::uint64_t>(),
+                                                number(r, "longest_erase_seconds"))
+                                  : why_not(r),
+                         "0", measured && failed == 0, measured});
+    }
+  }
   for (const auto& doc : docs) {
     if (!doc.contains("ledger")) continue;
     const json& l = doc["ledger"];

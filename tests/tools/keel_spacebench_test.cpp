@@ -62,6 +62,21 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   EXPECT_EQ(j.at("stream_far").at("stored"), 6144) << "6 MiB of 1 KiB values fit a 48 MiB volume";
   EXPECT_LT(j.at("stream_near").at("stored").get<std::uint64_t>(), 6144u);
   EXPECT_GT(j.at("near_far_ratio").get<double>(), 0.0);
+  // The shared volume: another process gets the room erase + compact freed beside an idle
+  // opener, the store keeps to its budget on the device, and no erase fails while a foreign
+  // writer keeps the volume full.
+  const auto& idle = j.at("idle_opener");
+  EXPECT_GT(idle.at("erased").get<std::uint64_t>(), 100u);
+  // (Held by the idle opener's maps, it was 0 %. About a segment of the 12 MiB volume (8 %)
+  // is not put again; on 64 MiB it is 98.6 %.)
+  EXPECT_GE(idle.at("put_again_pct").get<double>(), 60.0);
+  const auto& budget = j.at("idle_opener_budget");
+  EXPECT_LE(budget.at("device_bytes").get<std::uint64_t>(),
+            budget.at("max_bytes").get<std::uint64_t>());
+  const auto& foreign = j.at("foreign_writer");
+  EXPECT_FALSE(foreign.contains("error")) << foreign.dump();
+  EXPECT_GT(foreign.at("erases_tried").get<std::uint64_t>(), 1000u);
+  EXPECT_EQ(foreign.at("erase_failures"), 0) << foreign.dump();
   // The ledger on and off far from full: both streams ran, and a charge was timed.
   const auto& ledger = j.at("ledger");
   EXPECT_EQ(ledger.at("runs").size(), 30u);

@@ -15,6 +15,10 @@
 //   and into one it overflows: the ratio of their times;
 // - the ledger's cost far from full: the same stream of puts with the space ledger on and
 //   off, alternated, and one charge and leave alone, in nanoseconds;
+// - the shared volume: another process fills the store and sits idle with it open while
+//   this one erases half, compacts and puts again (how much of the erased room it gets), the
+//   same under max_bytes (the device bytes the store takes), and erases while a foreign
+//   program keeps the volume full (how many fail; the longest);
 // - blurt, translated: rounds of many processes at once, each putting `steps` values under
 //   keys of its own in one of `dirs` key ranges, the same ranges again pass after pass (so
 //   later passes rewrite); no put may fail while the live data is far from filling the
@@ -24,6 +28,7 @@
 
 #include "spacebench_command.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -33,7 +38,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -227,6 +234,22 @@ json space_by_file(const std::string& store_dir) {
   return j;
 }
 
+// Compacts until a pass removes nothing (at most 64 passes): the segments removed; the
+// error of a pass that failed goes to `error`.
+std::uint64_t compact_until_dry(kv::store& s, std::string& error) {
+  std::uint64_t removed = 0;
+  for (int pass = 0; pass < 64; ++pass) {
+    auto r = s.compact();
+    if (!r) {
+      error = r.error().message();
+      break;
+    }
+    if (r->segments_removed == 0) break;
+    removed += r->segments_removed;
+  }
+  return removed;
+}
+
 json fill_run(const config& c, const std::string& mnt) {
   json j;
   const std::uint64_t free0 = free_bytes(mnt);
@@ -286,17 +309,8 @@ json fill_run(const config& c, const std::string& mnt) {
   for (std::uint64_t i = 0; i < f.stored; i += 2) {
     if (!s.erase(key_of(i))) ++erase_failures;
   }
-  std::uint64_t removed = 0;
   std::string compact_error;
-  for (int pass = 0; pass < 64; ++pass) {
-    auto r = s.compact();
-    if (!r) {
-      compact_error = r.error().message();
-      break;
-    }
-    if (r->segments_removed == 0) break;
-    removed += r->segments_removed;
-  }
+  const std::uint64_t removed = compact_until_dry(s, compact_error);
   const filled again = fill(s, f.stored + c.retries + 1, value);
   j["after_full"] = {{"erase_failures", erase_failures},
                      {"segments_removed", removed},
@@ -420,6 +434,158 @@ double used_pct(const std::string& path) {
   if (!info || info->total_bytes == 0) return -1;
   return 100.0 * static_cast<double>(info->total_bytes - info->free_bytes) /
          static_cast<double>(info->total_bytes);
+}
+
+// Shared volume (issue 46): another process holding the store open and idle, and a foreign
+// program writing to the same volume. In a child of the run's: opens the store at `path`,
+// puts until the first failure, writes the count to `told`, then sits idle (its maps of
+// every segment it wrote still there) until `go` is written to or closed.
+pid_t idle_opener(const std::string& path, const kv::options& o, const std::string& value,
+                  const int (&told_pipe)[2], const int (&go_pipe)[2]) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::close(told_pipe[0]);
+  ::close(go_pipe[1]);
+  const int told = told_pipe[1];
+  const int go = go_pipe[0];
+  auto opened = kv::store::open(path, o);
+  std::uint64_t n = 0;
+  if (opened) {
+    while ((*opened)->put(key_of(n), value))
+      ++n;
+  }
+  if (::write(told, &n, sizeof n) != sizeof n) ::_exit(2);
+  char ch = 0;
+  (void)::read(go, &ch, 1);
+  ::_exit(opened ? 0 : 3);
+}
+
+// A process that appends to `path` until the volume refuses, tells `full`, then takes every
+// block that comes free until killed.
+pid_t foreign_writer(const std::string& path, int full) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_APPEND, 0600);
+  if (fd < 0) ::_exit(2);
+  static const std::vector<char> big(64 << 10, 'f');
+  bool told = false;
+  for (;;) {
+    ssize_t w = ::write(fd, big.data(), big.size());
+    if (w < 0 && (errno == ENOSPC || errno == EDQUOT)) w = ::write(fd, big.data(), 4096);
+    if (w >= 0) continue;
+    if (errno != ENOSPC && errno != EDQUOT) ::_exit(3);
+    if (!told) {
+      told = true;
+      if (::write(full, "f", 1) != 1) ::_exit(4);
+    }
+    ::sched_yield();
+  }
+}
+
+// Bytes the volume has given out.
+std::uint64_t used_bytes(const std::string& path) {
+  auto info = io::stat_fs(path.c_str());
+  return info ? info->total_bytes - info->free_bytes : 0;
+}
+
+// With an idle opener: it fills the store; this process erases the first half, compacts
+// until nothing more comes free, and puts until the first failure. Under `max_bytes` (0:
+// none) it also measures the device bytes the store takes then.
+json idle_opener_run(const config& c, const std::string& mnt, std::uint64_t max_bytes) {
+  json j;
+  kv::options o;
+  o.segment_size = c.segment_mib << 20;
+  o.max_bytes = max_bytes;
+  const std::string value(c.value_size, 'v');
+  const std::uint64_t used0 = used_bytes(mnt);
+  int told[2], go[2];
+  if (::pipe(told) != 0 || ::pipe(go) != 0) return {{"error", "pipe"}};
+  const pid_t idle = idle_opener(mnt + "/s", o, value, told, go);
+  ::close(told[1]);
+  ::close(go[0]);
+  std::uint64_t n = 0;
+  const bool heard = ::read(told[0], &n, sizeof n) == sizeof n;
+  ::close(told[0]);
+  std::uint64_t erase_failures = 0, removed = 0, again = 0;
+  std::string error;
+  if (heard && n != 0) {
+    auto opened = kv::store::open(mnt + "/s", o);
+    if (opened) {
+      auto& s = **opened;
+      for (std::uint64_t i = 0; i < n / 2; ++i) {
+        if (!s.erase(key_of(i))) ++erase_failures;
+      }
+      removed = compact_until_dry(s, error);
+      while (s.put(key_of(n + again), value))
+        ++again;
+    } else {
+      error = opened.error().message();
+    }
+  } else {
+    error = "the idle opener stored nothing";
+  }
+  const std::uint64_t used = used_bytes(mnt) - std::min(used_bytes(mnt), used0);
+  ::close(go[1]);
+  int status = 0;
+  while (::waitpid(idle, &status, 0) < 0 && errno == EINTR) {
+  }
+  j["stored"] = n;
+  j["erased"] = n / 2;
+  j["erase_failures"] = erase_failures;
+  j["segments_removed"] = removed;
+  j["put_again"] = again;
+  j["put_again_pct"] =
+      n / 2 == 0 ? 0.0 : 100.0 * static_cast<double>(again) / static_cast<double>(n / 2);
+  j["device_bytes"] = used;
+  j["max_bytes"] = max_bytes;
+  if (!error.empty()) j["error"] = error;
+  return j;
+}
+
+// With a foreign writer: the store filled, a quarter erased, then another program fills the
+// volume and keeps taking free blocks while this process compacts and erases the rest.
+json foreign_writer_run(const config& c, const std::string& mnt) {
+  json j;
+  kv::options o;
+  o.segment_size = c.segment_mib << 20;
+  auto opened = kv::store::open(mnt + "/s", o);
+  if (!opened) return {{"error", opened.error().message()}};
+  auto& s = **opened;
+  const filled f = fill(s, 0, std::string(c.value_size, 'v'));
+  std::uint64_t erase_failures = 0, tried = 0;
+  for (std::uint64_t i = 0; i < f.stored / 4; ++i, ++tried) {
+    if (!s.erase(key_of(i))) ++erase_failures;
+  }
+  int full[2];
+  if (::pipe(full) != 0) return {{"error", "pipe"}};
+  const pid_t writer = foreign_writer(mnt + "/foreign", full[1]);
+  ::close(full[1]);
+  char ch = 0;
+  const bool is_full = ::read(full[0], &ch, 1) == 1;
+  ::close(full[0]);
+  std::string first, compact_error;
+  double longest = 0;
+  if (is_full) {
+    if (auto r = s.compact(); !r) compact_error = r.error().message();
+    for (std::uint64_t i = f.stored / 4; i < f.stored; ++i, ++tried) {
+      const auto t = clock_type::now();
+      auto r = s.erase(key_of(i));
+      longest = std::max(longest, seconds_since(t));
+      if (!r && erase_failures++ == 0) first = r.error().message();
+    }
+  }
+  ::kill(writer, SIGKILL);
+  int status = 0;
+  while (::waitpid(writer, &status, 0) < 0 && errno == EINTR) {
+  }
+  j["stored"] = f.stored;
+  j["erases_tried"] = tried;
+  j["erase_failures"] = erase_failures;
+  j["longest_erase_seconds"] = longest;
+  if (!first.empty()) j["first_failure"] = first;
+  if (!compact_error.empty()) j["compact_error"] = compact_error;
+  if (!is_full) j["error"] = "the foreign writer never filled the volume";
+  return j;
 }
 
 // Runs every round of blurt: `task(dir, t)` in `blurt_tasks` processes at once (its exit
@@ -585,6 +751,13 @@ int run(const config& c) {
                             [&](const std::string& m) { return stream_run(c, m); });
   doc["ledger"] = step("the ledger on and off, far from full", c.stream_mib * 32,
                        [&](const std::string& m) { return ledger_run(c, m); });
+  doc["idle_opener"] = step("erase, compact and put beside an idle opener", c.size_mib,
+                            [&](const std::string& m) { return idle_opener_run(c, m, 0); });
+  doc["idle_opener_budget"] =
+      step("the same under max_bytes of half the volume", c.size_mib,
+           [&](const std::string& m) { return idle_opener_run(c, m, (c.size_mib << 20) / 2); });
+  doc["foreign_writer"] = step("erases while a foreign writer keeps the volume full", c.size_mib,
+                               [&](const std::string& m) { return foreign_writer_run(c, m); });
   if (c.blurt_tasks != 0) {
     doc["blurt"] =
         step("blurt", blurt_volume_mib(c), [&](const std::string& m) { return blurt_run(c, m); });
@@ -634,6 +807,42 @@ int run(const config& c) {
                f["after_full"]["erase_failures"].get<std::uint64_t>(),
                f["after_full"]["segments_removed"].get<std::uint64_t>(),
                f["after_full"]["stored_again"].get<std::uint64_t>());
+    const json& io = doc["idle_opener"];
+    const json& ib = doc["idle_opener_budget"];
+    const json& fw = doc["foreign_writer"];
+    const auto why_not = [](const json& r) {
+      for (const char* k : {"skipped", "died", "error"}) {
+        if (r.contains(k)) return r[k].get<std::string>();
+      }
+      return std::string("no result");
+    };
+    if (io.contains("put_again")) {
+      fmt::print(text,
+                 "  beside an idle opener       {} of {} erased keys' room put again by another "
+                 "process ({:.1f} %)\n",
+                 io["put_again"].get<std::uint64_t>(), io["erased"].get<std::uint64_t>(),
+                 num(io, "put_again_pct"));
+    } else {
+      fmt::print(text, "  beside an idle opener       not measured: {}\n", why_not(io));
+    }
+    if (ib.contains("device_bytes")) {
+      fmt::print(text,
+                 "  max_bytes, idle opener      {:.2f} MiB of the device for a {:.2f} MiB "
+                 "budget\n",
+                 num(ib, "device_bytes") / 1048576.0, num(ib, "max_bytes") / 1048576.0);
+    } else {
+      fmt::print(text, "  max_bytes, idle opener      not measured: {}\n", why_not(ib));
+    }
+    if (fw.contains("erases_tried") && !fw.contains("error")) {
+      fmt::print(
+          text, "  foreign writer, volume full {} of {} erases failed, the longest {:.3f} s{}\n",
+          fw["erase_failures"].get<std::uint64_t>(), fw["erases_tried"].get<std::uint64_t>(),
+          num(fw, "longest_erase_seconds"),
+          fw.contains("first_failure") ? " (first: " + fw["first_failure"].get<std::string>() + ")"
+                                       : std::string());
+    } else {
+      fmt::print(text, "  foreign writer, volume full not measured: {}\n", why_not(fw));
+    }
     // Per put: the run into the small volume stops at its first no_space.
     const double far = num(doc["stream_far"], "seconds") / num(doc["stream_far"], "stored");
     const double near = num(doc["stream_near"], "seconds") / num(doc["stream_near"], "stored");
