@@ -206,6 +206,11 @@ void store::impl::join_checkpointer() noexcept {
 
 result<void> store::impl::room_for_checkpoint() const noexcept {
   const std::uint64_t copy = h64(hdr::pages_used).load() * fmt::page_size;
+  // Under a budget, the store's files on the device stay inside it: the checkpoint too (the
+  // one there is counted until the new one replaces it).
+  if (opts.max_bytes != 0 && budget_used(room_for::compaction) + copy > opts.max_bytes) {
+    return keel_error(errc::budget_reached);
+  }
   auto free = fs->statfs(dir.segments);
   if (free && free->available_bytes < copy + 2 * dir.params.segment_size) {
     return std::unexpected(
@@ -442,6 +447,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   h64(hdr::checkpoint_seq).store(S);
   h64(hdr::checkpoint_from).store(from, std::memory_order_release);
   h64(hdr::checkpoint_error).store(0);
+  h64(hdr::checkpoint_bytes).store(all.size());
   return {};
 }
 

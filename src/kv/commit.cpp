@@ -1001,11 +1001,11 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
         ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
          impl_->compaction_would_take_nothing())) {
       // Nothing dead to compact: the checkpoint, a copy of the index that only makes an
-      // open after a crash faster, gives its room on the volume to the store's data (not
-      // under the budget, which does not count it; and with none there, the put fails at
-      // once).
+      // open after a crash faster, gives its room on the volume, or under the budget, to the
+      // store's data (with none there, the put fails at once).
       const bool volume_full = r.error() == std::errc::no_space_on_device ||
-                               r.error() == std::error_code(EDQUOT, std::system_category());
+                               r.error() == std::error_code(EDQUOT, std::system_category()) ||
+                               r.error() == errc::budget_reached;
       if (!volume_full || checkpoint_seen == 0) return std::unexpected(r.error());
       auto dropped = impl_->drop_checkpoint_for_room(checkpoint_seen);
       if (!dropped) return std::unexpected(dropped.error());

@@ -254,6 +254,7 @@ result<void> store::impl::remove_checkpoint() noexcept {
   if (auto r = dir.dir.sync_all(); !r) return std::unexpected(r.error().about(path));
   h64(hdr::checkpoint_from).store(0);
   h64(hdr::checkpoint_seq).store(0);
+  h64(hdr::checkpoint_bytes).store(0);
   return {};
 }
 

@@ -669,6 +669,9 @@ std::uint64_t store::impl::budget_used(room_for who) const noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   std::uint64_t total =
       h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().bytes;
+  // The checkpoint counts as written (a commit that finds the budget reached with nothing
+  // dead to compact removes it).
+  total += h64(hdr::checkpoint_bytes).load();
   // The spare counts, made or still to make (a commit makes it first); for a put, so does a
   // segment more, kept for deletes.
   const std::uint64_t spare = h64(hdr::spare).load();
@@ -860,6 +863,11 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   // once. Nobody reads it any more (compaction waited for every snapshot that could).
   if (auto t = f->truncate(0); !t) return std::unexpected(t.error().about(named));
   return room_kept{};
+}
+
+void store::impl::reconcile_checkpoint_bytes() noexcept {
+  auto st = fs->stat_at(&dir.dir, "checkpoint", false);
+  h64(hdr::checkpoint_bytes).store(st ? st->size : 0);
 }
 
 void store::impl::reconcile_spare() noexcept {
@@ -1214,6 +1222,7 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
   table->finish_split(*this);          // alone: no locks to take
   reconcile_spare();
+  reconcile_checkpoint_bytes();
   // The manifest's segments must all be there (corrupt, naming one that is not); those it
   // does not list are leftovers, removed by a writable opener. One listed and not in the
   // table was made by a user killed before it entered it: nothing was written there, and it

@@ -460,6 +460,7 @@ result<void> store::impl::rebuild() noexcept {
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
   reconcile_spare();
+  reconcile_checkpoint_bytes();
   h64(hdr::tail).store(tail);
   h64(hdr::visible).store(st.max_seq);
   h64(hdr::counting).store(st.max_seq);

@@ -109,6 +109,8 @@ constexpr std::size_t sync_error_segment = 488;
 // The first block a read-only rebuild found torn and could not void (0: none): no close
 // records it, or anything after it, as durable (seal_durable).
 constexpr std::size_t unvoided_torn = 496;
+// The size of `checkpoint` as last written (0: none): counted under options::max_bytes.
+constexpr std::size_t checkpoint_bytes = 504;
 // Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
 // (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
 constexpr std::size_t visible_gates = 512;
@@ -673,6 +675,8 @@ struct store::impl final : ix::page_source {
   //! Sets hdr::spare from seg/spare as it is (alone: a maker or taker killed between the file
   //! and the word left them apart).
   void reconcile_spare() noexcept;
+  //! Sets hdr::checkpoint_bytes from `checkpoint` as it is (alone).
+  void reconcile_checkpoint_bytes() noexcept;
   //! The last segment made, when the tail never moved into it (its maker, or the taker of the
   //! spare, killed or failed in between): nothing was written there (0: none).
   [[nodiscard]] std::uint64_t abandoned_segment() const noexcept;

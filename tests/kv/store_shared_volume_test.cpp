@@ -178,6 +178,50 @@ TEST_P(KvSharedVolume, AnIdleOpenerKeepsNoStoreOverItsBudgetOnTheDevice) {
       GetParam().type);
 }
 
+// Small values make a large index, and so a large checkpoint (a copy of it): under a budget
+// the store counts it, so its files stay inside max_bytes on the device with it there. (It
+// did not count it: 165.95 MiB of an xfs volume for a 160 MiB budget, 1 KiB values.)
+TEST(KvSharedVolumeBudget, TheCheckpointCountsUnderTheBudget) {
+  for (const auto& [type, mib] : {std::pair<std::string, std::size_t>{"tmpfs", 32}, {"ext4", 64}}) {
+    SCOPED_TRACE(type);
+    on_small_volume(
+        mib,
+        [&](const std::string& path) {
+          options o = small();
+          o.max_bytes = std::uint64_t{12} << 20;
+          const std::string mount = path.substr(0, path.rfind('/'));
+          const std::uint64_t before = used_bytes(mount);
+          auto s = store::open(path, o);
+          if (!s) return 2;
+          const std::string v(64, 'v');
+          const auto fill_to_budget = [&](int from) {
+            for (int i = from;; ++i) {
+              auto r = (*s)->put(key_of(i), v);
+              if (r) continue;
+              return r.error() == make_error_code(errc::budget_reached) ? i : -1;
+            }
+          };
+          const int n = fill_to_budget(0);
+          if (n < 10'000) return 3;
+          for (int i = 0; i < n / 2; ++i) {
+            if (!(*s)->erase(key_of(i))) return 4;
+          }
+          auto c = (*s)->compact();  // writes a checkpoint at its end, if it fits
+          if (!c) return 5;
+          const int again = fill_to_budget(n);
+          if (again < 0) return 6;
+          const std::uint64_t used = used_bytes(mount) - before;
+          std::fprintf(stderr,
+                       "%s: %d keys, %d more after erase + compact; %llu bytes taken "
+                       "for a budget of %llu\n",
+                       type.c_str(), n, again - n, static_cast<unsigned long long>(used),
+                       static_cast<unsigned long long>(o.max_bytes));
+          return used <= o.max_bytes ? 0 : 7;
+        },
+        type);
+  }
+}
+
 // In a child: appends to `path` until the volume refuses, tells `full`, then keeps taking
 // every block that comes free (as a busy program on a shared volume does) until killed.
 pid_t foreign_writer(const std::string& path, pipe_pair& full) {

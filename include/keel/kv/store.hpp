@@ -71,7 +71,9 @@ struct options {
   //! How long a commit may wait for the locks of its keys (held by other commits) before it
   //! fails with timed_out.
   std::chrono::milliseconds lock_timeout{30'000};
-  //! The most bytes the store's files may take, segments and index (0: no cap). A commit
+  //! The most bytes the store's files may take, segments, index and checkpoint (0: no cap;
+  //! a checkpoint that would pass it is not written, and a put that finds the budget reached
+  //! with nothing dead to compact removes the one there). A commit
   //! that would need a new segment beyond it fails with errc::budget_reached, before it is
   //! visible and leaving no trace. Puts leave a segment of it for commits that only erase,
   //! and one more (the spare) for compaction, so that deleting and compacting still work when
