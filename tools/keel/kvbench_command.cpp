@@ -312,13 +312,16 @@ class engine_run {
       for (unsigned t = 0; t < writers; ++t) {
         ts.emplace_back([&, t] {
           kv_handle& h = own.empty() ? *shared : *own[t];
+          // At least one put each: a writer that starts only after the window (a busy
+          // machine, a sanitizer build) would otherwise make the rate 0.
           std::uint64_t mine = 0;
-          for (std::size_t i = t; !stop.load(std::memory_order_relaxed); i += writers) {
+          for (std::size_t i = t;; i += writers) {
             if (!h.put(w_.keys[i % n], w_.value)) {
               bad = true;
               break;
             }
             ++mine;
+            if (stop.load(std::memory_order_relaxed)) break;
           }
           done += mine;
         });
