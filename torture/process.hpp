@@ -14,12 +14,16 @@
 
 namespace keel::torture::detail {
 
-//! Runs `body` in a forked child (which dies of SIGALRM after two minutes).
+//! Runs `body` in a forked child, in a process group of its own (which dies of SIGALRM after
+//! two minutes).
 template <class F>
 pid_t spawn(F&& body) {
   std::fflush(nullptr);  // or the child would print the parent's buffered output again
   const pid_t pid = ::fork();
   if (pid == 0) {
+    // A group of its own: the processes it forks (which no alarm covers) go with it when
+    // it is killed for hanging.
+    (void)::setpgid(0, 0);
     ::alarm(120);  // a child that hangs dies of SIGALRM: the parent reports it
     const int code = body();
     std::fflush(nullptr);
@@ -41,7 +45,7 @@ struct exit_status {
   }
 };
 
-// Waits for `pid` at most `limit`; past it, kills it.
+// Waits for `pid` at most `limit`; past it, kills it and its group.
 inline exit_status wait_for(pid_t pid, std::chrono::milliseconds limit) {
   exit_status s;
   const auto until = std::chrono::steady_clock::now() + limit;
@@ -52,6 +56,7 @@ inline exit_status wait_for(pid_t pid, std::chrono::milliseconds limit) {
     if (r < 0 && errno != EINTR) return s;
     if (std::chrono::steady_clock::now() >= until) {
       s.timed_out = true;
+      ::kill(-pid, SIGKILL);  // its group: a child it forked may be what hangs
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
       break;
