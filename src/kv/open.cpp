@@ -809,15 +809,18 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   // would then fail). Its bytes are zeroed first, over the blocks it has (no new one, except
   // on a copy-on-write filesystem), and synced before it is named anew: a segment made of it
   // must hold no old block a rebuild could read.
+  // First a leftover's name, durable (one killed, or a power cut, from here on leaves what
+  // a lone opener removes, never a segment's name over zeros). A file there already is not
+  // ours to replace: this segment then goes back to the volume.
+  const std::string temp = std::string(segment_temp_prefix) + name;
+  bool keeping = false;
   if (may_keep.as != room_kept::volume && size == dir.params.segment_size) {
-    // First a leftover's name, durable (one killed, or a power cut, from here on leaves what
-    // a lone opener removes, never a segment's name over zeros).
-    const std::string temp = std::string(segment_temp_prefix) + name;
-    if (auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
-                            io::rename_mode::no_replace);
-        !r) {
-      return std::unexpected(r.error().about(named));
-    }
+    auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
+                        io::rename_mode::no_replace);
+    if (!r && r.error() != std::errc::file_exists) return std::unexpected(r.error().about(named));
+    keeping = static_cast<bool>(r);
+  }
+  if (keeping) {
     if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
     static const std::array<std::byte, 64 << 10> zeros{};
     std::array<iovec, 16> chunk{};
