@@ -817,7 +817,11 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   if (may_keep.as != room_kept::volume && size == dir.params.segment_size) {
     auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
                         io::rename_mode::no_replace);
-    if (!r && r.error() != std::errc::file_exists) return std::unexpected(r.error().about(named));
+    // (A directory with no room for the longer name, ext4 full, refuses with ENOSPC: then
+    // too the segment goes back to the volume.)
+    if (!r && r.error() != std::errc::file_exists && !out_of_room(r.error())) {
+      return std::unexpected(r.error().about(named));
+    }
     keeping = static_cast<bool>(r);
   }
   if (keeping) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "keel/io/fault_filesystem.hpp"
 #include "keel/kv/store.hpp"
 #include "keel/lock/memory_map.hpp"
 #include "kv/kv_support.hpp"
@@ -502,6 +503,38 @@ TEST(KvCompact, AForeignFileAtAKeptVictimsLeftoverNameIsLeftAloneAndCompactionWo
     ASSERT_TRUE(v && *v == value_of(k, 2)) << k;
   }
   EXPECT_TRUE(s->verify());
+}
+
+// A full ext4 directory refuses the rename to a kept victim's leftover name (a longer name
+// needs a directory block) with ENOSPC: the victim then goes back to the volume, and the
+// compaction still works (it failed outright before, so a full store could never compact).
+TEST(KvCompact, ARenameRefusedForRoomGivesTheVictimBackAndCompactionWorks) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  io::fault_filesystem fs;
+  options o = small();
+  o.fs = &fs;
+  auto s = store::open(path, o);
+  ASSERT_TRUE(s) << s.error().message();
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < 1500; ++k) {
+      ASSERT_TRUE((*s)->put("k" + std::to_string(k), value_of(k, round)));
+    }
+  }
+  fs.inject({.on = io::fs_op::rename,
+             .repeat = io::fault_filesystem::fault::repeat::forever,
+             .error = ENOSPC,
+             .path_contains = "seg"});
+  auto c = (*s)->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_GT(c->segments_removed, 0u);
+  EXPECT_GT(fs.injected(), 0u);
+  fs.clear_faults();
+  for (int k = 0; k < 1500; ++k) {
+    auto v = (*s)->get("k" + std::to_string(k));
+    ASSERT_TRUE(v && *v == value_of(k, 2)) << k;
+  }
+  EXPECT_TRUE((*s)->verify());
 }
 
 // A compactor SIGKILLed at a random moment, again and again: nothing is lost, and the next
