@@ -63,7 +63,7 @@ std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) co
          fmt::offset_of(to) - fmt::offset_of(from);
 }
 
-void store::impl::maybe_checkpoint() noexcept {
+void store::impl::maybe_maintain() noexcept {
   // The flag holds the fork generation (+1) of the process whose thread claimed it: a forked
   // child's copy of its parent's claim is no claim in the child.
   const std::uint64_t mine = base::fork_generation() + 1;
@@ -90,7 +90,9 @@ void store::impl::maybe_checkpoint() noexcept {
                interval &&
            (attempt == 0 || log_distance(attempt, tail) >= interval / 2);
   };
-  if (!due() || now_ms() < busy_until.load(std::memory_order_relaxed)) return;
+  if (now_ms() < busy_until.load(std::memory_order_relaxed) || (!due() && !compaction_due())) {
+    return;
+  }
   base::lock_guard g(checkpointer_mutex);
   if (checkpointer && checkpointer_generation != base::fork_generation()) {
     // A forked child's copy of its parent's thread, which does not run here.
@@ -109,11 +111,16 @@ void store::impl::maybe_checkpoint() noexcept {
   try {
     checkpointer = std::make_unique<std::thread>([this, due, mine] {
       for (;;) {
+        // The compaction first: it removes the checkpoint (which may name the records it
+        // moves), and the one written next is then a copy of the compacted store.
+        if (compaction_due()) compact_in_background();
         // One checkpointer at a time; compaction holds the byte while it works.
         const io::countdown cd = io::deadline(opts.lock_timeout).start();
         bool wrote = false;
         const std::uint64_t from_before = h64(hdr::checkpoint_from).load();
-        if (!take_checkpoint_byte(cd, false)) {
+        if (!due()) {
+          // Nothing to write.
+        } else if (!take_checkpoint_byte(cd, byte_claim::background)) {
           // Another user's checkpoint, compaction or verify, which checks again when it is
           // done. Not again from this process for a while (not for every commit meanwhile).
           busy_until.store(now_ms() + busy_backoff_ms, std::memory_order_relaxed);
@@ -134,13 +141,15 @@ void store::impl::maybe_checkpoint() noexcept {
           release_checkpoint_byte();
         }
         checkpointing.store(0, std::memory_order_seq_cst);
-        // The commits that came while this one was written found the flag taken and went on:
-        // if they took the log past the interval again, write the next one for them, unless
-        // a commit has claimed the flag meanwhile (it starts a thread of its own). Not when
-        // the replay start did not move (a commit in flight holds it back: the next commit
-        // tries again), nor once the store is closing.
+        // The commits that came while this one worked found the flag taken and went on: if
+        // they took the log past the interval again, or made a compaction due, work for them,
+        // unless a commit has claimed the flag meanwhile (it starts a thread of its own). Not
+        // for a checkpoint when the replay start did not move (a commit in flight holds it
+        // back: the next commit tries again), nor once the store is closing.
+        const bool checkpoint_again =
+            wrote && h64(hdr::checkpoint_from).load() != from_before && due();
         std::uint64_t idle = 0;
-        if (!wrote || closing.load() || h64(hdr::checkpoint_from).load() == from_before || !due() ||
+        if (closing.load() || (!checkpoint_again && !compaction_due()) ||
             !checkpointing.compare_exchange_strong(idle, mine)) {
           return;
         }
@@ -152,7 +161,19 @@ void store::impl::maybe_checkpoint() noexcept {
   }
 }
 
-result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, bool wait) noexcept {
+result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_claim how) noexcept {
+  const bool wait = how == byte_claim::wait;
+  const auto busy = [] { return errc_error(std::errc::resource_unavailable_try_again); };
+  // A waiter says so while it waits: background work that would take the byte from under it
+  // again and again (compactions of several processes, one after another) stands aside.
+  auto wanted = h64(hdr::maintenance_wanted);
+  const auto want = [&] { wanted.store(now_ns(), std::memory_order_relaxed); };
+  if (how == byte_claim::background) {
+    const std::uint64_t then = wanted.load(std::memory_order_relaxed);
+    const std::uint64_t now = now_ns();
+    // A time ahead of ours is no waiter's (a hint: the clock is the machine's).
+    if (then != 0 && then <= now && now - then < maintenance_yield_ns) return busy();
+  }
   // This process's claim first (its threads share the byte's lock), then the byte. A claim
   // left by the parent of a forked child is not a claim in the child.
   const std::uint64_t mine = base::fork_generation() + 1;
@@ -161,8 +182,9 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, bool wai
     if ((seen == 0 || seen != mine) && checkpoint_holder.compare_exchange_strong(seen, mine)) {
       break;
     }
-    if (!wait) return errc_error(std::errc::resource_unavailable_try_again);
+    if (!wait) return busy();
     if (cd.expired()) return errc_error(std::errc::timed_out);
+    want();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (;;) {
@@ -173,12 +195,13 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, bool wai
       if (r) r = fs->lock(live, checkpoint_byte, 1, io::lock_request::exclusive, false);
     }
     if (r) return {};
-    const bool busy = r.error() == std::errc::operation_would_block ||
+    const bool held = r.error() == std::errc::operation_would_block ||
                       r.error() == std::errc::resource_unavailable_try_again;
-    if (!busy || !wait || cd.expired()) {
+    if (!held || !wait || cd.expired()) {
       checkpoint_holder.store(0);
-      return busy && wait ? errc_error(std::errc::timed_out) : r;
+      return held && wait ? errc_error(std::errc::timed_out) : r;
     }
+    want();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -551,7 +574,7 @@ result<void> store::checkpoint() noexcept {
   impl& s = *impl_;
   if (s.opts.read_only) return keel_error(errc::read_only);
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
-  if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  if (auto b = s.take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());
   auto r = s.checkpoint_locked(cd);
   s.release_checkpoint_byte();
   return r;

@@ -840,7 +840,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   if (d == durability::sync) {
     if (auto r = s->group_sync(); !r) return std::unexpected(r.error());
   }
-  s->maybe_checkpoint();
+  s->maybe_maintain();
   return seq;
 }
 

@@ -224,7 +224,7 @@ result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   result<compact_stats> c;
   for (;;) {
     const std::uint32_t ended = std::atomic_ref(*ends).load(std::memory_order_seq_cst);
-    c = compact(seen_runs, &others_ran, false);
+    c = compact(seen_runs, &others_ran, byte_claim::try_once);
     if (c || (c.error() != std::errc::resource_unavailable_try_again &&
               c.error() != std::errc::operation_would_block)) {
       break;
@@ -261,7 +261,7 @@ result<void> store::impl::remove_checkpoint() noexcept {
 result<bool> store::impl::drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept {
   if (opts.read_only) return false;
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
-  if (auto b = take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  if (auto b = take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());
   const maintenance_hold held{this};
   auto st = fs->stat_at(&dir.dir, "checkpoint", false);
   if (!st) {
@@ -289,12 +289,56 @@ result<void> store::impl::show_freed_room(const result<io::fs_info>& before,
   return {};
 }
 
+bool store::impl::compaction_due() noexcept {
+  const double fraction = opts.compact_dead_fraction;
+  if (fraction <= 0 || opts.read_only) return false;
+  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t dead = h64(hdr::dead_bytes).load(std::memory_order_relaxed);
+  if (dead < seg_size || dead < h64(hdr::background_after).load(std::memory_order_relaxed))
+    return false;
+  const std::uint64_t now = now_ms();
+  if (now < busy_until.load(std::memory_order_relaxed)) return false;
+  // The log is about its live and dead records (the block headers and a segment's unused
+  // end aside): no walk of the segment table on every commit.
+  const std::uint64_t live_now = h64(hdr::live_bytes).load(std::memory_order_relaxed);
+  if (dead >= 2 * seg_size &&
+      static_cast<double>(dead) >= fraction * static_cast<double>(live_now + dead)) {
+    return true;
+  }
+  // Short of room, compaction takes any segment a sixteenth dead (see compact): a segment's
+  // worth of dead is then worth a run before a put finds the volume full. statfs is a call:
+  // not on every commit.
+  std::uint64_t next = next_room_check.load(std::memory_order_relaxed);
+  if (now < next || !next_room_check.compare_exchange_strong(next, now + room_check_ms,
+                                                             std::memory_order_relaxed)) {
+    return false;
+  }
+  return short_of_room();
+}
+
+void store::impl::compact_in_background() noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t dead_before = h64(hdr::dead_bytes).load();
+  auto c = compact(std::nullopt, nullptr, byte_claim::background);
+  if (!c && (c.error() == std::errc::resource_unavailable_try_again ||
+             c.error() == std::errc::operation_would_block)) {
+    // Another user's compaction, checkpoint or verify: not again for a while.
+    busy_until.store(now_ms() + busy_backoff_ms, std::memory_order_relaxed);
+    return;
+  }
+  background_errno.store(c ? 0 : c.error().value(), std::memory_order_relaxed);
+  // One that removed segments set the mark itself. Else not again before a segment more has
+  // died: a policy met by dead spread too thinly to take (or by a failure) does not make
+  // every commit walk the index.
+  if (!c || c->segments_removed == 0) h64(hdr::background_after).store(dead_before + seg_size);
+}
+
 result<compact_stats> store::compact() noexcept {
-  return impl_->compact(std::nullopt, nullptr, true);
+  return impl_->compact(std::nullopt, nullptr, byte_claim::wait);
 }
 
 result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_since,
-                                           bool* others_ran, bool wait_for_byte) noexcept {
+                                           bool* others_ran, byte_claim how) noexcept {
   impl& s = *this;
   if (auto w = s.writable(); !w) return std::unexpected(w.error());
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
@@ -302,7 +346,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // segments, and no checkpoint (one copied while records move could name originals that
   // are then removed; a fresh one is written once they are). Not a keel::lock entity: its
   // slot would be some bucket pages' too, whose writers would wait for the whole run.
-  if (auto b = s.take_checkpoint_byte(cd, wait_for_byte); !b) return std::unexpected(b.error());
+  if (auto b = s.take_checkpoint_byte(cd, how); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
   compact_stats st;
   // Another compaction ran while we waited for the byte: the room it made is the caller's
@@ -715,6 +759,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
     bool kept_spare = false;
     std::uint64_t kept_next = 0;
+    std::uint64_t freed_dead = 0;  // of the victims, as counted in *dead bytes*
     for (const std::uint64_t n : victims) {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
@@ -741,6 +786,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
                                      : 0;
       const std::uint64_t was = s.h64(hdr::dead_bytes).load();
       s.h64(hdr::dead_bytes).fetch_sub(std::min(was, dead));
+      freed_dead += std::min(was, dead);
       st.segments_removed += 1;
       st.bytes_freed += size;
       if (given->as != impl::room_kept::volume) kept_room += size;
@@ -758,6 +804,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
     // What was found before no longer holds (*dead bytes* went down by an estimate).
     s.h64(hdr::fruitless_below).store(0, std::memory_order_seq_cst);
+    // And no background compaction before a segment more has died than this one left (what
+    // died while it ran counts: a run that fell behind a fast writer is followed by the next).
+    s.h64(hdr::background_after)
+        .store(dead_then - std::min(dead_then, freed_dead) + s.dir.params.segment_size);
   }
   s.unmap_removed_segments();
   // Near full, the room must show before the writers that wait for it retry (where other

@@ -1298,6 +1298,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(path));
   };
   if (o.lock_timeout.count() < 0) return invalid();
+  if (!(o.compact_dead_fraction >= 0 && o.compact_dead_fraction < 1)) return invalid();
   // Room for the index as made, a segment to write in, the one kept for deletes, the spare.
   const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {
     return o.max_bytes != 0 && o.max_bytes < 3 * segment_size + index_pages * fmt::page_size;
@@ -1348,7 +1349,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   register_store(p.get());
   // A rebuild that replayed much writes a checkpoint (in the background), so that the next
   // one replays little.
-  p->maybe_checkpoint();
+  p->maybe_maintain();
   return std::unique_ptr<store>(new store(std::move(p)));
 }
 

@@ -263,6 +263,8 @@ result<store_stats> store::stats() noexcept {
       impl_->log_distance(impl_->h64(hdr::checkpoint_from).load(), impl_->h64(hdr::tail).load());
   st.replayed_bytes = impl_->replayed_bytes;
   st.checkpoint_errno = static_cast<int>(impl_->h64(hdr::checkpoint_error).load());
+  st.compactions = impl_->h64(hdr::compactions).load();
+  st.compaction_errno = impl_->background_errno.load(std::memory_order_relaxed);
   st.index_bytes = impl_->h64(hdr::pages_allocated).load() * fmt::page_size;
   st.index_free_pages = impl_->h64(hdr::free_pages).load();
   auto numbers = impl_->segment_numbers(false);

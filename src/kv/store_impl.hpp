@@ -87,6 +87,13 @@ constexpr std::size_t spare = 312;
 constexpr std::size_t directory = 320;
 constexpr std::size_t split_journal = 328;  // old, low, high: ix::split_journal
 constexpr std::size_t compactions = 352;    // segments removed by compaction so far (batches)
+// When a caller last waited for the maintenance byte (steady clock, ns; 0: never): background
+// work does not take it within maintenance_yield_ns of that, so that asked-for checkpoints,
+// compactions and verifies are not kept waiting by it (a hint).
+constexpr std::size_t maintenance_wanted = 360;
+// *Dead bytes* below which no background compaction begins: a segment above what the last
+// compaction left (0: none yet; a hint, see store::impl::compaction_due).
+constexpr std::size_t background_after = 368;
 // The space ledger's words (keel/space/ledger.hpp): a cache line of their own, charged by
 // every commit that puts.
 constexpr std::size_t ledger = 384;
@@ -148,6 +155,12 @@ constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's us
 constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
 // The maintenance byte: held by the one checkpointer, compactor or verifier at a time.
 constexpr off_t checkpoint_byte = open_byte + 1;
+//! How the maintenance byte is asked for (store::impl::take_checkpoint_byte).
+enum class byte_claim : std::uint8_t {
+  wait,        //!< until the countdown expires (announced: background work stands aside)
+  try_once,    //!< fails at once when it is held
+  background,  //!< as try_once, and not while a caller waits for it
+};
 
 // Lock entities beside the bucket pages' numbers.
 constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
@@ -431,14 +444,29 @@ struct store::impl final : ix::page_source {
   //! Not a keel::lock entity: one that shares a lock slot with bucket pages would stall
   //! their writers for as long as a checkpoint or a compaction runs. Errors: timed_out (or
   //! resource_unavailable_try_again when not waiting), the lock's.
-  [[nodiscard]] result<void> take_checkpoint_byte(const io::countdown& cd, bool wait) noexcept;
+  [[nodiscard]] result<void> take_checkpoint_byte(const io::countdown& cd, byte_claim how) noexcept;
+  //! How long background work leaves the byte to a caller that waited for it.
+  static constexpr std::uint64_t maintenance_yield_ns = 50'000'000;
   void release_checkpoint_byte() noexcept;
   //! Which fork generation of this process holds the byte, plus 1 (0: none).
   std::atomic<std::uint64_t> checkpoint_holder{0};
-  //! After a commit: a checkpoint if the log has grown by the interval since the last one,
-  //! written by a thread of this process's own (none when one is running here, or another
-  //! user is writing one). A failure is kept for stats.
-  void maybe_checkpoint() noexcept;
+  //! After a commit: by a thread of this process's own (none when one is running here, or
+  //! another user holds the maintenance byte), a compaction if one is due
+  //! (compaction_due), then a checkpoint if the log has grown by the interval since the last
+  //! one. A failure is kept for stats.
+  void maybe_maintain() noexcept;
+  //! Whether the background compaction's policy (options::compact_dead_fraction) asks for
+  //! one now: the dead are that fraction of the log and at least two segments, or a segment
+  //! and the store is short of room (checked at most every room_check_ms). Not again before
+  //! the dead have grown by a segment since the last one here.
+  [[nodiscard]] bool compaction_due() noexcept;
+  //! Runs one compaction for the background thread, and keeps what it found.
+  void compact_in_background() noexcept;
+  //! When this process may next ask whether the store is short of room (steady clock, ms).
+  std::atomic<std::uint64_t> next_room_check{0};
+  static constexpr std::uint64_t room_check_ms = 100;
+  //! The error of this process's last background compaction (0: none, or it succeeded).
+  std::atomic<int> background_errno{0};
   //! Waits for this process's checkpoint thread, if any (a forked child forgets its
   //! parent's).
   void join_checkpointer() noexcept;
@@ -799,10 +827,10 @@ struct store::impl final : ix::page_source {
 
   //! store::compact; with `unless_since` (hdr::compaction_runs as the caller last saw it),
   //! none when another compaction has begun since, which `others_ran` then says.
-  //! Without `wait_for_byte`, a maintenance byte held by another fails at once with
+  //! Unless `how` waits, a maintenance byte held by another fails at once with
   //! resource_unavailable_try_again.
   [[nodiscard]] result<compact_stats> compact(std::optional<std::uint64_t> unless_since,
-                                              bool* others_ran, bool wait_for_byte) noexcept;
+                                              bool* others_ran, byte_claim how) noexcept;
   //! What compaction had done when a commit began: runs begun, and runs that removed
   //! segments (hdr::compactions).
   //! Compaction runs begun so far (hdr::compaction_runs).
@@ -1007,6 +1035,11 @@ inline void (*commit_hook)(commit_step) noexcept = nullptr;
 [[nodiscard]] result<void> check_key(std::string_view key) noexcept;
 
 //! The steady clock, in milliseconds.
+[[nodiscard]] inline std::uint64_t now_ns() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
 [[nodiscard]] inline std::uint64_t now_ms() noexcept {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
@@ -1023,7 +1056,7 @@ struct maintenance_hold {
   maintenance_hold& operator=(const maintenance_hold&) = delete;
   ~maintenance_hold() {
     s->release_checkpoint_byte();
-    s->maybe_checkpoint();
+    s->maybe_maintain();
   }
 };
 

@@ -54,7 +54,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
   // No compaction meanwhile (it would remove segments under the walk): the maintenance byte,
   // which also keeps checkpoints waiting.
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
-  if (auto b = s.take_checkpoint_byte(cd, true); !b) return std::unexpected(b.error());
+  if (auto b = s.take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
   verify_report local;
   verify_report& out = report != nullptr ? *report : local;

@@ -79,6 +79,13 @@ inline options small() {
   return o;
 }
 
+//! small(), with no compaction in the background (only when asked, or when a put finds no
+//! room): for tests of what one compaction does, which one run meanwhile would take away.
+inline options manual_compaction(options o = small()) {
+  o.compact_dead_fraction = 0;
+  return o;
+}
+
 //! The store at `path`, or null after a test failure naming the error.
 inline std::unique_ptr<store> open_ok(const std::string& path, const options& o = small()) {
   auto s = store::open(path, o);

@@ -27,6 +27,7 @@ namespace {
 using test::fork_child;
 using test::temp_dir;
 using test::wait_exit;
+using test_support::manual_compaction;
 using test_support::open_ok;
 using test_support::small;
 
@@ -97,7 +98,7 @@ TEST(KvCheckpoint, ARebuildReplaysOnlyTheLogWrittenSinceTheCheckpoint) {
   std::map<std::string, std::string> model;
   store_stats before;
   {
-    auto s = open_ok(path);
+    auto s = open_ok(path, manual_compaction());
     ASSERT_TRUE(s);
     model = fill(*s, 2000);  // about 6 MiB of log in 1 MiB segments
     ASSERT_TRUE(s->checkpoint());
@@ -126,7 +127,7 @@ TEST(KvCheckpoint, ARebuildReplaysOnlyTheLogWrittenSinceTheCheckpoint) {
 
   reboot(path);
   {
-    auto s = open_ok(path);
+    auto s = open_ok(path, manual_compaction());
     ASSERT_TRUE(s);
     auto st = s->stats();
     ASSERT_TRUE(st);
@@ -146,7 +147,7 @@ TEST(KvCheckpoint, ARebuildReplaysOnlyTheLogWrittenSinceTheCheckpoint) {
   // Without the checkpoint, the whole log is replayed, to the same store.
   reboot(path);
   std::filesystem::remove(path + "/checkpoint");
-  auto s = open_ok(path);
+  auto s = open_ok(path, manual_compaction());
   ASSERT_TRUE(s);
   auto st = s->stats();
   ASSERT_TRUE(st);
@@ -256,7 +257,9 @@ TEST(KvCheckpoint, CopiesTakenDuringCommitsAreExact) {
     std::vector<pid_t> writers;
     for (int w = 0; w < 3; ++w) {
       writers.push_back(fork_child([&] {
-        auto s = store::open(path, small());
+        // No compaction in the background: these writers outrun it, and the checkpoints
+        // asked for here would wait for ever longer runs.
+        auto s = store::open(path, manual_compaction());
         if (!s) return 1;
         for (int round = 0;; ++round) {
           auto t = (*s)->begin();
@@ -322,7 +325,7 @@ TEST(KvCheckpoint, CompactionLeavesACheckpointOfTheCopies) {
   const std::string path = d.file("s");
   std::map<std::string, std::string> model;
   {
-    auto s = open_ok(path);
+    auto s = open_ok(path, manual_compaction());
     ASSERT_TRUE(s);
     model = fill(*s, 1500);
     ASSERT_TRUE(s->checkpoint());

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -29,6 +30,7 @@ namespace {
 using test::fork_child;
 using test::temp_dir;
 
+using test_support::manual_compaction;
 using test_support::open_ok;
 using test_support::small;
 
@@ -73,7 +75,7 @@ void expect_values(store& s, const std::vector<int>& version, const char* when,
 TEST(KvCompact, RemovesDeadSegmentsAndKeepsEveryValue) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  auto s = open_ok(path);
+  auto s = open_ok(path, manual_compaction());
   ASSERT_TRUE(s);
   constexpr int keys = 2000;
   std::vector<int> version(keys, -1);
@@ -229,7 +231,7 @@ TEST(KvCompact, NeverRemovesWhatAnOlderSnapshotMayRead) {
 TEST(KvCompact, WaitsForSnapshotsTakenWhileRecordsMoved) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  options o = small();
+  options o = manual_compaction();
   o.lock_timeout = std::chrono::milliseconds(300);
   static std::unique_ptr<store> s;
   s = open_ok(path, o);
@@ -370,7 +372,7 @@ TEST(KvCompact, HoldsNoLockSlotAWriterMayNeed) {
   const std::string path = dir.file("s");
   static std::string lock_path;
   lock_path = path + "/lock";
-  auto s = open_ok(path, small());
+  auto s = open_ok(path, manual_compaction());
   ASSERT_TRUE(s);
   for (int round = 0; round < 3; ++round) {
     for (int k = 0; k < 1500; ++k) {
@@ -477,9 +479,10 @@ TEST(KvCompact, ReadersAndWritersGoOnMeanwhile) {
 TEST(KvCompact, AForeignFileAtAKeptVictimsLeftoverNameIsLeftAloneAndCompactionWorks) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  auto s = open_ok(path);
+  auto s = open_ok(path, manual_compaction());
   ASSERT_TRUE(s);
-  auto other = open_ok(path);  // not alone: the lone opener's cleanup stays out of it
+  auto other =
+      open_ok(path, manual_compaction());  // not alone: the lone opener's cleanup stays out of it
   ASSERT_TRUE(other);
   for (int round = 0; round < 3; ++round) {
     for (int k = 0; k < 1500; ++k) {
@@ -512,7 +515,7 @@ TEST(KvCompact, ARenameRefusedForRoomGivesTheVictimBackAndCompactionWorks) {
   temp_dir dir;
   const std::string path = dir.file("s");
   io::fault_filesystem fs;
-  options o = small();
+  options o = manual_compaction();
   o.fs = &fs;
   auto s = store::open(path, o);
   ASSERT_TRUE(s) << s.error().message();
@@ -576,6 +579,69 @@ TEST(KvCompact, ACompactorKilledAnywhereLosesNothing) {
   auto rebuilt = open_ok(path);
   ASSERT_TRUE(rebuilt);
   expect_values(*rebuilt, version, "rebuilt");
+}
+
+// Compaction in the background (options::compact_dead_fraction): a few keys put over and
+// over keep the log within a few segments with no call to compact, and every value stays;
+// with the policy off the same puts leave every segment they filled. The store is closed
+// after one more put (closing waits for the thread that put started), so what is checked is
+// what the policy leaves, however far behind the puts the thread ran.
+TEST(KvCompact, RunsInTheBackgroundOnceHalfTheLogIsDead) {
+  constexpr int keys = 300;
+  constexpr int rounds = 40;  // 12 MiB of values in 1 MiB segments, 0.3 MiB live
+  for (const double fraction : {0.5, 0.0}) {
+    SCOPED_TRACE("compact_dead_fraction " + std::to_string(fraction));
+    temp_dir dir;
+    const std::string path = dir.file("s");
+    options o = small();
+    o.compact_dead_fraction = fraction;
+    std::vector<int> version(keys, -1);
+    {
+      auto s = open_ok(path, o);
+      ASSERT_TRUE(s);
+      for (int round = 0; round < rounds; ++round) {
+        for (int k = 0; k < keys; ++k) {
+          ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+          version[static_cast<std::size_t>(k)] = round;
+        }
+      }
+    }
+    {
+      auto s = open_ok(path, o);
+      ASSERT_TRUE(s);
+      ASSERT_TRUE(s->put("k0", value_of(0, rounds)));
+      version[0] = rounds;
+    }
+    auto s = open_ok(path, manual_compaction());
+    ASSERT_TRUE(s);
+    expect_values(*s, version, "after the puts");
+    auto st = s->stats();
+    ASSERT_TRUE(st);
+    const files f = segments_of(path);
+    if (fraction > 0) {
+      EXPECT_GT(st->compactions, 0u);
+      // Live 0.3 MiB: at most two segments of dead (and one more while a run is not yet
+      // due), the tail's, and the copies' segment.
+      EXPECT_LE(f.count, 6u) << st->dead_bytes << " dead bytes";
+      EXPECT_EQ(st->compaction_errno, 0);
+    } else {
+      EXPECT_EQ(st->compactions, 0u);
+      EXPECT_GE(f.count, 11u);
+    }
+  }
+}
+
+// Bad values of the policy are refused before anything is made.
+TEST(KvCompact, ABadDeadFractionIsRefused) {
+  temp_dir dir;
+  for (const double bad : {-0.1, 1.0, 2.0, std::numeric_limits<double>::quiet_NaN()}) {
+    options o = small();
+    o.compact_dead_fraction = bad;
+    auto s = store::open(dir.file("s"), o);
+    ASSERT_FALSE(s) << bad;
+    EXPECT_EQ(s.error(), std::errc::invalid_argument) << bad;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("s"))) << bad;
+  }
 }
 
 }  // namespace

@@ -44,6 +44,7 @@ using test::wait_exit;
 using test_support::count_on_small_volume;
 using test_support::fill;
 using test_support::key_of;
+using test_support::manual_compaction;
 using test_support::on_small_volume;
 using test_support::small;
 using test_support::why_no_btrfs;
@@ -683,7 +684,7 @@ TEST(KvFullVolume, ACompactionThatRunsOutOfRoomStillRemovesTheVictimsItEmptied) 
   refuses_until_synced fs;
   fs.refusals = -1;
   fs.allowed = 1;  // one new segment, then the spare, then no more
-  options o = small();
+  options o = manual_compaction();
   o.fs = &fs;
   auto s = test_support::open_ok(path, o);
   ASSERT_TRUE(s);

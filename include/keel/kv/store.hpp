@@ -86,6 +86,14 @@ struct options {
   //! last one, by a thread the commit that crosses the mark starts (0: the larger of 128 MiB
   //! and the index's size, which keeps the copying under one byte per byte of log).
   std::uint64_t checkpoint_bytes = 0;
+  //! Compaction in the background: once this fraction of the log is dead (superseded and
+  //! erased records, abandoned room) and the dead make up at least two segments, the commit
+  //! that finds it so starts a thread of this process's own (the checkpoint's) that compacts
+  //! as `compact` does, so that dead versions give their room back to the volume before a put
+  //! finds it full. 0 turns it off (compaction then runs only when a put finds no room, or
+  //! when asked); 0.5 by default: the log stays within about twice what is live. Must be
+  //! from 0 to below 1, or open fails with invalid_argument. Each opener's own choice.
+  double compact_dead_fraction = 0.5;
   //! Charge every commit that puts its worst-case room in the space ledger
   //! (keel/space/ledger.hpp) before anything of it is written, so that one that cannot fit
   //! fails at once with no_space (or budget_reached), its blobs unwritten and the index
@@ -121,6 +129,11 @@ struct store_stats {
   std::uint64_t replayed_bytes = 0;
   //! The error of the last checkpoint written after a commit, if it failed (0: none).
   int checkpoint_errno = 0;
+  //! Compactions that removed segments since the index was built, by every user, asked for
+  //! or in the background.
+  std::uint64_t compactions = 0;
+  //! The error of this process's last compaction in the background, if it failed (0: none).
+  int compaction_errno = 0;
 };
 
 //! What a compaction did.
