@@ -588,6 +588,67 @@ json foreign_writer_run(const config& c, const std::string& mnt) {
   return j;
 }
 
+// Dead versions (issue 46, item 4): a few keys (a twentieth of the volume) put over and over,
+// four volumes' worth of values, once with background compaction (the default policy) and
+// once with none (compaction only when a put finds no room): the volume's use, peak and at the
+// end, and what the background work costs the puts.
+json dead_versions_run(const config& c, const std::string& mnt) {
+  json j;
+  const std::uint64_t volume = c.size_mib << 20;
+  const std::uint64_t per_record = record_bytes(key_of(0).size(), c.value_size);
+  const std::uint64_t keys = std::max<std::uint64_t>(1, volume / 20 / per_record);
+  const std::uint64_t puts = std::max<std::uint64_t>(keys, 4 * volume / per_record);
+  const std::string value(c.value_size, 'v');
+  for (const double fraction : {0.5, 0.0}) {
+    const std::string path = mnt + (fraction > 0 ? "/background" : "/none");
+    json r;
+    kv::options o;
+    o.segment_size = c.segment_mib << 20;
+    o.compact_dead_fraction = fraction;
+    const std::uint64_t used0 = used_bytes(mnt);
+    double peak = 0;
+    std::uint64_t failed = 0;
+    std::string error;
+    const auto t0 = clock_type::now();
+    {
+      auto opened = kv::store::open(path, o);
+      if (!opened) return {{"error", opened.error().message()}};
+      auto& s = **opened;
+      for (std::uint64_t i = 0; i < puts; ++i) {
+        if (auto p = s.put(key_of(i % keys), value); !p) {
+          if (++failed == 1) error = p.error().message();
+        }
+        if (i % 256 == 0) peak = std::max(peak, used_pct(mnt));
+      }
+      r["seconds"] = seconds_since(t0);
+      auto st = s.stats();
+      if (st) {
+        r["live_bytes"] = st->live_bytes;
+        r["dead_bytes"] = st->dead_bytes;
+        r["segments"] = st->segments;
+        r["segment_bytes"] = st->segment_bytes;
+        r["compactions"] = st->compactions;
+      }
+    }
+    r["puts"] = puts;
+    r["keys"] = keys;
+    r["failed_puts"] = failed;
+    if (!error.empty()) r["first_error"] = error;
+    r["puts_per_s"] = static_cast<double>(puts) / r["seconds"].get<double>();
+    r["peak_used_pct"] = std::max(peak, used_pct(mnt));
+    r["end_used_pct"] = used_pct(mnt);
+    r["device_bytes"] = used_bytes(mnt) - std::min(used_bytes(mnt), used0);
+    j[fraction > 0 ? "background" : "none"] = r;
+    // The next run starts on an empty volume.
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  const double on = j["background"]["puts_per_s"].get<double>();
+  const double off = j["none"]["puts_per_s"].get<double>();
+  j["cost_pct"] = off > 0 ? 100.0 * (1.0 - on / off) : 0.0;
+  return j;
+}
+
 // Runs every round of blurt: `task(dir, t)` in `blurt_tasks` processes at once (its exit
 // code: 0, or 1 after printing why), dirs in the inner loop, passes in the outer, until a
 // round has a failed task.
@@ -758,6 +819,9 @@ int run(const config& c) {
            [&](const std::string& m) { return idle_opener_run(c, m, (c.size_mib << 20) / 2); });
   doc["foreign_writer"] = step("erases while a foreign writer keeps the volume full", c.size_mib,
                                [&](const std::string& m) { return foreign_writer_run(c, m); });
+  doc["dead_versions"] =
+      step("a few keys put over and over, background compaction on and off", c.size_mib,
+           [&](const std::string& m) { return dead_versions_run(c, m); });
   if (c.blurt_tasks != 0) {
     doc["blurt"] =
         step("blurt", blurt_volume_mib(c), [&](const std::string& m) { return blurt_run(c, m); });
@@ -875,6 +939,25 @@ int run(const config& c) {
                  num(l, "best_on"), num(l, "best_off"), num(l, "cost_pct"), num(l, "charge_ns"));
     } else {
       fmt::print(text, "  ledger far from full        not measured: {}\n", l.dump());
+    }
+    if (const json& d = doc["dead_versions"]; d.contains("cost_pct")) {
+      const auto row = [&](const json& r) {
+        return fmt::format(
+            "{:.0f} puts/s, volume used {:.1f} % at the peak and {:.1f} % at the end, {} "
+            "segments for {:.1f} MiB live, {} compactions, {} failed puts",
+            num(r, "puts_per_s"), num(r, "peak_used_pct"), num(r, "end_used_pct"),
+            r.value("segments", std::uint64_t{0}), num(r, "live_bytes") / 1048576.0,
+            r.value("compactions", std::uint64_t{0}), r.value("failed_puts", std::uint64_t{0}));
+      };
+      fmt::print(text, "  dead versions ({} puts over {} keys)\n",
+                 d["background"].value("puts", std::uint64_t{0}),
+                 d["background"].value("keys", std::uint64_t{0}));
+      fmt::print(text, "    compaction in background  {}\n", row(d["background"]));
+      fmt::print(text, "    only when full            {}\n", row(d["none"]));
+      fmt::print(text, "    cost of the background    {:+.1f} % puts/s\n", num(d, "cost_pct"));
+    } else {
+      fmt::print(text, "  dead versions               not measured: {}\n",
+                 doc["dead_versions"].dump());
     }
     if (c.blurt_tasks != 0) {
       const json& b = doc["blurt"];
