@@ -231,13 +231,15 @@ int run_kv_command(int argc, char** argv) {
                        {"checkpoint_seq", st->checkpoint_seq},
                        {"unchecked_bytes", st->unchecked_bytes},
                        {"replayed_bytes", st->replayed_bytes},
-                       {"checkpoint_errno", st->checkpoint_errno}};
+                       {"checkpoint_errno", st->checkpoint_errno},
+                       {"compactions", st->compactions}};
       fmt::print("{}\n", j.dump(2));
     } else {
       fmt::print("records        {}\n", st->records);
       fmt::print("live bytes     {}\n", st->live_bytes);
       fmt::print("dead bytes     {}\n", st->dead_bytes);
-      fmt::print("segments       {} ({} bytes)\n", st->segments, st->segment_bytes);
+      fmt::print("segments       {} ({} bytes), {} compactions since the index was built\n",
+                 st->segments, st->segment_bytes, st->compactions);
       fmt::print("index          {} bytes, {} bucket pages, load {:.2f}, {} free pages\n",
                  st->index_bytes, st->index_pages, st->index_load, st->index_free_pages);
       fmt::print("visible seq    {}\n", st->visible_seq);
