@@ -377,7 +377,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   const std::uint64_t dead_then = s.h64(hdr::dead_bytes).load(std::memory_order_seq_cst);
   auto numbers = s.segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
-  if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
+  // Holding the byte, a background run waits for open transactions only a moment: a reader
+  // that keeps one open (idle, or for long) would keep asked-for checkpoints, compactions and
+  // verifies waiting, and this process's close, for the whole lock timeout. It gives up
+  // (timed_out) and runs again once more has died.
+  const auto wait_for_transactions = [&] {
+    if (how != byte_claim::background) return s.wait_for_transactions(cd);
+    return s.wait_for_transactions(io::deadline(std::min<std::chrono::milliseconds>(
+                                                    s.opts.lock_timeout, impl::background_patience))
+                                       .start());
+  };
+  if (auto w = wait_for_transactions(); !w) return std::unexpected(w.error());
 
   // 2. What is live where: every entry of the index (as of one directory word: a split
   // copies entries, never moves them, and the pages it retires are not reused while our
@@ -741,7 +751,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // original's location, or a view into it.
   const std::uint64_t moved_by = s.h64(hdr::next_seq).load(std::memory_order_seq_cst) - 1;
   if (auto w = s.wait_visible_until(moved_by, cd); !w) return std::unexpected(w.error());
-  if (auto w = s.wait_for_transactions(cd); !w) return std::unexpected(w.error());
+  if (auto w = wait_for_transactions(); !w) return std::unexpected(w.error());
 
   // 7. Remove them, under the sync lock (a group sync never meets a half-removed segment).
   // The checkpoint goes first, for good: it may name originals (a rebuild without it

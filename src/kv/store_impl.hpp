@@ -465,6 +465,8 @@ struct store::impl final : ix::page_source {
   //! When this process may next ask whether the store is short of room (steady clock, ms).
   std::atomic<std::uint64_t> next_room_check{0};
   static constexpr std::uint64_t room_check_ms = 100;
+  //! How long a background compaction waits for the transactions open when it looks.
+  static constexpr std::chrono::milliseconds background_patience{250};
   //! The error of this process's last background compaction (0: none, or it succeeded).
   std::atomic<int> background_errno{0};
   //! Waits for this process's checkpoint thread, if any (a forked child forgets its

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -629,6 +630,60 @@ TEST(KvCompact, RunsInTheBackgroundOnceHalfTheLogIsDead) {
       EXPECT_GE(f.count, 11u);
     }
   }
+}
+
+// A transaction left open in another process (idle, for as long as it likes) holds up
+// neither the close of a process whose background compaction found it, nor a checkpoint
+// asked for meanwhile: the background run waits for it only a moment, then gives up the
+// maintenance byte. (It waited the whole lock timeout: here an hour, so the close hung.)
+TEST(KvCompact, ATransactionLeftOpenElsewhereHoldsUpNeitherCloseNorACheckpoint) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::hours(1);
+  { ASSERT_TRUE(open_ok(path, o)); }
+  int held[2], done[2];
+  ASSERT_EQ(::pipe(held), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t reader = fork_child([&] {
+    ::close(held[0]);
+    ::close(done[1]);
+    auto s = store::open(path, o);
+    if (!s) return 2;
+    auto t = (*s)->begin();
+    if (!t) return 3;
+    (void)t->get("k0");
+    if (::write(held[1], "h", 1) != 1) return 4;
+    char c = 0;
+    (void)::read(done[0], &c, 1);  // until the parent closes its end
+    return 0;
+  });
+  ::close(held[1]);
+  ::close(done[0]);
+  char c = 0;
+  ASSERT_EQ(::read(held[0], &c, 1), 1);
+  {
+    auto s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    // 6 MiB of puts over 0.3 MiB of keys: a background compaction is due many times over.
+    for (int round = 0; round < 20; ++round) {
+      for (int k = 0; k < 300; ++k) {
+        ASSERT_TRUE(s->put("k" + std::to_string(k), value_of(k, round)));
+      }
+    }
+  }  // closes, waiting for its background thread
+  {
+    auto s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    auto cp = s->checkpoint();
+    EXPECT_TRUE(cp) << cp.error().message();
+    auto st = s->stats();
+    ASSERT_TRUE(st);
+    EXPECT_GT(st->checkpoint_seq, 0u);
+  }
+  ::close(done[1]);
+  ::close(held[0]);
+  EXPECT_EQ(test::wait_exit(reader), 0);
 }
 
 // Bad values of the policy are refused before anything is made.
