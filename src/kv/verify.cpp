@@ -56,6 +56,11 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
   if (auto b = s.take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
+  // The walk judges dead commits too, and reads their blobs: this process's maps of segments
+  // other users' compactions removed (emptied, so a read through one is past the file's end:
+  // SIGBUS) go first, and such a blob is then found gone. None is removed while we hold the
+  // byte.
+  s.unmap_removed_segments();
   verify_report local;
   verify_report& out = report != nullptr ? *report : local;
   try {
