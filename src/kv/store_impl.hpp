@@ -761,6 +761,10 @@ struct store::impl final : ix::page_source {
   //! Waits, settling dead writers' commits, until every seq up to `seq` is visible.
   [[nodiscard]] result<void> wait_visible_until(std::uint64_t seq,
                                                 const io::countdown& cd) noexcept;
+  //! Whether an entry names the record at `at` (of `key`), looked up with no lock: a record
+  //! none names is dead for good (a location superseded is never named again). A look that
+  //! meets a split may miss one that is named: compaction then keeps its segment (step 5b).
+  [[nodiscard]] bool named_now(std::uint64_t at, std::span<const std::byte> key) const noexcept;
   //! Copies the record at `at` to the tail (and its blob, if that lies in a victim) and
   //! points its entry there, if its entry still names it: whether it did. An erase record
   //! whose key is in `forgettable` is not copied: its entry is emptied instead.
