@@ -195,8 +195,7 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_cla
       if (r) r = fs->lock(live, checkpoint_byte, 1, io::lock_request::exclusive, false);
     }
     if (r) return {};
-    const bool held = r.error() == std::errc::operation_would_block ||
-                      r.error() == std::errc::resource_unavailable_try_again;
+    const bool held = held_elsewhere(r.error());
     if (!held || !wait || cd.expired()) {
       checkpoint_holder.store(0);
       return held && wait ? errc_error(std::errc::timed_out) : r;

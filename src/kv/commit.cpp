@@ -152,9 +152,7 @@ bool store::impl::dead_check_is_taken() noexcept {
   // thousand waiters each looking every few milliseconds, that took a fifth of the machine.
   // A time ahead of this clock (another boot's, another time namespace's) is no one's turn.
   auto word = h64(hdr::dead_check_ns);
-  const auto t = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch())
-          .count());
+  const std::uint64_t t = now_ns();
   std::uint64_t last = word.load(std::memory_order_relaxed);
   if (t - last < 2'000'000) return true;  // (a time ahead of t: a huge difference)
   return !word.compare_exchange_strong(last, t, std::memory_order_relaxed);

@@ -236,8 +236,7 @@ result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   for (;;) {
     const std::uint32_t ended = std::atomic_ref(*ends).load(std::memory_order_seq_cst);
     c = compact(seen_runs, &others_ran, byte_claim::try_once);
-    if (c || (c.error() != std::errc::resource_unavailable_try_again &&
-              c.error() != std::errc::operation_would_block)) {
+    if (c || !held_elsewhere(c.error())) {
       break;
     }
     // The byte is busy (a compaction, a checkpoint or a verify runs): sleep until a
@@ -331,8 +330,7 @@ void store::impl::compact_in_background() noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t dead_before = h64(hdr::dead_bytes).load();
   auto c = compact(std::nullopt, nullptr, byte_claim::background);
-  if (!c && (c.error() == std::errc::resource_unavailable_try_again ||
-             c.error() == std::errc::operation_would_block)) {
+  if (!c && held_elsewhere(c.error())) {
     // Another user's compaction, checkpoint or verify: not again for a while.
     busy_until.store(now_ms() + busy_backoff_ms, std::memory_order_relaxed);
     return;

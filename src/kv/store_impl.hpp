@@ -1040,16 +1040,21 @@ inline void (*commit_hook)(commit_step) noexcept = nullptr;
 //! Checks a key's size: invalid_argument (empty), too_large.
 [[nodiscard]] result<void> check_key(std::string_view key) noexcept;
 
-//! The steady clock, in milliseconds.
+//! The steady clock (the machine's: comparable between processes), in nanoseconds.
 [[nodiscard]] inline std::uint64_t now_ns() noexcept {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count());
 }
+//! The same, in milliseconds.
 [[nodiscard]] inline std::uint64_t now_ms() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
+  return now_ns() / 1'000'000;
+}
+
+//! Whether a try at a lock (the maintenance byte, a compaction that did not wait for it)
+//! failed only because another holds it.
+[[nodiscard]] inline bool held_elsewhere(const error& e) noexcept {
+  return e == std::errc::operation_would_block || e == std::errc::resource_unavailable_try_again;
 }
 
 //! The maintenance byte held by a compaction or a verify (taken with take_checkpoint_byte).
