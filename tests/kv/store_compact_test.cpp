@@ -127,7 +127,7 @@ TEST(KvCompact, RemovesDeadSegmentsAndKeepsEveryValue) {
 TEST(KvCompact, MovesBlobsWithTheirRecords) {
   temp_dir dir;
   const std::string path = dir.file("s");
-  auto s = open_ok(path);
+  auto s = open_ok(path, manual_compaction());
   ASSERT_TRUE(s);
   constexpr int keys = 40;
   constexpr std::size_t size = 100 * 1024;  // above the blob threshold
@@ -148,7 +148,7 @@ TEST(KvCompact, MovesBlobsWithTheirRecords) {
   expect_values(*s, version, "compacted", size);
   s.reset();
   std::filesystem::remove(path + "/index");
-  auto rebuilt = open_ok(path);
+  auto rebuilt = open_ok(path, manual_compaction());
   ASSERT_TRUE(rebuilt);
   expect_values(*rebuilt, version, "rebuilt", size);
 }

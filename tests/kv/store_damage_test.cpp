@@ -444,7 +444,7 @@ TEST(KvDamage, ACompactionNeverRemovesASegmentHoldingALiveRecordItCouldNotCopy) 
     return "f" + std::to_string(k) + ":" + std::to_string(round) + std::string(1000, 'f');
   };
   {
-    auto s = open_ok(path);
+    auto s = open_ok(path, test_support::manual_compaction());
     ASSERT_TRUE(s);
     auto t = s->begin();
     ASSERT_TRUE(t);
@@ -461,7 +461,7 @@ TEST(KvDamage, ACompactionNeverRemovesASegmentHoldingALiveRecordItCouldNotCopy) 
   ASSERT_NE(a.offset, std::string::npos);
   const std::string first_segment = a.file;
   flip_bit(a, 2);
-  auto s = open_ok(path);
+  auto s = open_ok(path, test_support::manual_compaction());
   ASSERT_TRUE(s);
   auto c = s->compact();
   ASSERT_TRUE(c) << c.error().message();
@@ -487,7 +487,7 @@ TEST(KvDamage, ACompactionNeverRemovesASegmentHoldingALiveRecordItCouldNotCopy) 
   EXPECT_EQ(*s->get("b"), "value of b");
   s.reset();
   std::filesystem::remove(path + "/index");
-  auto rebuilt = open_ok(path);
+  auto rebuilt = open_ok(path, test_support::manual_compaction());
   ASSERT_TRUE(rebuilt);
   EXPECT_EQ(*rebuilt->get("a"), "a again");
   EXPECT_EQ(*rebuilt->get("b"), "value of b");
