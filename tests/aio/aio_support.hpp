@@ -110,9 +110,13 @@ inline std::unique_ptr<controller> one_worker(engine_kind k, bool cache = false)
 }
 
 //! Holds a worker of `h`'s controller with a task on `h` until `go` is set: requests queued
-//! for that worker meanwhile wait behind it.
-inline receipt hold_until(file& h, const std::atomic<bool>& go) {
-  return h.submit([&go]() -> result<std::size_t> {
+//! for that worker meanwhile wait behind it. With `running`, the task sets it once it runs:
+//! a task behind an earlier request of `h` reaches its worker only when that request's end
+//! lets it go, which can be after the request's receipt is ready.
+inline receipt hold_until(file& h, const std::atomic<bool>& go,
+                          std::atomic<bool>* running = nullptr) {
+  return h.submit([&go, running]() -> result<std::size_t> {
+    if (running != nullptr) running->store(true);
     while (!go.load())
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return 0;

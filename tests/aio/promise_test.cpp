@@ -519,10 +519,15 @@ TEST(AioCacheRace, AWriteThatWentPastTheCacheLeavesNoStalePage) {
     ASSERT_TRUE(f->write(0, span_of(zero)).wait());  // one page cached: room for one more
     ASSERT_TRUE(h->write(0, span_of(zero)).wait());
     std::atomic<bool> go{false};
-    receipt hold = hold_until(*h, go);
-    receipt past = f->write(4096, span_of(a));  // two pages: past the limit, behind `hold`
+    std::atomic<bool> holding{false};
+    receipt hold = hold_until(*h, go, &holding);
+    // Running before `past` is queued: the held worker's inbox then has `past` behind it.
+    // (It follows the write above, which lets it go to its worker only as that ends.)
     // A waiting thread helps the workers and so could run `past` from the held worker's
-    // inbox: this thread waits by looking, never by helping.
+    // inbox: the threads wait by looking, never by helping.
+    while (!holding.load())
+      std::this_thread::yield();
+    receipt past = f->write(4096, span_of(a));  // two pages: past the limit, behind `hold`
     const auto looked_at = [](const receipt& r) {
       while (!r.ready())
         std::this_thread::yield();
