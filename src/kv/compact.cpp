@@ -380,7 +380,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // writing into one began before now; wait for them to finish. Once they have, every
   // snapshot is at or above `horizon` (visible only grows).
   const std::uint64_t horizon = s.h64(hdr::visible).load(std::memory_order_seq_cst);
-  const std::uint64_t active = fmt::segment_of(s.h64(hdr::tail).load(std::memory_order_acquire));
+  // Every block below it was reserved by a transaction open now, or one that has ended.
+  const std::uint64_t tail_then = s.h64(hdr::tail).load(std::memory_order_acquire);
+  const std::uint64_t active = fmt::segment_of(tail_then);
   // Every commit visible now added the bytes it made dead before it became visible, and the
   // walk below sees its entries: the dead still to come is what has been added since.
   const std::uint64_t dead_then = s.h64(hdr::dead_bytes).load(std::memory_order_seq_cst);
@@ -509,17 +511,22 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     for (const auto& [key, n] : erasures) {
       records_of[key] = 0;
     }
+    // Up to where the tail was at step 1 (the blocks below it are whole: their writers have
+    // ended). What lies beyond was written since: new versions of keys an erase no snapshot
+    // sees past, which step 4 finds in their entries, and never an older version (copies
+    // are only ever made by compactions, which ran before this one).
     bool known = true;
     for (const std::uint64_t n : *numbers) {
-      if (records_of.empty()) break;
+      if (records_of.empty() || n > active) break;
       auto seg = s.segment_at(n);
       if (!seg) {
         known = false;  // cannot tell: forget nothing
         break;
       }
       const auto bytes = (*seg)->bytes();
-      (void)s.for_each_block(
-          **seg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+      (void)s.for_each_block_below(
+          **seg, n == active ? fmt::offset_of(tail_then) : UINT64_MAX,
+          [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
             if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) &&
                 head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
               return {};

@@ -542,20 +542,30 @@ struct store::impl final : ix::page_source {
     const auto nothing = [](std::uint64_t, std::uint64_t) noexcept { return result<void>{}; };
     return for_each_block(s, from, std::forward<F>(f), 0, nothing, nothing);
   }
+  //! The same over the blocks that begin below offset `end` only: where writers may be
+  //! writing past it, nothing there is read.
+  template <class F>
+  [[nodiscard]] result<void> for_each_block_below(const segment& s, std::uint64_t end,
+                                                  F&& f) const noexcept {
+    const auto nothing = [](std::uint64_t, std::uint64_t) noexcept { return result<void>{}; };
+    return for_each_block(s, fmt::segment_header_size, std::forward<F>(f), 0, nothing, nothing,
+                          end);
+  }
   //! The same, telling what lies between blocks: a block keel left on purpose
   //! (fmt::spanned_block: voided, abandoned) is stepped over whole, after
   //! `spanned(offset, length)`; and the space below location `known_below` (written whole:
   //! the manifest's durable below) must be blocks, zeros or such blocks: at any other byte
   //! there, `unexplained(offset, 8)` is called before stepping on (a block whose header was
   //! damaged is found so, never taken for space nobody wrote). Each callback returns
-  //! result<void>; an error stops the walk.
+  //! result<void>; an error stops the walk (as does offset `end`).
   template <class F, class Unexplained, class Spanned>
   [[nodiscard]] result<void> for_each_block(const segment& s, std::uint64_t from, F&& f,
                                             std::uint64_t known_below, Unexplained&& unexplained,
-                                            Spanned&& spanned) const noexcept {
+                                            Spanned&& spanned,
+                                            std::uint64_t end = UINT64_MAX) const noexcept {
     const std::span<const std::byte> bytes = s.bytes();
     std::uint64_t off = std::max<std::uint64_t>(from, fmt::segment_header_size);
-    while (off + sizeof(fmt::block_header) <= s.size) {
+    while (off < end && off + sizeof(fmt::block_header) <= s.size) {
       std::uint32_t magic = 0;
       std::memcpy(&magic, bytes.data() + off, 4);
       auto head = magic == fmt::block_magic ? fmt::parse_block_header(bytes.subspan(off), salt)
