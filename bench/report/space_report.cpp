@@ -91,14 +91,15 @@ std::string table_html(const std::vector<json>& docs) {
         "<tr><td>{}</td><td>{:.1f} % ({:.1f} %, {:.1f} %)</td><td>{:.1f} %</td><td>{}</td>"
         "<td>{} erase failures, {} segments compacted, {} puts again</td><td>{:.2f}×</td>"
         "<td>{:.1f} µs / {:.1f} µs</td><td>index {:.1f}, checkpoint {:.1f}, spare {:.1f}, "
-        "segments {:.1f} (records {:.1f}), free {:.1f}</td></tr>\n",
+        "deletes' room {:.1f}, segments {:.1f} (records {:.1f}), free {:.1f}</td></tr>\n",
         html_escape(name_of(doc)), number(f, "fill_pct"), number(f, "fill_with_overhead_pct"),
         number(f, "fill_with_index_pct"), number(doc["plain_files"], "fill_pct"),
         f["half_way_failures"].get<std::uint64_t>() + a["half_way_failures"].get<std::uint64_t>(),
         a["erase_failures"].get<std::uint64_t>(), a["segments_removed"].get<std::uint64_t>(),
         a["stored_again"].get<std::uint64_t>(), number(doc, "near_far_ratio"),
         number(f, "fail_seconds") * 1e6, number(f, "retry_mean_seconds") * 1e6, mib("index"),
-        mib("checkpoint"), mib("spare"), mib("segments"), mib("live_bytes"), mib("volume_free"));
+        mib("checkpoint"), mib("spare"), mib("deletes"), mib("segments"), mib("live_bytes"),
+        mib("volume_free"));
   }
   return fmt::format(
       "<p>Each volume is made for the run (tmpfs, or ext4, xfs, btrfs on a loop device) and "

@@ -781,7 +781,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // replays the whole log).
   if (auto r = s.remove_checkpoint(); !r) return std::unexpected(r.error());
   const auto free_before = s.fs->statfs(s.dir.dir);
-  std::uint64_t kept_room = 0;  // victims' kept as the spare or the next segment
+  std::uint64_t kept_room = 0;  // victims' kept as the spare, the deletes' or the next segment
   {
     // With the `segment` lock too, which every change of the manifest holds: the victims
     // go off it first (a segment listed is one that must be there; their copies are synced,
@@ -791,6 +791,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (!g) return std::unexpected(g.error());
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
     bool kept_spare = false;
+    bool kept_deletes = false;
     std::uint64_t kept_next = 0;
     std::uint64_t freed_dead = 0;  // of the victims, as counted in *dead bytes*
     for (const std::uint64_t n : victims) {
@@ -801,18 +802,22 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       // maker killed in between, shares the entry of a segment 8064 numbers apart).
       std::uint64_t holder = n;
       s.segtab(n, 0).compare_exchange_strong(holder, 0, std::memory_order_seq_cst);
-      // Compaction took the spare: the first victim is the next one. And one is kept as the
-      // next segment, unless one is there: a commit that only erases then needs no room
-      // from the volume, whoever else fills it.
+      // Compaction took the spare: the first victim is the next one. An erase took the
+      // deletes' room: the next victim is that. And one is kept as the next segment, unless
+      // one is there: commits that only erase then need no room from the volume, whoever
+      // else fills it.
       impl::room_kept keep;
-      if (!kept_spare && s.h64(hdr::spare).load() == 0) {
+      if (!kept_spare && !s.has_room(spare_room)) {
         keep.as = impl::room_kept::spare;
+      } else if (!kept_deletes && !s.has_room(deletes_room)) {
+        keep.as = impl::room_kept::deletes;
       } else if (kept_next == 0 && s.abandoned_segment() == 0) {
         keep.as = impl::room_kept::next;
       }
       auto given = s.give_back_segment(n, size, keep);
       if (!given) return std::unexpected(given.error());
       if (given->as == impl::room_kept::spare) kept_spare = true;
+      if (given->as == impl::room_kept::deletes) kept_deletes = true;
       if (given->as == impl::room_kept::next) kept_next = given->number;
       const std::uint64_t dead = size - fmt::segment_header_size > use[n].live
                                      ? size - fmt::segment_header_size - use[n].live
@@ -826,6 +831,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
     if (kept_spare) s.h64(hdr::spare).store(s.dir.params.segment_size);
+    if (kept_deletes) s.h64(hdr::deletes_room).store(s.dir.params.segment_size);
     if (kept_next != 0) {
       // Listed, then entered, as a segment made: named and not listed, it is the leftover the
       // next writer adopts (adopt_named_leftover).

@@ -82,8 +82,9 @@ void unregister_store(store::impl* s) noexcept {
 }
 
 constexpr std::string_view segment_temp_prefix = ".seg.";
-// The spare segment's name in seg/ (see ensure_spare).
-constexpr const char* spare_name = "spare";
+// What a budget keeps for the store's small files (budget_used): the store file, the two
+// slots of the manifest, the lock files and the two directories, a page or two each.
+constexpr std::uint64_t small_files_pages = 8;
 
 }  // namespace
 
@@ -672,11 +673,22 @@ std::uint64_t store::impl::budget_used(room_for who) const noexcept {
   // The checkpoint counts as written (a commit that finds the budget reached with nothing
   // dead to compact removes it).
   total += h64(hdr::checkpoint_bytes).load();
-  // The spare counts, made or still to make (a commit makes it first); for a put, so does a
-  // segment more, kept for deletes.
+  // The spare counts, made or still to make (a commit makes it first); so does the deletes'
+  // room, made, or for a put still to make.
   const std::uint64_t spare = h64(hdr::spare).load();
   total += spare != 0 || who == room_for::compaction ? spare : seg_size;
-  if (who == room_for::put) total += seg_size;
+  const std::uint64_t deletes = h64(hdr::deletes_room).load();
+  total += deletes != 0 || who != room_for::put ? deletes : seg_size;
+  // The store's other files as they take the volume (the store file, the manifest, the lock
+  // files, the two directories): small, but a budget that left them out was passed by them.
+  for (const auto& [in, name] : {std::pair{&dir.dir, store_file_name},
+                                 {&dir.dir, "manifest"},
+                                 {&dir.dir, "lock"},
+                                 {&dir.dir, "lock.fallback"},
+                                 {&dir.dir, "."},
+                                 {&dir.segments, "."}}) {
+    if (auto st = fs->stat_at(in, name, false)) total += st->allocated;
+  }
   return total;
 }
 
@@ -718,48 +730,48 @@ bool store::impl::short_of_room() const noexcept {
   return !check_headroom(seg_size + spare);
 }
 
-result<void> store::impl::ensure_spare() noexcept {
+result<void> store::impl::ensure_room(const room_file& room) noexcept {
   const std::uint64_t size = dir.params.segment_size;
-  const std::string named = path + "/seg/spare";
+  const std::string named = path + "/seg/" + room.name;
   // The word alone could be stale (a taker killed after the rename): the file says.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    auto st = fs->stat_at(&dir.segments, spare_name, false);
+    auto st = fs->stat_at(&dir.segments, room.name, false);
     if (st && st->size == size) {
-      h64(hdr::spare).store(size);
+      h64(room.word).store(size);
       return {};
     }
-    h64(hdr::spare).store(0);
+    h64(room.word).store(0);
     if (st) {
       // Not one of ours at this size: a new one replaces it.
-      if (auto r = io::unlink_at(dir.segments, spare_name); !r) {
+      if (auto r = io::unlink_at(dir.segments, room.name); !r) {
         return std::unexpected(r.error().about(named));
       }
     } else if (st.error() != std::errc::no_such_file_or_directory) {
       return std::unexpected(st.error().about(named));
     }
-    auto r = make_whole_file(spare_name, size, {});
+    auto r = make_whole_file(room.name, size, {});
     if (!r && r.error() == std::errc::file_exists) continue;  // another's, made meanwhile
     if (!r) return std::unexpected(error(r.error().code()).about(named));
     if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
-    h64(hdr::spare).store(size);
+    h64(room.word).store(size);
     return {};
   }
   return errc_error(std::errc::file_exists);
 }
 
-result<std::uint64_t> store::impl::adopt_spare() noexcept {
+result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
   const std::uint64_t size = dir.params.segment_size;
-  const std::string named = path + "/seg/spare";
-  if (h64(hdr::spare).load() == 0) {
+  const std::string named = path + "/seg/" + room.name;
+  if (h64(room.word).load() == 0) {
     // The word may lag the file (a maker killed after naming it): the file decides.
-    auto st = fs->stat_at(&dir.segments, spare_name, false);
+    auto st = fs->stat_at(&dir.segments, room.name, false);
     if (!st || st->size != size) return errc_error(std::errc::no_space_on_device);
   }
-  auto f = io::file_handle::open_at(dir.segments, spare_name,
+  auto f = io::file_handle::open_at(dir.segments, room.name,
                                     io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) {
     if (f.error() == std::errc::no_such_file_or_directory) {
-      h64(hdr::spare).store(0);  // taken by a user killed before it cleared the word
+      h64(room.word).store(0);  // taken by a user killed before it cleared the word
       return errc_error(std::errc::no_space_on_device);
     }
     return std::unexpected(f.error().about(named));
@@ -774,25 +786,25 @@ result<std::uint64_t> store::impl::adopt_spare() noexcept {
   auto r = f->write_at(0, head);
   if (r) r = f->sync_data();
   if (r) {
-    r = fs->rename(&dir.segments, spare_name, &dir.segments, name.c_str(),
+    r = fs->rename(&dir.segments, room.name, &dir.segments, name.c_str(),
                    io::rename_mode::no_replace);
   }
   if (!r) return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
   // A segment now: its name durable, then listed, then in the table (a named segment
   // missing from it would hold its room and never be compacted), the word cleared before
   // the caller moves the tail into it (see reserve).
-  const auto back_to_spare = [&](const error& e) -> result<std::uint64_t> {
-    // The spare again if it can be (else an unlisted file the next lone opener removes).
-    if (!fs->rename(&dir.segments, name.c_str(), &dir.segments, spare_name,
+  const auto back_to_room = [&](const error& e) -> result<std::uint64_t> {
+    // The room again if it can be (else an unlisted file the next lone opener removes).
+    if (!fs->rename(&dir.segments, name.c_str(), &dir.segments, room.name,
                     io::rename_mode::no_replace)) {
-      h64(hdr::spare).store(0);
+      h64(room.word).store(0);
     }
     return std::unexpected(e);
   };
-  if (auto d = dir.segments.sync_all(); !d) return back_to_spare(d.error().about(named));
-  if (auto l = list_segment(number, size); !l) return back_to_spare(l.error());
+  if (auto d = dir.segments.sync_all(); !d) return back_to_room(d.error().about(named));
+  if (auto l = list_segment(number, size); !l) return back_to_room(l.error());
   enter_segment(number, size);
-  h64(hdr::spare).store(0);
+  h64(room.word).store(0);
   return number;
 }
 
@@ -837,7 +849,7 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
       z = f->write_at(static_cast<off_t>(at), std::span<const iovec>(chunk.data(), n));
     }
     room_kept kept = may_keep;
-    std::string new_name = spare_name;
+    std::string new_name = kept.as == room_kept::deletes ? deletes_room.name : spare_room.name;
     if (z && kept.as == room_kept::next) {
       // The next segment, made and abandoned: the next writer that needs one takes it.
       auto picked = new_segment_number();
@@ -877,9 +889,11 @@ void store::impl::reconcile_checkpoint_bytes() noexcept {
   h64(hdr::checkpoint_bytes).store(st ? st->size : 0);
 }
 
-void store::impl::reconcile_spare() noexcept {
-  auto st = fs->stat_at(&dir.segments, spare_name, false);
-  h64(hdr::spare).store(st && st->size == dir.params.segment_size ? st->size : 0);
+void store::impl::reconcile_rooms() noexcept {
+  for (const room_file* room : {&spare_room, &deletes_room}) {
+    auto st = fs->stat_at(&dir.segments, room->name, false);
+    h64(room->word).store(st && st->size == dir.params.segment_size ? st->size : 0);
+  }
 }
 
 std::uint64_t store::impl::abandoned_segment() const noexcept {
@@ -929,9 +943,19 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
       if (auto r = ready_for_put(more); !r) return std::unexpected(r.error());
       return mark_for_deletes(next(), false);
     }
-    if (auto b = check_budget(more, who); !b) return std::unexpected(b.error());
-    if (auto r = ensure_spare(); !r) return std::unexpected(r.error());
-    return mark_for_deletes(next(), !could_put(more));
+    // A commit that only erases: the spare made (it stays compaction's), then a new segment
+    // while the budget and the volume allow one (the deletes' room stays for later), else
+    // the deletes' room, which no other program can have taken.
+    if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
+    if (auto r = ensure_room(spare_room); !r) return std::unexpected(r.error());
+    const bool for_deletes = !could_put(more);
+    const auto budget = check_budget(more, who);
+    auto n = budget ? next() : std::unexpected(budget.error());
+    if (n || !out_of_room(n.error())) return mark_for_deletes(n, for_deletes);
+    auto a = adopt_room(deletes_room);
+    if (a) return mark_for_deletes(a, true);
+    if (a.error() != std::errc::no_space_on_device) return a;
+    return n;
   }
   if (abandoned) return mark_for_deletes(last, !could_put(0));
   // A new segment while the budget and the volume allow one (the spare stays for later);
@@ -948,7 +972,7 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
     why = n.error();
   }
   // Puts could never have taken the spare.
-  auto a = adopt_spare();
+  auto a = adopt_room(spare_room);
   if (a) return mark_for_deletes(a, true);
   if (a.error() != std::errc::no_space_on_device) return a;
   return std::unexpected(why);
@@ -956,7 +980,8 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
 
 result<void> store::impl::ready_for_put(std::uint64_t more) noexcept {
   if (auto b = check_budget(more, room_for::put); !b) return b;
-  if (auto r = ensure_spare(); !r) return r;
+  if (auto r = ensure_room(spare_room); !r) return r;
+  if (auto r = ensure_room(deletes_room); !r) return r;
   return check_headroom(more);
 }
 
@@ -981,11 +1006,19 @@ result<void> store::impl::check_budget(std::uint64_t more, room_for who) const n
   return {};
 }
 
+std::uint64_t store::impl::kept_free(const io::fs_info& free) const noexcept {
+  // The deletes' room still to make needs its segment. And btrfs reserves data room for
+  // every write fault on a map, a preallocated page's too (btrfs_page_mkwrite): on a volume
+  // with none left, writes through the maps crawl from fault to fault, so puts leave it a
+  // segment free as well.
+  return has_room(deletes_room) && free.type != io::fs_type::btrfs ? 0 : dir.params.segment_size;
+}
+
 result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
   // What an unprivileged user may take; a volume that cannot tell (statfs failed) is not
   // held back here (the allocation itself then says whether it is full).
   auto free = fs->statfs(dir.segments);
-  if (free && free->available_bytes < more + dir.params.segment_size) {
+  if (free && free->available_bytes < more + kept_free(*free)) {
     return std::unexpected(
         error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/seg"));
   }
@@ -1011,7 +1044,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
         const auto ready = [&]() -> result<void> {
           if (who == room_for::put) return ready_for_put(0);
           if (auto b = check_budget(0, who); !b) return b;
-          return ensure_spare();
+          return ensure_room(spare_room);
         };
         if (auto r = ready(); !r) return std::unexpected(r.error());
       }
@@ -1228,7 +1261,7 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible_waiters).store(0);
   h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
   table->finish_split(*this);          // alone: no locks to take
-  reconcile_spare();
+  reconcile_rooms();
   reconcile_checkpoint_bytes();
   // The manifest's segments must all be there (corrupt, naming one that is not); those it
   // does not list are leftovers, removed by a writable opener. One listed and not in the
@@ -1299,9 +1332,11 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   };
   if (o.lock_timeout.count() < 0) return invalid();
   if (!(o.compact_dead_fraction >= 0 && o.compact_dead_fraction < 1)) return invalid();
-  // Room for the index as made, a segment to write in, the one kept for deletes, the spare.
+  // Room for the index as made, a segment to write in, the deletes' room, the spare, and
+  // the small files (budget_used).
   const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {
-    return o.max_bytes != 0 && o.max_bytes < 3 * segment_size + index_pages * fmt::page_size;
+    return o.max_bytes != 0 &&
+           o.max_bytes < 3 * segment_size + (index_pages + small_files_pages) * fmt::page_size;
   };
   store_dir_options d;
   d.create_if_missing = false;

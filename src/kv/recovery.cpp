@@ -459,7 +459,7 @@ result<void> store::impl::rebuild() noexcept {
     }
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
-  reconcile_spare();
+  reconcile_rooms();
   reconcile_checkpoint_bytes();
   h64(hdr::tail).store(tail);
   h64(hdr::visible).store(st.max_seq);

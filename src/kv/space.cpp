@@ -23,13 +23,15 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   if (tail != 0 && fmt::segment_of(tail) != h64(hdr::deletes_segment).load()) {
     r.bytes = seg_size - fmt::offset_of(tail);
   }
-  // Whole segments: a put makes one only with the spare made and a segment of the volume
-  // left after it (check_headroom), and, under a budget, the same of the budget.
+  // Whole segments: a put makes one only with the spare and the deletes' room made, and
+  // what check_headroom keeps free left; under a budget, the same of the budget.
   std::uint64_t by_volume = UINT64_MAX;
   if (auto free = fs->statfs(dir.segments)) {
     std::uint64_t avail = free->available_bytes;
-    if (h64(hdr::spare).load() == 0) avail = avail > seg_size ? avail - seg_size : 0;
-    by_volume = avail / seg_size > 0 ? avail / seg_size - 1 : 0;
+    if (!has_room(spare_room)) avail = avail > seg_size ? avail - seg_size : 0;
+    const std::uint64_t kept = kept_free(*free);
+    avail = avail > kept ? avail - kept : 0;
+    by_volume = avail / seg_size;
   }
   const std::uint64_t by_budget =
       opts.max_bytes == 0 ? UINT64_MAX : budget_left(room_for::put) / seg_size;

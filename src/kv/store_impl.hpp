@@ -67,6 +67,8 @@ constexpr std::size_t free_tail = 200;
 // 1 while the list is being changed: the next to change it finds its changer died there.
 constexpr std::size_t free_changing = 208;
 constexpr std::size_t free_pages = 216;
+// The size of seg/deletes while it is there and whole (0: none): see room_file.
+constexpr std::size_t deletes_room = 224;
 constexpr std::size_t checkpoint_from = 232;     // where the replay from the last checkpoint starts
 constexpr std::size_t checkpoint_seq = 240;      // the seq the last checkpoint is a copy at
 constexpr std::size_t counting = 248;            // the seq whose counter changes are being added
@@ -80,7 +82,7 @@ constexpr std::size_t sync_ns = 296;      // how long the last sync took
 // The segment an erase made from the room puts leave for deletes (0: none): puts do not
 // write into it (see room_for).
 constexpr std::size_t deletes_segment = 304;
-// The size of seg/spare while it is there and whole (0: none): see ensure_spare.
+// The size of seg/spare while it is there and whole (0: none): see room_file.
 constexpr std::size_t spare = 312;
 // Read by every lookup, written seldom: a cache line apart from the words every commit
 // writes.
@@ -203,10 +205,23 @@ inline constexpr base::format index_format{"KEELKVX1", 6,
                                                             index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
-//! that puts leaves the spare and one segment of free room more, for deletes; one that only
-//! erases leaves the spare; compaction may take the spare. So deletes work on a volume puts
-//! have filled, and compaction always has a segment's room to move a victim into.
+//! that puts leaves the spare and the deletes' room; one that only erases leaves the spare,
+//! and may take the deletes' room; compaction may take the spare. So deletes work on a
+//! volume puts, or another program, have filled, and compaction always has a segment's room
+//! to move a victim into.
 enum class room_for : std::uint8_t { put, erase, compaction };
+
+//! A segment's room allocated ahead as a file of seg/, for one kind of writer only, with the
+//! header word that holds its size while it is there and whole (a hint: the file decides).
+struct room_file {
+  const char* name;
+  std::size_t word;
+};
+//! What compaction moves a victim into when no segment can be made.
+inline constexpr room_file spare_room{"spare", hdr::spare};
+//! What a commit that only erases writes into when no segment can be made: the room puts
+//! leave for deletes, held as a file so that another program on the volume cannot take it.
+inline constexpr room_file deletes_room{"deletes", hdr::deletes_room};
 
 enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
 
@@ -703,18 +718,22 @@ struct store::impl final : ix::page_source {
   void enter_segment(std::uint64_t number, std::uint64_t size) noexcept;
   //! The number a new segment takes (under the `segment` lock, or alone).
   [[nodiscard]] result<std::uint64_t> new_segment_number() noexcept;
-  //! Makes seg/spare, a whole segment's room allocated ahead that only compaction may take,
-  //! when no new segment can be made (the volume full, or the budget reached): so compaction
-  //! always has a segment's room to move a victim into. A commit that needs a new segment
-  //! makes it first (so a full volume stops commits while the spare is still there). Under
-  //! the `segment` lock, or alone. Errors: the allocation's (no_space).
-  [[nodiscard]] result<void> ensure_spare() noexcept;
-  //! Makes seg/spare the next segment (under the `segment` lock). Errors: no_space when there
-  //! is none.
-  [[nodiscard]] result<std::uint64_t> adopt_spare() noexcept;
-  //! Sets hdr::spare from seg/spare as it is (alone: a maker or taker killed between the file
-  //! and the word left them apart).
-  void reconcile_spare() noexcept;
+  //! Makes `f` (seg/spare, seg/deletes), a whole segment's room allocated ahead that only its
+  //! taker may take, when no new segment can be made (the volume full, or the budget reached).
+  //! A commit that needs a new segment makes the spare first, and a put the deletes' room too
+  //! (so a full volume stops commits while the rooms are still there). Under the `segment`
+  //! lock, or alone. Errors: the allocation's (no_space).
+  [[nodiscard]] result<void> ensure_room(const room_file& f) noexcept;
+  //! Makes `f` the next segment (under the `segment` lock). Errors: no_space when there is
+  //! none.
+  [[nodiscard]] result<std::uint64_t> adopt_room(const room_file& f) noexcept;
+  //! Sets the rooms' words from the files as they are (alone: a maker or taker killed between
+  //! a file and its word left them apart).
+  void reconcile_rooms() noexcept;
+  //! Whether `f` is there (by its word).
+  [[nodiscard]] bool has_room(const room_file& f) const noexcept {
+    return h64(f.word).load(std::memory_order_acquire) != 0;
+  }
   //! Sets hdr::checkpoint_bytes from `checkpoint` as it is (alone).
   void reconcile_checkpoint_bytes() noexcept;
   //! The last segment made, when the tail never moved into it (its maker, or the taker of the
@@ -723,11 +742,11 @@ struct store::impl final : ix::page_source {
   //! Lists and enters the last segment made when its maker died between naming it and
   //! listing it (under the `segment` lock): abandoned_segment then hands it out.
   [[nodiscard]] result<void> adopt_named_leftover() noexcept;
-  //! The next active segment (under the `segment` lock): a new one, or for compaction when
-  //! none can be made, the spare.
+  //! The next active segment (under the `segment` lock): a new one, or when none can be made,
+  //! for a commit that only erases the deletes' room, for compaction the spare.
   [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who) noexcept;
   //! What a put needs before it makes `more` bytes of new segment (under the `segment` lock):
-  //! room in the budget, the spare made, and a segment of the volume left for deletes.
+  //! room in the budget, the spare and the deletes' room made, and `more` on the volume.
   //! Errors: budget_reached, no_space.
   [[nodiscard]] result<void> ready_for_put(std::uint64_t more) noexcept;
   //! Whether a put could make `more` bytes of new segment now (budget and volume room).
@@ -742,11 +761,13 @@ struct store::impl final : ix::page_source {
                                               room_for who = room_for::put) noexcept;
   //! Whether `more` bytes of new segment fit in options::max_bytes (see reserve).
   [[nodiscard]] result<void> check_budget(std::uint64_t more, room_for who) const noexcept;
-  //! Whether the volume keeps a segment of free room for deletes after `more` bytes more of
-  //! a put's segments (see room_for). Errors: no_space.
+  //! Whether the volume has `more` bytes for a put's segments (or index pages), and
+  //! kept_free more. Errors: no_space.
   [[nodiscard]] result<void> check_headroom(std::uint64_t more) const noexcept;
+  //! What puts leave free on a volume of `free` beside what they make (see check_headroom).
+  [[nodiscard]] std::uint64_t kept_free(const io::fs_info& free) const noexcept;
   //! Bytes counted against options::max_bytes for `who`: the files, the spare (made or
-  //! still to make), and for a put the segment kept for deletes.
+  //! still to make), and the deletes' room (made, or for a put still to make).
   [[nodiscard]] std::uint64_t budget_used(room_for who) const noexcept;
   //! The segments in the table: how many, and their sizes added up.
   struct table_segments {
@@ -782,10 +803,11 @@ struct store::impl final : ix::page_source {
                                       const std::set<std::uint64_t>& victims,
                                       const std::set<std::string, std::less<>>& forgettable,
                                       const io::countdown& cd, compact_stats& st) noexcept;
-  //! Where a removed segment's room went: back to the volume, or kept as seg/spare, or as
-  //! the next segment (`number`, named and synced, still to list and enter).
+  //! Where a removed segment's room went: back to the volume, or kept as seg/spare or
+  //! seg/deletes, or as the next segment (`number`, named and synced, still to list and
+  //! enter).
   struct room_kept {
-    enum : std::uint8_t { volume, spare, next } as = volume;
+    enum : std::uint8_t { volume, spare, deletes, next } as = volume;
     std::uint64_t number = 0;
   };
   //! Removes segment `number` (off the manifest and the table already, nobody reading it):

@@ -109,8 +109,9 @@ TEST(KvBudget, DeletesAndCompactionWorkAtTheBudgetAndMakeRoomAgain) {
 
 TEST(KvBudget, TheSmallestBudgetOpenAcceptsTakesAPut) {
   keel::test::temp_dir dir;
-  // Three 1 MiB segments and a new index (384 pages): one less page is refused.
-  const std::uint64_t least = 3 * mib + 384 * 4096;
+  // Three 1 MiB segments, a new index (384 pages) and the small files (8 pages): one less
+  // page is refused.
+  const std::uint64_t least = 3 * mib + (384 + 8) * 4096;
   auto refused = store::open(dir.file("s"), budgeted(least - 4096));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error(), std::errc::invalid_argument);

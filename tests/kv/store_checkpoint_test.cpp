@@ -68,7 +68,8 @@ std::string file_bytes(const std::string& path) {
 std::uint64_t log_bytes(const std::string& path) {
   std::uint64_t n = 0;
   for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
-    if (e.path().filename() != "spare") n += e.file_size();  // the spare holds no log
+    // The spare and the deletes' room hold no log.
+    if (e.path().filename() != "spare" && e.path().filename() != "deletes") n += e.file_size();
   }
   return n;
 }

@@ -137,22 +137,28 @@ TEST(KvFullVolume, ATransactionLargerThanASegmentIsTooLargeFullOrNot) {
   });
 }
 
-TEST(KvFullVolume, PutsLeaveDeletesASegmentAndTheSpareToCompaction) {
+// Puts fill the volume but for the deletes' room and the spare, both files (which another
+// program on the volume cannot take): erases then go into a segment made of the deletes'
+// room, and the spare stays compaction's.
+TEST(KvFullVolume, PutsLeaveDeletesTheirRoomAndTheSpareToCompaction) {
   on_small_volume(12, [](const std::string& path) {
-    auto s = store::open(path, small());
+    auto s = store::open(path, manual_compaction());
     if (!s) return 2;
     const int n = fill(**s, 0);
     if (n < 1000) return 3;
+    const std::uint64_t segment = small().segment_size;
+    if (std::filesystem::file_size(path + "/seg/deletes") != segment) return 4;
     auto free = io::os().statfs(path.c_str());
-    if (!free || free->available_bytes < small().segment_size) return 4;
+    if (!free || free->available_bytes >= segment) return 5;  // no segment more was left
     const auto before = (*s)->stats();
-    if (!before) return 5;
+    if (!before) return 6;
     for (int i = 0; i < 5000; ++i) {
-      if (!(*s)->erase(key_of(i))) return 6;
+      if (!(*s)->erase(key_of(i))) return 7;
     }
     const auto after = (*s)->stats();
-    if (!after || after->segments != before->segments + 1) return 7;  // one segment more
-    if (std::filesystem::file_size(path + "/seg/spare") != small().segment_size) return 8;
+    if (!after || after->segments != before->segments + 1) return 8;  // the deletes' room
+    if (std::filesystem::exists(path + "/seg/deletes")) return 9;
+    if (std::filesystem::file_size(path + "/seg/spare") != segment) return 10;
     return 0;
   });
 }

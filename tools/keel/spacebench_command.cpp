@@ -216,7 +216,8 @@ filled fill(kv::store& s, std::uint64_t from, const std::string& value,
 
 // Where the volume's bytes are: each of the store's files by kind, allocated blocks.
 json space_by_file(const std::string& store_dir) {
-  json j = {{"segments", 0}, {"spare", 0}, {"index", 0}, {"checkpoint", 0}, {"other", 0}};
+  json j = {{"segments", 0}, {"spare", 0},      {"deletes", 0},
+            {"index", 0},    {"checkpoint", 0}, {"other", 0}};
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(store_dir, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
@@ -225,6 +226,7 @@ json space_by_file(const std::string& store_dir) {
     const std::string name = it->path().filename().string();
     const std::string parent = it->path().parent_path().filename().string();
     const char* kind = name == "spare"                  ? "spare"
+                       : name == "deletes"              ? "deletes"
                        : parent == "seg"                ? "segments"
                        : name == "index"                ? "index"
                        : name.starts_with("checkpoint") ? "checkpoint"
@@ -855,9 +857,10 @@ int run(const config& c) {
     fmt::print(
         text,
         "  where the space was         records {:.1f} MiB (dead {:.1f}), segments {:.1f} MiB, "
-        "spare {:.1f}, index {:.1f}, checkpoint {:.1f}, other {:.1f}, free {:.1f}\n",
-        mib("live_bytes"), mib("dead_bytes"), mib("segments"), mib("spare"), mib("index"),
-        mib("checkpoint"), mib("other"), mib("volume_free"));
+        "spare {:.1f}, deletes' room {:.1f}, index {:.1f}, checkpoint {:.1f}, other {:.1f}, "
+        "free {:.1f}\n",
+        mib("live_bytes"), mib("dead_bytes"), mib("segments"), mib("spare"), mib("deletes"),
+        mib("index"), mib("checkpoint"), mib("other"), mib("volume_free"));
     fmt::print(text, "  half-way failures           {} (and {} after full)\n",
                f["half_way_failures"].get<std::uint64_t>(),
                f["after_full"]["half_way_failures"].get<std::uint64_t>());

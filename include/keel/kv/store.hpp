@@ -71,14 +71,15 @@ struct options {
   //! How long a commit may wait for the locks of its keys (held by other commits) before it
   //! fails with timed_out.
   std::chrono::milliseconds lock_timeout{30'000};
-  //! The most bytes the store's files may take, segments, index and checkpoint (0: no cap;
+  //! The most bytes the store's files may take, segments, index, checkpoint and the small
+  //! files (the store file, the manifest, the lock files, the directories) as allocated (0: no cap;
   //! a checkpoint that would pass it is not written, and a put that finds the budget reached
   //! with nothing dead to compact removes the one there). A commit
   //! that would need a new segment beyond it fails with errc::budget_reached, before it is
   //! visible and leaving no trace. Puts leave a segment of it for commits that only erase,
   //! and one more (the spare) for compaction, so that deleting and compacting still work when
-  //! the budget is reached: it must be at least three segments and the index, or open fails
-  //! with invalid_argument.
+  //! the budget is reached: it must be at least three segments, the index and 32 KiB for the
+  //! small files, or open fails with invalid_argument.
   //! Each opener's own cap: give every opener of a store the same.
   std::uint64_t max_bytes = 0;
   //! A checkpoint (a copy of the index, so that a rebuild after a power loss replays only
@@ -238,11 +239,11 @@ class transaction {
   //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only,
   //! too_large (its records, values below the blob threshold included, take more than one
   //! segment: so on any volume, full or not), budget_reached (options::max_bytes),
-  //! no_space_on_device (the volume is full: nothing of the commit is visible; puts stop a segment
-  //! early, and commits that only erase go on into that segment; once they have filled it too,
-  //! `compact` frees room, through a spare segment kept for it alone, and the commit retried goes
-  //! in), and I/O errors (for `sync`, a failed fdatasync: the commit is visible but not known to be
-  //! durable). Ends the transaction either way.
+  //! no_space_on_device (the volume is full: nothing of the commit is visible; puts stop with a
+  //! segment's room kept for commits that only erase, which go on into it; once they have filled
+  //! it too, `compact` frees room, through a spare segment kept for it alone, and the commit
+  //! retried goes in), and I/O errors (for `sync`, a failed fdatasync: the commit is visible but
+  //! not known to be durable). Ends the transaction either way.
   [[nodiscard]] result<std::uint64_t> commit() noexcept;
   [[nodiscard]] result<std::uint64_t> commit(durability d) noexcept;
   //! Ends the transaction with no trace.
