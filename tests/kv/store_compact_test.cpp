@@ -43,7 +43,8 @@ struct files {
 files segments_of(const std::string& path) {
   files f;
   for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
-    if (e.path().filename() == "spare") continue;  // made ahead, not a segment of the log
+    // Made ahead, not segments of the log.
+    if (e.path().filename() == "spare" || e.path().filename() == "deletes") continue;
     ++f.count;
     f.bytes += e.file_size();
   }

@@ -110,8 +110,8 @@ TEST(KvFullVolume, PutsNeverTakeTheSpareAndAReopenedFullStoreStillFreesRoom) {
   });
 }
 
-// Puts stop with a segment of free room left on the volume, beside the spare: deletes go on
-// into it, thousands of them, without a compaction, and without touching the spare.
+// Puts stop with the deletes' room kept beside the spare: deletes go on into it, thousands of
+// them, without a compaction, and without touching the spare.
 // A transaction whose block can never fit one segment is too large, whatever room is left:
 // the same answer on an empty volume and on a full one (it said no_space near full).
 TEST(KvFullVolume, ATransactionLargerThanASegmentIsTooLargeFullOrNot) {
