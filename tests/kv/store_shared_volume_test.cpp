@@ -257,6 +257,23 @@ pid_t foreign_writer(int fd, pipe_pair& full) {
   return child;
 }
 
+// Erases keys [from, n) while `writer` (foreign_writer) keeps the volume full, then kills
+// it and says how many failed on `type`: 0 when all went in.
+int erase_while_full(store& s, int from, int n, pid_t writer, const char* type) {
+  int failed = 0;
+  std::string first;
+  for (int i = from; i < n; ++i) {
+    if (auto r = s.erase(key_of(i)); !r) {
+      if (failed++ == 0) first = key_of(i) + ": " + r.error().message();
+    }
+  }
+  ::kill(writer, SIGKILL);
+  (void)test::wait_exit(writer);
+  std::fprintf(stderr, "%s: %d of %d erases failed while full%s%s\n", type, failed, n - from,
+               failed != 0 ? ", the first: " : "", first.c_str());
+  return failed;
+}
+
 TEST_P(KvSharedVolume, DeletesWorkWhileAForeignWriterKeepsTheVolumeFull) {
   const std::size_t value = value_size();
   on_small_volume(
@@ -286,18 +303,7 @@ TEST_P(KvSharedVolume, DeletesWorkWhileAForeignWriterKeepsTheVolumeFull) {
           (void)test::wait_exit(writer);
           return 5;
         }
-        int failed = 0;
-        std::string first;
-        for (int i = n / 4; i < n; ++i) {
-          if (auto r = (*s)->erase(key_of(i)); !r) {
-            if (failed++ == 0) first = key_of(i) + ": " + r.error().message();
-          }
-        }
-        ::kill(writer, SIGKILL);
-        (void)test::wait_exit(writer);
-        std::fprintf(stderr, "%s: %d of %d erases failed while full%s%s\n", GetParam().type, failed,
-                     n - n / 4, failed != 0 ? ", the first: " : "", first.c_str());
-        if (failed != 0) return 6;
+        if (erase_while_full(**s, n / 4, n, writer, GetParam().type) != 0) return 6;
         for (int i = 0; i < n; ++i) {
           auto g = (*s)->get(key_of(i));
           if (g || g.error() != make_error_code(errc::not_found)) return 7;
@@ -333,18 +339,7 @@ TEST_P(KvSharedVolumeFull, DeletesWorkWhenAForeignWriterTookTheVolumeBeforeAnyEr
         full.close_end(1);
         char f = 0;
         if (::read(full.fd[0], &f, 1) != 1) return 10 + test::wait_exit(writer);
-        int failed = 0;
-        std::string first;
-        for (int i = 0; i < n; ++i) {
-          if (auto r = (*s)->erase(key_of(i)); !r) {
-            if (failed++ == 0) first = key_of(i) + ": " + r.error().message();
-          }
-        }
-        ::kill(writer, SIGKILL);
-        (void)test::wait_exit(writer);
-        std::fprintf(stderr, "%s: %d of %d erases failed while full%s%s\n", GetParam().type, failed,
-                     n, failed != 0 ? ", the first: " : "", first.c_str());
-        if (failed != 0) return 6;
+        if (erase_while_full(**s, 0, n, writer, GetParam().type) != 0) return 6;
         for (int i = 0; i < n; ++i) {
           auto g = (*s)->get(key_of(i));
           if (g || g.error() != make_error_code(errc::not_found)) return 7;
