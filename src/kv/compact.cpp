@@ -789,6 +789,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     const std::array<lock::entity, 2> both{lock::entity(entity_sync), lock::entity(entity_segment)};
     auto g = s.locks->lock(both, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
+    s.reconcile_rooms();  // which rooms to keep: as seg/ has them (see next_active_segment)
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
     bool kept_spare = false;
     bool kept_deletes = false;

@@ -927,6 +927,11 @@ result<void> store::impl::adopt_named_leftover() noexcept {
 
 result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   const std::uint64_t seg_size = dir.params.segment_size;
+  // The rooms' words as seg/ has them: a taker killed after its rename left its room's word
+  // set, which counted the room twice (beside the segment made of it) against a budget, and
+  // kept compaction from keeping a segment as that room again. Rooms change only under the
+  // `segment` lock, held here.
+  reconcile_rooms();
   if (auto a = adopt_named_leftover(); !a) return std::unexpected(a.error());
   // The last segment made, if the tail never moved into it (its maker, or the taker of the
   // spare, was killed, or failed, in between): nothing was written there, so it is the next

@@ -194,6 +194,7 @@ inline constexpr base::format index_format{"KEELKVX1", 6,
                                                             hdr::sync_ns,
                                                             hdr::deletes_segment,
                                                             hdr::spare,
+                                                            hdr::deletes_room,
                                                             hdr::ledger,
                                                             hdr::ledger_closer,
                                                             hdr::compaction_runs,
@@ -727,8 +728,9 @@ struct store::impl final : ix::page_source {
   //! Makes `f` the next segment (under the `segment` lock). Errors: no_space when there is
   //! none.
   [[nodiscard]] result<std::uint64_t> adopt_room(const room_file& f) noexcept;
-  //! Sets the rooms' words from the files as they are (alone: a maker or taker killed between
-  //! a file and its word left them apart).
+  //! Sets the rooms' words from the files as they are (a maker or taker killed between a file
+  //! and its word left them apart). Alone, or with the `segment` lock, which every change of
+  //! a room holds.
   void reconcile_rooms() noexcept;
   //! Whether `f` is there (by its word).
   [[nodiscard]] bool has_room(const room_file& f) const noexcept {

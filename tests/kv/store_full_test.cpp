@@ -290,14 +290,21 @@ TEST(KvFullVolume, TheDefaultSegmentSizeFitsTheVolume) {
   });
 }
 
-// The compactions begun on the store at `path` so far (the index header's count).
-std::uint64_t compaction_runs(const std::string& path) {
+// A word of the index header of the store at `path` (UINT64_MAX: unread).
+std::uint64_t header_word(const std::string& path, std::size_t offset) {
   const int fd = ::open((path + "/index").c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return UINT64_MAX;
-  std::uint64_t runs = UINT64_MAX;
-  if (::pread(fd, &runs, sizeof runs, hdr::compaction_runs) != sizeof runs) runs = UINT64_MAX;
+  std::uint64_t word = UINT64_MAX;
+  if (::pread(fd, &word, sizeof word, static_cast<off_t>(offset)) != sizeof word) {
+    word = UINT64_MAX;
+  }
   ::close(fd);
-  return runs;
+  return word;
+}
+
+// The compactions begun on the store at `path` so far (the index header's count).
+std::uint64_t compaction_runs(const std::string& path) {
+  return header_word(path, hdr::compaction_runs);
 }
 
 // A full store whose dead versions are spread too thinly for compaction to take any segment
@@ -436,18 +443,18 @@ TEST(KvFullVolume, APutWaitingWhileCompactionTakesTheSpareDoesNotWriteIntoIt) {
   });
 }
 
-// Ends the process once the spare has been renamed into a segment: at once (a taker killed
-// between the segment's name and its entry in the table), or at the next sync, of seg/ (one
-// killed after the entry, before the tail moves into the segment).
+// Ends the process once a room (seg/spare, or seg/deletes) has been renamed into a segment:
+// at once (a taker killed between the segment's name and its entry in the table), or at the
+// next sync, of seg/ (one killed after the entry, before the tail moves into the segment).
 class dies_taking_the_spare final : public io::filesystem_wrapper {
  public:
-  explicit dies_taking_the_spare(bool at_sync) noexcept
-      : io::filesystem_wrapper(io::os()), at_sync_(at_sync) {}
+  explicit dies_taking_the_spare(bool at_sync, const char* room = "spare") noexcept
+      : io::filesystem_wrapper(io::os()), at_sync_(at_sync), room_(room) {}
   result<void> rename(const io::file_handle* from_dir, const char* from,
                       const io::file_handle* to_dir, const char* to,
                       io::rename_mode mode) noexcept override {
     auto r = io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
-    if (std::strcmp(from, "spare") == 0) {
+    if (std::strcmp(from, room_) == 0) {
       if (!r) ::_exit(43);
       if (!at_sync_) ::_exit(42);
       renamed_ = true;
@@ -461,6 +468,7 @@ class dies_taking_the_spare final : public io::filesystem_wrapper {
 
  private:
   bool at_sync_;
+  const char* room_;
   bool renamed_ = false;
 };
 
@@ -510,6 +518,62 @@ TEST_P(KvSpareTakerKilled, LeavesNothingThatHoldsTheRoomForGood) {
     return 0;
   });
 }
+
+// The same for an erase that took the deletes' room at the budget: until then the store
+// counted that room by its word, which such a taker left set beside the segment it made. A
+// store another process has open throughout counts the room once: its erases pass the
+// budget check and take the segment left, and compaction then makes room for puts again.
+class KvDeletesTakerKilled : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KvDeletesTakerKilled, LeavesTheBudgetCountedOnce) {
+  const bool at_sync = GetParam();
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  options o = manual_compaction();
+  o.max_bytes = std::uint64_t{8} << 20;
+  auto s = test_support::open_ok(path, o);
+  ASSERT_TRUE(s);
+  const std::string value(1024, 'v');
+  int n = 0;
+  for (;; ++n) {
+    auto r = s->put(key_of(n), value);
+    if (r) continue;
+    ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
+    break;
+  }
+  ASSERT_GT(n, 1000);
+  const pid_t taker = fork_child([&] {
+    dies_taking_the_spare fs(at_sync, "deletes");
+    options mine_o = o;
+    mine_o.fs = &fs;
+    auto mine = store::open(path, mine_o);
+    if (!mine) return 2;
+    for (int i = 0; i < n; ++i) {
+      auto r = (*mine)->erase(key_of(i));
+      if (!r) return 3;
+    }
+    return 4;  // never took the deletes' room
+  });
+  ASSERT_EQ(wait_exit(taker), 42);
+  ASSERT_FALSE(std::filesystem::exists(path + "/seg/deletes"));
+  for (int i = 0; i < n; ++i) {
+    auto r = s->erase(key_of(i));
+    ASSERT_TRUE(r || r.error() == errc::not_found) << i << ": " << r.error().message();
+  }
+  // These erases moved on to the segment left: the room's word says what seg/ holds.
+  EXPECT_EQ(header_word(path, hdr::deletes_room), 0u) << "the room taken still counted";
+  for (int pass = 0; pass < 50; ++pass) {
+    auto c = s->compact();
+    ASSERT_TRUE(c) << c.error().message();
+    if (c->segments_removed == 0) break;
+  }
+  auto r = s->put("after", value);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(*s->get("after"), value);
+  ASSERT_TRUE(s->verify());
+}
+
+INSTANTIATE_TEST_SUITE_P(AtTheRenameOrAfterTheEntry, KvDeletesTakerKilled, ::testing::Bool());
 
 // A checkpoint is a copy of the index that only speeds up an open after every user crashed:
 // a put the volume has no room for, with nothing dead to compact, takes the checkpoint's room
