@@ -19,6 +19,11 @@ namespace {
 
 constexpr const char* manifest_name = "manifest";
 
+// Segments a manifest keeps room for beyond those it lists: of the most a full volume adds
+// before a segment is made again (the deletes' room, the spare, the next segment compaction
+// keeps, one made and abandoned), with one to spare.
+constexpr std::uint64_t manifest_headroom = 5;
+
 // A slot size the file may have: a page, doubled, up to the largest.
 bool valid_slot(std::uint64_t slot) noexcept {
   return slot >= fmt::manifest_min_slot && slot <= fmt::manifest_max_slot &&
@@ -129,29 +134,40 @@ result<void> store::impl::write_manifest(const fmt::manifest& m) noexcept {
     next.entries = m.entries;
     const auto bytes = fmt::encode_manifest(dir.params.id, next, salt);
     const std::uint64_t slot = next.generation % 2;
-    if (m.slot_size != 0 && next.entries.size() <= fmt::manifest_capacity(m.slot_size)) {
-      // In place, into the slot not in use: no new room, and a torn write spares the other.
-      auto f = io::file_handle::open_at(dir.dir, manifest_name,
-                                        io::open_flags::read_write | io::open_flags::no_follow);
-      if (!f) return std::unexpected(f.error().about(named));
-      const auto at = static_cast<off_t>(slot * m.slot_size);
-      auto r = f->write_at(at, bytes);
-      if (r) r = f->sync_data();
-      if (!r) return std::unexpected(r.error().about(named, static_cast<std::uint64_t>(at)));
-      return {};
+    const std::uint64_t count = next.entries.size();
+    const bool fits = m.slot_size != 0 && count <= fmt::manifest_capacity(m.slot_size);
+    // Slots with room for fewer than manifest_headroom segments more grow while this change
+    // may take room (a put's new segment): the segments a full volume's erases and
+    // compaction take (the deletes' room, the spare, the next one kept) then fit in place.
+    const bool grow = !fits || (count + manifest_headroom > fmt::manifest_capacity(m.slot_size) &&
+                                m.slot_size < fmt::manifest_max_slot);
+    if (grow) {
+      // A new file of slots twice as large (or more), replaced whole.
+      std::uint64_t slot_bytes = std::max(m.slot_size, fmt::manifest_min_slot);
+      while (fmt::manifest_capacity(slot_bytes) < count + manifest_headroom &&
+             slot_bytes < fmt::manifest_max_slot)
+        slot_bytes *= 2;
+      std::vector<std::byte> file(2 * slot_bytes);
+      std::memcpy(file.data() + slot * slot_bytes, bytes.data(), bytes.size());
+      io::replace_options ro;
+      ro.fs = fs;
+      auto r = io::atomic_replace(named.c_str(), file, ro);
+      if (r) return {};
+      // Early, and refused for room: in place after all, into the file as it was (only a
+      // failed sync of the directory comes after the rename; the size tells).
+      auto st = fits && out_of_room(r.error())
+                    ? fs->stat_at(&dir.dir, manifest_name, false)
+                    : result<io::file_status>(std::unexpected(r.error()));
+      if (!st || st->size != 2 * m.slot_size) return std::unexpected(r.error().about(named));
     }
-    // Slots too small (only ever when a segment is added): a new file of slots twice as
-    // large, replaced whole.
-    std::uint64_t slot_bytes = std::max(m.slot_size, fmt::manifest_min_slot);
-    while (fmt::manifest_capacity(slot_bytes) < next.entries.size())
-      slot_bytes *= 2;
-    std::vector<std::byte> file(2 * slot_bytes);
-    std::memcpy(file.data() + slot * slot_bytes, bytes.data(), bytes.size());
-    io::replace_options ro;
-    ro.fs = fs;
-    if (auto r = io::atomic_replace(named.c_str(), file, ro); !r) {
-      return std::unexpected(r.error().about(named));
-    }
+    // In place, into the slot not in use: no new room, and a torn write spares the other.
+    auto f = io::file_handle::open_at(dir.dir, manifest_name,
+                                      io::open_flags::read_write | io::open_flags::no_follow);
+    if (!f) return std::unexpected(f.error().about(named));
+    const auto at = static_cast<off_t>(slot * m.slot_size);
+    auto r = f->write_at(at, bytes);
+    if (r) r = f->sync_data();
+    if (!r) return std::unexpected(r.error().about(named, static_cast<std::uint64_t>(at)));
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }

@@ -32,6 +32,18 @@ inline std::string key_of(int i) {
   return "key-" + std::to_string(i);
 }
 
+// The segments a store at `path` has named (seg/ files of sixteen hex digits).
+inline int segment_files(const std::string& path) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
+    const std::string name = e.path().filename().string();
+    if (name.size() == 16 && name.find_first_not_of("0123456789abcdef") == std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 // Puts values of `size` bytes (1 KiB by default) under key_of(from), key_of(from + 1), ...
 // until one fails: the key after the last that succeeded, or -1 when the failure is not
 // no_space.

@@ -575,6 +575,52 @@ TEST_P(KvDeletesTakerKilled, LeavesTheBudgetCountedOnce) {
 
 INSTANTIATE_TEST_SUITE_P(AtTheRenameOrAfterTheEntry, KvDeletesTakerKilled, ::testing::Bool());
 
+// Refuses, for room, to rename anything over the manifest: its slots cannot grow.
+class manifest_cannot_grow final : public io::filesystem_wrapper {
+ public:
+  manifest_cannot_grow() noexcept : io::filesystem_wrapper(io::os()) {}
+  result<void> rename(const io::file_handle* from_dir, const char* from,
+                      const io::file_handle* to_dir, const char* to,
+                      io::rename_mode mode) noexcept override {
+    if (std::strcmp(to, "manifest") == 0) {
+      return std::unexpected(error(std::make_error_code(std::errc::no_space_on_device)));
+    }
+    return io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
+  }
+};
+
+// The manifest's slots grow a few segments early, while a put makes one (so that a full
+// volume's erases and compaction list theirs in place); refused then, a put that makes a
+// segment the slots still hold lists it in place, and goes on.
+TEST(KvManifest, SlotsThatCannotGrowEarlyStillTakeWhatTheyHold) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  manifest_cannot_grow fs;
+  options o = small();
+  o.fs = &fs;
+  auto s = test_support::open_ok(path, o);
+  ASSERT_TRUE(s);
+  const std::string value(4096, 'v');
+  int n = 0;
+  // Up to what the first slots hold (167): a put may make two segments (its value's, then
+  // its commit's), so it stops one short of that.
+  while (test_support::segment_files(path) < 166) {
+    auto r = s->put(key_of(n), value);
+    ASSERT_TRUE(r) << n << ": " << r.error().message();
+    ++n;
+  }
+  EXPECT_EQ(std::filesystem::file_size(path + "/manifest"), 8192u);
+  s.reset();
+  auto again = test_support::open_ok(path, small());
+  ASSERT_TRUE(again);
+  for (int i = 0; i < n; i += 7)
+    ASSERT_EQ(*again->get(key_of(i)), value) << i;
+  // Allowed to grow, it does at the next segment made.
+  for (int i = n; test_support::segment_files(path) < 168; ++i)
+    ASSERT_TRUE(again->put(key_of(i), value));
+  EXPECT_GT(std::filesystem::file_size(path + "/manifest"), 8192u);
+}
+
 // A checkpoint is a copy of the index that only speeds up an open after every user crashed:
 // a put the volume has no room for, with nothing dead to compact, takes the checkpoint's room
 // first. So a store with a checkpoint fills its volume as far as one without (but for the

@@ -350,6 +350,55 @@ TEST_P(KvSharedVolumeFull, DeletesWorkWhenAForeignWriterTookTheVolumeBeforeAnyEr
       GetParam().type);
 }
 
+// The manifest lists the store's segments in slots of a size made whole ahead; one segment
+// more than they hold rewrites the file at twice the size, which takes room. A store whose
+// last put made the 167th segment (what the first slots hold), on a volume another program
+// then fills: the segments its erases and compaction take (the deletes' room, the spare) are
+// listed in room the manifest already has. (It had none: every erase failed.)
+TEST(KvSharedVolumeFull, DeletesNeedNoRoomForTheManifestWhereItsSlotsAreFull) {
+  on_small_volume(256, [](const std::string& path) {
+    const int foreign = foreign_file(path + ".foreign");
+    // No checkpoint, whose room an erase would take first.
+    options o = small();
+    o.checkpoint_bytes = std::uint64_t{1} << 40;
+    auto s = store::open(path, o);
+    if (!s) return 2;
+    const std::string value(4096, 'v');
+    int n = 0;
+    while (test_support::segment_files(path) < 167) {
+      for (const int end = n + 50; n < end; ++n) {
+        if (!(*s)->put(key_of(n), value)) return 3;
+      }
+    }
+    pipe_pair full;
+    const pid_t writer = foreign_writer(foreign, full);
+    full.close_end(1);
+    char f = 0;
+    if (::read(full.fd[0], &f, 1) != 1) return 10 + test::wait_exit(writer);
+    // Every other key first: no segment dies whole, so compaction must move records (into
+    // the spare it takes), and the erases spill into the deletes' room.
+    int failed = 0;
+    std::string first;
+    for (const int start : {0, 1}) {
+      for (int i = start; i < n; i += 2) {
+        if (auto r = (*s)->erase(key_of(i)); !r && failed++ == 0) {
+          first = key_of(i) + ": " + r.error().message();
+        }
+      }
+    }
+    ::kill(writer, SIGKILL);
+    (void)test::wait_exit(writer);
+    std::fprintf(stderr, "%d of %d erases failed while full%s%s\n", failed, n,
+                 failed != 0 ? ", the first: " : "", first.c_str());
+    if (failed != 0) return 4;
+    for (int i = 0; i < n; i += 97) {
+      auto g = (*s)->get(key_of(i));
+      if (g || g.error() != make_error_code(errc::not_found)) return 5;
+    }
+    return 0;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Volumes, KvSharedVolume,
                          ::testing::Values(volume{"tmpfs", 16}, volume{"ext4", 64},
                                            volume{"xfs", 300}, volume{"btrfs", 128}),
