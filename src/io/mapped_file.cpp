@@ -28,6 +28,12 @@ int to_madvise(map_advice a) noexcept {
 #else
       return 22;  // the kernel's value, for older headers
 #endif
+    case map_advice::populate_write:
+#ifdef MADV_POPULATE_WRITE
+      return MADV_POPULATE_WRITE;
+#else
+      return 23;  // the kernel's value, for older headers
+#endif
   }
   return MADV_NORMAL;
 }

@@ -593,6 +593,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       at = fmt::make_location(*n, fmt::segment_header_size);
     }
     charged.used = true;
+    if (auto w = s->segment_write_ready(at, len); !w) return std::unexpected(w.error());
     auto bytes = s->bytes_at(at);
     if (!bytes) return std::unexpected(bytes.error());
     k.blob = {at, s->write_dirty(at, [&] {
@@ -691,6 +692,20 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
   }
 
+  // The index pages the marks go into, writable now where the volume may refuse it (the
+  // pages of each written key's chain: a new key takes an entry anywhere along it).
+  if (s->writes_refusable.load(std::memory_order_relaxed)) {
+    for (const key_plan& k : keys) {
+      if (k.w == nullptr) continue;
+      result<void> ready;
+      s->table->for_page_chain(k.page, [&](std::uint64_t q) {
+        ready = s->index_write_ready(q);
+        return static_cast<bool>(ready);
+      });
+      if (!ready) return std::unexpected(ready.error());
+    }
+  }
+
   step(commit_step::locked);
   // The block: its records, in key order.
   try {
@@ -739,13 +754,22 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   // The block's pages faulted in now, while nobody waits for us: from the seq on, every
   // later commit waits for this one to be visible, and a page fault (a fresh page of the
-  // segment, zeroed) would be in that wait. Zeros are what the space holds anyway.
-  for (std::uint64_t off = 0; off < length; off += 4096) {
-    std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[off]))
+  // segment, zeroed) would be in that wait. Zeros are what the space holds anyway. Where
+  // the volume may refuse the faults, they are asked for writable, and a refusal fails the
+  // commit here (its space is dead, as a writer's that died here).
+  if (s->writes_refusable.load(std::memory_order_relaxed)) {
+    if (auto w = s->segment_write_ready(*L, length); !w) {
+      me.state().store(u64(commit_state::idle));
+      return std::unexpected(w.error());
+    }
+  } else {
+    for (std::uint64_t off = 0; off < length; off += 4096) {
+      std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[off]))
+          .store(0, std::memory_order_relaxed);
+    }
+    std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[length - 1]))
         .store(0, std::memory_order_relaxed);
   }
-  std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[length - 1]))
-      .store(0, std::memory_order_relaxed);
 
   // 5. Mark: each written key's entry is pending on our block (new keys take an entry).
   std::uint64_t at = *L + sizeof(fmt::block_header);

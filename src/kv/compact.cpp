@@ -149,6 +149,7 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       const std::uint64_t len = fmt::blob_block_size(value->size());
       auto nb = reserve(len, room_for::compaction);  // it may take the spare
       if (!nb) return std::unexpected(nb.error());
+      if (auto w = segment_write_ready(*nb, len); !w) return std::unexpected(w.error());
       auto out = bytes_at(*nb);
       if (!out) return std::unexpected(out.error());
       r.blob = {*nb, write_dirty(*nb, [&] {
@@ -160,6 +161,11 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     const std::uint64_t length = fmt::block_size(records);
     auto L = reserve(length, room_for::compaction);
     if (!L) return std::unexpected(L.error());
+    if (auto w = segment_write_ready(*L, length); !w) return std::unexpected(w.error());
+    // (The entry's page too, of the chain compaction holds.)
+    const auto holding =
+        static_cast<std::uint64_t>(table->page_holding(*entry).base - base()) / fmt::page_size;
+    if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
     auto out = bytes_at(*L);
     if (!out) return std::unexpected(out.error());
     write_dirty(*L, [&] {

@@ -176,6 +176,18 @@ void store::impl::forget_idle_slots() noexcept {
 }
 
 result<slot_lease> store::impl::acquire_slot() noexcept {
+  auto lease = take_slot();
+  if (!lease) return lease;
+  // Every call writes its slot, and the header: where the volume may refuse a write fault,
+  // the call fails here instead (a reader too, there: a qgroup at its limit takes no write).
+  if (auto w = slot_write_ready(lease->index); !w) {
+    release_slot(*lease);
+    return std::unexpected(w.error());
+  }
+  return lease;
+}
+
+result<slot_lease> store::impl::take_slot() noexcept {
   unmap_removed_segments();
   const std::uint64_t gen = base::fork_generation();
   // The fast way: an idle slot of ours from the cells, without the mutex.
@@ -195,6 +207,13 @@ result<slot_lease> store::impl::acquire_slot() noexcept {
     const std::uint32_t u = free_slots.back();
     free_slots.pop_back();
     return slot_lease{u, gen};
+  }
+  // A slot taken is written (and a dead user's cleared first): all of them writable now
+  // where the volume may refuse it.
+  if (auto w = write_ready(index_map, base(),
+                           slot_first_page * fmt::page_size + max_slots * slot_size, {});
+      !w) {
+    return std::unexpected(w.error().about(path + "/index"));
   }
   // Slots their users closed (pid 0) first: with many users open, trying each live one's
   // byte would cost a lock call each, every one a walk of the file's lock list.
@@ -253,7 +272,7 @@ void store::impl::release_slot(slot_lease s) noexcept {
   if (s.generation != gen) return;
   if (s.generation == gen && idle_generation.load(std::memory_order_acquire) == gen) {
     // Ours (leased in this generation, so ours[s.index] holds): back to a free cell.
-    slot(s.index).snapshot().store(0, std::memory_order_release);
+    clear_snapshot(s.index);
     const std::size_t first = my_idle_cell(idle_cells);
     for (std::size_t k = 0; k < idle_cells; ++k) {
       auto& cell = idle_slots[(first + k) % idle_cells].slot;
@@ -266,8 +285,17 @@ void store::impl::release_slot(slot_lease s) noexcept {
   }
   base::lock_guard g(live_mutex);
   if (live_generation != gen || !ours[s.index]) return;
-  slot(s.index).snapshot().store(0, std::memory_order_release);
+  clear_snapshot(s.index);
   free_slots.push_back(s.index);
+}
+
+void store::impl::clear_snapshot(std::uint32_t u) noexcept {
+  // Only the slot's holder writes its snapshot. Not written when there is none: a slot given
+  // back because its page could not be made writable (acquire_slot) would fault here.
+  const slot_ref me = slot(u);
+  if (me.snapshot().load(std::memory_order_relaxed) != 0) {
+    me.snapshot().store(0, std::memory_order_release);
+  }
 }
 
 bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {
@@ -1376,6 +1404,9 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   p->fs = o.fs != nullptr ? o.fs : &io::os();
   p->dir = std::move(*sd);
   p->salt = p->dir.params.salt;
+  if (auto fsi = p->fs->statfs(p->dir.segments); fsi && fsi->type == io::fs_type::btrfs) {
+    p->writes_refusable.store(true);
+  }
   lock::memory_map::options lo;
   lo.fs = o.fs;
   auto locks = lock::memory_map::open(path + "/lock", lo);

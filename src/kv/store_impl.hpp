@@ -674,7 +674,11 @@ struct store::impl final : ix::page_source {
   //! The liveness descriptor of this process (opened again in a forked child).
   [[nodiscard]] result<void> ensure_live() noexcept;
   [[nodiscard]] result<slot_lease> acquire_slot() noexcept;
+  //! acquire_slot's search, without making the slot's pages writable.
+  [[nodiscard]] result<slot_lease> take_slot() noexcept;
   void release_slot(slot_lease s) noexcept;
+  //! Slot `u`'s snapshot back to none (its holder's).
+  void clear_snapshot(std::uint32_t u) noexcept;
   //! Takes a snapshot (the visible seq) for the slot, published in it first.
   [[nodiscard]] std::uint64_t take_snapshot(slot_lease lease) noexcept;
   //! Whether a slot whose user is gone may be taken by another: idle, or a dead writer's
@@ -910,6 +914,31 @@ struct store::impl final : ix::page_source {
   static constexpr std::uint64_t prefault_chunk = std::uint64_t{1} << 20;
   //! A location's bytes from there to the end of its segment.
   [[nodiscard]] result<std::span<std::byte>> bytes_at(std::uint64_t location) noexcept;
+
+  // ---- Writes through the maps where the filesystem may refuse them (write_ready.cpp) ----
+  //! btrfs reserves room for every write fault on a shared map, also of a page allocated and
+  //! written before, and raises SIGBUS when it cannot: on a full volume, and always while a
+  //! qgroup is at its limit (statfs cannot see one; no write of any kind goes through then).
+  //! There the pages a call will write are faulted in writable first (MADV_POPULATE_WRITE),
+  //! where a refusal is an error the call returns before it changed anything. (A page the
+  //! kernel writes back in between faults again: the map guard waits that out.) Set by open
+  //! (a btrfs volume, a kernel with MADV_POPULATE_WRITE); never on elsewhere.
+  std::atomic<bool> writes_refusable{false};
+  //! [p, p + n) of `map` (of `file`) writable now, where writes_refusable. Errors: what the
+  //! filesystem refused a write for (no_space, EDQUOT: found by writing a page of a file
+  //! made for the purpose), else, after retrying for lock_timeout, bad_address (the fault
+  //! was refused, a write was not), and madvise's other errors.
+  [[nodiscard]] result<void> write_ready(const io::mapped_file& map, const void* p, std::size_t n,
+                                         std::string_view file) noexcept;
+  //! write_ready for the index's header page and slot `u`'s page: what every call writes.
+  [[nodiscard]] result<void> slot_write_ready(std::uint32_t u) noexcept;
+  //! write_ready for index page `p`.
+  [[nodiscard]] result<void> index_write_ready(std::uint64_t p) noexcept;
+  //! write_ready for the segment bytes at `location`, `n` of them.
+  [[nodiscard]] result<void> segment_write_ready(std::uint64_t location, std::size_t n) noexcept;
+  //! Why the volume refuses a write now (write_ready): the error of a page written to a file
+  //! of our own, made for it and gone at once; bad_address about `file` when it was written.
+  [[nodiscard]] error why_writes_refused(std::string_view file) noexcept;
 
   // ---- reading (read.cpp) ----
   //! The record at `location`, checked as the options say. Errors: corrupt (file, offset).

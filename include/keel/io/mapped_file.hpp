@@ -19,6 +19,11 @@ enum class map_advice {
   //! MADV_POPULATE_READ (Linux 5.14): fault the pages in now, without dirtying them, so
   //! that the first touch later costs no page fault. Older kernels: invalid_argument.
   populate_read,
+  //! MADV_POPULATE_WRITE (Linux 5.14): fault the pages in writable now. Where the kernel
+  //! would raise SIGBUS on a store (a filesystem that refuses the write fault: btrfs with no
+  //! room for its reservation), this fails with bad_address instead. Older kernels:
+  //! invalid_argument.
+  populate_write,
 };
 
 //! A memory map of (part of) a file, made, synced and unmapped through the file's

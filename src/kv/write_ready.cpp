@@ -1,0 +1,85 @@
+// Writes through the maps where the filesystem may refuse them (store_impl.hpp,
+// writes_refusable): the pages a call will write are faulted in writable before it changes
+// anything, so that btrfs's refusal (no room for the reservation it makes at every write
+// fault) is an error the call returns, not a SIGBUS at a store instruction.
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <thread>
+
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+
+error store::impl::why_writes_refused(std::string_view file) noexcept {
+  // A page written to a file of our own asks for the same room a write fault does: its error
+  // is the volume's (or the qgroup's) answer. Anonymous where the filesystem allows (btrfs
+  // does), so nothing is left should we be killed here.
+  auto t = io::make_temp_file(dir.dir, ".probe.", io::open_flags::read_write, 0600);
+  if (!t && out_of_room(t.error())) return t.error().about(path);
+  if (!t) return error(std::make_error_code(std::errc::bad_address)).about(file);
+  static const std::array<std::byte, fmt::page_size> page{};
+  auto w = t->file.write_at(0, page);
+  (void)t->remove_name(dir.dir);
+  if (!w) return w.error().about(file);
+  return error(std::make_error_code(std::errc::bad_address)).about(file);
+}
+
+result<void> store::impl::write_ready(const io::mapped_file& map, const void* p, std::size_t n,
+                                      std::string_view file) noexcept {
+  if (!writes_refusable.load(std::memory_order_relaxed) || n == 0) return {};
+  const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - map.data());
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    auto r = map.advise(io::map_advice::populate_write, offset, n);
+    if (r) return {};
+    if (r.error() == std::errc::invalid_argument) {
+      // A kernel before 5.14: writes go on unguarded by this (the map guard still waits a
+      // refused fault out).
+      writes_refusable.store(false, std::memory_order_relaxed);
+      return {};
+    }
+    if (r.error() == std::errc::interrupted) continue;
+    if (r.error() != std::errc::bad_address) return std::unexpected(r.error().about(file));
+    // Refused for room: that is the answer. A page written elsewhere went through: btrfs
+    // refused the fault for a moment (its reservations being flushed) and is asked again,
+    // backing off, for as long as a lock is waited for (what the map guard would have done).
+    error why = why_writes_refused(file);
+    if (why != std::errc::bad_address) return std::unexpected(why);
+    if (std::chrono::steady_clock::now() - start >= opts.lock_timeout) {
+      return std::unexpected(why);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(2 * pause, std::chrono::milliseconds(50));
+  }
+}
+
+result<void> store::impl::slot_write_ready(std::uint32_t u) noexcept {
+  if (!writes_refusable.load(std::memory_order_relaxed)) return {};
+  const std::byte* at = base() + slot_first_page * fmt::page_size + std::size_t{u} * slot_size;
+  auto r = write_ready(index_map, base(), fmt::page_size, {});
+  if (r) r = write_ready(index_map, at, slot_size, {});
+  if (!r) return std::unexpected(r.error().about(path + "/index"));
+  return {};
+}
+
+result<void> store::impl::index_write_ready(std::uint64_t p) noexcept {
+  if (!writes_refusable.load(std::memory_order_relaxed)) return {};
+  auto r = write_ready(index_map, base() + p * fmt::page_size, fmt::page_size, {});
+  if (!r) return std::unexpected(r.error().about(path + "/index", p * fmt::page_size));
+  return {};
+}
+
+result<void> store::impl::segment_write_ready(std::uint64_t location, std::size_t n) noexcept {
+  if (!writes_refusable.load(std::memory_order_relaxed)) return {};
+  auto s = segment_at(fmt::segment_of(location));
+  if (!s) return std::unexpected(s.error());
+  const std::uint64_t off = fmt::offset_of(location);
+  if (off >= (*s)->size || n > (*s)->size - off) return keel_error(errc::corrupt);
+  return write_ready((*s)->map, (*s)->map.data() + off, n, (*s)->path.view());
+}
+
+}  // namespace keel::kv
