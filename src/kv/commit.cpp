@@ -587,6 +587,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
       const std::uint64_t size = fmt::segment_header_size + len;
+      s->reconcile_rooms();  // as seg/ has them (see next_active_segment)
       if (auto r = s->ready_for_put(size); !r) return std::unexpected(r.error());
       auto n = s->make_segment(size);
       if (!n) return std::unexpected(n.error());
