@@ -1,35 +1,50 @@
 // keel lock [--algo NAME] [--shared] [--timeout SECONDS | --nonblock] LOCKPATH NAME... -- COMMAND
 //
-// Exit status: COMMAND's (128 + N if a signal N ended it); 1 with a one-line message when
-// the lock could not be had (timed out, held with --nonblock, or an I/O error); 2 for usage
-// errors; 126/127 when COMMAND cannot be run / is not found. The lock never leaks into
-// COMMAND: keel's descriptors are close-on-exec, so killing `keel lock` releases it.
+// Takes the lock, then becomes COMMAND (exec, the same process): the lock is held for exactly
+// as long as COMMAND runs, and there is no wrapper whose death could leave COMMAND running
+// unlocked. The descriptors the lock opened are handed to COMMAND (as flock(1) does): what is
+// held through one (byte_ranges, fcntl, flock) stays held while COMMAND, or a child that
+// inherited it, lives; what is held in this process's name stays held while COMMAND does.
+//
+// Exit status: COMMAND's (a signal ends it as it ends COMMAND); 1 with a one-line message
+// when the lock could not be had (timed out, held with --nonblock, or an I/O error); 2 for
+// usage errors; 126/127 when COMMAND cannot be run / is not found (the lock is let go).
 
 #include "lock_command.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "keel/lock/algorithms.hpp"
 
-extern char** environ;
-
 namespace keel::tools {
 namespace {
 
-volatile sig_atomic_t child_pid = 0;
-
-extern "C" void forward_signal(int signo) {
-  if (child_pid > 0) ::kill(child_pid, signo);
+// The descriptors open in this process.
+std::vector<int> open_descriptors() {
+  std::vector<int> fds;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) {
+      fds.push_back(std::stoi(name));
+    }
+  }
+  // Not the listing's own (closed by now, and perhaps the next one opened).
+  std::erase_if(fds, [](int fd) { return ::fcntl(fd, F_GETFD) < 0; });
+  std::ranges::sort(fds);
+  return fds;
 }
 
 std::string algorithms_list() {
@@ -59,8 +74,11 @@ int run_lock_command(int argc, char** argv) {
   app.footer(
       "LOCKPATH is a lock file, or a directory for lock_files and flock (created if missing).\n"
       "Names are hashed into entities, so any string works.\n"
-      "Exit status: COMMAND's (128+N if killed by signal N); 1 if the lock could not be had\n"
-      "(timeout, --nonblock, I/O error); 2 for usage errors; 126/127 if COMMAND cannot run.");
+      "keel lock takes the lock, then becomes COMMAND (the same process): the lock is held\n"
+      "exactly while COMMAND runs, and killing that process ends COMMAND and the lock together.\n"
+      "COMMAND inherits the lock's descriptors, as with flock(1).\n"
+      "Exit status: COMMAND's; 1 if the lock could not be had (timeout, --nonblock, I/O\n"
+      "error); 2 for usage errors; 126/127 if COMMAND cannot run (the lock is let go).");
   std::string algo = "byte_ranges";
   bool shared = false;
   double timeout = -1;
@@ -95,6 +113,8 @@ int run_lock_command(int argc, char** argv) {
     return 2;
   }
 
+  // What is open now is not the lock's: what opens from here on is, and COMMAND gets it.
+  const std::vector<int> before = open_descriptors();
   auto mutex = lock::open_mutex(algo, lock_path);
   if (!mutex) {
     fmt::print(stderr, "keel lock: cannot open {} lock {}: {}\n", algo, lock_path,
@@ -122,49 +142,19 @@ int run_lock_command(int argc, char** argv) {
     return 1;
   }
 
-  // Terminal signals reach COMMAND directly (same process group); these are passed on.
-  struct sigaction sa {};
-  sa.sa_handler = forward_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int s : {SIGTERM, SIGHUP})
-    ::sigaction(s, &sa, nullptr);
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  for (int s : {SIGINT, SIGQUIT})
-    ::sigaction(s, &ignore, nullptr);
-
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGQUIT);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGHUP);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
-  const int e = ::posix_spawnp(&pid, argv[split + 1], nullptr, &attr, argv + split + 1, environ);
-  posix_spawnattr_destroy(&attr);
-  if (e != 0) {
-    fmt::print(stderr, "keel lock: cannot run {}: {}\n", argv[split + 1], std::strerror(e));
-    return e == ENOENT ? 127 : 126;
+  // The lock's descriptors kept across the exec; everything else stays as it was.
+  for (const int fd : open_descriptors()) {
+    if (std::ranges::binary_search(before, fd)) continue;
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) != 0) (void)::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);
   }
-  child_pid = pid;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
-      fmt::print(stderr, "keel lock: waitpid: {}\n", std::strerror(errno));
-      return 1;
-    }
-  }
-  child_pid = 0;
+  ::execvp(argv[split + 1], argv + split + 1);
+  const int e = errno;
+  fmt::print(stderr, "keel lock: cannot run {}: {}\n", argv[split + 1], std::strerror(e));
   if (auto u = guard->unlock(); !u) {
     fmt::print(stderr, "keel lock: unlocking {}: {}\n", lock_path, u.error().message());
   }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  return e == ENOENT ? 127 : 126;
 }
 
 }  // namespace keel::tools
