@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -158,6 +159,127 @@ TEST_P(KeelLock, AHolderInAnotherTimeNamespaceIsNotJudgedDead) {
   EXPECT_EQ(other.code, 1) << "a second holder got in beside one in a time namespace";
   if (command_pid_ > 0) ::kill(command_pid_, SIGKILL);  // keel lock, the command; then unshare
   EXPECT_NE(keel::test::wait_exit(holder), 0);
+}
+
+// With no NAME, keel lock is flock(1) on the file: what flock(1), Python's filelock and
+// portalocker (fcntl.flock on Unix) take on the same file.
+class KeelLockFile : public ::testing::Test {
+ protected:
+  [[nodiscard]] std::string file() const { return dir_.file("f"); }
+  keel::test::program_outcome run(const std::string& program, std::vector<std::string> args) {
+    return keel::test::run_program(program, args, dir_.path().string());
+  }
+  keel::test::program_outcome keel(std::vector<std::string> args) {
+    args.insert(args.begin(), "lock");
+    return run(KEEL_BINARY, args);
+  }
+  keel::test::program_outcome sh(const std::string& script) {
+    return run("/bin/sh", {"-c", script});
+  }
+  // `program args... sh -c <mark ready; exec sleep 30>` in the background; returns once the
+  // command runs (so holds the lock).
+  pid_t hold(const std::string& program, std::vector<std::string> args) {
+    const std::string ready = dir_.file("ready." + std::to_string(runs_++));
+    args.insert(args.end(), {"sh", "-c",
+                             "echo $$ > '" + ready + ".tmp'; mv '" + ready + ".tmp' '" + ready +
+                                 "'; exec sleep 30"});
+    const pid_t pid = keel::test::start_program(program, args, ready + ".out", ready + ".err");
+    const auto t0 = clock_type::now();
+    while (!std::filesystem::exists(ready) && clock_type::now() - t0 < 10s) {
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_TRUE(std::filesystem::exists(ready)) << "the holder never got the lock";
+    commands_[pid] = std::atoi(keel::test::slurp(ready).c_str());
+    return pid;
+  }
+  // Ends the holder and its command (flock(1)'s runs as its child, holding the lock too).
+  void end(pid_t pid) {
+    if (commands_[pid] > 0) ::kill(commands_[pid], SIGKILL);
+    ::kill(pid, SIGKILL);
+    (void)keel::test::wait_exit(pid);
+  }
+  std::map<pid_t, pid_t> commands_;
+  keel::test::temp_dir dir_;
+  int runs_ = 0;
+};
+
+TEST_F(KeelLockFile, ExcludesAndIsExcludedByFlock1) {
+  if (!std::filesystem::exists("/usr/bin/flock")) GTEST_SKIP() << "no flock(1) (util-linux)";
+  const pid_t k = hold(KEEL_BINARY, {"lock", file(), "--"});
+  EXPECT_EQ(run("/usr/bin/flock", {"-n", file(), "true"}).code, 1) << "flock(1) got in";
+  end(k);
+  EXPECT_EQ(run("/usr/bin/flock", {"-n", file(), "true"}).code, 0);
+  const pid_t f = hold("/usr/bin/flock", {file()});
+  const auto busy = keel({"-n", file(), "--", "true"});
+  EXPECT_EQ(busy.code, 1) << "keel lock got in beside flock(1)";
+  EXPECT_NE(busy.err.find("keel lock: "), std::string::npos) << busy.err;
+  EXPECT_EQ(keel({"-n", "--shared", file(), "--", "true"}).code, 1);
+  end(f);
+  EXPECT_EQ(keel({"-n", file(), "--", "true"}).code, 0);
+}
+
+TEST_F(KeelLockFile, ExcludesPythonsFlockAsFilelockAndPortalockerTakeIt) {
+  if (!std::filesystem::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  const std::string take =
+      "import fcntl, sys\n"
+      "f = open(sys.argv[1], 'a')\n"
+      "try:\n"
+      "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+      "except BlockingIOError:\n"
+      "    sys.exit(1)\n";
+  const pid_t k = hold(KEEL_BINARY, {"lock", file(), "--"});
+  EXPECT_EQ(run("/usr/bin/python3", {"-c", take, file()}).code, 1) << "Python's flock got in";
+  end(k);
+  EXPECT_EQ(run("/usr/bin/python3", {"-c", take, file()}).code, 0);
+}
+
+TEST_F(KeelLockFile, BusyIsNotCannotOpen) {
+  const std::string missing = dir_.file("no/such/dir/f");
+  const auto whole = keel({missing, "--", "true"});
+  EXPECT_EQ(whole.code, 66) << whole.err;
+  EXPECT_NE(whole.err.find("No such file or directory"), std::string::npos) << whole.err;
+  EXPECT_EQ(keel({missing, "name", "--", "true"}).code, 66);
+  const pid_t k = hold(KEEL_BINARY, {"lock", file(), "--"});
+  EXPECT_EQ(keel({"-n", file(), "--", "true"}).code, 1);
+  EXPECT_EQ(keel({"-n", "-E", "9", file(), "--", "true"}).code, 9);
+  EXPECT_EQ(keel({"-w", "0.2", "-E", "9", file(), "--", "true"}).code, 9);
+  end(k);
+}
+
+TEST_F(KeelLockFile, TheDescriptorFormLocksTheShellsDescriptor) {
+  const std::string k = KEEL_BINARY;
+  // Locked by keel lock, which has exited; held by the shell's descriptor until it closes.
+  const auto inside = sh("( '" + k + "' lock -n 9 || exit 5; '" + k + "' lock -n '" + file() +
+                         "' -- true; echo $? ) 9>'" + file() + "'");
+  EXPECT_EQ(inside.code, 0) << inside.err;
+  EXPECT_EQ(inside.out, "1\n") << "the descriptor was not locked: " << inside.err;
+  EXPECT_EQ(keel({"-n", file(), "--", "true"}).code, 0) << "still locked after the shell closed it";
+  const auto closed = keel({"-n", "7"});
+  EXPECT_EQ(closed.code, 66) << closed.err;
+}
+
+TEST_F(KeelLockFile, DashCRunsAShellCommand) {
+  const auto r = keel({file(), "-c", "echo $((6 * 7)); exit 3"});
+  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.out, "42\n");
+}
+
+TEST_F(KeelLockFile, BadInputGetsOneShortLine) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--timeout", "-1", file(), "--", "true"},
+        {"--timeout", "1e400", file(), "--", "true"},
+        {"--bogus", file(), "--", "true"},
+        {file()},
+        {file(), "--"},
+        {"-E", "300", file(), "--", "true"},
+        {file(), "-c", "true", "--", "true"},
+        {"--algo", "memory_map", file(), "--", "true"}}) {
+    const auto r = keel(args);
+    EXPECT_EQ(r.code, 2) << args.front();
+    EXPECT_TRUE(r.err.starts_with("keel lock: ")) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_LT(r.err.size(), 200u) << r.err;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, KeelLock, ::testing::ValuesIn(keel::lock::algorithm_names()),

@@ -1,4 +1,5 @@
-// keel lock [--algo NAME] [--shared] [--timeout SECONDS | --nonblock] LOCKPATH NAME... -- COMMAND
+// keel lock [OPTIONS] LOCKPATH [NAME...] (-- COMMAND [ARGS...] | -c COMMAND)
+// keel lock [OPTIONS] FD
 //
 // Takes the lock, then becomes COMMAND (exec, the same process): the lock is held for exactly
 // as long as COMMAND runs, and there is no wrapper whose death could leave COMMAND running
@@ -6,14 +7,24 @@
 // held through one (byte_ranges, fcntl, flock) stays held while COMMAND, or a child that
 // inherited it, lives; what is held in this process's name stays held while COMMAND does.
 //
-// Exit status: COMMAND's (a signal ends it as it ends COMMAND); 1 with a one-line message
-// when the lock could not be had (timed out, held with --nonblock, or an I/O error); 2 for
-// usage errors; 126/127 when COMMAND cannot be run / is not found (the lock is let go).
+// With no NAME it is flock(1) on LOCKPATH itself (flock(2) on the whole file), so it excludes,
+// and is excluded by, flock(1), Python's filelock and portalocker on the same file. With a
+// descriptor number and no command it is flock(1)'s descriptor form: the open file behind FD
+// (the shell's) is flock()ed, and stays locked after keel lock exits, until the shell closes
+// it.
+//
+// Exit status: COMMAND's; the conflict code (1, or -E's) when the lock is held (--nonblock) or
+// the timeout passed; 2 for usage errors; 66 when LOCKPATH cannot be opened or the lock set
+// up, 73 when it cannot be made (read-only or full), 71 for other system errors; 126/127 when
+// COMMAND cannot be run / is not found (the lock is let go).
 
 #include "lock_command.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +34,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +42,12 @@
 
 namespace keel::tools {
 namespace {
+
+// sysexits(3), as flock(1) uses them.
+constexpr int exit_usage = 2;
+constexpr int exit_no_input = 66;
+constexpr int exit_os_error = 71;
+constexpr int exit_cannot_create = 73;
 
 // The descriptors open in this process.
 std::vector<int> open_descriptors() {
@@ -56,6 +74,50 @@ std::string algorithms_list() {
   return s;
 }
 
+// The exit status for a lock that could not be opened or set up, by its errno.
+int setup_failure(const std::error_code& e) {
+  if (e == std::errc::read_only_file_system || e == std::errc::no_space_on_device ||
+      e == std::error_code(EDQUOT, std::system_category())) {
+    return exit_cannot_create;
+  }
+  if (e == std::errc::not_enough_memory || e == std::errc::too_many_files_open ||
+      e == std::errc::too_many_files_open_in_system) {
+    return exit_os_error;
+  }
+  return exit_no_input;
+}
+
+extern "C" void on_alarm(int) {}
+
+// flock(2) on `fd`, waiting at most `timeout` seconds (< 0: for ever; 0: not at all) in the
+// kernel's own queue (a timer interrupts the wait). 0, or the errno (EWOULDBLOCK: held).
+int flock_within(int fd, bool shared, double timeout) {
+  const int how = shared ? LOCK_SH : LOCK_EX;
+  if (timeout == 0) return ::flock(fd, how | LOCK_NB) == 0 ? 0 : errno;
+  if (timeout < 0) {
+    while (::flock(fd, how) != 0) {
+      if (errno != EINTR) return errno;
+    }
+    return 0;
+  }
+  struct sigaction sa {};
+  struct sigaction old {};
+  sa.sa_handler = on_alarm;  // no SA_RESTART: the wait ends with EINTR
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGALRM, &sa, &old);
+  itimerval t{};
+  const double whole = std::floor(timeout);
+  t.it_value.tv_sec = static_cast<time_t>(whole);
+  t.it_value.tv_usec = static_cast<suseconds_t>((timeout - whole) * 1e6);
+  if (t.it_value.tv_sec == 0 && t.it_value.tv_usec == 0) t.it_value.tv_usec = 1;
+  ::setitimer(ITIMER_REAL, &t, nullptr);
+  int r = ::flock(fd, how) == 0 ? 0 : errno;
+  const itimerval off{};
+  ::setitimer(ITIMER_REAL, &off, nullptr);
+  ::sigaction(SIGALRM, &old, nullptr);
+  return r == EINTR ? EWOULDBLOCK : r;
+}
+
 }  // namespace
 
 int run_lock_command(int argc, char** argv) {
@@ -68,78 +130,156 @@ int run_lock_command(int argc, char** argv) {
     }
   }
   CLI::App app{
-      "keel lock [OPTIONS] LOCKPATH NAME... -- COMMAND [ARGS...]\n"
-      "Run COMMAND while holding the entities NAME... of the lock at LOCKPATH.",
+      "keel lock [OPTIONS] LOCKPATH [NAME...] -- COMMAND [ARGS...]\n"
+      "keel lock [OPTIONS] LOCKPATH [NAME...] -c 'COMMAND STRING'\n"
+      "keel lock [OPTIONS] FD\n"
+      "Run COMMAND while holding the entities NAME... of the lock at LOCKPATH; with no NAME,\n"
+      "while holding flock(2) on LOCKPATH itself, as flock(1) does.",
       "keel lock"};
   app.footer(
       "LOCKPATH is a lock file, or a directory for lock_files and flock (created if missing).\n"
-      "Names are hashed into entities, so any string works.\n"
+      "Names are hashed into entities, so any string works. With no NAME, LOCKPATH is a file\n"
+      "locked whole with flock(2): keel lock then excludes, and is excluded by, flock(1),\n"
+      "Python's filelock and portalocker on that file. FD alone (no command): the shell's\n"
+      "descriptor FD is flock()ed and stays locked after keel lock exits, as `flock FD`.\n"
       "keel lock takes the lock, then becomes COMMAND (the same process): the lock is held\n"
-      "exactly while COMMAND runs, and killing that process ends COMMAND and the lock together.\n"
+      "exactly while COMMAND runs, and killing that process ends COMMAND and the lock together\n"
+      "(flock(1) instead runs COMMAND as a child; -o/--close has no counterpart here).\n"
       "COMMAND inherits the lock's descriptors, as with flock(1).\n"
-      "Exit status: COMMAND's; 1 if the lock could not be had (timeout, --nonblock, I/O\n"
-      "error); 2 for usage errors; 126/127 if COMMAND cannot run (the lock is let go).");
+      "Exit status: COMMAND's; 1 (or -E's code) if the lock is held (--nonblock) or the\n"
+      "timeout passed; 2 for usage errors; 66 if LOCKPATH cannot be opened or the lock set up,\n"
+      "73 if it cannot be made (read-only, full), 71 for other system errors; 126/127 if\n"
+      "COMMAND cannot run (the lock is let go).");
   std::string algo = "byte_ranges";
   bool shared = false;
   double timeout = -1;
   bool nonblock = false;
+  int conflict_code = 1;
+  std::string command_string;
   std::string lock_path;
   std::vector<std::string> names;
-  app.add_option("-a,--algo", algo, "Algorithm: " + algorithms_list())
-      ->capture_default_str()
-      ->check(CLI::IsMember(std::vector<std::string>(lock::algorithm_names().begin(),
-                                                     lock::algorithm_names().end())));
+  auto* a = app.add_option("-a,--algo", algo, "Algorithm: " + algorithms_list())
+                ->capture_default_str()
+                ->check(CLI::IsMember(std::vector<std::string>(lock::algorithm_names().begin(),
+                                                               lock::algorithm_names().end())));
   app.add_flag("-s,--shared", shared, "Take shared locks (default: exclusive)");
-  auto* t = app.add_option("-w,--timeout", timeout, "Give up after SECONDS (fractions allowed)")
-                ->check(CLI::NonNegativeNumber);
+  auto* t = app.add_option("-w,--timeout", timeout, "Give up after SECONDS (fractions allowed)");
   auto* n = app.add_flag("-n,--nonblock", nonblock, "Fail at once if the lock is held");
   t->excludes(n);
-  app.add_option("LOCKPATH", lock_path, "The lock file (or directory)")->required();
-  app.add_option("NAME", names, "Names of the entities to lock")->required();
+  app.add_option("-E,--conflict-exit-code", conflict_code,
+                 "Exit status when the lock is held or the timeout passed (default 1)");
+  app.add_option("-c,--command", command_string, "Run COMMAND STRING with /bin/sh -c");
+  app.add_option("LOCKPATH", lock_path, "The lock file (or directory), or a descriptor number")
+      ->required();
+  app.add_option("NAME", names, "Names of the entities to lock (none: flock(2) on LOCKPATH)");
 
   const int parse_argc = split < 0 ? argc : split;
   try {
     app.parse(parse_argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
+    fmt::print(stderr, "keel lock: {}; see keel lock --help\n", e.what());
+    return exit_usage;
   }
-  if (split < 0 || split + 1 >= argc) {
-    fmt::print(stderr, "keel lock: no command given (put it after --); see keel lock --help\n");
-    return 2;
+  const auto usage = [](std::string_view why) {
+    fmt::print(stderr, "keel lock: {}; see keel lock --help\n", why);
+    return exit_usage;
+  };
+  if (t->count() != 0 && !(std::isfinite(timeout) && timeout >= 0 && timeout <= 1e9)) {
+    return usage("--timeout takes a number of seconds from 0 to 1e9");
   }
-  if (!std::isfinite(timeout) && timeout != -1) {
-    fmt::print(stderr, "keel lock: --timeout must be a finite number of seconds\n");
-    return 2;
+  if (conflict_code < 0 || conflict_code > 255) {
+    return usage("--conflict-exit-code takes a status from 0 to 255");
+  }
+  const bool has_command = split >= 0 && split + 1 < argc;
+  if (split >= 0 && !has_command) return usage("no command after --");
+  if (has_command && !command_string.empty()) return usage("give COMMAND after -- or -c, not both");
+  if (names.empty() && a->count() != 0) {
+    return usage("--algo needs NAME...: with no NAME, keel lock is flock(1) on LOCKPATH");
+  }
+  const bool whole_file = names.empty();
+  const bool descriptor = whole_file && !lock_path.empty() && lock_path.size() <= 9 &&
+                          lock_path.find_first_not_of("0123456789") == std::string::npos;
+  if (!has_command && command_string.empty() && !descriptor) {
+    return usage("no command given (put it after --, or use -c)");
+  }
+  if (descriptor && (has_command || !command_string.empty())) {
+    return usage("a descriptor number takes no command (it stays locked for the shell)");
+  }
+  const double wait = nonblock ? 0 : timeout;
+
+  const auto conflict = [&](std::string_view what) {
+    if (wait == 0) {
+      fmt::print(stderr, "keel lock: {} is locked\n", what);
+    } else {
+      fmt::print(stderr, "keel lock: timed out after {} s waiting for {}\n", timeout, what);
+    }
+    return conflict_code;
+  };
+
+  if (descriptor) {
+    const int fd = std::stoi(lock_path);
+    if (::fcntl(fd, F_GETFD) < 0) {
+      fmt::print(stderr, "keel lock: descriptor {} is not open: {}\n", fd, std::strerror(errno));
+      return exit_no_input;
+    }
+    const int e = flock_within(fd, shared, wait);
+    if (e == EWOULDBLOCK) return conflict(fmt::format("descriptor {}", fd));
+    if (e != 0) {
+      fmt::print(stderr, "keel lock: cannot lock descriptor {}: {}\n", fd, std::strerror(e));
+      return exit_os_error;
+    }
+    return 0;
   }
 
   // What is open now is not the lock's: what opens from here on is, and COMMAND gets it.
   const std::vector<int> before = open_descriptors();
-  auto mutex = lock::open_mutex(algo, lock_path);
-  if (!mutex) {
-    fmt::print(stderr, "keel lock: cannot open {} lock {}: {}\n", algo, lock_path,
-               mutex.error().message());
-    return 1;
-  }
-  std::vector<lock::entity> set;
-  for (const auto& name : names)
-    set.push_back(lock::entity::from_string(name, !shared));
-  io::deadline d;
-  if (nonblock) {
-    d = io::deadline::zero();
-  } else if (timeout >= 0) {
-    d = std::chrono::duration<double>(timeout);
-  }
-  auto guard = (*mutex)->lock(set, d);
-  if (!guard) {
-    if (guard.error() == std::errc::operation_would_block) {
-      fmt::print(stderr, "keel lock: {} is locked\n", lock_path);
-    } else if (guard.error() == std::errc::timed_out) {
-      fmt::print(stderr, "keel lock: timed out after {} s waiting for {}\n", timeout, lock_path);
-    } else {
-      fmt::print(stderr, "keel lock: cannot lock {}: {}\n", lock_path, guard.error().message());
+  std::unique_ptr<lock::shared_fs_mutex> mutex;
+  std::optional<lock::entities_guard> guard;
+  if (whole_file) {
+    // As flock(1): made if missing, opened for reading where it cannot be for writing.
+    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOCTTY | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno == EISDIR || errno == EACCES || errno == EROFS)) {
+      fd = ::open(lock_path.c_str(), O_RDONLY | O_NOCTTY | O_CLOEXEC);
     }
-    return 1;
+    if (fd < 0) {
+      const int e = errno;
+      fmt::print(stderr, "keel lock: cannot open {}: {}\n", lock_path, std::strerror(e));
+      return setup_failure(std::error_code(e, std::system_category()));
+    }
+    const int e = flock_within(fd, shared, wait);
+    if (e == EWOULDBLOCK) return conflict(lock_path);
+    if (e != 0) {
+      fmt::print(stderr, "keel lock: cannot lock {}: {}\n", lock_path, std::strerror(e));
+      return exit_os_error;
+    }
+  } else {
+    auto opened = lock::open_mutex(algo, lock_path);
+    if (!opened) {
+      fmt::print(stderr, "keel lock: cannot open {} lock {}: {}\n", algo, lock_path,
+                 opened.error().message());
+      return setup_failure(opened.error().code());
+    }
+    mutex = std::move(*opened);
+    std::vector<lock::entity> set;
+    for (const auto& name : names)
+      set.push_back(lock::entity::from_string(name, !shared));
+    io::deadline d;
+    if (wait == 0) {
+      d = io::deadline::zero();
+    } else if (wait > 0) {
+      d = std::chrono::duration<double>(wait);
+    }
+    auto got = mutex->lock(set, d);
+    if (!got) {
+      if (got.error() == std::errc::operation_would_block || got.error() == std::errc::timed_out) {
+        return conflict(lock_path);
+      }
+      fmt::print(stderr, "keel lock: cannot lock {}: {}\n", lock_path, got.error().message());
+      return exit_os_error;
+    }
+    guard = std::move(*got);
   }
 
   // The lock's descriptors kept across the exec; everything else stays as it was.
@@ -148,11 +288,16 @@ int run_lock_command(int argc, char** argv) {
     const int flags = ::fcntl(fd, F_GETFD);
     if (flags >= 0 && (flags & FD_CLOEXEC) != 0) (void)::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);
   }
-  ::execvp(argv[split + 1], argv + split + 1);
+  const char* shell_argv[] = {"/bin/sh", "-c", command_string.c_str(), nullptr};
+  char* const* command =
+      command_string.empty() ? argv + split + 1 : const_cast<char* const*>(shell_argv);
+  ::execvp(command[0], command);
   const int e = errno;
-  fmt::print(stderr, "keel lock: cannot run {}: {}\n", argv[split + 1], std::strerror(e));
-  if (auto u = guard->unlock(); !u) {
-    fmt::print(stderr, "keel lock: unlocking {}: {}\n", lock_path, u.error().message());
+  fmt::print(stderr, "keel lock: cannot run {}: {}\n", command[0], std::strerror(e));
+  if (guard) {
+    if (auto u = guard->unlock(); !u) {
+      fmt::print(stderr, "keel lock: unlocking {}: {}\n", lock_path, u.error().message());
+    }
   }
   return e == ENOENT ? 127 : 126;
 }
