@@ -4,8 +4,9 @@
 // Takes the lock, then becomes COMMAND (exec, the same process): the lock is held for exactly
 // as long as COMMAND runs, and there is no wrapper whose death could leave COMMAND running
 // unlocked. The descriptors the lock opened are handed to COMMAND (as flock(1) does): what is
-// held through one (byte_ranges, fcntl, flock) stays held while COMMAND, or a child that
-// inherited it, lives; what is held in this process's name stays held while COMMAND does.
+// held through one (every algorithm but lock_files and sysv) stays held while COMMAND, or a
+// child that inherited it, lives; what is held in this process's name stays held while
+// COMMAND does.
 //
 // With no NAME it is flock(1) on LOCKPATH itself (flock(2) on the whole file), so it excludes,
 // and is excluded by, flock(1), Python's filelock and portalocker on the same file. With a
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -49,7 +51,8 @@ constexpr int exit_no_input = 66;
 constexpr int exit_os_error = 71;
 constexpr int exit_cannot_create = 73;
 
-// The descriptors open in this process.
+// The descriptors open in this process: from /proc/self/fd, or, where there is no /proc (a
+// chroot, a bare container), by asking each number up to the descriptor limit.
 std::vector<int> open_descriptors() {
   std::vector<int> fds;
   std::error_code ec;
@@ -59,10 +62,37 @@ std::vector<int> open_descriptors() {
       fds.push_back(std::stoi(name));
     }
   }
+  if (ec || fds.empty()) {
+    fds.clear();
+    rlimit r{};
+    const rlim_t most = ::getrlimit(RLIMIT_NOFILE, &r) == 0 ? r.rlim_cur : 1024;
+    for (int fd = 0; static_cast<rlim_t>(fd) < std::min<rlim_t>(most, 1 << 20); ++fd)
+      if (::fcntl(fd, F_GETFD) >= 0) fds.push_back(fd);
+  }
   // Not the listing's own (closed by now, and perhaps the next one opened).
   std::erase_if(fds, [](int fd) { return ::fcntl(fd, F_GETFD) < 0; });
   std::ranges::sort(fds);
   return fds;
+}
+
+// What the command is given as stdin, stdout and stderr stays what it was: while the lock is
+// opened, a closed one of them is held by /dev/null, close-on-exec (so that no lock file is
+// opened there, where the command would read or write it as its own).
+void hold_standard_descriptors() {
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0) continue;
+    const int n = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (n >= 0 && n != fd) {
+      (void)::dup3(n, fd, O_CLOEXEC);
+      ::close(n);
+    }
+  }
+}
+
+// A message's user-given part, cut short.
+std::string shown(std::string_view s) {
+  constexpr std::size_t most = 80;
+  return s.size() <= most ? std::string(s) : std::string(s.substr(0, most)) + "...";
 }
 
 std::string algorithms_list() {
@@ -87,10 +117,16 @@ int setup_failure(const std::error_code& e) {
   return exit_no_input;
 }
 
-extern "C" void on_alarm(int) {}
+volatile sig_atomic_t alarm_rang = 0;
+extern "C" void on_alarm(int) {
+  alarm_rang = 1;
+}
 
 // flock(2) on `fd`, waiting at most `timeout` seconds (< 0: for ever; 0: not at all) in the
-// kernel's own queue (a timer interrupts the wait). 0, or the errno (EWOULDBLOCK: held).
+// kernel's own wait. A timer interrupts the wait; it goes on ringing every 10 ms after the
+// deadline, so that a ring that came before flock(2) started waiting is followed by another.
+// SIGALRM is unblocked meanwhile, and nothing of it is left pending or changed for the
+// command. 0, or the errno (EWOULDBLOCK: held).
 int flock_within(int fd, bool shared, double timeout) {
   const int how = shared ? LOCK_SH : LOCK_EX;
   if (timeout == 0) return ::flock(fd, how | LOCK_NB) == 0 ? 0 : errno;
@@ -105,16 +141,34 @@ int flock_within(int fd, bool shared, double timeout) {
   sa.sa_handler = on_alarm;  // no SA_RESTART: the wait ends with EINTR
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGALRM, &sa, &old);
+  sigset_t alarm_only;
+  sigset_t old_mask;
+  sigemptyset(&alarm_only);
+  sigaddset(&alarm_only, SIGALRM);
+  ::sigprocmask(SIG_UNBLOCK, &alarm_only, &old_mask);
+  alarm_rang = 0;
   itimerval t{};
   const double whole = std::floor(timeout);
   t.it_value.tv_sec = static_cast<time_t>(whole);
   t.it_value.tv_usec = static_cast<suseconds_t>((timeout - whole) * 1e6);
   if (t.it_value.tv_sec == 0 && t.it_value.tv_usec == 0) t.it_value.tv_usec = 1;
+  t.it_interval.tv_usec = 10'000;
   ::setitimer(ITIMER_REAL, &t, nullptr);
-  int r = ::flock(fd, how) == 0 ? 0 : errno;
+  int r = 0;
+  for (;;) {
+    if (::flock(fd, how | (alarm_rang != 0 ? LOCK_NB : 0)) == 0) break;
+    r = errno;
+    if (r != EINTR || alarm_rang != 0) break;
+  }
   const itimerval off{};
   ::setitimer(ITIMER_REAL, &off, nullptr);
+  // A ring still pending is dropped (ignored, it is discarded), then all is as it was.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGALRM, &ignore, nullptr);
   ::sigaction(SIGALRM, &old, nullptr);
+  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  if (r == 0) return 0;
   return r == EINTR ? EWOULDBLOCK : r;
 }
 
@@ -150,8 +204,10 @@ int run_lock_command(int argc, char** argv) {
       "timeout passed; 2 for usage errors; 66 if LOCKPATH cannot be opened or the lock set up,\n"
       "73 if it cannot be made (read-only, full), 71 for other system errors; 126/127 if\n"
       "COMMAND cannot run (the lock is let go).");
+  hold_standard_descriptors();
   std::string algo = "byte_ranges";
   bool shared = false;
+  std::string timeout_text;
   double timeout = -1;
   bool nonblock = false;
   int conflict_code = 1;
@@ -163,7 +219,8 @@ int run_lock_command(int argc, char** argv) {
                 ->check(CLI::IsMember(std::vector<std::string>(lock::algorithm_names().begin(),
                                                                lock::algorithm_names().end())));
   app.add_flag("-s,--shared", shared, "Take shared locks (default: exclusive)");
-  auto* t = app.add_option("-w,--timeout", timeout, "Give up after SECONDS (fractions allowed)");
+  auto* t =
+      app.add_option("-w,--timeout", timeout_text, "Give up after SECONDS (fractions allowed)");
   auto* n = app.add_flag("-n,--nonblock", nonblock, "Fail at once if the lock is held");
   t->excludes(n);
   app.add_option("-E,--conflict-exit-code", conflict_code,
@@ -179,15 +236,20 @@ int run_lock_command(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "keel lock: {}; see keel lock --help\n", e.what());
+    fmt::print(stderr, "keel lock: {}; see keel lock --help\n", shown(e.what()));
     return exit_usage;
   }
   const auto usage = [](std::string_view why) {
     fmt::print(stderr, "keel lock: {}; see keel lock --help\n", why);
     return exit_usage;
   };
-  if (t->count() != 0 && !(std::isfinite(timeout) && timeout >= 0 && timeout <= 1e9)) {
-    return usage("--timeout takes a number of seconds from 0 to 1e9");
+  if (t->count() != 0) {
+    char* end = nullptr;
+    timeout = std::strtod(timeout_text.c_str(), &end);
+    if (timeout_text.empty() || end == nullptr || *end != '\0' || !std::isfinite(timeout) ||
+        timeout < 0 || timeout > 1e9) {
+      return usage("--timeout takes a number of seconds from 0 to 1e9");
+    }
   }
   if (conflict_code < 0 || conflict_code > 255) {
     return usage("--conflict-exit-code takes a status from 0 to 255");
@@ -199,7 +261,9 @@ int run_lock_command(int argc, char** argv) {
     return usage("--algo needs NAME...: with no NAME, keel lock is flock(1) on LOCKPATH");
   }
   const bool whole_file = names.empty();
-  const bool descriptor = whole_file && !lock_path.empty() && lock_path.size() <= 9 &&
+  // A number with no command (with one, it is a file of that name, as for flock(1)).
+  const bool descriptor = whole_file && !has_command && command_string.empty() &&
+                          !lock_path.empty() && lock_path.size() <= 9 &&
                           lock_path.find_first_not_of("0123456789") == std::string::npos;
   if (!has_command && command_string.empty() && !descriptor) {
     return usage("no command given (put it after --, or use -c)");
@@ -240,13 +304,14 @@ int run_lock_command(int argc, char** argv) {
   if (whole_file) {
     // As flock(1): made if missing, opened for reading where it cannot be for writing.
     int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOCTTY | O_CLOEXEC, 0666);
-    if (fd < 0 && (errno == EISDIR || errno == EACCES || errno == EROFS)) {
+    int why = errno;
+    if (fd < 0 && (why == EISDIR || why == EACCES || why == EROFS)) {
       fd = ::open(lock_path.c_str(), O_RDONLY | O_NOCTTY | O_CLOEXEC);
+      if (fd < 0 && errno != ENOENT) why = errno;  // (missing: why it could not be made)
     }
     if (fd < 0) {
-      const int e = errno;
-      fmt::print(stderr, "keel lock: cannot open {}: {}\n", lock_path, std::strerror(e));
-      return setup_failure(std::error_code(e, std::system_category()));
+      fmt::print(stderr, "keel lock: cannot open {}: {}\n", lock_path, std::strerror(why));
+      return setup_failure(std::error_code(why, std::system_category()));
     }
     const int e = flock_within(fd, shared, wait);
     if (e == EWOULDBLOCK) return conflict(lock_path);
