@@ -332,8 +332,10 @@ result<void> store::impl::writable() noexcept {
   if (opts.read_only) return keel_error(errc::read_only);
   if (h64(hdr::sync_error).load(std::memory_order_acquire) == 0 && !failed.load()) return {};
   failed.store(true);
-  // Which sync failed: its segment, named (the number is written before the errno).
+  // Which sync failed: its segment, named (the number is written before the errno), or, for
+  // 0, the manifest's directory (write_manifest).
   const std::uint64_t n = h64(hdr::sync_error_segment).load();
+  if (n == 0) return std::unexpected(error(errc::sync_failed).about(path + "/manifest"));
   return std::unexpected(error(errc::sync_failed).about(path + "/seg/" + segment_name(n)));
 }
 

@@ -153,12 +153,23 @@ result<void> store::impl::write_manifest(const fmt::manifest& m) noexcept {
       ro.fs = fs;
       auto r = io::atomic_replace(named.c_str(), file, ro);
       if (r) return {};
-      // Early, and refused for room: in place after all, into the file as it was (only a
-      // failed sync of the directory comes after the rename; the size tells).
-      auto st = fits && out_of_room(r.error())
-                    ? fs->stat_at(&dir.dir, manifest_name, false)
-                    : result<io::file_status>(std::unexpected(r.error()));
-      if (!st || st->size != 2 * m.slot_size) return std::unexpected(r.error().about(named));
+      // Only the sync of the directory comes after the rename: the size tells whether the
+      // new file is in place (manifest changes are all made under the `segment` lock).
+      auto st = fs->stat_at(&dir.dir, manifest_name, false);
+      if (st && st->size == file.size()) {
+        // In place, so the change is made (a caller that undid what it listed would leave
+        // the manifest naming a segment that is gone); whether the rename survives a power
+        // cut is not known: reported as any failed sync is, never retried, and the store is
+        // read-only until reopened alone (writable).
+        h64(hdr::sync_error_segment).store(0);
+        h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
+        failed.store(true);
+        return {};
+      }
+      // Early, and refused for room: in place after all, into the file as it was.
+      if (!fits || !out_of_room(r.error()) || !st || st->size != 2 * m.slot_size) {
+        return std::unexpected(r.error().about(named));
+      }
     }
     // In place, into the slot not in use: no new room, and a torn write spares the other.
     auto f = io::file_handle::open_at(dir.dir, manifest_name,

@@ -621,6 +621,68 @@ TEST(KvManifest, SlotsThatCannotGrowEarlyStillTakeWhatTheyHold) {
   EXPECT_GT(std::filesystem::file_size(path + "/manifest"), 8192u);
 }
 
+// Fails, with EIO, the first sync after a rename over the manifest: the sync of the directory
+// that makes a grown manifest's name durable.
+class manifest_directory_sync_fails final : public io::filesystem_wrapper {
+ public:
+  manifest_directory_sync_fails() noexcept : io::filesystem_wrapper(io::os()) {}
+  result<void> rename(const io::file_handle* from_dir, const char* from,
+                      const io::file_handle* to_dir, const char* to,
+                      io::rename_mode mode) noexcept override {
+    auto r = io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
+    if (r && std::strcmp(to, "manifest") == 0) renamed_ = true;
+    return r;
+  }
+  result<void> sync(const io::file_handle& file, io::sync_kind kind) noexcept override {
+    if (renamed_) {
+      renamed_ = false;
+      failed_ = true;
+      return std::unexpected(error(std::make_error_code(std::errc::io_error)));
+    }
+    return io::filesystem_wrapper::sync(file, kind);
+  }
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
+
+ private:
+  bool renamed_ = false;
+  bool failed_ = false;
+};
+
+// A grown manifest renamed into place whose directory then failed to sync: the change is in
+// place, so the segment it lists stays (undone, it left the manifest naming a segment that
+// was gone: the next open said corrupt). The failed sync is reported, never retried: later
+// commits fail with sync_failed naming the manifest, and the store opened again alone has
+// every value it acknowledged.
+TEST(KvManifest, AGrownManifestWhoseDirectoryFailedToSyncStaysAsItIs) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  manifest_directory_sync_fails fs;
+  options o = manual_compaction();
+  o.fs = &fs;
+  auto s = test_support::open_ok(path, o);
+  ASSERT_TRUE(s);
+  const std::string value(4096, 'v');
+  int n = 0;
+  result<void> r;
+  while (n < 100000) {
+    r = s->put(key_of(n), value);
+    if (!r) break;
+    ++n;
+  }
+  ASSERT_TRUE(fs.failed()) << "the manifest never grew";
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::sync_failed) << r.error().message();
+  EXPECT_NE(r.error().message().find("manifest"), std::string::npos) << r.error().message();
+  s.reset();
+  auto again = test_support::open_ok(path, small());
+  ASSERT_TRUE(again);
+  for (int i = 0; i < n; ++i)
+    ASSERT_EQ(*again->get(key_of(i)), value) << i;
+  verify_report report;
+  ASSERT_TRUE(again->verify(&report));
+  EXPECT_TRUE(report.damaged.empty());
+}
+
 // A checkpoint is a copy of the index that only speeds up an open after every user crashed:
 // a put the volume has no room for, with nothing dead to compact, takes the checkpoint's room
 // first. So a store with a checkpoint fills its volume as far as one without (but for the
