@@ -262,6 +262,18 @@ pid_t foreign_writer(int fd, pipe_pair& full) {
   return child;
 }
 
+// Starts foreign_writer on `fd` and waits until it has filled the volume: its pid, or -1 when
+// it failed first (reaped).
+pid_t volume_taken_by_foreign_writer(int fd) {
+  pipe_pair full;
+  const pid_t writer = foreign_writer(fd, full);
+  full.close_end(1);
+  char f = 0;
+  if (::read(full.fd[0], &f, 1) == 1) return writer;
+  (void)test::wait_exit(writer);
+  return -1;
+}
+
 // Erases keys [from, n) while `writer` (foreign_writer) keeps the volume full, then kills
 // it and says how many failed on `type`: 0 when all went in.
 int erase_while_full(store& s, int from, int n, pid_t writer, const char* type) {
@@ -294,11 +306,8 @@ TEST_P(KvSharedVolume, DeletesWorkWhileAForeignWriterKeepsTheVolumeFull) {
           if (!(*s)->erase(key_of(i))) return 4;
         }
         // Another program takes whatever room is left, and every block that comes free.
-        pipe_pair full;
-        const pid_t writer = foreign_writer(foreign, full);
-        full.close_end(1);
-        char f = 0;
-        if (::read(full.fd[0], &f, 1) != 1) return 10 + test::wait_exit(writer);
+        const pid_t writer = volume_taken_by_foreign_writer(foreign);
+        if (writer < 0) return 10;
         // No room to make a segment: compaction takes the spare, and the victims it empties
         // come free for whoever takes them first.
         auto c = (*s)->compact();
@@ -339,11 +348,8 @@ TEST_P(KvSharedVolumeFull, DeletesWorkWhenAForeignWriterTookTheVolumeBeforeAnyEr
         if (!s) return 2;
         const int n = fill(**s, 0, value);
         if (n < 100) return 3;
-        pipe_pair full;
-        const pid_t writer = foreign_writer(foreign, full);
-        full.close_end(1);
-        char f = 0;
-        if (::read(full.fd[0], &f, 1) != 1) return 10 + test::wait_exit(writer);
+        const pid_t writer = volume_taken_by_foreign_writer(foreign);
+        if (writer < 0) return 10;
         if (erase_while_full(**s, 0, n, writer, GetParam().type) != 0) return 6;
         for (int i = 0; i < n; ++i) {
           auto g = (*s)->get(key_of(i));
@@ -375,11 +381,8 @@ TEST(KvSharedVolumeFull, DeletesNeedNoRoomForTheManifestWhereItsSlotsAreFull) {
         if (!(*s)->put(key_of(n), value)) return 3;
       }
     }
-    pipe_pair full;
-    const pid_t writer = foreign_writer(foreign, full);
-    full.close_end(1);
-    char f = 0;
-    if (::read(full.fd[0], &f, 1) != 1) return 10 + test::wait_exit(writer);
+    const pid_t writer = volume_taken_by_foreign_writer(foreign);
+    if (writer < 0) return 10;
     // Every other key first: no segment dies whole, so compaction must move records (into
     // the spare it takes), and the erases spill into the deletes' room.
     int failed = 0;
@@ -466,11 +469,8 @@ TEST(KvQgroup, AQgroupHeldAtItsLimitFailsPutsWithoutASignal) {
       char c = 0;
       if (::read(ready.fd[0], &c, 1) != 1) return 7;
     }
-    pipe_pair full;
-    const pid_t writer = foreign_writer(foreign, full);
-    full.close_end(1);
-    char f = 0;
-    if (::read(full.fd[0], &f, 1) != 1) return 10 + test::wait_exit(writer);
+    const pid_t writer = volume_taken_by_foreign_writer(foreign);
+    if (writer < 0) return 10;
     for (std::size_t w = 0; w < writers.size(); ++w) {
       if (::write(go.fd[1], "g", 1) != 1) return 8;
     }
