@@ -41,6 +41,11 @@ constexpr bool under_thread_sanitizer = true;
 #else
 constexpr bool under_thread_sanitizer = false;
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool under_address_sanitizer = true;
+#else
+constexpr bool under_address_sanitizer = false;
+#endif
 
 // Whether `r` is the refusal of a controller inherited across fork().
 template <class T>
@@ -440,8 +445,11 @@ TEST_P(Promises, AForkedChildStartsAControllerOfItsOwn) {
     if (!inherited(c->open(dir.file("x"), open_options{}))) return 2;
     (void)f.close();
     c.reset();
-    // ThreadSanitizer cannot run threads started after a fork of a process with threads.
-    if (under_thread_sanitizer) return 0;
+    // ThreadSanitizer cannot run threads started after a fork of a process with threads, and
+    // GCC 12's AddressSanitizer does not take its allocator's locks around fork(): a parent
+    // thread inside malloc at the fork leaves a lock that new threads in the child wait on
+    // for ever (seen in CI). Both sanitizers still check everything above.
+    if (under_thread_sanitizer || under_address_sanitizer) return 0;
     auto mine = one_worker(engine, cache);
     if (!mine) return 3;
     file m = open_file(*mine, dir.file("childs"), cache);
