@@ -284,6 +284,11 @@ result<void> file_handle::allocate(off_t offset, off_t length) const noexcept {
   return {};
 }
 
+result<void> file_handle::drop_cached(off_t offset, off_t length) const noexcept {
+  if (offset < 0 || length < 0) return errc_error(std::errc::invalid_argument);
+  return fs().drop_cached(*this, offset, length);
+}
+
 result<void> file_handle::punch_hole(off_t offset, off_t length) const noexcept {
   if (offset < 0 || length <= 0 || length > max_offset - offset) {
     return errc_error(std::errc::invalid_argument);

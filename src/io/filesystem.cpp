@@ -288,6 +288,14 @@ class posix_filesystem final : public filesystem {
     return {};
   }
 
+  result<void> drop_cached(const file_handle& file, off_t offset, off_t length) noexcept override {
+    // posix_fadvise returns the error rather than setting errno.
+    if (const int e = ::posix_fadvise(file.fd(), offset, length, POSIX_FADV_DONTNEED); e != 0) {
+      return std::unexpected(error(std::error_code(e, std::system_category())));
+    }
+    return {};
+  }
+
   result<file_status> stat(const file_handle& file) noexcept override {
     struct stat st {};
     if (::fstat(file.fd(), &st) != 0) return last_errno_error();
@@ -485,6 +493,11 @@ result<void> filesystem_wrapper::allocate(const file_handle& file, off_t offset,
 result<void> filesystem_wrapper::punch_hole(const file_handle& file, off_t offset,
                                             off_t length) noexcept {
   return target_.punch_hole(file, offset, length);
+}
+
+result<void> filesystem_wrapper::drop_cached(const file_handle& file, off_t offset,
+                                             off_t length) noexcept {
+  return target_.drop_cached(file, offset, length);
 }
 result<void> filesystem_wrapper::truncate(const file_handle& file, off_t length) noexcept {
   return target_.truncate(file, length);

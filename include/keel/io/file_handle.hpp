@@ -116,6 +116,10 @@ class file_handle {
   //! Frees the blocks of [offset, offset + length), which then read as zeros; the size
   //! stays. Errors: operation_not_supported where the filesystem cannot.
   [[nodiscard]] result<void> punch_hole(off_t offset, off_t length) const noexcept;
+  //! Drops this kernel's clean cached pages of [offset, offset + length) (0: to the end), so
+  //! the next read asks the filesystem: on a network filesystem, what the server holds now
+  //! rather than what this client read or wrote earlier.
+  [[nodiscard]] result<void> drop_cached(off_t offset = 0, off_t length = 0) const noexcept;
   [[nodiscard]] result<off_t> size() const noexcept;
   [[nodiscard]] result<file_status> status() const noexcept;
   //! Gives this anonymous file (from `temp_file`) the name `name` in `dir` (or, with

@@ -246,6 +246,10 @@ class filesystem {
   [[nodiscard]] virtual result<void> punch_hole(const file_handle& file, off_t offset,
                                                 off_t length) noexcept = 0;
   [[nodiscard]] virtual result<void> truncate(const file_handle& file, off_t length) noexcept = 0;
+  //! posix_fadvise(2) POSIX_FADV_DONTNEED: this kernel's clean cached pages of the range
+  //! are dropped, so the next read asks the filesystem (on a network one, its server).
+  [[nodiscard]] virtual result<void> drop_cached(const file_handle& file, off_t offset,
+                                                 off_t length) noexcept = 0;
   [[nodiscard]] virtual result<file_status> stat(const file_handle& file) noexcept = 0;
   [[nodiscard]] virtual result<fs_info> statfs(const file_handle& file) noexcept = 0;
   //! Turns copy-on-write off for `file` (FS_NOCOW_FL, `chattr +C`): on btrfs its blocks are
@@ -326,6 +330,8 @@ class filesystem_wrapper : public filesystem {
   [[nodiscard]] result<void> punch_hole(const file_handle& file, off_t offset,
                                         off_t length) noexcept override;
   [[nodiscard]] result<void> truncate(const file_handle& file, off_t length) noexcept override;
+  [[nodiscard]] result<void> drop_cached(const file_handle& file, off_t offset,
+                                         off_t length) noexcept override;
   [[nodiscard]] result<file_status> stat(const file_handle& file) noexcept override;
   [[nodiscard]] result<fs_info> statfs(const file_handle& file) noexcept override;
   [[nodiscard]] result<bool> disable_copy_on_write(const file_handle& file) noexcept override;
