@@ -52,6 +52,9 @@ class keel_category final : public std::error_category {
       case errc::sync_failed:
         return "read-only: an fdatasync of this file failed (data written since may be lost); "
                "close the store in every process and reopen it";
+      case errc::needs_local_filesystem:
+        return "works only with every user on this machine, and this filesystem may be shared "
+               "by others (network, cluster, FUSE or unknown)";
       case errc::inherited_across_fork:
         return "the aio controller was inherited across fork(): only the parent may use it; "
                "start a controller in the child";
@@ -78,6 +81,7 @@ class keel_category final : public std::error_category {
       case errc::cache_needs_buffered_io:
         return std::errc::invalid_argument;
       case errc::not_supported_by_engine:
+      case errc::needs_local_filesystem:
         return std::errc::operation_not_supported;
       case errc::too_large:
         return std::errc::value_too_large;

@@ -78,6 +78,13 @@ enum class errc : int {
   //! its threads and their requests stayed there, so the child may not use it (it would run
   //! or re-run the parent's requests). Start a controller of the child's own.
   inherited_across_fork,
+
+  // ---- lock and kv, on a filesystem other machines may share ----
+  //! The lock algorithm (or store) works only where every user is on this machine, and the
+  //! file (named by the error) is on a filesystem other machines may share: a network or
+  //! cluster filesystem, FUSE, or one keel does not know. Use byte_ranges or lock_files
+  //! there; a store opens once its caller states that every user is on this host.
+  needs_local_filesystem,  // ≈ operation_not_supported
 };
 
 //! The category of keel::errc ("keel").

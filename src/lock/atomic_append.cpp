@@ -241,6 +241,11 @@ atomic_append::~atomic_append() = default;
 
 result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& path,
                                                            io::filesystem& fs) noexcept {
+  // It needs appends that are atomic for every user, and every user reading what the others
+  // appended at once: neither holds across the clients of a network filesystem.
+  if (auto here = detail::refuse_unless_local(fs, path, "atomic_append"); !here) {
+    return std::unexpected(here.error());
+  }
   auto f = io::file_handle::open(fs, path.c_str(), detail::lock_file_flags);
   if (!f) return std::unexpected(f.error());
   auto id = detail::identify(*f);

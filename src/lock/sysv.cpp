@@ -52,6 +52,11 @@ sysv::~sysv() = default;
 result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots,
                                          io::filesystem& fs) noexcept {
   if (slots <= 0 || slots > 16000) return errc_error(std::errc::invalid_argument);
+  // A semaphore of this kernel, found by the file's device and inode: users on other
+  // machines (or through another mount) would each have their own.
+  if (auto here = detail::refuse_unless_local(fs, path, "sysv"); !here) {
+    return std::unexpected(here.error());
+  }
   auto id = detail::identify_lock_file(fs, path);
   if (!id) return std::unexpected(id.error());
   // Linux creates the semaphores zeroed, which is "free" here.

@@ -30,7 +30,8 @@ namespace keel::lock {
 //!   released (and can take the header lock exclusively, which appenders hold shared while
 //!   they append): the file stays small, and a hint in the header skips released records.
 //! - **Network filesystems**: not supported: it relies on atomic O_APPEND and on a shared
-//!   map of the header, which NFS gives neither of.
+//!   map of the header, which NFS gives neither of. `open` refuses a file on a filesystem
+//!   other machines may share (errc::needs_local_filesystem).
 //! - **Caveats**: a timed-out or failed try still appended a record (then released it).
 class atomic_append final : public shared_fs_mutex {
  public:

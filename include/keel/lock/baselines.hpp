@@ -58,7 +58,9 @@ class flock_files final : public shared_fs_mutex {
 //! contention). The whole set is taken in one semop(2), atomically (all or nothing, no
 //! deadlock), with SEM_UNDO so the kernel undoes a dead process's holds. Finite deadlines use
 //! semtimedop. Caveats: the set outlives its users (remove it with `remove`); readers can
-//! starve a writer; at most SEMOPM/3 entities per call (E2BIG beyond); local machine only.
+//! starve a writer; at most SEMOPM/3 entities per call (E2BIG beyond); local machine only:
+//! `open` refuses a file on a filesystem other machines may share
+//! (errc::needs_local_filesystem).
 class sysv final : public shared_fs_mutex {
  public:
   static constexpr int default_slots = 1024;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keel/io/byte_lock.hpp"
+#include "keel/io/fs_info.hpp"
 
 namespace keel::lock::detail {
 
@@ -38,6 +39,23 @@ result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) 
   auto f = io::file_handle::open(fs, path.c_str(), lock_file_flags);
   if (!f) return std::unexpected(f.error());
   return identify(*f);
+}
+
+result<void> refuse_unless_local(io::filesystem& fs, const std::string& path,
+                                 std::string_view algorithm) noexcept {
+  auto where = fs.statfs(path.c_str());
+  if (!where && where.error() == std::errc::no_such_file_or_directory) {
+    const auto slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : path.substr(0, slash);
+    where = fs.statfs(dir.c_str());
+  }
+  if (!where) return std::unexpected(where.error().about(path));
+  if (where->is_local) return {};
+  return std::unexpected(
+      error(make_error_code(errc::needs_local_filesystem),
+            path + " (" + std::string(algorithm) + " on " + std::string(where->type_name()) + ")"));
 }
 
 result<io::file_handle> open_lock_directory(io::filesystem& fs, const std::string& dir) noexcept {

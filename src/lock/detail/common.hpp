@@ -83,6 +83,11 @@ result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::
 
 //! The identity of the lock file at `path`, created (mode 0644) if missing.
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept;
+//! For algorithms that work only with every user on this machine (atomic_append, sysv):
+//! errc::needs_local_filesystem about `path` where the file (or, before it exists, its
+//! directory) is on a filesystem other machines may share (io::fs_info::is_local).
+result<void> refuse_unless_local(io::filesystem& fs, const std::string& path,
+                                 std::string_view algorithm) noexcept;
 //! The lock directory `dir` opened, never through a symlink (ELOOP), and only if it is the
 //! caller's or root's: a directory another user made (at a path like /tmp/x) is theirs to
 //! plant and replace entries in, so it is refused (EPERM, naming it).
