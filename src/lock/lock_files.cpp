@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -46,9 +47,15 @@ void name_of(entity e, char (&name)[17]) noexcept {
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
 }
 
+// The breakers' file (.keel-break) is the one place where holders and breakers meet: byte v
+// of it is held shared by whoever holds (or is linking) entity v's name, and exclusively by a
+// breaker while it judges and removes that name. A breaker therefore never judges the file of
+// a live holder, whatever its view of the directory: on a network filesystem a client's
+// cached name may still show an earlier owner's file (dead, or gone), and the unlink, which
+// the server applies to whatever file has the name, would remove the live holder's.
 struct thread_files final : base::thread_state {
   io::file_handle dir;
-  io::file_handle breaker;  // byte v locked exclusively while breaking entity v's stale file
+  io::file_handle breaker;
 };
 
 }  // namespace
@@ -131,29 +138,37 @@ result<io::temp_file> make_owner_file(const io::file_handle& dir) noexcept {
 // Removes `name` if its owner is provably dead. Returns true if it was removed (or is gone).
 result<bool> break_if_stale(thread_files& t, entity e, const char* name,
                             base::recorded_on records) noexcept {
-  // Breakers of one entity take turns, so the file judged stale is the file removed: nobody
-  // else unlinks a dead owner's file, and nobody can create the name while it exists.
+  // Byte e exclusively: no live user holds the name or is linking it (each holds the byte
+  // shared), and breakers of one entity take turns, so the file judged stale is the file
+  // removed: nobody else unlinks a dead owner's file, and nobody can create the name while
+  // it exists.
   auto turn = io::try_lock_extent(t.breaker, detail::entity_offset(e), 1, io::lock_kind::exclusive);
   if (!turn) {
-    if (detail::is_contention(turn.error())) return false;  // someone else is on it
+    if (detail::is_contention(turn.error())) return false;  // a live holder, or a breaker
     return std::unexpected(turn.error());
   }
+  // A name that vanished under the look (ENOENT), or that this client still maps to a file
+  // the server no longer has (ESTALE, on a network filesystem): the file is gone; link again.
+  const auto gone = [](const error& err) {
+    return err == std::errc::no_such_file_or_directory ||
+           err == std::error_code(ESTALE, std::system_category());
+  };
   // Without following a link or blocking on a FIFO someone made at the name: what is not a
   // regular file is not a lock file, and is never judged (nor removed).
   auto f = io::file_handle::open_at(
       t.dir, name, io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) {
-    if (f.error() == std::errc::no_such_file_or_directory) return true;
+    if (gone(f.error())) return true;
     if (f.error() == std::errc::too_many_symbolic_link_levels) return false;
     return std::unexpected(f.error());
   }
   if (auto st = f->status(); !st || !st->is_regular()) {
-    if (!st) return std::unexpected(st.error());
+    if (!st) return gone(st.error()) ? result<bool>(true) : std::unexpected(st.error());
     return false;
   }
   owner_record rec{};
   auto n = f->read_at(0, std::as_writable_bytes(std::span(&rec, 1)));
-  if (!n) return std::unexpected(n.error());
+  if (!n) return gone(n.error()) ? result<bool>(true) : std::unexpected(n.error());
   if (*n != sizeof rec || std::memcmp(rec.magic, record_magic, sizeof rec.magic) != 0) {
     return false;  // not a record we understand: never guess
   }
@@ -171,10 +186,10 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name,
   // did not take turns with us, or an owner judged dead wrongly). Between this look and the
   // unlink nobody else removes the dead owner's name, so the file looked at is the one removed.
   auto judged = f->status();
-  if (!judged) return std::unexpected(judged.error());
+  if (!judged) return gone(judged.error()) ? result<bool>(true) : std::unexpected(judged.error());
   auto there = t.dir.fs().stat_at(&t.dir, name, false);
   if (!there) {
-    if (there.error() == std::errc::no_such_file_or_directory) return true;
+    if (gone(there.error())) return true;
     return std::unexpected(there.error());
   }
   if (!there->same_file(*judged)) return false;
@@ -198,6 +213,15 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
 
   std::vector<std::uint32_t> order(sorted.size());
   std::iota(order.begin(), order.end(), 0u);
+  // Lets go of the first `taken` entities of `order`: the name, then the holder's byte.
+  const auto let_go = [&](std::size_t taken) {
+    for (std::size_t j = 0; j < taken; ++j) {
+      char n2[17];
+      name_of(sorted[order[j]], n2);
+      (void)io::unlink_at(t.dir, n2);
+      (void)io::unlock_extent(t.breaker, detail::entity_offset(sorted[order[j]]), 1);
+    }
+  };
   detail::backoff pause(spin);
   auto last_stale_check = std::chrono::steady_clock::time_point{};
   for (;;) {
@@ -205,15 +229,27 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
     std::size_t contended = sorted.size();
     char name[17];
     for (; taken < sorted.size(); ++taken) {
-      name_of(sorted[order[taken]], name);
+      const entity e = sorted[order[taken]];
+      name_of(e, name);
+      // The holder's byte first (see thread_files): a breaker judging the name now holds it
+      // exclusively, and the entity counts as contended.
+      auto mark =
+          io::try_lock_extent(t.breaker, detail::entity_offset(e), 1, io::lock_kind::shared);
+      if (!mark) {
+        if (detail::is_contention(mark.error())) {
+          contended = taken;
+          break;
+        }
+        let_go(taken);
+        done();
+        return std::unexpected(mark.error());
+      }
+      mark->release();  // held until the name is let go (do_unlock, or let_go)
       auto r = of->link_as(t.dir, name);
       if (r) continue;
+      (void)io::unlock_extent(t.breaker, detail::entity_offset(e), 1);
       if (r.error() != std::errc::file_exists) {
-        for (std::size_t j = 0; j < taken; ++j) {
-          char n2[17];
-          name_of(sorted[order[j]], n2);
-          (void)io::unlink_at(t.dir, n2);
-        }
+        let_go(taken);
         done();
         return std::unexpected(r.error());
       }
@@ -224,11 +260,7 @@ result<std::uint64_t> lock_files::do_lock(std::span<const entity> sorted, const 
       done();
       return 0;
     }
-    for (std::size_t j = 0; j < taken; ++j) {
-      char n2[17];
-      name_of(sorted[order[j]], n2);
-      (void)io::unlink_at(t.dir, n2);
-    }
+    let_go(taken);
     if (taken > 0 && of->name.empty()) {
       // An anonymous file that was linked and then unlinked again cannot be linked anew
       // (the kernel allows relinking only files that never had a name): take a fresh one.
@@ -267,6 +299,8 @@ result<void> lock_files::do_unlock(std::span<const entity> sorted, std::uint64_t
     name_of(e, name);
     auto u = io::unlink_at((*state)->dir, name);
     if (!u && r) r = u;
+    // After the name: a breaker that gets the byte finds the name gone, never ours.
+    if (auto b = io::unlock_extent((*state)->breaker, detail::entity_offset(e), 1); !b && r) r = b;
   }
   return r;
 }

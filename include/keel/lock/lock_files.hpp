@@ -23,15 +23,20 @@ namespace keel::lock {
 //!   only spins if asked). No deadlock in any order; no fairness at all.
 //! - **Crash**: the files of a dead holder stay. A waiter that finds a file whose owner
 //!   (pid, pid namespace, process start time, boot id, machine id) is provably dead removes
-//!   it, under a byte-range lock that serialises breakers, and only if the name is still the
-//!   file it judged, so a live owner's lock is never broken. Proof: in this boot and pid
-//!   namespace, no process has the pid (or the one that has it started at another time); or
-//!   this machine rebooted since (judged on local filesystems only: on a network share, a
+//!   it, holding that entity's byte of `.keel-break` exclusively, and only if the name is
+//!   still the file it judged, so a live owner's lock is never broken. Every holder holds
+//!   its entities' bytes shared while it holds them (two fcntl calls per entity more), so a
+//!   breaker never judges a live holder's name, even where its view of the directory lags
+//!   (a network client that still shows an earlier owner's file under the name). Proof: in this
+//!   boot and pid namespace, no process has the pid (or the one that has it started at another
+//!   time); or this machine rebooted since (judged on local filesystems only: on a network share, a
 //!   machine cloned from this one's image has the same machine id). It checks at most every
 //!   `stale_check_interval` (10 ms by default). An owner that cannot be judged (another machine,
 //!   another pid namespace, /proc unreadable) is alive: its files stay until removed by hand.
 //! - **Network filesystems**: safe where link(2) is atomic (NFSv3+); crash recovery then only
-//!   covers owners of this machine's current boot. All users must share a pid namespace.
+//!   covers owners of this machine's current boot, and relies on byte-range locks that every
+//!   client sees (NFSv4, GlusterFS: tested with two GlusterFS clients in make test). All
+//!   users must share a pid namespace.
 class lock_files final : public shared_fs_mutex {
  public:
   //! Opens (creating if needed) the lock directory `dir`.
