@@ -57,7 +57,10 @@ namespace keel::lock {
 //!   the child's markers (and never removes the map under it); if the parent was the last
 //!   user and removed the map first, the child sets up a new one. A lock file removed and
 //!   made again in between is another lock: the child's calls fail with ESTALE.
-//! - **Network filesystems**: degrades to byte_ranges (see above), which then decides.
+//! - **Network filesystems**: degrades to byte_ranges (see above), which then decides. A
+//!   user there never believes the lock file's content (a client may read it a second
+//!   late, as GlusterFS's do): it degrades at open, whatever the header says, and syncs
+//!   what it writes there before it lets the init lock go.
 //! - **Caveats**: a process that dies while it *registers* or *recovers* may leave a user
 //!   slot to the next registrant, which clears it; one that dies while it spins stops others
 //!   spinning on that slot (they sleep at once: slower, still correct) until a sleeper's

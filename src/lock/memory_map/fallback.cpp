@@ -11,6 +11,7 @@
 #include "base/process.hpp"
 #include "impl.hpp"
 #include "keel/io/byte_lock.hpp"
+#include "keel/io/fs_info.hpp"
 #include "lock/detail/common.hpp"
 
 namespace keel::lock {
@@ -96,7 +97,7 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
   mm::slot_table their_table;
   io::file_handle probe_fd;
   std::string looked_at = map_path;
-  if (on == nullptr) {
+  if (on == nullptr && lock_view.size() != 0) {  // (unmapped on a network filesystem)
     auto state = mm::parse_lock_file(std::span(lock_view.data(), mm::lockfile_page));
     const bool visible = state && !state->blank && !state->map_path.empty() &&
                          state->boot_id == base::self().boot_id;
@@ -153,6 +154,10 @@ result<void> memory_map::impl::mark_degraded() noexcept {
   const std::uint64_t one = 1;
   if (auto w = marker.write_at(mm::lockfile_degraded_at, std::as_bytes(std::span(&one, 1))); !w) {
     return w;
+  }
+  // Other clients of a network filesystem read the flag from the server (see open).
+  if (auto fsi = io::stat_fs(marker); !fsi || !fsi->is_local) {
+    if (auto s = marker.sync_data(); !s) return s;
   }
   if (map.size() != 0) table.degraded_word().store(1);
   return {};

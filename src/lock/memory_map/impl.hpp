@@ -119,9 +119,9 @@ struct memory_map::impl {
 
   //! Whether the lock degraded (either flag set, or no map). On every lock: inline.
   [[nodiscard]] bool degraded() const noexcept {
+    if (map.size() == 0) return true;  // (and lock_view may be unmapped: network filesystem)
     auto* lv = reinterpret_cast<std::uint64_t*>(lock_view.data() + mm::lockfile_degraded_at);
     if (std::atomic_ref<std::uint64_t>(*lv).load() != 0) return true;
-    if (map.size() == 0) return true;
     return table.degraded_word().load() != 0;
   }
 

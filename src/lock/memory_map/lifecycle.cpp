@@ -131,6 +131,13 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
     auto init = io::lock_extent(marker, mm::init_byte, 1, io::lock_kind::exclusive, d);
     if (!init) return std::unexpected(init.error());
     remove_map_on_failure cleanup{*this, made_map};  // before the init lock is let go
+    auto fsi = io::stat_fs(marker);
+    const bool local = fsi && fsi->is_local;
+    if (!local) {
+      // What this client cached of the file may be older than what another client wrote
+      // (and synced) under the init lock: read what the server holds.
+      if (auto dc = marker.drop_cached(); !dc) return std::unexpected(dc.error());
+    }
     std::vector<std::byte> page(mm::lockfile_page + 1);
     auto got = marker.read_at(0, page);
     if (!got) return std::unexpected(got.error());
@@ -172,8 +179,6 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       mm::lockfile_header h{};
       h.head = mm::lockfile_format.header();
       std::memcpy(h.boot_id, base::self().boot_id.data(), sizeof h.boot_id);
-      auto fsi = io::stat_fs(marker);
-      const bool local = fsi && fsi->is_local;
       if (local && !opts.force_fallback) {
         // Maps left by users that died (of this lock or of any other, whose lock file may be
         // gone for good): 1.4 MB of memory each, kept until reboot otherwise.
@@ -194,11 +199,27 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       std::vector<std::byte> whole(mm::lockfile_page);
       std::memcpy(whole.data(), &h, sizeof h);
       if (auto w = marker.write_at(0, whole); !w) return std::unexpected(w.error());
+      // On a filesystem other machines may share, the client may hold the write back (in
+      // GlusterFS's write-behind, say) past the init lock: the next opener, on another client,
+      // would read a lock in use yet never set up. Sent to the server first.
+      if (!local) {
+        if (auto s = marker.sync_data(); !s) return std::unexpected(s.error());
+      }
       // Converting our exclusive marker to shared keeps it held throughout.
       auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
       first->release();  // converted: nothing of it left to unlock
+    } else if (!local) {
+      // Where other machines may share the file, what this client reads of it may be older
+      // than what another client wrote and synced under the init lock (GlusterFS serves a
+      // size and bytes up to a second old, whatever the locks and caches are told): a
+      // header that looks blank, or that names a map, is never believed. The lock degrades;
+      // what decides who holds what is then byte-range locks, which the server keeps.
+      auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      if (!shared) return std::unexpected(shared.error());
+      shared->release();
+      must_degrade = true;
     } else {
       if (old->blank) return corrupt_here(error(errc::corrupt));  // in use, yet never set up
       auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
@@ -227,15 +248,21 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       if (!miu) return std::unexpected(miu.error());
       miu->release();
     }
-    auto size = marker.size();
-    if (!size) return std::unexpected(size.error());
-    if (*size < static_cast<off_t>(mm::lockfile_page)) {
-      return corrupt_here(error(make_error_code(errc::corrupt), std::string_view{},
-                                static_cast<std::uint64_t>(*size)));
+    // The lock file's page, mapped to see the flag of a degrade on every lock call: only by
+    // users of a map (the others are degraded already), and only where the size this
+    // client sees is the file's (on a network filesystem it may lag: a page past it would
+    // raise SIGBUS).
+    if (local) {
+      auto size = marker.size();
+      if (!size) return std::unexpected(size.error());
+      if (*size < static_cast<off_t>(mm::lockfile_page)) {
+        return corrupt_here(error(make_error_code(errc::corrupt), std::string_view{},
+                                  static_cast<std::uint64_t>(*size)));
+      }
+      auto view = io::mapped_file::map(marker, io::map_access::read_only, mm::lockfile_page, 0);
+      if (!view) return std::unexpected(view.error());
+      lock_view = std::move(*view);
     }
-    auto view = io::mapped_file::map(marker, io::map_access::read_only, mm::lockfile_page, 0);
-    if (!view) return std::unexpected(view.error());
-    lock_view = std::move(*view);
     if (must_degrade) {
       if (auto md = mark_degraded(); !md) return std::unexpected(md.error());
     }
@@ -438,6 +465,10 @@ memory_map::~memory_map() {
     if (p.marker.write_at(common, std::span(zeros).subspan(common))) {
       (void)p.marker.write_at(0, std::span(zeros).first(common));
     }
+    // Where other clients read the file, the reset reaches the server before the init lock
+    // is let go (see open). A destructor cannot report a failure: the next first user then
+    // finds the header as it was, which it knows.
+    if (auto fsi = io::stat_fs(p.marker); !fsi || !fsi->is_local) (void)p.marker.sync_data();
   }
 }
 
