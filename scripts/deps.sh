@@ -25,6 +25,7 @@ packages=(
   clang-19                   # the thread-safety analysis check that runs as a test
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
   fio                             # the peer of keel aiobench's random reads
+  glusterfs-server glusterfs-client  # a real distributed filesystem for the netfs tests
   # keel kvbench's peers (benchmark-only, never the library's)
   liblmdb-dev libtkrzw-dev librocksdb-dev libleveldb-dev libsqlite3-dev libtdb-dev
 )

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A real distributed filesystem for the tests: one GlusterFS volume on this host, mounted twice
+# through FUSE, so that the two mounts are two clients with their own caches and the volume's
+# own lock server between them.
+#
+# Usage: scripts/glusterfs-fixture.sh up STATE_DIR     start glusterd if it is not running, make
+#                                                      and start a volume, mount it twice
+#        scripts/glusterfs-fixture.sh down STATE_DIR   unmount, delete the volume, stop the
+#                                                      glusterd this script started
+#
+# `up` always exits 0 once STATE_DIR is written: STATE_DIR/mounts then names the two mount
+# points (one per line), or STATE_DIR/skip says why there is no volume (not root, no FUSE, no
+# glusterd), and the tests skip with that reason. Each STATE_DIR has a volume of its own, so
+# two builds' test runs do not share one. `down` is safe to run twice, or after a failed `up`.
+set -uo pipefail
+
+cmd=${1:-}
+state=${2:-}
+if [ -z "$cmd" ] || [ -z "$state" ] || { [ "$cmd" != up ] && [ "$cmd" != down ]; }; then
+  echo "usage: $0 up|down STATE_DIR" >&2
+  exit 2
+fi
+mkdir -p "$state" || exit 1
+state=$(cd "$state" && pwd)
+# A volume name of its own per state directory (glusterd allows letters, digits, - and _).
+volume="keel-test-$(printf '%s' "$state" | cksum | cut -d' ' -f1)"
+host=$(hostname)
+gluster_cli() { timeout 60 gluster --mode=script "$@"; }
+
+skip() {
+  echo "$*" >"$state/skip"
+  echo "glusterfs-fixture: no volume: $*" >&2
+  exit 0
+}
+
+down() {
+  for m in "$state/client-a" "$state/client-b"; do
+    if mountpoint -q "$m" 2>/dev/null; then umount "$m" 2>/dev/null || umount -l "$m"; fi
+  done
+  if command -v gluster >/dev/null && gluster_cli volume info "$volume" >/dev/null 2>&1; then
+    gluster_cli volume stop "$volume" force >/dev/null 2>&1
+    gluster_cli volume delete "$volume" >/dev/null 2>&1
+  fi
+  if [ -f "$state/glusterd.pid" ]; then
+    # Stopped only if this script started it, and no other volume is left on it.
+    if [ -z "$(gluster_cli volume list 2>/dev/null | grep -v '^No volumes present')" ]; then
+      kill "$(cat "$state/glusterd.pid")" 2>/dev/null
+      pkill -f "glusterfsd.*--volfile-id ${volume}\." 2>/dev/null
+    fi
+    rm -f "$state/glusterd.pid"
+  fi
+  rm -rf "$state/brick" "$state/mounts" "$state/skip"
+}
+
+if [ "$cmd" = down ]; then
+  down
+  exit 0
+fi
+
+rm -f "$state/mounts" "$state/skip"
+[ "$(id -u)" -eq 0 ] || skip "mounting GlusterFS needs root"
+[ -c /dev/fuse ] || modprobe fuse 2>/dev/null
+[ -c /dev/fuse ] || skip "no /dev/fuse (FUSE is not available here)"
+command -v glusterd >/dev/null || skip "glusterd is not installed (scripts/deps.sh installs glusterfs-server)"
+command -v mount.glusterfs >/dev/null || skip "mount.glusterfs is not installed (glusterfs-client)"
+getent hosts "$host" >/dev/null || skip "this host's name ($host) does not resolve, and glusterd needs it"
+
+# A leftover of an earlier run with this state directory goes first.
+down
+
+if ! gluster_cli volume list >/dev/null 2>&1; then
+  glusterd -p "$state/glusterd.pid" --log-file="$state/glusterd.log" ||
+    skip "glusterd did not start (see $state/glusterd.log)"
+  for _ in $(seq 300); do
+    gluster_cli volume list >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  gluster_cli volume list >/dev/null 2>&1 || skip "glusterd did not answer within 30 s"
+fi
+
+mkdir -p "$state/brick" "$state/client-a" "$state/client-b"
+# `force`: the brick is a directory of the root filesystem, which gluster warns about.
+out=$(gluster_cli volume create "$volume" "$host:$state/brick" force 2>&1) ||
+  skip "gluster volume create failed: $out"
+out=$(gluster_cli volume start "$volume" 2>&1) || skip "gluster volume start failed: $out"
+for m in "$state/client-a" "$state/client-b"; do
+  out=$(mount -t glusterfs -o log-file="$state/$(basename "$m").log" "$host:/$volume" "$m" 2>&1) ||
+    skip "mounting $volume at $m failed: $out"
+  mountpoint -q "$m" || skip "$m is not a mount point after mount.glusterfs"
+done
+# Both clients see each other's files: the volume works.
+echo "$volume" >"$state/client-a/.keel-fixture"
+[ "$(cat "$state/client-b/.keel-fixture" 2>/dev/null)" = "$volume" ] ||
+  skip "a file written through one mount is not seen through the other"
+rm -f "$state/client-a/.keel-fixture"
+printf '%s\n%s\n' "$state/client-a" "$state/client-b" >"$state/mounts"
+echo "glusterfs-fixture: volume $volume mounted at $state/client-a and $state/client-b" >&2
+exit 0
