@@ -1136,6 +1136,25 @@ result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexc
 
 namespace {
 
+// errc::needs_local_filesystem about `path` where the store (or, before it exists, the
+// directory it would be made in) is on a filesystem other machines may share.
+result<void> refuse_unless_local(io::filesystem& fs, const std::string& path) noexcept {
+  auto where = fs.statfs(path.c_str());
+  if (!where && where.error() == std::errc::no_such_file_or_directory) {
+    const auto slash = path.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "."
+                               : slash == 0               ? "/"
+                                                          : path.substr(0, slash);
+    where = fs.statfs(parent.c_str());
+  }
+  if (!where) return std::unexpected(where.error().about(path));
+  if (where->is_local) return {};
+  return std::unexpected(error(make_error_code(errc::needs_local_filesystem),
+                               path + " (a store on " + std::string(where->type_name()) +
+                                   ": if every user is on this host, through this mount, say so: "
+                                   "every_user_on_this_host, keel kv --single-host)"));
+}
+
 bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noexcept {
   if (file_size < first_free_page * fmt::page_size) return false;
   const std::span<const std::byte> page(s.base(), fmt::page_size);
@@ -1365,6 +1384,11 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   };
   if (o.lock_timeout.count() < 0) return invalid();
   if (!(o.compact_dead_fraction >= 0 && o.compact_dead_fraction < 1)) return invalid();
+  if (!o.every_user_on_this_host) {
+    if (auto here = refuse_unless_local(o.fs != nullptr ? *o.fs : io::os(), path); !here) {
+      return std::unexpected(here.error());
+    }
+  }
   // Room for the index as made, a segment to write in, the deletes' room, the spare, and
   // the small files (budget_used).
   const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {

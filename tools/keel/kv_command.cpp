@@ -90,6 +90,10 @@ int run_kv_command(int argc, char** argv) {
   app.add_option("--max-bytes", max_bytes,
                  "put: fail (exit 6) rather than let the store's files grow past this many "
                  "bytes; at least three segments (64 MiB each by default) and the index");
+  bool single_host = false;
+  app.add_flag("--single-host", single_host,
+               "Every user of the store is on this host, through this mount: open it on a "
+               "network, cluster or FUSE filesystem (refused otherwise)");
   app.require_subcommand(1, 1);
   app.fallthrough();  // --hex and --sync after the subcommand too
 
@@ -150,6 +154,7 @@ int run_kv_command(int argc, char** argv) {
   if (*salvage) {
     kv::options made;
     made.durable = kv::durability::none;
+    made.every_user_on_this_host = single_host;
     auto r = kv::store::salvage(path, dest, made);
     if (!r) return fail("salvage", r.error());
     for (const kv::damage& d : r->unreadable) {
@@ -167,6 +172,7 @@ int run_kv_command(int argc, char** argv) {
   o.read_only = !(put->parsed() || del->parsed() || compact->parsed() || checkpoint->parsed());
   o.durable = sync ? kv::durability::sync : kv::durability::none;
   o.max_bytes = max_bytes;
+  o.every_user_on_this_host = single_host;
   auto s = kv::store::open(path, o);
   if (!s && max_bytes != 0 && s.error() == std::errc::invalid_argument) {
     fmt::print(stderr,

@@ -106,6 +106,13 @@ struct options {
   //! before it is visible). Each opener's own choice; off is for measuring what the ledger
   //! costs.
   bool ledger = true;
+  //! The caller states that every user of the store is on this machine and reaches it
+  //! through the same mount. Without it, a store on a filesystem other machines may share (a
+  //! network or cluster filesystem, FUSE, or one keel does not know: io::fs_info::is_local)
+  //! is refused with errc::needs_local_filesystem: its index is a shared map, which the
+  //! clients of a network filesystem do not share (each would read its own stale copy: a
+  //! second GlusterFS client read a value overwritten a moment before).
+  bool every_user_on_this_host = false;
   //! The filesystem the store's files are reached through (null: io::os()).
   io::filesystem* fs = nullptr;
 };
