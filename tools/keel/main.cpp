@@ -32,6 +32,20 @@ int run_fsinfo(const std::string& path) {
   fmt::print("total      {}\n", info->total_bytes);
   fmt::print("free       {}\n", info->free_bytes);
   fmt::print("available  {}\n", info->available_bytes);
+  // Which lock and store to use here (the headers of include/keel/lock say why).
+  if (info->is_local) {
+    fmt::print("locks      any algorithm; memory_map is the fastest\n");
+    fmt::print("store      keel kv works here\n");
+  } else {
+    fmt::print(
+        "locks      users may be on other machines: byte_ranges (or fcntl, flock) where\n"
+        "           their byte-range locks reach every client (NFSv4, GlusterFS), lock_files\n"
+        "           where only link(2) is atomic; memory_map degrades to byte_ranges;\n"
+        "           atomic_append and sysv refuse\n");
+    fmt::print(
+        "store      keel kv refuses, unless every user is on this host through this mount\n"
+        "           (--single-host, options::every_user_on_this_host)\n");
+  }
   return 0;
 }
 
