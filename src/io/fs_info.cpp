@@ -125,4 +125,17 @@ result<fs_info> stat_fs(const file_handle& file) noexcept {
   return file.fs().statfs(file);
 }
 
+result<fs_info> stat_fs_of_path_or_parent(filesystem& fs, const std::string& path) noexcept {
+  auto where = fs.statfs(path.c_str());
+  if (!where && where.error() == std::errc::no_such_file_or_directory) {
+    const auto slash = path.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "."
+                               : slash == 0               ? "/"
+                                                          : path.substr(0, slash);
+    where = fs.statfs(parent.c_str());
+  }
+  if (!where) return std::unexpected(where.error().about(path));
+  return where;
+}
+
 }  // namespace keel::io

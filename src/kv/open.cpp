@@ -1139,15 +1139,8 @@ namespace {
 // errc::needs_local_filesystem about `path` where the store (or, before it exists, the
 // directory it would be made in) is on a filesystem other machines may share.
 result<void> refuse_unless_local(io::filesystem& fs, const std::string& path) noexcept {
-  auto where = fs.statfs(path.c_str());
-  if (!where && where.error() == std::errc::no_such_file_or_directory) {
-    const auto slash = path.find_last_of('/');
-    const std::string parent = slash == std::string::npos ? "."
-                               : slash == 0               ? "/"
-                                                          : path.substr(0, slash);
-    where = fs.statfs(parent.c_str());
-  }
-  if (!where) return std::unexpected(where.error().about(path));
+  auto where = io::stat_fs_of_path_or_parent(fs, path);
+  if (!where) return std::unexpected(where.error());
   if (where->is_local) return {};
   return std::unexpected(error(make_error_code(errc::needs_local_filesystem),
                                path + " (a store on " + std::string(where->type_name()) +

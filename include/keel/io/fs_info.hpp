@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "keel/io/file_handle.hpp"
@@ -50,6 +51,10 @@ struct fs_info {
 [[nodiscard]] result<fs_info> stat_fs(const char* path) noexcept;
 [[nodiscard]] result<fs_info> stat_fs(filesystem& fs, const char* path) noexcept;
 [[nodiscard]] result<fs_info> stat_fs(const file_handle& file) noexcept;
+//! The filesystem `path` is on, or would be made on: statfs of the path, or of its directory
+//! when the path does not exist yet. Errors are statfs's, about `path`.
+[[nodiscard]] result<fs_info> stat_fs_of_path_or_parent(filesystem& fs,
+                                                        const std::string& path) noexcept;
 [[nodiscard]] std::string_view to_string(fs_type type) noexcept;
 
 }  // namespace keel::io

@@ -43,15 +43,8 @@ result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) 
 
 result<void> refuse_unless_local(io::filesystem& fs, const std::string& path,
                                  std::string_view algorithm) noexcept {
-  auto where = fs.statfs(path.c_str());
-  if (!where && where.error() == std::errc::no_such_file_or_directory) {
-    const auto slash = path.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "."
-                            : slash == 0               ? "/"
-                                                       : path.substr(0, slash);
-    where = fs.statfs(dir.c_str());
-  }
-  if (!where) return std::unexpected(where.error().about(path));
+  auto where = io::stat_fs_of_path_or_parent(fs, path);
+  if (!where) return std::unexpected(where.error());
   if (where->is_local) return {};
   return std::unexpected(
       error(make_error_code(errc::needs_local_filesystem),
