@@ -26,6 +26,12 @@ state=$(cd "$state" && pwd)
 volume="keel-test-$(printf '%s' "$state" | cksum | cut -d' ' -f1)"
 host=$(hostname)
 gluster_cli() { timeout 60 gluster --mode=script "$@"; }
+# One glusterd serves every state directory's volume. The fixture that finds none running
+# starts it and says so in $started (not in a state directory: another fixture may be the
+# last to go), and the last `down` (no volume left on it) stops it. `up` and `down` take
+# turns under $turns, so two runs never both start one, nor stop one the other still uses.
+started=/run/keel-glusterfs-fixture.glusterd.pid
+turns=/run/lock/keel-glusterfs-fixture.lock
 
 skip() {
   echo "$*" >"$state/skip"
@@ -41,16 +47,20 @@ down() {
     gluster_cli volume stop "$volume" force >/dev/null 2>&1
     gluster_cli volume delete "$volume" >/dev/null 2>&1
   fi
-  if [ -f "$state/glusterd.pid" ]; then
-    # Stopped only if this script started it, and no other volume is left on it.
-    if [ -z "$(gluster_cli volume list 2>/dev/null | grep -v '^No volumes present')" ]; then
-      kill "$(cat "$state/glusterd.pid")" 2>/dev/null
-      pkill -f "glusterfsd.*--volfile-id ${volume}\." 2>/dev/null
-    fi
-    rm -f "$state/glusterd.pid"
+  if [ -f "$started" ] &&
+    [ -z "$(gluster_cli volume list 2>/dev/null | grep -v '^No volumes present')" ]; then
+    # Only the glusterd a fixture started (the pid may have been reused since it died).
+    pid=$(cat "$started")
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = glusterd ]; then kill "$pid"; fi
+    rm -f "$started"
   fi
-  rm -rf "$state/brick" "$state/mounts" "$state/skip"
+  rm -rf "$state/brick" "$state/mounts" "$state/skip" "$state/client-a" "$state/client-b"
+  rm -f "$state"/client-*.log "$state/glusterd.log"
 }
+
+mkdir -p "$(dirname "$turns")" "$(dirname "$started")"
+exec 9>"$turns"
+flock 9
 
 if [ "$cmd" = down ]; then
   down
@@ -69,7 +79,7 @@ getent hosts "$host" >/dev/null || skip "this host's name ($host) does not resol
 down
 
 if ! gluster_cli volume list >/dev/null 2>&1; then
-  glusterd -p "$state/glusterd.pid" --log-file="$state/glusterd.log" ||
+  glusterd -p "$started" --log-file="$state/glusterd.log" 9>&- ||
     skip "glusterd did not start (see $state/glusterd.log)"
   for _ in $(seq 300); do
     gluster_cli volume list >/dev/null 2>&1 && break
@@ -84,7 +94,7 @@ out=$(gluster_cli volume create "$volume" "$host:$state/brick" force 2>&1) ||
   skip "gluster volume create failed: $out"
 out=$(gluster_cli volume start "$volume" 2>&1) || skip "gluster volume start failed: $out"
 for m in "$state/client-a" "$state/client-b"; do
-  out=$(mount -t glusterfs -o log-file="$state/$(basename "$m").log" "$host:/$volume" "$m" 2>&1) ||
+  out=$(mount -t glusterfs -o log-file="$state/$(basename "$m").log" "$host:/$volume" "$m" 2>&1 9>&-) ||
     skip "mounting $volume at $m failed: $out"
   mountpoint -q "$m" || skip "$m is not a mount point after mount.glusterfs"
 done
