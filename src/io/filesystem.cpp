@@ -102,7 +102,17 @@ class posix_filesystem final : public filesystem {
   result<file_handle> open(const file_handle* dir, const char* path, open_flags flags,
                            mode_t mode) noexcept override {
     if (path == nullptr || !valid_flags(flags)) return errc_error(std::errc::invalid_argument);
-    const int fd = ::openat(dir_fd(dir), path, to_posix_flags(flags), mode);
+    const int posix = to_posix_flags(flags);
+    int fd = -1;
+    for (int attempt = 0;; ++attempt) {
+      fd = ::openat(dir_fd(dir), path, posix, mode);
+      // O_CREAT without O_EXCL never fails with EEXIST in POSIX, but a network filesystem's
+      // client may (GlusterFS's, when another client made the file between its lookup and
+      // its create): the file exists now, so opening it again is what was asked for.
+      if (fd >= 0 || errno != EEXIST || (posix & (O_CREAT | O_EXCL)) != O_CREAT || attempt == 8) {
+        break;
+      }
+    }
     if (fd < 0) return last_errno_error();
     return adopt(fd, joined(dir, path));
   }

@@ -159,7 +159,11 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name,
       t.dir, name, io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) {
     if (gone(f.error())) return true;
-    if (f.error() == std::errc::too_many_symbolic_link_levels) return false;
+    // A symlink, or a socket (ENXIO): not a lock file, never judged.
+    if (f.error() == std::errc::too_many_symbolic_link_levels ||
+        f.error() == std::errc::no_such_device_or_address) {
+      return false;
+    }
     return std::unexpected(f.error());
   }
   if (auto st = f->status(); !st || !st->is_regular()) {

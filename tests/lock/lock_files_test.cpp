@@ -3,6 +3,8 @@
 #include "keel/lock/lock_files.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <array>
 #include <chrono>
@@ -90,6 +92,28 @@ TEST(LockFiles, AFifoAtAnEntitysNameNeverBlocksATry) {
   EXPECT_TRUE(back) << "the try blocked on the FIFO";
   EXPECT_EQ(wait_exit(child), back ? 0 : 128 + SIGKILL);
   EXPECT_TRUE(std::filesystem::is_fifo(fifo)) << "a foreign file removed";
+}
+
+// Review of issue 40: a socket bound at an entity's name made the breaker's open fail with
+// ENXIO, and the lock call failed with it (keel lock exited 71) instead of waiting.
+TEST(LockFiles, ASocketAtAnEntitysNameIsWaitedOnNotAnError) {
+  temp_dir dir;
+  const std::string path = dir.file("locks");
+  auto m = lock_files::open(path);
+  ASSERT_TRUE(m);
+  const std::string name = path + "/0000000000000005";
+  const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  ASSERT_LT(name.size(), sizeof a.sun_path);
+  std::memcpy(a.sun_path, name.c_str(), name.size() + 1);
+  ASSERT_EQ(::bind(s, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  auto g = (*m)->lock({entity(5)}, std::chrono::milliseconds(50));
+  ASSERT_FALSE(g);
+  EXPECT_EQ(g.error(), std::errc::timed_out) << g.error().message();
+  EXPECT_TRUE(std::filesystem::is_socket(name)) << "a foreign file removed";
+  ::close(s);
 }
 
 // Review finding (issue 15 #3): the breaker read the owner record, judged the owner dead,

@@ -65,13 +65,16 @@ result<io::file_handle> open_lock_directory(io::filesystem& fs, const std::strin
 }
 
 result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& dir) noexcept {
-  if (auto m = fs.make_directory(nullptr, dir.c_str(), 0755);
-      !m && m.error() != std::errc::file_exists) {
-    return std::unexpected(m.error().about(dir));
+  for (int attempt = 0;; ++attempt) {
+    auto m = fs.make_directory(nullptr, dir.c_str(), 0755);
+    if (!m && m.error() != std::errc::file_exists) return std::unexpected(m.error().about(dir));
+    auto d = open_lock_directory(fs, dir);
+    // mkdir found the directory and the open did not: a network filesystem's client that
+    // still remembers the name as absent (seen once on GlusterFS). Both again, a few times.
+    if (!d && !m && d.error() == std::errc::no_such_file_or_directory && attempt < 8) continue;
+    if (!d) return std::unexpected(d.error());
+    return identify(*d);
   }
-  auto d = open_lock_directory(fs, dir);
-  if (!d) return std::unexpected(d.error());
-  return identify(*d);
 }
 
 result<thread_file*> thread_file_of(base::per_thread_states& threads, io::filesystem& fs,
