@@ -41,7 +41,8 @@ skip() {
 
 down() {
   for m in "$state/client-a" "$state/client-b"; do
-    if mountpoint -q "$m" 2>/dev/null; then umount "$m" 2>/dev/null || umount -l "$m"; fi
+    # From the mount table: a client whose process died is no longer a mountpoint(1).
+    if grep -qs " $m fuse" /proc/mounts; then umount "$m" 2>/dev/null || umount -l "$m"; fi
   done
   if command -v gluster >/dev/null && gluster_cli volume info "$volume" >/dev/null 2>&1; then
     gluster_cli volume stop "$volume" force >/dev/null 2>&1
