@@ -11,7 +11,6 @@
 #include "base/process.hpp"
 #include "impl.hpp"
 #include "keel/io/byte_lock.hpp"
-#include "keel/io/fs_info.hpp"
 #include "lock/detail/common.hpp"
 
 namespace keel::lock {
@@ -156,7 +155,7 @@ result<void> memory_map::impl::mark_degraded() noexcept {
     return w;
   }
   // Other clients of a network filesystem read the flag from the server (see open).
-  if (auto fsi = io::stat_fs(marker); !fsi || !fsi->is_local) {
+  if (shared_filesystem.load()) {
     if (auto s = marker.sync_data(); !s) return s;
   }
   if (map.size() != 0) table.degraded_word().store(1);

@@ -93,6 +93,10 @@ struct memory_map::impl {
   //! Declared before `marker`, so that it is closed after it: the hold outlives *in use*.
   io::file_handle map_hold;
   io::file_handle marker;  // the markers only: nothing else ever unlocks through it
+  //! The lock file is on a filesystem other machines may share (io::fs_info::is_local false,
+  //! or statfs failed): its content is never believed, and what is written there is synced
+  //! before the init lock is let go. Set by join, under the init lock.
+  std::atomic<bool> shared_filesystem{false};
   io::mapped_file lock_view;
   io::mapped_file map;
   mm::slot_table table;

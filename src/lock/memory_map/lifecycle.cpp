@@ -133,6 +133,7 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
     remove_map_on_failure cleanup{*this, made_map};  // before the init lock is let go
     auto fsi = io::stat_fs(marker);
     const bool local = fsi && fsi->is_local;
+    shared_filesystem.store(!local);
     if (!local) {
       // What this client cached of the file may be older than what another client wrote
       // (and synced) under the init lock: read what the server holds.
@@ -468,7 +469,7 @@ memory_map::~memory_map() {
     // Where other clients read the file, the reset reaches the server before the init lock
     // is let go (see open). A destructor cannot report a failure: the next first user then
     // finds the header as it was, which it knows.
-    if (auto fsi = io::stat_fs(p.marker); !fsi || !fsi->is_local) (void)p.marker.sync_data();
+    if (p.shared_filesystem.load()) (void)p.marker.sync_data();
   }
 }
 
