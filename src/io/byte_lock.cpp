@@ -10,6 +10,8 @@
 #include <limits>
 #include <thread>
 
+#include "keel/io/fs_info.hpp"
+
 namespace keel::io {
 namespace {
 
@@ -55,6 +57,16 @@ result<void> poll_until(const file_handle& f, off_t offset, off_t length, lock_r
     auto g = try_once(f, offset, length, r);
     if (g || g.error() != std::errc::operation_would_block) return g;
   }
+}
+
+// Whether `file` is on a filesystem only this machine uses. Elsewhere a wait polls instead of
+// sleeping in F_OFD_SETLKW: on GlusterFS 10.3 (two clients, a few waiters) a waiter killed,
+// or woken by its deadline's signal, in that sleep left the brick unanswering, both clients
+// lost the volume and every waiter stayed in D state. Asked only when a lock must wait; a
+// statfs that fails counts as "not known local".
+bool known_local(const file_handle& f) noexcept {
+  auto where = stat_fs(f);
+  return where && where->is_local;
 }
 
 // Waits in F_OFD_SETLKW until the lock is granted or a per-thread timer signal, armed for the
@@ -158,7 +170,9 @@ result<extent_guard> lock_extent(const file_handle& file, off_t offset, off_t le
   if (cd.is_zero()) return errc_error(std::errc::operation_would_block);
 
   result<void> outcome;
-  if (cd.is_infinite()) {
+  if (!known_local(file)) {
+    outcome = poll_until(file, offset, length, r, cd);
+  } else if (cd.is_infinite()) {
     // A signal of the application's own interrupts the wait; the caller asked to wait forever.
     do {
       outcome = file.fs().lock(file, offset, length, r, true);

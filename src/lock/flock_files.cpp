@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "detail/common.hpp"
+#include "keel/io/fs_info.hpp"
 #include "keel/lock/baselines.hpp"
 
 namespace keel::lock {
@@ -23,6 +24,7 @@ struct flock_files::impl {
   std::string dir;
   detail::file_id dir_id;  // threads open `dir` by name: it must still be this directory
   io::filesystem* fs = &io::os();
+  bool local = true;  // else never sleep in flock(2): see io/byte_lock.hpp, network filesystems
   base::per_thread_states threads;
 
   result<thread_files*> mine() noexcept {
@@ -79,6 +81,8 @@ result<std::unique_ptr<flock_files>> flock_files::open(const std::string& dir,
   p->dir = dir;
   p->dir_id = *id;
   p->fs = &fs;
+  auto where = io::stat_fs(fs, dir.c_str());
+  p->local = where && where->is_local;
   return std::unique_ptr<flock_files>(new flock_files(id->dev, id->ino, std::move(p)));
 }
 
@@ -97,7 +101,7 @@ result<std::uint64_t> flock_files::do_lock(std::span<const entity> sorted, const
     auto fd = file_of(**state, e);
     if (!fd) return fail(std::unexpected(fd.error()));
     const int op = e.is_exclusive() ? LOCK_EX : LOCK_SH;
-    if (cd.is_infinite() && !spin) {
+    if (cd.is_infinite() && !spin && impl_->local) {
       while (bsd_lock(*fd, op) != 0) {
         if (errno != EINTR) return fail(last_errno_error());
       }

@@ -1,5 +1,7 @@
 #include "keel/io/byte_lock.hpp"
 
+#include "keel/io/fs_info.hpp"
+
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -334,6 +336,56 @@ TEST(ByteLock, ApplicationOwnedSignalFallsBackToPolling) {
   });
   EXPECT_EQ(wait_exit(child), 0);
   EXPECT_EQ(h.finish(), 0);
+}
+
+// A filesystem that says it is shared by other machines, and counts the lock requests that
+// would sleep in the kernel.
+struct shared_share final : filesystem_wrapper {
+  shared_share() noexcept : filesystem_wrapper(os()) {}
+  std::atomic<int> waits{0};
+  std::atomic<int> tries{0};
+  // The seam's own statfs, overridden: through the seam it wraps.
+  result<fs_info> statfs(const file_handle& file) noexcept override {
+    auto i = filesystem_wrapper::statfs(file);
+    if (i) {
+      i->type = fs_type::fuse;
+      i->is_local = false;
+    }
+    return i;
+  }
+  result<void> lock(const file_handle& file, off_t offset, off_t length, lock_request r,
+                    bool wait) noexcept override {
+    (wait ? waits : tries).fetch_add(1);
+    return filesystem_wrapper::lock(file, offset, length, r, wait);
+  }
+};
+
+// GlusterFS 10.3, two clients: with a few waiters asleep in F_OFD_SETLKW, a waiter killed (or
+// interrupted by its deadline's signal) left the brick unanswering; both clients dropped the
+// volume and every waiter stayed in D state. On a filesystem that is not local a wait is
+// therefore a poll, finite deadline or not.
+TEST(ByteLock, OnANetworkFilesystemAWaitNeverSleepsInTheKernel) {
+  temp_dir dir;
+  shared_share fs;
+  auto opened =
+      file_handle::open(fs, dir.file("lock").c_str(), open_flags::read_write | open_flags::create);
+  ASSERT_TRUE(opened);
+  holder h(dir.file("lock"), 0, 1, lock_kind::exclusive);
+  auto timed = lock_extent(*opened, 0, 1, lock_kind::exclusive, deadline(50ms));
+  ASSERT_FALSE(timed);
+  EXPECT_EQ(timed.error(), std::errc::timed_out);
+  EXPECT_GT(fs.tries.load(), 1) << "a timed wait must poll";
+  // For ever: released once the waiter is seen polling, then granted.
+  const int before = fs.tries.load();
+  std::thread waiter([&] {
+    auto g = lock_extent(*opened, 0, 1, lock_kind::exclusive, deadline::never());
+    EXPECT_TRUE(g) << (g ? "" : g.error().message());
+  });
+  while (fs.tries.load() < before + 3 && fs.waits.load() == 0)
+    std::this_thread::yield();
+  EXPECT_EQ(h.finish(), 0);
+  waiter.join();
+  EXPECT_EQ(fs.waits.load(), 0) << "slept in F_OFD_SETLKW on a network filesystem";
 }
 
 }  // namespace keel::io

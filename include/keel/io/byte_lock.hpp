@@ -34,6 +34,12 @@
 //! wait cannot make it sleep forever. Costs: nothing when the lock is free (one F_OFD_SETLK),
 //! three extra syscalls when it must wait; a timed-out wait returns within about a
 //! millisecond of the deadline.
+//!
+//! **Network filesystems**: on a filesystem that is not known local (fs_info::is_local), a
+//! wait never sleeps in the kernel: it asks again without waiting, backing off from 50 µs to
+//! 10 ms. With GlusterFS 10.3 a waiter killed or interrupted inside F_OFD_SETLKW left the
+//! volume's server unanswering and every client's waiters stuck; a poll leaves nothing there
+//! to interrupt. Costs: one statfs when a wait begins, and up to 10 ms after a release.
 namespace keel::io {
 
 enum class lock_kind : std::uint8_t { shared, exclusive };

@@ -12,7 +12,8 @@
 namespace keel::lock {
 
 //! One lock file, one OFD byte-range lock per entity, taken one after the other in value
-//! order, each waiting in the kernel (sorted order makes it deadlock-free).
+//! order, each waiting in the kernel (sorted order makes it deadlock-free), except on a
+//! filesystem that is not local, where waits poll (io/byte_lock.hpp says why).
 //! Cost: one fcntl per entity each way. Crash: released by the kernel. Fairness: the
 //! kernel's. Network filesystems: as byte_ranges.
 class fcntl_ofd final : public shared_fs_mutex {
@@ -33,9 +34,10 @@ class fcntl_ofd final : public shared_fs_mutex {
 
 //! A directory with one file per entity (16 hex digits), locked with flock(2) (LOCK_SH or
 //! LOCK_EX) in value order. flock has no timed wait: a finite deadline polls with LOCK_NB
-//! and backoff. Each thread keeps its own descriptors (flock locks belong to the open file
-//! description). Crash: released by the kernel. Network filesystems: NFS emulates flock with
-//! whole-file byte-range locks.
+//! and backoff, and so does every wait on a filesystem that is not local (a waiter
+//! interrupted in the kernel can wedge a GlusterFS volume: io/byte_lock.hpp). Each thread keeps its
+//! own descriptors (flock locks belong to the open file description). Crash: released by the
+//! kernel. Network filesystems: NFS emulates flock with whole-file byte-range locks.
 class flock_files final : public shared_fs_mutex {
  public:
   //! `dir` is created if missing.

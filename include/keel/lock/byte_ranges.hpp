@@ -18,6 +18,8 @@ namespace keel::lock {
 //!   thread sleeps until it is released or the deadline passes); the others are tried. On
 //!   contention everything taken is released, the contended entity moves to the front and
 //!   the rest are reshuffled, then it retries: deadlock-free in any order, all or nothing.
+//!   On a filesystem that is not local the first entity is polled for instead (the kernel's
+//!   wait can wedge a GlusterFS volume when a waiter is killed: io/byte_lock.hpp).
 //! - **Fairness**: whatever the kernel gives; a waiter on a popular set of many entities can
 //!   starve behind lockers of small subsets.
 //! - **Crash**: the kernel releases a dead process's locks at once (SIGKILL included).
