@@ -39,8 +39,25 @@ skip() {
   exit 0
 }
 
+# Cuts off a client that no longer answers (seen: its server wedged by a test that failed,
+# with processes stuck in D state in a lock request): aborting its FUSE connection fails
+# every request still waiting, so those processes exit and the unmount goes through.
+abort_if_unanswering() {
+  timeout 10 stat -f "$1" >/dev/null 2>&1 && return 0
+  dev=$(awk -v m="$1" '$5 == m { print $3; exit }' /proc/self/mountinfo)
+  [ -n "$dev" ] || return 0
+  conns=/sys/fs/fuse/connections
+  grep -qs " $conns fusectl" /proc/mounts || mount -t fusectl none "$conns" 2>/dev/null
+  conn="$conns/$(((${dev%%:*} << 20) | ${dev#*:}))"
+  if [ -w "$conn/abort" ]; then
+    echo "glusterfs-fixture: $1 does not answer: aborting its FUSE connection" >&2
+    echo 1 >"$conn/abort"
+  fi
+}
+
 down() {
   for m in "$state/client-a" "$state/client-b"; do
+    if grep -qs " $m fuse" /proc/mounts; then abort_if_unanswering "$m"; fi
     # From the mount table: a client whose process died is no longer a mountpoint(1).
     if grep -qs " $m fuse" /proc/mounts; then umount "$m" 2>/dev/null || umount -l "$m"; fi
   done
