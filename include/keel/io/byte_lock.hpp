@@ -38,8 +38,10 @@
 //! **Network filesystems**: on a filesystem that is not known local (fs_info::is_local), a
 //! wait never sleeps in the kernel: it asks again without waiting, backing off from 50 µs to
 //! 10 ms. With GlusterFS 10.3 a waiter killed or interrupted inside F_OFD_SETLKW left the
-//! volume's server unanswering and every client's waiters stuck; a poll leaves nothing there
-//! to interrupt. Costs: one statfs when a wait begins, and up to 10 ms after a release.
+//! volume unanswering and every client's waiters stuck in D state; a poll is inside the
+//! filesystem only for one request's round trip, not for the whole wait (a signal landing in
+//! that round trip can still do it: seen when six waiters were SIGKILLed at once, about one
+//! time in six). Costs: one statfs when a wait begins, and up to 10 ms after a release.
 namespace keel::io {
 
 enum class lock_kind : std::uint8_t { shared, exclusive };
