@@ -38,8 +38,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "keel/io/fs_info.hpp"
 #include "keel/lock/algorithms.hpp"
 
 namespace keel::tools {
@@ -127,9 +129,29 @@ extern "C" void on_alarm(int) {
 // deadline, so that a ring that came before flock(2) started waiting is followed by another.
 // SIGALRM is unblocked meanwhile, and nothing of it is left pending or changed for the
 // command. 0, or the errno (EWOULDBLOCK: held).
+// flock(2) with LOCK_NB, asked again with backoff (50 µs doubling to 10 ms) until `timeout`
+// (< 0: for ever): the wait on a filesystem that is not local, where a waiter interrupted in
+// the kernel can wedge the volume (GlusterFS 10.3; io/byte_lock.hpp). 0, or the errno.
+int flock_polling(int fd, int how, double timeout) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  auto pause = std::chrono::microseconds(50);
+  for (;;) {
+    if (::flock(fd, how | LOCK_NB) == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return errno;
+    if (timeout >= 0 && std::chrono::steady_clock::now() >= until) return EWOULDBLOCK;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(10'000));
+  }
+}
+
 int flock_within(int fd, bool shared, double timeout) {
   const int how = shared ? LOCK_SH : LOCK_EX;
   if (timeout == 0) return ::flock(fd, how | LOCK_NB) == 0 ? 0 : errno;
+  io::file_handle borrowed(fd);  // for the call: the descriptor stays the caller's
+  const auto where = io::stat_fs(borrowed);
+  (void)borrowed.release();
+  if (!where || !where->is_local) return flock_polling(fd, how, timeout);
   if (timeout < 0) {
     while (::flock(fd, how) != 0) {
       if (errno != EINTR) return errno;
@@ -199,7 +221,10 @@ int run_lock_command(int argc, char** argv) {
       "keel lock takes the lock, then becomes COMMAND (the same process): the lock is held\n"
       "exactly while COMMAND runs, and killing that process ends COMMAND and the lock together\n"
       "(flock(1) instead runs COMMAND as a child; -o/--close has no counterpart here).\n"
-      "COMMAND inherits the lock's descriptors, as with flock(1).\n"
+      "COMMAND inherits the lock's descriptors, as with flock(1). On a filesystem that is not\n"
+      "local (network, cluster, FUSE) a wait asks again and again instead of sleeping in the\n"
+      "kernel, whatever the algorithm (see the README: a waiter killed there can wedge "
+      "GlusterFS).\n"
       "Exit status: COMMAND's; 1 (or -E's code) if the lock is held (--nonblock) or the\n"
       "timeout passed; 2 for usage errors; 66 if LOCKPATH cannot be opened or the lock set up,\n"
       "73 if it cannot be made (read-only, full), 71 for other system errors; 126/127 if\n"
