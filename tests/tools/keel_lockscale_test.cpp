@@ -2,6 +2,8 @@
 // (which must be able to fail), and usage errors.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -82,6 +84,32 @@ TEST(KeelLockscaleChecks, UsageErrorsExitTwo) {
   const auto help = run_program(KEEL_BINARY, {"lockscale", "--help"}, d);
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("BUSY_US"), std::string::npos);
+}
+
+// --through: every second worker locks through another path of the directory (in the report,
+// the second client mount of a network filesystem; here a symlink to the same directory).
+TEST(KeelLockscaleChecks, ThroughAnotherPathOfTheDirectory) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string();
+  ASSERT_EQ(::mkdir((d + "/a").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink("a", (d + "/b").c_str()), 0);
+  const auto r = run_program(KEEL_BINARY,
+                             {"lockscale", "-t", "0.2", "-w", "2", "-b", "100", "--dir", d + "/a",
+                              "--through", d + "/b", "--json", "-", "byte_ranges"},
+                             d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(doc["two_mounts"].get<bool>());
+  EXPECT_TRUE(doc["exclusion_verified"].get<bool>());
+  EXPECT_GT(doc["rows"][0]["total"].get<long>(), 0);
+  // Without --dir there is nothing to see through it; a directory that is not another path
+  // of --dir is named.
+  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "--through", d + "/b", "fcntl"}, d).code, 2);
+  const auto elsewhere = run_program(
+      KEEL_BINARY,
+      {"lockscale", "-t", "0.2", "-w", "2", "--dir", d + "/a", "--through", d, "fcntl"}, d);
+  EXPECT_EQ(elsewhere.code, 1);
+  EXPECT_NE(elsewhere.err.find("--through"), std::string::npos) << elsewhere.err;
 }
 
 }  // namespace

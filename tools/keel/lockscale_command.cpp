@@ -96,6 +96,7 @@ int run_lockscale_command(int argc, char** argv) {
   std::string algo;
   std::string dir;
   std::string json_path;
+  std::string through;
   bool break_exclusion = false;
   app.add_option("-i", idle_us,
                  "Idle time after releasing, µs (nanosleep, called for 0 too, as lockscale does)")
@@ -111,6 +112,10 @@ int run_lockscale_command(int argc, char** argv) {
   app.add_option("-w", workers_list, "Colon-separated worker counts")->capture_default_str();
   app.add_option("--dir", dir,
                  "Directory to create the lock in (default: a fresh one on /dev/shm)");
+  app.add_option("--through", through,
+                 "Another mount of --dir's filesystem (a second client of a network "
+                 "filesystem): every second worker locks through it")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--json", json_path, "Also write the results as JSON to this file ('-': stdout)");
   app.add_flag("--break-exclusion", break_exclusion,
                "Skip the lock (tests that the exclusion check catches it)")
@@ -126,6 +131,10 @@ int run_lockscale_command(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  if (!through.empty() && dir.empty()) {
+    fmt::print(stderr, "keel lockscale: --through needs --dir (the other mount of it)\n");
+    return 2;
+  }
 
   auto scratch = scratch_dir::make(dir);
   if (!scratch) {
@@ -135,6 +144,18 @@ int run_lockscale_command(int argc, char** argv) {
   }
   const std::string lock_path = scratch->path + "/lock";
   auto fs = io::stat_fs(scratch->path.c_str());
+  // The same lock seen through the other mount: the scratch directory's name under it.
+  std::string other_path;
+  if (!through.empty()) {
+    const std::string name = std::filesystem::path(scratch->path).filename().string();
+    const std::string other_dir = through + "/" + name;
+    if (!std::filesystem::is_directory(other_dir)) {
+      fmt::print(stderr, "keel lockscale: --through {}: no {} there (not a mount of {}?)\n",
+                 through, name, dir);
+      return 1;
+    }
+    other_path = other_dir + "/lock";
+  }
 
   nlohmann::json out;
   out["algorithm"] = algo;
@@ -142,6 +163,7 @@ int run_lockscale_command(int argc, char** argv) {
   out["idle_us"] = idle_us;
   out["seconds"] = seconds;
   out["filesystem"] = fs ? std::string(fs->type_name()) : "unknown";
+  out["two_mounts"] = !through.empty();
   out["rows"] = nlohmann::json::array();
   const bool json_to_stdout = json_path == "-";
   if (!json_to_stdout) fmt::print("# {} {} {} {}\n", algo, busy_us, idle_us, seconds);
@@ -159,7 +181,8 @@ int run_lockscale_command(int argc, char** argv) {
     run_result r;
     try {
       r = run_workers(opts, [&](worker_context& ctx) {
-        auto m = lock::open_mutex(algo, lock_path);
+        const bool other = !other_path.empty() && ctx.index() % 2 == 1;
+        auto m = lock::open_mutex(algo, other ? other_path : lock_path);
         if (!m) {
           ctx.fail("open: " + m.error().message());
           return;
