@@ -6,7 +6,8 @@
 #   QUICK=1        smoke run (under 3 minutes)
 #   FULL=1         the lock benchmarks at the seed's full sizes (takes long)
 #   BENCH_DIR=DIR  run the benchmarks in DIR instead (to measure another filesystem)
-#   NO_FS=1        skip the lock rows on ext4, xfs and btrfs loop devices (they need root)
+#   NO_FS=1        skip the lock rows on ext4, xfs and btrfs loop devices and on GlusterFS
+#                  (they need root)
 #   AIO_DIR=DIR    where keel aiobench puts its files (default build/aiobench: a real disk,
 #                  for O_DIRECT; the randread file is kept there for the next run)
 #   KV_SYNC_DIR=DIR  where keel kvbench's durable rows put their stores (default
@@ -37,6 +38,7 @@ cleanup() {
     [ -e "$img" ] || continue
     { losetup -j "$img" 2>/dev/null | cut -d: -f1 | while read -r dev; do losetup -d "$dev"; done; } || true
   done
+  if [ -d "$fs_root/glusterfs" ]; then scripts/glusterfs-fixture.sh down "$fs_root/glusterfs"; fi
   rm -rf "$dir" "$fs_root"
 }
 trap cleanup EXIT
@@ -47,31 +49,31 @@ echo "bench: running in $dir ($(stat -f -c %T "$dir"))" >&2
 if [ "${QUICK:-}" = "1" ]; then
   reps=5 min_time=0.05
   scale_t=0.5 scale_w=10:100 matrix_s=0.1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10
-  fs_w=10
+  fs_w=10 gluster_w=2:10
   aio_args=(--size 64 --seconds 0.5 --items 150)
 elif [ "${FULL:-}" = "1" ]; then
   reps=20 min_time=0.2
   scale_t=10 scale_w=10:20:50:100:200:500:1000 matrix_s=1 matrix_w=1:2:3:4:5:6:7:8 short_w=2:5:10:20:50:100
-  fs_w=10:100:1000
+  fs_w=10:100:1000 gluster_w=2:10:100
   matrix_e=1:2:3:4:5:6:7:8
 else
   reps=20 min_time=0.2
   scale_t=2 scale_w=10:100:1000 matrix_s=1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10:100
-  fs_w=10:100
+  fs_w=10:100 gluster_w=2:10
   aio_args=(--size 1024 --seconds 3 --items 5000)
 fi
 keel=build/release/bin/keel
 
 step() { echo "bench: [$1] $2" >&2; }
 
-step 1/9 "io micro-benchmarks ($reps repetitions, interleaved)"
+step 1/10 "io micro-benchmarks ($reps repetitions, interleaved)"
 "$bin/keel_bench_io" --dir="$dir" \
   --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=false \
   --benchmark_out="$out/raw/io.json" --benchmark_out_format=json \
   --benchmark_format=console --benchmark_display_aggregates_only=true >&2
 
-step 2/9 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
+step 2/10 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
 scale_files=()
 for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   "$keel" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
@@ -79,14 +81,14 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   scale_files+=(--lockscale "$out/raw/lockscale-$algo.json")
 done
 
-step 3/9 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
+step 3/10 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
 for algo in flock fcntl sysv atomic_append memory_map; do
   "$keel" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
-step 4/9 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
+step 4/10 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
 "$keel" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 
@@ -99,7 +101,7 @@ if [ "${NO_FS:-}" = "1" ]; then
 elif [ "$(id -u)" -ne 0 ]; then
   fs_skip="mounting loop devices needs root"
 fi
-step 5/9 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
+step 5/10 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
 if [ -z "$fs_skip" ]; then
   mkdir -p "$fs_root/mnt"
   for fs in ext4 xfs btrfs; do
@@ -131,8 +133,33 @@ else
   fs_args+=(--fs-skipped "all: $fs_skip")
 fi
 
+# Across machines: one GlusterFS volume mounted twice on this host is two clients of a real
+# distributed filesystem (scripts/glusterfs-fixture.sh); every second worker locks through
+# the other mount. atomic_append and sysv refuse a filesystem other machines may share.
+step 6/10 "lockscale across two GlusterFS client mounts, workers $gluster_w"
+if [ -z "$fs_skip" ]; then
+  gfs="$fs_root/glusterfs"
+  mkdir -p "$gfs"
+  scripts/glusterfs-fixture.sh up "$gfs" >&2
+  if [ -f "$gfs/mounts" ]; then
+    { read -r client_a; read -r client_b; } <"$gfs/mounts"
+    for algo in flock fcntl lock_files byte_ranges memory_map; do
+      "$keel" lockscale -t "$scale_t" -w "$gluster_w" --dir "$client_a" --through "$client_b" \
+        --json "$out/raw/lockscale-glusterfs-$algo.json" "$algo" >&2
+      fs_args+=(--lockscale-fs "$out/raw/lockscale-glusterfs-$algo.json")
+    done
+  else
+    fs_args+=(--fs-skipped "glusterfs: $(cat "$gfs/skip" 2>/dev/null || echo "the fixture failed")")
+  fi
+  scripts/glusterfs-fixture.sh down "$gfs" >&2
+  rm -rf "$gfs"
+else
+  echo "bench: skipped: $fs_skip" >&2
+  fs_args+=(--fs-skipped "glusterfs: $fs_skip")
+fi
+
 aio_dir=${AIO_DIR:-build/aiobench}
-step 6/9 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
+step 7/10 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
 "$keel" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
 
 # The issue's 1 M records; an engine too slow to put them all within kv_fill seconds goes on
@@ -143,7 +170,7 @@ kv_fill=60
 [ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5 && kv_fill=10
 kv_sync_dir=${KV_SYNC_DIR:-build/kvbench}
 mkdir -p "$kv_sync_dir"
-step 7/9 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
+step 8/10 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
 "$keel" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
   --dir "$dir" --sync-dir "$kv_sync_dir" --json "$out/raw/kvbench.json" >&2
 
@@ -164,14 +191,14 @@ for fs in "${space_fs[@]}"; do
   xfs) size=320 stream=320 ;;
   btrfs) size=320 stream=128 ;;
   esac
-  step 8/9 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
+  step 9/10 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
   "$keel" spacebench --fs "$fs" --size-mib "$size" --stream-mib "$stream" \
     --segment-mib 1 "${blurt[@]}" --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
     tee "$out/spacebench-$fs.txt" >&2
   space_files+=(--spacebench "$out/raw/spacebench-$fs.json")
 done
 
-step 9/9 "report"
+step 10/10 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
   "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" \
   --aiobench "$out/raw/aiobench.json" --kvbench "$out/raw/kvbench.json" "${space_files[@]}" \

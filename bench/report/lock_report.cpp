@@ -197,7 +197,8 @@ scale_rows load_scale(const std::vector<std::string>& files, json& params) {
     params = {{"busy_us", doc["busy_us"]},
               {"idle_us", doc["idle_us"]},
               {"seconds", doc["seconds"]},
-              {"filesystem", doc.value("filesystem", "")}};
+              {"filesystem", doc.value("filesystem", "")},
+              {"two_mounts", doc.value("two_mounts", false)}};
     for (const auto& r : doc["rows"])
       rows[doc["algorithm"]][r["workers"].get<std::size_t>()] = r;
   }
@@ -219,7 +220,9 @@ std::string render_fs(const std::string& out, const lock_inputs& in, const scale
   for (const auto& file : in.lockscale_fs) {
     json params;
     const scale_rows rows = load_scale({file}, params);
-    const std::string fs = params["filesystem"].get<std::string>();
+    std::string fs = params["filesystem"].get<std::string>();
+    // lockscale --through: half the workers locked through a second client mount.
+    if (params.value("two_mounts", false)) fs += ", 2 client mounts";
     for (const auto& [algo, by_n] : rows) {
       by_fs[fs][algo].insert(by_n.begin(), by_n.end());
       fs_algos.insert(algo);
@@ -250,8 +253,10 @@ std::string render_fs(const std::string& out, const lock_inputs& in, const scale
       }
     }
     html +=
-        "<h3>lockscale on other filesystems (loop devices; total acquisitions, and the "
-        "ratio to the best of flock and fcntl on the same filesystem)</h3>\n<table><tr>"
+        "<h3>lockscale on other filesystems (ext4, xfs and btrfs on loop devices; fuse: a "
+        "GlusterFS volume mounted twice, every second worker locking through the other mount, "
+        "as two machines would; total acquisitions, and the ratio to the best of flock and "
+        "fcntl on the same filesystem)</h3>\n<table><tr>"
         "<th>filesystem</th><th>algorithm</th>";
     for (const std::size_t n : counts)
       html += fmt::format("<th>{} workers</th>", n);
