@@ -55,6 +55,9 @@ class keel_category final : public std::error_category {
       case errc::needs_local_filesystem:
         return "works only with every user on this machine, and this filesystem may be shared "
                "by others (network, cluster, FUSE or unknown)";
+      case errc::used_by_another_algorithm:
+        return "open with another keel lock algorithm, which would not exclude this one: use "
+               "the same algorithm everywhere";
       case errc::inherited_across_fork:
         return "the aio controller was inherited across fork(): only the parent may use it; "
                "start a controller in the child";
@@ -89,6 +92,8 @@ class keel_category final : public std::error_category {
         return std::errc::read_only_file_system;
       case errc::sync_failed:
         return std::errc::io_error;
+      case errc::used_by_another_algorithm:
+        return std::errc::device_or_resource_busy;
       case errc::not_found:
       case errc::conflict:
       case errc::budget_reached:

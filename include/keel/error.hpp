@@ -85,6 +85,11 @@ enum class errc : int {
   //! cluster filesystem, FUSE, or one keel does not know. Use byte_ranges or lock_files
   //! there; a store opens once its caller states that every user is on this host.
   needs_local_filesystem,  // ≈ operation_not_supported
+
+  // ---- lock, one path used two ways ----
+  //! The lock file or directory (named by the error, with both algorithms) is open with
+  //! another keel algorithm, which would not exclude this one: open it with that algorithm.
+  used_by_another_algorithm,  // ≈ device_or_resource_busy
 };
 
 //! The category of keel::errc ("keel").

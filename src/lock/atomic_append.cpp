@@ -246,7 +246,7 @@ result<std::unique_ptr<atomic_append>> atomic_append::open(const std::string& pa
   if (auto here = detail::refuse_unless_local(fs, path, "atomic_append"); !here) {
     return std::unexpected(here.error());
   }
-  auto f = io::file_handle::open(fs, path.c_str(), detail::lock_file_flags);
+  auto f = detail::open_claimed(fs, path, "atomic_append");
   if (!f) return std::unexpected(f.error());
   auto id = detail::identify(*f);
   if (!id) return std::unexpected(id.error());

@@ -13,9 +13,12 @@ fcntl_ofd::~fcntl_ofd() = default;
 
 result<std::unique_ptr<fcntl_ofd>> fcntl_ofd::open(const std::string& path,
                                                    io::filesystem& fs) noexcept {
-  auto id = detail::identify_lock_file(fs, path);
+  auto claimed = detail::open_claimed(fs, path, "fcntl");
+  if (!claimed) return std::unexpected(claimed.error());
+  auto id = detail::identify(*claimed);
   if (!id) return std::unexpected(id.error());
   auto p = std::make_unique<impl>();
+  p->claimed = std::move(*claimed);
   p->path = path;
   p->id = *id;
   p->fs = &fs;

@@ -24,6 +24,7 @@ struct flock_files::impl {
   std::string dir;
   detail::file_id dir_id;  // threads open `dir` by name: it must still be this directory
   io::filesystem* fs = &io::os();
+  io::file_handle claimed;  // the directory's claim file, marked as flock's while open
   bool local = true;  // else never sleep in flock(2): see io/byte_lock.hpp, network filesystems
   base::per_thread_states threads;
 
@@ -77,7 +78,15 @@ result<std::unique_ptr<flock_files>> flock_files::open(const std::string& dir,
                                                        io::filesystem& fs) noexcept {
   auto id = detail::identify_lock_directory(fs, dir);
   if (!id) return std::unexpected(id.error());
+  auto d = detail::open_lock_directory(fs, dir);
+  if (!d) return std::unexpected(d.error());
+  if (auto same = detail::check_same_file(*d, *id, dir); !same) {
+    return std::unexpected(same.error());
+  }
+  auto claimed = detail::claim_directory(*d, dir, "flock");
+  if (!claimed) return std::unexpected(claimed.error());
   auto p = std::make_unique<impl>();
+  p->claimed = std::move(*claimed);
   p->dir = dir;
   p->dir_id = *id;
   p->fs = &fs;

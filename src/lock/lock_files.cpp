@@ -67,6 +67,7 @@ struct lock_files::impl {
   detail::file_id dir_id;
   detail::file_id breaker_id;
   io::filesystem* fs = &io::os();
+  io::file_handle claimed;  // the directory's claim file, marked as lock_files' while open
   //! Where owner records are: only on a local filesystem is another boot of this machine id
   //! this machine's (unknown counts as shared).
   base::recorded_on records = base::recorded_on::shared_filesystem;
@@ -109,6 +110,9 @@ result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
   if (!d) return std::unexpected(d.error());
   if (auto same = detail::check_same_file(*d, *id, dir); !same)
     return std::unexpected(same.error());
+  auto claimed = detail::claim_directory(*d, dir, "lock_files");
+  if (!claimed) return std::unexpected(claimed.error());
+  p->claimed = std::move(*claimed);
   auto b = io::file_handle::open_at(*d, breaker_name, detail::lock_file_flags);
   if (!b) return std::unexpected(b.error());
   auto bid = detail::identify(*b);

@@ -44,8 +44,9 @@ std::vector<slot_op> slots_of(std::span<const entity> sorted, int slots) {
 
 }  // namespace
 
-sysv::sysv(std::uint64_t dev, std::uint64_t ino, int semid, int slots) noexcept
-    : shared_fs_mutex(dev, ino), semid_(semid), slots_(slots) {}
+sysv::sysv(std::uint64_t dev, std::uint64_t ino, int semid, int slots,
+           io::file_handle claimed) noexcept
+    : shared_fs_mutex(dev, ino), semid_(semid), slots_(slots), claimed_(std::move(claimed)) {}
 
 sysv::~sysv() = default;
 
@@ -57,12 +58,14 @@ result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots,
   if (auto here = detail::refuse_unless_local(fs, path, "sysv"); !here) {
     return std::unexpected(here.error());
   }
-  auto id = detail::identify_lock_file(fs, path);
+  auto claimed = detail::open_claimed(fs, path, "sysv");
+  if (!claimed) return std::unexpected(claimed.error());
+  auto id = detail::identify(*claimed);
   if (!id) return std::unexpected(id.error());
   // Linux creates the semaphores zeroed, which is "free" here.
   const int semid = ::semget(key_of(*id), 2 * slots, IPC_CREAT | 0600);
   if (semid < 0) return last_errno_error();
-  return std::unique_ptr<sysv>(new sysv(id->dev, id->ino, semid, slots));
+  return std::unique_ptr<sysv>(new sysv(id->dev, id->ino, semid, slots, std::move(*claimed)));
 }
 
 result<void> sysv::remove(const std::string& path) noexcept {

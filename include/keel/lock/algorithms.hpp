@@ -20,8 +20,10 @@ namespace keel::lock {
 [[nodiscard]] bool uses_directory(std::string_view algorithm) noexcept;
 
 //! Opens the mutex `algorithm` on `path` (a lock file, or a directory for lock_files and
-//! flock; created if missing). Errors: invalid_argument for an unknown name, else the
-//! algorithm's own.
+//! flock; created if missing). Errors: invalid_argument for an unknown name;
+//! errc::used_by_another_algorithm (every algorithm's open) where a user of another
+//! algorithm has the path open (they would not exclude each other; byte_ranges and fcntl
+//! are one family); else the algorithm's own.
 [[nodiscard]] result<std::unique_ptr<shared_fs_mutex>> open_mutex(
     std::string_view algorithm, const std::string& path, io::filesystem& fs = io::os()) noexcept;
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/io/file_handle.hpp"
 #include "keel/io/filesystem.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
@@ -76,12 +77,14 @@ class sysv final : public shared_fs_mutex {
   [[nodiscard]] std::string_view algorithm() const noexcept override { return "sysv"; }
 
  private:
-  sysv(std::uint64_t dev, std::uint64_t ino, int semid, int slots) noexcept;
+  sysv(std::uint64_t dev, std::uint64_t ino, int semid, int slots,
+       io::file_handle claimed) noexcept;
   result<std::uint64_t> do_lock(std::span<const entity> sorted, const io::countdown& cd,
                                 bool spin_not_sleep) noexcept override;
   result<void> do_unlock(std::span<const entity> sorted, std::uint64_t token) noexcept override;
   int semid_;
   int slots_;
+  io::file_handle claimed_;  // the lock file, marked as sysv's while open
 };
 
 }  // namespace keel::lock

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <numeric>
 #include <thread>
@@ -32,6 +34,63 @@ result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::
     return std::unexpected(f.error());
   }
   if (auto same = check_same_file(*f, id, path); !same) return std::unexpected(same.error());
+  return f;
+}
+
+namespace {
+
+struct family {
+  std::string_view algorithm;
+  off_t byte;
+  std::string_view named;  // as the error names it
+};
+constexpr std::array<family, 7> families = {{
+    {"lock_files", algorithm_bytes + 0, "lock_files"},
+    {"byte_ranges", algorithm_bytes + 1, "byte_ranges or fcntl"},
+    {"fcntl", algorithm_bytes + 1, "byte_ranges or fcntl"},
+    {"atomic_append", algorithm_bytes + 2, "atomic_append"},
+    {"memory_map", algorithm_bytes + 3, "memory_map"},
+    {"flock", algorithm_bytes + 4, "flock"},
+    {"sysv", algorithm_bytes + 5, "sysv"},
+}};
+
+}  // namespace
+
+result<void> claim(const io::file_handle& f, std::string_view algorithm,
+                   const std::string& path) noexcept {
+  const auto mine = std::ranges::find(families, algorithm, &family::algorithm);
+  if (mine == families.end()) return errc_error(std::errc::invalid_argument);
+  // Ours first, then the others looked at: of two openers of different families at once,
+  // the second to look sees the first (the kernel orders lock requests on one file).
+  auto held = io::try_lock_extent(f, mine->byte, 1, io::lock_kind::shared);
+  if (!held) return std::unexpected(held.error().about(path));
+  held->release();  // held while `f` stays open
+  for (const family& other : families) {
+    if (other.byte == mine->byte) continue;
+    auto free = io::extent_is_free(f, other.byte, 1, io::lock_kind::exclusive);
+    if (free && *free) continue;
+    (void)io::unlock_extent(f, mine->byte, 1);
+    if (!free) return std::unexpected(free.error().about(path));
+    return std::unexpected(error(make_error_code(errc::used_by_another_algorithm),
+                                 path + " (" + std::string(algorithm) + " asked; " +
+                                     std::string(other.named) + " has it open)"));
+  }
+  return {};
+}
+
+result<io::file_handle> open_claimed(io::filesystem& fs, const std::string& path,
+                                     std::string_view algorithm) noexcept {
+  auto f = io::file_handle::open(fs, path.c_str(), lock_file_flags);
+  if (!f) return std::unexpected(f.error());
+  if (auto c = claim(*f, algorithm, path); !c) return std::unexpected(c.error());
+  return f;
+}
+
+result<io::file_handle> claim_directory(const io::file_handle& d, const std::string& dir,
+                                        std::string_view algorithm) noexcept {
+  auto f = io::file_handle::open_at(d, ".keel-algorithm", lock_file_flags);
+  if (!f) return std::unexpected(f.error());
+  if (auto c = claim(*f, algorithm, dir); !c) return std::unexpected(c.error());
   return f;
 }
 

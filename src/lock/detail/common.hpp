@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,9 +51,15 @@ inline void contended_first(std::span<std::uint32_t> order, std::size_t contende
   if (order.size() > 2) std::shuffle(order.begin() + 1, order.end(), base::thread_rng());
 }
 
-//! The byte offset an entity is locked at (the largest value would overflow by one byte).
+//! The first of the bytes that say which algorithm has a lock file open (claim): past every
+//! entity's byte. One byte per family of algorithms that exclude each other.
+constexpr off_t algorithm_bytes = std::numeric_limits<off_t>::max() - 16;
+
+//! The byte offset an entity is locked at: its value, the top 17 values sharing the last
+//! byte below algorithm_bytes (they then exclude each other: more exclusion, never less).
 inline off_t entity_offset(entity e) noexcept {
-  return static_cast<off_t>(std::min<std::uint64_t>(e.value, entity::max_value - 1));
+  return static_cast<off_t>(
+      std::min<std::uint64_t>(e.value, static_cast<std::uint64_t>(algorithm_bytes) - 1));
 }
 
 struct file_id {
@@ -83,6 +90,20 @@ result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::
 
 //! The identity of the lock file at `path`, created (mode 0644) if missing.
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept;
+//! Marks the open file description of `f` (a lock file, or a lock directory's claim file)
+//! as used by `algorithm` for as long as it stays open, holding its family's byte shared;
+//! refuses with errc::used_by_another_algorithm (naming `path` and both algorithms) where a
+//! user of another family has it open: two algorithms on one path do not exclude each other.
+//! byte_ranges and fcntl are one family (they lock the same bytes).
+result<void> claim(const io::file_handle& f, std::string_view algorithm,
+                   const std::string& path) noexcept;
+//! The lock file at `path`, made (mode 0644) if missing, opened and claimed for `algorithm`.
+result<io::file_handle> open_claimed(io::filesystem& fs, const std::string& path,
+                                     std::string_view algorithm) noexcept;
+//! The claim file (`.keel-algorithm`) of the lock directory `dir`, opened through `d`, made
+//! if missing, and claimed for `algorithm`.
+result<io::file_handle> claim_directory(const io::file_handle& d, const std::string& dir,
+                                        std::string_view algorithm) noexcept;
 //! For algorithms that work only with every user on this machine (atomic_append, sysv):
 //! errc::needs_local_filesystem about `path` where the file (or, before it exists, its
 //! directory) is on a filesystem other machines may share (io::fs_info::is_local).
@@ -108,6 +129,7 @@ result<thread_file*> thread_file_of(base::per_thread_states& threads, io::filesy
 struct lock_file_per_thread {
   std::string path;
   file_id id;
+  io::file_handle claimed;  // holds the family's byte (claim) while the instance lives
   io::filesystem* fs = &io::os();
   base::per_thread_states threads;
   result<thread_file*> mine() noexcept { return thread_file_of(threads, *fs, path, id); }

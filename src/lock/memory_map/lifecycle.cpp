@@ -415,7 +415,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
   auto fb = detail::identify_lock_file(fs, p->fallback_path);
   if (!fb) return std::unexpected(fb.error());
   p->fallback_id = *fb;
-  auto mk = io::file_handle::open(fs, path.c_str(), detail::lock_file_flags);
+  auto mk = detail::open_claimed(fs, path, "memory_map");
   if (!mk) return std::unexpected(mk.error());
   p->marker = std::move(*mk);
   auto id = detail::identify(p->marker);
