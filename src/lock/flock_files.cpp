@@ -25,7 +25,7 @@ struct flock_files::impl {
   detail::file_id dir_id;  // threads open `dir` by name: it must still be this directory
   io::filesystem* fs = &io::os();
   io::file_handle claimed;  // the directory's claim file, marked as flock's while open
-  bool local = true;  // else never sleep in flock(2): see io/byte_lock.hpp, network filesystems
+  bool local = true;        // else never sleep in the kernel for a lock (io/byte_lock.hpp says why)
   base::per_thread_states threads;
 
   result<thread_files*> mine() noexcept {
