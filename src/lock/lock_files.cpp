@@ -12,23 +12,14 @@
 #include "detail/common.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/fs_info.hpp"
+#include "lock_files_format.hpp"
 
 namespace keel::lock {
 namespace {
 
-// The owner record every lock file holds (doc/lock-formats.md).
-struct owner_record {
-  char magic[8];  // "KEELLF02"
-  std::uint32_t pid;
-  std::uint32_t pid_ns;
-  std::uint64_t start_time;
-  std::uint8_t boot_id[16];
-  std::uint8_t machine_id[16];
-  char host[48];  // for people reading the file: never used to judge
-};
-static_assert(sizeof(owner_record) == 104);
-constexpr char record_magic[8] = {'K', 'E', 'E', 'L', 'L', 'F', '0', '2'};
-constexpr const char* breaker_name = ".keel-break";
+using lf::breaker_name;
+using lf::owner_record;
+using lf::record_magic;
 
 owner_record my_record() noexcept {
   owner_record r{};

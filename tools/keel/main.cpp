@@ -13,6 +13,7 @@
 #include "kvbench_command.hpp"
 #include "lock_command.hpp"
 #include "lockmatrix_command.hpp"
+#include "locks_command.hpp"
 #include "lockscale_command.hpp"
 #include "spacebench_command.hpp"
 #include "torture_command.hpp"
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "lock") {
     return keel::tools::run_lock_command(argc - 1, argv + 1);
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "locks") {
+    return keel::tools::run_locks_command(argc - 1, argv + 1);
+  }
   if (argc >= 2 && std::string_view(argv[1]) == "lockscale") {
     return keel::tools::run_lockscale_command(argc - 1, argv + 1);
   }
@@ -83,6 +87,7 @@ int main(int argc, char** argv) {
 
   // Listed for --help; argv is handed to run_lock_command before parsing reaches it.
   app.add_subcommand("lock", keel::tools::lock_command_summary)->allow_extras();
+  app.add_subcommand("locks", keel::tools::locks_command_summary)->allow_extras();
   app.add_subcommand("lockscale", keel::tools::lockscale_command_summary)->allow_extras();
   app.add_subcommand("lockmatrix", keel::tools::lockmatrix_command_summary)->allow_extras();
   app.add_subcommand("aiobench", keel::tools::aiobench_command_summary)->allow_extras();

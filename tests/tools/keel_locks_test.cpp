@@ -1,0 +1,205 @@
+// keel locks, run as a user would: holders and waiters of a keel lock for each kind of
+// algorithm, lock_files' dead owners as stale, what cannot be shown, and usage errors.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/lock/algorithms.hpp"
+#include "support/process.hpp"
+#include "support/run_program.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using keel::test::run_program;
+using nlohmann::json;
+
+json locks_of(const std::string& path, const std::string& cwd,
+              const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args = {"locks", path, "--json"};
+  args.insert(args.end(), more.begin(), more.end());
+  const auto r = run_program(KEEL_BINARY, args, cwd);
+  EXPECT_EQ(r.code, 0) << r.err;
+  return r.code == 0 ? json::parse(r.out) : json::object();
+}
+
+// `keel locks` until `seen` holds of it, within a bound (a waiter is asleep in the kernel
+// only some time after it starts: polled, not assumed).
+json locks_until(const std::string& path, const std::string& cwd,
+                 const std::function<bool(const json&)>& seen,
+                 const std::vector<std::string>& more = {}) {
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  std::vector<std::string> args = {"locks", path, "--json"};
+  args.insert(args.end(), more.begin(), more.end());
+  json doc = {{"holders", json::array()}};
+  do {
+    // The file may not be made yet (66): asked again.
+    const auto r = run_program(KEEL_BINARY, args, cwd);
+    if (r.code == 0) doc = json::parse(r.out);
+    if (r.code == 0 && seen(doc)) return doc;
+    std::this_thread::sleep_for(10ms);  // polling a state, bounded
+  } while (std::chrono::steady_clock::now() < until);
+  return doc;
+}
+
+std::vector<json> with_state(const json& doc, const std::string& state) {
+  std::vector<json> out;
+  for (const auto& h : doc["holders"])
+    if (h["state"] == state) out.push_back(h);
+  return out;
+}
+
+// A process that opens `algo` on `path`, locks `name` (waiting for it as long as it takes)
+// and holds it until killed.
+pid_t holder(const std::string& algo, const std::string& path, const std::string& name,
+             keel::test::signal_pipe& holding) {
+  return keel::test::fork_child([&] {
+    auto m = keel::lock::open_mutex(algo, path);
+    if (!m) return 1;
+    auto g = (*m)->lock({keel::lock::entity::from_string(name)});
+    if (!g) return 2;
+    holding.notify('h');
+    for (;;)
+      ::pause();
+  });
+}
+
+void kill_and_reap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  (void)keel::test::wait_exit(pid);
+}
+
+TEST(KeelLocks, ByteRangesHolderAndWaiterByName) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string(), path = dir.file("lock");
+  keel::test::signal_pipe held, never;
+  const pid_t a = holder("byte_ranges", path, "job", held);
+  keel::test::killed_on_failure ga{a};
+  ASSERT_EQ(held.wait(), 'h');
+  const pid_t b = holder("fcntl", path, "job", never);
+  keel::test::killed_on_failure gb{b};
+  const json doc = locks_until(
+      path, d, [](const json& j) { return !with_state(j, "waits").empty(); }, {"-N", "job"});
+  EXPECT_EQ(doc["open_with"], json::array({"byte_ranges or fcntl"}));
+  const auto holds = with_state(doc, "holds");
+  ASSERT_EQ(holds.size(), 1u) << doc.dump();
+  EXPECT_EQ(holds[0]["pid"], a);
+  EXPECT_EQ(holds[0]["name"], "job");
+  EXPECT_TRUE(holds[0]["exclusive"].get<bool>());
+  EXPECT_GT(holds[0]["process_started"].get<std::uint64_t>(), 0u);
+  const auto waits = with_state(doc, "waits");
+  ASSERT_EQ(waits.size(), 1u) << doc.dump();
+  EXPECT_EQ(waits[0]["pid"], b);
+  EXPECT_EQ(waits[0]["name"], "job");
+  const auto users = doc["users"].get<std::vector<int>>();
+  EXPECT_NE(std::find(users.begin(), users.end(), a), users.end());
+  EXPECT_NE(std::find(users.begin(), users.end(), b), users.end());
+  kill_and_reap(b);
+  gb.pid = 0;
+  kill_and_reap(a);
+  ga.pid = 0;
+  const json after = locks_of(path, d);
+  EXPECT_TRUE(after["holders"].empty()) << after.dump();
+  EXPECT_TRUE(after["open_with"].empty()) << after.dump();
+}
+
+TEST(KeelLocks, LockFilesShowsALiveHolderAndADeadOneAsStale) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string(), path = dir.file("locks");
+  keel::test::signal_pipe held1, held2;
+  const pid_t live = holder("lock_files", path, "alive", held1);
+  keel::test::killed_on_failure gl{live};
+  ASSERT_EQ(held1.wait(), 'h');
+  const pid_t dead = holder("lock_files", path, "dead", held2);
+  ASSERT_EQ(held2.wait(), 'h');
+  kill_and_reap(dead);
+  const json doc = locks_of(path, d, {"-N", "alive", "-N", "dead"});
+  EXPECT_TRUE(doc["directory"].get<bool>());
+  const auto holds = with_state(doc, "holds");
+  ASSERT_EQ(holds.size(), 1u) << doc.dump();
+  EXPECT_EQ(holds[0]["pid"], live);
+  EXPECT_EQ(holds[0]["name"], "alive");
+  EXPECT_EQ(holds[0]["algorithm"], "lock_files");
+  EXPECT_FALSE(holds[0]["host"].get<std::string>().empty());
+  const auto stale = with_state(doc, "stale");
+  ASSERT_EQ(stale.size(), 1u) << doc.dump();
+  EXPECT_EQ(stale[0]["pid"], dead);
+  EXPECT_EQ(stale[0]["name"], "dead");
+  kill_and_reap(live);
+  gl.pid = 0;
+}
+
+TEST(KeelLocks, FlockDirectoryAndTheWholeFileForm) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string();
+  keel::test::signal_pipe held;
+  const pid_t a = holder("flock", dir.file("flockdir"), "x", held);
+  keel::test::killed_on_failure ga{a};
+  ASSERT_EQ(held.wait(), 'h');
+  const json doc = locks_of(dir.file("flockdir"), d, {"-N", "x"});
+  const auto holds = with_state(doc, "holds");
+  ASSERT_EQ(holds.size(), 1u) << doc.dump();
+  EXPECT_EQ(holds[0]["algorithm"], "flock");
+  EXPECT_EQ(holds[0]["name"], "x");
+  EXPECT_EQ(holds[0]["pid"], a);
+  kill_and_reap(a);
+  ga.pid = 0;
+  // `keel lock FILE -- cmd`: flock(1) on the file; the command (the same process) holds it.
+  const std::string file = dir.file("whole");
+  const pid_t cmd = keel::test::start_program(KEEL_BINARY, {"lock", file, "--", "sleep", "60"},
+                                              dir.file("out"), dir.file("err"));
+  keel::test::killed_on_failure gc{cmd};
+  const json whole =
+      locks_until(file, d, [](const json& j) { return !with_state(j, "holds").empty(); });
+  const auto wh = with_state(whole, "holds");
+  ASSERT_EQ(wh.size(), 1u) << whole.dump();
+  EXPECT_TRUE(wh[0]["whole_file"].get<bool>());
+  EXPECT_EQ(wh[0]["pid"], cmd);
+  kill_and_reap(cmd);
+  gc.pid = 0;
+}
+
+TEST(KeelLocks, MemoryMapShowsItsUsersAndSaysWhatItCannotShow) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string(), path = dir.file("mm");
+  keel::test::signal_pipe held;
+  const pid_t a = holder("memory_map", path, "m", held);
+  keel::test::killed_on_failure ga{a};
+  ASSERT_EQ(held.wait(), 'h');
+  const json doc = locks_of(path, d);
+  EXPECT_EQ(doc["open_with"], json::array({"memory_map"}));
+  const auto users = doc["users"].get<std::vector<int>>();
+  EXPECT_NE(std::find(users.begin(), users.end(), a), users.end());
+  bool said = false;
+  for (const auto& n : doc["not_shown"])
+    said = said || n.get<std::string>().find("memory_map") != std::string::npos;
+  EXPECT_TRUE(said) << doc.dump();
+  kill_and_reap(a);
+  ga.pid = 0;
+  (void)keel::lock::remove_mutex_resources("memory_map", path);
+}
+
+TEST(KeelLocks, UsageAndMissingPaths) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string();
+  EXPECT_EQ(run_program(KEEL_BINARY, {"locks"}, d).code, 2);
+  const auto missing = run_program(KEEL_BINARY, {"locks", dir.file("nope")}, d);
+  EXPECT_EQ(missing.code, 66);
+  EXPECT_NE(missing.err.find("keel locks:"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("nope"), std::string::npos) << missing.err;
+  const auto table = run_program(KEEL_BINARY, {"locks", d}, d);
+  EXPECT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("no holders"), std::string::npos) << table.out;
+  const auto help = run_program(KEEL_BINARY, {"locks", "--help"}, d);
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--json"), std::string::npos);
+}
+
+}  // namespace

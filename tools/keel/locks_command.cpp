@@ -1,0 +1,129 @@
+// keel locks: the holders and waiters of a keel lock (lslocks shows the kernel's locks only).
+
+#include "locks_command.hpp"
+
+#include <fmt/format.h>
+#include <time.h>
+
+#include <CLI/CLI.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "keel/lock/inspect.hpp"
+#include "keel/lock/shared_fs_mutex.hpp"
+
+namespace keel::tools {
+namespace {
+
+std::string role_name(lock::lock_holder::role r) {
+  switch (r) {
+    case lock::lock_holder::role::holds:
+      return "holds";
+    case lock::lock_holder::role::waits:
+      return "waits";
+    case lock::lock_holder::role::stale:
+      return "stale";
+  }
+  return "?";
+}
+
+std::string local_time(std::uint64_t unix_s) {
+  if (unix_s == 0) return "?";
+  const auto t = static_cast<time_t>(unix_s);
+  tm parts{};
+  ::localtime_r(&t, &parts);
+  char out[32];
+  std::strftime(out, sizeof out, "%Y-%m-%d %H:%M:%S", &parts);
+  return out;
+}
+
+}  // namespace
+
+int run_locks_command(int argc, char** argv) {
+  CLI::App app{
+      "keel locks PATH [--json] [--name NAME...]\n"
+      "The holders and waiters of the keel lock at PATH (a lock file, or a directory for\n"
+      "lock_files and flock), for every algorithm: pid, host, when the process started (the\n"
+      "kernel does not record when a lock was taken), the entity (its 63-bit value; --name\n"
+      "shows the names you give), shared or exclusive, and lock_files' holders that are\n"
+      "proven dead as stale. Kernel locks are those of processes on this machine (as root,\n"
+      "every user's); waiters are those asleep in the kernel (a waiter that polls, as on a\n"
+      "network filesystem, is not seen). What cannot be shown is said.",
+      "keel locks"};
+  std::string path;
+  bool json = false;
+  std::vector<std::string> names;
+  app.add_option("PATH", path, "The lock file or directory")->required();
+  app.add_flag("--json", json, "Print JSON instead of a table");
+  app.add_option("-N,--name", names, "An entity name to show by name (repeatable)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  auto st = lock::inspect(path);
+  if (!st) {
+    fmt::print(stderr, "keel locks: {}\n", st.error().message());
+    return 66;
+  }
+  // Entity values by the names given (both shared and exclusive hash alike).
+  std::map<std::uint64_t, std::string> named;
+  for (const auto& n : names)
+    named[lock::entity::from_string(n).value] = n;
+  const auto entity_text = [&](const lock::lock_holder& h) -> std::string {
+    if (h.whole_file) return "(whole file)";
+    if (!h.entity_known) return "?";
+    const auto it = named.find(h.entity);
+    if (it != named.end()) return it->second;
+    return fmt::format("{:016x}", h.entity);
+  };
+  if (json) {
+    nlohmann::json doc;
+    doc["path"] = path;
+    doc["directory"] = st->directory;
+    doc["open_with"] = st->open_with;
+    doc["users"] = st->users;
+    doc["holders"] = nlohmann::json::array();
+    for (const auto& h : st->holders) {
+      nlohmann::json j = {{"state", role_name(h.what)},
+                          {"algorithm", h.algorithm},
+                          {"pid", h.pid},
+                          {"host", h.host},
+                          {"process_started", h.process_started},
+                          {"whole_file", h.whole_file},
+                          {"exclusive", h.exclusive}};
+      if (!h.whole_file && h.entity_known) {
+        j["entity"] = fmt::format("{:016x}", h.entity);
+        if (named.contains(h.entity)) j["name"] = named[h.entity];
+      }
+      doc["holders"].push_back(std::move(j));
+    }
+    doc["not_shown"] = st->not_shown;
+    fmt::print("{}\n", doc.dump(2));
+    return 0;
+  }
+  fmt::print(
+      "{}: {}{}\n", path,
+      st->open_with.empty() ? std::string("not open with a keel algorithm")
+                            : "open with " + fmt::format("{}", fmt::join(st->open_with, ", ")),
+      st->users.empty() ? std::string() : fmt::format(" by pid {}", fmt::join(st->users, ", ")));
+  if (st->holders.empty()) {
+    fmt::print("no holders and no waiters seen\n");
+  } else {
+    fmt::print("{:<6} {:>8} {:<16} {:<19} {:<9} {:<18} {}\n", "STATE", "PID", "HOST",
+               "PROCESS STARTED", "MODE", "ENTITY", "ALGORITHM");
+    for (const auto& h : st->holders) {
+      fmt::print("{:<6} {:>8} {:<16} {:<19} {:<9} {:<18} {}\n", role_name(h.what), h.pid,
+                 h.host.empty() ? "?" : h.host, local_time(h.process_started),
+                 h.exclusive ? "exclusive" : "shared", entity_text(h), h.algorithm);
+    }
+  }
+  for (const auto& n : st->not_shown)
+    fmt::print("not shown: {}\n", n);
+  return 0;
+}
+
+}  // namespace keel::tools
