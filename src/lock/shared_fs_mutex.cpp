@@ -66,7 +66,8 @@ void forget(std::uint64_t dev, std::uint64_t ino, std::span<const entity> set) n
 }  // namespace
 
 entity entity::from_bytes(std::span<const std::byte> bytes, bool exclusive) noexcept {
-  return entity(XXH3_64bits(bytes.data(), bytes.size()) & max_value, exclusive);
+  const std::uint64_t h = XXH3_64bits(bytes.data(), bytes.size()) & max_value;
+  return entity(h > max_lockable ? h - (max_lockable + 1) : h, exclusive);
 }
 
 entity entity::from_string(std::string_view name, bool exclusive) noexcept {
@@ -146,6 +147,10 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
                                              bool spin_not_sleep) noexcept {
   entities_guard g;
   if (set.empty()) return g;
+  // Above max_lockable are the lock files' own bytes: no value is folded onto another's.
+  if (std::ranges::any_of(set, [](entity e) { return e.value > entity::max_lockable; })) {
+    return errc_error(std::errc::invalid_argument);
+  }
   if (set.size() == 1) {
     g.size_ = 1;
     g.inline_data()[0] = set[0];

@@ -25,8 +25,12 @@ struct entity {
       : value(v & max_value), exclusive(excl ? 1 : 0) {}
 
   static constexpr std::uint64_t max_value = (std::uint64_t{1} << 63) - 1;
+  //! The largest value a lock takes: the 17 above it are the lock files' own bytes (which
+  //! algorithm has a path open: doc/lock-formats.md), so `lock` refuses them
+  //! (invalid_argument) rather than fold two values onto one byte.
+  static constexpr std::uint64_t max_lockable = max_value - 17;
 
-  //! The 64-bit XXH3 hash of `bytes`, folded to 63 bits.
+  //! The 64-bit XXH3 hash of `bytes`, folded to 63 bits, then into [0, max_lockable].
   [[nodiscard]] static entity from_bytes(std::span<const std::byte> bytes,
                                          bool exclusive = true) noexcept;
   [[nodiscard]] static entity from_string(std::string_view name, bool exclusive = true) noexcept;
@@ -113,7 +117,8 @@ class shared_fs_mutex {
   //! succeeds at once with an empty guard. `spin_not_sleep` makes waits spin (yielding the
   //! CPU) instead of sleeping: lower latency at the price of a busy core.
   //! Errors: timed_out (finite deadline passed), operation_would_block (zero deadline and
-  //! something is held), resource_deadlock_would_occur (this thread already holds one of
+  //! something is held), invalid_argument (a value above entity::max_lockable: nothing is
+  //! locked), resource_deadlock_would_occur (this thread already holds one of
   //! them through this lock path), ESTALE (a thread of this instance found the lock path
   //! removed or replaced since the instance opened it: it never locks another file), and
   //! the I/O error that stopped it (never reported as contention).

@@ -88,7 +88,11 @@ result<io::file_handle> open_claimed(io::filesystem& fs, const std::string& path
 
 result<io::file_handle> claim_directory(const io::file_handle& d, const std::string& dir,
                                         std::string_view algorithm) noexcept {
-  auto f = io::file_handle::open_at(d, ".keel-algorithm", lock_file_flags);
+  // Read-only: a shared lock and a look need no more, and users other than the one who made
+  // the file (mode 0644) must be able to open it.
+  auto f = io::file_handle::open_at(d, ".keel-algorithm",
+                                    io::open_flags::read | io::open_flags::create |
+                                        io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) return std::unexpected(f.error());
   if (auto c = claim(*f, algorithm, dir); !c) return std::unexpected(c.error());
   return f;

@@ -55,11 +55,12 @@ inline void contended_first(std::span<std::uint32_t> order, std::size_t contende
 //! entity's byte. One byte per family of algorithms that exclude each other.
 constexpr off_t algorithm_bytes = std::numeric_limits<off_t>::max() - 16;
 
-//! The byte offset an entity is locked at: its value, the top 17 values sharing the last
-//! byte below algorithm_bytes (they then exclude each other: more exclusion, never less).
+static_assert(entity::max_lockable == static_cast<std::uint64_t>(algorithm_bytes) - 1);
+
+//! The byte offset an entity is locked at: its value (lock refuses values above
+//! entity::max_lockable, so no two entities share a byte).
 inline off_t entity_offset(entity e) noexcept {
-  return static_cast<off_t>(
-      std::min<std::uint64_t>(e.value, static_cast<std::uint64_t>(algorithm_bytes) - 1));
+  return static_cast<off_t>(e.value);
 }
 
 struct file_id {

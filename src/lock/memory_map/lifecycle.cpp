@@ -283,6 +283,9 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
   // Removed and made again since the parent opened it: another lock now (ESTALE).
   auto d = detail::reopen(*fs, path, io::open_flags::read_write, {dev, ino});
   if (!d) return std::unexpected(d.error());
+  // Ours claims the path for memory_map too, before the parent's (which did) is closed: else
+  // once the parent closed, another algorithm could open the path this child locks.
+  if (auto c = detail::claim(*d, "memory_map", path); !c) return std::unexpected(c.error());
   // The parent's descriptor is closed only after ours holds the markers: until then it keeps
   // the parent's holds (if the parent is gone, this child's copy is their last reference).
   io::file_handle parents = std::move(marker);
