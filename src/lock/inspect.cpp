@@ -93,7 +93,8 @@ struct kernel_lock {
   std::string_view type;  // OFDLCK, POSIX, FLOCK
   bool exclusive = false;
   std::uint64_t start = 0;
-  bool to_eof = false;
+  bool one_byte = false;  // [start, start]: how keel locks an entity
+  std::string_view file;  // "MAJ:MIN:INO" as the kernel names the file (btrfs: not st_dev)
 };
 
 std::optional<kernel_lock> parse_lock_line(std::string_view line) noexcept {
@@ -107,7 +108,8 @@ std::optional<kernel_lock> parse_lock_line(std::string_view line) noexcept {
   const auto start = number<std::uint64_t>(w[6]);
   if (!start) return std::nullopt;
   k.start = *start;
-  k.to_eof = w[7] == "EOF";
+  k.one_byte = w[7] == w[6];
+  k.file = w[5];
   return k;
 }
 
@@ -143,9 +145,12 @@ struct scan {
   std::vector<bool> family_open = std::vector<bool>(family_names.size(), false);
   std::uint64_t booted = 0;
   std::string host;
-  // Entity bytes waited for, from /proc/locks ("->" lines) on the lock file.
-  std::vector<kernel_lock> blocked;
-  std::uint64_t lock_dev = 0, lock_ino = 0;
+  // The lock file and its fallback as the kernel names them in lock lines ("MAJ:MIN:INO";
+  // on btrfs not st_dev's numbers), learnt from the lines of descriptors open on them.
+  std::map<std::string, role_of_file::kind> kernel_names;
+  // Waiters in F_OFD_SETLKW, their entity told later from /proc/locks' blocked lines.
+  std::vector<std::pair<lock_holder, role_of_file::kind>> byte_waiters;
+  bool foreign_locks = false;  // locks keel does not take (POSIX, ranges, whole file)
 
   void add_user(std::uint32_t pid) {
     if (std::find(out.users.begin(), out.users.end(), pid) == out.users.end()) {
@@ -153,11 +158,19 @@ struct scan {
     }
   }
 
-  void holder(lock_holder h) { out.holders.push_back(std::move(h)); }
+  // One row per process and lock: descriptors duplicated within a process show it again.
+  void holder(lock_holder h) {
+    const bool seen = std::ranges::any_of(out.holders, [&](const lock_holder& o) {
+      return o.what == h.what && o.pid == h.pid && o.algorithm == h.algorithm &&
+             o.whole_file == h.whole_file && o.entity_known == h.entity_known &&
+             o.entity == h.entity && o.exclusive == h.exclusive;
+    });
+    if (!seen) out.holders.push_back(std::move(h));
+  }
 
   void look_at_descriptor(std::uint32_t pid, const std::string& fd, const role_of_file& r,
                           std::uint64_t started) {
-    add_user(pid);
+    if (r.what != role_of_file::kind::fallback) add_user(pid);
     const std::string info = read_proc(fs, "/proc/" + std::to_string(pid) + "/fdinfo/" + fd);
     std::size_t at = 0;
     while (at < info.size()) {
@@ -165,10 +178,16 @@ struct scan {
       const auto k = parse_lock_line(std::string_view(info).substr(at, end - at));
       at = end + 1;
       if (!k) continue;
+      if (r.what == role_of_file::kind::lock_file || r.what == role_of_file::kind::fallback) {
+        kernel_names.emplace(std::string(k->file), r.what);
+      }
       const auto start = static_cast<off_t>(k->start);
-      if (start >= detail::algorithm_bytes &&
+      const bool keel_byte = k->type == "OFDLCK" && k->one_byte;
+      if (keel_byte && start >= detail::algorithm_bytes &&
           start < detail::algorithm_bytes + static_cast<off_t>(family_names.size())) {
-        family_open[static_cast<std::size_t>(start - detail::algorithm_bytes)] = true;
+        if (r.what != role_of_file::kind::fallback) {
+          family_open[static_cast<std::size_t>(start - detail::algorithm_bytes)] = true;
+        }
         continue;
       }
       lock_holder h;
@@ -186,20 +205,25 @@ struct scan {
         } else {
           continue;
         }
+      } else if (!keel_byte) {
+        foreign_locks = true;  // a POSIX lock, or a range: not an entity of keel's
+        continue;
       } else if (r.what == role_of_file::kind::lock_file) {
         h.algorithm = "byte_ranges or fcntl";
         h.entity = k->start;
       } else if (r.what == role_of_file::kind::fallback) {
         h.algorithm = "memory_map (degraded)";
         h.entity = k->start;
-      } else if (r.what == role_of_file::kind::breaker && !k->exclusive) {
-        continue;  // lock_files' holders: from their records, below
       } else {
-        continue;
+        continue;  // lock_files' .keel-break bytes: its holders are its records, below
       }
       holder(std::move(h));
     }
   }
+
+  static constexpr long lock_nb_bit = 4;
+  static constexpr long lock_ex_bit = 2;
+  static constexpr long f_ofd_setlkw = 38;
 
   // A thread asleep in fcntl(fd, F_OFD_SETLKW) or a blocking flock(fd) on a file of the lock.
   void look_for_waiters(std::uint32_t pid, const std::map<int, role_of_file>& fds,
@@ -220,35 +244,33 @@ struct scan {
       h.pid = pid;
       h.host = host;
       h.process_started = started;
-      if (*nr == SYS_flock && (*arg & LOCK_NB_BIT) == 0) {
-        h.exclusive = (*arg & 2) != 0;  // LOCK_EX
+      if (*nr == SYS_flock && (*arg & lock_nb_bit) == 0) {
+        h.exclusive = (*arg & lock_ex_bit) != 0;
         if (it->second.what == role_of_file::kind::entity_file) {
           h.algorithm = "flock";
           h.entity = it->second.entity;
-        } else {
+        } else if (it->second.what == role_of_file::kind::lock_file) {
           h.algorithm = "flock on the whole file";
           h.whole_file = true;
+        } else {
+          continue;
         }
         holder(std::move(h));
-      } else if (*nr == SYS_fcntl && *arg == F_OFD_SETLKW_CMD) {
+      } else if (*nr == SYS_fcntl && *arg == f_ofd_setlkw &&
+                 (it->second.what == role_of_file::kind::lock_file ||
+                  it->second.what == role_of_file::kind::fallback)) {
         h.algorithm = it->second.what == role_of_file::kind::fallback ? "memory_map (degraded)"
                                                                       : "byte_ranges or fcntl";
-        // Which byte: told by /proc/locks when one byte of this file is waited for.
-        if (blocked.size() == 1) {
-          h.entity = blocked[0].start;
-          h.exclusive = blocked[0].exclusive;
-        } else {
-          h.entity_known = false;
-        }
-        holder(std::move(h));
+        byte_waiters.emplace_back(std::move(h), it->second.what);
       }
     }
   }
 
-  static constexpr long LOCK_NB_BIT = 4;
-  static constexpr long F_OFD_SETLKW_CMD = 38;
-
-  void read_blocked() {
+  // The entity a waiter in F_OFD_SETLKW waits for is told only by /proc/locks' blocked lines,
+  // which name no process: known where one byte of its file is waited for, and its mode where
+  // every blocked request on that byte asks the same.
+  void tell_waiters() {
+    std::map<role_of_file::kind, std::vector<std::pair<std::uint64_t, bool>>> blocked;
     const std::string locks = read_proc(fs, "/proc/locks");
     std::size_t at = 0;
     while (at < locks.size()) {
@@ -257,22 +279,24 @@ struct scan {
       at = end + 1;
       // "2: -> OFDLCK ADVISORY WRITE -1 fe:00:123 5 5"
       if (w.size() < 9 || w[1] != "->" || w[2] != "OFDLCK") continue;
-      const auto dev_ino = w[6];
-      const auto c1 = dev_ino.find(':'), c2 = dev_ino.rfind(':');
-      if (c1 == std::string_view::npos || c1 == c2) continue;
-      const auto maj = number<unsigned>(dev_ino.substr(0, c1), 16);
-      const auto min = number<unsigned>(dev_ino.substr(c1 + 1, c2 - c1 - 1), 16);
-      const auto ino = number<std::uint64_t>(dev_ino.substr(c2 + 1));
+      const auto known = kernel_names.find(std::string(w[6]));
+      if (known == kernel_names.end()) continue;
       const auto start = number<std::uint64_t>(w[7]);
-      if (!maj || !min || !ino || !start) continue;
-      if (::makedev(*maj, *min) != lock_dev || *ino != lock_ino) continue;
-      kernel_lock k;
-      k.exclusive = w[4] == "WRITE";
-      k.start = *start;
-      if (std::none_of(blocked.begin(), blocked.end(),
-                       [&](const kernel_lock& b) { return b.start == k.start; })) {
-        blocked.push_back(k);
-      }
+      if (!start) continue;
+      blocked[known->second].emplace_back(*start, w[4] == "WRITE");
+    }
+    for (auto& [h, kind] : byte_waiters) {
+      const auto& lines = blocked[kind];
+      const bool one_byte = !lines.empty() && std::ranges::all_of(lines, [&](const auto& l) {
+        return l.first == lines[0].first;
+      });
+      h.entity_known = one_byte;
+      h.entity = one_byte ? lines[0].first : 0;
+      h.mode_known = one_byte && std::ranges::all_of(lines, [&](const auto& l) {
+                       return l.second == lines[0].second;
+                     });
+      h.exclusive = h.mode_known && lines[0].second;
+      holder(std::move(h));
     }
   }
 
@@ -317,11 +341,12 @@ struct scan {
                     bool local) {
     for (const auto& e : entries) {
       const auto value = e.name.size() == 16 ? number<std::uint64_t>(e.name, 16) : std::nullopt;
-      if (!value) continue;
+      if (!value || e.type != io::entry_type::regular) continue;  // never open a FIFO
       auto f = io::file_handle::open_at(
           dir, e.name.c_str(),
           io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
       if (!f) continue;
+      if (auto st = f->status(); !st || !st->is_regular()) continue;
       lf::owner_record rec{};
       auto n = f->read_at(0, std::as_writable_bytes(std::span(&rec, 1)));
       if (!n || *n != sizeof rec || std::memcmp(rec.magic, lf::record_magic, 8) != 0) continue;
@@ -347,10 +372,16 @@ struct scan {
   }
 };
 
+bool is_open_with(const lock_state& st, std::string_view algorithm) noexcept {
+  return std::find(st.open_with.begin(), st.open_with.end(), algorithm) != st.open_with.end();
+}
+
 }  // namespace
 
 result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept {
-  auto st = fs.stat_at(nullptr, path.c_str(), false);
+  // Through a final symlink, as flock(1) and `keel lock` with no NAME lock (keel's algorithms
+  // refuse a link: their users are then not seen at the link, nor is anything lost).
+  auto st = fs.stat_at(nullptr, path.c_str(), true);
   if (!st) return std::unexpected(st.error().about(path));
   scan s(fs);
   s.booted = boot_time(fs);
@@ -366,16 +397,14 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
   std::optional<io::file_handle> dir;
   std::vector<io::directory_entry> entries;
   if (s.out.directory) {
-    auto d =
-        fs.open(nullptr, path.c_str(),
-                io::open_flags::read | io::open_flags::directory | io::open_flags::no_follow, 0);
+    auto d = fs.open(nullptr, path.c_str(), io::open_flags::read | io::open_flags::directory, 0);
     if (!d) return std::unexpected(d.error().about(path));
     auto listed = fs.list_directory(*d);
     if (!listed) return std::unexpected(listed.error().about(path));
     entries = std::move(*listed);
     for (const auto& e : entries) {
       auto est = fs.stat_at(&*d, e.name.c_str(), false);
-      if (!est) continue;
+      if (!est || !est->is_regular()) continue;
       role_of_file r;
       if (e.name == ".keel-algorithm") {
         r.what = role_of_file::kind::claim;
@@ -393,26 +422,31 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
     dir = std::move(*d);
   } else {
     s.files[{st->device, st->inode}] = {role_of_file::kind::lock_file, 0};
-    s.lock_dev = st->device;
-    s.lock_ino = st->inode;
-    if (auto fb = fs.stat_at(nullptr, (path + ".fallback").c_str(), false); fb) {
+    if (auto fb = fs.stat_at(nullptr, (path + ".fallback").c_str(), false);
+        fb && fb->is_regular()) {
       s.files[{fb->device, fb->inode}] = {role_of_file::kind::fallback, 0};
     }
-    s.read_blocked();
   }
   s.look_at_processes();
-  if (dir) {
-    // lock_files' holders are its records; without them the names are flock's files.
-    s.read_records(*dir, entries, local);
-  }
+  s.tell_waiters();
+  if (dir) s.read_records(*dir, entries, local);  // lock_files' holders are its records
   for (std::size_t k = 0; k < family_names.size(); ++k) {
     if (s.family_open[k]) s.out.open_with.emplace_back(family_names[k]);
   }
+  // PATH.fallback is memory_map's only where memory_map has PATH open.
+  if (!is_open_with(s.out, "memory_map")) {
+    std::erase_if(s.out.holders,
+                  [](const lock_holder& h) { return h.algorithm == "memory_map (degraded)"; });
+  }
+  // memory_map's and atomic_append's own bytes on their files are not entities.
+  if (is_open_with(s.out, "memory_map") || is_open_with(s.out, "atomic_append")) {
+    std::erase_if(s.out.holders,
+                  [](const lock_holder& h) { return h.algorithm == "byte_ranges or fcntl"; });
+  }
+  const bool degraded = std::ranges::any_of(
+      s.out.holders, [](const lock_holder& h) { return h.algorithm == "memory_map (degraded)"; });
   for (const std::string_view inside : {"atomic_append", "memory_map", "sysv"}) {
-    if (std::find(s.out.open_with.begin(), s.out.open_with.end(), inside) ==
-        s.out.open_with.end()) {
-      continue;
-    }
+    if (!is_open_with(s.out, inside) || (inside == "memory_map" && degraded)) continue;
     s.out.not_shown.push_back(
         std::string(inside) + "'s holders: " +
         (inside == "atomic_append" ? std::string("they are records of its log")
@@ -420,17 +454,12 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
                                    : std::string("they are its semaphore set's counts")) +
         " (its users are shown)");
   }
-  // Memory_map's own bytes on its lock file are not entities.
-  if (std::find(s.out.open_with.begin(), s.out.open_with.end(), "memory_map") !=
-      s.out.open_with.end()) {
-    std::erase_if(s.out.holders,
-                  [](const lock_holder& h) { return h.algorithm == "byte_ranges or fcntl"; });
+  if (s.foreign_locks) {
+    s.out.not_shown.push_back(
+        "locks keel does not take (POSIX locks, or ranges of more than one byte) on the file");
   }
-  if (std::find(s.out.open_with.begin(), s.out.open_with.end(), "atomic_append") !=
-      s.out.open_with.end()) {
-    std::erase_if(s.out.holders,
-                  [](const lock_holder& h) { return h.algorithm == "byte_ranges or fcntl"; });
-  }
+  s.out.not_shown.push_back(
+      "waiters that poll (every wait on a network filesystem, and flock's timed waits)");
   std::sort(s.out.users.begin(), s.out.users.end());
   return s.out;
 }

@@ -1,8 +1,10 @@
 // keel locks, run as a user would: holders and waiters of a keel lock for each kind of
 // algorithm, lock_files' dead owners as stale, what cannot be shown, and usage errors.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -184,6 +186,83 @@ TEST(KeelLocks, MemoryMapShowsItsUsersAndSaysWhatItCannotShow) {
   kill_and_reap(a);
   ga.pid = 0;
   (void)keel::lock::remove_mutex_resources("memory_map", path);
+}
+
+// Review findings: a waiter's mode was the first blocked line's; locks keel does not take
+// (a POSIX range) were shown as entity holders; a file named like PATH.fallback of another
+// lock was shown as memory_map's; a path that is a symlink missed the whole-file holder; a
+// name that is not UTF-8 crashed --json.
+TEST(KeelLocks, WhatIsNotAnEntityIsNotShownAsOne) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string(), path = dir.file("lock");
+  keel::test::signal_pipe held, never, never2, other;
+  const pid_t a = holder("byte_ranges", path, "\xff", held);
+  keel::test::killed_on_failure ga{a};
+  ASSERT_EQ(held.wait(), 'h');
+  // A shared waiter and an exclusive one on one entity: the mode of each cannot be told.
+  const pid_t w1 = keel::test::fork_child([&] {
+    auto m = keel::lock::open_mutex("byte_ranges", path);
+    if (!m) return 1;
+    auto g = (*m)->lock({keel::lock::entity::from_string("\xff", false)});
+    never.notify('x');
+    return 0;
+  });
+  keel::test::killed_on_failure g1{w1};
+  const pid_t w2 = holder("byte_ranges", path, "\xff", never2);
+  keel::test::killed_on_failure g2{w2};
+  // Another lock whose file is named like this one's fallback.
+  const pid_t o = holder("byte_ranges", path + ".fallback", "o", other);
+  keel::test::killed_on_failure go{o};
+  ASSERT_EQ(other.wait(), 'h');
+  const json doc = locks_until(
+      path, d, [](const json& j) { return with_state(j, "waits").size() == 2; }, {"-N", "\xff"});
+  const auto waits = with_state(doc, "waits");
+  ASSERT_EQ(waits.size(), 2u) << doc.dump();
+  for (const auto& w : waits)
+    EXPECT_TRUE(w["exclusive"].is_null()) << "a mode told that cannot be: " << doc.dump();
+  for (const auto& h : doc["holders"])
+    EXPECT_NE(h["pid"], o) << "another lock's holder shown: " << doc.dump();
+  const auto holds = with_state(doc, "holds");
+  ASSERT_EQ(holds.size(), 1u) << doc.dump();
+  EXPECT_EQ(holds[0]["pid"], a);
+  for (const pid_t p : {w1, w2, o, a})
+    kill_and_reap(p);
+  g1.pid = g2.pid = go.pid = ga.pid = 0;
+
+  // A POSIX lock of bytes 100-109 on a file nobody locks with keel.
+  const std::string plain = dir.file("plain");
+  keel::test::signal_pipe locked, done;
+  const pid_t posix = keel::test::fork_child([&] {
+    const int fd = ::open(plain.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 100;
+    fl.l_len = 10;
+    if (fd < 0 || ::fcntl(fd, F_SETLK, &fl) != 0) return 1;
+    locked.notify('l');
+    (void)done.wait();
+    return 0;
+  });
+  keel::test::killed_on_failure gp{posix};
+  ASSERT_EQ(locked.wait(), 'l');
+  const json p = locks_of(plain, d);
+  EXPECT_TRUE(p["holders"].empty()) << p.dump();
+  done.notify('d');
+  EXPECT_EQ(keel::test::wait_exit(posix), 0);
+  gp.pid = 0;
+
+  // Through a symlink, as flock(1) locks.
+  const std::string link = dir.file("link");
+  ASSERT_EQ(::symlink("plain", link.c_str()), 0);
+  const pid_t cmd = keel::test::start_program(KEEL_BINARY, {"lock", link, "--", "sleep", "60"},
+                                              dir.file("out"), dir.file("err"));
+  keel::test::killed_on_failure gc{cmd};
+  const json whole =
+      locks_until(link, d, [](const json& j) { return !with_state(j, "holds").empty(); });
+  ASSERT_EQ(with_state(whole, "holds").size(), 1u) << whole.dump();
+  kill_and_reap(cmd);
+  gc.pid = 0;
 }
 
 TEST(KeelLocks, UsageAndMissingPaths) {

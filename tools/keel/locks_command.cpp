@@ -5,6 +5,10 @@
 #include <fmt/format.h>
 #include <time.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include <CLI/CLI.hpp>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -37,6 +41,24 @@ std::string local_time(std::uint64_t unix_s) {
   char out[32];
   std::strftime(out, sizeof out, "%Y-%m-%d %H:%M:%S", &parts);
   return out;
+}
+
+// Text from files (a record's host, a path, a name) with control characters shown as '?': it
+// must not move the cursor or forge a line of the table.
+std::string printable(std::string s) {
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return s;
+}
+
+// 0, or 74 (EX_IOERR) when the output could not be written (a full disk, a closed pipe).
+int finish_output() {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    fmt::print(stderr, "keel locks: writing the output: {}\n", std::strerror(errno));
+    return 74;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -88,13 +110,14 @@ int run_locks_command(int argc, char** argv) {
     doc["users"] = st->users;
     doc["holders"] = nlohmann::json::array();
     for (const auto& h : st->holders) {
+      using json_t = nlohmann::json;
       nlohmann::json j = {{"state", role_name(h.what)},
                           {"algorithm", h.algorithm},
                           {"pid", h.pid},
                           {"host", h.host},
                           {"process_started", h.process_started},
                           {"whole_file", h.whole_file},
-                          {"exclusive", h.exclusive}};
+                          {"exclusive", h.mode_known ? json_t(h.exclusive) : json_t()}};
       if (!h.whole_file && h.entity_known) {
         j["entity"] = fmt::format("{:016x}", h.entity);
         if (named.contains(h.entity)) j["name"] = named[h.entity];
@@ -102,11 +125,12 @@ int run_locks_command(int argc, char** argv) {
       doc["holders"].push_back(std::move(j));
     }
     doc["not_shown"] = st->not_shown;
-    fmt::print("{}\n", doc.dump(2));
-    return 0;
+    // Paths, names and hosts are bytes: what is not UTF-8 is shown replaced, never a crash.
+    fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return finish_output();
   }
   fmt::print(
-      "{}: {}{}\n", path,
+      "{}: {}{}\n", printable(path),
       st->open_with.empty() ? std::string("not open with a keel algorithm")
                             : "open with " + fmt::format("{}", fmt::join(st->open_with, ", ")),
       st->users.empty() ? std::string() : fmt::format(" by pid {}", fmt::join(st->users, ", ")));
@@ -117,13 +141,16 @@ int run_locks_command(int argc, char** argv) {
                "PROCESS STARTED", "MODE", "ENTITY", "ALGORITHM");
     for (const auto& h : st->holders) {
       fmt::print("{:<6} {:>8} {:<16} {:<19} {:<9} {:<18} {}\n", role_name(h.what), h.pid,
-                 h.host.empty() ? "?" : h.host, local_time(h.process_started),
-                 h.exclusive ? "exclusive" : "shared", entity_text(h), h.algorithm);
+                 h.host.empty() ? "?" : printable(h.host), local_time(h.process_started),
+                 !h.mode_known ? "?"
+                 : h.exclusive ? "exclusive"
+                               : "shared",
+                 printable(entity_text(h)), h.algorithm);
     }
   }
   for (const auto& n : st->not_shown)
     fmt::print("not shown: {}\n", n);
-  return 0;
+  return finish_output();
 }
 
 }  // namespace keel::tools

@@ -29,6 +29,7 @@ struct lock_holder {
   bool entity_known = true;  //!< false: a waiter whose entity could not be told
   std::uint64_t entity = 0;  //!< its value (entity::from_string's hash for a name)
   bool exclusive = true;
+  bool mode_known = true;  //!< false: a waiter whose shared or exclusive could not be told
 };
 
 //! What `inspect` found at a lock path.
