@@ -146,15 +146,33 @@ run_result run_workers(const run_options& options,
   // count raised, and whoever gets the lock after that is no evidence of anything.
   r.violations = control->violations.load();
   r.failures = control->failures.load();
-  kill_all();
-  for (pid_t p : pids) {
+  // Workers finish their round and exit by themselves; only those still running after a grace
+  // period (asleep in a lock nobody lets go) are killed. A worker killed inside a lock request
+  // to a network filesystem can wedge it: GlusterFS 10.3 stopped answering, every run.
+  std::vector<bool> reaped(n, false);
+  std::size_t left = n;
+  const auto reap = [&](std::size_t i, int flags) {
     int status = 0;
     rusage ru{};
-    while (::wait4(p, &status, 0, &ru) < 0 && errno == EINTR) {
+    pid_t got = 0;
+    while ((got = ::wait4(pids[i], &status, flags, &ru)) < 0 && errno == EINTR) {
     }
+    if (got != pids[i]) return;
+    reaped[i] = true;
+    --left;
     r.user_cpu += static_cast<double>(ru.ru_utime.tv_sec) + ru.ru_utime.tv_usec / 1e6;
     r.system_cpu += static_cast<double>(ru.ru_stime.tv_sec) + ru.ru_stime.tv_usec / 1e6;
+  };
+  const auto grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (left > 0 && std::chrono::steady_clock::now() < grace_end) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!reaped[i]) reap(i, WNOHANG);
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polling exits
   }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!reaped[i]) ::kill(pids[i], SIGKILL);
+  for (std::size_t i = 0; i < n; ++i)
+    if (!reaped[i]) reap(i, 0);
   r.user_cpu -= static_cast<double>(control->start_user_us.load()) / 1e6;
   r.system_cpu -= static_cast<double>(control->start_system_us.load()) / 1e6;
   r.first_error = control->first_error;

@@ -5,8 +5,9 @@
 // Workers share an anonymous shared-memory block with the parent: a start barrier, a stop
 // flag, one counter per worker, and a count of the holders currently inside the critical
 // section, which every worker checks at each acquisition (exclusion verified, not assumed).
-// At the end the parent snapshots the counters, kills the workers with SIGKILL (a worker may
-// be asleep in a lock) and reaps them for their CPU time.
+// At the end the parent snapshots the counters, lets the workers finish their round and exit
+// (killing one inside a lock request can wedge a network filesystem), SIGKILLs those still
+// running after 10 s (asleep in a lock nobody lets go), and reaps them for their CPU time.
 
 #include <sys/types.h>
 
