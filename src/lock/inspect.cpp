@@ -350,12 +350,7 @@ struct scan {
       lf::owner_record rec{};
       auto n = f->read_at(0, std::as_writable_bytes(std::span(&rec, 1)));
       if (!n || *n != sizeof rec || std::memcmp(rec.magic, lf::record_magic, 8) != 0) continue;
-      base::process_identity who;
-      who.pid = rec.pid;
-      who.pid_ns = rec.pid_ns;
-      who.start_time = rec.start_time;
-      std::memcpy(who.boot_id.data(), rec.boot_id, sizeof rec.boot_id);
-      std::memcpy(who.machine_id.data(), rec.machine_id, sizeof rec.machine_id);
+      const base::process_identity who = lf::owner_of(rec);
       const auto alive = base::check(
           who, local ? base::recorded_on::local_filesystem : base::recorded_on::shared_filesystem,
           fs);

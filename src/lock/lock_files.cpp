@@ -171,12 +171,7 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name,
   if (*n != sizeof rec || std::memcmp(rec.magic, record_magic, sizeof rec.magic) != 0) {
     return false;  // not a record we understand: never guess
   }
-  base::process_identity who;
-  who.pid = rec.pid;
-  who.pid_ns = rec.pid_ns;
-  who.start_time = rec.start_time;
-  std::memcpy(who.boot_id.data(), rec.boot_id, sizeof rec.boot_id);
-  std::memcpy(who.machine_id.data(), rec.machine_id, sizeof rec.machine_id);
+  const base::process_identity who = lf::owner_of(rec);
   // Only a proven death breaks a lock: an owner we cannot judge (another machine, another
   // pid namespace, /proc unreadable) is alive.
   if (base::check(who, records, t.dir.fs()) != base::liveness::dead) return false;

@@ -3,6 +3,9 @@
 // lock_files writes and `inspect` reads.
 
 #include <cstdint>
+#include <cstring>
+
+#include "base/process.hpp"
 
 namespace keel::lock::lf {
 
@@ -19,5 +22,16 @@ struct owner_record {
 static_assert(sizeof(owner_record) == 104);
 constexpr char record_magic[8] = {'K', 'E', 'E', 'L', 'L', 'F', '0', '2'};
 constexpr const char* breaker_name = ".keel-break";
+
+//! The owner a record names, as base::check judges it.
+inline base::process_identity owner_of(const owner_record& rec) noexcept {
+  base::process_identity who;
+  who.pid = rec.pid;
+  who.pid_ns = rec.pid_ns;
+  who.start_time = rec.start_time;
+  std::memcpy(who.boot_id.data(), rec.boot_id, sizeof rec.boot_id);
+  std::memcpy(who.machine_id.data(), rec.machine_id, sizeof rec.machine_id);
+  return who;
+}
 
 }  // namespace keel::lock::lf
