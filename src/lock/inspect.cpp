@@ -233,19 +233,21 @@ struct scan {
       const std::string call = read_proc(fs, task + "/" + tid + "/syscall");
       const auto w = words(call);  // views into `call`
       if (w.size() < 3) continue;
-      const auto nr = number<long>(w[0]);
-      const auto fd = w[1].starts_with("0x") ? number<long>(w[1].substr(2), 16) : std::nullopt;
-      const auto arg = w[2].starts_with("0x") ? number<long>(w[2].substr(2), 16) : std::nullopt;
-      if (!nr || !fd || !arg) continue;
-      const auto it = fds.find(static_cast<int>(*fd));
+      // -1 where a word is not a number: no syscall, fd or argument is -1 here. (Plain longs:
+      // GCC's -O1 -Wmaybe-uninitialized misreads three optionals under TSan.)
+      const long nr = number<long>(w[0]).value_or(-1);
+      const long fd = w[1].starts_with("0x") ? number<long>(w[1].substr(2), 16).value_or(-1) : -1;
+      const long arg = w[2].starts_with("0x") ? number<long>(w[2].substr(2), 16).value_or(-1) : -1;
+      if (nr < 0 || fd < 0 || arg < 0) continue;
+      const auto it = fds.find(static_cast<int>(fd));
       if (it == fds.end()) continue;
       lock_holder h;
       h.what = lock_holder::role::waits;
       h.pid = pid;
       h.host = host;
       h.process_started = started;
-      if (*nr == SYS_flock && (*arg & lock_nb_bit) == 0) {
-        h.exclusive = (*arg & lock_ex_bit) != 0;
+      if (nr == SYS_flock && (arg & lock_nb_bit) == 0) {
+        h.exclusive = (arg & lock_ex_bit) != 0;
         if (it->second.what == role_of_file::kind::entity_file) {
           h.algorithm = "flock";
           h.entity = it->second.entity;
@@ -256,7 +258,7 @@ struct scan {
           continue;
         }
         holder(std::move(h));
-      } else if (*nr == SYS_fcntl && *arg == f_ofd_setlkw &&
+      } else if (nr == SYS_fcntl && arg == f_ofd_setlkw &&
                  (it->second.what == role_of_file::kind::lock_file ||
                   it->second.what == role_of_file::kind::fallback)) {
         h.algorithm = it->second.what == role_of_file::kind::fallback ? "memory_map (degraded)"
