@@ -15,6 +15,25 @@ std::uint64_t checksum_of(record r) noexcept {
   return XXH3_64bits(&r, sizeof r);
 }
 
+bool conflicts(const std::vector<std::uint64_t>& a, const std::vector<std::uint64_t>& b) noexcept {
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    const std::uint64_t av = a[i] & ~exclusive_bit;
+    const std::uint64_t bv = b[j] & ~exclusive_bit;
+    if (av < bv) {
+      ++i;
+    } else if (av > bv) {
+      ++j;
+    } else {
+      if (((a[i] | b[j]) & exclusive_bit) != 0) return true;
+      ++i;
+      ++j;
+    }
+  }
+  return false;
+}
+
 result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) noexcept {
   if (records.empty()) return keel_error(errc::corrupt);
   const record& first = records[0];

@@ -5,18 +5,10 @@
 
 #include "detail/common.hpp"
 #include "keel/lock/baselines.hpp"
+#include "sysv_key.hpp"
 
 namespace keel::lock {
 namespace {
-
-// Semaphores 2i (writer: 0 or 1) and 2i + 1 (readers: a count) guard slot i.
-key_t key_of(const detail::file_id& id) noexcept {
-  // ftok keeps only 8 bits of the device and 16 of the inode; mix all of both instead.
-  std::uint64_t h = id.dev * 0x9e3779b97f4a7c15ULL ^ id.ino * 0xc2b2ae3d27d4eb4fULL;
-  h ^= h >> 29;
-  auto key = static_cast<key_t>(h & 0x7fffffff);
-  return key == IPC_PRIVATE ? key_t{1} : key;
-}
 
 struct slot_op {
   unsigned short slot;
@@ -29,7 +21,8 @@ std::vector<slot_op> slots_of(std::span<const entity> sorted, int slots) {
   std::vector<slot_op> out;
   out.reserve(sorted.size());
   for (const entity e : sorted) {
-    const auto s = static_cast<unsigned short>(e.value % static_cast<std::uint64_t>(slots));
+    const auto s =
+        static_cast<unsigned short>(sysv_set::slot_of(e.value, static_cast<std::uint64_t>(slots)));
     bool merged = false;
     for (auto& o : out) {
       if (o.slot == s) {
@@ -63,7 +56,7 @@ result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots,
   auto id = detail::identify(*claimed);
   if (!id) return std::unexpected(id.error());
   // Linux creates the semaphores zeroed, which is "free" here.
-  const int semid = ::semget(key_of(*id), 2 * slots, IPC_CREAT | 0600);
+  const int semid = ::semget(sysv_set::key_of(*id), 2 * slots, IPC_CREAT | 0600);
   if (semid < 0) return last_errno_error();
   return std::unique_ptr<sysv>(new sysv(id->dev, id->ino, semid, slots, std::move(*claimed)));
 }
@@ -71,7 +64,7 @@ result<std::unique_ptr<sysv>> sysv::open(const std::string& path, int slots,
 result<void> sysv::remove(const std::string& path) noexcept {
   auto id = detail::identify_lock_file(io::os(), path);
   if (!id) return std::unexpected(id.error());
-  const int semid = ::semget(key_of(*id), 0, 0);
+  const int semid = ::semget(sysv_set::key_of(*id), 0, 0);
   if (semid < 0) return last_errno_error();
   if (::semctl(semid, 0, IPC_RMID) != 0) return last_errno_error();
   return {};
@@ -84,8 +77,8 @@ result<std::uint64_t> sysv::do_lock(std::span<const entity> sorted, const io::co
   ops.reserve(slots.size() * 3);
   const short flags = SEM_UNDO | (cd.is_zero() ? IPC_NOWAIT : 0);
   for (const auto& s : slots) {
-    const auto w = static_cast<unsigned short>(2 * s.slot);
-    const auto r = static_cast<unsigned short>(2 * s.slot + 1);
+    const auto w = sysv_set::writer_sem(s.slot);
+    const auto r = sysv_set::readers_sem(s.slot);
     ops.push_back({w, 0, flags});  // no writer
     if (s.exclusive) {
       ops.push_back({r, 0, flags});  // no readers
@@ -115,7 +108,7 @@ result<void> sysv::do_unlock(std::span<const entity> sorted, std::uint64_t) noex
   std::vector<sembuf> ops;
   ops.reserve(slots.size());
   for (const auto& s : slots) {
-    const auto sem = static_cast<unsigned short>(s.exclusive ? 2 * s.slot : 2 * s.slot + 1);
+    const auto sem = s.exclusive ? sysv_set::writer_sem(s.slot) : sysv_set::readers_sem(s.slot);
     ops.push_back({sem, -1, SEM_UNDO});
   }
   while (::semop(semid_, ops.data(), ops.size()) != 0) {
