@@ -1,7 +1,8 @@
 // keel::lock::inspect: who holds a keel lock. Kernel locks are read where the kernel shows
 // them with their process: /proc/PID/fdinfo of every descriptor open on the lock's files
-// (/proc/locks names no pid for OFD locks). Waiters asleep in the kernel are seen in
-// /proc/PID/task/TID/syscall. lock_files' holders are its owner records.
+// (/proc/locks names no pid for OFD locks, but shows every pid namespace's). Waiters asleep
+// in the kernel are seen in /proc/PID/task/TID/syscall. lock_files' holders are its owner
+// records; atomic_append's, memory_map's and sysv's are read by inspect_parts.hpp's readers.
 
 #include "keel/lock/inspect.hpp"
 
@@ -15,21 +16,25 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string_view>
 
 #include "base/process.hpp"
 #include "detail/common.hpp"
+#include "inspect_parts.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/fs_info.hpp"
 #include "lock_files_format.hpp"
+#include "memory_map/slot_table.hpp"
+#include "sysv_key.hpp"
 
 namespace keel::lock {
 namespace {
 
 // What a file of the lock is to it.
 struct role_of_file {
-  enum class kind : std::uint8_t { lock_file, fallback, claim, breaker, entity_file };
+  enum class kind : std::uint8_t { lock_file, fallback, claim, breaker, entity_file, map };
   kind what = kind::lock_file;
   std::uint64_t entity = 0;  // entity_file: its value
 };
@@ -122,12 +127,6 @@ std::uint64_t boot_time(io::filesystem& fs) noexcept {
   return number<std::uint64_t>(std::string_view(stat).substr(at + 7, end - at - 7)).value_or(0);
 }
 
-std::uint64_t started_at(std::uint64_t ticks, std::uint64_t booted) noexcept {
-  if (ticks == 0 || booted == 0) return 0;
-  const long hz = ::sysconf(_SC_CLK_TCK);
-  return booted + ticks / static_cast<std::uint64_t>(hz > 0 ? hz : 100);
-}
-
 std::string this_host() noexcept {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return {};
@@ -138,13 +137,13 @@ constexpr std::array<std::string_view, 6> family_names = {
     "lock_files", "byte_ranges or fcntl", "atomic_append", "memory_map", "flock", "sysv"};
 
 struct scan {
-  explicit scan(io::filesystem& f) : fs(f) {}
+  explicit scan(inspecting::context& c) : ctx(c), fs(c.fs) {}
+  inspecting::context& ctx;
   io::filesystem& fs;
   std::map<std::pair<std::uint64_t, std::uint64_t>, role_of_file> files;  // (dev, ino) →
   lock_state out;
   std::vector<bool> family_open = std::vector<bool>(family_names.size(), false);
-  std::uint64_t booted = 0;
-  std::string host;
+  int semid = -1;  // sysv's semaphore set for the lock file, if there is one
   // The lock file and its fallback as the kernel names them in lock lines ("MAJ:MIN:INO";
   // on btrfs not st_dev's numbers), learnt from the lines of descriptors open on them.
   std::map<std::string, role_of_file::kind> kernel_names;
@@ -168,9 +167,12 @@ struct scan {
     if (!seen) out.holders.push_back(std::move(h));
   }
 
-  void look_at_descriptor(std::uint32_t pid, const std::string& fd, const role_of_file& r,
+  void look_at_descriptor(std::uint32_t pid, const std::string& fd,
+                          std::pair<std::uint64_t, std::uint64_t> file, const role_of_file& r,
                           std::uint64_t started) {
-    if (r.what != role_of_file::kind::fallback) add_user(pid);
+    if (r.what != role_of_file::kind::fallback && r.what != role_of_file::kind::map) {
+      add_user(pid);
+    }
     const std::string info = read_proc(fs, "/proc/" + std::to_string(pid) + "/fdinfo/" + fd);
     std::size_t at = 0;
     while (at < info.size()) {
@@ -181,6 +183,10 @@ struct scan {
       if (r.what == role_of_file::kind::lock_file || r.what == role_of_file::kind::fallback) {
         kernel_names.emplace(std::string(k->file), r.what);
       }
+      ctx.names.emplace(file, std::string(k->file));
+      if (k->type == "OFDLCK")
+        ctx.lock_owner.emplace(std::pair(std::string(k->file), k->start), pid);
+      if (r.what == role_of_file::kind::map) continue;  // memory_map's users: read_map
       const auto start = static_cast<off_t>(k->start);
       const bool keel_byte = k->type == "OFDLCK" && k->one_byte;
       if (keel_byte && start >= detail::algorithm_bytes &&
@@ -192,7 +198,7 @@ struct scan {
       }
       lock_holder h;
       h.pid = pid;
-      h.host = host;
+      h.host = ctx.host;
       h.process_started = started;
       h.exclusive = k->exclusive;
       if (k->type == "FLOCK") {
@@ -225,6 +231,16 @@ struct scan {
   static constexpr long lock_ex_bit = 2;
   static constexpr long f_ofd_setlkw = 38;
 
+  static bool is_semaphore_wait(long nr) noexcept {
+#ifdef SYS_semop
+    if (nr == SYS_semop) return true;
+#endif
+#ifdef SYS_semtimedop
+    if (nr == SYS_semtimedop) return true;
+#endif
+    return false;
+  }
+
   // A thread asleep in fcntl(fd, F_OFD_SETLKW) or a blocking flock(fd) on a file of the lock.
   void look_for_waiters(std::uint32_t pid, const std::map<int, role_of_file>& fds,
                         std::uint64_t started) {
@@ -239,13 +255,21 @@ struct scan {
       const long fd = w[1].starts_with("0x") ? number<long>(w[1].substr(2), 16).value_or(-1) : -1;
       const long arg = w[2].starts_with("0x") ? number<long>(w[2].substr(2), 16).value_or(-1) : -1;
       if (nr < 0 || fd < 0 || arg < 0) continue;
-      const auto it = fds.find(static_cast<int>(fd));
-      if (it == fds.end()) continue;
       lock_holder h;
       h.what = lock_holder::role::waits;
       h.pid = pid;
-      h.host = host;
+      h.host = ctx.host;
       h.process_started = started;
+      if (semid >= 0 && fd == semid && is_semaphore_wait(nr)) {
+        // Which semaphores it waits for is in its memory, not shown: any slot, either mode.
+        h.algorithm = "sysv";
+        h.entity_known = false;
+        h.mode_known = false;
+        holder(std::move(h));
+        continue;
+      }
+      const auto it = fds.find(static_cast<int>(fd));
+      if (it == fds.end()) continue;
       if (nr == SYS_flock && (arg & lock_nb_bit) == 0) {
         h.exclusive = (arg & lock_ex_bit) != 0;
         if (it->second.what == role_of_file::kind::entity_file) {
@@ -273,19 +297,12 @@ struct scan {
   // every blocked request on that byte asks the same.
   void tell_waiters() {
     std::map<role_of_file::kind, std::vector<std::pair<std::uint64_t, bool>>> blocked;
-    const std::string locks = read_proc(fs, "/proc/locks");
-    std::size_t at = 0;
-    while (at < locks.size()) {
-      const auto end = std::min(locks.find('\n', at), locks.size());
-      const auto w = words(std::string_view(locks).substr(at, end - at));
-      at = end + 1;
-      // "2: -> OFDLCK ADVISORY WRITE -1 fe:00:123 5 5"
-      if (w.size() < 9 || w[1] != "->" || w[2] != "OFDLCK") continue;
-      const auto known = kernel_names.find(std::string(w[6]));
-      if (known == kernel_names.end()) continue;
-      const auto start = number<std::uint64_t>(w[7]);
-      if (!start) continue;
-      blocked[known->second].emplace_back(*start, w[4] == "WRITE");
+    for (const auto& [name, kind] : kernel_names) {
+      const auto it = ctx.kernel_locks.find(name);
+      if (it == ctx.kernel_locks.end()) continue;
+      for (const auto& r : it->second) {
+        if (r.blocked && r.ofd) blocked[kind].emplace_back(r.start, r.exclusive);
+      }
     }
     for (auto& [h, kind] : byte_waiters) {
       const auto& lines = blocked[kind];
@@ -302,7 +319,33 @@ struct scan {
     }
   }
 
+  // The "ino:" line of a descriptor's fdinfo (Linux 5.14 on), or nothing.
+  std::optional<std::uint64_t> inode_in_fdinfo(const std::string& fdinfo) {
+    const std::string info = read_proc(fs, fdinfo);
+    const auto at = info.find("\nino:");
+    if (at == std::string::npos) return std::nullopt;
+    const auto w = words(std::string_view(info).substr(at + 5, info.find('\n', at + 5) - at - 5));
+    if (w.empty()) return std::nullopt;
+    return number<std::uint64_t>(w[0]);
+  }
+
+  // Whether fdinfo's inode numbers are stat's on the lock's filesystem (overlayfs, for one,
+  // may show another): only then do they tell a descriptor is not of the lock.
+  bool prefilter = false;
+  void check_prefilter(const std::string& path, const io::file_status& st) {
+    auto f = io::file_handle::open(
+        fs, path.c_str(),
+        io::open_flags::read | io::open_flags::non_blocking |
+            (st.is_directory() ? io::open_flags::directory : io::open_flags::read));
+    if (!f) return;
+    const auto ino = inode_in_fdinfo("/proc/self/fdinfo/" + std::to_string(f->fd()));
+    prefilter = ino && *ino == st.inode;
+  }
+
   void look_at_processes() {
+    std::set<std::uint64_t> inodes;
+    for (const auto& [id, r] : files)
+      inodes.insert(id.second);
     const auto pids = numeric_entries(fs, "/proc");
     bool unreadable = false;
     for (const auto& p : pids) {
@@ -317,21 +360,31 @@ struct scan {
       }
       auto entries = fs.list_directory(*d);
       if (!entries) continue;
-      std::map<int, role_of_file> mine;
+      std::map<int, std::pair<std::pair<std::uint64_t, std::uint64_t>, role_of_file>> mine;
       for (const auto& e : *entries) {
         const auto fd = number<int>(e.name);
         if (!fd) continue;
+        // Its inode from fdinfo first: a stat follows the link to the file, which on a mount
+        // that no longer answers (a dead NFS or FUSE server) would hang this look for good.
+        if (const auto ino =
+                prefilter ? inode_in_fdinfo("/proc/" + p + "/fdinfo/" + e.name) : std::nullopt;
+            ino && !inodes.contains(*ino)) {
+          continue;
+        }
         auto st = fs.stat_at(&*d, e.name.c_str(), true);
         if (!st) continue;
         const auto it = files.find({st->device, st->inode});
-        if (it != files.end()) mine.emplace(*fd, it->second);
+        if (it != files.end()) mine.emplace(*fd, std::pair(it->first, it->second));
       }
       if (mine.empty()) continue;
       const std::uint64_t started =
-          started_at(base::start_time_of(static_cast<pid_t>(*pid), fs), booted);
-      for (const auto& [fd, r] : mine)
-        look_at_descriptor(*pid, std::to_string(fd), r, started);
-      look_for_waiters(*pid, mine, started);
+          ctx.started_at(base::start_time_of(static_cast<pid_t>(*pid), fs));
+      std::map<int, role_of_file> roles;
+      for (const auto& [fd, f] : mine) {
+        look_at_descriptor(*pid, std::to_string(fd), f.first, f.second, started);
+        roles.emplace(fd, f.second);
+      }
+      look_for_waiters(*pid, roles, started);
     }
     if (unreadable) {
       out.not_shown.push_back(
@@ -362,7 +415,7 @@ struct scan {
       h.pid = rec.pid;
       h.host.assign(rec.host, strnlen(rec.host, sizeof rec.host));
       const bool this_boot = std::memcmp(rec.boot_id, base::self().boot_id.data(), 16) == 0;
-      h.process_started = this_boot ? started_at(rec.start_time, booted) : 0;
+      h.process_started = this_boot ? ctx.started_at(rec.start_time) : 0;
       h.entity = *value;
       holder(std::move(h));
     }
@@ -375,14 +428,80 @@ bool is_open_with(const lock_state& st, std::string_view algorithm) noexcept {
 
 }  // namespace
 
+namespace inspecting {
+
+// /proc/locks: "1: OFDLCK ADVISORY WRITE -1 fe:00:123 5 5", blocked requests with "->" after
+// the id.
+void context::refresh_kernel_locks() {
+  kernel_locks.clear();
+  kernel_locks_read = false;
+  if (!io::file_handle::open(fs, "/proc/locks", io::open_flags::read)) return;
+  const std::string locks = read_proc(fs, "/proc/locks");
+  kernel_locks_read = true;
+  std::size_t at = 0;
+  while (at < locks.size()) {
+    const auto end = std::min(locks.find('\n', at), locks.size());
+    auto w = words(std::string_view(locks).substr(at, end - at));
+    at = end + 1;
+    kernel_range r;
+    if (w.size() > 1 && w[1] == "->") {
+      r.blocked = true;
+      w.erase(w.begin() + 1);
+    }
+    if (w.size() < 8) continue;
+    const auto start = number<std::uint64_t>(w[6]);
+    if (!start) continue;
+    r.start = *start;
+    r.end = w[7] == "EOF" ? ~std::uint64_t{0} : number<std::uint64_t>(w[7]).value_or(r.start);
+    r.exclusive = w[3] == "WRITE";
+    r.ofd = w[1] == "OFDLCK";
+    kernel_locks[std::string(w[5])].push_back(r);
+  }
+}
+
+std::string context::kernel_name(std::uint64_t dev, std::uint64_t ino) const {
+  if (const auto it = names.find({dev, ino}); it != names.end()) return it->second;
+  char name[64];
+  std::snprintf(name, sizeof name, "%02x:%02x:%llu", ::major(static_cast<dev_t>(dev)),
+                ::minor(static_cast<dev_t>(dev)), static_cast<unsigned long long>(ino));
+  return name;
+}
+
+bool context::locked(const std::string& name, std::uint64_t at) const {
+  const auto it = kernel_locks.find(name);
+  if (it == kernel_locks.end()) return false;
+  return std::ranges::any_of(it->second, [&](const kernel_range& r) {
+    return !r.blocked && r.start <= at && at <= r.end;
+  });
+}
+
+std::uint64_t context::started_at(std::uint64_t ticks) const noexcept {
+  if (ticks == 0 || booted == 0) return 0;
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  return booted + ticks / static_cast<std::uint64_t>(hz > 0 ? hz : 100);
+}
+
+}  // namespace inspecting
+
+bool lock_holder::could_be(std::uint64_t value) const noexcept {
+  if (whole_file) return false;
+  if (slot >= 0 && slots > 0) {
+    const std::uint64_t s = algorithm == "sysv" ? sysv_set::slot_of(value, slots)
+                                                : static_cast<std::uint64_t>(mm::slot_of(value));
+    return s == static_cast<std::uint64_t>(slot);
+  }
+  return !entity_known || entity == value;
+}
+
 result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept {
   // Through a final symlink, as flock(1) and `keel lock` with no NAME lock (keel's algorithms
   // refuse a link: their users are then not seen at the link, nor is anything lost).
   auto st = fs.stat_at(nullptr, path.c_str(), true);
   if (!st) return std::unexpected(st.error().about(path));
-  scan s(fs);
-  s.booted = boot_time(fs);
-  s.host = this_host();
+  inspecting::context ctx(fs);
+  ctx.booted = boot_time(fs);
+  ctx.host = this_host();
+  scan s(ctx);
   s.out.directory = st->is_directory();
   const auto where = io::stat_fs(fs, path.c_str());
   const bool local = where && where->is_local;
@@ -393,6 +512,7 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
   }
   std::optional<io::file_handle> dir;
   std::vector<io::directory_entry> entries;
+  std::string map;  // memory_map's, named by the lock file
   if (s.out.directory) {
     auto d = fs.open(nullptr, path.c_str(), io::open_flags::read | io::open_flags::directory, 0);
     if (!d) return std::unexpected(d.error().about(path));
@@ -423,10 +543,29 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
         fb && fb->is_regular()) {
       s.files[{fb->device, fb->inode}] = {role_of_file::kind::fallback, 0};
     }
+    map = inspecting::map_of(fs, path);
+    if (auto ms =
+            map.empty() ? std::nullopt : std::optional(fs.stat_at(nullptr, map.c_str(), false));
+        ms && *ms && (*ms)->is_regular()) {
+      s.files[{(*ms)->device, (*ms)->inode}] = {role_of_file::kind::map, 0};
+    }
+    s.semid = inspecting::semaphore_set_of({st->device, st->inode});
   }
+  s.check_prefilter(path, *st);
   s.look_at_processes();
+  // After the processes: a waiter seen asleep in their syscall and still waiting is here.
+  ctx.refresh_kernel_locks();
   s.tell_waiters();
   if (dir) s.read_records(*dir, entries, local);  // lock_files' holders are its records
+  bool own_bytes = false;  // the lock file is atomic_append's log or memory_map's
+  if (!s.out.directory) {
+    own_bytes = inspecting::read_log(ctx, path, s.out);
+    if (!map.empty()) {
+      own_bytes = true;
+      inspecting::read_map(ctx, map, s.out);
+    }
+    if (s.semid >= 0) inspecting::read_semaphores(ctx, s.semid, s.out);
+  }
   for (std::size_t k = 0; k < family_names.size(); ++k) {
     if (s.family_open[k]) s.out.open_with.emplace_back(family_names[k]);
   }
@@ -436,22 +575,23 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
                   [](const lock_holder& h) { return h.algorithm == "memory_map (degraded)"; });
   }
   // memory_map's and atomic_append's own bytes on their files are not entities.
-  if (is_open_with(s.out, "memory_map") || is_open_with(s.out, "atomic_append")) {
+  if (own_bytes || is_open_with(s.out, "memory_map") || is_open_with(s.out, "atomic_append")) {
     std::erase_if(s.out.holders,
                   [](const lock_holder& h) { return h.algorithm == "byte_ranges or fcntl"; });
   }
-  const bool degraded = std::ranges::any_of(
-      s.out.holders, [](const lock_holder& h) { return h.algorithm == "memory_map (degraded)"; });
-  for (const std::string_view inside : {"atomic_append", "memory_map", "sysv"}) {
-    if (!is_open_with(s.out, inside) || (inside == "memory_map" && degraded)) continue;
+  if (std::ranges::any_of(s.out.holders, [](const lock_holder& h) { return h.slot >= 0; })) {
     s.out.not_shown.push_back(
-        std::string(inside) + "'s holders: " +
-        (inside == "atomic_append" ? std::string("they are records of its log")
-         : inside == "memory_map"  ? std::string("they are slots of its shared map")
-                                   : std::string("they are its semaphore set's counts")) +
-        " (its users are shown)");
+        "the entities of memory_map's and sysv's holders: they lock slots, which several "
+        "entities share (the slot is shown, and the names given that fall in it)");
   }
-  if (s.foreign_locks) {
+  if (std::ranges::any_of(s.out.holders, [](const lock_holder& h) {
+        return h.algorithm == "sysv" && h.slot >= 0 && !h.exclusive;
+      })) {
+    s.out.not_shown.push_back(
+        "sysv's shared holders: the kernel counts them, and names none (pid 0)");
+  }
+  if (s.foreign_locks && !own_bytes && !is_open_with(s.out, "memory_map") &&
+      !is_open_with(s.out, "atomic_append")) {  // their own ranges on their files
     s.out.not_shown.push_back(
         "locks keel does not take (POSIX locks, or ranges of more than one byte) on the file");
   }

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -168,25 +169,118 @@ TEST(KeelLocks, FlockDirectoryAndTheWholeFileForm) {
   gc.pid = 0;
 }
 
-TEST(KeelLocks, MemoryMapShowsItsUsersAndSaysWhatItCannotShow) {
+// A process that opens `algo` on `path` and locks `name` shared, holding it until killed.
+pid_t shared_holder(const std::string& algo, const std::string& path, const std::string& name,
+                    keel::test::signal_pipe& holding) {
+  return keel::test::fork_child([&] {
+    auto m = keel::lock::open_mutex(algo, path);
+    if (!m) return 1;
+    auto g = (*m)->lock({keel::lock::entity::from_string(name, false)});
+    if (!g) return 2;
+    holding.notify('h');
+    for (;;)
+      ::pause();
+  });
+}
+
+std::string bytes_of(const std::string& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+    out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// Whether a row is of the entity named `name`: by name, or a slot's that holds that name.
+bool is_of(const json& h, const std::string& name) {
+  if (h.contains("name")) return h["name"] == name;
+  if (!h.contains("names_in_slot")) return false;
+  for (const auto& n : h["names_in_slot"])
+    if (n == name) return true;
+  return false;
+}
+
+// The algorithms that keep their holders in their own structures (a log, a shared map, a
+// semaphore set): holders, shared holders, waiters and dead owners, read from them. Before,
+// `keel locks` only said that it could not show them.
+class KeelLocksOwnStructures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KeelLocksOwnStructures, HoldersWaitersAndTheDead) {
+  const std::string algo = GetParam();
   keel::test::temp_dir dir;
-  const std::string d = dir.path().string(), path = dir.file("mm");
-  keel::test::signal_pipe held;
-  const pid_t a = holder("memory_map", path, "m", held);
+  const std::string d = dir.path().string(), path = dir.file("lock");
+  keel::test::signal_pipe held, shared_held, never;
+  const pid_t a = holder(algo, path, "job", held);
   keel::test::killed_on_failure ga{a};
   ASSERT_EQ(held.wait(), 'h');
-  const json doc = locks_of(path, d);
-  EXPECT_EQ(doc["open_with"], json::array({"memory_map"}));
-  const auto users = doc["users"].get<std::vector<int>>();
-  EXPECT_NE(std::find(users.begin(), users.end(), a), users.end());
-  bool said = false;
-  for (const auto& n : doc["not_shown"])
-    said = said || n.get<std::string>().find("memory_map") != std::string::npos;
-  EXPECT_TRUE(said) << doc.dump();
+  const pid_t s = shared_holder(algo, path, "other", shared_held);
+  keel::test::killed_on_failure gs{s};
+  ASSERT_EQ(shared_held.wait(), 'h');
+  const pid_t w = holder(algo, path, "job", never);
+  keel::test::killed_on_failure gw{w};
+  const std::vector<std::string> names = {"-N", "job", "-N", "other"};
+  const json doc = locks_until(
+      path, d, [](const json& j) { return !with_state(j, "waits").empty(); }, names);
+  EXPECT_EQ(doc["open_with"], json::array({algo})) << doc.dump();
+  for (const auto& n : doc["not_shown"]) {
+    EXPECT_EQ(n.get<std::string>().find("locks keel does not take"), std::string::npos)
+        << "its own bytes taken for foreign locks: " << doc.dump();
+  }
+  const auto holds = with_state(doc, "holds");
+  ASSERT_EQ(holds.size(), 2u) << doc.dump();
+  const json& excl = holds[0]["exclusive"].get<bool>() ? holds[0] : holds[1];
+  const json& shrd = holds[0]["exclusive"].get<bool>() ? holds[1] : holds[0];
+  EXPECT_TRUE(excl["exclusive"].get<bool>()) << doc.dump();
+  EXPECT_FALSE(shrd["exclusive"].get<bool>()) << doc.dump();
+  EXPECT_EQ(excl["pid"], a) << doc.dump();
+  EXPECT_TRUE(is_of(excl, "job")) << doc.dump();
+  EXPECT_GT(excl["process_started"].get<std::uint64_t>(), 0u) << doc.dump();
+  EXPECT_TRUE(is_of(shrd, "other")) << doc.dump();
+  // sysv's kernel counts shared holders and names none.
+  EXPECT_EQ(shrd["pid"], algo == "sysv" ? 0 : s) << doc.dump();
+  const auto waits = with_state(doc, "waits");
+  ASSERT_EQ(waits.size(), 1u) << doc.dump();
+  EXPECT_EQ(waits[0]["pid"], w) << doc.dump();
+  if (algo != "sysv") {  // what a semop waits for is in its memory
+    EXPECT_TRUE(is_of(waits[0], "job")) << doc.dump();
+    EXPECT_TRUE(waits[0]["exclusive"].get<bool>()) << doc.dump();
+  }
+
+  // It only reads: the lock file is as it was.
+  const std::string before = bytes_of(path);
+  (void)locks_of(path, d);
+  EXPECT_EQ(bytes_of(path), before);
+
+  // Killed, the waiter and the holder leave marks (a chunk, a slot) that their death makes
+  // stale, never held; sysv's kernel undoes theirs.
+  kill_and_reap(w);
+  gw.pid = 0;
   kill_and_reap(a);
   ga.pid = 0;
-  (void)keel::lock::remove_mutex_resources("memory_map", path);
+  const json after = locks_of(path, d, names);
+  for (const auto& h : after["holders"]) {
+    if (h["pid"] == a || h["pid"] == w) {
+      EXPECT_EQ(h["state"], "stale") << "a dead process shown holding: " << after.dump();
+    }
+  }
+  if (algo != "sysv") {
+    const auto stale = with_state(after, "stale");
+    EXPECT_TRUE(std::ranges::any_of(stale, [&](const json& h) { return h["pid"] == a; }))
+        << after.dump();
+  }
+  const auto still = with_state(after, "holds");
+  ASSERT_EQ(still.size(), 1u) << after.dump();
+  EXPECT_TRUE(is_of(still[0], "other")) << after.dump();
+  kill_and_reap(s);
+  gs.pid = 0;
+  (void)keel::lock::remove_mutex_resources(algo, path);
 }
+
+INSTANTIATE_TEST_SUITE_P(Each, KeelLocksOwnStructures,
+                         ::testing::Values("atomic_append", "memory_map", "sysv"));
 
 // Review findings: a waiter's mode was the first blocked line's; locks keel does not take
 // (a POSIX range) were shown as entity holders; a file named like PATH.fallback of another

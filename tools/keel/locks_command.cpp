@@ -69,10 +69,12 @@ int run_locks_command(int argc, char** argv) {
       "The holders and waiters of the keel lock at PATH (a lock file, or a directory for\n"
       "lock_files and flock), for every algorithm: pid, host, when the process started (the\n"
       "kernel does not record when a lock was taken), the entity (its 63-bit value; --name\n"
-      "shows the names you give), shared or exclusive, and lock_files' holders that are\n"
-      "proven dead as stale. Kernel locks are those of processes on this machine (as root,\n"
-      "every user's); waiters are those asleep in the kernel (a waiter that polls, as on a\n"
-      "network filesystem, is not seen). What cannot be shown is said.",
+      "shows the names you give; memory_map and sysv lock slots, which several entities\n"
+      "share: the slot, and the names given that fall in it), shared or exclusive, and\n"
+      "holders proven dead whose mark is still there as stale. Kernel locks are those of\n"
+      "processes on this machine (as root, every user's); waiters are those asleep in the\n"
+      "kernel or queued in the lock (a waiter that polls, as on a network filesystem, is\n"
+      "not seen). It only reads: it takes no lock. What cannot be shown is said.",
       "keel locks"};
   std::string path;
   bool json = false;
@@ -95,8 +97,21 @@ int run_locks_command(int argc, char** argv) {
   std::map<std::uint64_t, std::string> named;
   for (const auto& n : names)
     named[lock::entity::from_string(n).value] = n;
+  // A slot's row (memory_map, sysv) may be any entity of the slot: the names given in it.
+  const auto names_in_slot = [&](const lock::lock_holder& h) {
+    std::vector<std::string> in;
+    for (const auto& [value, name] : named) {
+      if (h.could_be(value)) in.push_back(name);
+    }
+    return in;
+  };
   const auto entity_text = [&](const lock::lock_holder& h) -> std::string {
     if (h.whole_file) return "(whole file)";
+    if (h.slot >= 0) {
+      const auto in = names_in_slot(h);
+      return fmt::format("slot {}{}", h.slot,
+                         in.empty() ? std::string() : fmt::format(" ({})", fmt::join(in, ", ")));
+    }
     if (!h.entity_known) return "?";
     const auto it = named.find(h.entity);
     if (it != named.end()) return it->second;
@@ -122,6 +137,12 @@ int run_locks_command(int argc, char** argv) {
         j["entity"] = fmt::format("{:016x}", h.entity);
         if (named.contains(h.entity)) j["name"] = named[h.entity];
       }
+      if (h.slot >= 0) {
+        j["slot"] = h.slot;
+        j["slots"] = h.slots;
+        j["names_in_slot"] = names_in_slot(h);
+      }
+      if (h.count != 1) j["count"] = h.count;
       doc["holders"].push_back(std::move(j));
     }
     doc["not_shown"] = st->not_shown;
@@ -140,7 +161,10 @@ int run_locks_command(int argc, char** argv) {
     fmt::print("{:<6} {:>8} {:<16} {:<19} {:<9} {:<18} {}\n", "STATE", "PID", "HOST",
                "PROCESS STARTED", "MODE", "ENTITY", "ALGORITHM");
     for (const auto& h : st->holders) {
-      fmt::print("{:<6} {:>8} {:<16} {:<19} {:<9} {:<18} {}\n", role_name(h.what), h.pid,
+      fmt::print("{:<6} {:>8} {:<16} {:<19} {:<9} {:<18} {}\n", role_name(h.what),
+                 h.count != 1 ? fmt::format("{}x ?", h.count)
+                 : h.pid == 0 ? std::string("?")
+                              : std::to_string(h.pid),
                  h.host.empty() ? "?" : printable(h.host), local_time(h.process_started),
                  !h.mode_known ? "?"
                  : h.exclusive ? "exclusive"
