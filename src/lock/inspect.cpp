@@ -543,31 +543,46 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
         fb && fb->is_regular()) {
       s.files[{fb->device, fb->inode}] = {role_of_file::kind::fallback, 0};
     }
-    map = inspecting::map_of(fs, path);
+    // Only a regular file is opened: opening a FIFO would let its writer through.
+    if (st->is_regular()) map = inspecting::map_of(fs, path);
     if (auto ms =
             map.empty() ? std::nullopt : std::optional(fs.stat_at(nullptr, map.c_str(), false));
         ms && *ms && (*ms)->is_regular()) {
       s.files[{(*ms)->device, (*ms)->inode}] = {role_of_file::kind::map, 0};
+    } else {
+      map.clear();  // gone (its users all left, or a reboot): nobody holds a slot of it
     }
     s.semid = inspecting::semaphore_set_of({st->device, st->inode});
   }
-  s.check_prefilter(path, *st);
+  if (st->is_regular() || st->is_directory()) s.check_prefilter(path, *st);
   s.look_at_processes();
+  for (std::size_t k = 0; k < family_names.size(); ++k) {
+    if (s.family_open[k]) s.out.open_with.emplace_back(family_names[k]);
+  }
   // After the processes: a waiter seen asleep in their syscall and still waiting is here.
   ctx.refresh_kernel_locks();
   s.tell_waiters();
   if (dir) s.read_records(*dir, entries, local);  // lock_files' holders are its records
-  bool own_bytes = false;  // the lock file is atomic_append's log or memory_map's
-  if (!s.out.directory) {
-    own_bytes = inspecting::read_log(ctx, path, s.out);
-    if (!map.empty()) {
-      own_bytes = true;
-      inspecting::read_map(ctx, map, s.out);
+  if (st->is_regular()) {
+    // A log's or a map's marks are shown whoever has the file open now (those of an earlier
+    // use are stale); a semaphore set only while sysv has it open: another program's set may
+    // have the same key.
+    if (!inspecting::read_log(ctx, path, s.out) && is_open_with(s.out, "atomic_append")) {
+      s.out.not_shown.push_back(
+          "atomic_append's holders: the file has no atomic_append log header (damaged?)");
     }
-    if (s.semid >= 0) inspecting::read_semaphores(ctx, s.semid, s.out);
-  }
-  for (std::size_t k = 0; k < family_names.size(); ++k) {
-    if (s.family_open[k]) s.out.open_with.emplace_back(family_names[k]);
+    if (!map.empty()) {
+      inspecting::read_map(ctx, map, s.out);
+    } else if (is_open_with(s.out, "memory_map") &&
+               !std::ranges::any_of(s.out.holders, [](const lock_holder& h) {
+                 return h.algorithm == "memory_map (degraded)";
+               })) {
+      s.out.not_shown.push_back(
+          "memory_map's holders: its lock file names no map that can be read");
+    }
+    if (s.semid >= 0 && is_open_with(s.out, "sysv")) {
+      inspecting::read_semaphores(ctx, s.semid, s.out);
+    }
   }
   // PATH.fallback is memory_map's only where memory_map has PATH open.
   if (!is_open_with(s.out, "memory_map")) {
@@ -575,7 +590,7 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
                   [](const lock_holder& h) { return h.algorithm == "memory_map (degraded)"; });
   }
   // memory_map's and atomic_append's own bytes on their files are not entities.
-  if (own_bytes || is_open_with(s.out, "memory_map") || is_open_with(s.out, "atomic_append")) {
+  if (is_open_with(s.out, "memory_map") || is_open_with(s.out, "atomic_append")) {
     std::erase_if(s.out.holders,
                   [](const lock_holder& h) { return h.algorithm == "byte_ranges or fcntl"; });
   }
@@ -590,7 +605,7 @@ result<lock_state> inspect(const std::string& path, io::filesystem& fs) noexcept
     s.out.not_shown.push_back(
         "sysv's shared holders: the kernel counts them, and names none (pid 0)");
   }
-  if (s.foreign_locks && !own_bytes && !is_open_with(s.out, "memory_map") &&
+  if (s.foreign_locks && !is_open_with(s.out, "memory_map") &&
       !is_open_with(s.out, "atomic_append")) {  // their own ranges on their files
     s.out.not_shown.push_back(
         "locks keel does not take (POSIX locks, or ranges of more than one byte) on the file");

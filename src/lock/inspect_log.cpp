@@ -41,6 +41,32 @@ off_t torn_at(std::span<const std::byte> page, off_t offset) noexcept {
   return 0;
 }
 
+// The log from a start to `end`, read in large pieces: each byte is read about once.
+class log_window {
+ public:
+  log_window(const io::file_handle& f, off_t end) : f_(f), end_(end) {}
+
+  //! The record at `at`; false where the file ends before it (a reset truncated it).
+  result<bool> get(off_t at, record& out) {
+    if (at < start_ || at + record_size > start_ + static_cast<off_t>(bytes_.size())) {
+      bytes_.resize(static_cast<std::size_t>(std::min<off_t>(end_ - at, off_t{1} << 20)));
+      auto n = f_.read_at(at, bytes_);
+      if (!n) return std::unexpected(n.error());
+      bytes_.resize(*n);
+      start_ = at;
+      if (*n < static_cast<std::size_t>(record_size)) return false;
+    }
+    std::memcpy(&out, bytes_.data() + (at - start_), sizeof out);
+    return true;
+  }
+
+ private:
+  const io::file_handle& f_;
+  off_t end_;
+  off_t start_ = 0;
+  std::vector<std::byte> bytes_;
+};
+
 }  // namespace
 
 bool read_log(context& ctx, const std::string& path, lock_state& out) noexcept {
@@ -51,7 +77,7 @@ bool read_log(context& ctx, const std::string& path, lock_state& out) noexcept {
   };
   auto f = io::file_handle::open(
       ctx.fs, path.c_str(),
-      io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
+      io::open_flags::read | io::open_flags::non_blocking);  // through a link, as inspect
   if (!f) return false;
   auto st = f->status();
   if (!st) return false;
@@ -71,32 +97,68 @@ bool read_log(context& ctx, const std::string& path, lock_state& out) noexcept {
 
   // Each record at `at`: the start of a chunk that parses is taken whole; anything else
   // (zeros of the punched prefix, a torn append, damage) is stepped over a record at a time.
+  // The log is read once, through a window; a chunk is parsed only once its records' headers
+  // follow on (a step over a record that claims a long chunk costs as far as it follows on,
+  // and the records it claimed then do not start chunks: the scan stays linear).
+  log_window win(*f, to);
   std::vector<chunk_view> live;
   std::vector<record> buf;
+  std::uint64_t damaged = 0;  // records stepped over that are not zeros
   off_t at = from;
+  const auto step = [&](const record& r) {
+    if (std::any_of(reinterpret_cast<const std::byte*>(&r),
+                    reinterpret_cast<const std::byte*>(&r) + sizeof r,
+                    [](std::byte b) { return b != std::byte{0}; })) {
+      ++damaged;
+    }
+    at += record_size;
+  };
   while (at + record_size <= to) {
     if (const off_t torn = torn_at(page, at); torn > 0) {
       at += torn;
       continue;
     }
     record first{};
-    auto r = f->read_at(at, std::as_writable_bytes(std::span(&first, 1)));
-    if (!r) return cannot("the log cannot be read: " + r.error().message());
-    if (*r < sizeof first) break;
+    auto got = win.get(at, first);
+    if (!got) return cannot("the log cannot be read: " + got.error().message());
+    if (!*got) break;
     if (first.magic != record_magic || first.index != 0 || first.count == 0) {
-      at += record_size;
+      step(first);
+      continue;
+    }
+    std::uint16_t follow = 1;
+    for (record next{}; follow < first.count; ++follow) {
+      const off_t there = at + follow * record_size;
+      if (there + record_size > to) break;
+      auto r = win.get(there, next);
+      if (!r) return cannot("the log cannot be read: " + r.error().message());
+      if (!*r || next.magic != record_magic || next.index != follow || next.count != first.count)
+        break;
+    }
+    if (follow < first.count) {
+      step(first);
       continue;
     }
     buf.resize(first.count);
-    auto m = f->read_at(at, std::as_writable_bytes(std::span(buf)));
-    if (!m) return cannot("the log cannot be read: " + m.error().message());
-    auto c = parse_chunk(at, std::span(buf).first(*m / sizeof(record)));
+    bool whole = true;
+    for (std::uint16_t k = 0; k < first.count && whole; ++k) {
+      auto r = win.get(at + k * record_size, buf[k]);
+      if (!r) return cannot("the log cannot be read: " + r.error().message());
+      whole = *r;
+    }
+    if (!whole) break;
+    auto c = parse_chunk(at, buf);
     if (!c) {
-      at += record_size;
+      step(first);
       continue;
     }
     at += c->length;
     if (!c->released) live.push_back(std::move(*c));
+  }
+  if (damaged != 0) {
+    cannot(std::to_string(damaged) +
+           " records of the log that do not parse (damaged, or torn by a full disk and not "
+           "noted): their owners, if any, are not shown");
   }
 
   ctx.refresh_kernel_locks();  // after the copy: an owner alive now has its chunk locked

@@ -16,7 +16,7 @@ namespace keel::lock::inspecting {
 std::string map_of(io::filesystem& fs, const std::string& path) noexcept {
   auto f = io::file_handle::open(
       fs, path.c_str(),
-      io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
+      io::open_flags::read | io::open_flags::non_blocking);  // through a link, as inspect
   if (!f) return {};
   std::vector<std::byte> page(mm::lockfile_page);
   auto n = f->read_at(0, page);
@@ -42,7 +42,7 @@ void read_map(context& ctx, const std::string& map, lock_state& out) noexcept {
   if (!n) return cannot("its map cannot be read: " + n.error().message());
   const auto bytes = std::as_bytes(std::span(words)).first(*n);
   if (*n != mm::map_size || !mm::check_map(bytes)) {
-    return cannot("its map " + map + " is not a memory_map map of this version");
+    return cannot("its map " + map + " is truncated, or not a memory_map map of this version");
   }
   const mm::slot_table table(reinterpret_cast<std::byte*>(words.data()));
   if (table.degraded_word().load() != 0) return;  // its holders are the fallback's byte locks

@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -249,6 +252,11 @@ TEST_P(KeelLocksOwnStructures, HoldersWaitersAndTheDead) {
     EXPECT_TRUE(waits[0]["exclusive"].get<bool>()) << doc.dump();
   }
 
+  // Through a symlink to the lock file, as flock(1) and `keel lock` with no NAME resolve it.
+  const std::string link = dir.file("link");
+  ASSERT_EQ(::symlink("lock", link.c_str()), 0);
+  EXPECT_EQ(with_state(locks_of(link, d), "holds").size(), 2u) << "lost through a link";
+
   // It only reads: the lock file is as it was.
   const std::string before = bytes_of(path);
   (void)locks_of(path, d);
@@ -281,6 +289,53 @@ TEST_P(KeelLocksOwnStructures, HoldersWaitersAndTheDead) {
 
 INSTANTIATE_TEST_SUITE_P(Each, KeelLocksOwnStructures,
                          ::testing::Values("atomic_append", "memory_map", "sysv"));
+
+// Review findings: the marks an earlier algorithm left in the file (a log, a map) hid the
+// holder of the algorithm that has it open now; a FIFO at the path was opened, letting its
+// writer through.
+TEST(KeelLocks, AnEarlierUseOfTheFileHidesNoHolder) {
+  for (const std::string earlier : {"atomic_append", "memory_map"}) {
+    keel::test::temp_dir dir;
+    const std::string d = dir.path().string(), path = dir.file("lock");
+    // `keel lock` becomes its command: exiting, it leaves its mark for the next locker.
+    ASSERT_EQ(run_program(KEEL_BINARY, {"lock", "-a", earlier, path, "job", "--", "true"}, d).code,
+              0);
+    keel::test::signal_pipe held;
+    const pid_t a = holder("byte_ranges", path, "job", held);
+    keel::test::killed_on_failure ga{a};
+    ASSERT_EQ(held.wait(), 'h');
+    const json doc = locks_of(path, d);
+    const auto holds = with_state(doc, "holds");
+    ASSERT_EQ(holds.size(), 1u) << earlier << ": " << doc.dump();
+    EXPECT_EQ(holds[0]["pid"], a);
+    EXPECT_EQ(holds[0]["algorithm"], "byte_ranges or fcntl");
+    kill_and_reap(a);
+    ga.pid = 0;
+    (void)keel::lock::remove_mutex_resources(earlier, path);
+  }
+}
+
+TEST(KeelLocks, AFifoAtThePathIsNotOpened) {
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string(), fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const pid_t writer = keel::test::fork_child([&] {
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);  // waits for a reader
+    return fd < 0 ? 1 : 0;
+  });
+  keel::test::killed_on_failure gw{writer};
+  const auto in_open = [&] {
+    std::ifstream f("/proc/" + std::to_string(writer) + "/syscall");
+    long nr = -1;
+    return static_cast<bool>(f >> nr) && nr == SYS_openat;
+  };
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!in_open() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);  // sampling a state, bounded
+  ASSERT_TRUE(in_open());
+  (void)run_program(KEEL_BINARY, {"locks", fifo}, d);
+  EXPECT_TRUE(in_open()) << "keel locks opened the FIFO: its writer went through";
+}
 
 // Review findings: a waiter's mode was the first blocked line's; locks keel does not take
 // (a POSIX range) were shown as entity holders; a file named like PATH.fallback of another

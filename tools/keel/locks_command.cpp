@@ -169,11 +169,11 @@ int run_locks_command(int argc, char** argv) {
                  !h.mode_known ? "?"
                  : h.exclusive ? "exclusive"
                                : "shared",
-                 printable(entity_text(h)), h.algorithm);
+                 printable(entity_text(h)), printable(h.algorithm));
     }
   }
   for (const auto& n : st->not_shown)
-    fmt::print("not shown: {}\n", n);
+    fmt::print("not shown: {}\n", printable(n));  // may name a path read from a file
   return finish_output();
 }
 

@@ -62,8 +62,10 @@ struct lock_state {
 //! to read other users' /proc/PID/fd: root sees all); lock_files' owner records (which name
 //! processes of other machines too, and are judged stale as a locker would); the live
 //! chunks of atomic_append's log; the slots of memory_map's shared map; the counts of sysv's
-//! semaphores. It only reads: it takes no lock and writes nothing. Errors: those of looking
-//! at `path` (no_such_file_or_directory, ...).
+//! semaphores. It only reads: it takes no lock and writes nothing (it opens a regular file at
+//! `path`, so, as any open and close of the file does, it drops classic POSIX F_SETLK locks
+//! the calling process holds on it; keel takes none). Errors: those of looking at `path`
+//! (no_such_file_or_directory, ...).
 [[nodiscard]] result<lock_state> inspect(const std::string& path,
                                          io::filesystem& fs = io::os()) noexcept;
 
