@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -28,8 +27,7 @@ pid_t client_of(const std::string& mount_point) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string cmdline = keel::test::slurp(e.path() / "cmdline");
     if (cmdline.find("glusterfs") == std::string::npos) continue;
     // Its arguments end with the mount point.
     const std::string tail = std::string(1, '\0') + mount_point + '\0';
