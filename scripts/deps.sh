@@ -26,6 +26,7 @@ packages=(
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
   fio                             # the peer of keel aiobench's random reads
   glusterfs-server glusterfs-client  # a real distributed filesystem for the netfs tests
+  python3-filelock python3-portalocker  # the Python locks `keel lock FILE` must exclude
   # keel kvbench's peers (benchmark-only, never the library's)
   liblmdb-dev libtkrzw-dev librocksdb-dev libleveldb-dev libsqlite3-dev libtdb-dev
 )

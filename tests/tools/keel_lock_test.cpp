@@ -233,6 +233,50 @@ TEST_F(KeelLockFile, ExcludesPythonsFlockAsFilelockAndPortalockerTakeIt) {
   EXPECT_EQ(run("/usr/bin/python3", {"-c", take, file()}).code, 0);
 }
 
+// The libraries themselves, where Debian's packages are installed (scripts/deps.sh installs
+// them): each is kept out while keel lock holds the file, and keeps keel lock out.
+TEST_F(KeelLockFile, FilelockAndPortalockerThemselvesExcludeAndAreExcluded) {
+  const std::string py = "/usr/bin/python3";
+  if (!std::filesystem::exists(py) || run(py, {"-c", "import filelock, portalocker"}).code != 0) {
+    GTEST_SKIP() << "python3-filelock or python3-portalocker is not installed "
+                    "(scripts/deps.sh installs them)";
+  }
+  const std::string try_both =
+      "import filelock, portalocker, sys\n"
+      "try:\n"
+      "    filelock.FileLock(sys.argv[1]).acquire(timeout=0)\n"
+      "    sys.exit(2)\n"
+      "except filelock.Timeout:\n"
+      "    pass\n"
+      "f = open(sys.argv[1], 'a')\n"
+      "try:\n"
+      "    portalocker.lock(f, portalocker.LOCK_EX | portalocker.LOCK_NB)\n"
+      "    sys.exit(3)\n"
+      "except portalocker.exceptions.LockException:\n"
+      "    pass\n";
+  const pid_t k = hold(KEEL_BINARY, {"lock", file(), "--"});
+  const auto r = run(py, {"-c", try_both, file()});
+  EXPECT_EQ(r.code, 0) << (r.code == 2   ? "filelock got in"
+                           : r.code == 3 ? "portalocker got in"
+                                         : r.err);
+  end(k);
+  for (const std::string lib : {"filelock", "portalocker"}) {
+    // The library takes the file, then runs the ready mark while it holds it.
+    const std::string take = lib == "filelock" ? "import filelock, subprocess, sys\n"
+                                                 "l = filelock.FileLock(sys.argv[1])\n"
+                                                 "l.acquire()\n"
+                                                 "subprocess.run(sys.argv[2:])\n"
+                                               : "import portalocker, subprocess, sys\n"
+                                                 "f = open(sys.argv[1], 'a')\n"
+                                                 "portalocker.lock(f, portalocker.LOCK_EX)\n"
+                                                 "subprocess.run(sys.argv[2:])\n";
+    const pid_t p = hold(py, {"-c", take, file()});
+    EXPECT_EQ(keel({"-n", file(), "--", "true"}).code, 1) << lib << " held it; keel lock got in";
+    end(p);
+  }
+  EXPECT_EQ(keel({"-n", file(), "--", "true"}).code, 0);
+}
+
 TEST_F(KeelLockFile, BusyIsNotCannotOpen) {
   const std::string missing = dir_.file("no/such/dir/f");
   const auto whole = keel({missing, "--", "true"});
