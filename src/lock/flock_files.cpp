@@ -50,7 +50,7 @@ result<int> file_of(thread_files& t, entity e) noexcept {
   if (it != t.files.end()) return it->second.fd();
   char name[17];
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
-  auto f = io::file_handle::open_at(t.dir, name, detail::lock_file_flags);
+  auto f = detail::open_lock_file(t.dir.fs(), &t.dir, name, name);
   if (!f) return std::unexpected(f.error());
   const int fd = f->fd();
   t.files.emplace(value, std::move(*f));

@@ -104,7 +104,7 @@ result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
   auto claimed = detail::claim_directory(*d, dir, "lock_files");
   if (!claimed) return std::unexpected(claimed.error());
   p->claimed = std::move(*claimed);
-  auto b = io::file_handle::open_at(*d, breaker_name, detail::lock_file_flags);
+  auto b = detail::open_lock_file(fs, &*d, breaker_name, dir + "/" + breaker_name);
   if (!b) return std::unexpected(b.error());
   auto bid = detail::identify(*b);
   if (!bid) return std::unexpected(bid.error());

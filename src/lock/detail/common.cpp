@@ -1,5 +1,6 @@
 #include "common.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,9 +79,35 @@ result<void> claim(const io::file_handle& f, std::string_view algorithm,
   return {};
 }
 
+namespace {
+
+bool is_special(std::uint32_t mode) noexcept {
+  return S_ISFIFO(mode) || S_ISSOCK(mode) || S_ISCHR(mode) || S_ISBLK(mode);
+}
+
+}  // namespace
+
+result<io::file_handle> open_lock_file(io::filesystem& fs, const io::file_handle* dir,
+                                       const char* name, const std::string& about,
+                                       io::open_flags flags) noexcept {
+  const auto not_ours = [&] {
+    return std::unexpected(error(make_error_code(errc::not_keel_file)).about(about));
+  };
+  // Looked at before the open, which a FIFO would notice; and after, in case one was put
+  // there between the two (then at least it is not used).
+  if (auto st = fs.stat_at(dir, name, false); st && is_special(st->mode)) return not_ours();
+  auto f = dir != nullptr ? io::file_handle::open_at(*dir, name, flags)
+                          : io::file_handle::open(fs, name, flags);
+  if (!f) return std::unexpected(f.error());
+  auto st = f->status();
+  if (!st) return std::unexpected(st.error());
+  if (is_special(st->mode)) return not_ours();
+  return f;
+}
+
 result<io::file_handle> open_claimed(io::filesystem& fs, const std::string& path,
                                      std::string_view algorithm) noexcept {
-  auto f = io::file_handle::open(fs, path.c_str(), lock_file_flags);
+  auto f = open_lock_file(fs, nullptr, path.c_str(), path);
   if (!f) return std::unexpected(f.error());
   if (auto c = claim(*f, algorithm, path); !c) return std::unexpected(c.error());
   return f;
@@ -90,16 +117,16 @@ result<io::file_handle> claim_directory(const io::file_handle& d, const std::str
                                         std::string_view algorithm) noexcept {
   // Read-only: a shared lock and a look need no more, and users other than the one who made
   // the file (mode 0644) must be able to open it.
-  auto f = io::file_handle::open_at(d, ".keel-algorithm",
-                                    io::open_flags::read | io::open_flags::create |
-                                        io::open_flags::no_follow | io::open_flags::non_blocking);
+  auto f = open_lock_file(d.fs(), &d, ".keel-algorithm", dir + "/.keel-algorithm",
+                          io::open_flags::read | io::open_flags::create |
+                              io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) return std::unexpected(f.error());
   if (auto c = claim(*f, algorithm, dir); !c) return std::unexpected(c.error());
   return f;
 }
 
 result<file_id> identify_lock_file(io::filesystem& fs, const std::string& path) noexcept {
-  auto f = io::file_handle::open(fs, path.c_str(), lock_file_flags);
+  auto f = open_lock_file(fs, nullptr, path.c_str(), path);
   if (!f) return std::unexpected(f.error());
   return identify(*f);
 }

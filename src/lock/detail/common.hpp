@@ -79,6 +79,14 @@ inline result<file_id> identify(const io::file_handle& f) noexcept {
 constexpr io::open_flags lock_file_flags = io::open_flags::read_write | io::open_flags::create |
                                            io::open_flags::no_follow | io::open_flags::non_blocking;
 
+//! The lock file `name` (a path, or a name in `dir`) opened with `flags`. A FIFO,
+//! socket or device found there is never opened (opening a FIFO lets its blocked writer
+//! through; a device is not a lock file): errc::not_keel_file about `about`. A symlink or a
+//! directory is refused by the open itself (ELOOP, EISDIR).
+result<io::file_handle> open_lock_file(io::filesystem& fs, const io::file_handle* dir,
+                                       const char* name, const std::string& about,
+                                       io::open_flags flags = lock_file_flags) noexcept;
+
 //! Whether `f`, opened again by path for a thread of an instance that opened the path as
 //! `id`, is that same file. Else ESTALE about `path`: it was removed or replaced since, and
 //! threads locking different files would not exclude each other.
