@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -146,6 +147,7 @@ int run_lockscale_command(int argc, char** argv) {
   auto fs = io::stat_fs(scratch->path.c_str());
   // The same lock seen through the other mount: the scratch directory's name under it.
   std::string other_path;
+  bool other_mount = false;
   if (!through.empty()) {
     const std::string name = std::filesystem::path(scratch->path).filename().string();
     const std::string other_dir = through + "/" + name;
@@ -155,6 +157,12 @@ int run_lockscale_command(int argc, char** argv) {
       return 1;
     }
     other_path = other_dir + "/lock";
+    // Another client only where the kernel sees another filesystem (a FUSE or NFS mount has
+    // a device of its own): a symlink or a bind mount reaches the same one, with one cache.
+    struct stat here {
+    }, there{};
+    other_mount = ::stat(scratch->path.c_str(), &here) == 0 &&
+                  ::stat(other_dir.c_str(), &there) == 0 && here.st_dev != there.st_dev;
   }
 
   nlohmann::json out;
@@ -163,7 +171,8 @@ int run_lockscale_command(int argc, char** argv) {
   out["idle_us"] = idle_us;
   out["seconds"] = seconds;
   out["filesystem"] = fs ? std::string(fs->type_name()) : "unknown";
-  out["two_mounts"] = !through.empty();
+  out["through"] = !through.empty();  // every second worker used the other path
+  out["two_mounts"] = other_mount;    // and that path is another mount (another client)
   out["rows"] = nlohmann::json::array();
   const bool json_to_stdout = json_path == "-";
   if (!json_to_stdout) fmt::print("# {} {} {} {}\n", algo, busy_us, idle_us, seconds);
