@@ -1,5 +1,6 @@
 #include "keel/lock/lock_files.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -71,7 +72,9 @@ struct lock_files::impl {
       if (auto same = detail::check_same_file(*d, dir_id, dir); !same) {
         return std::unexpected(same.error());
       }
-      auto b = io::file_handle::open_at(*d, breaker_name, io::open_flags::read_write);
+      auto b = detail::open_lock_file(
+          *fs, &*d, breaker_name, dir + "/" + breaker_name,
+          io::open_flags::read_write | io::open_flags::no_follow | io::open_flags::non_blocking);
       if (!b) return std::unexpected(b.error());
       if (auto same = detail::check_same_file(*b, breaker_id, dir + "/" + breaker_name); !same) {
         return std::unexpected(same.error());
@@ -149,7 +152,12 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name,
            err == std::error_code(ESTALE, std::system_category());
   };
   // Without following a link or blocking on a FIFO someone made at the name: what is not a
-  // regular file is not a lock file, and is never judged (nor removed).
+  // regular file is not a lock file, and is never judged (nor removed): the name is taken.
+  // A FIFO, socket or device is not even opened (a FIFO's blocked writer would go through).
+  if (auto st = t.dir.fs().stat_at(&t.dir, name, false);
+      st && !st->is_regular() && !st->is_directory() && (st->mode & S_IFMT) != S_IFLNK) {
+    return false;
+  }
   auto f = io::file_handle::open_at(
       t.dir, name, io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) {

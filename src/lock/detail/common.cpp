@@ -27,7 +27,9 @@ result<void> check_same_file(const io::file_handle& f, file_id id,
 
 result<io::file_handle> reopen(io::filesystem& fs, const std::string& path, io::open_flags flags,
                                file_id id) noexcept {
-  auto f = io::file_handle::open(fs, path.c_str(), flags | io::open_flags::no_follow);
+  // Never blocking on (or letting through) a FIFO someone put at the name meanwhile.
+  auto f = open_lock_file(fs, nullptr, path.c_str(), path,
+                          flags | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) {
     if (f.error() == std::errc::no_such_file_or_directory) {
       return std::unexpected(error(std::error_code(ESTALE, std::generic_category())).about(path));

@@ -118,8 +118,9 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
   if (on != nullptr) {
     const io::file_handle* fd = &me.map_fd;
     if (!me.map_fd.is_open()) {  // to probe the users' liveness bytes
-      auto mf = io::file_handle::open(*fs, looked_at.c_str(),
-                                      io::open_flags::read_write | io::open_flags::no_follow);
+      auto mf = detail::open_lock_file(
+          *fs, nullptr, looked_at.c_str(), looked_at,
+          io::open_flags::read_write | io::open_flags::no_follow | io::open_flags::non_blocking);
       if (!mf) return std::unexpected(mf.error());
       probe_fd = std::move(*mf);
       fd = &probe_fd;

@@ -326,8 +326,9 @@ namespace mm {
 
 result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p,
                                  io::file_handle& hold) noexcept {
-  auto f =
-      io::file_handle::open(fs, p.c_str(), io::open_flags::read_write | io::open_flags::no_follow);
+  auto f = detail::open_lock_file(
+      fs, nullptr, p.c_str(), p,
+      io::open_flags::read_write | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!f) return std::unexpected(f.error());
   const auto gone = [&] {
     return std::unexpected(

@@ -41,8 +41,9 @@ result<mm::thread_user*> memory_map::impl::mine() noexcept {
 }
 
 result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
-  auto mf = io::file_handle::open(*fs, map_path.c_str(),
-                                  io::open_flags::read_write | io::open_flags::no_follow);
+  auto mf = detail::open_lock_file(
+      *fs, nullptr, map_path.c_str(), map_path,
+      io::open_flags::read_write | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!mf) return std::unexpected(mf.error());
   t.map_fd = std::move(*mf);
   const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
