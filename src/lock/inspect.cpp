@@ -39,21 +39,28 @@ struct role_of_file {
   std::uint64_t entity = 0;  // entity_file: its value
 };
 
-// The whole of a small /proc file (empty on failure: it may be gone, or not ours to read).
-std::string read_proc(io::filesystem& fs, const std::string& path) noexcept {
+// The whole of a small /proc file, or nothing if it cannot be opened or a read fails (it may
+// be gone, or not ours to read).
+std::optional<std::string> read_proc_whole(io::filesystem& fs, const std::string& path) noexcept {
   auto f = io::file_handle::open(fs, path.c_str(), io::open_flags::read);
-  if (!f) return {};
+  if (!f) return std::nullopt;
   std::string out(4096, '\0');
   std::size_t have = 0;
   for (;;) {
     auto n = f->read_at(static_cast<off_t>(have),
                         std::as_writable_bytes(std::span(out.data() + have, out.size() - have)));
-    if (!n || *n == 0) break;
+    if (!n) return std::nullopt;
+    if (*n == 0) break;
     have += *n;
     if (have == out.size()) out.resize(out.size() * 2);
   }
   out.resize(have);
   return out;
+}
+
+// The same, empty on failure.
+std::string read_proc(io::filesystem& fs, const std::string& path) noexcept {
+  return read_proc_whole(fs, path).value_or(std::string());
 }
 
 std::vector<std::string> numeric_entries(io::filesystem& fs, const std::string& dir) noexcept {
@@ -435,8 +442,9 @@ namespace inspecting {
 void context::refresh_kernel_locks() {
   kernel_locks.clear();
   kernel_locks_read = false;
-  if (!io::file_handle::open(fs, "/proc/locks", io::open_flags::read)) return;
-  const std::string locks = read_proc(fs, "/proc/locks");
+  const auto read = read_proc_whole(fs, "/proc/locks");
+  if (!read) return;  // unread: no lock is judged absent from it
+  const std::string& locks = *read;
   kernel_locks_read = true;
   std::size_t at = 0;
   while (at < locks.size()) {
