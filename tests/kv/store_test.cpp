@@ -403,7 +403,12 @@ TEST(KvStore, AForkWhileASegmentIsBeingMappedLeavesTheChildAbleToRead) {
   auto writer = open_ok(path);
   ASSERT_TRUE(writer);
   const std::string value(100'000, 'v');
-  for (int i = 0; i < 30; ++i)
+  // k0's value fits in a std::string's own bytes: once the mapper lets the mutex go, it
+  // allocates nothing more, so the fork cannot catch it inside malloc (GCC 12's
+  // AddressSanitizer, unlike glibc, does not hold its allocator across fork, and a child
+  // forked mid-malloc there hangs on its first allocation: no fault of keel's).
+  ASSERT_TRUE(writer->put("k0", "small"));
+  for (int i = 1; i < 30; ++i)
     ASSERT_TRUE(writer->put("k" + std::to_string(i), value));
   ASSERT_GE(writer->stats()->segments, 3u);
   // A second handle maps segments only as it reads them.
