@@ -3,7 +3,7 @@
 #
 #   make bench [QUICK=1|FULL=1] [BENCH_DIR=PATH]  build, run the benchmarks, write build/report/
 #   make test                               build release, run every test (ctest)
-#   make build                              build the release preset (build/release/bin/keel)
+#   make build                              build the release preset (bin/keel, bin/keel-bench)
 #   make torture [TORTURE_CYCLES=N] [STRESS_ROUNDS=N]  the crash and fault harness's long pass,
 #                                           then the lock stress for every algorithm
 #   make test-asan | test-tsan | test-debug build and test one sanitizer/debug preset
@@ -48,7 +48,7 @@ bench: build
 # Every mode on every workload, TORTURE_CYCLES cycles each (10 000: about an hour and a half
 # on 2 cores). Prints cycles, failures and the seed that replays a failure.
 torture: build
-	build/release/bin/keel torture --cycles $(TORTURE_CYCLES) --keep-going
+	build/release/bin/keel-bench torture --cycles $(TORTURE_CYCLES) --keep-going
 	for a in lock_files byte_ranges atomic_append memory_map flock fcntl sysv; do \
 	  scripts/stress-locks.sh $$a $(STRESS_ROUNDS) || exit 1; done
 

@@ -8,9 +8,9 @@
 #   BENCH_DIR=DIR  run the benchmarks in DIR instead (to measure another filesystem)
 #   NO_FS=1        skip the lock rows on ext4, xfs and btrfs loop devices and on GlusterFS
 #                  (they need root)
-#   AIO_DIR=DIR    where keel aiobench puts its files (default build/aiobench: a real disk,
+#   AIO_DIR=DIR    where keel-bench aiobench puts its files (default build/aiobench: a real disk,
 #                  for O_DIRECT; the randread file is kept there for the next run)
-#   KV_SYNC_DIR=DIR  where keel kvbench's durable rows put their stores (default
+#   KV_SYNC_DIR=DIR  where keel-bench kvbench's durable rows put their stores (default
 #                  build/kvbench: a real disk, for fdatasync to cost what it costs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +62,7 @@ else
   fs_w=10:100 gluster_w=2:10
   aio_args=(--size 1024 --seconds 3 --items 5000)
 fi
-keel=build/release/bin/keel
+keel_bench=build/release/bin/keel-bench
 
 step() { echo "bench: [$1] $2" >&2; }
 
@@ -76,20 +76,20 @@ step 1/10 "io micro-benchmarks ($reps repetitions, interleaved)"
 step 2/10 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
 scale_files=()
 for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
-  "$keel" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
+  "$keel_bench" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
     --json "$out/raw/lockscale-$algo.json" "$algo" >&2
   scale_files+=(--lockscale "$out/raw/lockscale-$algo.json")
 done
 
 step 3/10 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
 for algo in flock fcntl sysv atomic_append memory_map; do
-  "$keel" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
+  "$keel_bench" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
 step 4/10 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
-"$keel" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
+"$keel_bench" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 
 # The lock directory on real filesystems: a 512 MiB image per filesystem on a loop device.
@@ -121,7 +121,7 @@ if [ -z "$fs_skip" ]; then
       continue
     fi
     for algo in flock fcntl lock_files byte_ranges atomic_append memory_map; do
-      "$keel" lockscale -t "$scale_t" -w "$fs_w" --dir "$mnt" \
+      "$keel_bench" lockscale -t "$scale_t" -w "$fs_w" --dir "$mnt" \
         --json "$out/raw/lockscale-$fs-$algo.json" "$algo" >&2
       fs_args+=(--lockscale-fs "$out/raw/lockscale-$fs-$algo.json")
     done
@@ -144,7 +144,7 @@ if [ -z "$fs_skip" ]; then
   if [ -f "$gfs/mounts" ]; then
     { read -r client_a; read -r client_b; } <"$gfs/mounts"
     for algo in flock fcntl lock_files byte_ranges memory_map; do
-      "$keel" lockscale -t "$scale_t" -w "$gluster_w" --dir "$client_a" --through "$client_b" \
+      "$keel_bench" lockscale -t "$scale_t" -w "$gluster_w" --dir "$client_a" --through "$client_b" \
         --json "$out/raw/lockscale-glusterfs-$algo.json" "$algo" >&2
       fs_args+=(--lockscale-fs "$out/raw/lockscale-glusterfs-$algo.json")
     done
@@ -160,7 +160,7 @@ fi
 
 aio_dir=${AIO_DIR:-build/aiobench}
 step 7/10 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
-"$keel" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
+"$keel_bench" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
 
 # The issue's 1 M records; an engine too slow to put them all within kv_fill seconds goes on
 # with those it put (the report says so). Durable rows on a disk: fdatasync on tmpfs is free.
@@ -171,7 +171,7 @@ kv_fill=60
 kv_sync_dir=${KV_SYNC_DIR:-build/kvbench}
 mkdir -p "$kv_sync_dir"
 step 8/10 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
-"$keel" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
+"$keel_bench" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
   --dir "$dir" --sync-dir "$kv_sync_dir" --json "$out/raw/kvbench.json" >&2
 
 # keel::space's out-of-space figures (issue 13): a store fills small volumes made for the run
@@ -192,7 +192,7 @@ for fs in "${space_fs[@]}"; do
   btrfs) size=320 stream=128 ;;
   esac
   step 9/10 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
-  "$keel" spacebench --fs "$fs" --size-mib "$size" --stream-mib "$stream" \
+  "$keel_bench" spacebench --fs "$fs" --size-mib "$size" --stream-mib "$stream" \
     --segment-mib 1 "${blurt[@]}" --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
     tee "$out/spacebench-$fs.txt" >&2
   space_files+=(--spacebench "$out/raw/spacebench-$fs.json")

@@ -24,10 +24,10 @@ packages=(
   clang-format               # the formatting check that runs as a test
   clang-19                   # the thread-safety analysis check that runs as a test
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
-  fio                             # the peer of keel aiobench's random reads
+  fio                             # the peer of keel-bench aiobench's random reads
   glusterfs-server glusterfs-client  # a real distributed filesystem for the netfs tests
   python3-filelock python3-portalocker  # the Python locks `keel lock FILE` must exclude
-  # keel kvbench's peers (benchmark-only, never the library's)
+  # keel-bench kvbench's peers (benchmark-only, never the library's)
   liblmdb-dev libtkrzw-dev librocksdb-dev libleveldb-dev libsqlite3-dev libtdb-dev
 )
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stress for lock algorithms: repeated keel lockmatrix runs of ALGO (default atomic_append)
+# Stress for lock algorithms: repeated keel-bench lockmatrix runs of ALGO (default atomic_append)
 # while memory_map cells load both cores, counting runs that failed (an error, or mutual
 # exclusion found broken), the load runs' too (they are memory_map runs: a break there
 # counts). Not part of make test: it takes minutes and hunts rare races; `make torture` runs
@@ -10,14 +10,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 algo=${1:-atomic_append}
 rounds=${2:-4}
-keel=build/release/bin/keel
-[ -x "$keel" ] || { echo "stress: build first (make build)" >&2; exit 2; }
+keel_bench=build/release/bin/keel-bench
+[ -x "$keel_bench" ] || { echo "stress: build first (make build)" >&2; exit 2; }
 fails=0 runs=0
 for r in $(seq 1 "$rounds"); do
   # The load's own failures are its exit status (0..3).
   (failed=0
    for i in 1 2 3; do
-     if ! err=$("$keel" lockmatrix --seconds 1 --waiters 8 --entities 1:8 memory_map 2>&1 \
+     if ! err=$("$keel_bench" lockmatrix --seconds 1 --waiters 8 --entities 1:8 memory_map 2>&1 \
                 >/dev/null); then
        failed=$((failed + 1))
        grep -v "^lockmatrix:" <<<"$err" | head -2 | sed 's/^/load (memory_map): /'
@@ -27,7 +27,7 @@ for r in $(seq 1 "$rounds"); do
   load=$!
   for i in 1 2 3 4 5 6; do
     runs=$((runs + 1))
-    if ! err=$("$keel" lockmatrix --seconds 0.5 --waiters 2:4:8 --entities 1:4 "$algo" 2>&1 >/dev/null); then
+    if ! err=$("$keel_bench" lockmatrix --seconds 0.5 --waiters 2:4:8 --entities 1:4 "$algo" 2>&1 >/dev/null); then
       fails=$((fails + 1))
       grep -v "^lockmatrix:" <<<"$err" | head -2
     fi

@@ -1,5 +1,5 @@
 #pragma once
-// The crash and fault harness (`keel torture`, and a short pass in `make test`): runs a
+// The crash and fault harness (`keel-bench torture`, and a short pass in `make test`): runs a
 // workload again and again under one mode of failure and checks an oracle after each cycle.
 //
 // Modes: kill (SIGKILL a user at a random moment, recover, check), powerloss (cut the power

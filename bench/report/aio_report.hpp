@@ -1,5 +1,5 @@
 #pragma once
-// The aio section of the report: keel aiobench's JSON, its plots, and the aio targets
+// The aio section of the report: keel-bench aiobench's JSON, its plots, and the aio targets
 // checked against the peers measured in the same run.
 
 #include <string>
@@ -8,7 +8,7 @@
 
 namespace keel::report {
 
-//! Renders `aiobench_file` (keel aiobench --json) into plots under `out`.
+//! Renders `aiobench_file` (keel-bench aiobench --json) into plots under `out`.
 section render_aio(const std::string& out, const std::string& aiobench_file);
 
 }  // namespace keel::report

@@ -194,7 +194,8 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
   section s;
   s.results = doc;
   std::vector<std::string> pngs{plot(out, doc)};
-  finish_section(s, "keel::kv beside its peers (keel kvbench)", targets, pngs, table_html(doc));
+  finish_section(s, "keel::kv beside its peers (keel-bench kvbench)", targets, pngs,
+                 table_html(doc));
   return s;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// The lock section of the report: keel lockscale and keel lockmatrix results, their plots,
-// and the lock targets checked against measurements of the same run.
+// The lock section of the report: keel-bench lockscale and keel-bench lockmatrix results, their
+// plots, and the lock targets checked against measurements of the same run.
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,7 +10,8 @@
 
 namespace keel::report {
 
-//! What the lock section is made of (file names of keel lockscale / lockmatrix --json output).
+//! What the lock section is made of (file names of keel-bench lockscale / lockmatrix --json
+//! output).
 struct lock_inputs {
   std::vector<std::string> lockscale;        // one per algorithm, the main sweep
   std::vector<std::string> lockscale_short;  // short critical sections (their own target)

@@ -202,25 +202,26 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--dir", dir, "The directory the benchmarks ran in (its filesystem is reported)");
   keel::report::lock_inputs locks_in;
-  app.add_option("--lockscale", locks_in.lockscale, "keel lockscale --json files")
+  app.add_option("--lockscale", locks_in.lockscale, "keel-bench lockscale --json files")
       ->check(CLI::ExistingFile);
   app.add_option("--lockscale-short", locks_in.lockscale_short,
-                 "keel lockscale --json files of short critical sections")
+                 "keel-bench lockscale --json files of short critical sections")
       ->check(CLI::ExistingFile);
   app.add_option("--lockscale-fs", locks_in.lockscale_fs,
-                 "keel lockscale --json files of runs on other filesystems")
+                 "keel-bench lockscale --json files of runs on other filesystems")
       ->check(CLI::ExistingFile);
   app.add_option("--fs-skipped", locks_in.fs_skipped,
                  "\"FS: reason\" for a filesystem the benchmarks could not run on");
-  app.add_option("--lockmatrix", locks_in.lockmatrix, "keel lockmatrix --json file")
+  app.add_option("--lockmatrix", locks_in.lockmatrix, "keel-bench lockmatrix --json file")
       ->check(CLI::ExistingFile);
   std::string aiobench_file;
-  app.add_option("--aiobench", aiobench_file, "keel aiobench --json file")
+  app.add_option("--aiobench", aiobench_file, "keel-bench aiobench --json file")
       ->check(CLI::ExistingFile);
   std::string kvbench_file;
-  app.add_option("--kvbench", kvbench_file, "keel kvbench --json file")->check(CLI::ExistingFile);
+  app.add_option("--kvbench", kvbench_file, "keel-bench kvbench --json file")
+      ->check(CLI::ExistingFile);
   std::vector<std::string> spacebench_files;
-  app.add_option("--spacebench", spacebench_files, "keel spacebench --json files")
+  app.add_option("--spacebench", spacebench_files, "keel-bench spacebench --json files")
       ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
       ->required()

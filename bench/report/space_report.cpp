@@ -57,7 +57,7 @@ set grid
 set key bottom right
 set xlabel "seconds since the store was made (log scale)"
 set logscale x
-set multiplot layout 1,2 title "keel::kv filling a volume to its first no_space (keel spacebench)"
+set multiplot layout 1,2 title "keel::kv filling a volume to its first no_space (keel-bench spacebench)"
 set title "values stored, % of the volume's free space"
 set yrange [0:100]
 plot {fill}
@@ -244,7 +244,7 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
   s.results["runs"] = docs;
   std::vector<std::string> pngs;
   if (auto png = plot(out, docs); !png.empty()) pngs.push_back(png);
-  finish_section(s, "keel::space: filling a volume (keel spacebench)", targets, pngs,
+  finish_section(s, "keel::space: filling a volume (keel-bench spacebench)", targets, pngs,
                  table_html(docs));
   return s;
 }

@@ -1,6 +1,6 @@
 #pragma once
 // Bugs planted on purpose, for the torture harness to prove it catches them (a harness that
-// passes a broken build proves nothing). Off unless a test or `keel torture --plant` turns
+// passes a broken build proves nothing). Off unless a test or `keel-bench torture --plant` turns
 // one on; where one is checked, the cost is one relaxed load on a path that is not hot.
 
 #include <atomic>

@@ -5,7 +5,7 @@
 // btrfs reserves room for every write fault on a shared map (`btrfs_page_mkwrite`), for
 // pages already allocated and already dirty too, and turns a reservation it cannot make at
 // once into SIGBUS: with a thousand processes writing one store, a volume a third full
-// killed hundreds of them (`keel spacebench --fs btrfs --blurt-tasks 1000`). write(2) gets
+// killed hundreds of them (`keel-bench spacebench --fs btrfs --blurt-tasks 1000`). write(2) gets
 // ENOSPC there; a store instruction has no way to return it.
 //
 // The guard keeps the address ranges of the process's writable maps in a table a signal

@@ -1,4 +1,4 @@
-// keel aiobench, run as a user would: the parts it is asked for, JSON, usage errors.
+// keel-bench aiobench, run as a user would: the parts it is asked for, JSON, usage errors.
 // Speed is make bench's business; these check that the measurements happen and are reported.
 
 #include <gtest/gtest.h>
@@ -31,7 +31,7 @@ TEST(KeelAiobench, NullAndWorkloadPartsReportEveryMethod) {
 #endif
   keel::test::temp_dir dir;
   const std::string json = dir.file("a.json");
-  const auto r = run_program(KEEL_BINARY,
+  const auto r = run_program(KEEL_BENCH_BINARY,
                              {"aiobench", "--parts", "null,workload", "--seconds", "0.1", "--items",
                               "20", "--dir", dir.file("files"), "--json", json},
                              dir.path().string());
@@ -73,7 +73,7 @@ TEST(KeelAiobench, OverwriteAndSmallPartsReportEveryMethod) {
 #endif
   keel::test::temp_dir dir;
   const std::string json = dir.file("o.json");
-  const auto r = run_program(KEEL_BINARY,
+  const auto r = run_program(KEEL_BENCH_BINARY,
                              {"aiobench", "--parts", "overwrite,overwrite_direct,small",
                               "--methods", "posix,cstdio,keel_io_uring,keel_io_uring_cache",
                               "--items", "20", "--dir", dir.file("files"), "--json", json},
@@ -103,13 +103,15 @@ TEST(KeelAiobench, OverwriteAndSmallPartsReportEveryMethod) {
 
 TEST(KeelAiobench, BadArgumentsAreUsageErrors) {
   keel::test::temp_dir dir;
-  EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--parts", "nope"}, dir.path().string()).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"aiobench", "--seconds", "-1"}, dir.path().string()).code, 2);
+  EXPECT_EQ(
+      run_program(KEEL_BENCH_BINARY, {"aiobench", "--parts", "nope"}, dir.path().string()).code, 2);
+  EXPECT_EQ(
+      run_program(KEEL_BENCH_BINARY, {"aiobench", "--seconds", "-1"}, dir.path().string()).code, 2);
   const auto bad_method =
-      run_program(KEEL_BINARY, {"aiobench", "--methods", "posix,nope"}, dir.path().string());
+      run_program(KEEL_BENCH_BINARY, {"aiobench", "--methods", "posix,nope"}, dir.path().string());
   EXPECT_EQ(bad_method.code, 2);
   EXPECT_NE(bad_method.err.find("unknown method 'nope'"), std::string::npos) << bad_method.err;
-  const auto help = run_program(KEEL_BINARY, {"aiobench", "--help"}, dir.path().string());
+  const auto help = run_program(KEEL_BENCH_BINARY, {"aiobench", "--help"}, dir.path().string());
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("--parts"), std::string::npos);
 }

@@ -1,4 +1,4 @@
-// keel lockmatrix, run as a user would: the talk's table layout, JSON, usage errors.
+// keel-bench lockmatrix, run as a user would: the talk's table layout, JSON, usage errors.
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@ TEST(KeelLockmatrix, PrintsTablesAndJsonForEveryAlgorithmAsked) {
   keel::test::temp_dir dir;
   const std::string json = dir.file("m.json");
   const auto r =
-      run_program(KEEL_BINARY,
+      run_program(KEEL_BENCH_BINARY,
                   {"lockmatrix", "--seconds", "0.1", "--waiters", "1:3", "--entities", "1:2",
                    "--dir", dir.path().string(), "--json", json, "byte_ranges", "memory_map"},
                   dir.path().string());
@@ -43,7 +43,7 @@ TEST(KeelLockmatrix, PrintsTablesAndJsonForEveryAlgorithmAsked) {
 TEST(KeelLockmatrix, PeersAreMeasuredByTheSameHarness) {
   keel::test::temp_dir dir;
   const std::string json = dir.file("m.json");
-  const auto r = run_program(KEEL_BINARY,
+  const auto r = run_program(KEEL_BENCH_BINARY,
                              {"lockmatrix", "--seconds", "0.1", "--waiters", "2", "--entities",
                               "1:3", "--dir", dir.path().string(), "--json", json, "cas", "ofd"},
                              dir.path().string());
@@ -60,11 +60,11 @@ TEST(KeelLockmatrix, PeersAreMeasuredByTheSameHarness) {
 TEST(KeelLockmatrix, UsageErrorsExitTwo) {
   keel::test::temp_dir dir;
   const std::string d = dir.path().string();
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockmatrix", "nonesuch"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockmatrix", "--waiters", "0"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockmatrix", "--entities", "a"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockmatrix", "--mode", "sideways"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockmatrix", "--help"}, d).code, 0);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockmatrix", "nonesuch"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockmatrix", "--waiters", "0"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockmatrix", "--entities", "a"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockmatrix", "--mode", "sideways"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockmatrix", "--help"}, d).code, 0);
 }
 
 }  // namespace

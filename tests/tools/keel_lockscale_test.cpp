@@ -1,4 +1,4 @@
-// keel lockscale, run as a user would: the seed's output format, JSON, the exclusion check
+// keel-bench lockscale, run as a user would: the seed's output format, JSON, the exclusion check
 // (which must be able to fail), and usage errors.
 
 #include <gtest/gtest.h>
@@ -26,7 +26,7 @@ class KeelLockscale : public ::testing::TestWithParam<std::string_view> {
 TEST_P(KeelLockscale, PrintsTheSeedsFormatAndJson) {
   const std::string algo(GetParam());
   const std::string json = dir_.file("out.json");
-  const auto r = run_program(KEEL_BINARY,
+  const auto r = run_program(KEEL_BENCH_BINARY,
                              {"lockscale", "-t", "0.3", "-w", "2:5", "-b", "200", "-i", "10",
                               "--dir", dir_.path().string(), "--json", json, algo},
                              dir_.path().string());
@@ -65,7 +65,7 @@ INSTANTIATE_TEST_SUITE_P(Every, KeelLockscale, ::testing::ValuesIn(keel::lock::a
 
 TEST(KeelLockscaleChecks, BrokenExclusionFailsLoudly) {
   keel::test::temp_dir dir;
-  const auto r = run_program(KEEL_BINARY,
+  const auto r = run_program(KEEL_BENCH_BINARY,
                              {"lockscale", "-t", "0.3", "-w", "4", "-b", "100", "--dir",
                               dir.path().string(), "--break-exclusion", "fcntl"},
                              dir.path().string());
@@ -76,12 +76,12 @@ TEST(KeelLockscaleChecks, BrokenExclusionFailsLoudly) {
 TEST(KeelLockscaleChecks, UsageErrorsExitTwo) {
   keel::test::temp_dir dir;
   const std::string d = dir.path().string();
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "nonesuch"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "-w", "10:x", "fcntl"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "-w", "0", "fcntl"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "-t", "-1", "fcntl"}, d).code, 2);
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale"}, d).code, 2);
-  const auto help = run_program(KEEL_BINARY, {"lockscale", "--help"}, d);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockscale", "nonesuch"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockscale", "-w", "10:x", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockscale", "-w", "0", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockscale", "-t", "-1", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockscale"}, d).code, 2);
+  const auto help = run_program(KEEL_BENCH_BINARY, {"lockscale", "--help"}, d);
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("BUSY_US"), std::string::npos);
 }
@@ -93,7 +93,7 @@ TEST(KeelLockscaleChecks, ThroughAnotherPathOfTheDirectory) {
   const std::string d = dir.path().string();
   ASSERT_EQ(::mkdir((d + "/a").c_str(), 0755), 0);
   ASSERT_EQ(::symlink("a", (d + "/b").c_str()), 0);
-  const auto r = run_program(KEEL_BINARY,
+  const auto r = run_program(KEEL_BENCH_BINARY,
                              {"lockscale", "-t", "0.2", "-w", "2", "-b", "100", "--dir", d + "/a",
                               "--through", d + "/b", "--json", "-", "byte_ranges"},
                              d);
@@ -106,9 +106,10 @@ TEST(KeelLockscaleChecks, ThroughAnotherPathOfTheDirectory) {
   EXPECT_GT(doc["rows"][0]["total"].get<long>(), 0);
   // Without --dir there is nothing to see through it; a directory that is not another path
   // of --dir is named.
-  EXPECT_EQ(run_program(KEEL_BINARY, {"lockscale", "--through", d + "/b", "fcntl"}, d).code, 2);
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockscale", "--through", d + "/b", "fcntl"}, d).code,
+            2);
   const auto elsewhere = run_program(
-      KEEL_BINARY,
+      KEEL_BENCH_BINARY,
       {"lockscale", "-t", "0.2", "-w", "2", "--dir", d + "/a", "--through", d, "fcntl"}, d);
   EXPECT_EQ(elsewhere.code, 1);
   EXPECT_NE(elsewhere.err.find("--through"), std::string::npos) << elsewhere.err;

@@ -1,4 +1,4 @@
-// keel spacebench, run as a user would: it makes its volumes, fills them, and reports every
+// keel-bench spacebench, run as a user would: it makes its volumes, fills them, and reports every
 // figure in JSON; no put fails half-way and nothing dies of a signal.
 
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
   keel::test::temp_dir dir;
   const std::string out = dir.file("space.json");
   auto r = run_program(
-      KEEL_BINARY,
+      KEEL_BENCH_BINARY,
       {"spacebench", "--size-mib", "12", "--stream-mib", "6", "--retries", "20", "--blurt-tasks",
        "20", "--blurt-steps", "40", "--blurt-dirs", "2", "--blurt-passes", "6",
        // Not 12: there the store's fixed share (the index, the spare, the
@@ -104,9 +104,9 @@ TEST(KeelSpacebench, FillsSmallVolumesAndReportsEveryFigure) {
 
 TEST(KeelSpacebench, BadArgumentsAreUsageErrors) {
   keel::test::temp_dir dir;
-  auto r = run_program(KEEL_BINARY, {"spacebench", "--size-mib", "1"}, dir.path().string());
+  auto r = run_program(KEEL_BENCH_BINARY, {"spacebench", "--size-mib", "1"}, dir.path().string());
   EXPECT_EQ(r.code, 2) << r.err;
-  r = run_program(KEEL_BINARY, {"spacebench", "--help"}, dir.path().string());
+  r = run_program(KEEL_BENCH_BINARY, {"spacebench", "--help"}, dir.path().string());
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--size-mib"), std::string::npos);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// The stores keel kvbench measures, behind one small interface: keel::kv and its peers (LMDB,
+// The stores keel-bench kvbench measures, behind one small interface: keel::kv and its peers (LMDB,
 // tkrzw HashDBM, RocksDB, LevelDB, SQLite and Samba TDB), each set up the way its own users
 // would for the seed's workload, with the same promise as keel's: every put is a transaction
 // of its own that a process crash cannot tear, and with `durable` one that is on stable

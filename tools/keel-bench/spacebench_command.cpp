@@ -1,4 +1,4 @@
-// keel spacebench: keel::kv on a small volume that it fills, after Tux3's out-of-space
+// keel-bench spacebench: keel::kv on a small volume that it fills, after Tux3's out-of-space
 // metrics (issue "keel::space"). Each run makes a volume of its own (a tmpfs in a private
 // mount namespace, so it vanishes with the run), and measures, with 1 KiB values:
 // - fill: the value bytes stored when a put first fails with no_space, against the volume's
@@ -711,12 +711,13 @@ json blurt_run(const config& c, const std::string& mnt) {
   json j = blurt_rounds(c, mnt, [&](std::size_t dir, std::size_t t) {
     auto s = kv::store::open(path, o);
     if (!s) {
-      fmt::print(stderr, "keel spacebench: blurt task {}: open: {}\n", t, s.error().message());
+      fmt::print(stderr, "keel-bench spacebench: blurt task {}: open: {}\n", t,
+                 s.error().message());
       return 1;
     }
     for (std::size_t step = 0; step < c.blurt_steps; ++step) {
       if (auto r = (*s)->put(fmt::format("{}/f{}/{}", dir, t, step), value); !r) {
-        fmt::print(stderr, "keel spacebench: blurt task {} step {}: {}\n", t, step,
+        fmt::print(stderr, "keel-bench spacebench: blurt task {} step {}: {}\n", t, step,
                    r.error().message());
         return 1;
       }
@@ -747,12 +748,13 @@ json plain_blurt_run(const config& c, const std::string& mnt) {
     auto f = io::file_handle::open(
         name.c_str(), io::open_flags::write | io::open_flags::create | io::open_flags::truncate);
     if (!f) {
-      fmt::print(stderr, "keel spacebench: plain blurt: {}: {}\n", name, f.error().message());
+      fmt::print(stderr, "keel-bench spacebench: plain blurt: {}: {}\n", name, f.error().message());
       return 1;
     }
     for (std::size_t step = 0; step < c.blurt_steps; ++step) {
       if (auto w = f->write_at(static_cast<off_t>(step * c.value_size), piece); !w) {
-        fmt::print(stderr, "keel spacebench: plain blurt: {}: {}\n", name, w.error().message());
+        fmt::print(stderr, "keel-bench spacebench: plain blurt: {}: {}\n", name,
+                   w.error().message());
         return 1;
       }
     }
@@ -767,7 +769,7 @@ int run(const config& c) {
   const std::string mnt = (base / fmt::format("keel-spacebench.{}", ::getpid())).string();
   std::filesystem::create_directories(mnt, ec);
   if (ec) {
-    fmt::print(stderr, "keel spacebench: cannot make {}: {}\n", mnt, ec.message());
+    fmt::print(stderr, "keel-bench spacebench: cannot make {}: {}\n", mnt, ec.message());
     return 1;
   }
   const std::string out = mnt + ".json";
@@ -779,7 +781,7 @@ int run(const config& c) {
   doc["blurt_tasks"] = c.blurt_tasks;
   bool ok = true;
   const auto step = [&](const char* name, std::uint64_t mib, auto body) -> json {
-    fmt::print(stderr, "keel spacebench: {} on a {} MiB {}\n", name, mib, c.fs);
+    fmt::print(stderr, "keel-bench spacebench: {} on a {} MiB {}\n", name, mib, c.fs);
     std::filesystem::remove(out, ec);
     const int code = on_volume(c, mnt, mib, out, body);
     json j;
@@ -838,7 +840,7 @@ int run(const config& c) {
   std::FILE* text = c.json_path == "-" ? stderr : stdout;
   const json& f = doc["fill"];
   if (f.contains("skipped")) {
-    fmt::print(text, "keel spacebench: skipped: {}\n", f["skipped"].get<std::string>());
+    fmt::print(text, "keel-bench spacebench: skipped: {}\n", f["skipped"].get<std::string>());
     return write_json("spacebench", c.json_path.empty() ? "/dev/null" : c.json_path, doc) ? 0 : 1;
   }
   const auto num = [](const json& j, const char* k) {
@@ -998,7 +1000,7 @@ int run(const config& c) {
       }
     }
   } else {
-    fmt::print(stderr, "keel spacebench: the fill run failed: {}\n",
+    fmt::print(stderr, "keel-bench spacebench: the fill run failed: {}\n",
                f.contains("error") ? f["error"].get<std::string>() : f.dump());
     ok = false;
   }
@@ -1013,7 +1015,7 @@ int run_spacebench_command(int argc, char** argv) {
   CLI::App app{
       "Fill a small volume with a keel::kv store, after Tux3's out-of-space metrics: fill %, "
       "half-way failures, time to fail, deletes and compaction when full, near-full slowdown",
-      "keel spacebench"};
+      "keel-bench spacebench"};
   app.add_option("--fs", c.fs,
                  "The volumes' filesystem: tmpfs, or ext4, xfs, btrfs on a loop device (the "
                  "images go in --dir)")

@@ -2,7 +2,7 @@
 
 namespace keel::tools {
 
-//! `keel torture`. argv[0] is "torture". Returns the exit status: 0 when every cycle passed,
+//! `keel-bench torture`. argv[0] is "torture". Returns the exit status: 0 when every cycle passed,
 //! 1 when one failed, 2 on usage errors.
 int run_torture_command(int argc, char** argv);
 

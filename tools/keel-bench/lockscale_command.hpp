@@ -6,7 +6,7 @@
 
 namespace keel::tools {
 
-//! `keel lockscale`. argv[0] is "lockscale". Returns the exit status: 0, 1 on a failure or
+//! `keel-bench lockscale`. argv[0] is "lockscale". Returns the exit status: 0, 1 on a failure or
 //! a broken mutual exclusion, 2 on usage errors.
 int run_lockscale_command(int argc, char** argv);
 

@@ -1,4 +1,4 @@
-// keel aiobench: keel::aio measured against its peers in the same run, on the same files.
+// keel-bench aiobench: keel::aio measured against its peers in the same run, on the same files.
 //
 //   randread  4 KiB random reads at queue depth 32 of one file: keel's io_uring engine
 //             against fio's io_uring engine, with O_DIRECT and buffered (file in the page
@@ -835,7 +835,7 @@ int run_aiobench_command(int argc, char** argv) {
   CLI::App app{
       "Measure keel::aio in the same run as its peers: fio (randread), plain POSIX calls, cstdio "
       "and glibc POSIX AIO (the TAI thesis workload), and the null engine's own cost",
-      "keel aiobench"};
+      "keel-bench aiobench"};
   std::string dir = "build/aiobench";
   std::uint64_t size_mib = 1024;
   double seconds = 3;
@@ -880,7 +880,7 @@ int run_aiobench_command(int argc, char** argv) {
     const std::string p = parts.substr(at, comma - at);
     if (p != "randread" && p != "workload" && p != "overwrite" && p != "overwrite_direct" &&
         p != "small" && p != "null") {
-      fmt::print(stderr, "keel aiobench: --parts: unknown part '{}'\n", p);
+      fmt::print(stderr, "keel-bench aiobench: --parts: unknown part '{}'\n", p);
       return 2;
     }
     wanted.push_back(p);
@@ -896,7 +896,7 @@ int run_aiobench_command(int argc, char** argv) {
       const auto comma = std::min(methods_list.find(',', at), methods_list.size());
       const std::string m = methods_list.substr(at, comma - at);
       if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
-        fmt::print(stderr, "keel aiobench: --methods: unknown method '{}'\n", m);
+        fmt::print(stderr, "keel-bench aiobench: --methods: unknown method '{}'\n", m);
         return 2;
       }
       chosen.push_back(m);
@@ -907,7 +907,7 @@ int run_aiobench_command(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    fmt::print(stderr, "keel aiobench: {}: {}\n", dir, ec.message());
+    fmt::print(stderr, "keel-bench aiobench: {}: {}\n", dir, ec.message());
     return 1;
   }
   json doc;
@@ -939,7 +939,7 @@ int run_aiobench_command(int argc, char** argv) {
     }
     if (wants("null")) doc["null"] = measure_null(dir, seconds);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "keel aiobench: {}\n", e.what());
+    fmt::print(stderr, "keel-bench aiobench: {}\n", e.what());
     return 1;
   }
   if (!json_path.empty() && !write_json("aiobench", json_path, doc)) return 1;

@@ -2,7 +2,7 @@
 
 namespace keel::tools {
 
-//! `keel kvbench`. argv[0] is "kvbench". Exit status: 0, 1 on a failure, 2 on usage errors.
+//! `keel-bench kvbench`. argv[0] is "kvbench". Exit status: 0, 1 on a failure, 2 on usage errors.
 int run_kvbench_command(int argc, char** argv);
 
 inline constexpr const char* kvbench_command_summary =

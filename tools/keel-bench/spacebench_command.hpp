@@ -2,7 +2,7 @@
 
 namespace keel::tools {
 
-//! `keel spacebench`. argv[0] is "spacebench". Exit status: 0, 1 on a failure (a half-way
+//! `keel-bench spacebench`. argv[0] is "spacebench". Exit status: 0, 1 on a failure (a half-way
 //! failure, a death by signal, a store that could not be used), 2 on usage errors.
 int run_spacebench_command(int argc, char** argv);
 

@@ -2,7 +2,7 @@
 
 namespace keel::tools {
 
-//! `keel aiobench`. argv[0] is "aiobench". Returns the exit status: 0, 1 when a measurement
+//! `keel-bench aiobench`. argv[0] is "aiobench". Returns the exit status: 0, 1 when a measurement
 //! failed, 2 on usage errors.
 int run_aiobench_command(int argc, char** argv);
 

@@ -1,4 +1,4 @@
-// keel torture: the crash and fault harness from the command line (torture/torture.hpp).
+// keel-bench torture: the crash and fault harness from the command line (torture/torture.hpp).
 
 #include "torture_command.hpp"
 
@@ -34,7 +34,7 @@ int run_torture_command(int argc, char** argv) {
       "(what a successful fsync covered must be in the file), and keel::kv (transactions\n"
       "checked against an oracle of what each wrote and whether it was acknowledged).\n"
       "A failure prints the seed that replays it: --seed S --cycles 1.",
-      "keel torture"};
+      "keel-bench torture"};
   std::string mode_name = "all";
   std::string workload_name = "all";
   torture::config c;
@@ -79,7 +79,7 @@ int run_torture_command(int argc, char** argv) {
   } else {
     torture::mode m{};
     if (!torture::mode_from(mode_name, m)) {
-      fmt::print(stderr, "keel torture: --mode: no mode named '{}'\n", mode_name);
+      fmt::print(stderr, "keel-bench torture: --mode: no mode named '{}'\n", mode_name);
       return 2;
     }
     modes.push_back(m);
@@ -89,7 +89,7 @@ int run_torture_command(int argc, char** argv) {
   } else {
     torture::workload w{};
     if (!torture::workload_from(workload_name, w)) {
-      fmt::print(stderr, "keel torture: --workload: no workload named '{}'\n", workload_name);
+      fmt::print(stderr, "keel-bench torture: --workload: no workload named '{}'\n", workload_name);
       return 2;
     }
     workloads.push_back(w);

@@ -1,4 +1,4 @@
-// keel kvbench: keel::kv beside LMDB, tkrzw HashDBM, RocksDB, LevelDB, SQLite and Samba TDB
+// keel-bench kvbench: keel::kv beside LMDB, tkrzw HashDBM, RocksDB, LevelDB, SQLite and Samba TDB
 // on the seed's workload (128-bit keys, 1 KiB values), in one run on one filesystem. Every
 // store gets the same keys, values and order; the report is their ratios.
 //
@@ -160,7 +160,7 @@ class engine_run {
       out["insert"] = row("insert, 1 thread", per_second(n, clock_type::now() - start));
       out["keys"] = n;
       if (n < w_.keys.size()) {
-        fmt::print(stderr, "keel kvbench: {}: {} of {} keys in {} s; the rest is left out\n",
+        fmt::print(stderr, "keel-bench kvbench: {}: {} of {} keys in {} s; the rest is left out\n",
                    e_.name, n, w_.keys.size(), c_.fill_seconds);
       }
       per_million = 1e6 / static_cast<double>(n);
@@ -205,11 +205,11 @@ class engine_run {
     if (!ok) throw std::runtime_error(fmt::format("{}: {}", what, h.error()));
   }
   double row(const std::string& what, double rate) const {
-    fmt::print(stderr, "keel kvbench: {:<14} {:<26} {:>12.0f}/s\n", e_.name, what, rate);
+    fmt::print(stderr, "keel-bench kvbench: {:<14} {:<26} {:>12.0f}/s\n", e_.name, what, rate);
     return rate;
   }
   json skipped(const std::string& what, const std::string& why) const {
-    fmt::print(stderr, "keel kvbench: {:<14} {:<26} n/a: {}\n", e_.name, what, why);
+    fmt::print(stderr, "keel-bench kvbench: {:<14} {:<26} n/a: {}\n", e_.name, what, why);
     return json();
   }
 
@@ -381,7 +381,7 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
 }  // namespace
 
 int run_kvbench_command(int argc, char** argv) {
-  CLI::App app{kvbench_command_summary, "keel kvbench"};
+  CLI::App app{kvbench_command_summary, "keel-bench kvbench"};
   config c;
   std::string peers;
   std::string json_path;
@@ -426,20 +426,20 @@ int run_kvbench_command(int argc, char** argv) {
     const std::string id = peers.substr(at, comma - at);
     const auto& all = kvbench::engines();
     if (std::none_of(all.begin(), all.end(), [&](const engine& e) { return e.id == id; })) {
-      fmt::print(stderr, "keel kvbench: --peers: no engine '{}'\n", id);
+      fmt::print(stderr, "keel-bench kvbench: --peers: no engine '{}'\n", id);
       return 2;
     }
     at = comma + 1;
   }
   auto scratch = scratch_dir::make(c.dir);
   if (!scratch) {
-    fmt::print(stderr, "keel kvbench: cannot make a directory in {}: {}\n",
+    fmt::print(stderr, "keel-bench kvbench: cannot make a directory in {}: {}\n",
                c.dir.empty() ? "the default place" : c.dir, scratch.error().message());
     return 1;
   }
   auto sync_scratch = scratch_dir::make(c.sync_dir.empty() ? "/var/tmp" : c.sync_dir);
   if (!sync_scratch) {
-    fmt::print(stderr, "keel kvbench: cannot make a directory in {}: {}\n",
+    fmt::print(stderr, "keel-bench kvbench: cannot make a directory in {}: {}\n",
                c.sync_dir.empty() ? "/var/tmp" : c.sync_dir, sync_scratch.error().message());
     return 1;
   }
@@ -450,7 +450,8 @@ int run_kvbench_command(int argc, char** argv) {
     return info ? std::string(info->type_name()) : std::string("unknown");
   };
   const workload w = make_workload(c.keys, c.value_size);
-  fmt::print(stderr, "keel kvbench: {} keys, {} B values, in {} ({}); durable rows in {} ({})\n",
+  fmt::print(stderr,
+             "keel-bench kvbench: {} keys, {} B values, in {} ({}); durable rows in {} ({})\n",
              c.keys, c.value_size, c.dir, fs_name(c.dir), c.sync_dir, fs_name(c.sync_dir));
   json doc{{"keys", c.keys},
            {"value_size", c.value_size},
@@ -471,7 +472,7 @@ int run_kvbench_command(int argc, char** argv) {
     if (got.ok) {
       doc["engines"][e->id] = json::parse(got.output);
     } else {
-      fmt::print(stderr, "keel kvbench: {}: {}\n", e->name, got.error);
+      fmt::print(stderr, "keel-bench kvbench: {}: {}\n", e->name, got.error);
       doc["engines"][e->id] = {{"name", e->name}, {"setup", e->setup}, {"error", got.error}};
     }
   }

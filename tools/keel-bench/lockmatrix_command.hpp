@@ -2,7 +2,7 @@
 
 namespace keel::tools {
 
-//! `keel lockmatrix`. argv[0] is "lockmatrix". Returns 0, 1 on failure or broken exclusion,
+//! `keel-bench lockmatrix`. argv[0] is "lockmatrix". Returns 0, 1 on failure or broken exclusion,
 //! 2 on usage errors.
 int run_lockmatrix_command(int argc, char** argv);
 

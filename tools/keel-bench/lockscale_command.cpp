@@ -1,4 +1,4 @@
-// keel lockscale: how a lock scales with the number of processes contending for it, with the
+// keel-bench lockscale: how a lock scales with the number of processes contending for it, with the
 // options, semantics and output of the lockscale program (see doc and --help), for the kernel
 // primitives and every keel algorithm alike.
 
@@ -34,7 +34,7 @@ std::vector<std::string> accepted_algorithms() {
 
 // nanosleep(2) for `us` µs, made even for 0 as the original lockscale does (a system call,
 // and the timer slack's wait): the same options then give the same figures for the same
-// kernel lock. (std::this_thread::sleep_for skips the call for 0.) keel lockmatrix measures
+// kernel lock. (std::this_thread::sleep_for skips the call for 0.) keel-bench lockmatrix measures
 // the lock alone.
 void sleep_us(long us) {
   timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
@@ -84,12 +84,12 @@ scratch_dir::scratch_dir(scratch_dir&& o) noexcept : path(std::move(o.path)) {
 
 int run_lockscale_command(int argc, char** argv) {
   CLI::App app{
-      "keel lockscale [-i IDLE_US] [-b BUSY_US] [-t SECONDS] [-w N:N:...] ALGO\n"
+      "keel-bench lockscale [-i IDLE_US] [-b BUSY_US] [-t SECONDS] [-w N:N:...] ALGO\n"
       "Worker processes contend for one lock: each acquires it, holds it BUSY_US, releases it,\n"
       "sleeps IDLE_US, and counts. Prints, per worker count: workers, measured duration, user\n"
       "and system CPU (s), total acquisitions, min, max, mean and standard deviation per\n"
       "worker. Mutual exclusion is verified at every acquisition.",
-      "keel lockscale"};
+      "keel-bench lockscale"};
   long idle_us = 10;
   long busy_us = 1000;
   double seconds = 10;
@@ -133,13 +133,13 @@ int run_lockscale_command(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   if (!through.empty() && dir.empty()) {
-    fmt::print(stderr, "keel lockscale: --through needs --dir (the other mount of it)\n");
+    fmt::print(stderr, "keel-bench lockscale: --through needs --dir (the other mount of it)\n");
     return 2;
   }
 
   auto scratch = scratch_dir::make(dir);
   if (!scratch) {
-    fmt::print(stderr, "keel lockscale: cannot make a directory in {}: {}\n",
+    fmt::print(stderr, "keel-bench lockscale: cannot make a directory in {}: {}\n",
                dir.empty() ? "/dev/shm" : dir, scratch.error().message());
     return 1;
   }
@@ -152,7 +152,7 @@ int run_lockscale_command(int argc, char** argv) {
     const std::string name = std::filesystem::path(scratch->path).filename().string();
     const std::string other_dir = through + "/" + name;
     if (!std::filesystem::is_directory(other_dir)) {
-      fmt::print(stderr, "keel lockscale: --through {}: no {} there (not a mount of {}?)\n",
+      fmt::print(stderr, "keel-bench lockscale: --through {}: no {} there (not a mount of {}?)\n",
                  through, name, dir);
       return 1;
     }
@@ -219,22 +219,23 @@ int run_lockscale_command(int argc, char** argv) {
         }
       });
     } catch (const std::exception& e) {
-      fmt::print(stderr, "keel lockscale: {}\n", e.what());
+      fmt::print(stderr, "keel-bench lockscale: {}\n", e.what());
       return 1;
     }
     // Workers killed while holding a lock leave what a crash leaves: clear it for the next run.
     (void)lock::remove_mutex_resources(algo, lock_path);
     if (r.failures > 0) {
-      fmt::print(stderr, "keel lockscale: {} worker(s) failed; first: {}\n", r.failures,
+      fmt::print(stderr, "keel-bench lockscale: {} worker(s) failed; first: {}\n", r.failures,
                  r.first_error);
       return 1;
     }
     if (r.violations > 0) {
       broken = true;
-      fmt::print(stderr,
-                 "keel lockscale: MUTUAL EXCLUSION BROKEN: {} acquisitions found another holder "
-                 "inside ({} with {} workers)\n",
-                 r.violations, algo, n);
+      fmt::print(
+          stderr,
+          "keel-bench lockscale: MUTUAL EXCLUSION BROKEN: {} acquisitions found another holder "
+          "inside ({} with {} workers)\n",
+          r.violations, algo, n);
     }
     if (!json_to_stdout) {
       fmt::print("{} {:.3e} {:.3e} {:.3e} {} {} {} {:.1f} {:.1f}\n", n, r.seconds, r.user_cpu,

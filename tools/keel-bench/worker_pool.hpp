@@ -1,6 +1,6 @@
 #pragma once
 // Runs N forked worker processes for a fixed time and collects what they counted: the engine
-// of keel lockscale and keel lockmatrix.
+// of keel-bench lockscale and keel-bench lockmatrix.
 //
 // Workers share an anonymous shared-memory block with the parent: a start barrier, a stop
 // flag, one counter per worker, and a count of the holders currently inside the critical

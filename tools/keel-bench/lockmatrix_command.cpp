@@ -1,4 +1,4 @@
-// keel lockmatrix: the waiters × entities tables of the shared_fs_mutex talk. For each
+// keel-bench lockmatrix: the waiters × entities tables of the shared_fs_mutex talk. For each
 // algorithm, processes lock and unlock sets of entities for a fixed time per cell; cells hold
 // lock+unlock operations per second. Contended: every waiter locks the same entities,
 // exclusively. Uncontended: each waiter locks entities of its own.
@@ -152,11 +152,11 @@ cell_outcome run_cell(const std::string& algo, const std::string& lock_path, std
 
 int run_lockmatrix_command(int argc, char** argv) {
   CLI::App app{
-      "keel lockmatrix [OPTIONS] [ALGO...]\n"
+      "keel-bench lockmatrix [OPTIONS] [ALGO...]\n"
       "For each algorithm, waiters × entities lock+unlock operations per second, in two modes:\n"
       "contended (every waiter locks the same entities, exclusively) and uncontended (each\n"
       "waiter its own entities). Waiters are processes; exclusion is verified in every cell.",
-      "keel lockmatrix"};
+      "keel-bench lockmatrix"};
   double seconds = 1.0;
   std::string waiters_list = "1:2:3:4:5:6:7:8";
   std::string entities_list = "1:2:3:4:5:6:7:8";
@@ -207,7 +207,8 @@ int run_lockmatrix_command(int argc, char** argv) {
 
   auto scratch = scratch_dir::make(dir);
   if (!scratch) {
-    fmt::print(stderr, "keel lockmatrix: cannot make a directory: {}\n", scratch.error().message());
+    fmt::print(stderr, "keel-bench lockmatrix: cannot make a directory: {}\n",
+               scratch.error().message());
     return 1;
   }
   auto fs = io::stat_fs(scratch->path.c_str());
@@ -246,18 +247,18 @@ int run_lockmatrix_command(int argc, char** argv) {
           try {
             c = run_cell(algo, lock_path, w, e, contended, seconds);
           } catch (const std::exception& ex) {
-            fmt::print(stderr, "keel lockmatrix: {}\n", ex.what());
+            fmt::print(stderr, "keel-bench lockmatrix: {}\n", ex.what());
             return 1;
           }
           ++done;
           if (!c.error.empty()) {
-            fmt::print(stderr, "keel lockmatrix: {}: {}\n", algo, c.error);
+            fmt::print(stderr, "keel-bench lockmatrix: {}: {}\n", algo, c.error);
             return 1;
           }
           if (c.violations > 0) {
             broken = true;
             fmt::print(stderr,
-                       "keel lockmatrix: MUTUAL EXCLUSION BROKEN: {} ({}, {} waiters, {} "
+                       "keel-bench lockmatrix: MUTUAL EXCLUSION BROKEN: {} ({}, {} waiters, {} "
                        "entities): {} acquisitions found another holder inside\n",
                        algo, mode_name, w, e, c.violations);
           }
