@@ -49,17 +49,17 @@ echo "bench: running in $dir ($(stat -f -c %T "$dir"))" >&2
 if [ "${QUICK:-}" = "1" ]; then
   reps=5 min_time=0.05
   scale_t=0.5 scale_w=10:100 matrix_s=0.1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10
-  fs_w=10 gluster_w=2:10
+  fs_w=10 gluster_w=2:10 cli_runs=30
   aio_args=(--size 64 --seconds 0.5 --items 150)
 elif [ "${FULL:-}" = "1" ]; then
   reps=20 min_time=0.2
   scale_t=10 scale_w=10:20:50:100:200:500:1000 matrix_s=1 matrix_w=1:2:3:4:5:6:7:8 short_w=2:5:10:20:50:100
-  fs_w=10:100:1000 gluster_w=2:10:100
+  fs_w=10:100:1000 gluster_w=2:10:100 cli_runs=1000
   matrix_e=1:2:3:4:5:6:7:8
 else
   reps=20 min_time=0.2
   scale_t=2 scale_w=10:100:1000 matrix_s=1 matrix_w=1:2:4:8 matrix_e=1:4:8 short_w=2:10:100
-  fs_w=10:100 gluster_w=2:10
+  fs_w=10:100 gluster_w=2:10 cli_runs=200
   aio_args=(--size 1024 --seconds 3 --items 5000)
 fi
 keel_bench=build/release/bin/keel-bench
@@ -88,9 +88,14 @@ for algo in flock fcntl sysv atomic_append memory_map; do
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
-step 4/10 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell"
+step 4/10 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell; keel lock beside flock(1), $cli_runs runs"
 "$keel_bench" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
+cli_args=()
+if [ -x /usr/bin/flock ]; then
+  "$keel_bench" lockcli --runs "$cli_runs" --dir "$dir" --json "$out/raw/lockcli.json" >&2
+  cli_args=(--lockcli "$out/raw/lockcli.json")
+fi
 
 # The lock directory on real filesystems: a 512 MiB image per filesystem on a loop device.
 # sysv is left out (its semaphores live in the kernel, not in the filesystem).
@@ -200,6 +205,6 @@ done
 
 step 10/10 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
-  "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" \
+  "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" "${cli_args[@]}" \
   --aiobench "$out/raw/aiobench.json" --kvbench "$out/raw/kvbench.json" "${space_files[@]}" \
   "$out/raw/io.json"

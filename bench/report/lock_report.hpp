@@ -18,6 +18,7 @@ struct lock_inputs {
   std::vector<std::string> lockscale_fs;     // the sweep on other filesystems (no targets)
   std::vector<std::string> fs_skipped;       // "fs: why" for filesystems not measured
   std::string lockmatrix;                    // may be empty
+  std::string lockcli;                       // keel lock beside flock(1); may be empty
 };
 
 //! Renders the lock results into plots under `out`; returns the HTML, the JSON and the

@@ -214,6 +214,8 @@ int main(int argc, char** argv) {
                  "\"FS: reason\" for a filesystem the benchmarks could not run on");
   app.add_option("--lockmatrix", locks_in.lockmatrix, "keel-bench lockmatrix --json file")
       ->check(CLI::ExistingFile);
+  app.add_option("--lockcli", locks_in.lockcli, "keel-bench lockcli --json file")
+      ->check(CLI::ExistingFile);
   std::string aiobench_file;
   app.add_option("--aiobench", aiobench_file, "keel-bench aiobench --json file")
       ->check(CLI::ExistingFile);
@@ -338,7 +340,8 @@ int main(int argc, char** argv) {
       fmt::print("\n{}\n{}", heading, sec.summary);
     };
     if (!locks_in.lockscale.empty() || !locks_in.lockscale_short.empty() ||
-        !locks_in.lockscale_fs.empty() || !locks_in.lockmatrix.empty()) {
+        !locks_in.lockscale_fs.empty() || !locks_in.lockmatrix.empty() ||
+        !locks_in.lockcli.empty()) {
       add("locks", "locks: targets (same run)", keel::report::render_locks(out, locks_in));
     }
     if (!aiobench_file.empty()) {

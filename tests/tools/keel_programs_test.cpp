@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "keel/version.hpp"
@@ -57,6 +58,29 @@ TEST(KeelPrograms, EachListsItsOwnCommandsAndKeelSendsBenchmarksToKeelBench) {
     EXPECT_EQ(v.code, 0) << program;
     EXPECT_NE(v.out.find(KEEL_VERSION_STRING), std::string::npos) << v.out;
   }
+}
+
+// keel-bench lockcli runs both programs and writes what it measured; no timing is asserted.
+TEST(KeelPrograms, LockcliMeasuresKeelLockBesideFlock) {
+  if (::access("/usr/bin/flock", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/flock";
+  keel::test::temp_dir dir;
+  const std::string d = dir.path().string();
+  const std::string json = d + "/lockcli.json";
+  const auto r =
+      run_program(KEEL_BENCH_BINARY,
+                  {"lockcli", "--runs", "3", "--keel", KEEL_BINARY, "--dir", d, "--json", json}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  EXPECT_EQ(doc["runs"], 3);
+  for (const char* id : {"flock", "keel_lock", "keel_version", "true"})
+    EXPECT_GT(doc["median_us"][id].get<double>(), 0.0) << id;
+  EXPECT_GT(doc["keel_lock_vs_flock"].get<double>(), 0.0);
+  // A keel that is not there, and one whose lock fails, are errors, not figures.
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"lockcli", "--keel", d + "/nonesuch"}, d).code, 2);
+  const auto failing =
+      run_program(KEEL_BENCH_BINARY, {"lockcli", "--runs", "1", "--keel", "/bin/false"}, d);
+  EXPECT_EQ(failing.code, 1);
+  EXPECT_NE(failing.err.find("exited with status 1"), std::string::npos) << failing.err;
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ inline bool write_json(const std::string& command, const std::string& path,
   std::ofstream f(path);
   f << doc.dump(2) << '\n';
   if (!f) {
-    fmt::print(stderr, "keel {}: cannot write {}\n", command, path);
+    fmt::print(stderr, "keel-bench {}: cannot write {}\n", command, path);
     return false;
   }
   return true;

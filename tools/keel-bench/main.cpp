@@ -12,6 +12,7 @@
 #include "aiobench_command.hpp"
 #include "keel/version.hpp"
 #include "kvbench_command.hpp"
+#include "lockcli_command.hpp"
 #include "lockmatrix_command.hpp"
 #include "lockscale_command.hpp"
 #include "spacebench_command.hpp"
@@ -30,6 +31,7 @@ constexpr std::array commands{
             keel::tools::run_lockscale_command},
     command{"lockmatrix", keel::tools::lockmatrix_command_summary,
             keel::tools::run_lockmatrix_command},
+    command{"lockcli", keel::tools::lockcli_command_summary, keel::tools::run_lockcli_command},
     command{"aiobench", keel::tools::aiobench_command_summary, keel::tools::run_aiobench_command},
     command{"kvbench", keel::tools::kvbench_command_summary, keel::tools::run_kvbench_command},
     command{"spacebench", keel::tools::spacebench_command_summary,

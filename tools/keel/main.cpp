@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2) {
     for (const std::string_view moved :
-         {"lockscale", "lockmatrix", "aiobench", "kvbench", "spacebench", "torture"}) {
+         {"lockscale", "lockmatrix", "lockcli", "aiobench", "kvbench", "spacebench", "torture"}) {
       if (std::string_view(argv[1]) != moved) continue;
       fmt::print(stderr, "keel: {0} is keel-bench's now: run `keel-bench {0}`\n", moved);
       return 2;
