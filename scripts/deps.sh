@@ -27,6 +27,7 @@ packages=(
   fio                             # the peer of keel-bench aiobench's random reads
   glusterfs-server glusterfs-client  # a real distributed filesystem for the netfs tests
   python3-filelock python3-portalocker  # the Python locks `keel lock FILE` must exclude
+  lmdb-utils  # tests only: LMDB's mdb_load and mdb_dump read and write keel kv dump's format
   # keel-bench kvbench's peers (benchmark-only, never the library's)
   liblmdb-dev libtkrzw-dev librocksdb-dev libleveldb-dev libsqlite3-dev libtdb-dev
 )

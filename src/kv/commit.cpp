@@ -401,6 +401,9 @@ struct transaction::impl {
   };
   std::map<std::string, write, std::less<>> writes;
   std::set<std::string, std::less<>> reads;
+  // It scanned: its reads are a whole snapshot, which commit does not track key by key, so it
+  // may no longer write (and a transaction that wrote may not scan).
+  bool scanned = false;
 
   ~impl() { s->release_slot(lease); }
 
@@ -904,6 +907,7 @@ result<void> transaction::put(std::string_view key, std::string_view value) noex
   if (auto k = check_key(key); !k) return k;
   if (value.size() > max_value_size) return keel_error(errc::too_large);
   if (impl_->s->opts.read_only) return keel_error(errc::read_only);
+  if (impl_->scanned) return errc_error(std::errc::invalid_argument);
   try {
     auto& w = impl_->writes[std::string(key)];
     w.erase = false;
@@ -914,10 +918,21 @@ result<void> transaction::put(std::string_view key, std::string_view value) noex
   return {};
 }
 
+result<scan_page> transaction::scan(std::string_view cursor, std::size_t limit,
+                                    bool keys_only) noexcept {
+  if (!impl_ || !impl_->writes.empty()) return errc_error(std::errc::invalid_argument);
+  if (impl_->lease.generation != base::fork_generation()) {
+    return errc_error(std::errc::invalid_argument);
+  }
+  impl_->scanned = true;
+  return impl_->s->scan_at(cursor, limit, keys_only, impl_->snapshot);
+}
+
 result<void> transaction::erase(std::string_view key) noexcept {
   if (!impl_) return errc_error(std::errc::invalid_argument);
   if (auto k = check_key(key); !k) return k;
   if (impl_->s->opts.read_only) return keel_error(errc::read_only);
+  if (impl_->scanned) return errc_error(std::errc::invalid_argument);
   try {
     auto& w = impl_->writes[std::string(key)];
     w.erase = true;

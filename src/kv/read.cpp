@@ -152,13 +152,6 @@ bool parse_cursor(std::string_view c, std::uint64_t& hi, std::uint64_t& lo) noex
 }  // namespace
 
 result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool keys_only) noexcept {
-  std::uint64_t after_hi = 0;
-  std::uint64_t after_lo = 0;
-  const bool from_start = cursor.empty();
-  if (!from_start && !parse_cursor(cursor, after_hi, after_lo)) {
-    return errc_error(std::errc::invalid_argument);
-  }
-  if (limit == 0) return errc_error(std::errc::invalid_argument);
   auto lease = impl_->acquire_slot();
   if (!lease) return std::unexpected(lease.error());
   const std::uint64_t snap = impl_->take_snapshot(*lease);
@@ -167,7 +160,18 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
     slot_lease l;
     ~guard() { s->release_slot(l); }
   } g{impl_.get(), *lease};
+  return impl_->scan_at(cursor, limit, keys_only, snap);
+}
 
+result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limit, bool keys_only,
+                                       std::uint64_t snap) noexcept {
+  std::uint64_t after_hi = 0;
+  std::uint64_t after_lo = 0;
+  const bool from_start = cursor.empty();
+  if (!from_start && !parse_cursor(cursor, after_hi, after_lo)) {
+    return errc_error(std::errc::invalid_argument);
+  }
+  if (limit == 0) return errc_error(std::errc::invalid_argument);
   scan_page out;
   try {
     struct key_entry {
@@ -176,14 +180,14 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
     // From the directory entry of the cursor's prefix.
     // Every entry of a page's chain (one prefix range of hashes: sorted as one).
     const auto each_entry = [&](std::uint64_t page, auto&& f) {
-      impl_->table->for_page_chain(page, [&](std::uint64_t q) {
-        const ix::bucket_ref b = impl_->table->page(q);
+      table->for_page_chain(page, [&](std::uint64_t q) {
+        const ix::bucket_ref b = table->page(q);
         for (std::size_t k = 0; k < ix::entries_per_page; ++k)
           f(b.entry(k));
         return true;
       });
     };
-    auto walked = impl_->for_each_bucket_page(
+    auto walked = for_each_bucket_page(
         after_hi,
         [&](std::uint64_t page) -> result<bool> {
           std::vector<key_entry> keys;
@@ -216,23 +220,22 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
             for (const ix::entry_ref& e : entries) {
               const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
               const std::uint64_t location = e.location().load(std::memory_order_acquire);
-              auto at = impl_->named_by(page, h, e, seq, location, snap);
+              auto at = named_by(page, h, e, seq, location, snap);
               if (!at) return std::unexpected(at.error());
               if (*at == 0) continue;
-              auto named = impl_->record_head_at(*at);
+              auto named = record_head_at(*at);
               if (!named) return std::unexpected(named.error());
               std::string key(reinterpret_cast<const char*>(named->rec.key.data()),
                               named->rec.key.size());
               if (std::ranges::find(seen_keys, key) != seen_keys.end()) continue;
               seen_keys.push_back(key);
-              auto seen =
-                  impl_->read_at_snapshot(as_bytes(key), h, snap, impl_->opts.verify_checksums);
+              auto seen = read_at_snapshot(as_bytes(key), h, snap, opts.verify_checksums);
               if (!seen) return std::unexpected(seen.error());
               if (!*seen) continue;
               item it;
               it.key = std::move(key);
               if (!keys_only) {
-                auto v = impl_->value_of(**seen, impl_->opts.verify_checksums);
+                auto v = value_of(**seen, opts.verify_checksums);
                 if (!v) return std::unexpected(v.error());
                 it.value.assign(reinterpret_cast<const char*>(v->data()), v->size());
               }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/io/mapped_file.hpp"
+#include "keel/kv/batch_writer.hpp"
 #include "kv/store_dir.hpp"
 #include "kv/store_impl.hpp"
 
@@ -91,14 +92,9 @@ class salvager {
     return {};
   }
 
-  static constexpr std::uint64_t batch_bytes = std::uint64_t{256} << 10;
-
   // Writes the newest readable version of every key into `to`.
   result<void> copy_into(store& to) {
-    auto t = to.begin();
-    if (!t) return std::unexpected(t.error());
-    std::size_t staged = 0;
-    std::uint64_t bytes = 0;
+    batch_writer batch(to);
     for (auto& [key, versions] : versions_) {
       std::sort(versions.begin(), versions.end(),
                 [](const version& a, const version& b) { return a.seq > b.seq; });
@@ -120,24 +116,12 @@ class salvager {
                    ") does not check out");
           continue;
         }
-        // Batches small enough for the smallest segment (1 MiB): a commit block must fit in
-        // one (values kept as blobs only add a reference to it).
-        if (staged > 0 && (staged >= 256 || bytes + key.size() + value->size() > batch_bytes)) {
-          if (auto c = t->commit(durability::none); !c) return std::unexpected(c.error());
-          auto next = to.begin();
-          if (!next) return std::unexpected(next.error());
-          t = std::move(next);
-          staged = 0;
-          bytes = 0;
-        }
-        if (auto r = t->put(
+        if (auto r = batch.put(
                 key, std::string_view(reinterpret_cast<const char*>(value->data()), value->size()));
             !r) {
           return std::unexpected(r.error());
         }
         ++out_.keys;
-        ++staged;
-        bytes += key.size() + value->size();
         copied = true;
         if (i != 0)
           older(key, "its newest version (seq " + std::to_string(versions[0].seq) +
@@ -154,8 +138,7 @@ class salvager {
     for (const auto& [key, seq] : unread_seq_) {
       if (!versions_.contains(key)) older(key, "no version of it could be read");
     }
-    if (auto c = t->commit(durability::sync); !c) return std::unexpected(c.error());
-    return {};
+    return batch.finish(durability::sync);
   }
 
  private:

@@ -955,6 +955,10 @@ struct store::impl final : ix::page_source {
                                                             std::uint64_t snapshot,
                                                             bool verify) noexcept;
   //! The version of `key` a snapshot sees: its record, or nullopt (absent or erased).
+  //! Up to `limit` items of `snapshot` from `cursor` (store::scan's contract), for a caller
+  //! that holds a slot whose snapshot is at most `snapshot`.
+  [[nodiscard]] result<scan_page> scan_at(std::string_view cursor, std::size_t limit,
+                                          bool keys_only, std::uint64_t snapshot) noexcept;
   [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(std::span<const std::byte> key,
                                                                      const fmt::key_hash& h,
                                                                      std::uint64_t snapshot,

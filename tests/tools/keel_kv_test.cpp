@@ -2,12 +2,15 @@
 // documented exit codes, JSON, and a directory that is not a store left alone.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "keel/kv/store.hpp"
 #include "support/process.hpp"
@@ -16,6 +19,27 @@
 namespace {
 
 using keel::test::run_program;
+
+// A scan's lines in sorted order (two stores hash their keys apart: scans list them in the
+// order of each store's hashes).
+std::vector<std::string> sorted_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+std::string to_hex_for_test(const std::string& bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (const char c : bytes) {
+    out += digits[static_cast<unsigned char>(c) >> 4];
+    out += digits[static_cast<unsigned char>(c) & 15];
+  }
+  return out;
+}
 
 keel::test::program_outcome kv(const keel::test::temp_dir& dir, std::vector<std::string> args) {
   args.insert(args.begin(), "kv");
@@ -116,6 +140,120 @@ TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {
   EXPECT_NE(r.out.find("rebuilt the index, replaying"), std::string::npos) << r.out;
   r = kv(dir, {s, "--hex", "get", "00ff"});
   EXPECT_EQ(r.out, std::string("a\0b\xff", 4)) << "rebuilt from the checkpoint";
+}
+
+// backup makes a copy that reads the same and verifies, and never writes over what is there.
+TEST(KeelKv, BackupCopiesTheStoreAndRefusesAnExistingDestination) {
+  keel::test::temp_dir dir;
+  const std::string s = dir.file("s");
+  for (const char* k : {"a", "b", "c"})
+    ASSERT_EQ(kv(dir, {s, "put", k, std::string("value of ") + k}).code, 0);
+  auto r = kv(dir, {s, "backup", dir.file("copy")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("copied 3 keys"), std::string::npos) << r.out;
+  EXPECT_EQ(kv(dir, {dir.file("copy"), "verify"}).code, 0);
+  for (const char* k : {"a", "b", "c"})
+    EXPECT_EQ(kv(dir, {dir.file("copy"), "get", k}).out, std::string("value of ") + k);
+  std::ofstream(dir.file("mine")) << "mine";
+  r = kv(dir, {s, "backup", dir.file("mine")});
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.err.find("File exists"), std::string::npos) << r.err;
+  EXPECT_EQ(keel::test::slurp(dir.file("mine")), "mine");
+}
+
+// dump | load round trip with binary keys and values, in both of mdb_dump's formats; a new
+// store is made whole or not at all, and a dump keel cannot read names its line.
+TEST(KeelKv, DumpAndLoadRoundTripBinaryKeysAndValues) {
+  keel::test::temp_dir dir;
+  const std::string s = dir.file("s");
+  // A dump written by hand: keys with NUL, newline, backslash and high bytes, values of every
+  // byte and empty ones.
+  std::string text = "VERSION=3\nformat=bytevalue\ntype=btree\nHEADER=END\n";
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (int i = 0; i < 300; ++i) {
+    std::string key = "k" + std::to_string(i);
+    key += static_cast<char>(i % 256);
+    std::string value(static_cast<std::size_t>(i % 7) * 100, static_cast<char>(255 - i % 256));
+    if (i % 3 == 0) value += "\\\n";
+    text += " " + to_hex_for_test(key) + "\n " + to_hex_for_test(value) + "\n";
+    pairs.emplace_back(key, value);
+  }
+  text += "DATA=END\n";
+  std::ofstream(dir.file("made"), std::ios::binary) << text;
+  auto loaded = kv(dir, {s, "load", dir.file("made")});
+  ASSERT_EQ(loaded.code, 0) << loaded.err;
+  EXPECT_NE(loaded.out.find("loaded 300 keys"), std::string::npos) << loaded.out;
+  for (std::size_t i : {0u, 10u, 255u, 299u}) {
+    const auto got = kv(dir, {s, "--hex", "get", to_hex_for_test(pairs[i].first)});
+    EXPECT_EQ(got.out, pairs[i].second) << i;
+  }
+  for (const char* format : {"bytevalue", "print"}) {
+    const std::string dump = dir.file(std::string("dump.") + format);
+    std::vector<std::string> args{s, "dump"};
+    if (std::string(format) == "print") args.push_back("--print");
+    auto r = kv(dir, args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(r.out.starts_with("VERSION=3\nformat=" + std::string(format) + "\n")) << format;
+    EXPECT_TRUE(r.out.ends_with("DATA=END\n"));
+    std::ofstream(dump, std::ios::binary) << r.out;
+    const std::string copy = dir.file(std::string("copy.") + format);
+    r = kv(dir, {copy, "load", dump});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("loaded 300 keys"), std::string::npos) << r.out;
+    // Every key and value as it was.
+    const auto a = kv(dir, {s, "scan", "--json"});
+    const auto b = kv(dir, {copy, "scan", "--json"});
+    ASSERT_EQ(a.code, 0);
+    EXPECT_EQ(sorted_lines(a.out), sorted_lines(b.out)) << format;
+    EXPECT_EQ(sorted_lines(a.out).size(), 300u);
+    EXPECT_EQ(kv(dir, {copy, "verify"}).code, 0);
+  }
+  // A bad line: exit 2 naming it, and nothing made.
+  std::ofstream(dir.file("bad")) << "VERSION=3\nformat=bytevalue\nHEADER=END\n 6b\n 7\nDATA=END\n";
+  auto r = kv(dir, {dir.file("never"), "load", dir.file("bad")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("line 5"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("never")));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_FALSE(e.path().filename().string().starts_with(".never")) << e.path();
+  // LMDB's named or duplicate-keyed databases, and text that is no dump, are refused.
+  for (const char* other :
+       {"VERSION=3\nformat=bytevalue\ndatabase=users\nHEADER=END\nDATA=END\n",
+        "VERSION=3\nformat=bytevalue\nduplicates=1\nHEADER=END\nDATA=END\n", "hello\n", ""}) {
+    std::ofstream(dir.file("other")) << other;
+    r = kv(dir, {dir.file("never"), "load", dir.file("other")});
+    EXPECT_EQ(r.code, 2) << other;
+  }
+}
+
+// The format is LMDB's: keel kv dump | mdb_load makes an LMDB environment, and mdb_dump of it
+// | keel kv load gives back the same store.
+TEST(KeelKv, DumpAndLoadSpeakMdbDumpsFormatBothWays) {
+  if (::access("/usr/bin/mdb_load", X_OK) != 0 || ::access("/usr/bin/mdb_dump", X_OK) != 0) {
+    GTEST_SKIP() << "no mdb_load and mdb_dump here (Debian's lmdb-utils)";
+  }
+  keel::test::temp_dir dir;
+  const std::string s = dir.file("s");
+  std::string text = "VERSION=3\nformat=bytevalue\nHEADER=END\n";
+  for (int i = 0; i < 200; ++i) {
+    const std::string key = std::string("key\n") + static_cast<char>(i) + std::to_string(i);
+    const std::string value(static_cast<std::size_t>(i) * 10, static_cast<char>(i));
+    text += " " + to_hex_for_test(key) + "\n " + to_hex_for_test(value) + "\n";
+  }
+  std::ofstream(dir.file("made"), std::ios::binary) << text << "DATA=END\n";
+  ASSERT_EQ(kv(dir, {s, "load", dir.file("made")}).code, 0);
+  const std::string k = std::string(KEEL_BINARY);
+  const std::string env = dir.file("lmdb");
+  std::filesystem::create_directory(env);
+  const std::string script = "set -e; '" + k + "' kv '" + s + "' dump | mdb_load '" + env +
+                             "'; mdb_dump '" + env + "' | '" + k + "' kv '" + dir.file("back") +
+                             "' load";
+  const auto r = run_program("/bin/sh", {"-c", script}, dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto a = kv(dir, {s, "scan", "--json"});
+  const auto b = kv(dir, {dir.file("back"), "scan", "--json"});
+  EXPECT_EQ(sorted_lines(a.out), sorted_lines(b.out));
+  EXPECT_EQ(sorted_lines(b.out).size(), 200u);
 }
 
 TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {

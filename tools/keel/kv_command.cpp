@@ -2,6 +2,8 @@
 // with --hex), with exit codes scripts can test (see kv_command.hpp).
 
 #include "kv_command.hpp"
+#include "keel/kv/batch_writer.hpp"
+#include "kv_dump.hpp"
 
 #include <fmt/format.h>
 
@@ -72,6 +74,57 @@ bool write_all(std::string_view s) {
   return std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0;
 }
 
+// keel kv load: all-or-nothing into a new store (store::build), in batches into one that exists.
+int run_load(const std::string& path, const std::string& from, bool sync, std::uint64_t max_bytes,
+             bool single_host) {
+  std::FILE* in = from == "-" ? stdin : std::fopen(from.c_str(), "rb");
+  if (in == nullptr) {
+    fmt::print(stderr, "keel kv: load: {}: {}\n", from, std::strerror(errno));
+    return exit_error;
+  }
+  std::string why;
+  std::uint64_t keys = 0;
+  const auto fill = [&](kv::store& s) -> result<void> {
+    kv::batch_writer batch(s);
+    auto n = read_dump(
+        in, [&](std::string_view k, std::string_view v) { return batch.put(k, v); }, why);
+    if (!n) return std::unexpected(n.error());
+    keys = *n;
+    return batch.finish(sync ? kv::durability::sync : kv::durability::none);
+  };
+  kv::options o;
+  o.max_bytes = max_bytes;
+  o.every_user_on_this_host = single_host;
+  std::error_code ec;
+  const bool fresh = !std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  result<void> r;
+  if (fresh) {
+    r = kv::store::build(path, o, fill);
+  } else {
+    o.create_if_missing = false;
+    auto s = kv::store::open(path, o);
+    if (!s) {
+      if (in != stdin) std::fclose(in);
+      return fail("open", s.error());
+    }
+    r = fill(**s);
+  }
+  if (in != stdin) std::fclose(in);
+  if (!r && !why.empty() && r.error() == std::errc::invalid_argument) {
+    fmt::print(stderr, "keel kv: load: {}: {}{}\n", from == "-" ? "stdin" : from, why,
+               fresh ? " (nothing was made)" : "");
+    return exit_usage;
+  }
+  if (!r) {
+    if (!why.empty()) fmt::print(stderr, "keel kv: load: at {} of the dump\n", why);
+    return fail(fresh ? "load (nothing was made)" : "load (the batches before this stay)",
+                r.error());
+  }
+  fmt::print("loaded {} keys into {}{}\n", keys, path,
+             fresh ? " (a new store, made whole)" : " (an existing store)");
+  return exit_ok;
+}
+
 }  // namespace
 
 int run_kv_command(int argc, char** argv) {
@@ -128,6 +181,29 @@ int run_kv_command(int argc, char** argv) {
       "not be read. Exit 0 when everything was read, 3 when something was not (DEST is "
       "written either way)");
   salvage->add_option("DEST", dest, "The new store (absent, or an empty directory)")->required();
+  auto* backup = app.add_subcommand(
+      "backup",
+      "Copy the store, as it is when the backup begins, into a new store DEST while readers "
+      "and writers go on: every commit acknowledged before it is in the copy, none that began "
+      "after; live records only (as mdb_copy -c). DEST is made beside under a hidden name and "
+      "renamed once whole and durable: it is a whole copy or absent");
+  backup->add_option("DEST", dest, "The new store (must not exist)")->required();
+  bool print_format = false;
+  auto* dump = app.add_subcommand(
+      "dump",
+      "Write the store, one snapshot of it, to stdout as text in mdb_dump's format (which "
+      "mdb_load and keel kv load read back): binary-safe, one line per key and per value");
+  dump->add_flag("--print", print_format,
+                 "Printable bytes as they are (mdb_dump -p); the rest as \\xx");
+  std::string from = "-";
+  auto* load = app.add_subcommand(
+      "load",
+      "Put every key of a dump (keel kv dump's or mdb_dump's) into the store. Where PATH holds "
+      "no store, load is all-or-nothing: the store is made beside PATH and appears only once "
+      "whole and durable. Into a store that exists, it commits in batches: an error leaves the "
+      "batches before it, and loading the same dump again finishes the job. A dump keel "
+      "cannot read exits 2 naming the line");
+  load->add_option("FILE", from, "The dump (- or absent: stdin)");
 
   try {
     app.parse(argc, argv);
@@ -167,6 +243,7 @@ int run_kv_command(int argc, char** argv) {
                r->keys, dest, r->erased, r->commits, r->torn);
     return r->unreadable.empty() && r->older.empty() ? exit_ok : exit_corrupt;
   }
+  if (*load) return run_load(path, from, sync, max_bytes, single_host);
   kv::options o;
   o.create_if_missing = put->parsed();
   o.read_only = !(put->parsed() || del->parsed() || compact->parsed() || checkpoint->parsed());
@@ -289,6 +366,17 @@ int run_kv_command(int argc, char** argv) {
   }
   if (*checkpoint) {
     if (auto c = (*s)->checkpoint(); !c) return fail("checkpoint", c.error());
+    return exit_ok;
+  }
+  if (*dump) {
+    auto n = dump_store(**s, stdout, print_format);
+    return n ? exit_ok : fail("dump", n.error());
+  }
+  if (*backup) {
+    auto b = (*s)->backup(dest);
+    if (!b) return fail("backup", b.error());
+    fmt::print("copied {} keys ({} bytes of keys and values), every commit up to seq {}, into {}\n",
+               b->keys, b->bytes, b->seq, dest);
     return exit_ok;
   }
   if (*verify) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -199,6 +200,13 @@ struct salvage_report {
   std::vector<older_key> older;
 };
 
+//! What `store::backup` copied.
+struct backup_report {
+  std::uint64_t keys = 0;   //!< keys in the copy
+  std::uint64_t bytes = 0;  //!< their keys' and values' bytes
+  std::uint64_t seq = 0;    //!< the snapshot copied: every commit up to this seq, none after
+};
+
 class store;
 
 //! One key and its value, as a scan returns them.
@@ -241,6 +249,13 @@ class transaction {
   //! transaction: invalid_argument).
   [[nodiscard]] result<void> put(std::string_view key, std::string_view value) noexcept;
   [[nodiscard]] result<void> erase(std::string_view key) noexcept;
+  //! Up to `limit` items of this transaction's snapshot, in hash order, from `cursor` ("" for
+  //! the start): every page of one transaction reads the same snapshot, so the pages together
+  //! are the store as it was when the transaction began (a consistent copy, while writers go
+  //! on). For reading only: a transaction that has written may not scan, and one that has
+  //! scanned may not write (invalid_argument; serializability tracks reads key by key).
+  [[nodiscard]] result<scan_page> scan(std::string_view cursor, std::size_t limit,
+                                       bool keys_only = false) noexcept;
   //! Applies every write at once, or none, and returns the commit's seq: its place in the
   //! store's serial order (a transaction that wrote nothing returns its snapshot, where it
   //! is serialised). Errors: conflict (retry), timed_out (the keys' locks), read_only,
@@ -293,6 +308,24 @@ class store {
   [[nodiscard]] static result<salvage_report> salvage(const std::string& from,
                                                       const std::string& to,
                                                       const options& o) noexcept;
+  //! Copies this store, as it is when the call begins, into a new store made at `to` (which
+  //! must not exist), while readers and writers go on: every commit acknowledged before the
+  //! call is in the copy, and none that began after. Only live records are copied (as
+  //! `mdb_copy -c`). The copy is made beside `to` under a hidden name of its own, made durable,
+  //! and then renamed to `to`: `to` is a whole copy or absent (a backup killed half-way leaves
+  //! `.NAME.keel-build-PID` beside it). The snapshot it reads holds back compaction until it
+  //! ends. Errors: file_exists (`to` exists), invalid_argument (`to` names no entry), and what
+  //! reading this store or making and writing the copy met.
+  [[nodiscard]] result<backup_report> backup(const std::string& to) noexcept;
+  //! Makes a new store at `to` (which must not exist) with options `o`, and lets `fill` write
+  //! it; `to` appears only once `fill` has succeeded and all it wrote is durable: it is the
+  //! whole store or absent (a bulk load that is all-or-nothing, whatever the size). The store
+  //! is made beside `to` under a hidden name, `.NAME.keel-build-PID`, removed if `fill` or
+  //! anything after it fails (a process killed half-way leaves it). Errors: file_exists,
+  //! invalid_argument (`to` names no entry), what `fill` returned, and what making, syncing
+  //! and renaming the store met.
+  [[nodiscard]] static result<void> build(const std::string& to, const options& o,
+                                          const std::function<result<void>(store&)>& fill) noexcept;
   ~store();
   store(const store&) = delete;
   store& operator=(const store&) = delete;
