@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "base/process.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/kv/batch_writer.hpp"
 #include "kv/store_impl.hpp"
@@ -41,10 +42,13 @@ void remove_made_store(io::filesystem& fs, const io::file_handle& dir,
 
 }  // namespace
 
-result<void> store::build(const std::string& to, const options& o,
+result<void> store::build(const std::string& to_given, const options& o,
                           const std::function<result<void>(store&)>& fill) noexcept {
   try {
     io::filesystem& fs = o.fs != nullptr ? *o.fs : io::os();
+    std::string to = to_given;  // "copy/" names "copy"
+    while (to.size() > 1 && to.back() == '/')
+      to.pop_back();
     const std::size_t slash = to.find_last_of('/');
     const std::string parent =
         slash == std::string::npos ? "." : (slash == 0 ? "/" : to.substr(0, slash));
@@ -59,15 +63,26 @@ result<void> store::build(const std::string& to, const options& o,
     } else if (there.error() != std::errc::no_such_file_or_directory) {
       return std::unexpected(there.error().about(to));
     }
-    // Made under a name of its own (one killed half-way leaves it there, never taken for `to`).
-    const std::string temp = "." + name + ".keel-build-" + std::to_string(::getpid());
+    // Made under a name of its own: the pid and a random word, so a leftover of one killed
+    // half-way (in this pid namespace or another) never stops the next. Nothing is there
+    // before, so whatever is there after a failure is this call's own to remove.
+    const std::string temp = "." + name + ".keel-build-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(base::thread_rng()());
+    if (auto there = fs.stat_at(&*dir, temp.c_str(), false); there) {
+      return std::unexpected(error(std::make_error_code(std::errc::file_exists)).about(temp));
+    } else if (there.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(there.error().about(parent + "/" + temp));
+    }
     options made = o;
     made.create_if_missing = true;
     made.error_if_exists = true;
     made.read_only = false;
     {
       auto dest = store::open(parent + "/" + temp, made);
-      if (!dest) return std::unexpected(dest.error());
+      if (!dest) {
+        remove_made_store(fs, *dir, temp);
+        return std::unexpected(dest.error());
+      }
       auto filled = fill(**dest);
       // A checkpoint syncs every commit it covers (all of them: nobody else writes here) and
       // lets the store open without replaying its log.

@@ -1,6 +1,8 @@
 // Reading: records, values, snapshot lookups, scans and stats (doc/kv-format.md,
 // "Reading at a snapshot", "Scanning").
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -167,7 +169,10 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
                                        std::uint64_t snap) noexcept {
   std::uint64_t after_hi = 0;
   std::uint64_t after_lo = 0;
-  const bool from_start = cursor.empty();
+  // Moves past every hash this call has handled: a split that other users' commits make while
+  // the walk goes on can show an entry in its old page and again in the new one, and a hash
+  // is listed once (keys come in hash order, so a hash at or below the last one is done).
+  bool from_start = cursor.empty();
   if (!from_start && !parse_cursor(cursor, after_hi, after_lo)) {
     return errc_error(std::errc::invalid_argument);
   }
@@ -242,6 +247,9 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
               out.items.push_back(std::move(it));
             }
             out.cursor = cursor_of(k.hi, k.lo);
+            after_hi = k.hi;
+            after_lo = k.lo;
+            from_start = false;
             if (out.items.size() >= limit) return false;
           }
           return true;
@@ -277,6 +285,36 @@ result<store_stats> store::stats() noexcept {
     if (!s) continue;
     ++st.segments;
     st.segment_bytes += s->size;
+  }
+  // The users, before this call takes a slot of its own to read the index.
+  try {
+    const auto self = static_cast<std::uint32_t>(::getpid());
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      const slot_ref sl = impl_->slot(u);
+      const std::uint32_t pid = sl.pid().load(std::memory_order_acquire);
+      if (pid == 0) continue;
+      auto at = std::ranges::find(st.users, pid, &store_user::pid);
+      if (at == st.users.end()) {
+        st.users.push_back(store_user{.pid = pid,
+                                      .started = sl.start_time().load(),
+                                      .slots = 0,
+                                      .reading = false,
+                                      .oldest_snapshot = 0,
+                                      .dead = false,
+                                      .self = pid == self});
+        at = st.users.end() - 1;
+      }
+      ++at->slots;
+      // A slot holds its snapshot's seq + 1 (0: none).
+      if (const std::uint64_t held = sl.snapshot().load(); held != 0) {
+        if (!at->reading || held - 1 < at->oldest_snapshot) at->oldest_snapshot = held - 1;
+        at->reading = true;
+      }
+      at->dead = at->dead || (pid != self && impl_->slot_owner_dead(u));
+    }
+    std::ranges::sort(st.users, {}, &store_user::pid);
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
   }
   std::uint64_t used = 0;
   auto snap = snapshot_hold::take(*impl_);

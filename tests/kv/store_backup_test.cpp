@@ -11,7 +11,9 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "base/futex.hpp"
 #include "keel/kv/store.hpp"
@@ -127,6 +129,58 @@ TEST(KvScanInATransaction, EveryPageReadsTheTransactionsSnapshot) {
   EXPECT_EQ(w->scan("", 10).error(), std::errc::invalid_argument);
 }
 
+// Splits that another process's commits make while a scan walks the index list no key twice
+// (an entry can be seen in its old page and again in its new one within one call) and lose
+// none. The race is not forced: before the fix, about one round in six listed keys twice.
+TEST(KvScanInATransaction, SplitsUnderTheWalkListEveryKeyOnce) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  for (int i = 0; i < 2000; ++i)
+    ASSERT_TRUE(s->put("base" + std::to_string(i), "b"));
+  const pid_t writer = fork_child([&] {
+    auto own = store::open(path, small());
+    if (!own) return 2;
+    for (long n = 0;; n += 300) {
+      auto t = (*own)->begin();
+      if (!t) return 3;
+      for (int i = 0; i < 300; ++i) {
+        if (!t->put("grown" + std::to_string(n + i), "v")) return 4;
+      }
+      if (!t->commit()) return 5;
+    }
+  });
+  for (int round = 0; round < 6; ++round) {
+    // A store that has grown since the last round, with the writer still at it.
+    const std::uint64_t grown = 2000 + 5000 * static_cast<std::uint64_t>(round + 1);
+    while (s->stats()->records < grown) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(writer, &status, WNOHANG), 0) << "the writer ended: " << status;
+      std::this_thread::yield();
+    }
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    std::set<std::string> keys;
+    std::size_t items = 0;
+    for (std::string cursor;;) {
+      auto page = t->scan(cursor, 256, true);
+      ASSERT_TRUE(page) << page.error().message();
+      for (const item& it : page->items) {
+        ++items;
+        keys.insert(it.key);
+      }
+      if (page->done) break;
+      cursor = page->cursor;
+    }
+    EXPECT_EQ(items, keys.size()) << "round " << round << ": keys listed twice";
+    for (int i = 0; i < 2000; i += 7)
+      ASSERT_TRUE(keys.contains("base" + std::to_string(i))) << i;
+  }
+  ::kill(writer, SIGKILL);
+  EXPECT_EQ(wait_exit(writer), 128 + SIGKILL);
+}
+
 // A backup taken while a writer commits is one snapshot: "a" and "b" agree, every commit
 // acknowledged before it is there, and the copy verifies.
 TEST(KvBackup, ACopyWhileAWriterCommitsIsOneSnapshotAndVerifies) {
@@ -189,30 +243,34 @@ TEST(KvBackup, AnExistingDestinationIsRefusedAndLeftAlone) {
 
 // A backup that fails half-way (its volume fills) leaves no `to` and nothing of its own.
 TEST(KvBackup, OneThatFailsHalfWayLeavesNothing) {
-  temp_dir d;
-  const std::string path = d.file("s");
-  {
-    auto s = open_ok(path);
-    ASSERT_TRUE(s);
-    for (int i = 0; i < 150; ++i)
-      ASSERT_TRUE(s->put("k" + std::to_string(i), std::string(100'000, 'v')));
+  for (const std::size_t kib : {std::size_t{512}, std::size_t{8192}}) {
+    SCOPED_TRACE(kib);
+    temp_dir d;
+    const std::string path = d.file("s");
+    {
+      auto s = open_ok(path);
+      ASSERT_TRUE(s);
+      for (int i = 0; i < 150; ++i)
+        ASSERT_TRUE(s->put("k" + std::to_string(i), std::string(100'000, 'v')));
+    }
+    const std::string mnt = d.file("mnt" + std::to_string(kib));
+    std::filesystem::create_directory(mnt);
+    const pid_t child = fork_child([&] {
+      // 512 KiB: the copy cannot even be opened; 8 MiB: it fails half-way.
+      if (!test::mount_private_tmpfs(mnt, kib << 10)) return test::cannot_set_up;
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      auto r = (*s)->backup(mnt + "/copy");
+      if (r) return 3;
+      if (r.error() != std::errc::no_space_on_device) return 4;
+      if (!std::filesystem::is_empty(mnt)) return 5;
+      auto still = (*s)->get("k149");
+      return still && still->size() == 100'000 ? 0 : 6;
+    });
+    const int code = wait_exit(child);
+    if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
+    EXPECT_EQ(code, 0) << "3: it succeeded, 4: another error, 5: something was left, 6: source";
   }
-  const std::string mnt = d.file("mnt");
-  std::filesystem::create_directory(mnt);
-  const pid_t child = fork_child([&] {
-    if (!test::mount_private_tmpfs(mnt, std::size_t{8} << 20)) return test::cannot_set_up;
-    auto s = store::open(path, small());
-    if (!s) return 2;
-    auto r = (*s)->backup(mnt + "/copy");
-    if (r) return 3;
-    if (r.error() != std::errc::no_space_on_device) return 4;
-    if (!std::filesystem::is_empty(mnt)) return 5;
-    auto still = (*s)->get("k149");
-    return still && still->size() == 100'000 ? 0 : 6;
-  });
-  const int code = wait_exit(child);
-  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
-  EXPECT_EQ(code, 0) << "3: it succeeded, 4: another error, 5: something was left, 6: source";
 }
 
 }  // namespace

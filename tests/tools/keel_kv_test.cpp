@@ -111,6 +111,17 @@ TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {
   }
   EXPECT_EQ(n, 2);
   EXPECT_TRUE(saw_hex) << r.out;
+  // Output that parses back whatever the bytes: --hex hexes values too; -0 ends each key and
+  // each value with a NUL.
+  r = kv(dir, {s, "--hex", "scan"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("00ff\t610062ff\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("6772656574696e67\t68656c6c6f\n"), std::string::npos) << r.out;
+  r = kv(dir, {s, "scan", "-0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(std::string("\0\xff\0a\0b\xff\0", 8)), std::string::npos);
+  EXPECT_NE(r.out.find(std::string("greeting\0hello\0", 15)), std::string::npos);
+  EXPECT_EQ(r.out.size(), std::string("greeting\0hello\0", 15).size() + 8);
   r = kv(dir, {s, "del", "greeting"});
   EXPECT_EQ(r.code, 0) << r.err;
   r = kv(dir, {s, "del", "greeting"});
@@ -259,7 +270,20 @@ TEST(KeelKv, DumpAndLoadSpeakMdbDumpsFormatBothWays) {
 TEST(KeelKv, UsageErrorsExitTwoAndForeignDirectoriesThree) {
   keel::test::temp_dir dir;
   EXPECT_EQ(kv(dir, {}).code, 2);
-  EXPECT_EQ(kv(dir, {dir.file("s"), "frobnicate"}).code, 2);
+  auto unknown = kv(dir, {dir.file("s"), "frobnicate"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("no subcommand 'frobnicate'"), std::string::npos) << unknown.err;
+  // A key out of bounds is a usage error that says the bounds (not "invalid argument", nor
+  // "too large for the store", which reads as "full"); nothing is made for it.
+  for (const std::string& key : {std::string(), std::string(1025, 'k')}) {
+    for (const char* verb : {"put", "get", "del"}) {
+      auto r = kv(dir, {dir.file("s"), verb, key, "v"});
+      if (std::string(verb) != "put") r = kv(dir, {dir.file("s"), verb, key});
+      EXPECT_EQ(r.code, 2) << verb << " " << key.size();
+      EXPECT_NE(r.err.find("keys are 1 to 1024 bytes"), std::string::npos) << r.err;
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("s")));
   EXPECT_EQ(kv(dir, {dir.file("s"), "--hex", "get", "zz"}).code, 2);
   auto help = kv(dir, {"--help"});
   EXPECT_EQ(help.code, 0);

@@ -52,7 +52,7 @@ std::expected<double, std::string> time_one(const std::vector<std::string>& argv
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   const auto start = std::chrono::steady_clock::now();
   pid_t pid = 0;
-  const int e = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int e = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (e != 0) return std::unexpected(fmt::format("{}: {}", argv[0], std::strerror(e)));
   int status = 0;
@@ -108,19 +108,32 @@ int run_lockcli_command(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  // A name without a slash is looked up in PATH when it runs (posix_spawnp), as a shell does.
   for (const std::string* p : {&keel, &flock}) {
-    if (::access(p->c_str(), X_OK) != 0) {
+    if (p->empty() || (p->find('/') != std::string::npos && ::access(p->c_str(), X_OK) != 0)) {
       fmt::print(stderr, "keel-bench lockcli: {}: {}\n", p->empty() ? "keel" : *p,
                  std::strerror(p->empty() ? ENOENT : errno));
       return 2;
     }
   }
+  // Where the JSON goes is checked before the run, not after it.
+  if (!json_path.empty() && json_path != "-") {
+    const auto parent = std::filesystem::path(json_path).parent_path();
+    const std::string where = parent.empty() ? "." : parent.string();
+    if (::access(where.c_str(), W_OK) != 0) {
+      fmt::print(stderr, "keel-bench lockcli: --json {}: {}: {}\n", json_path, where,
+                 std::strerror(errno));
+      return 2;
+    }
+  }
   auto scratch = scratch_dir::make(dir);
   if (!scratch) {
-    fmt::print(stderr, "keel-bench lockcli: cannot make a directory: {}\n",
-               scratch.error().message());
+    fmt::print(stderr, "keel-bench lockcli: cannot make a directory in {}: {}\n",
+               dir.empty() ? "/dev/shm" : dir, scratch.error().message());
     return 1;
   }
+  // With the JSON on stdout, the table goes to stderr.
+  std::FILE* const table = json_path == "-" ? stderr : stdout;
   const std::string file = scratch->path + "/lock";
   std::vector<program> programs{
       {"flock", "flock -n FILE true", {flock, "-n", file, "/bin/true"}, {}},
@@ -139,13 +152,13 @@ int run_lockcli_command(int argc, char** argv) {
     }
   }
   nlohmann::json doc{{"runs", runs}, {"keel", keel}, {"flock", flock}};
-  fmt::print("{:<34} {:>12} {:>12}\n", "program", "median µs", "mean µs");
+  fmt::print(table, "{:<34} {:>12} {:>12}\n", "program", "median µs", "mean µs");
   for (const auto& p : programs) {
     const double med = median(p.us);
     double sum = 0;
     for (double v : p.us)
       sum += v;
-    fmt::print("{:<34} {:>12.0f} {:>12.0f}\n", p.label, med,
+    fmt::print(table, "{:<34} {:>12.0f} {:>12.0f}\n", p.label, med,
                sum / static_cast<double>(p.us.size()));
     doc["median_us"][p.id] = med;
     doc["mean_us"][p.id] = sum / static_cast<double>(p.us.size());
@@ -153,7 +166,8 @@ int run_lockcli_command(int argc, char** argv) {
   const double ratio =
       doc["median_us"]["keel_lock"].get<double>() / doc["median_us"]["flock"].get<double>();
   doc["keel_lock_vs_flock"] = ratio;
-  fmt::print("keel lock -n FILE -- true costs {:.2f}x flock -n FILE true (target: at most 1.5x)\n",
+  fmt::print(table,
+             "keel lock -n FILE -- true costs {:.2f}x flock -n FILE true (target: at most 1.5x)\n",
              ratio);
   if (!json_path.empty() && !write_json("lockcli", json_path, doc)) return 1;
   return 0;

@@ -6,9 +6,14 @@
 #include "kv_dump.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -74,20 +79,46 @@ bool write_all(std::string_view s) {
   return std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0;
 }
 
+// When a process started, from its start in clock ticks since boot: "YYYY-MM-DD HH:MM:SS" in
+// local time, or "unknown".
+std::string started_at(std::uint64_t ticks) {
+  std::ifstream stat("/proc/stat");
+  long long boot = 0;
+  for (std::string word; stat >> word;) {
+    if (word == "btime") {
+      stat >> boot;
+      break;
+    }
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (ticks == 0 || boot == 0 || hz <= 0) return "unknown";
+  const std::time_t at = static_cast<std::time_t>(boot + static_cast<long long>(ticks) / hz);
+  std::tm local{};
+  if (::localtime_r(&at, &local) == nullptr) return "unknown";
+  char out[32];
+  std::strftime(out, sizeof out, "%Y-%m-%d %H:%M:%S", &local);
+  return out;
+}
+
 // keel kv load: all-or-nothing into a new store (store::build), in batches into one that exists.
 int run_load(const std::string& path, const std::string& from, bool sync, std::uint64_t max_bytes,
              bool single_host) {
   std::FILE* in = from == "-" ? stdin : std::fopen(from.c_str(), "rb");
+  if (in == stdin && ::isatty(STDIN_FILENO) == 1) {
+    fmt::print(stderr, "keel kv: load: reading a dump from the terminal; end it with Ctrl-D\n");
+  }
   if (in == nullptr) {
     fmt::print(stderr, "keel kv: load: {}: {}\n", from, std::strerror(errno));
     return exit_error;
   }
   std::string why;
+  std::uint64_t failed_line = 0;
   std::uint64_t keys = 0;
   const auto fill = [&](kv::store& s) -> result<void> {
     kv::batch_writer batch(s);
     auto n = read_dump(
-        in, [&](std::string_view k, std::string_view v) { return batch.put(k, v); }, why);
+        in, [&](std::string_view k, std::string_view v) { return batch.put(k, v); }, why,
+        failed_line);
     if (!n) return std::unexpected(n.error());
     keys = *n;
     return batch.finish(sync ? kv::durability::sync : kv::durability::none);
@@ -110,19 +141,41 @@ int run_load(const std::string& path, const std::string& from, bool sync, std::u
     r = fill(**s);
   }
   if (in != stdin) std::fclose(in);
-  if (!r && !why.empty() && r.error() == std::errc::invalid_argument) {
+  if (!r && !why.empty()) {
     fmt::print(stderr, "keel kv: load: {}: {}{}\n", from == "-" ? "stdin" : from, why,
                fresh ? " (nothing was made)" : "");
     return exit_usage;
   }
   if (!r) {
-    if (!why.empty()) fmt::print(stderr, "keel kv: load: at {} of the dump\n", why);
+    if (failed_line != 0) {
+      fmt::print(stderr, "keel kv: load: at the key on line {} of the dump\n", failed_line);
+    }
     return fail(fresh ? "load (nothing was made)" : "load (the batches before this stay)",
                 r.error());
   }
   fmt::print("loaded {} keys into {}{}\n", keys, path,
              fresh ? " (a new store, made whole)" : " (an existing store)");
   return exit_ok;
+}
+
+// The word where a subcommand should be that names none of `app`'s (empty if there is none):
+// the second argument that is not an option or an option's value (the first is PATH).
+std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  int positional = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--max-bytes") {
+      ++i;
+      continue;
+    }
+    if (a.starts_with("-")) continue;
+    if (++positional < 2) continue;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      if (sub->get_name() == a) return {};
+    }
+    return std::string(a);
+  }
+  return {};
 }
 
 }  // namespace
@@ -164,6 +217,9 @@ int run_kv_command(int argc, char** argv) {
   auto* scan = app.add_subcommand("scan", "List every key and value (hash order)");
   scan->add_flag("--keys-only", keys_only, "Keys only");
   scan->add_flag("--json", json, "JSON lines: {\"key\":...,\"value\":...} (hex objects for bytes)");
+  bool nul = false;
+  scan->add_flag("-0,--null", nul,
+                 "KEY NUL VALUE NUL for each key (KEY NUL with --keys-only), bytes as they are");
   auto* stats = app.add_subcommand("stats", "Counts and sizes");
   stats->add_flag("--json", json, "As JSON");
   auto* verify = app.add_subcommand("verify", "Read every block and live value; check checksums");
@@ -194,7 +250,8 @@ int run_kv_command(int argc, char** argv) {
       "Write the store, one snapshot of it, to stdout as text in mdb_dump's format (which "
       "mdb_load and keel kv load read back): binary-safe, one line per key and per value");
   dump->add_flag("--print", print_format,
-                 "Printable bytes as they are (mdb_dump -p); the rest as \\xx");
+                 "Printable bytes as they are (mdb_dump -p); the rest as \\xx. LMDB 0.9's "
+                 "mdb_dump -p and mdb_load mishandle backslashes: with them, use the default");
   std::string from = "-";
   auto* load = app.add_subcommand(
       "load",
@@ -208,6 +265,11 @@ int run_kv_command(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // CLI11 says only "a subcommand is required" of one it does not know: name it.
+    if (const std::string word = unknown_subcommand(app, argc, argv); !word.empty()) {
+      fmt::print(stderr, "keel kv: no subcommand '{}' (keel kv --help lists them)\n", word);
+      return exit_usage;
+    }
     const int code = app.exit(e);
     return code == 0 ? exit_ok : exit_usage;
   }
@@ -226,6 +288,16 @@ int run_kv_command(int argc, char** argv) {
       }
       value = raw;
     }
+  }
+  if ((*put || *get || *del) && (key.empty() || key.size() > kv::max_key_size)) {
+    fmt::print(stderr, "keel kv: the key is {} bytes: keys are 1 to {} bytes\n", key.size(),
+               kv::max_key_size);
+    return exit_usage;
+  }
+  if (*put && !from_stdin && value.size() > kv::max_value_size) {
+    fmt::print(stderr, "keel kv: the value is {} bytes: values are at most {} bytes (1 GiB)\n",
+               value.size(), kv::max_value_size);
+    return exit_usage;
   }
   if (*salvage) {
     kv::options made;
@@ -262,7 +334,17 @@ int run_kv_command(int argc, char** argv) {
 
   if (*put) {
     if (from_stdin) {
+      // A user at a terminal who gave no value would otherwise wait on a silent prompt.
+      if (::isatty(STDIN_FILENO) == 1) {
+        fmt::print(stderr,
+                   "keel kv: put: reading the value from the terminal; end it with Ctrl-D\n");
+      }
       value.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      if (value.size() > kv::max_value_size) {
+        fmt::print(stderr, "keel kv: the value is {} bytes: values are at most {} bytes (1 GiB)\n",
+                   value.size(), kv::max_value_size);
+        return exit_usage;
+      }
     }
     auto r = (*s)->put(key, value);
     return r ? exit_ok : fail("put", r.error());
@@ -277,23 +359,37 @@ int run_kv_command(int argc, char** argv) {
     return r ? exit_ok : fail("del", r.error());
   }
   if (*scan) {
+    // One snapshot for every page: the listing is the store as it was at one moment.
+    auto t = (*s)->begin();
+    if (!t) return fail("scan", t.error());
     std::string cursor;
+    std::string out;
     for (;;) {
-      auto page = (*s)->scan(cursor, 1024, keys_only);
+      auto page = t->scan(cursor, 1024, keys_only);
       if (!page) return fail("scan", page.error());
       for (const auto& it : page->items) {
+        out.clear();
         if (json) {
           nlohmann::json line{{"key", printable(it.key)}};
           if (!keys_only) line["value"] = printable(it.value);
-          fmt::print("{}\n", line.dump());
+          out = line.dump() + '\n';
+        } else if (nul) {
+          out.append(it.key).push_back('\0');
+          if (!keys_only) out.append(it.value).push_back('\0');
         } else if (keys_only) {
-          fmt::print("{}\n", hex ? to_hex(it.key) : it.key);
+          out = (hex ? to_hex(it.key) : it.key) + '\n';
         } else {
-          fmt::print("{}\t{}\n", hex ? to_hex(it.key) : it.key, it.value);
+          // --hex: the value too, so that a line is one key and one value whatever the bytes.
+          out = (hex ? to_hex(it.key) : it.key) + '\t' + (hex ? to_hex(it.value) : it.value) + '\n';
         }
+        if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size()) break;
       }
-      if (page->done) break;
+      if (page->done || std::ferror(stdout)) break;
       cursor = page->cursor;
+    }
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      fmt::print(stderr, "keel kv: scan: writing the output: {}\n", std::strerror(errno));
+      return exit_error;
     }
     return exit_ok;
   }
@@ -315,7 +411,18 @@ int run_kv_command(int argc, char** argv) {
                        {"unchecked_bytes", st->unchecked_bytes},
                        {"replayed_bytes", st->replayed_bytes},
                        {"checkpoint_errno", st->checkpoint_errno},
-                       {"compactions", st->compactions}};
+                       {"compactions", st->compactions},
+                       {"users", nlohmann::json::array()}};
+      for (const kv::store_user& u : st->users) {
+        j["users"].push_back(
+            {{"pid", u.pid},
+             {"started", started_at(u.started)},
+             {"slots", u.slots},
+             {"oldest_snapshot", u.reading ? nlohmann::json(u.oldest_snapshot) : nlohmann::json()},
+             {"commits_behind", u.reading ? st->visible_seq - u.oldest_snapshot : 0},
+             {"dead", u.dead},
+             {"self", u.self}});
+      }
       fmt::print("{}\n", j.dump(2));
     } else {
       fmt::print("records        {}\n", st->records);
@@ -336,6 +443,18 @@ int run_kv_command(int argc, char** argv) {
       if (st->replayed_bytes != 0) {
         fmt::print("this open      rebuilt the index, replaying {} bytes of log\n",
                    st->replayed_bytes);
+      }
+      for (const kv::store_user& u : st->users) {
+        fmt::print("user           pid {}{}, started {}, {} slot{}", u.pid,
+                   u.self ? " (this command)" : "", started_at(u.started), u.slots,
+                   u.slots == 1 ? "" : "s");
+        if (u.reading) {
+          fmt::print(
+              ", reads the snapshot at seq {} ({} commits behind: it holds their old "
+              "versions)",
+              u.oldest_snapshot, st->visible_seq - u.oldest_snapshot);
+        }
+        fmt::print("{}\n", u.dead ? ", dead (its slots go to the next user)" : "");
       }
     }
     return exit_ok;

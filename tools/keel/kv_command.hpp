@@ -8,6 +8,6 @@ namespace keel::tools {
 int run_kv_command(int argc, char** argv);
 
 inline constexpr const char* kv_command_summary =
-    "Use a keel::kv store: put, get, del, scan, stats, verify (binary-safe)";
+    "Use a keel::kv store: put, get, del, scan, stats, verify, backup, dump, load (binary-safe)";
 
 }  // namespace keel::tools

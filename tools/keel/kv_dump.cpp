@@ -118,7 +118,7 @@ result<std::uint64_t> dump_store(kv::store& s, std::FILE* out, bool printable) n
 
 result<std::uint64_t> read_dump(
     std::FILE* in, const std::function<result<void>(std::string_view, std::string_view)>& put,
-    std::string& why) noexcept {
+    std::string& why, std::uint64_t& failed_line) noexcept {
   try {
     std::uint64_t line_no = 0;
     std::uint64_t keys = 0;
@@ -136,7 +136,10 @@ result<std::uint64_t> read_dump(
       errno = 0;
       if (!read_line(in, line, newline)) {
         if (std::ferror(in)) return errc_error(static_cast<std::errc>(errno ? errno : EIO));
-        if (!any_section) return bad("no dump here (empty input)");
+        if (!any_section) {
+          why = "the input is empty: no dump here";
+          return errc_error(std::errc::invalid_argument);
+        }
         return keys;
       }
       ++line_no;
@@ -181,8 +184,17 @@ result<std::uint64_t> read_dump(
             !decode(std::string_view(line).substr(1), printable, value)) {
           return bad(line == "DATA=END" ? "a key with no value line" : "not a data line");
         }
+        if (key.empty() || key.size() > kv::max_key_size) {
+          --line_no;
+          return bad(fmt::format("a key of {} bytes: keys are 1 to {} bytes", key.size(),
+                                 kv::max_key_size));
+        }
+        if (value.size() > kv::max_value_size) {
+          return bad(fmt::format("a value of {} bytes: values are at most {} bytes (1 GiB)",
+                                 value.size(), kv::max_value_size));
+        }
         if (auto r = put(key, value); !r) {
-          why = fmt::format("line {}", line_no - 1);
+          failed_line = line_no - 1;
           return std::unexpected(r.error());
         }
         ++keys;

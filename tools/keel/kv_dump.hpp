@@ -21,10 +21,12 @@ namespace keel::tools {
 result<std::uint64_t> dump_store(kv::store& s, std::FILE* out, bool printable) noexcept;
 
 //! Reads a dump from `in` and calls `put` for each key and value, in order. A dump keel cannot
-//! take (bad header, a named or duplicate-keyed LMDB database, a bad line, a key with no value)
-//! is std::errc::invalid_argument with `why` saying which line and what.
+//! take (bad header, a named or duplicate-keyed LMDB database, a bad line, a key with no value,
+//! a key or value out of keel's bounds) is std::errc::invalid_argument with `why` saying which
+//! line and what (`why` is set for these alone). A failed `put` is its error, with
+//! `failed_line` the line of its key.
 result<std::uint64_t> read_dump(
     std::FILE* in, const std::function<result<void>(std::string_view, std::string_view)>& put,
-    std::string& why) noexcept;
+    std::string& why, std::uint64_t& failed_line) noexcept;
 
 }  // namespace keel::tools

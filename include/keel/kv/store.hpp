@@ -119,6 +119,24 @@ struct options {
 };
 
 //! What a store holds, as of a snapshot of its counters.
+//! A process using the store, as its slots in the shared index show it (as `mdb_stat -r`
+//! lists LMDB's readers).
+struct store_user {
+  std::uint32_t pid = 0;
+  //! When the process started: clock ticks since boot (/proc/PID/stat's field 22; 0: unknown).
+  std::uint64_t started = 0;
+  //! Slots it holds: threads in a call or a transaction, and slots it keeps for its next ones.
+  std::uint32_t slots = 0;
+  //! Whether it reads a snapshot now (a call or a transaction under way), and the oldest it
+  //! reads: versions later commits superseded stay for it, and compaction waits for it.
+  bool reading = false;
+  std::uint64_t oldest_snapshot = 0;
+  //! Its liveness lock is free: the process is gone, and its slots go to the next user that
+  //! needs them.
+  bool dead = false;
+  bool self = false;  //!< the process asking
+};
+
 struct store_stats {
   std::uint64_t records = 0;     //!< live keys
   std::uint64_t live_bytes = 0;  //!< bytes of their newest records (keys, values, headers)
@@ -147,6 +165,8 @@ struct store_stats {
   std::uint64_t compactions = 0;
   //! The error of this process's last compaction in the background, if it failed (0: none).
   int compaction_errno = 0;
+  //! The processes with slots in the store, by pid.
+  std::vector<store_user> users;
 };
 
 //! What a compaction did.
@@ -313,14 +333,14 @@ class store {
   //! call is in the copy, and none that began after. Only live records are copied (as
   //! `mdb_copy -c`). The copy is made beside `to` under a hidden name of its own, made durable,
   //! and then renamed to `to`: `to` is a whole copy or absent (a backup killed half-way leaves
-  //! `.NAME.keel-build-PID` beside it). The snapshot it reads holds back compaction until it
+  //! `.NAME.keel-build-PID-RANDOM` beside it). The snapshot it reads holds back compaction until it
   //! ends. Errors: file_exists (`to` exists), invalid_argument (`to` names no entry), and what
   //! reading this store or making and writing the copy met.
   [[nodiscard]] result<backup_report> backup(const std::string& to) noexcept;
   //! Makes a new store at `to` (which must not exist) with options `o`, and lets `fill` write
   //! it; `to` appears only once `fill` has succeeded and all it wrote is durable: it is the
   //! whole store or absent (a bulk load that is all-or-nothing, whatever the size). The store
-  //! is made beside `to` under a hidden name, `.NAME.keel-build-PID`, removed if `fill` or
+  //! is made beside `to` under a hidden name, `.NAME.keel-build-PID-RANDOM`, removed if `fill` or
   //! anything after it fails (a process killed half-way leaves it). Errors: file_exists,
   //! invalid_argument (`to` names no entry), what `fill` returned, and what making, syncing
   //! and renaming the store met.
