@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include <regex>
+#include <cctype>
 #include <set>
 #include <sstream>
 #include <string>
@@ -33,7 +33,6 @@ std::set<std::string> listed(const std::string& help) {
   std::set<std::string> out;
   std::istringstream in(help);
   bool subcommands = false;
-  const std::regex option(R"((?:^|[\s,])(--?[A-Za-z][A-Za-z0-9-]*))");
   for (std::string line; std::getline(in, line);) {
     if (line.starts_with("Subcommands:")) {
       subcommands = true;
@@ -49,8 +48,22 @@ std::set<std::string> listed(const std::string& help) {
     } else if (line[first] == '-') {
       // The option column only: up to the two spaces before its description.
       const std::string column = line.substr(first, line.find("  ", first) - first);
-      for (std::sregex_iterator m(column.begin(), column.end(), option), end; m != end; ++m)
-        out.insert((*m)[1]);
+      // Each -x or --long in it: a dash at the start or after a space or comma, a letter.
+      for (std::size_t i = 0; i < column.size(); ++i) {
+        if (column[i] != '-' || (i > 0 && column[i - 1] != ' ' && column[i - 1] != ',')) continue;
+        std::size_t end = i;
+        while (end < column.size() && column[end] == '-')
+          ++end;
+        if (end - i > 2 || end >= column.size() ||
+            std::isalpha(static_cast<unsigned char>(column[end])) == 0) {
+          continue;
+        }
+        while (end < column.size() &&
+               (std::isalnum(static_cast<unsigned char>(column[end])) != 0 || column[end] == '-'))
+          ++end;
+        out.insert(column.substr(i, end - i));
+        i = end;
+      }
     }
   }
   return out;
