@@ -489,7 +489,12 @@ std::optional<std::string> kv_cycle(mode how, const std::string& dir, const std:
     const int rounds = how == mode::kill ? static_cast<int>(max_commits) : 150;
     const pid_t pid = spawn([&] { return write(*o, path, io::os(), writer_seed, rounds, false); });
     if (how == mode::kill) {
-      std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 40'000));
+      // At a random moment once it is at work: a start slowed by a sanitizer or a busy
+      // machine must not turn the cycles into kills before the first commit.
+      const std::uint32_t after = 1 + static_cast<std::uint32_t>(rng() % 100);
+      (void)wait_until(
+          pid, [&] { return o->attempted.load() >= after; }, 60s);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
       ::kill(pid, SIGKILL);
     }
     const exit_status s = wait_for(pid, 60s);

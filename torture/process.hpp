@@ -45,6 +45,24 @@ struct exit_status {
   }
 };
 
+// Waits until `ready()` holds, `pid` has ended (left for wait_for to reap) or `limit` has
+// passed; says whether `ready()` held. A cycle's kill waits for its victim to be at work so,
+// the start of a process being slow under a sanitizer or a busy machine, the kill still lands
+// where the cycle meant it to.
+template <class Ready>
+bool wait_until(pid_t pid, Ready&& ready, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid)
+      return ready();
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
+}
+
 // Waits for `pid` at most `limit`; past it, kills it and its group.
 inline exit_status wait_for(pid_t pid, std::chrono::milliseconds limit) {
   exit_status s;

@@ -123,6 +123,8 @@ struct shared_oracle {
   std::atomic<std::uint32_t> holder[entity_count];
   std::atomic<std::uint32_t> doomed[8];  // pids about to be killed (their marks may linger)
   std::atomic<std::uint32_t> stop;
+  std::atomic<std::uint32_t> freeze;  // the pid that stops once it holds a set, to be killed
+  std::atomic<std::uint32_t> frozen;  // it has stopped holding one
   std::atomic<std::uint32_t> violations;
   std::atomic<std::uint64_t> acquisitions;
   std::atomic<std::uint32_t> message_taken;
@@ -269,6 +271,11 @@ int hammer(workload w, const places& at, shared_oracle& o, std::uint64_t seed, i
       return 4;
     }
     if (!o.enter(set, me)) return 5;
+    if (o.freeze.load() == me) {
+      o.frozen.store(1);
+      for (;;)
+        ::pause();  // until the SIGKILL (or the alarm) comes
+    }
     hold_for_a_moment(rng);
     if (!o.leave(set, me)) return 5;
     (void)g->unlock();
@@ -306,8 +313,9 @@ failure_text check_recovered(workload w, const places& at, shared_oracle* o,
 
 // ---- kill ----
 
-// Three users hammer the lock; one is killed at a random moment (often while it holds a
-// set); then a fresh user must get everything, and the survivors must have seen no double.
+// Three users hammer the lock; one is killed, in half the cycles while it holds a set, in the
+// others at a random moment once the users are at work; then a fresh user must get
+// everything, and the survivors must have seen no double.
 failure_text kill_cycle(const config& c, const places& at, std::uint64_t seed,
                         lock::shared_fs_mutex& checker) {
   std::mt19937_64 rng(seed);
@@ -317,9 +325,19 @@ failure_text kill_cycle(const config& c, const places& at, std::uint64_t seed,
     const std::uint64_t s = rng();
     users[k] = spawn([&] { return hammer(c.what, at, *o, s, io::os(), -1, false); });
   }
-  std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 8000));
   const std::size_t victim = rng() % users.size();
-  o->doom(static_cast<std::uint32_t>(users[victim]));
+  const auto victim_pid = static_cast<std::uint32_t>(users[victim]);
+  o->doom(victim_pid);
+  if (rng() % 2 == 0) {
+    o->freeze.store(victim_pid);
+    (void)detail::wait_until(
+        users[victim], [&] { return o->frozen.load() != 0; }, 60s);
+  } else {
+    const std::uint64_t after = 1 + rng() % 50;
+    (void)detail::wait_until(
+        users[victim], [&] { return o->acquisitions.load() >= after; }, 60s);
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+  }
   ::kill(users[victim], SIGKILL);
   (void)wait_for(users[victim], 10s);
   failure_text f = check_recovered(c.what, at, &*o, &checker, 5s);
