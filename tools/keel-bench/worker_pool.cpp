@@ -94,6 +94,7 @@ run_result run_workers(const run_options& options,
     if (pid == 0) {
       ::close(start_pipe[1]);
       worker_context ctx(control, i, &counters[i], &holders[options.group_of(i)]);
+      if (options.setup) options.setup(ctx);
       control->ready.fetch_add(1);
       char c = 0;
       while (::read(start_pipe[0], &c, 1) < 0 && errno == EINTR) {

@@ -83,6 +83,8 @@ struct run_options {
   //! Which holder counter worker i uses (workers locking the same entities share one).
   std::function<std::size_t(std::size_t)> group_of = [](std::size_t) { return 0; };
   std::size_t groups = 1;
+  //! Runs in each worker before the start (opening what it works on): not timed.
+  std::function<void(worker_context&)> setup;
   //! Called on stderr-bound progress lines ("" when none wanted).
   std::function<void(const std::string&)> progress;
 };
