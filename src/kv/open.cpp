@@ -137,15 +137,22 @@ result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS 
   }
   free_slots.clear();
   ours.fill(false);
-  auto f = io::file_handle::open_at(dir.dir, "index",
-                                    io::open_flags::read_write | io::open_flags::no_follow);
+  // (A reader with an index of its own reopens that unnamed file, through the descriptor a
+  // forked child inherited.)
+  auto f = private_index
+               ? fs->open(nullptr, ("/proc/self/fd/" + std::to_string(index_file.fd())).c_str(),
+                          io::open_flags::read_write, 0600)
+               : io::file_handle::open_at(dir.dir, "index",
+                                          io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) return std::unexpected(f.error());
   // Shared on the open byte for as long as this process uses the store: an opener that gets
   // it exclusively knows it is alone.
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
   for (;;) {
     auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
-    if (r) break;
+    // (A forked child's first call: a private reader may have started since its parent let go.)
+    if (r && (private_index || !waits_for_private_build(*f))) break;
+    if (r) r = errc_error(std::errc::operation_would_block);
     if (r.error() != std::errc::operation_would_block &&
         r.error() != std::errc::resource_unavailable_try_again) {
       return std::unexpected(r.error());
@@ -682,6 +689,16 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   return number;
 }
 
+std::vector<std::uint64_t> store::impl::table_segment_numbers() const {
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+    const std::uint64_t n = segtab(i, 0).load();
+    if (n != 0 && n % segtab_entries == i) out.push_back(n);
+  }
+  std::ranges::sort(out);
+  return out;
+}
+
 store::impl::table_segments store::impl::segments_in_table() const noexcept {
   table_segments t;
   for (std::uint64_t i = 0; i < segtab_entries; ++i) {
@@ -854,7 +871,10 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   // ours to replace: this segment then goes back to the volume.
   const std::string temp = std::string(segment_temp_prefix) + name;
   bool keeping = false;
-  if (may_keep.as != room_kept::volume && size == dir.params.segment_size) {
+  // A reader with an index of its own may map this segment: it is only unlinked (its map
+  // keeps reading what it held), neither zeroed to be kept nor truncated.
+  const bool mapped_unbeknown = private_readers_present();
+  if (may_keep.as != room_kept::volume && size == dir.params.segment_size && !mapped_unbeknown) {
     auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
                         io::rename_mode::no_replace);
     // (A directory with no room for the longer name, ext4 full, refuses with ENOSPC: then
@@ -908,6 +928,7 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   // Unnamed, its blocks would still be held by every process that maps it, and one that
   // sits idle unmaps it only at its next call into the store: emptied, they are free at
   // once. Nobody reads it any more (compaction waited for every snapshot that could).
+  if (mapped_unbeknown) return room_kept{};
   if (auto t = f->truncate(0); !t) return std::unexpected(t.error().about(named));
   return room_kept{};
 }
@@ -1183,6 +1204,17 @@ bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noe
 
 }  // namespace
 
+bool store::impl::waits_for_private_build(const io::file_handle& f) noexcept {
+  // Asked after taking the open byte: a reader that builds either sees this opener or is seen.
+  // (An error asking: taken as no build, and the open goes on.)
+  auto free =
+      fs->lock_is_free(dir.store_file, private_opening_byte, 1, io::lock_request::exclusive);
+  if (!free || *free) return false;
+  (void)fs->lock(f, open_byte, 1, io::lock_request::unlock, false);
+  (void)fs->lock(dir.store_file, opener_waiting_byte, 1, io::lock_request::shared, false);
+  return true;
+}
+
 bool store::impl::index_sound() noexcept {
   // The index outlives its users, on disk: an opener alone checks what it can of it before
   // it trusts it (a flipped bit would otherwise read a present key as absent, or send the
@@ -1215,22 +1247,25 @@ bool store::impl::index_sound() noexcept {
          h64(hdr::visible).load() < next;
 }
 
+result<void> store::impl::map_index() noexcept {
+  auto m = io::mapped_file::map(index_file, io::map_access::read_write, index_window, 0);
+  if (!m) return std::unexpected(m.error().about(index_file.shared_path()));
+  index_map = std::move(*m);
+  table.emplace(base(), h64(hdr::directory),
+                reinterpret_cast<std::uint64_t*>(base() + hdr::split_journal));
+  // (also for users that charge nothing: they free dead users' pins)
+  ledger.emplace(*reinterpret_cast<space::ledger_words*>(base() + hdr::ledger),
+                 base() + slot_first_page * fmt::page_size + slot_ledger_pin, max_slots, slot_size);
+  return {};
+}
+
 result<void> store::impl::open_index() noexcept {
   auto f = io::file_handle::open_at(
       dir.dir, "index",
       io::open_flags::read_write | io::open_flags::create | io::open_flags::no_follow, 0644);
   if (!f) return std::unexpected(f.error().about(path + "/index"));
   index_file = std::move(*f);
-  auto m = io::mapped_file::map(index_file, io::map_access::read_write, index_window, 0);
-  if (!m) return std::unexpected(m.error().about(index_file.shared_path()));
-  index_map = std::move(*m);
-  table.emplace(base(), h64(hdr::directory),
-                reinterpret_cast<std::uint64_t*>(base() + hdr::split_journal));
-  {  // (also for users that charge nothing: they free dead users' pins)
-    ledger.emplace(*reinterpret_cast<space::ledger_words*>(base() + hdr::ledger),
-                   base() + slot_first_page * fmt::page_size + slot_ledger_pin, max_slots,
-                   slot_size);
-  }
+  if (auto m = map_index(); !m) return m;
 
   auto probe = io::file_handle::open_at(dir.dir, "index",
                                         io::open_flags::read_write | io::open_flags::no_follow);
@@ -1238,6 +1273,11 @@ result<void> store::impl::open_index() noexcept {
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
   for (;;) {
     auto alone = fs->lock(*probe, open_byte, 1, io::lock_request::exclusive, false);
+    if (alone && waits_for_private_build(*probe)) {
+      if (now_ms() > until) return errc_error(std::errc::timed_out);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
     if (alone) {
       // Nobody else has the store open: check the index, or rebuild it.
       auto size = index_file.size();
@@ -1263,6 +1303,9 @@ result<void> store::impl::open_index() noexcept {
       return std::unexpected(alone.error());
     }
     auto shared = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false);
+    if (shared && waits_for_private_build(*probe)) {
+      shared = errc_error(std::errc::operation_would_block);
+    }
     if (shared) {
       auto size = index_file.size();
       if (!size) return std::unexpected(size.error());
@@ -1424,12 +1467,33 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   if (auto fsi = p->fs->statfs(p->dir.segments); fsi && fsi->type == io::fs_type::btrfs) {
     p->writes_refusable.store(true);
   }
+  // A reader that may not write the lock or the index (a read-only filesystem, files it may
+  // only read) builds an index of its own.
+  const auto may_not_write = [&](const error& e) {
+    return o.read_only &&
+           (e == std::errc::read_only_file_system || e == std::errc::permission_denied ||
+            e == std::errc::operation_not_permitted);
+  };
   lock::memory_map::options lo;
   lo.fs = o.fs;
   auto locks = lock::memory_map::open(path + "/lock", lo);
-  if (!locks) return std::unexpected(locks.error().about(path + "/lock"));
-  p->locks = std::move(*locks);
-  if (auto r = p->open_index(); !r) return std::unexpected(r.error().about(path + "/index"));
+  if (!locks && !may_not_write(locks.error())) {
+    return std::unexpected(locks.error().about(path + "/lock"));
+  }
+  if (locks) {
+    p->locks = std::move(*locks);
+    auto r = p->open_index();
+    if (!r && !(may_not_write(r.error()) && !p->index_file.is_open())) {
+      return std::unexpected(r.error().about(path + "/index"));
+    }
+    if (!r) p->locks.reset();
+  }
+  if (!p->locks) {
+    p->private_index = true;
+    if (auto r = p->open_private_index(); !r) {
+      return std::unexpected(r.error().about(path + "/index"));
+    }
+  }
   if (budget_too_small(p->dir.params.segment_size, p->h64(hdr::pages_allocated).load())) {
     return invalid();  // an index grown since
   }

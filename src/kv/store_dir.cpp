@@ -145,8 +145,10 @@ result<store_dir> open_store_dir(const std::string& path,
   if (!d) return std::unexpected(d.error().about(path));
   out.dir = std::move(*d);
   for (;;) {
-    auto f = io::file_handle::open_at(out.dir, store_file_name,
-                                      io::open_flags::read | io::open_flags::no_follow);
+    // (Never blocking: a FIFO at the name is somebody's, refused as not a store.)
+    auto f = io::file_handle::open_at(
+        out.dir, store_file_name,
+        io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
     if (f) {
       if (options.error_if_exists) return errc_error(std::errc::file_exists);
       auto p = read_store_file(*f);
@@ -181,13 +183,26 @@ result<store_dir> open_store_dir(const std::string& path,
     if (made.error() != std::errc::file_exists) return std::unexpected(made.error());
     // Another creator linked its store file first: open that one.
   }
-  if (auto m = fs.make_directory(&out.dir, segments_dir_name, 0755);
-      !m && m.error() != std::errc::file_exists) {
-    return std::unexpected(m.error().about(path + "/" + segments_dir_name));
+  // Made unless there (a creator killed before it made it): looked for first, so that a
+  // reader that may not write the directory opens a store that has it.
+  const auto open_segments = [&] {
+    return io::file_handle::open_at(
+        out.dir, segments_dir_name,
+        io::open_flags::read | io::open_flags::directory | io::open_flags::no_follow);
+  };
+  auto named = io::file_handle::open_at(
+      out.dir, store_file_name,
+      io::open_flags::read | io::open_flags::no_follow | io::open_flags::non_blocking);
+  if (!named) return std::unexpected(named.error().about(path + "/" + store_file_name));
+  out.store_file = std::move(*named);
+  auto seg = open_segments();
+  if (!seg && seg.error() == std::errc::no_such_file_or_directory) {
+    if (auto m = fs.make_directory(&out.dir, segments_dir_name, 0755);
+        !m && m.error() != std::errc::file_exists) {
+      return std::unexpected(m.error().about(path + "/" + segments_dir_name));
+    }
+    seg = open_segments();
   }
-  auto seg = io::file_handle::open_at(
-      out.dir, segments_dir_name,
-      io::open_flags::read | io::open_flags::directory | io::open_flags::no_follow);
   if (!seg) return std::unexpected(seg.error().about(path + "/" + segments_dir_name));
   out.segments = std::move(*seg);
   if (out.created) {

@@ -34,6 +34,9 @@ struct store_dir_options {
 struct store_dir {
   io::file_handle dir;       //!< the store's directory
   io::file_handle segments;  //!< its `seg` directory
+  //! Its store file, read only: what private readers hold their bytes on
+  //! (store::impl::private_index), there from the store's first moment to its last.
+  io::file_handle store_file;
   fmt::store_params params;
   bool created = false;  //!< this call made the store
 };

@@ -157,6 +157,17 @@ constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's us
 constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
 // The maintenance byte: held by the one checkpointer, compactor or verifier at a time.
 constexpr off_t checkpoint_byte = open_byte + 1;
+// Byte-range locks on the store file (`keel-kv`, there before any other file and after: an
+// index may be missing), held shared by readers with an index of their own
+// (store::impl::private_index): the first while one builds it from the log (an opener that
+// would write waits: the log must not move under the build), the second for as long as one
+// lives (compaction then only unlinks the segments it gives back, never zeroes or truncates
+// them: such a reader maps them without a slot that would make compaction wait for it).
+constexpr off_t private_opening_byte = 0;
+constexpr off_t private_reading_byte = 1;
+// Held shared by an opener that found a private reader building and waits for it: no new
+// such reader starts meanwhile (one after another, their builds would keep it out for ever).
+constexpr off_t opener_waiting_byte = 2;
 //! How the maintenance byte is asked for (store::impl::take_checkpoint_byte).
 enum class byte_claim : std::uint8_t {
   wait,        //!< until the countdown expires (announced: background work stands aside)
@@ -297,7 +308,13 @@ struct store::impl final : ix::page_source {
   store_dir dir;
   io::file_handle index_file;
   io::mapped_file index_map;
+  //! The store's locks; null for a reader with an index of its own (it changes nothing).
   std::unique_ptr<lock::memory_map> locks;
+  //! A read-only opener that may not write the store's files (a read-only filesystem, a
+  //! directory or files it may only read): its index is its own, built from the log at open
+  //! in an unnamed file (open_private_index), and shows the store as it was then.
+  bool private_index = false;
+  //! That reader holds private_reading_byte on dir.store_file while it lives.
   std::optional<ix::table> table;
   std::uint64_t salt = 0;
   //! The hash of a key in this store (seeded with its salt: fmt::hash_key).
@@ -386,6 +403,24 @@ struct store::impl final : ix::page_source {
 
   // ---- open.cpp ----
   [[nodiscard]] result<void> open_index() noexcept;
+  //! Maps `index_file` and sets up the views of it (table, ledger).
+  [[nodiscard]] result<void> map_index() noexcept;
+  //! For a read-only opener that may not write the store's files: builds an index of its
+  //! own from the log (private_index). Errors: device_or_resource_busy (another user has the
+  //! store open: the log could move under the build), and rebuild's.
+  [[nodiscard]] result<void> open_private_index() noexcept;
+  //! open_private_index's build, its index in an unnamed file in directory `where`;
+  //! `place_failed` says the failure was the place's (no room there, no such directory...).
+  [[nodiscard]] result<void> build_private_index(const char* where, bool& place_failed) noexcept;
+  //! Whether a reader with an index of its own may be mapping the segments (compaction then
+  //! only unlinks what it gives back).
+  [[nodiscard]] bool private_readers_present() const noexcept;
+  //! Called by an opener holding the open byte through `f`: whether a reader with an index of
+  //! its own is building it. If so, the open byte is let go again and this opener says it
+  //! waits (opener_waiting_byte); it tries again after a moment.
+  [[nodiscard]] bool waits_for_private_build(const io::file_handle& f) noexcept;
+  //! The numbers of the segments this user's index has in its table, ascending.
+  [[nodiscard]] std::vector<std::uint64_t> table_segment_numbers() const;
   [[nodiscard]] result<void> recover_alone() noexcept;
   //! Whether an index found valid on disk looks like what its users left (alone, before it
   //! is used): its pages add up (ix::table::pages_sound) and its tail lies past the log's
@@ -1152,7 +1187,9 @@ class snapshot_hold {
   [[nodiscard]] static result<snapshot_hold> take(store::impl& s) noexcept {
     auto lease = s.acquire_slot();
     if (!lease) {
-      if (lease.error() != errc::too_many_users) return std::unexpected(lease.error());
+      if (lease.error() != errc::too_many_users || !s.locks) {
+        return std::unexpected(lease.error());
+      }
       auto g = s.locks->lock({lock::entity(entity_directory)}, s.opts.lock_timeout);
       if (!g) return std::unexpected(g.error());
       snapshot_hold h(s, slot_lease{});

@@ -72,15 +72,21 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     // Every segment the manifest lists is there. (The manifest first: a segment is made before
     // it is listed, so one a writer lists meanwhile is among those found after.)
     auto listed = s.read_manifest();
-    auto numbers = s.segment_numbers(false);
+    // A reader with an index of its own walks the segments its index has (writers that came
+    // after it may have unlinked some, which it still maps, and listed others): the store as
+    // it reads it. Others walk the directory, with the maintenance byte keeping removals out.
+    auto numbers = s.private_index ? result<std::vector<std::uint64_t>>(s.table_segment_numbers())
+                                   : s.segment_numbers(false);
     if (!numbers) return std::unexpected(numbers.error());
     const std::uint64_t durable_below = listed ? listed->durable_below : 0;
-    if (!listed) {
+    // (Not for a reader with an index of its own: the manifest and the directory are those of
+    // now, which writers change while it reads them.)
+    if (!listed && !s.private_index) {
       if (listed.error() != errc::corrupt) return std::unexpected(listed.error());
       found.note(keel::detail::shared_path(listed.error().path()),
                  listed.error().has_offset() ? listed.error().offset() : 0,
                  "the manifest (the list of the store's segments) does not check out");
-    } else {
+    } else if (listed && !s.private_index) {
       for (const fmt::manifest_entry& e : listed->entries) {
         if (std::ranges::binary_search(*numbers, e.number)) continue;
         found.note(keel::detail::shared_path(s.path + "/seg/" + segment_name(e.number)), 0,

@@ -34,6 +34,16 @@ constexpr int exit_budget = 6;
 
 int fail(const std::string& what, const error& e) {
   fmt::print(stderr, "keel kv: {}: {}\n", what, e.message());
+  if (what == "open" && e == std::errc::device_or_resource_busy) {
+    fmt::print(stderr,
+               "keel kv: a reader that may not write the store's files reads it with an index of "
+               "its own, built at open, which it can do only while no other user has the store "
+               "open; try again once they have closed it\n");
+  } else if (what == "open" && e == std::errc::timed_out) {
+    fmt::print(stderr,
+               "keel kv: another user kept the store busy past the lock timeout (while it opened "
+               "the store, or built a read-only index of its own); try again\n");
+  }
   if (e == errc::not_found) return exit_not_found;
   if (e == errc::corrupt || e == errc::not_keel_file || e == errc::unsupported_version) {
     return exit_corrupt;
@@ -330,7 +340,16 @@ int run_kv_command(int argc, char** argv) {
                max_bytes);
     return exit_usage;
   }
-  if (!s) return fail("open", s.error());
+  if (!s) {
+    const int code = fail("open", s.error());
+    if (!o.read_only && (s.error() == std::errc::read_only_file_system ||
+                         s.error() == std::errc::permission_denied)) {
+      fmt::print(stderr,
+                 "keel kv: get, scan, dump, stats, verify, backup and salvage read a store that "
+                 "cannot be written here\n");
+    }
+    return code;
+  }
 
   if (*put) {
     if (from_stdin) {

@@ -57,6 +57,14 @@ struct options {
   //! manifest, checkpoint) is written, also when the store needs recovery; the index file,
   //! the shared map every user registers in (and a cache of the log), is written: its user
   //! slots, and a rebuild of it when the opener is the first since a reboot.
+  //!
+  //! Where the lock or index file may not be written (a read-only filesystem, files or a
+  //! directory this user may only read), the opener writes nothing at all: it builds an index
+  //! of its own from the log, in memory (/dev/shm, else $TMPDIR or /tmp), and reads the
+  //! store as it was when it opened (reopen to see later commits). It opens only while no
+  //! other user has the store open (else device_or_resource_busy: the log must not move
+  //! while it reads it); openers that would write wait while it builds, and may come once it
+  //! has. stats() lists only its own users.
   bool read_only = false;
   //! The default of every commit (a transaction may ask for another).
   durability durable = durability::none;
