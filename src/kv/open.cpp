@@ -127,6 +127,19 @@ store::impl::~impl() {
 
 // ---- Liveness and slots ----
 
+namespace {
+
+// Lets the waiting byte go (waits_for_private_build) when an opener's wait ends, in or not:
+// held on, by a forked child's inherited descriptor too, it would keep private readers out.
+struct done_waiting_for_builds {
+  store::impl& s;
+  ~done_waiting_for_builds() {
+    (void)s.fs->lock(s.dir.store_file, opener_waiting_byte, 1, io::lock_request::unlock, false);
+  }
+};
+
+}  // namespace
+
 result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with live_mutex held.
   if (live.is_open() && live_generation == base::fork_generation()) return {};
@@ -139,15 +152,17 @@ result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS 
   ours.fill(false);
   // (A reader with an index of its own reopens that unnamed file, through the descriptor a
   // forked child inherited.)
+  // (A child of a reader that dropped its rights may not reopen it: permission denied.)
+  const std::string reopened = "/proc/self/fd/" + std::to_string(index_file.fd());
   auto f = private_index
-               ? fs->open(nullptr, ("/proc/self/fd/" + std::to_string(index_file.fd())).c_str(),
-                          io::open_flags::read_write, 0600)
+               ? fs->open(nullptr, reopened.c_str(), io::open_flags::read_write, 0600)
                : io::file_handle::open_at(dir.dir, "index",
                                           io::open_flags::read_write | io::open_flags::no_follow);
-  if (!f) return std::unexpected(f.error());
+  if (!f) return std::unexpected(f.error().about(private_index ? reopened : path + "/index"));
   // Shared on the open byte for as long as this process uses the store: an opener that gets
   // it exclusively knows it is alone.
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  const done_waiting_for_builds done{*this};
   for (;;) {
     auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
     // (A forked child's first call: a private reader may have started since its parent let go.)
@@ -1271,6 +1286,7 @@ result<void> store::impl::open_index() noexcept {
                                         io::open_flags::read_write | io::open_flags::no_follow);
   if (!probe) return std::unexpected(probe.error());
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  const done_waiting_for_builds done{*this};
   for (;;) {
     auto alone = fs->lock(*probe, open_byte, 1, io::lock_request::exclusive, false);
     if (alone && waits_for_private_build(*probe)) {

@@ -375,6 +375,34 @@ TEST(KvReadOnlyReader, AReaderStandsAsideForAnOpenerThatWaits) {
   EXPECT_EQ(code, 0) << "the reader did not stand aside";
 }
 
+// The waiting byte goes when the wait ends: an idle forked child, which shares the store
+// file's descriptor, does not keep it held after its parent closed the store.
+TEST(KvReadOnlyReader, AnOpenerLetsTheWaitingByteGoOnceIn) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  make_store(path, 10, 100);
+  held_byte building(path, private_opening_byte);
+  std::thread builder([&] {
+    // (The build ends once the opener waits for it.)
+    while (!held_byte::held_by_others(path, opener_waiting_byte))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    building.release();
+  });
+  options o = test_support::small();
+  o.lock_timeout = std::chrono::seconds(60);
+  auto w = open_ok(path, o);
+  builder.join();
+  ASSERT_TRUE(w);
+  signal_pipe done;
+  const pid_t idle = fork_child([&] { return done.wait() == '!' ? 0 : 2; });
+  test::killed_on_failure guard{idle};
+  w.reset();
+  EXPECT_FALSE(held_byte::held_by_others(path, opener_waiting_byte));
+  done.notify();
+  guard.pid = 0;
+  EXPECT_EQ(wait_exit(idle), 0);
+}
+
 // Opened with the rights it had, a reader keeps reading after it drops them (as a daemon
 // that opens as root and then becomes another user).
 TEST(KvReadOnlyReader, KeepsReadingAfterItDropsItsRights) {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -342,8 +343,10 @@ int run_kv_command(int argc, char** argv) {
   }
   if (!s) {
     const int code = fail("open", s.error());
-    if (!o.read_only && (s.error() == std::errc::read_only_file_system ||
-                         s.error() == std::errc::permission_denied)) {
+    std::error_code ec;
+    if (!o.read_only && std::filesystem::exists(path + "/keel-kv", ec) &&
+        (s.error() == std::errc::read_only_file_system ||
+         s.error() == std::errc::permission_denied)) {
       fmt::print(stderr,
                  "keel kv: get, scan, dump, stats, verify, backup and salvage read a store that "
                  "cannot be written here\n");

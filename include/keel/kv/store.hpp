@@ -64,7 +64,8 @@ struct options {
   //! store as it was when it opened (reopen to see later commits). It opens only while no
   //! other user has the store open (else device_or_resource_busy: the log must not move
   //! while it reads it); openers that would write wait while it builds, and may come once it
-  //! has. stats() lists only its own users.
+  //! has. stats() lists only its own users. A child it forks reopens that index through
+  //! /proc/self/fd at its first call, which needs /proc and the rights the reader opened with.
   bool read_only = false;
   //! The default of every commit (a transaction may ask for another).
   durability durable = durability::none;
