@@ -150,9 +150,8 @@ result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS 
   }
   free_slots.clear();
   ours.fill(false);
-  // (A reader with an index of its own reopens that unnamed file, through the descriptor a
-  // forked child inherited.)
-  // (A child of a reader that dropped its rights may not reopen it: permission denied.)
+  // (A reader with an index of its own reopens that unnamed file through the descriptor a
+  // forked child inherited: permission denied to a child of one that dropped its rights.)
   const std::string reopened = "/proc/self/fd/" + std::to_string(index_file.fd());
   auto f = private_index
                ? fs->open(nullptr, reopened.c_str(), io::open_flags::read_write, 0600)
