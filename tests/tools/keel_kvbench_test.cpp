@@ -41,7 +41,7 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
     ASSERT_FALSE(e.contains("error")) << e.dump();
     EXPECT_EQ(e["keys"].get<std::size_t>(), 2000u) << id;
     // Every engine does these; the rest only where it can (threads, several processes).
-    for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_per_million"})
+    for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_bytes"})
       EXPECT_GT(e[what].get<double>(), 0.0) << id << " " << what;
   }
   for (const char* who : {"keel", "lmdb", "sqlite", "tdb"}) {

@@ -148,7 +148,6 @@ class engine_run {
     { std::ofstream("/proc/self/clear_refs") << "5"; }
     const std::uint64_t rss_before = status_bytes("VmRSS");
     const std::string one = c_.dir + "/" + e_.id + "-one";
-    double per_million = 0;
     {
       auto h = open_store(one, false);
       auto start = clock_type::now();
@@ -163,7 +162,6 @@ class engine_run {
         fmt::print(stderr, "keel-bench kvbench: {}: {} of {} keys in {} s; the rest is left out\n",
                    e_.name, n, w_.keys.size(), c_.fill_seconds);
       }
-      per_million = 1e6 / static_cast<double>(n);
       for (const std::size_t i : w_.fetch_order) {
         if (i < n) fetch_order_.push_back(i);
       }
@@ -176,11 +174,11 @@ class engine_run {
       out["fetch"] = row("fetch, 1 thread", per_second(n, clock_type::now() - start));
       out["fetch_threads"] = fetch_in_threads(*h, one);
       const std::uint64_t hwm = status_bytes("VmHWM");
-      if (hwm > rss_before)
-        out["rss_per_million"] = static_cast<double>(hwm - rss_before) * per_million;
+      if (hwm > rss_before) out["rss_bytes"] = hwm - rss_before;
     }
-    // Closed: whatever it buffers is in its files now.
-    out["disk_per_million"] = static_cast<double>(allocated_bytes(one)) * per_million;
+    // Closed: whatever it buffers is in its files now. The records the insert row put, as
+    // they are: not scaled, so that every engine is compared on what it allocates for them.
+    out["disk_bytes"] = allocated_bytes(one);
     remove_store(one);
     out["insert_threads"] = insert_in_threads();
     out["insert_process"] = in_processes(1);
@@ -356,8 +354,8 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       {"insert_processes", fmt::format("insert, {} processes", doc["processes"].get<unsigned>())},
       {"durable_1", "durable, 1 writer"},
       {"durable_n", fmt::format("durable, {} writers", doc["durable_writers"].get<unsigned>())},
-      {"rss_per_million", "peak RSS MiB / 1 M records"},
-      {"disk_per_million", "disk MiB / 1 M records"},
+      {"rss_bytes", "peak RSS growth MiB"},
+      {"disk_bytes", "on disk MiB"},
   };
   fmt::print("{:<28}", "ops/s");
   for (const auto* e : chosen)
@@ -365,7 +363,7 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
   fmt::print("\n");
   for (const auto& [key, label] : rows) {
     fmt::print("{:<28}", label);
-    const bool mib = key.find("per_million") != std::string::npos;
+    const bool mib = key.ends_with("_bytes");
     for (const auto* e : chosen) {
       const auto& r = doc["engines"][e->id];
       if (r.contains("error")) {
@@ -373,7 +371,11 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       } else if (!r.contains(key) || r[key].is_null()) {
         fmt::print(" {:>13}", "n/a");
       } else {
-        fmt::print(" {:>13.0f}", r[key].get<double>() / (mib ? 1048576.0 : 1.0));
+        if (mib) {
+          fmt::print(" {:>13.1f}", r[key].get<double>() / 1048576.0);
+        } else {
+          fmt::print(" {:>13.0f}", r[key].get<double>());
+        }
       }
     }
     fmt::print("\n");
