@@ -25,7 +25,7 @@ double workload_rate(const json& rows, const std::string& method, unsigned threa
 }
 
 // One panel per thread count: items/s by method, clustered by fsync frequency.
-void plot_workload(const std::string& out, const json& rows, std::vector<std::string>& pngs,
+void plot_workload(const std::string& out, const json& rows, std::vector<figure>& pngs,
                    const std::string& name, const std::string& title) {
   std::vector<std::string> methods;
   std::vector<unsigned> everies;
@@ -62,7 +62,15 @@ void plot_workload(const std::string& out, const json& rows, std::vector<std::st
     titles.push_back(fmt::format("{} thread(s)", t));
   plot_clustered_bars(out, name, dat, titles, methods.size(),
                       title + ", fsync every N (higher is better)", "items per second", 520);
-  pngs.push_back(name + ".png");
+  std::string names;
+  for (std::size_t i = 0; i < methods.size(); ++i)
+    names += (i == 0 ? "" : ", ") + methods[i];
+  pngs.push_back(
+      {name + ".png", fmt::format("Bar charts, one per thread count: items per second of the "
+                                  "workload ({}) for each method ({}), clustered by how often it "
+                                  "calls fsync; higher is better. The table below gives the "
+                                  "figures and each one's ratio to plain POSIX calls.",
+                                  title, names)});
 }
 
 // The table of one form of the workload, each row beside plain POSIX calls.
@@ -95,7 +103,8 @@ std::string workload_table(const json& part, const std::string& title) {
 // A target of keel + cache against another method of the same part (1 thread, fsync every
 // 30), or why it was not measured.
 void cache_target(std::vector<target_row>& targets, const json& part, const std::string& name,
-                  const char* peer, const std::string& goal_text, double goal) {
+                  const char* peer, const std::string& goal_text, double goal,
+                  std::string meaning = {}) {
   if (part.contains("skipped_all")) {
     targets.push_back(
         {name, "not measured: " + part["skipped_all"].get<std::string>(), "", false, false});
@@ -107,7 +116,8 @@ void cache_target(std::vector<target_row>& targets, const json& part, const std:
     targets.push_back({name, "not measured (io_uring cannot start here)", "", false, false});
     return;
   }
-  targets.push_back({name, fmt_ratio(keel / other), goal_text, keel / other >= goal});
+  targets.push_back(headline({name, fmt_ratio(keel / other), goal_text, keel / other >= goal},
+                             std::move(meaning)));
 }
 
 }  // namespace
@@ -119,7 +129,7 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
   section s;
   s.results = doc;
   std::vector<target_row> targets;
-  std::vector<std::string> pngs;
+  std::vector<figure> pngs;
   std::string tables =
       fmt::format("<p>Files on {} ({}); the controller's default engine here: {}{}.</p>\n",
                   html_escape(doc.value("filesystem", "?")), html_escape(doc.value("dir", "?")),
@@ -150,8 +160,11 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
       const double one = r["psync"].contains("keel_posix_one_at_a_time")
                              ? ratio(r["psync"], "keel_posix_one_at_a_time", "fio_psync")
                              : std::nan("");
-      targets.push_back({"randread 4 KiB O_DIRECT qd 32: keel io_uring vs fio io_uring",
-                         fmt_ratio(d), "≥ 0.9×", d >= 0.9});
+      targets.push_back(headline({"randread 4 KiB O_DIRECT qd 32: keel io_uring vs fio io_uring",
+                                  fmt_ratio(d), "≥ 0.9×", d >= 0.9},
+                                 "Random reads from the device, 32 in flight: keel's io_uring "
+                                 "engine against fio, the reference I/O benchmark; near 1, keel "
+                                 "adds nothing to what the kernel does."));
       targets.push_back({"randread 4 KiB buffered qd 32: keel io_uring vs fio io_uring",
                          fmt_ratio(b), "≥ 0.85×", b >= 0.85});
       if (std::isfinite(one)) {
@@ -199,8 +212,11 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
                          "not measured: " + skip["reason"].get<std::string>(), "", false, false});
     }
     if (std::isfinite(keel) && std::isfinite(posix)) {
-      targets.push_back({"workload, 1 thread, fsync every 30: keel io_uring vs plain POSIX calls",
-                         fmt_ratio(keel / posix), "≥ 1.3×", keel / posix >= 1.3});
+      targets.push_back(
+          headline({"workload, 1 thread, fsync every 30: keel io_uring vs plain POSIX calls",
+                    fmt_ratio(keel / posix), "≥ 1.3×", keel / posix >= 1.3},
+                   "A program that computes and writes (TAI's workload): with keel its writes "
+                   "and fsyncs go on while it computes, instead of stopping it each time."));
     }
     cache_target(targets, doc["workload"],
                  "sequential workload, 1 thread, fsync every 30: keel io_uring + cache vs "
@@ -214,7 +230,9 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
     cache_target(targets, part,
                  "overwrite workload, 1 thread, fsync every 30: keel io_uring + cache vs plain "
                  "POSIX calls",
-                 "posix", "≥ 1.3×", 1.3);
+                 "posix", "≥ 1.3×", 1.3,
+                 "A program that rewrites what it has just written: keel's write-back cache "
+                 "sends the last version only.");
     cache_target(targets, part,
                  "overwrite workload, 1 thread, fsync every 30: keel io_uring + cache vs "
                  "without",
@@ -257,7 +275,13 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
         part["threads"].get<unsigned>(), part["in_flight"].get<unsigned>(),
         part["fsync_every"].get<unsigned>(), where);
     if (std::isfinite(keel) && std::isfinite(glibc)) {
-      targets.push_back({name, fmt_ratio(keel / glibc), "≥ 2×", keel / glibc >= 2});
+      target_row row{name, fmt_ratio(keel / glibc), "≥ 2×", keel / glibc >= 2};
+      if (std::string(key) == "small") {
+        row = headline(std::move(row),
+                       "Many small writes in flight at once: keel against glibc's POSIX AIO, "
+                       "the standard C library's asynchronous I/O.");
+      }
+      targets.push_back(std::move(row));
     } else {
       targets.push_back({name, "not measured (io_uring cannot start here)", "", false, false});
     }
@@ -278,8 +302,10 @@ section render_aio(const std::string& out, const std::string& aiobench_file) {
   if (doc.contains("null")) {
     const double single = doc["null"]["single_ns"].get<double>();
     const double batched = doc["null"]["batched_ns"].get<double>();
-    targets.push_back({"null engine: framework cost per request, one at a time",
-                       fmt::format("{:.0f} ns", single), "≤ 300 ns", single <= 300});
+    targets.push_back(headline({"null engine: framework cost per request, one at a time",
+                                fmt::format("{:.0f} ns", single), "≤ 300 ns", single <= 300},
+                               "What keel's request machinery costs on top of the I/O itself "
+                               "(the null engine does no I/O)."));
     targets.push_back({fmt::format("null engine: framework cost per request, batches of {}",
                                    doc["null"]["batch"].get<unsigned>()),
                        fmt::format("{:.0f} ns", batched), "≤ 100 ns", batched <= 100});

@@ -17,7 +17,7 @@ constexpr double seed_inserts = 696'000;
 constexpr double seed_fetches = 5'990'000;
 
 // The figure `key` of engine `id`; NaN when it did not run or the engine failed.
-double figure(const json& doc, const std::string& id, const std::string& key) {
+double value_of(const json& doc, const std::string& id, const std::string& key) {
   if (!doc["engines"].contains(id)) return NAN;
   const auto& e = doc["engines"][id];
   if (!e.contains(key) || !e[key].is_number()) return NAN;
@@ -27,8 +27,16 @@ double figure(const json& doc, const std::string& id, const std::string& key) {
 struct row_spec {
   std::string key;
   std::string label;
-  bool per_second = true;  // else MiB per 1 M records (lower is better)
+  bool per_second = true;  // else MiB (lower is better), for the records the engine put
 };
+
+// How many records engine `id` put in the insert row (the run's key count for a file of an
+// older kvbench, which did not say).
+double keys_of(const json& doc, const std::string& id) {
+  const auto& e = doc["engines"][id];
+  return e.contains("keys") && e["keys"].is_number() ? e["keys"].get<double>()
+                                                     : doc["keys"].get<double>();
+}
 
 std::vector<row_spec> rows_of(const json& doc) {
   const auto t = doc["threads"].get<unsigned>();
@@ -43,26 +51,34 @@ std::vector<row_spec> rows_of(const json& doc) {
       {"insert_processes", fmt::format("insert, {} processes on one store", p)},
       {"durable_1", "durable commits, 1 writer"},
       {"durable_n", fmt::format("durable commits, {} writers", w)},
-      {"rss_per_million", "peak RSS per 1 M records (MiB)", false},
-      {"disk_per_million", "bytes on disk per 1 M records (MiB)", false},
+      {"disk_bytes", "on disk once closed, the insert row's records (MiB)", false},
+      {"rss_bytes", "peak RSS growth, the insert row's records (MiB)", false},
   };
 }
 
-// keel's figure over the best peer's (for sizes: the best peer's over keel's, so that above 1
-// is better either way).
-std::string versus_best(const json& doc, const row_spec& r) {
-  const double k = figure(doc, "keel", r.key);
+// The best peer's figure and name for row `r` (sizes: only peers that stored as many records
+// as keel, so that like is compared with like); NaN when there is none.
+std::pair<double, std::string> best_peer(const json& doc, const row_spec& r) {
   double best = NAN;
   std::string who;
   for (const auto& id : doc["order"]) {
     if (id == "keel") continue;
-    const double v = figure(doc, id.get<std::string>(), r.key);
+    const double v = value_of(doc, id.get<std::string>(), r.key);
     if (!std::isfinite(v)) continue;
+    if (!r.per_second && keys_of(doc, id) != keys_of(doc, "keel")) continue;
     if (!std::isfinite(best) || (r.per_second ? v > best : v < best)) {
       best = v;
       who = doc["engines"][id.get<std::string>()]["name"].get<std::string>();
     }
   }
+  return {best, who};
+}
+
+// keel's figure over the best peer's (for sizes: the best peer's over keel's, so that above 1
+// is better either way).
+std::string versus_best(const json& doc, const row_spec& r) {
+  const double k = value_of(doc, "keel", r.key);
+  const auto [best, who] = best_peer(doc, r);
   if (!std::isfinite(k) || !std::isfinite(best)) return "n/a";
   return fmt::format("{} ({})", fmt_ratio(r.per_second ? k / best : best / k), who);
 }
@@ -77,11 +93,14 @@ std::string table_html(const json& doc) {
     body += fmt::format("<tr><td>{}</td>", html_escape(r.label));
     for (const auto& id : doc["order"]) {
       const auto& e = doc["engines"][id.get<std::string>()];
-      const double v = figure(doc, id.get<std::string>(), r.key);
+      const double v = value_of(doc, id.get<std::string>(), r.key);
+      const double keys = keys_of(doc, id.get<std::string>());
       body += e.contains("error") ? "<td>failed</td>"
               : !std::isfinite(v) ? "<td>n/a</td>"
               : r.per_second      ? fmt::format("<td>{:.0f}/s</td>", v)
-                                  : fmt::format("<td>{:.0f}</td>", v / 1048576.0);
+              : keys != doc["keys"].get<double>()
+                  ? fmt::format("<td>{:.1f} ({:.0f} records)</td>", v / 1048576.0, keys)
+                  : fmt::format("<td>{:.1f}</td>", v / 1048576.0);
     }
     body += fmt::format("<td>{}</td></tr>\n", html_escape(versus_best(doc, r)));
   }
@@ -103,17 +122,20 @@ std::string table_html(const json& doc) {
       "<p>{} keys of 16 bytes, {} B values; stores on {}, the durable rows' on {}; timed rows "
       "ran {} s each. n/a: the engine does not offer it (tkrzw, RocksDB and LevelDB allow one "
       "process at a time; TDB no threads, so its durable writers are processes). Sizes are "
-      "scaled from the run's key count to 1 M records: with few keys, keel's preallocated 64 "
-      "MiB segment and index dominate them.</p>\n"
+      "those of the records the insert row put, as they are ({:.1f} MiB of keys and values: "
+      "the floor), not scaled; a store with few records shows what it allocates up front. "
+      "Only engines that put as many records as keel are compared on size.</p>\n"
       "<table>{}{}</table>\n<ul>{}</ul>\n",
       doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>(),
       html_escape(doc["filesystem"]), html_escape(doc["sync_filesystem"]), doc["seconds"].dump(),
+      keys_of(doc, "keel") * static_cast<double>(16 + doc["value_size"].get<std::size_t>()) /
+          1048576.0,
       head, body, setups);
 }
 
 // Three panels of ops/s (log scale), one bar per engine: one thread, concurrency, durable;
 // the seed's one-thread figures as reference lines.
-std::string plot(const std::string& out, const json& doc) {
+figure plot(const std::string& out, const json& doc) {
   const auto rows = rows_of(doc);
   const std::vector<std::pair<std::string, std::vector<std::size_t>>> panels{
       {"one thread", {0, 1}}, {"threads and processes", {2, 3, 4, 5}}, {"durable", {6, 7}}};
@@ -128,7 +150,7 @@ std::string plot(const std::string& out, const json& doc) {
       for (const std::size_t r : which) {
         f.print("\"{}\"", rows[r].label.substr(0, rows[r].label.find(" (")));
         for (const auto& id : doc["order"]) {
-          const double v = figure(doc, id.get<std::string>(), rows[r].key);
+          const double v = value_of(doc, id.get<std::string>(), rows[r].key);
           f.print(" {}", std::isfinite(v) ? fmt::format("{:.0f}", v) : "NaN");
         }
         f.print("\n");
@@ -152,7 +174,16 @@ std::string plot(const std::string& out, const json& doc) {
       fmt::format("keel::kv beside its peers ({} keys, {} B values)",
                   doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>()),
       "operations/s (log scale)", 460, style);
-  return "kv.png";
+  std::string names;
+  for (const auto& id : doc["order"])
+    names += (names.empty() ? "" : ", ") +
+             doc["engines"][id.get<std::string>()]["name"].get<std::string>();
+  return {"kv.png",
+          fmt::format("Bar charts in three panels (one thread; threads and processes; durable "
+                      "commits): operations per second of each engine ({}) for each workload, "
+                      "log scale, higher is better; dashed lines mark the seed's one-thread "
+                      "figures. The table below gives the figures.",
+                      names)};
 }
 
 }  // namespace
@@ -161,7 +192,7 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
   std::ifstream in(kvbench_file);
   if (!in) throw std::runtime_error("cannot read " + kvbench_file);
   const auto doc = json::parse(in);
-  const auto k = [&](const std::string& key) { return figure(doc, "keel", key); };
+  const auto k = [&](const std::string& key) { return value_of(doc, "keel", key); };
   const auto ratio_row = [](std::string name, double a, double b, double want) {
     const double r = a / b;
     return target_row{std::move(name), fmt_ratio(r), fmt::format("≥ {}×", want),
@@ -175,25 +206,48 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
   const auto t = doc["threads"].get<unsigned>();
   const auto p = doc["processes"].get<unsigned>();
   const auto w = doc["durable_writers"].get<unsigned>();
+  const auto [best_size, best_size_name] = best_peer(doc, {"disk_bytes", "", false});
+  const double keel_size = k("disk_bytes");
   const std::vector<target_row> targets{
-      ratio_row("kv insert, 1 thread, vs LMDB", k("insert"), figure(doc, "lmdb", "insert"), 3),
-      ratio_row("kv fetch, 1 thread, vs LMDB", k("fetch"), figure(doc, "lmdb", "fetch"), 5),
+      headline(ratio_row("kv insert, 1 thread, vs LMDB", k("insert"),
+                         value_of(doc, "lmdb", "insert"), 3),
+               "Puts one at a time, each its own transaction, against LMDB, the fastest "
+               "embedded store of its kind."),
+      headline(
+          ratio_row("kv fetch, 1 thread, vs LMDB", k("fetch"), value_of(doc, "lmdb", "fetch"), 5),
+          "Reads of keys in random order against LMDB, whose reads walk a B-tree in "
+          "memory it maps."),
       ratio_row(fmt::format("kv fetch, {} threads, vs 1 thread", t), k("fetch_threads"), k("fetch"),
                 1.8),
       ratio_row(fmt::format("kv insert, {} processes, vs 1 process", p), k("insert_processes"),
                 k("insert_process"), 1.6),
-      ratio_row(fmt::format("kv insert, {} processes, vs TDB's {}", p, p), k("insert_processes"),
-                figure(doc, "tdb", "insert_processes"), 2),
+      headline(ratio_row(fmt::format("kv insert, {} processes, vs TDB's {}", p, p),
+                         k("insert_processes"), value_of(doc, "tdb", "insert_processes"), 2),
+               "Several processes writing one store at once, against TDB (Samba's store): the "
+               "peers that allow it at all serialise every writer."),
       ratio_row(fmt::format("kv durable, {} writers, vs 1 writer", w), k("durable_n"),
                 k("durable_1"), 4),
-      ratio_row(fmt::format("kv durable, {} writers, vs LMDB's {}", w, w), k("durable_n"),
-                figure(doc, "lmdb", "durable_n"), 2),
+      headline(ratio_row(fmt::format("kv durable, {} writers, vs LMDB's {}", w, w), k("durable_n"),
+                         value_of(doc, "lmdb", "durable_n"), 2),
+               "Commits that survive a power cut, several writers at once, against LMDB: keel "
+               "syncs many writers' commits together."),
       absolute_row("kv insert, 1 thread (seed: 696 k/s)", k("insert"), 2e6),
       absolute_row("kv fetch, 1 thread (seed: 5.99 M/s)", k("fetch"), 6e6),
+      headline(
+          target_row{fmt::format("kv on disk, {:.0f} records, vs {}", keys_of(doc, "keel"),
+                                 best_size_name.empty() ? "the smallest peer" : best_size_name),
+                     std::isfinite(keel_size) && std::isfinite(best_size)
+                         ? fmt::format("{:.1f} MiB against {:.1f} MiB ({} as large)",
+                                       keel_size / 1048576.0, best_size / 1048576.0,
+                                       fmt_ratio(keel_size / best_size))
+                         : "n/a",
+                     "", false, std::isfinite(keel_size) && std::isfinite(best_size)},
+          "What the same records take on disk (no target yet: keel allocates its segments and "
+          "their reserve whole, up front)."),
   };
   section s;
   s.results = doc;
-  std::vector<std::string> pngs{plot(out, doc)};
+  std::vector<figure> pngs{plot(out, doc)};
   finish_section(s, "keel::kv beside its peers (keel-bench kvbench)", targets, pngs,
                  table_html(doc));
   return s;

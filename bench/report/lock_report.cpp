@@ -22,8 +22,7 @@ const std::vector<std::string> keel_contenders = {"byte_ranges", "atomic_append"
 // lockscale: algorithm → workers → row
 using scale_rows = std::map<std::string, std::map<std::size_t, json>>;
 
-void plot_lockscale(const std::string& out, const scale_rows& rows,
-                    std::vector<std::string>& pngs) {
+void plot_lockscale(const std::string& out, const scale_rows& rows, std::vector<figure>& pngs) {
   const std::string dat = out + "/lockscale.dat";
   {
     auto f = fmt::output_file(dat);
@@ -89,10 +88,21 @@ plot {fair}
             fmt::arg("fair", plots_fair), fmt::arg("dat", dat));
   }
   run_gnuplot(gp);
-  pngs.insert(pngs.end(), {"lockscale-total.png", "lockscale-cpu.png", "lockscale-fairness.png"});
+  pngs.push_back({"lockscale-total.png",
+                  "Line chart: lock acquisitions in the run against the number of worker "
+                  "processes (log scale), one line per lock algorithm, with the ideal as a dashed "
+                  "line; higher is better."});
+  pngs.push_back({"lockscale-cpu.png",
+                  "Line chart: microseconds of CPU (user and system) per acquisition against the "
+                  "number of worker processes, one line per algorithm, both axes log scale; lower "
+                  "is better."});
+  pngs.push_back({"lockscale-fairness.png",
+                  "Fairness: for each algorithm and worker count, a bar from the fewest to the "
+                  "most acquisitions one worker made, relative to the mean (1); a short bar "
+                  "around 1 is fair."});
 }
 
-void plot_matrix(const std::string& out, const json& m, std::vector<std::string>& pngs) {
+void plot_matrix(const std::string& out, const json& m, std::vector<figure>& pngs) {
   const auto& algos = m["algorithms"];
   const auto waiters = m["waiters"].get<std::vector<int>>();
   const auto entities = m["entities"].get<std::vector<int>>();
@@ -127,6 +137,7 @@ set cbrange [{lo}:{hi}]
 set palette rgbformulae 21,22,23
 set xlabel "entities"
 set ylabel "waiters"
+set style textbox opaque noborder
 )gp",
             fmt::arg("h", 330 * rows_n + 40), fmt::arg("out", out), fmt::arg("mode", mode),
             fmt::arg("r", rows_n), fmt::arg("c", cols), fmt::arg("lo", lo), fmt::arg("hi", hi));
@@ -148,12 +159,24 @@ set ylabel "waiters"
           d.print("\n");
         }
       }
-      f.print("set title \"{}\"\nplot \"{}\" matrix with image notitle\n", name, dat);
+      // The figure in each cell too (gnuplot's %s%c: mantissa and k, M), so that the colours
+      // need no legend to be read.
+      f.print(
+          "set title \"{}\"\nplot \"{}\" matrix with image notitle, \"\" matrix using "
+          "1:2:(gprintf(\"%.1s%c\",$3)) with labels boxed font \",8\" notitle\n",
+          name, dat);
     }
     f.print("unset multiplot\n");
     f.close();
     run_gnuplot(gp);
-    pngs.push_back(fmt::format("matrix-{}.png", mode));
+    pngs.push_back(
+        {fmt::format("matrix-{}.png", mode),
+         fmt::format("Heatmaps, one per lock algorithm: lock+unlock operations per second, {}, "
+                     "for each number of waiting processes (rows) and of entities locked at "
+                     "once (columns), the figure written in each cell; one colour scale for "
+                     "all, log, lighter is faster. The tables below give the same figures.",
+                     mode == std::string("contended") ? "every waiter on the same entities"
+                                                      : "each waiter on entities of its own")});
   }
 }
 
@@ -212,7 +235,7 @@ namespace {
 // The main sweep (`main_rows`, on `main_fs`) is shown beside them, for the same algorithms
 // and worker counts.
 std::string render_fs(const std::string& out, const lock_inputs& in, const scale_rows& main_rows,
-                      const std::string& main_fs, json& results, std::vector<std::string>& pngs) {
+                      const std::string& main_fs, json& results, std::vector<figure>& pngs) {
   // filesystem → algorithm → workers → row
   std::map<std::string, scale_rows> by_fs;
   std::set<std::string> fs_algos;
@@ -314,7 +337,11 @@ std::string render_fs(const std::string& out, const lock_inputs& in, const scale
     plot_clustered_bars(out, "lockscale-fs", dat, titles, algos.size(),
                         "lockscale by filesystem (higher is better)", "acquisitions in the run",
                         450);
-    pngs.push_back("lockscale-fs.png");
+    pngs.push_back({"lockscale-fs.png",
+                    "Bar charts, one per worker count: acquisitions in the run for each "
+                    "filesystem (clusters) and lock algorithm (bars); higher is better. The "
+                    "table above gives the figures and each one's ratio to the best kernel "
+                    "lock on the same filesystem."});
   }
   if (!in.fs_skipped.empty()) {
     html += "<p>Not measured on other filesystems: ";
@@ -333,7 +360,7 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
   const auto& lockmatrix_file = inputs.lockmatrix;
   section s;
   s.results = json::object();
-  std::vector<std::string> pngs;
+  std::vector<figure> pngs;
   std::vector<target_row> targets;
   std::string tables;
 
@@ -397,9 +424,17 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
         const double total = r["total"].get<double>();
         if (best > 0) {
           const double ratio = total / best;
-          targets.push_back(
-              {fmt::format("lockscale {} workers: {} total vs best kernel ({})", n, a, best_name),
-               fmt_ratio(ratio), "≥ 0.98×", ratio >= 0.98});
+          target_row row{
+              fmt::format("lockscale {} workers: {} total vs best kernel ({})", n, a, best_name),
+              fmt_ratio(ratio), "≥ 0.98×", ratio >= 0.98};
+          if (a == "memory_map" && n == *counts.rbegin()) {
+            row = headline(std::move(row),
+                           fmt::format("With {} processes taking turns on one lock, each holding "
+                                       "it {} µs, keel's fastest lock lets through {} as many "
+                                       "as the best kernel lock.",
+                                       n, scale_params["busy_us"].dump(), fmt_ratio(ratio)));
+          }
+          targets.push_back(std::move(row));
         }
         const double fair =
             r["mean"].get<double>() > 0 ? r["stddev"].get<double>() / r["mean"].get<double>() : NAN;
@@ -408,9 +443,14 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
                              fmt::format("{:.3f} (fcntl {:.3f})", fair, fcntl_fair), "≤ fcntl's",
                              std::isfinite(fair) && fair <= fcntl_fair});
         } else {
-          targets.push_back({fmt::format("lockscale {} workers: {} sd/mean", n, a),
-                             fmt::format("{:.3f}", fair), "≤ 0.1",
-                             std::isfinite(fair) && fair <= 0.1});
+          target_row row{fmt::format("lockscale {} workers: {} sd/mean", n, a),
+                         fmt::format("{:.3f}", fair), "≤ 0.1", std::isfinite(fair) && fair <= 0.1};
+          if (a == "memory_map" && n == *counts.rbegin()) {
+            row = headline(std::move(row),
+                           "Fairness: how much the processes' shares of the lock differ "
+                           "(standard deviation over mean); near 0, nobody starves.");
+          }
+          targets.push_back(std::move(row));
         }
         if (std::isfinite(flock_sys) && total > 0) {
           const double sys = r["system_cpu"].get<double>() / total;
@@ -458,10 +498,18 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
       }
       if (best > 0 && short_rows.contains("memory_map") && short_rows["memory_map"].contains(n)) {
         const double ratio = short_rows["memory_map"][n]["total"].get<double>() / best;
-        targets.push_back({fmt::format("lockscale busy {} µs, {} workers: memory_map total vs best "
-                                       "kernel ({})",
-                                       short_params["busy_us"].dump(), n, best_name),
-                           fmt_ratio(ratio), "≥ 1×", ratio >= 1.0});
+        target_row row{fmt::format("lockscale busy {} µs, {} workers: memory_map total vs best "
+                                   "kernel ({})",
+                                   short_params["busy_us"].dump(), n, best_name),
+                       fmt_ratio(ratio), "≥ 1×", ratio >= 1.0};
+        if (n == *counts.rbegin()) {
+          row = headline(std::move(row),
+                         fmt::format("With short critical sections ({} µs), where the lock's own "
+                                     "cost shows, keel's fastest lock against the best kernel "
+                                     "lock.",
+                                     short_params["busy_us"].dump()));
+        }
+        targets.push_back(std::move(row));
         measured_short = true;
       }
       // Issue 15: atomic_append against the kernel locks with short holds.
@@ -524,8 +572,11 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
     const double cas = cell("cas", "uncontended", 0, col_of(1));
     const double ofd = cell("ofd", "uncontended", 0, col_of(1));
     if (std::isfinite(mm) && std::isfinite(cas)) {
-      targets.push_back({"lockmatrix uncontended, 1 waiter, 1 entity: memory_map vs bare CAS loop",
-                         fmt_ratio(mm / cas), "≥ 0.5×", mm / cas >= 0.5});
+      targets.push_back(headline(
+          {"lockmatrix uncontended, 1 waiter, 1 entity: memory_map vs bare CAS loop",
+           fmt_ratio(mm / cas), "≥ 0.5×", mm / cas >= 0.5},
+          "An uncontended lock and unlock against the floor: a bare compare-and-swap loop on "
+          "shared memory, which offers none of keel's guarantees (deadlines, dead holders)."));
       measured_cas = true;
     }
     if (std::isfinite(br) && std::isfinite(ofd)) {
@@ -547,12 +598,14 @@ section render_locks(const std::string& out, const lock_inputs& inputs) {
     s.results["lockcli"] = c;
     const double ratio = c["keel_lock_vs_flock"].get<double>();
     const auto& med = c["median_us"];
-    targets.push_back(
+    targets.push_back(headline(
         {"keel lock -n FILE -- true vs flock -n FILE true (a shell user's cost per command)",
          fmt::format("{} ({:.2f} ms against {:.2f} ms; starting `true` alone: {:.2f} ms)",
                      fmt_ratio(ratio), med["keel_lock"].get<double>() / 1000,
                      med["flock"].get<double>() / 1000, med["true"].get<double>() / 1000),
-         "≤ 1.5×", ratio <= 1.5});
+         "≤ 1.5×", ratio <= 1.5},
+        "What a shell script pays for each command it runs under `keel lock`, against "
+        "flock(1) (a time ratio: below 1 keel is faster)."));
   } else {
     missing.push_back("keel lock -n FILE -- true vs flock -n FILE true (no flock(1) here)");
   }

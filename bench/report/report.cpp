@@ -136,9 +136,9 @@ std::string format_ns(double ns) {
 }
 
 // Draws the section's two plots: time per operation (keel and peer, with the spread of the
-// repetitions) and ratio against target. Returns the PNG names written.
-std::vector<std::string> plot_section(const std::string& out, const std::string& id,
-                                      const json& comparisons) {
+// repetitions) and ratio against target. Returns the plots written.
+std::vector<keel::report::figure> plot_section(const std::string& out, const std::string& id,
+                                               const json& comparisons) {
   if (comparisons.empty()) return {};
   const std::string dat = fmt::format("{}/{}.dat", out, id);
   {
@@ -185,7 +185,118 @@ plot "{dat}" using 0:8:xtic(1) with boxes title "ratio" lc rgb "#2ca02c", \
             fmt::arg("dat", dat));
   }
   keel::report::run_gnuplot(gp);
-  return {times_png, ratio_png};
+  return {{times_png,
+           "Bar chart: nanoseconds per operation of keel and of its peer for each comparison "
+           "(median, with the range of the repetitions); lower is better."},
+          {ratio_png,
+           "Bar chart: peer time over keel time for each comparison, with the target as a "
+           "dashed line; a bar above the line meets its target."}};
+}
+
+// The report's terms of art, each explained once, in the order a reader meets them.
+const std::vector<std::pair<std::string, std::string>> glossary = {
+    {"ratio",
+     "keel against a peer from the same run: for rates, keel's over the peer's; for "
+     "times, the peer's over keel's. Above 1 keel is better, except where a target "
+     "says ≤ (a cost: below is better)."},
+    {"target",
+     "what keel promises for a figure; \"met\" or \"missed\" is this run's "
+     "measurement against it, \"info\" a figure with no target yet, \"missing\" one "
+     "this run could not measure (the row says why)."},
+    {"peer",
+     "the tool keel is measured against: the kernel's own calls and locks, fio, glibc, "
+     "LMDB, RocksDB, LevelDB, SQLite, tkrzw, TDB."},
+    {"lockscale",
+     "N processes take turns on one lock, each holding it for a busy time and "
+     "then waiting an idle time; counts acquisitions (the seed's lockscale)."},
+    {"lockmatrix",
+     "lock+unlock per second for every number of waiting processes × number of "
+     "entities locked at once, contended (everyone on the same entities) or not."},
+    {"kernel locks",
+     "flock(2), fcntl(2) record locks and System V semaphores: what keel's "
+     "own lock algorithms (memory_map, byte_ranges, atomic_append, lock_files) "
+     "are measured against."},
+    {"sd/mean",
+     "fairness: the standard deviation of the workers' acquisitions over their "
+     "mean; 0 means every process got the lock as often."},
+    {"CAS loop",
+     "a bare compare-and-swap spin on shared memory: the floor of any lock, with "
+     "none of keel's guarantees (deadlines, dead holders)."},
+    {"OFD lock",
+     "an open file description lock (fcntl F_OFD_SETLK), the kernel lock "
+     "byte_ranges is built on."},
+    {"TAI",
+     "Threaded Async I/O, the thesis library whose benchmarks the aio section repeats "
+     "(its section numbers, as TAI 3.4, name them): a workload that computes and writes "
+     "64 KiB per item, overwrites, and many small requests."},
+    {"qd", "queue depth: how many requests are in flight at once."},
+    {"O_DIRECT",
+     "I/O that bypasses the page cache, straight to the device; buffered I/O goes "
+     "through it."},
+    {"fsync every N",
+     "the workload calls fsync after every N items: how often it asks for "
+     "its writes to be on the device."},
+    {"null engine",
+     "keel::aio's engine that does no I/O: what is left is the cost of keel's "
+     "own request machinery."},
+    {"the seed", "the prototypes keel grew from; their figures are drawn as reference lines."},
+    {"durable commit",
+     "a commit that is on the device when it returns (fdatasync), so a "
+     "power cut cannot take it back."},
+    {"no_space", "keel's out-of-space error (ENOSPC): the store is full."},
+    {"fill",
+     "values stored at the first no_space over the volume's free space at the start; "
+     "the ideal packer is the same against what a perfect packer of keel's records "
+     "(and index entries) would fit."},
+    {"half-way failure", "a commit that fails after part of it is visible: never allowed."},
+    {"Tux3",
+     "a Linux filesystem whose out-of-space post (one of keel's seeds) gives the space "
+     "targets: fill to 99 %, fail fast, deletes work when full."},
+    {"dd test",
+     "Tux3's: how much slower a stream of writes gets into a volume about to fill "
+     "than into one far from full (near / far)."},
+    {"blurt",
+     "Tux3's load generator: many processes (1000 in the seed) write 1 KiB at a time "
+     "at once, round after round, rewriting their files; it must never see no_space "
+     "early."},
+    {"ledger",
+     "keel::space's accounting (Tux3's): every commit that puts is charged its worst "
+     "case before it writes, so it fails whole or not at all."},
+    {"compaction",
+     "moving a segment's live records out so that its file can be removed and "
+     "its room given back."},
+};
+
+std::string glossary_html() {
+  std::string items;
+  for (const auto& [term, text] : glossary) {
+    std::string id = term;
+    std::replace(id.begin(), id.end(), ' ', '-');
+    items += fmt::format("<dt id=\"term-{}\">{}</dt><dd>{}</dd>\n", html_escape(id),
+                         html_escape(term), html_escape(text));
+  }
+  return "<h2 id=\"terms\">Terms</h2>\n<dl>\n" + items + "</dl>\n";
+}
+
+// One table per area: its headline rows, each with what it means for a user.
+std::string summary_html(const std::vector<keel::report::section>& areas) {
+  std::string html;
+  for (const auto& a : areas) {
+    if (a.headlines.empty()) continue;
+    std::string rows;
+    for (const auto& t : a.headlines) {
+      const char* cls = keel::report::target_class(t);
+      rows += fmt::format(
+          "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>\n",
+          html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls, cls,
+          html_escape(t.meaning));
+    }
+    html += fmt::format(
+        "<table class=\"summary\"><caption>{}</caption><tr><th>figure</th><th>measured"
+        "</th><th>target</th><th></th><th>what it means</th></tr>\n{}</table>\n",
+        html_escape(a.title), rows);
+  }
+  return html;
 }
 
 }  // namespace
@@ -249,7 +360,10 @@ int main(int argc, char** argv) {
     int absent = 0;
 
     std::string html_sections;
+    std::vector<keel::report::section> areas;  // in the page's order, for its summary
     for (const auto& section : targets.at("sections")) {
+      keel::report::section area;
+      area.title = section.at("title").get<std::string>();
       const std::string id = section.at("id");
       json sec = {{"id", id},
                   {"title", section.at("title")},
@@ -284,6 +398,12 @@ int main(int argc, char** argv) {
                                       {"ratio", ratio},
                                       {"target", target},
                                       {"met", met}});
+        if (c.contains("meaning")) {
+          area.headlines.push_back({fmt::format("{} vs {}", c.at("name").get<std::string>(),
+                                                c.value("peer_name", "peer")),
+                                    fmt::format("{:.3f}×", ratio), fmt::format("≥ {:.2f}×", target),
+                                    met, true, c.at("meaning").get<std::string>()});
+        }
         fmt::print("{:<28} {:>12} {:>12} {:>7.3f}x {:>7.2f}x  {}\n",
                    c.at("name").get<std::string>(), format_ns(k.median()), format_ns(p.median()),
                    ratio, target, met ? "met" : "MISSED");
@@ -317,9 +437,7 @@ int main(int argc, char** argv) {
             fmt::format("<tr><td>{}</td><td>{}</td><td>{} – {}</td></tr>\n", html_escape(m["name"]),
                         format_ns(m["median_ns"]), format_ns(m["min_ns"]), format_ns(m["max_ns"]));
       }
-      std::string imgs;
-      for (const auto& png : pngs)
-        imgs += fmt::format("<img src=\"{}\" alt=\"{}\">\n", png, png);
+      const std::string imgs = keel::report::images_html(pngs);
       html_sections += fmt::format(
           "<h2>{}</h2>\n<table><tr><th>comparison</th><th>keel</th><th>peer</th><th>peer "
           "time</th><th>ratio</th><th>target</th><th></th></tr>\n{}</table>\n{}{}\n",
@@ -329,15 +447,17 @@ int main(int argc, char** argv) {
                               mrows + "</table>\n",
           imgs);
       results["sections"].push_back(sec);
+      areas.push_back(std::move(area));
     }
 
     // A rendered section: into the page, the results and the count of misses, and its
     // targets on stdout under `heading`.
-    const auto add = [&](const char* key, const char* heading, const keel::report::section& sec) {
+    const auto add = [&](const char* key, const char* heading, keel::report::section sec) {
       html_sections += sec.html;
       results[key] = sec.results;
       missed += sec.missed;
       fmt::print("\n{}\n{}", heading, sec.summary);
+      areas.push_back(std::move(sec));
     };
     if (!locks_in.lockscale.empty() || !locks_in.lockscale_short.empty() ||
         !locks_in.lockscale_fs.empty() || !locks_in.lockmatrix.empty() ||
@@ -383,20 +503,29 @@ table {{ border-collapse: collapse; margin: 1em 0; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; }}
 td.met {{ background: #d8f0d8; }} td.missed {{ background: #f6d5d5; font-weight: bold; }}
 td.missing {{ background: #eeeeee; color: #666; }}
+td.info {{ background: #e4ecf7; }}
 table.matrix {{ display: inline-table; margin-right: 1em; font-size: 85%; }}
+table.summary td:last-child {{ font-size: 90%; }}
 caption {{ font-weight: bold; text-align: left; }}
+dt {{ font-weight: bold; margin-top: 0.4em; }}
 img {{ max-width: 100%; display: block; margin: 1em 0; }}
 </style></head><body>
 <h1>keel benchmark report</h1>
-<p>Ratios are peer time / keel time from the same run (medians of the repetitions): 1.0 means
-keel matches the peer, above 1 it is faster. {missed} target(s) missed. Raw numbers:
+<p>keel measured beside the tools it means to beat, every peer in the same run on this
+machine. First one table per area: keel against the best peer, the ratio, the target and what
+the figure means for a user; then the terms these tables use, the machine, and each area in
+full, with its plots. A ratio of 1 means keel matches its peer; above 1 it is better (the
+<a href="#terms">Terms</a> say exactly how each is taken). Raw numbers:
 <a href="results.json">results.json</a>.</p>
-<h2>Machine</h2><table>{machine}</table>
+<h2>At a glance</h2>
+{summary}<p>Of every target in the full sections below, {missed} missed in this run.</p>
+{glossary}<h2>Machine</h2><table>{machine}</table>
 {sections}
 </body></html>
 )",
                         fmt::arg("missed", missed), fmt::arg("machine", machine_rows),
-                        fmt::arg("sections", html_sections));
+                        fmt::arg("summary", summary_html(areas)),
+                        fmt::arg("glossary", glossary_html()), fmt::arg("sections", html_sections));
     fmt::print("\nreport: {}/index.html ({} target(s) missed{})\n", out, missed,
                absent != 0 ? fmt::format(", {} comparison(s) not run", absent) : "");
     return 0;

@@ -1,6 +1,7 @@
 #pragma once
-// A section of the report that checks targets (locks, aio): its HTML, its JSON, and the
-// targets table every such section shows first.
+// A section of the report that checks targets (io, locks, aio, kv, space): its HTML, its JSON,
+// the targets table every such section shows first, and its headline rows, which the report
+// gathers into one table per area at its top.
 
 #include <fmt/format.h>
 
@@ -8,18 +9,12 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "render.hpp"
 
 namespace keel::report {
-
-struct section {
-  std::string html;
-  nlohmann::json results;
-  int missed = 0;
-  std::string summary;  // for stdout
-};
 
 struct target_row {
   std::string name;
@@ -27,25 +22,64 @@ struct target_row {
   std::string target;
   bool met = false;
   bool measured_at_all = true;
+  //! For a headline row (one the report's summary at the top shows): one sentence on what the
+  //! figure means for a user. Empty: the row shows in its section only.
+  std::string meaning{};
 };
+
+//! A plot and its alternative text, which says what the plot shows (not its file name).
+struct figure {
+  std::string png;
+  std::string alt;
+};
+
+struct section {
+  std::string title;
+  std::string html;
+  nlohmann::json results;
+  int missed = 0;
+  std::string summary;                // for stdout
+  std::vector<target_row> headlines;  // the rows with a meaning, for the report's top
+};
+
+//! "met", "missed", "missing" (not measured) or "info" (measured, no target set).
+inline const char* target_class(const target_row& t) {
+  return !t.measured_at_all ? "missing" : t.target.empty() ? "info" : t.met ? "met" : "missed";
+}
+
+//! A target row for the summary at the top: `row` with its meaning.
+inline target_row headline(target_row row, std::string meaning) {
+  row.meaning = std::move(meaning);
+  return row;
+}
 
 inline std::string fmt_ratio(double r) {
   return std::isfinite(r) ? fmt::format("{:.3f}×", r) : "n/a";
 }
 
+//! The <img> elements of `figures`.
+inline std::string images_html(const std::vector<figure>& figures) {
+  std::string imgs;
+  for (const auto& f : figures)
+    imgs += fmt::format("<img src=\"{}\" alt=\"{}\">\n", f.png, html_escape(f.alt));
+  return imgs;
+}
+
 //! Fills `s` from the targets, the plots and the tables: a targets table first (missed ones
 //! counted in s.missed and listed in s.summary for stdout), then the plots, then `tables`.
+//! The rows with a meaning become s.headlines.
 inline void finish_section(section& s, const std::string& title,
                            const std::vector<target_row>& targets,
-                           const std::vector<std::string>& pngs, const std::string& tables) {
+                           const std::vector<figure>& figures, const std::string& tables) {
+  s.title = title;
   std::string trs;
   s.results["targets"] = nlohmann::json::array();
   std::size_t width = 0;  // of the names, so that the columns line up on stdout
   for (const auto& t : targets)
     width = std::max(width, t.name.size());
   for (const auto& t : targets) {
-    const char* cls = !t.measured_at_all ? "missing" : t.met ? "met" : "missed";
-    if (t.measured_at_all && !t.met) ++s.missed;
+    const char* cls = target_class(t);
+    if (std::string_view(cls) == "missed") ++s.missed;
     trs +=
         fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>\n",
                     html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls, cls);
@@ -55,14 +89,12 @@ inline void finish_section(section& s, const std::string& title,
                                     {"met", t.met},
                                     {"measured_at_all", t.measured_at_all}});
     s.summary += fmt::format("{:<{}} {:>10} {:>9}  {}\n", t.name, width, t.measured, t.target, cls);
+    if (!t.meaning.empty()) s.headlines.push_back(t);
   }
-  std::string imgs;
-  for (const auto& png : pngs)
-    imgs += fmt::format("<img src=\"{}\" alt=\"{}\">\n", png, png);
   s.html = fmt::format(
-      "<h2>{}</h2>\n<table><tr><th>target</th><th>measured</th><th>target</th><th></th></tr>\n"
+      "<h2>{}</h2>\n<table><tr><th>what</th><th>measured</th><th>target</th><th></th></tr>\n"
       "{}</table>\n{}{}",
-      html_escape(title), trs, imgs, tables);
+      html_escape(title), trs, images_html(figures), tables);
 }
 
 }  // namespace keel::report

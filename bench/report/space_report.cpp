@@ -133,21 +133,27 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
     const json& a = f["after_full"];
     const std::uint64_t half_way =
         f["half_way_failures"].get<std::uint64_t>() + a["half_way_failures"].get<std::uint64_t>();
-    targets.push_back({v + ": commits failed half-way, deaths by signal",
-                       fmt::format("{}", half_way), "0", half_way == 0});
+    targets.push_back(headline({v + ": commits failed half-way, deaths by signal",
+                                fmt::format("{}", half_way), "0", half_way == 0},
+                               "A commit either happens whole or fails before anything of it "
+                               "is visible, even as the volume fills: none may fail half-way."));
     // The ideal packer stores each record and its index entry (both the format's, per key).
     // A file of an older spacebench has only the records' figure.
     const bool with_index = f.contains("fill_with_index_pct");
     const double fill = number(f, with_index ? "fill_with_index_pct" : "fill_with_overhead_pct");
-    targets.push_back({v + (with_index ? ": fill at first no_space (ideal packer of records and "
-                                         "index entries)"
-                                       : ": fill at first no_space (ideal packer of records)"),
-                       fmt::format("{:.1f} %", fill), "≥ 99 %", fill >= 99.0});
+    targets.push_back(
+        headline({v + (with_index ? ": fill at first no_space (ideal packer of records and "
+                                    "index entries)"
+                                  : ": fill at first no_space (ideal packer of records)"),
+                  fmt::format("{:.1f} %", fill), "≥ 99 %", fill >= 99.0},
+                 "How much of the volume the store uses before it says full, against a perfect "
+                 "packer of the same records (Tux3's target: 99 %)."));
     const bool after = a["erase_failures"].get<std::uint64_t>() == 0 &&
                        a["segments_removed"].get<std::uint64_t>() > 0 &&
                        a["stored_again"].get<std::uint64_t>() > 0;
-    targets.push_back({v + ": deletes, compaction, then puts after full",
-                       after ? "all worked" : "failed", "all work", after});
+    targets.push_back(headline({v + ": deletes, compaction, then puts after full",
+                                after ? "all worked" : "failed", "all work", after},
+                               "On a full volume deletes still work and give their room back."));
     const double ratio = number(doc, "near_far_ratio");
     targets.push_back({v + ": near-full stream vs far", fmt_ratio(ratio), "≤ 2×",
                        std::isfinite(ratio) && ratio <= 2.0, std::isfinite(ratio)});
@@ -242,8 +248,14 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
   }
   section s;
   s.results["runs"] = docs;
-  std::vector<std::string> pngs;
-  if (auto png = plot(out, docs); !png.empty()) pngs.push_back(png);
+  std::vector<figure> pngs;
+  if (auto png = plot(out, docs); !png.empty()) {
+    pngs.push_back({png,
+                    "Two line charts, one line per volume, against seconds since the store was "
+                    "made (log scale): left, the values stored as a percentage of the volume's "
+                    "free space, up to the first no_space; right, puts per second (log scale), "
+                    "which should stay level as the volume fills."});
+  }
   finish_section(s, "keel::space: filling a volume (keel-bench spacebench)", targets, pngs,
                  table_html(docs));
   return s;

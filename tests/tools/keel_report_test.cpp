@@ -1,0 +1,120 @@
+// keel_report, the page `make bench` writes, rendered from one quick run's saved output
+// (tests/tools/report_inputs): it opens with one table per area that a newcomer can read, explains
+// its terms, says in words what each plot shows, writes the figures into its heatmaps, and
+// compares sizes like with like.
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "support/process.hpp"
+#include "support/run_program.hpp"
+
+namespace {
+
+using keel::test::run_program;
+
+const std::string inputs = std::string(KEEL_SOURCE_DIR) + "/tests/tools/report_inputs/";
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+// The text between `open` (after position `from`) and `close`.
+std::string between(const std::string& text, const std::string& open, const std::string& close,
+                    std::size_t from = 0) {
+  const auto a = text.find(open, from);
+  if (a == std::string::npos) return {};
+  const auto b = text.find(close, a + open.size());
+  return b == std::string::npos ? std::string() : text.substr(a + open.size(), b - a - open.size());
+}
+
+class KeelReport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<std::string> args{"--out", dir_.path().string(), "--targets",
+                                  std::string(KEEL_SOURCE_DIR) + "/bench/targets.json"};
+    for (const char* algo : {"memory_map", "fcntl", "flock", "byte_ranges"})
+      args.insert(args.end(), {"--lockscale", inputs + "lockscale-" + algo + ".json"});
+    for (const char* algo : {"memory_map", "fcntl", "flock", "atomic_append"})
+      args.insert(args.end(), {"--lockscale-short", inputs + "lockscale-short-" + algo + ".json"});
+    args.insert(args.end(),
+                {"--lockmatrix", inputs + "lockmatrix.json", "--lockcli", inputs + "lockcli.json",
+                 "--aiobench", inputs + "aiobench.json", "--kvbench", inputs + "kvbench.json",
+                 "--spacebench", inputs + "spacebench-tmpfs.json", inputs + "io.json"});
+    const auto r = run_program(KEEL_REPORT_BINARY, args, dir_.path().string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    html_ = keel::test::slurp(dir_.file("index.html"));
+    ASSERT_FALSE(html_.empty());
+  }
+  keel::test::temp_dir dir_;
+  std::string html_;
+};
+
+TEST_F(KeelReport, OpensWithOneTablePerAreaEachRowSayingWhatItMeans) {
+  const auto glance = html_.find("<h2>At a glance</h2>");
+  ASSERT_NE(glance, std::string::npos);
+  // Nothing but the introduction comes before the summary.
+  EXPECT_EQ(html_.find("<h2>"), glance);
+  const std::string summary = between(html_, "<h2>At a glance</h2>", "<h2 id=\"terms\">");
+  EXPECT_EQ(count(summary, "<table class=\"summary\">"), 5u) << summary;  // io locks aio kv space
+  for (const char* area : {"io layer", "Locks", "Asynchronous I/O", "keel::kv", "keel::space"})
+    EXPECT_NE(summary.find("<caption>" + std::string(area)), std::string::npos) << area;
+  // Every row: what, measured, target, verdict, and a sentence (the last cell) that is one.
+  std::size_t rows = 0;
+  for (auto at = summary.find("<tr><td>"); at != std::string::npos;
+       at = summary.find("<tr><td>", at + 1)) {
+    const std::string row = summary.substr(at, summary.find("</tr>", at) - at);
+    EXPECT_EQ(count(row, "<td"), 5u) << row;
+    const auto last = row.rfind("<td>") + 4;
+    const std::string meaning = row.substr(last, row.rfind("</td>") - last);
+    EXPECT_GT(meaning.size(), 30u) << row;
+    EXPECT_EQ(meaning.back(), '.') << row;
+    ++rows;
+  }
+  EXPECT_GE(rows, 15u);
+  // The size row compares the records as they are, and gives no verdict it has no target for.
+  EXPECT_NE(summary.find("kv on disk, "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("class=\"info\""), std::string::npos) << summary;
+}
+
+TEST_F(KeelReport, ExplainsEveryTermOfArtItUses) {
+  const std::string terms = between(html_, "<h2 id=\"terms\">", "<h2>Machine</h2>");
+  for (const char* id : {"TAI", "blurt", "dd-test", "Tux3", "lockscale", "lockmatrix", "sd/mean",
+                         "qd", "O_DIRECT", "fill", "ledger", "null-engine", "the-seed"})
+    EXPECT_NE(terms.find("id=\"term-" + std::string(id) + "\""), std::string::npos) << id;
+  EXPECT_NE(html_.find("<a href=\"#terms\">"), std::string::npos);
+}
+
+TEST_F(KeelReport, EveryPlotHasTextThatSaysWhatItShows) {
+  std::size_t images = 0;
+  for (auto at = html_.find("<img "); at != std::string::npos; at = html_.find("<img ", at + 1)) {
+    const std::string src = between(html_, "src=\"", "\"", at);
+    const std::string alt = between(html_, "alt=\"", "\"", at);
+    EXPECT_NE(alt, src);
+    EXPECT_EQ(alt.find(".png"), std::string::npos) << alt;
+    EXPECT_GT(alt.size(), 60u) << src << ": " << alt;
+    ++images;
+  }
+  EXPECT_GE(images, 8u);
+}
+
+TEST_F(KeelReport, HeatmapsCarryTheirFiguresInTheCells) {
+  for (const char* mode : {"contended", "uncontended"}) {
+    const std::string gp = keel::test::slurp(dir_.file(std::string("matrix-") + mode + ".gp"));
+    EXPECT_NE(gp.find("with labels"), std::string::npos) << gp;
+  }
+}
+
+TEST_F(KeelReport, SizesAreOfTheRecordsAsTheyAreNotScaled) {
+  const std::string kv = html_.substr(html_.find("<h2>keel::kv"));
+  EXPECT_NE(kv.find("on disk once closed, the insert row's records (MiB)"), std::string::npos);
+  EXPECT_EQ(kv.find("per 1 M records"), std::string::npos);
+}
+
+}  // namespace
