@@ -204,10 +204,11 @@ int main(int argc, char** argv) {
                bytes(reinterpret_cast<const std::uint8_t*>(store_file.data()),
                      reinterpret_cast<const std::uint8_t*>(store_file.data()) + store_file.size()));
     const auto seg = f::encode_segment_header({p.id, 5, f::default_segment_size}, salt);
+    // The header, then the salt (the harness takes it from the input's last 8 bytes).
     bytes seg_seed(reinterpret_cast<const std::uint8_t*>(seg.data()),
-                   reinterpret_cast<const std::uint8_t*>(seg.data()) + 128);
-    seg_seed.resize(seg_seed.size() + 8);
-    std::memcpy(seg_seed.data() + 128, &salt, 8);
+                   reinterpret_cast<const std::uint8_t*>(seg.data()) + seg.size());
+    seg_seed.resize(seg.size() + 8);
+    std::memcpy(seg_seed.data() + seg.size(), &salt, 8);
     write_seed(out / "kv_headers", "segment-header", seg_seed);
   }
 
