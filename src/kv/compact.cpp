@@ -416,19 +416,11 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   std::vector<std::pair<std::string, std::uint64_t>> erasures;  // key, segment
   std::vector<std::uint64_t> erasure_sizes;                     // their records' sizes
   try {
-    // Below the tail's segment: a segment made and named, but not yet the tail's, is about
-    // to be written. Above it, a segment made for one blob larger than a segment, by a
-    // transaction open at the start (waited for) or one that has ended: an overwritten or
-    // interrupted large value is dead there, and was never reclaimed while the tail stayed
-    // below it. Never the highest-numbered segment, so that a rebuild, which numbers new
-    // segments after it, never reuses a removed one's number.
+    // Below the tail's segment only: a segment made and named, but not yet the tail's, is
+    // about to be written. (So the highest-numbered segment always stays, and a rebuild,
+    // which numbers new segments after it, never reuses a removed one's number.)
     for (const std::uint64_t n : *numbers) {
-      if (n < active) {
-        candidates.insert(n);
-      } else if (n > active && n != numbers->back() && s.segtab(n, 0).load() == n &&
-                 s.segtab(n, 1).load() > dir.params.segment_size) {
-        candidates.insert(n);
-      }
+      if (n < active) candidates.insert(n);
     }
     // Pins the segment of a block (or record) and of every blob it names. A block is read
     // only in a candidate segment, which nobody alive is writing any more.

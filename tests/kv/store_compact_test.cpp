@@ -197,51 +197,6 @@ TEST(KvCompact, ACommitOutlivesItsRemovedDeadBlob) {
   EXPECT_EQ(*rebuilt->get("small"), "kept");
 }
 
-// A value larger than a segment gets a segment of its own, numbered above the tail's. Those of
-// overwritten values, and of a put killed after its value was written, are dead: compaction
-// removes them while the tail stays below (it once took only segments below the tail's, and a
-// store of large values grew by each one overwritten: "removed 0 segments", 419 MB dead).
-TEST(KvCompact, SegmentsOfOverwrittenOrInterruptedLargeValuesAreRemovedBelowOrAboveTheTail) {
-  temp_dir dir;
-  const std::string path = dir.file("s");
-  auto s = open_ok(path, manual_compaction());
-  ASSERT_TRUE(s);
-  const auto big = [](char c) { return std::string((std::size_t{3} << 20) / 2, c); };
-  ASSERT_TRUE(s->put("small", "kept"));
-  for (const char c : {'a', 'b', 'c'})
-    ASSERT_TRUE(s->put("big", big(c)));
-  // A put killed once its value is written, before its commit: its segment holds nothing live.
-  const pid_t victim = fork_child([&] {
-    auto mine = store::open(path, manual_compaction());
-    if (!mine) return 2;
-    test_support::die_at(commit_step::locked);
-    return (*mine)->put("other", big('x')) ? 3 : 4;
-  });
-  const int status = test::wait_status(victim);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
-  ASSERT_TRUE(s->put("big", big('d')));  // the highest segment, live
-  const files before = segments_of(path);
-  auto c = s->compact();
-  ASSERT_TRUE(c) << c.error().message();
-  // a, b, c and the killed put's: all but the live d, the highest.
-  EXPECT_EQ(c->segments_removed, 4u);
-  EXPECT_GE(before.bytes - segments_of(path).bytes, 4 * big('a').size());
-  EXPECT_EQ(*s->get("big"), big('d'));
-  EXPECT_EQ(*s->get("small"), "kept");
-  EXPECT_EQ(s->get("other").error(), errc::not_found);
-  verify_report report;
-  auto checked = s->verify(&report);
-  EXPECT_TRUE(checked) << checked.error().message();
-  EXPECT_TRUE(report.damaged.empty()) << report.damaged.size() << " damaged";
-  s.reset();
-  std::filesystem::remove(path + "/index");
-  auto rebuilt = open_ok(path, manual_compaction());
-  ASSERT_TRUE(rebuilt);
-  EXPECT_EQ(*rebuilt->get("big"), big('d'));
-  EXPECT_EQ(*rebuilt->get("small"), "kept");
-  EXPECT_EQ(rebuilt->get("other").error(), errc::not_found);
-}
-
 TEST(KvCompact, NeverRemovesWhatAnOlderSnapshotMayRead) {
   temp_dir dir;
   const std::string path = dir.file("s");
