@@ -422,29 +422,42 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     for (const std::uint64_t n : *numbers) {
       if (n < active) candidates.insert(n);
     }
-    // Pins the segment of a block (or record) and of every blob it names. A block is read
-    // only in a candidate segment, which nobody alive is writing any more.
-    const auto pin = [&](std::uint64_t at, bool block) {
+    // Pins the segment of a block (or record) and of every blob it names, wherever the block
+    // or record lies: a blob may be in a candidate segment while the block naming it went
+    // into the next one, the tail's. A record an entry names is whole. A block in a candidate
+    // is a dead writer's (the live were waited for); one above may be a live writer's, being
+    // written now: it is read only once sealed (its seq word, acquire), and one not sealed
+    // names no blob below the tail that can count (a live writer's blobs were reserved after
+    // step 1, at or above it; a dead writer's unsealed block is abandoned, never made).
+    const auto pin = [&](std::uint64_t at, bool block) -> result<void> {
       use[fmt::segment_of(at)].pinned = true;
-      if (!candidates.contains(fmt::segment_of(at))) return;
       const auto pin_blob = [&](const fmt::record_view& r) {
         if (fmt::is_blob(r)) use[fmt::segment_of(r.blob.location)].pinned = true;
       };
       if (!block) {
-        if (auto r = s.record_at(at, false)) pin_blob(r->rec);
-        return;
+        auto r = s.record_at(at, false);
+        if (!r) return std::unexpected(r.error());
+        pin_blob(r->rec);
+        return {};
       }
       auto bytes = s.bytes_at(at);
-      if (!bytes) return;
+      if (!bytes) return std::unexpected(bytes.error());
+      if (!candidates.contains(fmt::segment_of(at))) {
+        const std::uint64_t sealed = fmt::block_seq(*bytes);
+        if (sealed == 0 || sealed == fmt::void_seq) return {};
+      }
+      // A block that does not check out (torn, or abandoned) is never made: its blobs are
+      // dead.
       auto head = fmt::check_block(*bytes, s.salt);
-      if (!head) return;
+      if (!head) return {};
       std::uint64_t r = sizeof(fmt::block_header);
       for (std::uint32_t i = 0; i < head->records; ++i) {
         auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), s.salt, false);
-        if (!rec) return;
+        if (!rec) return {};
         pin_blob(*rec);
         r += rec->size;
       }
+      return {};
     };
     // Let go at the end of this block: step 6 waits for every snapshot held.
     auto walking = snapshot_hold::take(s);
@@ -470,8 +483,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         if ((seq & ix::pending) != 0) {
           // A dead writer's commit, settled later either way: its block, the record it
           // would restore, and the blobs of both must stay.
-          pin(seq & ~ix::pending, true);
-          if (at != 0) pin(at, false);
+          if (auto p = pin(seq & ~ix::pending, true); !p) return std::unexpected(p.error());
+          if (at != 0) {
+            if (auto p = pin(at, false); !p) return std::unexpected(p.error());
+          }
           continue;
         }
         if (at == 0) continue;

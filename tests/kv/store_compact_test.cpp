@@ -197,6 +197,68 @@ TEST(KvCompact, ACommitOutlivesItsRemovedDeadBlob) {
   EXPECT_EQ(*rebuilt->get("small"), "kept");
 }
 
+// A blob that fills the rest of a segment, so that its commit's block lands in the next one
+// (the tail's, never a candidate), and a writer killed with its entry pending: the blob's
+// segment holds no record any settled entry names, but the pending entry needs it either
+// way. "written": the dead writer's sealed commit (of the blob) is made visible by the next
+// commit; "marked": the dead writer overwrote a committed blob, which its entry goes back to.
+class KvCompactPending : public testing::TestWithParam<commit_step> {};
+
+TEST_P(KvCompactPending, KeepsTheBlobOfADeadWritersEntryWhoseBlockIsInTheTailsSegment) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const options o = manual_compaction();
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  // A fresh store's first segment: its header, then this blob's block to the very end.
+  const std::string blob(o.segment_size - fmt::segment_header_size - sizeof(fmt::block_header),
+                         'B');
+  const commit_step kill_at = GetParam();
+  if (kill_at == commit_step::marked) {
+    ASSERT_TRUE(s->put("big", blob));
+  }
+  static commit_step killed_at;
+  killed_at = kill_at;
+  const pid_t writer = fork_child([&] {
+    auto mine = store::open(path, o);
+    if (!mine) return 2;
+    commit_hook = [](commit_step now) noexcept {
+      if (now == killed_at) ::raise(SIGKILL);
+    };
+    (void)(*mine)->put("big", kill_at == commit_step::marked ? std::string("small") : blob);
+    return 3;  // not killed
+  });
+  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+  ASSERT_EQ(segments_of(path).count, 2u) << "the blob and its block share a segment";
+  ASSERT_TRUE(s->put("next", "settles the dead writer's commit"));
+  {
+    auto v = s->get("big");
+    ASSERT_TRUE(v) << v.error().message();
+    ASSERT_EQ(*v, blob);
+  }
+  auto c = s->compact();
+  ASSERT_TRUE(c) << c.error().message();
+  const auto check = [&](store& st, const char* when) {
+    auto v = st.get("big");
+    ASSERT_TRUE(v) << when << ": " << v.error().message();
+    EXPECT_EQ(*v, blob) << when;
+    auto checked = st.verify();
+    EXPECT_TRUE(checked) << when << ": " << checked.error().message();
+  };
+  check(*s, "compacted");
+  s.reset();
+  std::filesystem::remove(path + "/index");
+  auto rebuilt = open_ok(path, o);
+  ASSERT_TRUE(rebuilt);
+  check(*rebuilt, "rebuilt");
+}
+
+INSTANTIATE_TEST_SUITE_P(DeadWriters, KvCompactPending,
+                         testing::Values(commit_step::written, commit_step::marked),
+                         [](const auto& param) {
+                           return param.param == commit_step::written ? "Written" : "Marked";
+                         });
+
 TEST(KvCompact, NeverRemovesWhatAnOlderSnapshotMayRead) {
   temp_dir dir;
   const std::string path = dir.file("s");
