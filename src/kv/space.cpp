@@ -75,7 +75,7 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
   auto closer = h64(hdr::ledger_closer);
   auto* word = futex_word(hdr::ledger_closer);
   const std::uint64_t me = (std::uint64_t{who} + 1) << 32 | static_cast<std::uint32_t>(::getpid());
-  auto interval = std::chrono::milliseconds(1);
+  auto interval = std::chrono::milliseconds(8);
   auto last_check = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point late_since{};
   // Half the timeout again (at least 50 ms): a closer starved of CPU rather than stopped
