@@ -416,11 +416,27 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   std::vector<std::pair<std::string, std::uint64_t>> erasures;  // key, segment
   std::vector<std::uint64_t> erasure_sizes;                     // their records' sizes
   try {
-    // Below the tail's segment only: a segment made and named, but not yet the tail's, is
-    // about to be written. (So the highest-numbered segment always stays, and a rebuild,
-    // which numbers new segments after it, never reuses a removed one's number.)
+    // Below the tail's segment: a segment made and named, but not yet the tail's, is about
+    // to be written. Above it, a segment made for one blob larger than a segment, by a
+    // transaction open at the start (waited for) or one that has ended: an overwritten or
+    // interrupted large value dies there, and was never reclaimed while the tail stayed
+    // below it. Never the highest segment the manifest lists: a rebuild numbers new segments
+    // after it, and a removed number used again would give an old commit's dead blob
+    // location a stranger's bytes (its commit then reads as torn). The manifest is read after
+    // the listing: what it lists then is named in seg/, and its highest only grows.
+    auto listed = s.listed_segments();
+    if (!listed) return std::unexpected(listed.error());
+    std::set<std::uint64_t> in_manifest;
+    for (const fmt::manifest_entry& e : *listed)
+      in_manifest.insert(e.number);
+    const std::uint64_t highest_listed = in_manifest.empty() ? 0 : *in_manifest.rbegin();
     for (const std::uint64_t n : *numbers) {
-      if (n < active) candidates.insert(n);
+      if (n < active) {
+        candidates.insert(n);
+      } else if (n > active && n < highest_listed && in_manifest.contains(n) &&
+                 s.segtab(n, 0).load() == n && s.segtab(n, 1).load() > s.dir.params.segment_size) {
+        candidates.insert(n);
+      }
     }
     // Pins the segment of a block (or record) and of every blob it names, wherever the block
     // or record lies: a blob may be in a candidate segment while the block naming it went
