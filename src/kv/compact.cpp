@@ -386,6 +386,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // writing into one began before now; wait for them to finish. Once they have, every
   // snapshot is at or above `horizon` (visible only grows).
   const std::uint64_t horizon = s.h64(hdr::visible).load(std::memory_order_seq_cst);
+  // A segment numbered from here on may be made by a transaction the wait below does not
+  // wait for (one begun after it started): never a candidate.
+  const std::uint64_t numbered_before = s.h64(hdr::next_segment).load(std::memory_order_seq_cst);
   // Every block below it was reserved by a transaction open now, or one that has ended.
   const std::uint64_t tail_then = s.h64(hdr::tail).load(std::memory_order_acquire);
   const std::uint64_t active = fmt::segment_of(tail_then);
@@ -417,13 +420,14 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   std::vector<std::uint64_t> erasure_sizes;                     // their records' sizes
   try {
     // Below the tail's segment: a segment made and named, but not yet the tail's, is about
-    // to be written. Above it, a segment made for one blob larger than a segment, by a
-    // transaction open at the start (waited for) or one that has ended: an overwritten or
-    // interrupted large value dies there, and was never reclaimed while the tail stayed
-    // below it. Never the highest segment the manifest lists: a rebuild numbers new segments
-    // after it, and a removed number used again would give an old commit's dead blob
-    // location a stranger's bytes (its commit then reads as torn). The manifest is read after
-    // the listing: what it lists then is named in seg/, and its highest only grows.
+    // to be written. Above it, a segment made for one blob larger than a segment, numbered
+    // before step 1, so by a transaction open then (waited for) or one that has ended: an
+    // overwritten or interrupted large value dies there, and was never reclaimed while the
+    // tail stayed below it. Never the highest segment the manifest lists: a rebuild numbers
+    // new segments after it, and a removed number used again would give an old commit's
+    // dead blob location a stranger's bytes (its commit then reads as torn). The manifest is
+    // read after the listing: what it lists then is named in seg/, and its highest only
+    // grows.
     auto listed = s.listed_segments();
     if (!listed) return std::unexpected(listed.error());
     std::set<std::uint64_t> in_manifest;
@@ -433,8 +437,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     for (const std::uint64_t n : *numbers) {
       if (n < active) {
         candidates.insert(n);
-      } else if (n > active && n < highest_listed && in_manifest.contains(n) &&
-                 s.segtab(n, 0).load() == n && s.segtab(n, 1).load() > s.dir.params.segment_size) {
+      } else if (n > active && n < numbered_before && n < highest_listed &&
+                 in_manifest.contains(n) && s.segtab(n, 0).load() == n &&
+                 s.segtab(n, 1).load() > s.dir.params.segment_size) {
         candidates.insert(n);
       }
     }
@@ -451,7 +456,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         if (fmt::is_blob(r)) use[fmt::segment_of(r.blob.location)].pinned = true;
       };
       if (!block) {
-        auto r = s.record_at(at, false);
+        auto r = s.record_head_at(at);  // as a settled entry's: damage past its head is not
+                                        // the walk's to judge
         if (!r) return std::unexpected(r.error());
         pin_blob(r->rec);
         return {};

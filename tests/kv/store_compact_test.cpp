@@ -25,6 +25,7 @@
 #include "kv/store_impl.hpp"
 #include "lock/memory_map/slot_table.hpp"
 #include "support/process.hpp"
+#include "support/run_program.hpp"
 
 namespace keel::kv {
 namespace {
@@ -398,6 +399,45 @@ TEST(KvCompact, ADeadWritersLargeValueAboveTheTailStays) {
     ASSERT_TRUE(s->put("other", std::string(big.size(), 'p')));
     compact_then_expect_through_a_rebuild(std::move(s), path, o, "big", big);
   }
+}
+
+// A dead writer's pending entry whose previous record is damaged past its head (a padding
+// byte): the walk reads what it reads of a settled entry's record, its head, and compaction
+// goes on. Read whole, it failed every compaction ("corrupt") until the key was written again:
+// on a full volume every put that asked for room.
+TEST(KvCompact, APendingEntrysRecordDamagedPastItsHeadStopsNoCompaction) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const options o = manual_compaction();
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("v", "hello"));  // key and value 6 bytes: 2 of padding
+  for (int i = 0; i < 14; ++i)        // the tail past segment 1, most of it dead
+    ASSERT_TRUE(s->put("f" + std::to_string(i % 2), std::string(100 << 10, 'f')));
+  {
+    const std::string seg = path + "/seg/0000000000000001";
+    const std::string bytes = test::slurp(seg);
+    const std::size_t at = bytes.find("vhello");
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(bytes.substr(at + 6, 2), std::string(2, '\0'));
+    std::fstream out(seg, std::ios::binary | std::ios::in | std::ios::out);
+    out.seekp(static_cast<std::streamoff>(at + 7));
+    out.put('Z');
+    ASSERT_TRUE(out.flush());
+  }
+  const pid_t writer = fork_child([&] {
+    auto mine = store::open(path, o);
+    if (!mine) return 2;
+    test_support::die_at(commit_step::marked);
+    return (*mine)->put("v", "new") ? 3 : 4;
+  });
+  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+  for (int i = 0; i < 2; ++i) {
+    auto c = s->compact();
+    ASSERT_TRUE(c) << "compaction " << i << ": " << c.error().message();
+    ASSERT_TRUE(s->put("x" + std::to_string(i), "y"));
+  }
+  EXPECT_EQ(*s->get("f0"), std::string(100 << 10, 'f'));
 }
 
 TEST(KvCompact, NeverRemovesWhatAnOlderSnapshotMayRead) {
