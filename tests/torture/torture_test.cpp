@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <tuple>
 #include <vector>
@@ -96,6 +98,9 @@ TEST_P(TortureCatches, ThePlantedBug) {
   const outcome out = run(c);
   ASSERT_FALSE(out.failures.empty()) << to_string(p.how) << " missed " << base::to_string(p.bug)
                                      << " in " << out.cycles << " cycles";
+  const std::string_view bug = base::to_string(p.bug);
+  std::printf("caught %.*s in cycle %ju of at most %ju\n", static_cast<int>(bug.size()), bug.data(),
+              static_cast<std::uintmax_t>(out.cycles), static_cast<std::uintmax_t>(p.at_most));
   EXPECT_EQ(base::planted.load(), base::planted_bug::none) << "run() must clear the plant";
 }
 
