@@ -194,7 +194,12 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_cla
       r = ensure_live();
       if (r) r = fs->lock(live, checkpoint_byte, 1, io::lock_request::exclusive, false);
     }
-    if (r) return {};
+    if (r) {
+      // A compactor killed in step 7 removed segments without counting its run: their maps
+      // here would be read past their files' ends (SIGBUS) by a walk of the segments.
+      unmap_removed_segments(true);
+      return {};
+    }
     const bool held = held_elsewhere(r.error());
     if (!held || !wait || cd.expired()) {
       checkpoint_holder.store(0);

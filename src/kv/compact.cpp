@@ -193,9 +193,9 @@ void store::impl::forget_segment(std::uint64_t number) noexcept {
   (void)s->map.unmap();  // the object stays (see unmap_removed_segments)
 }
 
-void store::impl::unmap_removed_segments() noexcept {
+void store::impl::unmap_removed_segments(bool always) noexcept {
   const std::uint64_t now = h64(hdr::compactions).load(std::memory_order_acquire);
-  if (now == compactions_seen.load(std::memory_order_relaxed)) return;
+  if (!always && now == compactions_seen.load(std::memory_order_relaxed)) return;
   base::lock_guard g(segments_mutex);
   compactions_seen.store(now, std::memory_order_relaxed);
   for (auto& s : segments_owned) {

@@ -858,8 +858,11 @@ struct store::impl final : ix::page_source {
                                                     room_kept may_keep) noexcept;
   //! Unmaps segment `number` in this process (one it removed, nobody else using it).
   void forget_segment(std::uint64_t number) noexcept;
-  //! Unmaps segments a compaction removed (once per compaction, cheap to call often).
-  void unmap_removed_segments() noexcept;
+  //! Unmaps segments a compaction removed (once per compaction, cheap to call often). With
+  //! `always`, whether or not one ended since the last look: for holders of the maintenance
+  //! byte, which no compaction holds meanwhile, and which may meet segments a compactor
+  //! killed part-way through step 7 removed (before it counted its run: hdr::compactions).
+  void unmap_removed_segments(bool always = false) noexcept;
   // ---- the space ledger (space.cpp) ----
   //! The room puts may still take: the rest of the tail's segment (unless it is the
   //! deletes'), and the whole segments less their headers that the budget and the volume

@@ -791,6 +791,51 @@ TEST(KvCompact, ARenameRefusedForRoomGivesTheVictimBackAndCompactionWorks) {
 // compaction (or a lone opener, or a rebuild) finds a sound store.
 // (This process compacts only when asked: the compactor is the child, and a process with a
 // thread of its own running cannot fork one under ThreadSanitizer.)
+// A compactor killed in step 7, at the unlink of its second victim: the first is already
+// emptied and gone, and its run not yet counted (hdr::compactions), which is what tells other
+// users to drop their maps of removed segments. A user that mapped it (it wrote the values)
+// then verified, and verify read an old commit's dead blob through that map, past the file's
+// end: SIGBUS.
+TEST(KvCompact, AUserOutlivesACompactorKilledWhileRemovingSegments) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const options o = manual_compaction();
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("small", "kept"));
+  const std::string big((std::size_t{3} << 20) / 2, 'a');
+  for (const char c : {'a', 'b', 'c', 'd'})
+    ASSERT_TRUE(s->put("K", std::string(big.size(), c)));
+  ASSERT_TRUE(s->put("other", big));
+  ASSERT_TRUE(s->verify());  // every segment mapped here
+  const pid_t compactor = fork_child([&] {
+    io::fault_filesystem fs;
+    io::fault_filesystem::fault cut;
+    cut.on = io::fs_op::unlink;
+    cut.path_contains = "/seg/0";
+    cut.nth = 2;
+    cut.crash = true;
+    fs.inject(cut);
+    options mine = o;
+    mine.fs = &fs;
+    auto m = store::open(path, mine);
+    if (!m) return 2;
+    return (*m)->compact() ? 3 : 4;
+  });
+  ASSERT_EQ(test::wait_exit(compactor), 128 + SIGKILL) << "not killed at its second unlink";
+  const pid_t user = fork_child([&] {
+    auto v = s->get("K");
+    if (!v || *v != std::string(big.size(), 'd')) return 2;
+    return s->verify() ? 0 : 3;
+  });
+  EXPECT_EQ(test::wait_exit(user), 0) << "128 + 7: SIGBUS";
+  s.reset();
+  auto again = open_ok(path, o);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again->get("K"), std::string(big.size(), 'd'));
+  EXPECT_TRUE(again->compact());
+}
+
 TEST(KvCompact, ACompactorKilledAnywhereLosesNothing) {
   temp_dir dir;
   const std::string path = dir.file("s");
