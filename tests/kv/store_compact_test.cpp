@@ -76,6 +76,19 @@ void expect_values(store& s, const std::vector<int>& version, const char* when,
   }
 }
 
+// A writer of its own process opens the store at `path` and puts `key`: it must die, killed at
+// step `at` of its commit.
+void put_killed_at(const std::string& path, const options& o, commit_step at,
+                   const std::string& key, const std::string& value) {
+  const pid_t writer = fork_child([&] {
+    auto mine = store::open(path, o);
+    if (!mine) return 2;
+    test_support::die_at(at);
+    return (*mine)->put(key, value) ? 3 : 4;
+  });
+  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL) << "not killed at its step";
+}
+
 // Compacts `s`, then expects `key` to hold `want`, and the store to verify, there and in a
 // rebuild from the segments alone (`s` is closed first).
 void compact_then_expect_through_a_rebuild(std::unique_ptr<store> s, const std::string& path,
@@ -241,14 +254,8 @@ TEST_P(KvCompactPending, KeepsTheBlobOfADeadWritersEntryWhoseBlockIsInTheTailsSe
   if (kill_at == commit_step::marked) {
     ASSERT_TRUE(s->put("big", blob));
   }
-  const pid_t writer = fork_child([&] {
-    auto mine = store::open(path, o);
-    if (!mine) return 2;
-    test_support::die_at(kill_at);
-    (void)(*mine)->put("big", kill_at == commit_step::marked ? std::string("small") : blob);
-    return 3;  // not killed
-  });
-  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(put_killed_at(
+      path, o, kill_at, "big", kill_at == commit_step::marked ? std::string("small") : blob));
   ASSERT_EQ(segments_of(path).count, 2u) << "the blob and its block share a segment";
   ASSERT_TRUE(s->put("next", "settles the dead writer's commit"));
   {
@@ -279,14 +286,8 @@ TEST(KvCompact, SegmentsOfOverwrittenOrInterruptedLargeValuesAreRemovedBelowOrAb
   for (const char c : {'a', 'b', 'c'})
     ASSERT_TRUE(s->put("big", big(c)));
   // A put killed once its value is written, before its commit: its segment holds nothing live.
-  const pid_t victim = fork_child([&] {
-    auto mine = store::open(path, manual_compaction());
-    if (!mine) return 2;
-    test_support::die_at(commit_step::locked);
-    return (*mine)->put("other", big('x')) ? 3 : 4;
-  });
-  const int status = test::wait_status(victim);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  ASSERT_NO_FATAL_FAILURE(
+      put_killed_at(path, manual_compaction(), commit_step::locked, "other", big('x')));
   ASSERT_TRUE(s->put("big", big('d')));  // the highest segment, live
   const files before = segments_of(path);
   auto c = s->compact();
@@ -386,13 +387,8 @@ TEST(KvCompact, ADeadWritersLargeValueAboveTheTailStays) {
     if (at == commit_step::marked) {
       ASSERT_TRUE(s->put("big", big));
     }
-    const pid_t writer = fork_child([&] {
-      auto mine = store::open(path, o);
-      if (!mine) return 2;
-      test_support::die_at(at);
-      return (*mine)->put("big", at == commit_step::marked ? std::string("tiny") : big) ? 3 : 4;
-    });
-    ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+    ASSERT_NO_FATAL_FAILURE(
+        put_killed_at(path, o, at, "big", at == commit_step::marked ? std::string("tiny") : big));
     ASSERT_TRUE(s->put("later", "settles the dead writer's commit"));
     // Two more segments above, so that the value's is not the highest.
     ASSERT_TRUE(s->put("other", std::string(big.size(), 'o')));
@@ -425,13 +421,7 @@ TEST(KvCompact, APendingEntrysRecordDamagedPastItsHeadStopsNoCompaction) {
     out.put('Z');
     ASSERT_TRUE(out.flush());
   }
-  const pid_t writer = fork_child([&] {
-    auto mine = store::open(path, o);
-    if (!mine) return 2;
-    test_support::die_at(commit_step::marked);
-    return (*mine)->put("v", "new") ? 3 : 4;
-  });
-  ASSERT_EQ(test::wait_exit(writer), 128 + SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(put_killed_at(path, o, commit_step::marked, "v", "new"));
   for (int i = 0; i < 2; ++i) {
     auto c = s->compact();
     ASSERT_TRUE(c) << "compaction " << i << ": " << c.error().message();
