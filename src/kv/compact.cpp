@@ -218,7 +218,7 @@ std::uint64_t store::impl::log_not_live() const noexcept {
   const std::uint64_t tail = h64(hdr::tail).load();
   const std::uint64_t used = h64(hdr::live_bytes).load() +
                              h64(hdr::live_records).load() * (sizeof(fmt::block_header) + 8) +
-                             (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail));
+                             (tail == 0 ? 0 : dir.params.segment_size - fmt::offset_of(tail));
   return log > used ? log - used : 0;
 }
 
@@ -308,7 +308,7 @@ result<void> store::impl::show_freed_room(const result<io::fs_info>& before,
 bool store::impl::compaction_due() noexcept {
   const double fraction = opts.compact_dead_fraction;
   if (fraction <= 0 || opts.read_only) return false;
-  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t dead = h64(hdr::dead_bytes).load(std::memory_order_relaxed);
   if (dead < seg_size || dead < h64(hdr::background_after).load(std::memory_order_relaxed))
     return false;
@@ -333,7 +333,7 @@ bool store::impl::compaction_due() noexcept {
 }
 
 void store::impl::compact_in_background() noexcept {
-  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t dead_before = h64(hdr::dead_bytes).load();
   auto c = compact(std::nullopt, nullptr, byte_claim::background);
   if (!c && held_elsewhere(c.error())) {
@@ -363,12 +363,6 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // slot would be some bucket pages' too, whose writers would wait for the whole run.
   if (auto b = s.take_checkpoint_byte(cd, how); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
-  // The size of the segments its copies go to, fixed for the run (see compaction_room).
-  struct segment_size_hold {
-    impl& s;
-    ~segment_size_hold() { s.compaction_segment_size.store(0, std::memory_order_relaxed); }
-  } const sized{s};
-  s.compaction_segment_size.store(s.next_segment_size(), std::memory_order_relaxed);
   compact_stats st;
   // Another compaction ran while we waited for the byte: the room it made is the caller's
   // to try first (a crowd of writers finding the volume full runs one compaction, not one
@@ -663,7 +657,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // its records' block headers were not counted). Each byte that dies since adds to *dead
     // bytes* and takes at most one segment that much closer.
     if (short_now && victims.empty() && !pinned) {
-      const std::uint64_t at = closest == UINT64_MAX ? s.next_segment_size() : closest;
+      const std::uint64_t at = closest == UINT64_MAX ? s.dir.params.segment_size : closest;
       auto below = s.h64(hdr::fruitless_below);
       below.store(0, std::memory_order_seq_cst);
       s.h64(hdr::fruitless_tail_segment).store(active, std::memory_order_seq_cst);
@@ -840,10 +834,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (!g) return std::unexpected(g.error());
     s.reconcile_rooms();  // which rooms to keep: as seg/ has them (see next_active_segment)
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
-    std::uint64_t kept_spare = 0;  // sizes (0: none kept)
-    std::uint64_t kept_deletes = 0;
+    bool kept_spare = false;
+    bool kept_deletes = false;
     std::uint64_t kept_next = 0;
-    std::uint64_t kept_next_size = 0;
     std::uint64_t freed_dead = 0;  // of the victims, as counted in *dead bytes*
     for (const std::uint64_t n : victims) {
       auto seg = s.segment_at(n);
@@ -858,22 +851,18 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       // one is there: commits that only erase then need no room from the volume, whoever
       // else fills it.
       impl::room_kept keep;
-      if (kept_spare == 0 && !s.has_room(spare_room)) {
+      if (!kept_spare && !s.has_room(spare_room)) {
         keep.as = impl::room_kept::spare;
-      } else if (kept_deletes == 0 && !s.has_room(deletes_room)) {
+      } else if (!kept_deletes && !s.has_room(deletes_room)) {
         keep.as = impl::room_kept::deletes;
       } else if (kept_next == 0 && s.abandoned_segment() == 0) {
         keep.as = impl::room_kept::next;
       }
       auto given = s.give_back_segment(n, size, keep);
       if (!given) return std::unexpected(given.error());
-      // (Each kept at the size it has: the victim's.)
-      if (given->as == impl::room_kept::spare) kept_spare = size;
-      if (given->as == impl::room_kept::deletes) kept_deletes = size;
-      if (given->as == impl::room_kept::next) {
-        kept_next = given->number;
-        kept_next_size = size;
-      }
+      if (given->as == impl::room_kept::spare) kept_spare = true;
+      if (given->as == impl::room_kept::deletes) kept_deletes = true;
+      if (given->as == impl::room_kept::next) kept_next = given->number;
       const std::uint64_t dead = size - fmt::segment_header_size > use[n].live
                                      ? size - fmt::segment_header_size - use[n].live
                                      : 0;
@@ -885,15 +874,15 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       if (given->as != impl::room_kept::volume) kept_room += size;
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
-    if (kept_spare != 0) s.h64(hdr::spare).store(kept_spare);
-    if (kept_deletes != 0) s.h64(hdr::deletes_room).store(kept_deletes);
+    if (kept_spare) s.h64(hdr::spare).store(s.dir.params.segment_size);
+    if (kept_deletes) s.h64(hdr::deletes_room).store(s.dir.params.segment_size);
     if (kept_next != 0) {
       // Listed, then entered, as a segment made: named and not listed, it is the leftover the
       // next writer adopts (adopt_named_leftover).
-      if (auto l = s.list_segment(kept_next, kept_next_size); !l) {
+      if (auto l = s.list_segment(kept_next, s.dir.params.segment_size); !l) {
         return std::unexpected(l.error());
       }
-      s.enter_segment(kept_next, kept_next_size);
+      s.enter_segment(kept_next, s.dir.params.segment_size);
     }
     s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
     // What was found before no longer holds (*dead bytes* went down by an estimate).
@@ -901,7 +890,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // And no background compaction before a segment more has died than this one left (what
     // died while it ran counts: a run that fell behind a fast writer is followed by the next).
     s.h64(hdr::background_after)
-        .store(dead_then - std::min(dead_then, freed_dead) + s.next_segment_size());
+        .store(dead_then - std::min(dead_then, freed_dead) + s.dir.params.segment_size);
   }
   s.unmap_removed_segments();
   // Near full, the room must show before the writers that wait for it retry (where other

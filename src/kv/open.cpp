@@ -725,38 +725,8 @@ store::impl::table_segments store::impl::segments_in_table() const noexcept {
   return t;
 }
 
-bool store::impl::log_segment_size(std::uint64_t size) const noexcept {
-  const std::uint64_t most = dir.params.segment_size;
-  const std::uint64_t first = dir.params.first_segment_size;
-  if (first == 0) return size == most;
-  return size >= first && size <= most && (size & (size - 1)) == 0;
-}
-
-std::uint64_t store::impl::next_segment_size(std::uint64_t at_least) const noexcept {
-  const std::uint64_t most = dir.params.segment_size;
-  std::uint64_t size = dir.params.first_segment_size;
-  if (size == 0) return most;
-  // A sixteenth of what the log holds, live and dead (the counters: asked at every commit):
-  // what the rooms and the tail's unwritten rest hold back stays a small part of a store of
-  // any size, and a large store has few segments.
-  const std::uint64_t log = h64(hdr::live_bytes).load(std::memory_order_relaxed) +
-                            h64(hdr::dead_bytes).load(std::memory_order_relaxed);
-  while (size < most && size * 2 <= log / 16)
-    size *= 2;
-  while (size < most && size < at_least)
-    size *= 2;
-  return size;
-}
-
-std::uint64_t store::impl::log_segment_size_at(std::uint64_t location) const noexcept {
-  const std::uint64_t n = fmt::segment_of(location);
-  if (n != 0 && segtab(n, 0).load() == n) return segtab(n, 1).load();
-  const std::uint64_t first = dir.params.first_segment_size;
-  return first != 0 ? first : dir.params.segment_size;
-}
-
 std::uint64_t store::impl::budget_used(room_for who) const noexcept {
-  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   std::uint64_t total =
       h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().bytes;
   // The checkpoint counts as written (a commit that finds the budget reached with nothing
@@ -788,16 +758,15 @@ std::uint64_t store::impl::budget_left(room_for who) const noexcept {
 }
 
 std::uint64_t store::impl::room_left(room_for who) const noexcept {
-  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t tail = h64(hdr::tail).load();
   const std::uint64_t left = budget_left(who);
-  return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
+  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
          (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
 }
 
 std::uint64_t store::impl::compaction_room() const noexcept {
-  const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
-  const std::uint64_t seg_size = fixed != 0 ? fixed : next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t tail = h64(hdr::tail).load();
   std::uint64_t whole = budget_left(room_for::compaction) / seg_size;
   // The volume's free space (what an unprivileged user may take: the least it may be).
@@ -807,13 +776,13 @@ std::uint64_t store::impl::compaction_room() const noexcept {
   // (the next writer that needs a segment takes it).
   const std::uint64_t spare = h64(hdr::spare).load();
   if (abandoned_segment() != 0) whole += 1;
-  return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
+  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
          (spare == 0 ? 0 : spare - fmt::segment_header_size) +
          whole * (seg_size - fmt::segment_header_size);
 }
 
 bool store::impl::short_of_room() const noexcept {
-  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   if (!check_budget(seg_size, room_for::put)) return true;
   // A spare still to make needs its room too.
   const std::uint64_t spare = h64(hdr::spare).load() == 0 ? seg_size : 0;
@@ -821,21 +790,13 @@ bool store::impl::short_of_room() const noexcept {
 }
 
 result<void> store::impl::ensure_room(const room_file& room) noexcept {
-  const std::uint64_t size = next_segment_size();
+  const std::uint64_t size = dir.params.segment_size;
   const std::string named = path + "/seg/" + room.name;
   // The word alone could be stale (a taker killed after the rename): the file says.
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto st = fs->stat_at(&dir.segments, room.name, false);
-    if (st && log_segment_size(st->size)) {
-      // One made when the log was smaller grows with it while the room is there to spare
-      // (else it stays as it is: a smaller room is still a room).
-      std::uint64_t have = st->size;
-      if (have < size && could_put(size - have)) {
-        auto g = grow_room(room, size);
-        if (!g) return std::unexpected(g.error());
-        if (*g) have = size;
-      }
-      h64(room.word).store(have);
+    if (st && st->size == size) {
+      h64(room.word).store(size);
       return {};
     }
     h64(room.word).store(0);
@@ -857,30 +818,14 @@ result<void> store::impl::ensure_room(const room_file& room) noexcept {
   return errc_error(std::errc::file_exists);
 }
 
-result<bool> store::impl::grow_room(const room_file& room, std::uint64_t size) noexcept {
-  // Made whole under a leftover's name (a lone opener removes one a user killed here left),
-  // then renamed over the room: the room is there, old or new, at every moment.
-  const std::string temp = std::string(segment_temp_prefix) + room.name;
-  const std::string named = path + "/seg/" + room.name;
-  auto r = make_whole_file(temp.c_str(), size, {});
-  if (!r) {
-    // No room to grow into (or a leftover there): the room stays as it is.
-    if (out_of_room(r.error()) || r.error() == std::errc::file_exists) return false;
-    return std::unexpected(error(r.error().code()).about(named));
-  }
-  if (auto m = fs->rename(&dir.segments, temp.c_str(), &dir.segments, room.name,
-                          io::rename_mode::replace);
-      !m) {
-    (void)io::unlink_at(dir.segments, temp.c_str());
-    return std::unexpected(m.error().about(named));
-  }
-  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
-  return true;
-}
-
 result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
+  const std::uint64_t size = dir.params.segment_size;
   const std::string named = path + "/seg/" + room.name;
-  // The word may lag the file (a maker killed after naming it): the file decides.
+  if (h64(room.word).load() == 0) {
+    // The word may lag the file (a maker killed after naming it): the file decides.
+    auto st = fs->stat_at(&dir.segments, room.name, false);
+    if (!st || st->size != size) return errc_error(std::errc::no_space_on_device);
+  }
   auto f = io::file_handle::open_at(dir.segments, room.name,
                                     io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) {
@@ -889,13 +834,6 @@ result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
       return errc_error(std::errc::no_space_on_device);
     }
     return std::unexpected(f.error().about(named));
-  }
-  auto length = f->size();
-  if (!length) return std::unexpected(length.error().about(named));
-  const auto size = static_cast<std::uint64_t>(*length);
-  if (!log_segment_size(size)) {
-    h64(room.word).store(0);  // not a room of ours (ensure_room replaces it)
-    return errc_error(std::errc::no_space_on_device);
   }
   auto picked = new_segment_number();
   if (!picked) return picked;
@@ -950,7 +888,7 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   // A reader with an index of its own may map this segment: it is only unlinked (its map
   // keeps reading what it held), neither zeroed to be kept nor truncated.
   const bool mapped_unbeknown = private_readers_present();
-  if (may_keep.as != room_kept::volume && log_segment_size(size) && !mapped_unbeknown) {
+  if (may_keep.as != room_kept::volume && size == dir.params.segment_size && !mapped_unbeknown) {
     auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
                         io::rename_mode::no_replace);
     // (A directory with no room for the longer name, ext4 full, refuses with ENOSPC: then
@@ -1017,14 +955,15 @@ void store::impl::reconcile_checkpoint_bytes() noexcept {
 void store::impl::reconcile_rooms() noexcept {
   for (const room_file* room : {&spare_room, &deletes_room}) {
     auto st = fs->stat_at(&dir.segments, room->name, false);
-    h64(room->word).store(st && log_segment_size(st->size) ? st->size : 0);
+    h64(room->word).store(st && st->size == dir.params.segment_size ? st->size : 0);
   }
 }
 
 std::uint64_t store::impl::abandoned_segment() const noexcept {
   const std::uint64_t last = h64(hdr::next_segment).load() - 1;
   const bool abandoned = last != 0 && last > fmt::segment_of(h64(hdr::tail).load()) &&
-                         segtab(last, 0).load() == last && log_segment_size(segtab(last, 1).load());
+                         segtab(last, 0).load() == last &&
+                         segtab(last, 1).load() == dir.params.segment_size;
   return abandoned ? last : 0;
 }
 
@@ -1038,7 +977,7 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   if (last == 0 || segtab(last, 0).load() != 0) return {};
   const std::string name = segment_name(last);
   auto st = fs->stat_at(&dir.segments, name.c_str(), false);
-  if (!st || !log_segment_size(st->size)) return {};
+  if (!st || st->size != dir.params.segment_size) return {};
   auto seg = segment_at(last);
   if (!seg) return {};  // not a segment of ours at all: left alone
   // Nothing written: its first block's place still zero (else it is no maker's leftover).
@@ -1049,16 +988,8 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   return {};
 }
 
-result<std::uint64_t> store::impl::next_active_segment(room_for who,
-                                                       std::uint64_t at_least) noexcept {
-  std::uint64_t seg_size = next_segment_size(at_least);
-  const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
-  if (who == room_for::compaction && fixed != 0) {
-    // Compaction's at the size its room was counted in (its copies grow the log meanwhile).
-    seg_size = fixed;
-    while (seg_size < dir.params.segment_size && seg_size < at_least)
-      seg_size *= 2;
-  }
+result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
+  const std::uint64_t seg_size = dir.params.segment_size;
   // The rooms' words as seg/ has them: a taker killed after its rename left its room's word
   // set, which counted the room twice (beside the segment made of it) against a budget, and
   // kept compaction from keeping a segment as that room again. Rooms change only under the
@@ -1148,7 +1079,7 @@ std::uint64_t store::impl::kept_free(const io::fs_info& free) const noexcept {
   // every write fault on a map, a preallocated page's too (btrfs_page_mkwrite): on a volume
   // with none left, writes through the maps crawl from fault to fault, so puts leave it a
   // segment free as well.
-  return has_room(deletes_room) && free.type != io::fs_type::btrfs ? 0 : next_segment_size();
+  return has_room(deletes_room) && free.type != io::fs_type::btrfs ? 0 : dir.params.segment_size;
 }
 
 result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
@@ -1163,9 +1094,8 @@ result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
 }
 
 result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) noexcept {
-  if (length > dir.params.segment_size - fmt::segment_header_size) {
-    return keel_error(errc::too_large);
-  }
+  const std::uint64_t seg_size = dir.params.segment_size;
+  if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
   std::atomic_ref<std::uint64_t> t(tail);
   for (;;) {
@@ -1192,8 +1122,6 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
     // waits for a segment of its own, which needs that room again.
     const bool theirs =
         who == room_for::put && at != 0 && fmt::segment_of(at) == h64(hdr::deletes_segment).load();
-    // (The tail's segment is in the table before the tail moves into it.)
-    const std::uint64_t seg_size = at == 0 ? 0 : log_segment_size_at(at);
     if (!theirs && at != 0 && fmt::offset_of(at) + length <= seg_size) {
       if (!t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) continue;
       // Crossing into the next chunk: fault in the one after it now, so that writers never
@@ -1208,7 +1136,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
-    auto n = next_active_segment(who, fmt::segment_header_size + length);
+    auto n = next_active_segment(who);
     if (!n) return std::unexpected(n.error());
     if (at != 0) {
       // What is left at the end of the old one is dead space.

@@ -16,12 +16,12 @@
 namespace keel::kv {
 
 store::impl::put_room store::impl::room_for_puts() const noexcept {
-  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t seg_size = dir.params.segment_size;
   const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
   put_room r;
   // The rest of the tail's segment, unless puts keep off it.
   if (tail != 0 && fmt::segment_of(tail) != h64(hdr::deletes_segment).load()) {
-    r.bytes = log_segment_size_at(tail) - fmt::offset_of(tail);
+    r.bytes = seg_size - fmt::offset_of(tail);
   }
   // Whole segments: a put makes one only with the spare and the deletes' room made, and
   // what check_headroom keeps free left; under a budget, the same of the budget.
@@ -180,7 +180,7 @@ std::int64_t store::impl::share(std::uint64_t room, std::int64_t cost) const noe
   // quarters that small ones fill first.
   const auto whole = static_cast<std::int64_t>(room);
   const std::int64_t quarter = whole / 4;
-  if (room <= 4 * next_segment_size() || quarter / 4 < cost) return whole;
+  if (room <= 4 * dir.params.segment_size || quarter / 4 < cost) return whole;
   return quarter;
 }
 
