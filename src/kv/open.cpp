@@ -1483,11 +1483,13 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     p->writes_refusable.store(true);
   }
   // A reader that may not write the lock or the index (a read-only filesystem, files it may
-  // only read) builds an index of its own.
+  // only read, a volume full or at its quota: btrfs refuses even a rewrite in place under a
+  // qgroup at its limit) builds an index of its own: a reader never needs to write.
   const auto may_not_write = [&](const error& e) {
     return o.read_only &&
            (e == std::errc::read_only_file_system || e == std::errc::permission_denied ||
-            e == std::errc::operation_not_permitted);
+            e == std::errc::operation_not_permitted || e == std::errc::no_space_on_device ||
+            e == std::error_code(EDQUOT, std::system_category()));
   };
   lock::memory_map::options lo;
   lo.fs = o.fs;

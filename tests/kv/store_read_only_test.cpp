@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "keel/io/fault_filesystem.hpp"
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
 #include "kv/store_impl.hpp"
@@ -176,6 +177,43 @@ TEST(KvReadOnlyReader, ReadsAStoreWhoseDirectoryItMayOnlyRead) {
   if (code == test::cannot_set_up) GTEST_SKIP() << "cannot become nobody here";
   EXPECT_EQ(code, 0) << "see the child's numbered checks";
   EXPECT_TRUE(contents(d.path().string()) == before) << "a read-only reader changed the store";
+}
+
+// A volume at its quota, or full, refuses every write (btrfs refuses even a rewrite in place
+// under a qgroup at its limit, issue 46): a reader needs none. It read nothing before (it
+// failed "lock at offset 0: Disk quota exceeded"); now it builds its index of its own, as on
+// a read-only mount.
+TEST(KvReadOnlyReader, ReadsAStoreOnAVolumeThatRefusesEveryWrite) {
+  for (const auto& [refused, rebooted] :
+       {std::pair{EDQUOT, true}, {ENOSPC, true}, {EDQUOT, false}}) {
+    SCOPED_TRACE(refused);
+    SCOPED_TRACE(rebooted ? "its lock and index to make" : "its lock and index there");
+    temp_dir d;
+    const std::string path = d.file("s");
+    make_store(path, 100, 3000);
+    if (rebooted) {
+      // As after a reboot: the next opener makes them.
+      std::filesystem::remove(path + "/lock");
+      std::filesystem::remove(path + "/index");
+    }
+    io::fault_filesystem fs(io::os());
+    fs.inject({.on = io::fs_ops::mutating(),
+               .repeat = io::fault_filesystem::fault::repeat::forever,
+               .error = refused,
+               .path_contains = path});
+    options o = read_only_options();
+    o.fs = &fs;
+    auto s = store::open(path, o);
+    ASSERT_TRUE(s) << s.error().message();
+    EXPECT_EQ(reads_as_made(**s, 100, 3000), 0);
+    // A writer is refused with what the volume says.
+    options w = test_support::small();
+    w.fs = &fs;
+    auto writer = store::open(path, w);
+    ASSERT_FALSE(writer);
+    EXPECT_EQ(writer.error(), std::error_code(refused, std::system_category()))
+        << writer.error().message();
+  }
 }
 
 // The reader opens; a writer then opens, overwrites every key and compacts the old segments

@@ -59,7 +59,8 @@ struct options {
   //! slots, and a rebuild of it when the opener is the first since a reboot.
   //!
   //! Where the lock or index file may not be written (a read-only filesystem, files or a
-  //! directory this user may only read), the opener writes nothing at all: it builds an index
+  //! directory this user may only read, a volume full or at a quota that refuses their
+  //! writes), the opener writes nothing at all: it builds an index
   //! of its own from the log, in memory (/dev/shm, else $TMPDIR or /tmp), and reads the
   //! store as it was when it opened (reopen to see later commits). It opens only while no
   //! other user has the store open (else device_or_resource_busy: the log must not move
