@@ -1500,10 +1500,16 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   if (locks) {
     p->locks = std::move(*locks);
     auto r = p->open_index();
-    if (!r && !(may_not_write(r.error()) && !p->index_file.is_open())) {
+    // (Refused room, the index may be open already: a rebuild of it could not allocate.)
+    if (!r && !(may_not_write(r.error()) && (!p->index_file.is_open() || out_of_room(r.error())))) {
       return std::unexpected(r.error().about(path + "/index"));
     }
-    if (!r) p->locks.reset();
+    if (!r) {
+      p->locks.reset();
+      // What the failed open left goes: the private index is built anew.
+      p->index_map = {};
+      p->index_file = {};
+    }
   }
   if (!p->locks) {
     p->private_index = true;

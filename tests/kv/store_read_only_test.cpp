@@ -184,14 +184,18 @@ TEST(KvReadOnlyReader, ReadsAStoreWhoseDirectoryItMayOnlyRead) {
 // failed "lock at offset 0: Disk quota exceeded"); now it builds its index of its own, as on
 // a read-only mount.
 TEST(KvReadOnlyReader, ReadsAStoreOnAVolumeThatRefusesEveryWrite) {
-  for (const auto& [refused, rebooted] :
-       {std::pair{EDQUOT, true}, {ENOSPC, true}, {EDQUOT, false}}) {
-    SCOPED_TRACE(refused);
-    SCOPED_TRACE(rebooted ? "its lock and index to make" : "its lock and index there");
+  struct refusal {
+    int error;
+    bool rebooted;      // its lock and index to make (else both there)
+    const char* where;  // the files refused (their paths contain it)
+  };
+  for (const refusal& f : {refusal{EDQUOT, true, ""}, refusal{ENOSPC, true, ""},
+                           refusal{EDQUOT, false, ""}, refusal{EDQUOT, true, "/index"}}) {
+    SCOPED_TRACE(std::to_string(f.error) + (f.rebooted ? " rebooted " : " ") + f.where);
     temp_dir d;
     const std::string path = d.file("s");
     make_store(path, 100, 3000);
-    if (rebooted) {
+    if (f.rebooted) {
       // As after a reboot: the next opener makes them.
       std::filesystem::remove(path + "/lock");
       std::filesystem::remove(path + "/index");
@@ -199,19 +203,21 @@ TEST(KvReadOnlyReader, ReadsAStoreOnAVolumeThatRefusesEveryWrite) {
     io::fault_filesystem fs(io::os());
     fs.inject({.on = io::fs_ops::mutating(),
                .repeat = io::fault_filesystem::fault::repeat::forever,
-               .error = refused,
-               .path_contains = path});
+               .error = f.error,
+               .path_contains = path + f.where});
     options o = read_only_options();
     o.fs = &fs;
-    auto s = store::open(path, o);
-    ASSERT_TRUE(s) << s.error().message();
-    EXPECT_EQ(reads_as_made(**s, 100, 3000), 0);
+    {
+      auto s = store::open(path, o);
+      ASSERT_TRUE(s) << s.error().message();
+      EXPECT_EQ(reads_as_made(**s, 100, 3000), 0);
+    }
     // A writer is refused with what the volume says.
     options w = test_support::small();
     w.fs = &fs;
     auto writer = store::open(path, w);
     ASSERT_FALSE(writer);
-    EXPECT_EQ(writer.error(), std::error_code(refused, std::system_category()))
+    EXPECT_EQ(writer.error(), std::error_code(f.error, std::system_category()))
         << writer.error().message();
   }
 }
