@@ -115,9 +115,14 @@ store::impl::~impl() {
     }
     for (std::uint32_t u = 0; u < max_slots; ++u) {
       if (!ours[u]) continue;
-      const slot_ref s = slot(u);
-      s.snapshot().store(0);
-      s.pid().store(0, std::memory_order_release);
+      // On a volume that refuses writes through the maps (btrfs at its quota) a refused
+      // write would kill the process (SIGBUS): a slot it may not write is left as a dead
+      // user's, which the next user takes back once its byte is free.
+      if (slot_write_ready(u)) {
+        const slot_ref s = slot(u);
+        s.snapshot().store(0);
+        s.pid().store(0, std::memory_order_release);
+      }
       (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
     }
   }
