@@ -111,8 +111,10 @@ INSTANTIATE_TEST_SUITE_P(
                      50},
         planted_case{mode::powerloss, workload::atomic_append,
                      base::planted_bug::atomic_append_skips_header_sync, 200},
+        // (Caught in cycles 56 to 176 of runs on an idle or a busy machine, and missed in 200
+        // once in four: a run stops at the first catch, so a larger bound costs only a miss.)
         planted_case{mode::io_errors, workload::atomic_append,
-                     base::planted_bug::atomic_append_ignores_failed_append, 200},
+                     base::planted_bug::atomic_append_ignores_failed_append, 1000},
         planted_case{mode::corrupt, workload::atomic_append,
                      base::planted_bug::atomic_append_skips_checksum, 300},
         planted_case{mode::powerloss, workload::cache, base::planted_bug::cache_skips_fsync, 100},
