@@ -407,24 +407,38 @@ TEST(KvSharedVolumeFull, DeletesNeedNoRoomForTheManifestWhereItsSlotsAreFull) {
   });
 }
 
-// A btrfs qgroup another program holds at its limit: btrfs then refuses every write, a write
-// fault on a shared map too, which raised SIGBUS (the map guard waited 20 s, then every store
-// process died of it, readers too). Each put now fails with EDQUOT before it changed
-// anything, no process dies of a signal, and once the other program's file is gone puts go
-// in again and every acknowledged one reads back. statfs cannot see the limit.
-TEST(KvQgroup, AQgroupHeldAtItsLimitFailsPutsWithoutASignal) {
+// Runs `body(sv)` in a child, with `sv` a btrfs subvolume whose qgroup is limited to 64 MiB
+// on a private loop volume of `mib` MiB; its exit code is the test's (0: passed). Skips where
+// btrfs, a loop device or qgroups are not to be had.
+template <class F>
+void on_qgroup_volume(std::size_t mib, F&& body) {
   if (const std::string why = test_support::why_no_btrfs(); !why.empty()) GTEST_SKIP() << why;
   test::temp_dir dir;
   const std::string mnt = dir.file("mnt");
   std::filesystem::create_directory(mnt);
   const pid_t child = test::fork_child([&] {
-    if (!test::mount_private_loop("btrfs", dir.file("btrfs.img"), mnt, 256 << 20).empty()) {
+    if (!test::mount_private_loop("btrfs", dir.file("btrfs.img"), mnt, mib << 20).empty()) {
       return test::cannot_set_up;
     }
     const std::string sv = mnt + "/sv";
     const std::string setup = "btrfs quota enable '" + mnt + "' && btrfs subvolume create '" + sv +
                               "' && btrfs qgroup limit 64M '" + sv + "'";
     if (std::system((setup + " >/dev/null 2>&1").c_str()) != 0) return test::cannot_set_up + 1;
+    return body(sv);
+  });
+  const int code = test::wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private btrfs here";
+  if (code == test::cannot_set_up + 1) GTEST_SKIP() << "this kernel or btrfs-progs has no qgroups";
+  EXPECT_EQ(code, 0) << "see the child's numbered checks";
+}
+
+// A btrfs qgroup another program holds at its limit: btrfs then refuses every write, a write
+// fault on a shared map too, which raised SIGBUS (the map guard waited 20 s, then every store
+// process died of it, readers too). Each put now fails with EDQUOT before it changed
+// anything, no process dies of a signal, and once the other program's file is gone puts go
+// in again and every acknowledged one reads back. statfs cannot see the limit.
+TEST(KvQgroup, AQgroupHeldAtItsLimitFailsPutsWithoutASignal) {
+  on_qgroup_volume(256, [&](const std::string& sv) {
     const std::string path = sv + "/s";
     const std::string value(1024, 'v');
     options o = small();
@@ -499,10 +513,6 @@ TEST(KvQgroup, AQgroupHeldAtItsLimitFailsPutsWithoutASignal) {
     verify_report report;
     return (*s)->verify(&report) && report.damaged.empty() ? 0 : 12;
   });
-  const int code = test::wait_exit(child);
-  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private btrfs here";
-  if (code == test::cannot_set_up + 1) GTEST_SKIP() << "this kernel or btrfs-progs has no qgroups";
-  EXPECT_EQ(code, 0) << "see the child's numbered checks";
 }
 
 // A writer whose pages were written back, open while another program takes the qgroup to
@@ -510,18 +520,7 @@ TEST(KvQgroup, AQgroupHeldAtItsLimitFailsPutsWithoutASignal) {
 // and the process died of SIGBUS (issue 46, found by review). Now a slot it may not write
 // is left as a dead user's, and the next opener with room reads everything.
 TEST(KvQgroup, AWriterClosedWhileTheQgroupIsAtItsLimitDiesOfNoSignal) {
-  if (const std::string why = test_support::why_no_btrfs(); !why.empty()) GTEST_SKIP() << why;
-  test::temp_dir dir;
-  const std::string mnt = dir.file("mnt");
-  std::filesystem::create_directory(mnt);
-  const pid_t child = test::fork_child([&] {
-    if (!test::mount_private_loop("btrfs", dir.file("btrfs.img"), mnt, 512 << 20).empty()) {
-      return test::cannot_set_up;
-    }
-    const std::string sv = mnt + "/sv";
-    const std::string setup = "btrfs quota enable '" + mnt + "' && btrfs subvolume create '" + sv +
-                              "' && btrfs qgroup limit 64M '" + sv + "'";
-    if (std::system((setup + " >/dev/null 2>&1").c_str()) != 0) return test::cannot_set_up + 1;
+  on_qgroup_volume(512, [&](const std::string& sv) {
     const std::string path = sv + "/s";
     const std::string value(3000, 'v');
     pipe_pair ready, go;
@@ -566,10 +565,6 @@ TEST(KvQgroup, AWriterClosedWhileTheQgroupIsAtItsLimitDiesOfNoSignal) {
     }
     return (*s)->verify() ? 0 : 13;
   });
-  const int code = test::wait_exit(child);
-  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot mount a private btrfs here";
-  if (code == test::cannot_set_up + 1) GTEST_SKIP() << "this kernel or btrfs-progs has no qgroups";
-  EXPECT_EQ(code, 0) << "see the child's numbered checks";
 }
 
 INSTANTIATE_TEST_SUITE_P(Volumes, KvSharedVolume,
