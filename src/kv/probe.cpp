@@ -25,8 +25,9 @@ bool same(std::span<const std::byte> a, std::span<const std::byte> b) noexcept {
 }
 
 // An entry as read: its seq first, then its location. A publish stores them the other way
-// round (location, then seq), so a settled seq comes with its location; a pending one with
-// either the previous location or the settled one, which name the same key.
+// round (location, then seq), so a settled seq comes with its own location or a newer one
+// of the same key (whose record's seq says so: a read at a snapshot walks back from it); a
+// pending one with either the previous location or the settled one, which name the same key.
 struct seen_entry {
   ix::entry_ref e{nullptr};
   std::uint64_t seq = 0;

@@ -200,10 +200,24 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
       const ix::bucket_ref b = s.table->page(page);
       for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
         const ix::entry_ref e = b.entry(k);
-        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
+        // The entry as one state, its seq read on both sides: a writer publishing meanwhile
+        // stores the location before the seq, so a seq read before it with a location read
+        // after would pair a commit older than the walk with a record newer than it. (A key
+        // taking over an entry that held nothing changes its hash while its seq and location
+        // are 0, and names a record only after marking its seq: a pair read with a location
+        // also has the hash read between them.)
+        std::uint64_t seq = 0;
+        std::uint64_t hi = 0;
+        std::uint64_t lo = 0;
+        std::uint64_t at = 0;
+        for (;;) {
+          seq = e.seq().load(std::memory_order_acquire);
+          hi = e.hi().load(std::memory_order_acquire);
+          lo = e.lo().load(std::memory_order_acquire);
+          at = e.location().load(std::memory_order_acquire);
+          if (e.seq().load(std::memory_order_acquire) == seq) break;
+        }
         if (hi == 0) continue;
-        const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-        const std::uint64_t at = e.location().load(std::memory_order_acquire);
         if ((seq & ix::pending) != 0 || at == 0) continue;  // settled when used
         auto rec = s.record_head_at(at);
         auto seg = s.segment_at(fmt::segment_of(at));
@@ -222,7 +236,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
                      "header damaged?)");
         }
         const fmt::key_hash h = s.hash_of(rec->rec.key);
-        if (h.hi != hi || h.lo != e.lo().load(std::memory_order_acquire)) {
+        if (h.hi != hi || h.lo != lo) {
           found.note((*seg)->path, fmt::offset_of(at),
                      "an index entry (page " + std::to_string(page) +
                          ") of another hash names the record of " + describe(rec->rec.key));
