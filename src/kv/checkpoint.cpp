@@ -166,8 +166,18 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_cla
   const auto busy = [] { return errc_error(std::errc::resource_unavailable_try_again); };
   // A waiter says so while it waits: background work that would take the byte from under it
   // again and again (compactions of several processes, one after another) stands aside.
+  // (A hint: not from a read-only user, nor where the volume refuses the header's write.)
   auto wanted = h64(hdr::maintenance_wanted);
-  const auto want = [&] { wanted.store(now_ns(), std::memory_order_relaxed); };
+  int may_want = -1;  // asked at the first want
+  const auto want = [&] {
+    if (may_want < 0) {
+      may_want = !opts.read_only && write_ready(index_map, base() + hdr::maintenance_wanted,
+                                                sizeof(std::uint64_t), {})
+                     ? 1
+                     : 0;
+    }
+    if (may_want == 1) wanted.store(now_ns(), std::memory_order_relaxed);
+  };
   if (how == byte_claim::background) {
     const std::uint64_t then = wanted.load(std::memory_order_relaxed);
     const std::uint64_t now = now_ns();

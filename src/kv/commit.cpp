@@ -340,6 +340,8 @@ result<void> store::impl::writable() noexcept {
 }
 
 std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
+  // Without a slot: its byte is held already (slotless_byte).
+  if (lease.slotless) return h64(hdr::visible).load(std::memory_order_seq_cst);
   // Published in the slot before it is used, so nothing it reads is reclaimed under it
   // (compaction and page reuse look at every slot's snapshot).
   const slot_ref me = slot(lease.index);
@@ -472,6 +474,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
   if (writes.empty()) return snapshot;  // a reader: serialised at its snapshot
   if (auto w = s->writable(); !w) return std::unexpected(w.error());
+  if (!lease.held()) return errc_error(std::errc::invalid_argument);  // (slotless: reads only)
   const io::countdown cd = io::deadline(s->opts.lock_timeout).start();
   std::vector<key_plan> keys;
   try {
@@ -966,7 +969,8 @@ std::uint64_t transaction::snapshot() const noexcept {
 // ---- store's one-key calls ----
 
 result<transaction> store::begin() noexcept {
-  auto lease = impl_->acquire_slot();
+  // (A read-only store's transactions only read.)
+  auto lease = impl_->acquire_slot(impl_->opts.read_only ? slot_use::reading : slot_use::writing);
   if (!lease) return std::unexpected(lease.error());
   std::unique_ptr<transaction::impl> t;
   try {
@@ -984,7 +988,7 @@ result<transaction> store::begin() noexcept {
 result<std::string> store::get(std::string_view key) noexcept {
   // A snapshot of one read: no transaction to build, nothing to remember.
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
-  auto lease = impl_->acquire_slot();
+  auto lease = impl_->acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   struct release {
     store::impl* s;

@@ -44,8 +44,12 @@ result<void> store::impl::wait_for_transactions(const io::countdown& cd) noexcep
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
+  // Readers without a slot (slotless_byte): those reading now are waited for until the byte
+  // is found free once; any that comes after began after the caller's point.
+  bool slotless = !no_slotless_readers();
   for (;;) {
-    bool older = false;
+    if (slotless) slotless = !no_slotless_readers();
+    bool older = slotless;
     for (std::uint32_t u = 0; u < max_slots; ++u) {
       if (!waiting[u]) continue;
       const slot_ref sl = slot(u);
@@ -482,7 +486,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       return {};
     };
     // Let go at the end of this block: step 6 waits for every snapshot held.
-    auto walking = snapshot_hold::take(s);
+    auto walking = snapshot_hold::take(s, slot_use::writing);
     if (!walking) return std::unexpected(walking.error());
     auto counted = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
       const ix::bucket_ref b = s.table->page(page);
@@ -777,7 +781,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // after the moves decides.
   {
     std::set<std::uint64_t> named;
-    auto hold = snapshot_hold::take(s);
+    auto hold = snapshot_hold::take(s, slot_use::writing);
     if (!hold) return std::unexpected(hold.error());
     try {
       auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {

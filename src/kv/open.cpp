@@ -201,16 +201,49 @@ void store::impl::forget_idle_slots() noexcept {
   idle_generation.store(base::fork_generation(), std::memory_order_release);
 }
 
-result<slot_lease> store::impl::acquire_slot() noexcept {
+result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
   auto lease = take_slot();
-  if (!lease) return lease;
-  // Every call writes its slot, and the header: where the volume may refuse a write fault,
-  // the call fails here instead (a reader too, there: a qgroup at its limit takes no write).
-  if (auto w = slot_write_ready(lease->index); !w) {
+  if (lease) {
+    // Every call writes its slot, and the header: where the volume may refuse a write fault,
+    // a call that would write fails here instead.
+    auto w = slot_write_ready(lease->index);
+    if (w) return lease;
     release_slot(*lease);
-    return std::unexpected(w.error());
+    lease = std::unexpected(w.error());
+  }
+  // One that only reads goes on without a slot (a qgroup at its limit takes no write).
+  if (use == slot_use::reading &&
+      (lease.error() == std::errc::no_space_on_device ||
+       lease.error() == std::error_code(EDQUOT, std::system_category()))) {
+    slots_refused_until_ms.store(now_ms() + slots_refused_ms, std::memory_order_relaxed);
+    return take_slotless();
   }
   return lease;
+}
+
+result<slot_lease> store::impl::take_slotless() noexcept {
+  unmap_removed_segments();  // as take_slot does: maps of segments removed since go first
+  base::lock_guard g(live_mutex);
+  if (auto r = ensure_live(); !r) return std::unexpected(r.error());
+  const std::uint64_t gen = base::fork_generation();
+  if (slotless_generation != gen) {  // a forked child's count is not its own
+    slotless_generation = gen;
+    slotless_readers = 0;
+  }
+  // (Shared: nobody takes it exclusively, it is only tested; a file lock needs no room.)
+  if (slotless_readers == 0) {
+    if (auto r = fs->lock(live, slotless_byte, 1, io::lock_request::shared, false); !r) {
+      return std::unexpected(r.error().about(path + "/index"));
+    }
+  }
+  ++slotless_readers;
+  return slot_lease{max_slots, gen, true};
+}
+
+bool store::impl::no_slotless_readers() noexcept {
+  // Through the index's own descriptor, not `live`: this process's readers count too.
+  auto free = fs->lock_is_free(index_file, slotless_byte, 1, io::lock_request::exclusive);
+  return free && *free;
 }
 
 result<slot_lease> store::impl::take_slot() noexcept {
@@ -291,6 +324,18 @@ result<slot_lease> store::impl::take_slot() noexcept {
 }
 
 void store::impl::release_slot(slot_lease s) noexcept {
+  if (s.slotless) {
+    base::lock_guard g(live_mutex);
+    // (One leased before a fork is the parent's: its byte is held through the parent's.)
+    if (s.generation != base::fork_generation() || slotless_generation != s.generation ||
+        slotless_readers == 0) {
+      return;
+    }
+    if (--slotless_readers == 0) {
+      (void)fs->lock(live, slotless_byte, 1, io::lock_request::unlock, false);
+    }
+    return;
+  }
   if (!s.held()) return;
   const std::uint64_t gen = base::fork_generation();
   // A slot leased before a fork is the parent's: the child forgets it and leaves it alone
@@ -465,6 +510,10 @@ std::uint64_t store::impl::reuse_horizon() noexcept {
     // again: the oldest, when it held reuse back last time too, is asked whether it lives
     // (a lock probe), and a dead one is passed over (it reads nothing any more).
     const std::uint64_t last = horizon_seen.load(std::memory_order_relaxed);
+    // A reader without a slot took the visible seq after its byte: found free after *visible*
+    // was read above, every such reader reads at or above h; found held, one may read below
+    // it, and the horizon stays where it was (each value it took was found so).
+    if (h > last && !no_slotless_readers()) return last;
     if (oldest == max_slots || h > last || round == passed.size() || !slot_owner_dead(oldest)) {
       std::uint64_t seen = last;
       while (seen < h && !horizon_seen.compare_exchange_weak(seen, h, std::memory_order_relaxed)) {
@@ -1303,9 +1352,12 @@ result<void> store::impl::open_index() noexcept {
       auto size = index_file.size();
       if (!size) return std::unexpected(size.error());
       error why;
-      auto r = header_valid(*this, static_cast<std::uint64_t>(*size), why) && index_sound()
-                   ? recover_alone()
-                   : rebuild();
+      const bool valid =
+          header_valid(*this, static_cast<std::uint64_t>(*size), why) && index_sound();
+      if (valid) {
+        if (auto w = reader_write_ready(); !w) return w;  // recover_alone writes
+      }
+      auto r = valid ? recover_alone() : rebuild();
       if (!r) return r;
       reset_ledger();  // what dead users charged is nobody's now
       // A rebuild does not know which segment was made of the deletes' room: on a volume

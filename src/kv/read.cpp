@@ -154,7 +154,7 @@ bool parse_cursor(std::string_view c, std::uint64_t& hi, std::uint64_t& lo) noex
 }  // namespace
 
 result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool keys_only) noexcept {
-  auto lease = impl_->acquire_slot();
+  auto lease = impl_->acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   const std::uint64_t snap = impl_->take_snapshot(*lease);
   struct guard {

@@ -157,6 +157,12 @@ constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's us
 constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
 // The maintenance byte: held by the one checkpointer, compactor or verifier at a time.
 constexpr off_t checkpoint_byte = open_byte + 1;
+// Held shared by a process while any of its calls reads without a slot, the volume having
+// refused the slot's write (btrfs at its quota: a reader never needs to write). Such a reader
+// takes the byte, then the visible seq: whoever finds the byte free after reading *visible*
+// knows every reader without a slot that comes later reads at or above it, as a slot's
+// snapshot says (reuse_horizon, wait_for_transactions).
+constexpr off_t slotless_byte = open_byte + 2;
 // Byte-range locks on the store file (`keel-kv`, there before any other file and after: an
 // index may be missing), held shared by readers with an index of their own
 // (store::impl::private_index): the first while one builds it from the log (an opener that
@@ -288,12 +294,18 @@ struct found_record {
   segment* seg = nullptr;
 };
 
-//! A slot this process holds (its byte locked through the liveness descriptor).
+//! A slot this process holds (its byte locked through the liveness descriptor); or, for a
+//! read the volume refused a slot's write to, none, with the slotless byte held instead.
 struct slot_lease {
   std::uint32_t index = max_slots;
   std::uint64_t generation = 0;  // the fork generation it was leased in
+  bool slotless = false;
   [[nodiscard]] bool held() const noexcept { return index < max_slots; }
 };
+
+//! What a slot is taken for: a call that may write needs one; one that only reads can do
+//! without (slotless_byte) where the volume refuses the slot's write.
+enum class slot_use : std::uint8_t { writing, reading };
 
 struct store::impl final : ix::page_source {
   impl() = default;
@@ -331,6 +343,14 @@ struct store::impl final : ix::page_source {
   std::uint64_t live_generation KEEL_GUARDED_BY(live_mutex) = 0;
   std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(live_mutex);
   std::array<bool, max_slots> ours KEEL_GUARDED_BY(live_mutex){};
+  //! This process's calls reading without a slot now (slotless_byte held through `live` while
+  //! there are any), of fork generation `slotless_generation`.
+  std::uint32_t slotless_readers KEEL_GUARDED_BY(live_mutex) = 0;
+  std::uint64_t slotless_generation KEEL_GUARDED_BY(live_mutex) = 0;
+  //! Until when (now_ms) a read goes without a slot at once: the volume refused one's write
+  //! then, and is asked again only every slots_refused_ms.
+  std::atomic<std::uint64_t> slots_refused_until_ms{0};
+  static constexpr std::uint64_t slots_refused_ms = 100;
   //! Idle slots of this process, leased and released without live_mutex (each cell holds a
   //! slot's index, or max_slots; a thread tries its own cell first). They belong to fork
   //! generation `idle_generation`: a child's copies are not its slots.
@@ -708,13 +728,20 @@ struct store::impl final : ix::page_source {
                                           std::uint64_t seq) noexcept;
   //! The liveness descriptor of this process (opened again in a forked child).
   [[nodiscard]] result<void> ensure_live() noexcept;
-  [[nodiscard]] result<slot_lease> acquire_slot() noexcept;
+  //! A slot, its pages made writable (write_ready). For `reading`, where the volume refused
+  //! that (no_space, EDQUOT), a slotless lease instead: a reader never needs to write.
+  [[nodiscard]] result<slot_lease> acquire_slot(slot_use use = slot_use::writing) noexcept;
   //! acquire_slot's search, without making the slot's pages writable.
   [[nodiscard]] result<slot_lease> take_slot() noexcept;
+  //! A slotless lease (slotless_byte held shared while this process has any).
+  [[nodiscard]] result<slot_lease> take_slotless() noexcept;
   void release_slot(slot_lease s) noexcept;
+  //! Whether no process reads without a slot now (slotless_byte free). Errors count as held.
+  [[nodiscard]] bool no_slotless_readers() noexcept;
   //! Slot `u`'s snapshot back to none (its holder's).
   void clear_snapshot(std::uint32_t u) noexcept;
-  //! Takes a snapshot (the visible seq) for the slot, published in it first.
+  //! Takes a snapshot (the visible seq) for the slot, published in it first (a slotless
+  //! lease: the visible seq, its byte already held).
   [[nodiscard]] std::uint64_t take_snapshot(slot_lease lease) noexcept;
   //! Whether a slot whose user is gone may be taken by another: idle, or a dead writer's
   //! that no settling will need any more (doc/kv-format.md, "Dead users").
@@ -972,6 +999,11 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> slot_write_ready(std::uint32_t u) noexcept;
   //! write_ready for index page `p`.
   [[nodiscard]] result<void> index_write_ready(std::uint64_t p) noexcept;
+  //! For a read-only opener, where writes_refusable: write_ready for the index's fixed pages
+  //! (the header, the slots, the segment table), which every call (its slot) and a recovery
+  //! alone write. Refused, the opener reads through an index of its own (store::open): a
+  //! reader never needs to write. Called with the index mapped and its header valid.
+  [[nodiscard]] result<void> reader_write_ready() noexcept;
   //! write_ready for the segment bytes at `location`, `n` of them.
   [[nodiscard]] result<void> segment_write_ready(std::uint64_t location, std::size_t n) noexcept;
   //! Why the volume refuses a write now (write_ready): the error of a page written to a file
@@ -1183,12 +1215,14 @@ struct maintenance_hold {
 }
 
 //! What keeps the pages a walk of the index reaches from reuse, outside a transaction: a
-//! user slot holding a snapshot (reuse_horizon); or, with every slot taken, the `directory`
-//! lock, which every split (and so every retire and reuse) needs. Let go when it goes.
+//! user slot holding a snapshot (reuse_horizon); where the volume refused the slot's write,
+//! the slotless byte; or, with every slot taken, the `directory` lock, which every split (and
+//! so every retire and reuse) needs. Let go when it goes.
 class snapshot_hold {
  public:
-  [[nodiscard]] static result<snapshot_hold> take(store::impl& s) noexcept {
-    auto lease = s.acquire_slot();
+  [[nodiscard]] static result<snapshot_hold> take(store::impl& s,
+                                                  slot_use use = slot_use::reading) noexcept {
+    auto lease = s.acquire_slot(use);
     if (!lease) {
       if (lease.error() != errc::too_many_users || !s.locks) {
         return std::unexpected(lease.error());
@@ -1209,7 +1243,7 @@ class snapshot_hold {
   snapshot_hold& operator=(const snapshot_hold&) = delete;
   snapshot_hold& operator=(snapshot_hold&&) = delete;
   ~snapshot_hold() {
-    if (s_ != nullptr && l_.held()) s_->release_slot(l_);
+    if (s_ != nullptr && (l_.held() || l_.slotless)) s_->release_slot(l_);
   }
 
  private:

@@ -66,6 +66,13 @@ result<void> store::impl::slot_write_ready(std::uint32_t u) noexcept {
   return {};
 }
 
+result<void> store::impl::reader_write_ready() noexcept {
+  if (!opts.read_only || !writes_refusable.load(std::memory_order_relaxed)) return {};
+  auto r = write_ready(index_map, base(), first_free_page * fmt::page_size, {});
+  if (!r) return std::unexpected(r.error().about(path + "/index"));
+  return {};
+}
+
 result<void> store::impl::index_write_ready(std::uint64_t p) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
   auto r = write_ready(index_map, base() + p * fmt::page_size, fmt::page_size, {});

@@ -567,6 +567,194 @@ TEST(KvQgroup, AWriterClosedWhileTheQgroupIsAtItsLimitDiesOfNoSignal) {
   });
 }
 
+// A read-only opener that comes while another program holds the qgroup at its limit: it
+// reads every key, scans and verifies, and dies of no signal, whether the store's writer has
+// it open (the opener joins it: its slot, written at every call, was refused, and every read
+// failed with EDQUOT; it now reads without one) or nobody has (its recovery of the index
+// would write: it builds an index of its own instead).
+class KvQgroupReader : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KvQgroupReader, AReadOnlyOpenerAtTheLimitReadsEverything) {
+  const bool writer_open = GetParam();
+  on_qgroup_volume(512, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(3000, 'v');
+    constexpr int keys = 4000;
+    pipe_pair ready, go;
+    const pid_t user = test::fork_child([&] {
+      ready.close_end(0);
+      go.close_end(1);
+      auto s = store::open(path);
+      if (!s) return 2;
+      for (int i = 0; i < keys; ++i) {
+        if (!(*s)->put(key_of(i), value)) return 3;
+      }
+      if (!writer_open) s->reset();
+      (void)::sync();  // its pages written back: the next store to each faults
+      if (::write(ready.fd[1], "r", 1) != 1) return 4;
+      char c = 0;
+      (void)::read(go.fd[0], &c, 1);  // open (or not), idle, until told
+      return 0;
+    });
+    ready.close_end(1);
+    go.close_end(0);
+    char c = 0;
+    if (::read(ready.fd[0], &c, 1) != 1) return 7;
+    const pid_t writer = volume_taken_by_foreign_writer(foreign_file(sv + "/foreign"));
+    if (writer < 0) return 8;
+    const pid_t reader = test::fork_child([&] {
+      options o;
+      o.read_only = true;
+      auto s = store::open(path, o);
+      if (!s) {
+        std::fprintf(stderr, "open: %s\n", s.error().message().c_str());
+        return 2;
+      }
+      for (int i = 0; i < keys; ++i) {
+        auto v = (*s)->get(key_of(i));
+        if (!v || *v != value) {
+          std::fprintf(stderr, "get %d: %s\n", i,
+                       v ? "a wrong value" : v.error().message().c_str());
+          return 3;
+        }
+      }
+      std::size_t scanned = 0;
+      for (std::string cursor;;) {
+        auto page = (*s)->scan(cursor, 1000, true);
+        if (!page) {
+          std::fprintf(stderr, "scan: %s\n", page.error().message().c_str());
+          return 4;
+        }
+        scanned += page->items.size();
+        if (page->done) break;
+        cursor = page->cursor;
+      }
+      if (scanned != keys) return 6;
+      auto verified = (*s)->verify();
+      if (!verified) {
+        std::fprintf(stderr, "verify: %s\n", verified.error().message().c_str());
+        return 5;
+      }
+      return 0;
+    });
+    const int code = test::wait_exit(reader);
+    (void)::write(go.fd[1], "g", 1);
+    const int user_code = test::wait_exit(user);
+    ::kill(writer, SIGKILL);
+    (void)test::wait_exit(writer);
+    if (code != 0) {
+      std::fprintf(stderr, "reader: %d (128 + a signal: killed by it)\n", code);
+      return 20 + code;
+    }
+    return user_code == 0 ? 0 : 40 + user_code;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WriterOpen, KvQgroupReader, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "Yes" : "No"; });
+
+// A transaction read without a slot (begun while the qgroup was at its limit) holds its
+// snapshot as a slot would: once the room is back, a writer overwrites every key and its
+// compaction waits for the transaction (timed_out at the writer's lock_timeout) instead of
+// removing the versions it reads; the transaction reads them all; once it ends, compaction
+// goes through.
+TEST(KvQgroup, AReaderWithoutASlotKeepsItsSnapshotFromCompaction) {
+  on_qgroup_volume(512, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string before(3000, 'a');
+    const std::string after(3000, 'b');
+    constexpr int keys = 2000;
+    options o;
+    o.lock_timeout = std::chrono::seconds(2);
+    o.compact_dead_fraction = 0;  // only the compactions asked for
+    pipe_pair to_writer, from_writer;
+    const auto tell = [](pipe_pair& p, char c) { return ::write(p.fd[1], &c, 1) == 1; };
+    const auto told = [](pipe_pair& p) {
+      char c = 0;
+      return ::read(p.fd[0], &c, 1) == 1 ? c : '\0';
+    };
+    const pid_t writer = test::fork_child([&] {
+      to_writer.close_end(1);
+      from_writer.close_end(0);
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      for (int i = 0; i < keys; ++i) {
+        if (!(*s)->put(key_of(i), before)) return 3;
+      }
+      (void)::sync();
+      if (!tell(from_writer, 'r') || told(to_writer) != 'g') return 4;
+      for (int i = 0; i < keys; ++i) {
+        if (!(*s)->put(key_of(i), after)) return 5;
+      }
+      auto c = (*s)->compact();
+      if (c || c.error() != std::errc::timed_out) {
+        std::fprintf(stderr, "compaction beside the reader: %s\n",
+                     c ? "removed what it reads" : c.error().message().c_str());
+        return 6;
+      }
+      if (!tell(from_writer, 'c') || told(to_writer) != 'g') return 7;
+      auto again = (*s)->compact();
+      if (!again || again->segments_removed == 0) return 8;
+      for (int i = 0; i < keys; ++i) {
+        auto v = (*s)->get(key_of(i));
+        if (!v || *v != after) return 9;
+      }
+      return 0;
+    });
+    to_writer.close_end(0);
+    from_writer.close_end(1);
+    if (told(from_writer) != 'r') return 10;
+    const pid_t foreign = volume_taken_by_foreign_writer(foreign_file(sv + "/foreign"));
+    if (foreign < 0) return 11;
+    // (Made after the foreign writer, which would hold their ends open.)
+    pipe_pair to_reader, from_reader;
+    const pid_t reader = test::fork_child([&] {
+      to_reader.close_end(1);
+      from_reader.close_end(0);
+      to_writer.close_end(1);
+      from_writer.close_end(0);
+      options ro = o;
+      ro.read_only = true;
+      auto s = store::open(path, ro);
+      if (!s) return 2;
+      auto t = (*s)->begin();
+      if (!t) {
+        std::fprintf(stderr, "begin: %s\n", t.error().message().c_str());
+        return 3;
+      }
+      const auto reads = [&] {
+        for (int i = 0; i < keys; ++i) {
+          auto v = t->get(key_of(i));
+          if (!v || *v != before) {
+            std::fprintf(stderr, "get %d: %s\n", i,
+                         v ? "a newer value" : v.error().message().c_str());
+            return false;
+          }
+        }
+        return true;
+      };
+      if (!reads()) return 4;
+      if (!tell(from_reader, 'r') || told(to_reader) != 'g') return 5;
+      if (!reads()) return 6;
+      return 0;  // the transaction ends
+    });
+    to_reader.close_end(0);
+    from_reader.close_end(1);
+    if (told(from_reader) != 'r') return 20 + test::wait_exit(reader);
+    // The room back: the writer overwrites and compacts beside the transaction.
+    ::kill(foreign, SIGKILL);
+    (void)test::wait_exit(foreign);
+    if (::unlink((sv + "/foreign").c_str()) != 0) return 12;
+    (void)::sync();
+    if (!tell(to_writer, 'g') || told(from_writer) != 'c') return 40 + test::wait_exit(writer);
+    if (!tell(to_reader, 'g')) return 13;
+    if (const int code = test::wait_exit(reader); code != 0) return 20 + code;
+    if (!tell(to_writer, 'g')) return 14;
+    if (const int code = test::wait_exit(writer); code != 0) return 40 + code;
+    return 0;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Volumes, KvSharedVolume,
                          ::testing::Values(volume{"tmpfs", 16}, volume{"ext4", 64},
                                            volume{"xfs", 300}, volume{"btrfs", 128}),
