@@ -172,7 +172,7 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_cla
   const auto want = [&] {
     if (may_want < 0) {
       may_want = !opts.read_only && write_ready(index_map, base() + hdr::maintenance_wanted,
-                                                sizeof(std::uint64_t), {})
+                                                sizeof(std::uint64_t), {}, false)
                      ? 1
                      : 0;
     }

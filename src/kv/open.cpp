@@ -202,18 +202,20 @@ void store::impl::forget_idle_slots() noexcept {
 }
 
 result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
-  auto lease = take_slot();
+  // A reader does not wait out a refusal that may be a moment's: it goes on without a slot.
+  const bool patient = use == slot_use::writing;
+  auto lease = take_slot(patient);
   if (lease) {
     // Every call writes its slot, and the header: where the volume may refuse a write fault,
     // a call that would write fails here instead.
-    auto w = slot_write_ready(lease->index);
+    auto w = slot_write_ready(lease->index, patient);
     if (w) return lease;
     release_slot(*lease);
     lease = std::unexpected(w.error());
   }
   // One that only reads goes on without a slot (a qgroup at its limit takes no write).
   if (use == slot_use::reading &&
-      (lease.error() == std::errc::no_space_on_device ||
+      (lease.error() == std::errc::no_space_on_device || lease.error() == std::errc::bad_address ||
        lease.error() == std::error_code(EDQUOT, std::system_category()))) {
     slots_refused_until_ms.store(now_ms() + slots_refused_ms, std::memory_order_relaxed);
     return take_slotless();
@@ -246,7 +248,7 @@ bool store::impl::no_slotless_readers() noexcept {
   return free && *free;
 }
 
-result<slot_lease> store::impl::take_slot() noexcept {
+result<slot_lease> store::impl::take_slot(bool patient) noexcept {
   unmap_removed_segments();
   const std::uint64_t gen = base::fork_generation();
   // The fast way: an idle slot of ours from the cells, without the mutex.
@@ -270,7 +272,7 @@ result<slot_lease> store::impl::take_slot() noexcept {
   // A slot taken is written (and a dead user's cleared first): all of them writable now
   // where the volume may refuse it.
   if (auto w = write_ready(index_map, base(),
-                           slot_first_page * fmt::page_size + max_slots * slot_size, {});
+                           slot_first_page * fmt::page_size + max_slots * slot_size, {}, patient);
       !w) {
     return std::unexpected(w.error().about(path + "/index"));
   }

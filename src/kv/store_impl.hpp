@@ -732,7 +732,7 @@ struct store::impl final : ix::page_source {
   //! that (no_space, EDQUOT), a slotless lease instead: a reader never needs to write.
   [[nodiscard]] result<slot_lease> acquire_slot(slot_use use = slot_use::writing) noexcept;
   //! acquire_slot's search, without making the slot's pages writable.
-  [[nodiscard]] result<slot_lease> take_slot() noexcept;
+  [[nodiscard]] result<slot_lease> take_slot(bool patient = true) noexcept;
   //! A slotless lease (slotless_byte held shared while this process has any).
   [[nodiscard]] result<slot_lease> take_slotless() noexcept;
   void release_slot(slot_lease s) noexcept;
@@ -994,9 +994,11 @@ struct store::impl final : ix::page_source {
   //! made for the purpose), else, after retrying for lock_timeout, bad_address (the fault
   //! was refused, a write was not), and madvise's other errors.
   [[nodiscard]] result<void> write_ready(const io::mapped_file& map, const void* p, std::size_t n,
-                                         std::string_view file) noexcept;
+                                         std::string_view file, bool patient = true) noexcept;
   //! write_ready for the index's header page and slot `u`'s page: what every call writes.
-  [[nodiscard]] result<void> slot_write_ready(std::uint32_t u) noexcept;
+  //! Not `patient`: a fault refused while a page write goes through is bad_address at once
+  //! (a reader then reads without a slot rather than wait).
+  [[nodiscard]] result<void> slot_write_ready(std::uint32_t u, bool patient = true) noexcept;
   //! write_ready for index page `p`.
   [[nodiscard]] result<void> index_write_ready(std::uint64_t p) noexcept;
   //! For a read-only opener, where writes_refusable: write_ready for the index's fixed pages

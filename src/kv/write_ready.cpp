@@ -28,7 +28,7 @@ error store::impl::why_writes_refused(std::string_view file) noexcept {
 }
 
 result<void> store::impl::write_ready(const io::mapped_file& map, const void* p, std::size_t n,
-                                      std::string_view file) noexcept {
+                                      std::string_view file, bool patient) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed) || n == 0) return {};
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - map.data());
   const auto start = std::chrono::steady_clock::now();
@@ -49,7 +49,7 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
     // backing off, for as long as a lock is waited for (what the map guard would have done).
     error why = why_writes_refused(file);
     if (why != std::errc::bad_address) return std::unexpected(why);
-    if (std::chrono::steady_clock::now() - start >= opts.lock_timeout) {
+    if (!patient || std::chrono::steady_clock::now() - start >= opts.lock_timeout) {
       return std::unexpected(why);
     }
     std::this_thread::sleep_for(pause);
@@ -57,11 +57,11 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
   }
 }
 
-result<void> store::impl::slot_write_ready(std::uint32_t u) noexcept {
+result<void> store::impl::slot_write_ready(std::uint32_t u, bool patient) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
   const std::byte* at = base() + slot_first_page * fmt::page_size + std::size_t{u} * slot_size;
-  auto r = write_ready(index_map, base(), fmt::page_size, {});
-  if (r) r = write_ready(index_map, at, slot_size, {});
+  auto r = write_ready(index_map, base(), fmt::page_size, {}, patient);
+  if (r) r = write_ready(index_map, at, slot_size, {}, patient);
   if (!r) return std::unexpected(r.error().about(path + "/index"));
   return {};
 }
