@@ -204,6 +204,32 @@ section render_space(const std::string& out, const std::vector<std::string>& spa
                                   : why_not(r),
                          "0", measured && failed == 0, measured});
     }
+    if (doc.contains("qgroup")) {
+      // btrfs only: a qgroup another program holds at its limit (statfs cannot see it).
+      const json& r = doc["qgroup"];
+      const bool measured = r.contains("workers") && !r.contains("error");
+      const std::uint64_t killed =
+          measured ? r["killed_by_signal"].get<std::uint64_t>() + r["hung"].get<std::uint64_t>()
+                   : 0;
+      targets.push_back({v + ": store processes killed by a signal (or hung) under a qgroup at "
+                             "its limit",
+                         measured
+                             ? fmt::format("{} of {}", killed, r["processes"].get<std::uint64_t>())
+                             : why_not(r),
+                         "0", measured && killed == 0, measured});
+      const double longest = number(r, "longest_call_seconds");
+      const double timeout = number(r, "lock_timeout_seconds");
+      targets.push_back({v + ": the longest call under a qgroup at its limit",
+                         measured ? fmt::format("{:.3f} s", longest) : why_not(r),
+                         fmt::format("≤ lock_timeout ({:.0f} s)", timeout),
+                         measured && longest <= timeout, measured});
+      const std::uint64_t lost = measured ? r["lost_puts"].get<std::uint64_t>() : 0;
+      targets.push_back(
+          {v + ": acknowledged puts lost, a qgroup held at its limit",
+           measured ? fmt::format("{} of {}", lost, r["acknowledged_puts"].get<std::uint64_t>())
+                    : why_not(r),
+           "0", measured && lost == 0, measured});
+    }
   }
   for (const auto& doc : docs) {
     if (!doc.contains("ledger")) continue;

@@ -19,6 +19,8 @@
 //   this one erases half, compacts and puts again (how much of the erased room it gets), the
 //   same under max_bytes (the device bytes the store takes), and erases while a foreign
 //   program keeps the volume full (how many fail; the longest);
+// - on btrfs, a qgroup another program holds at its limit: store writers and readers under
+//   it (killed by a signal, the longest call, what was refused, acknowledged puts lost);
 // - blurt, translated: rounds of many processes at once, each putting `steps` values under
 //   keys of its own in one of `dirs` key ranges, the same ranges again pass after pass (so
 //   later passes rewrite); no put may fail while the live data is far from filling the
@@ -31,6 +33,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -38,6 +41,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -46,8 +50,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_util.hpp"
@@ -77,6 +83,8 @@ struct config {
   std::size_t blurt_dirs = 9;
   std::size_t blurt_passes = 9;
   std::uint64_t blurt_mib = 0;  // 0: what the live data needs, 3.5 times over (the seed's ~30 %)
+  double qgroup_seconds = 10;   // btrfs: how long the qgroup is held at its limit
+  bool qgroup_only = false;     // btrfs: that run alone
 };
 
 std::uint64_t blurt_volume_mib(const config& c) {
@@ -590,6 +598,245 @@ json foreign_writer_run(const config& c, const std::string& mnt) {
   return j;
 }
 
+// A btrfs qgroup held at its limit (issue 46, item 3): statfs cannot see the limit, and
+// btrfs then refuses every write, a write fault on a shared map too. In a subvolume limited
+// to 64 MiB, a store a quarter full; two writers (each puts keys of its own and reads one
+// back), a reader opened before the limit and one opened at it, while a foreign program takes
+// the qgroup to its limit and holds it there for `hold` seconds, then lets go. Measured: the
+// processes killed by a signal (target 0), the longest call against lock_timeout (the
+// target: no call waits past it), the calls refused (with what) and the other failures, the
+// calls that went in once the limit was gone, and acknowledged puts that do not read back
+// after (target 0).
+constexpr std::size_t qgroup_workers = 4;
+constexpr std::size_t qgroup_max_puts = 1 << 20;
+
+struct qgroup_tally {
+  std::atomic<std::uint64_t> calls{0}, ok{0}, refused{0}, other{0}, ok_after{0}, longest_ns{0};
+  std::atomic<int> opened{0};
+  char first_refused[160]{};
+  char first_other[160]{};
+};
+
+// In memory the run's processes share (MAP_SHARED | MAP_ANONYMOUS, before the forks).
+struct qgroup_shared {
+  std::atomic<int> ready{0}, go{0}, limited{0}, released{0}, stop{0};
+  qgroup_tally tally[qgroup_workers];
+  std::atomic<std::uint64_t> puts[2]{};
+  std::atomic<std::uint8_t> acked[2][qgroup_max_puts]{};
+};
+
+void note_first(char (&to)[160], const std::string& what) {
+  if (to[0] == '\0') std::snprintf(to, sizeof to, "%s", what.c_str());
+}
+
+// One timed call: counted refused (EDQUOT, ENOSPC), other, or ok (and ok after the limit
+// was let go).
+template <class F>
+bool qgroup_call(qgroup_shared& sh, qgroup_tally& t, F&& call) {
+  const auto t0 = clock_type::now();
+  auto r = call();
+  const auto ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
+  t.calls.fetch_add(1);
+  std::uint64_t seen = t.longest_ns.load();
+  while (ns > seen && !t.longest_ns.compare_exchange_weak(seen, ns)) {
+  }
+  if (r) {
+    t.ok.fetch_add(1);
+    if (sh.released.load() != 0) t.ok_after.fetch_add(1);
+    return true;
+  }
+  if (r.error() == std::errc::no_space_on_device ||
+      r.error() == std::error_code(EDQUOT, std::system_category())) {
+    t.refused.fetch_add(1);
+    note_first(t.first_refused, r.error().message());
+  } else {
+    t.other.fetch_add(1);
+    note_first(t.first_other, r.error().message());
+  }
+  return false;
+}
+
+// Worker `w` of the qgroup run, in a child: 0 and 1 write, 2 reads from before the limit,
+// 3 opens read-only at the limit and reads.
+[[noreturn]] void qgroup_worker(qgroup_shared& sh, std::size_t w, const std::string& path,
+                                const kv::options& o, std::uint64_t keys,
+                                const std::string& value) {
+  qgroup_tally& t = sh.tally[w];
+  kv::options mine = o;
+  mine.read_only = w >= 2;
+  if (w == 3) {
+    sh.ready.fetch_add(1);
+    while (sh.limited.load() == 0 && sh.stop.load() == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::unique_ptr<kv::store> s;
+  qgroup_call(sh, t, [&]() -> result<void> {
+    auto opened = kv::store::open(path, mine);
+    if (!opened) return std::unexpected(opened.error());
+    s = std::move(*opened);
+    return {};
+  });
+  t.opened.store(s ? 1 : 0);
+  if (w != 3) sh.ready.fetch_add(1);
+  if (!s) ::_exit(0);
+  while (sh.go.load() == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::uint64_t next = 0;
+  for (std::uint64_t i = 0; sh.stop.load() == 0; ++i) {
+    if (w < 2) {
+      if (i < qgroup_max_puts) {
+        const std::string key = fmt::format("w{}-{:012}", w, i);
+        if (qgroup_call(sh, t, [&] { return s->put(key, value); })) sh.acked[w][i].store(1);
+        sh.puts[w].store(i + 1);
+      }
+    }
+    const std::string key =
+        key_of((next = next * 6364136223846793005ULL + 1442695040888963407ULL) % keys);
+    qgroup_call(sh, t, [&]() -> result<void> {
+      auto v = s->get(key);
+      if (!v) return std::unexpected(v.error());
+      if (*v != value) return std::unexpected(error(std::make_error_code(std::errc::bad_message)));
+      return {};
+    });
+  }
+  s.reset();  // its close counts too: a signal there kills it
+  ::_exit(0);
+}
+
+json qgroup_run(const config& c, const std::string& mnt, double hold) {
+  const std::string sv = mnt + "/q";
+  if (std::system(fmt::format("(btrfs quota enable '{0}' && btrfs subvolume create '{1}' && "
+                              "btrfs qgroup limit 64M '{1}') >/dev/null 2>&1",
+                              mnt, sv)
+                      .c_str()) != 0) {
+    return {{"skipped", "btrfs qgroups cannot be set up here (kernel or btrfs-progs)"}};
+  }
+  const std::string path = sv + "/s";
+  kv::options o;
+  o.segment_size = c.segment_mib << 20;
+  const std::string value(c.value_size, 'v');
+  const std::uint64_t keys = (16u << 20) / record_bytes(key_of(0).size(), c.value_size);
+  {
+    auto opened = kv::store::open(path, o);
+    if (!opened) return {{"error", "open: " + opened.error().message()}};
+    for (std::uint64_t i = 0; i < keys; ++i) {
+      if (auto r = (*opened)->put(key_of(i), value); !r) {
+        return {{"error", fmt::format("put {} before the limit: {}", i, r.error().message())}};
+      }
+    }
+  }
+  ::sync();  // the store's pages written back: the next store to each faults
+  void* mem = ::mmap(nullptr, sizeof(qgroup_shared), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return {{"error", "mmap"}};
+  auto* sh = new (mem) qgroup_shared;
+  std::vector<pid_t> pids;
+  for (std::size_t w = 0; w < qgroup_workers; ++w) {
+    const pid_t pid = ::fork();
+    if (pid == 0) qgroup_worker(*sh, w, path, o, keys, value);
+    pids.push_back(pid);
+  }
+  // (A worker that died opening never says ready: counted below, once the wait is over.)
+  const auto opening_ends = clock_type::now() + std::chrono::minutes(1);
+  while (sh->ready.load() < static_cast<int>(qgroup_workers) && clock_type::now() < opening_ends)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  sh->go.store(1);
+  int full[2];
+  if (::pipe(full) != 0) return {{"error", "pipe"}};
+  const pid_t writer = foreign_writer(sv + "/foreign", full[1]);
+  ::close(full[1]);
+  char ch = 0;
+  const bool is_full = ::read(full[0], &ch, 1) == 1;
+  ::close(full[0]);
+  const auto held_from = clock_type::now();
+  sh->limited.store(1);
+  if (is_full) std::this_thread::sleep_for(std::chrono::duration<double>(hold));
+  const double held = seconds_since(held_from);
+  ::kill(writer, SIGKILL);
+  while (::waitpid(writer, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  std::error_code ec;
+  std::filesystem::remove(sv + "/foreign", ec);
+  ::sync();  // (the qgroup learns of the room at the commit)
+  sh->released.store(1);
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // what goes in once it is let go
+  sh->stop.store(1);
+  // Each worker ends at its next call's end: one that hangs is killed after a minute, and
+  // counted so.
+  json died = json::array();
+  std::uint64_t signalled = 0, hung = 0;
+  const auto deadline = clock_type::now() + std::chrono::minutes(1);
+  for (std::size_t w = 0; w < pids.size(); ++w) {
+    int status = 0;
+    pid_t got = 0;
+    while ((got = ::waitpid(pids[w], &status, WNOHANG)) == 0 && clock_type::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (got == 0) {
+      ::kill(pids[w], SIGKILL);
+      (void)::waitpid(pids[w], &status, 0);
+      ++hung;
+      died.push_back(fmt::format("worker {} hung past a minute", w));
+    } else if (WIFSIGNALED(status)) {
+      ++signalled;
+      died.push_back(fmt::format("worker {} killed by {}", w, strsignal(WTERMSIG(status))));
+    }
+  }
+  // Every acknowledged put reads back.
+  std::uint64_t acked = 0, lost = 0;
+  std::string verified;
+  {
+    auto opened = kv::store::open(path, o);
+    if (!opened) return {{"error", "open after: " + opened.error().message()}};
+    for (std::size_t w = 0; w < 2; ++w) {
+      for (std::uint64_t i = 0; i < sh->puts[w].load(); ++i) {
+        if (sh->acked[w][i].load() == 0) continue;
+        ++acked;
+        auto v = (*opened)->get(fmt::format("w{}-{:012}", w, i));
+        if (!v || *v != value) ++lost;
+      }
+    }
+    auto v = (*opened)->verify();
+    verified = v ? "ok" : v.error().message();
+  }
+  json j;
+  static constexpr const char* roles[qgroup_workers] = {"writer", "writer", "reader opened before",
+                                                        "reader opened at the limit"};
+  double longest = 0;
+  j["workers"] = json::array();
+  for (std::size_t w = 0; w < qgroup_workers; ++w) {
+    const qgroup_tally& t = sh->tally[w];
+    json r;
+    r["role"] = roles[w];
+    r["opened"] = t.opened.load() != 0;
+    r["calls"] = t.calls.load();
+    r["ok"] = t.ok.load();
+    r["ok_after_release"] = t.ok_after.load();
+    r["refused"] = t.refused.load();
+    r["other_failures"] = t.other.load();
+    r["longest_call_seconds"] = static_cast<double>(t.longest_ns.load()) / 1e9;
+    if (t.first_refused[0] != '\0') r["first_refused"] = t.first_refused;
+    if (t.first_other[0] != '\0') r["first_other"] = t.first_other;
+    longest = std::max(longest, r["longest_call_seconds"].get<double>());
+    j["workers"].push_back(r);
+  }
+  j["limit_mib"] = 64;
+  j["held_seconds"] = held;
+  j["processes"] = qgroup_workers;
+  j["killed_by_signal"] = signalled;
+  j["hung"] = hung;
+  if (!died.empty()) j["died"] = died;
+  j["longest_call_seconds"] = longest;
+  j["lock_timeout_seconds"] = std::chrono::duration<double>(kv::options{}.lock_timeout).count();
+  j["acknowledged_puts"] = acked;
+  j["lost_puts"] = lost;
+  j["verify"] = verified;
+  if (!is_full) j["error"] = "the foreign writer never reached the limit";
+  sh->~qgroup_shared();
+  ::munmap(mem, sizeof(qgroup_shared));
+  return j;
+}
+
 // Dead versions (issue 46, item 4): a few keys (a twentieth of the volume) put over and over,
 // four volumes' worth of values, once with background compaction (the default policy) and
 // once with none (compaction only when a put finds no room): the volume's use, peak and at the
@@ -762,6 +1009,44 @@ json plain_blurt_run(const config& c, const std::string& mnt) {
   });
 }
 
+// The qgroup run's figures, for people.
+void print_qgroup(std::FILE* text, const json& q) {
+  const auto num = [](const json& j, const char* k) {
+    return j.contains(k) && j[k].is_number() ? j[k].get<double>() : -1.0;
+  };
+  if (!q.contains("workers") || q.contains("error")) {
+    std::string why = q.dump();
+    for (const char* k : {"skipped", "died", "error"}) {
+      if (q.contains(k) && q[k].is_string()) why = q[k].get<std::string>();
+    }
+    fmt::print(text, "  qgroup held at its limit    not measured: {}\n", why);
+    return;
+  }
+  fmt::print(text,
+             "  qgroup held at its limit    {:.1f} s: {} of {} processes killed by a signal, {} "
+             "hung; the longest call {:.3f} s (lock_timeout {:.0f} s); {} of {} acknowledged "
+             "puts lost; verify {}\n",
+             num(q, "held_seconds"), q["killed_by_signal"].get<std::uint64_t>(),
+             q["processes"].get<std::uint64_t>(), q["hung"].get<std::uint64_t>(),
+             num(q, "longest_call_seconds"), num(q, "lock_timeout_seconds"),
+             q["lost_puts"].get<std::uint64_t>(), q["acknowledged_puts"].get<std::uint64_t>(),
+             q["verify"].get<std::string>());
+  for (const json& w : q["workers"]) {
+    fmt::print(text,
+               "    {:<28}{}{} calls: {} ok ({} after the limit went), {} refused{}, {} other{}; "
+               "the longest {:.3f} s\n",
+               w["role"].get<std::string>(), w["opened"].get<bool>() ? "" : "(open failed) ",
+               w["calls"].get<std::uint64_t>(), w["ok"].get<std::uint64_t>(),
+               w["ok_after_release"].get<std::uint64_t>(), w["refused"].get<std::uint64_t>(),
+               w.contains("first_refused") ? " (" + w["first_refused"].get<std::string>() + ")"
+                                           : std::string(),
+               w["other_failures"].get<std::uint64_t>(),
+               w.contains("first_other") ? " (" + w["first_other"].get<std::string>() + ")"
+                                         : std::string(),
+               num(w, "longest_call_seconds"));
+  }
+}
+
 int run(const config& c) {
   std::error_code ec;
   const std::filesystem::path base =
@@ -807,6 +1092,15 @@ int run(const config& c) {
     }
     return j;
   };
+  if (c.qgroup_only) {
+    doc["qgroup"] = step("writers and readers while a qgroup is held at its limit", c.size_mib,
+                         [&](const std::string& m) { return qgroup_run(c, m, c.qgroup_seconds); });
+    std::filesystem::remove(out, ec);
+    std::filesystem::remove(mnt, ec);
+    print_qgroup(c.json_path == "-" ? stderr : stdout, doc["qgroup"]);
+    if (!c.json_path.empty() && !write_json("spacebench", c.json_path, doc)) return 1;
+    return ok && doc["qgroup"].value("killed_by_signal", std::uint64_t{0}) == 0 ? 0 : 1;
+  }
   doc["fill"] = step("fill", c.size_mib, [&](const std::string& m) { return fill_run(c, m); });
   doc["plain_files"] =
       step("plain files", c.size_mib, [&](const std::string& m) { return plain_run(c, m); });
@@ -826,6 +1120,11 @@ int run(const config& c) {
   doc["dead_versions"] =
       step("a few keys put over and over, background compaction on and off", c.size_mib,
            [&](const std::string& m) { return dead_versions_run(c, m); });
+  if (c.fs == "btrfs" && c.qgroup_seconds > 0) {
+    doc["qgroup"] = step("writers and readers while a qgroup is held at its limit", c.size_mib,
+                         [&](const std::string& m) { return qgroup_run(c, m, c.qgroup_seconds); });
+    if (doc["qgroup"].value("killed_by_signal", std::uint64_t{0}) != 0) ok = false;
+  }
   if (c.blurt_tasks != 0) {
     doc["blurt"] =
         step("blurt", blurt_volume_mib(c), [&](const std::string& m) { return blurt_run(c, m); });
@@ -964,6 +1263,7 @@ int run(const config& c) {
       fmt::print(text, "  dead versions               not measured: {}\n",
                  doc["dead_versions"].dump());
     }
+    if (doc.contains("qgroup")) print_qgroup(text, doc["qgroup"]);
     if (c.blurt_tasks != 0) {
       const json& b = doc["blurt"];
       const json& p = doc["blurt_plain"];
@@ -1030,6 +1330,11 @@ int run_spacebench_command(int argc, char** argv) {
                  "The dd test's stream: into a volume 8 times larger, and into one this large")
       ->check(CLI::Range(std::uint64_t{2}, std::uint64_t{4096}));
   app.add_option("--retries", c.retries, "Puts retried after the first no_space");
+  app.add_option("--qgroup-seconds", c.qgroup_seconds,
+                 "btrfs: how long a foreign writer holds a qgroup at its limit while store "
+                 "writers and readers work under it (0: no qgroup run)")
+      ->check(CLI::Range(0.0, 600.0));
+  app.add_flag("--qgroup-only", c.qgroup_only, "btrfs: only the qgroup run (--fs btrfs)");
   app.add_option("--blurt-tasks", c.blurt_tasks,
                  "blurt: processes at once in each round (0: no blurt run)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1000}));
@@ -1048,6 +1353,12 @@ int run_spacebench_command(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (c.qgroup_only && (c.fs != "btrfs" || c.qgroup_seconds <= 0)) {
+    fmt::print(stderr,
+               "keel-bench spacebench: --qgroup-only needs --fs btrfs and "
+               "--qgroup-seconds above 0\n");
+    return 2;
   }
   return run(c);
 }
