@@ -202,6 +202,12 @@ void store::impl::forget_idle_slots() noexcept {
 }
 
 result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
+  // Refused a moment ago: a reader does not ask again at every call (each asking writes a
+  // page of a file made for it, to learn why).
+  if (use == slot_use::reading &&
+      now_ms() < slots_refused_until_ms.load(std::memory_order_relaxed)) {
+    return take_slotless();
+  }
   // A reader does not wait out a refusal that may be a moment's: it goes on without a slot.
   const bool patient = use == slot_use::writing;
   auto lease = take_slot(patient);
@@ -367,6 +373,10 @@ void store::impl::clear_snapshot(std::uint32_t u) noexcept {
   // back because its page could not be made writable (acquire_slot) would fault here.
   const slot_ref me = slot(u);
   if (me.snapshot().load(std::memory_order_relaxed) != 0) {
+    // Its page written back since the call began, the volume may refuse the write now (a
+    // qgroup at its limit): then the snapshot stays, holding back what it held back (safe),
+    // until this slot's next call clears or replaces it, instead of a SIGBUS.
+    if (!slot_write_ready(u, false)) return;
     me.snapshot().store(0, std::memory_order_release);
   }
 }
