@@ -1,6 +1,8 @@
 #include "io/map_guard.hpp"
 
 #include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <time.h>
 
@@ -44,6 +46,15 @@ struct fault_state {
 constexpr std::int64_t new_fault_after_ns = 250'000'000;
 __attribute__((tls_model("initial-exec"))) thread_local fault_state current{0, 0, 0, 0};
 
+// This thread's escape (arm): where to, from when, and how many no_escape scopes are open.
+struct escape_state {
+  escape* to;
+  std::int64_t deadline_ns;
+  unsigned held_back;
+};
+__attribute__((tls_model("initial-exec"))) thread_local escape_state way_out{nullptr, 0, 0};
+std::atomic<std::uint64_t> escapes{0};
+
 std::int64_t now_ns() noexcept {
   timespec t{};
   ::clock_gettime(CLOCK_MONOTONIC, &t);
@@ -82,15 +93,32 @@ extern "C" void keel_map_guard_handler(int /*signo*/, siginfo_t* info, void* /*c
     return;
   }
   const std::int64_t now = now_ns();
+  const bool can_escape = way_out.to != nullptr && way_out.held_back == 0;
+  if (can_escape && now >= way_out.deadline_ns) {
+    // Past the call's deadline: back to where it armed, SIGBUS unblocked (it is blocked in
+    // here, and the jump does not restore the mask).
+    escape* const to = way_out.to;
+    way_out.to = nullptr;
+    current = {0, 0, 0, 0};
+    escapes.fetch_add(1, std::memory_order_relaxed);
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    ::pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
+    errno = saved_errno;
+    ::siglongjmp(to->at, 1);
+  }
   if (current.addr != a || now - current.last_ns > new_fault_after_ns) {
     current = {a, now, now, first_pause_ns};
-  } else if (now - current.since_ns > give_up_ns.load(std::memory_order_relaxed)) {
+  } else if (!can_escape && now - current.since_ns > give_up_ns.load(std::memory_order_relaxed)) {
     to_default();  // refused for a minute: not a moment's shortage
     errno = saved_errno;
     return;
   }
   retries.fetch_add(1, std::memory_order_relaxed);
-  const timespec pause{0, current.pause_ns};
+  std::int64_t pause_ns = current.pause_ns;
+  if (can_escape) pause_ns = std::clamp<std::int64_t>(way_out.deadline_ns - now, 1, pause_ns);
+  const timespec pause{0, pause_ns};
   ::nanosleep(&pause, nullptr);
   current.pause_ns = std::min(current.pause_ns * 2, longest_pause_ns);
   current.last_ns = now_ns();
@@ -142,6 +170,33 @@ void remove(void* addr) noexcept {
     std::uintptr_t expected = b;
     if (table[i].begin.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) return;
   }
+}
+
+void arm(escape& e, std::chrono::steady_clock::time_point deadline) noexcept {
+  way_out.deadline_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the deadline before the way
+  way_out.to = &e;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+void disarm() noexcept {
+  way_out.to = nullptr;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+no_escape::no_escape() noexcept {
+  ++way_out.held_back;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+no_escape::~no_escape() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  --way_out.held_back;
+}
+
+std::uint64_t escaped() noexcept {
+  return escapes.load(std::memory_order_relaxed);
 }
 
 std::uint64_t retried() noexcept {

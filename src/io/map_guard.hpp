@@ -20,11 +20,22 @@
 // the default action at once. An application that installs its own SIGBUS handler before
 // keel's first writable map keeps it, and the guard stays out of the way.
 //
+// A way out (`escape`): a refused fault a call cannot wait out must not kill the process
+// either. A call whose shared state survives its writer being killed at any instruction (a
+// commit: doc/kv-format.md, "Dead writers") arms an escape around the stores it makes; a
+// refused fault there, once the call's deadline has passed, jumps back to it (siglongjmp),
+// and the call goes on as its own dead writer would be settled, failing with what the volume
+// says. Nothing between the arm and the fault may need its destructor to run or hold a mutex
+// when it faults: code that does (say, a settler with vectors, under a byte lock) holds a
+// `no_escape` meanwhile, and a fault there waits as any other.
+//
 // Limits: BUS_ADRERR also reports lasting failures (an I/O error reading a page in, a file
 // cut short under its map, a quota): those now kill after 20 s instead of at once. A thread
 // that blocks SIGBUS gets the kernel's default action on a fault, guard or not. A thread
 // that unmaps a map while another faults in it was already racing; the retry makes the
 // window longer. With the table full (65 536 maps), further maps work unguarded.
+
+#include <setjmp.h>
 
 #include <chrono>
 #include <cstddef>
@@ -45,6 +56,34 @@ void remove(void* addr) noexcept;
 //! Whether the handler is installed (false: SIGBUS had another disposition first, or
 //! KEEL_MAP_GUARD=0 turned it off).
 [[nodiscard]] bool installed() noexcept;
+
+//! Where a refused fault jumps to (`arm`): filled by `sigsetjmp(e.at, 0)` in the frame that
+//! stays active until `disarm`.
+struct escape {
+  sigjmp_buf at;
+};
+
+//! From now until `disarm`, a refused fault in a guarded range that this thread still meets
+//! at `deadline` (CLOCK_MONOTONIC, the steady clock's) jumps to `e.at` (sigsetjmp returns 1),
+//! disarmed, SIGBUS unblocked; before it, faults are waited out as usual (never given up on:
+//! the escape comes first). One escape per thread: arming again replaces it.
+void arm(escape& e, std::chrono::steady_clock::time_point deadline) noexcept;
+
+//! Ends this thread's escape (a no-op when none is armed).
+void disarm() noexcept;
+
+//! While one exists on this thread, its escape is not taken: a refused fault is waited out
+//! (and given up on) as without one. For code that holds a mutex, a lock or memory.
+class no_escape {
+ public:
+  no_escape() noexcept;
+  ~no_escape();
+  no_escape(const no_escape&) = delete;
+  no_escape& operator=(const no_escape&) = delete;
+};
+
+//! Escapes this process has taken so far (for tests and stats).
+[[nodiscard]] std::uint64_t escaped() noexcept;
 
 //! How long one fault is retried before the default action (20 s unless a test shortens it).
 void set_give_up(std::chrono::nanoseconds after) noexcept;

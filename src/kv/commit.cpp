@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <bitset>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "base/per_thread.hpp"
 #include "base/planted.hpp"
 #include "base/spin.hpp"
+#include "io/map_guard.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -35,9 +37,10 @@ void step(commit_step at) noexcept {
 bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
   const std::uint64_t next = h64(hdr::next_seq).load(std::memory_order_acquire);
   if (v >= next) return false;  // not handed out yet
+  // (Nothing here needs a destructor: a commit's escape may leave from a store in here.)
   std::optional<std::uint32_t> owner;
-  std::vector<std::uint32_t> live_takers;
-  std::vector<std::uint32_t> dead_takers;
+  std::bitset<max_slots> live_takers;
+  std::bitset<max_slots> dead_takers;
   for (std::uint32_t u = 0; u < max_slots; ++u) {
     const slot_ref s = slot(u);
     const auto state = s.state().load(std::memory_order_acquire);
@@ -45,9 +48,7 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
       owner = u;
       break;
     }
-    if (state == u64(commit_state::taking)) {
-      (slot_owner_dead(u) ? dead_takers : live_takers).push_back(u);
-    }
+    if (state == u64(commit_state::taking)) (slot_owner_dead(u) ? dead_takers : live_takers).set(u);
   }
   std::uint64_t expect = v - 1;
   const auto make_visible = [&] {
@@ -77,26 +78,28 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
     if (make_visible()) free_dead_slot(*owner);
     return true;
   }
-  if (!live_takers.empty()) {
+  if (live_takers.any()) {
     if (!abandon_live) return false;  // its taker is about to say so
     // One of them took v (or will: each takes a seq from next_seq, above v) and has not
     // written it down. Every one's block is abandoned, so none of their commits happens: v
     // is a hole. One sealed meanwhile went on to write its seq: look again later.
-    for (const std::uint32_t u : live_takers) {
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      if (!live_takers.test(u)) continue;
       auto block = bytes_at(slot(u).block().load(std::memory_order_acquire));
       if (!block) return false;
       const std::uint64_t was = fmt::void_block(*block);
       if (was != 0 && was != fmt::void_seq) return false;
     }
-  } else if (dead_takers.empty()) {
+  } else if (dead_takers.none()) {
     return false;  // its taker is about to say so
   }
   // Nobody claims v and its taker will never write it: a hole.
   if (!make_visible()) return true;
   // A dead taker's seq is below the next seq as of now; once all of those are visible, none
   // is owed any more and its slot can go (free_dead_slot checks).
-  for (const std::uint32_t u : dead_takers)
-    free_dead_slot(u);
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    if (dead_takers.test(u)) free_dead_slot(u);
+  }
   return true;
 }
 
@@ -174,6 +177,34 @@ void store::impl::publish_visible(std::uint64_t seq, counter_delta d,
   if (h64(hdr::visible).compare_exchange_strong(before, seq, std::memory_order_seq_cst)) {
     wake_visible(seq);
   }
+}
+
+result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledger_hold,
+                                                  std::uint64_t seq, std::uint64_t block,
+                                                  durability d, const io::countdown& cd) noexcept {
+  forsake_slot(lease);
+  ledger_hold = nullptr;
+  auto bytes = bytes_at(block);
+  if (seq == 0 || !bytes || fmt::block_seq(*bytes) != seq) {
+    // Not sealed: never will be (only its writer seals it), so it is a hole, and the marks
+    // go back as their pages' next holders meet them.
+    error why = why_writes_refused(path + "/index");
+    if (why == std::errc::bad_address) return errc_error(std::errc::timed_out);
+    return std::unexpected(why);
+  }
+  // Made: visible once settled, which our own wait does at once (the slot's user is dead to
+  // it, and the deadline has passed), unless that too meets a refusal; then the next call of
+  // any user settles it. Either way the call succeeded.
+  io::map_guard::escape again;
+  if (sigsetjmp(again.at, 0) == 0) {
+    io::map_guard::arm(again, cd.expiry());
+    wait_visible(seq, cd);
+    io::map_guard::disarm();
+  }
+  if (d == durability::sync) {
+    if (auto r = group_sync(); !r) return std::unexpected(r.error());
+  }
+  return seq;
 }
 
 void store::impl::wake_visible(std::uint64_t seq) noexcept {
@@ -780,6 +811,22 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
         .store(0, std::memory_order_relaxed);
   }
 
+  // From the marks on, a write fault the volume refuses (btrfs at a qgroup's limit, the
+  // pages written back since they were made writable) and still refuses at our deadline
+  // jumps back here (io/map_guard.hpp, "A way out"): this commit then ends as if its writer
+  // had been killed at that store (settled by whoever meets it next, doc/kv-format.md), and
+  // the call fails with what the volume says, or, its block sealed already, returns its seq.
+  // Nothing from here to the disarm needs a destructor run; settlers that take a byte lock
+  // hold the escape back (free_dead_slot).
+  io::map_guard::escape way_out;
+  volatile std::uint64_t taken = 0;  // the seq, once taken
+  if (s->writes_refusable.load(std::memory_order_relaxed)) {
+    if (sigsetjmp(way_out.at, 0) != 0) {
+      return s->escaped_commit(lease, charged.s, taken, *L, d, cd);
+    }
+    io::map_guard::arm(way_out, cd.expiry());
+  }
+
   // 5. Mark: each written key's entry is pending on our block (new keys take an entry).
   std::uint64_t at = *L + sizeof(fmt::block_header);
   std::size_t ri = 0;
@@ -803,6 +850,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // 6. Sequence.
   me.state().store(u64(commit_state::taking), std::memory_order_seq_cst);
   const std::uint64_t seq = s->h64(hdr::next_seq).fetch_add(1, std::memory_order_seq_cst);
+  taken = seq;
   step(commit_step::took_seq);
   me.seq().store(seq, std::memory_order_seq_cst);
   me.state().store(u64(commit_state::writing), std::memory_order_seq_cst);
@@ -827,6 +875,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     s->publish_visible(seq, {0, 0, length}, cd);
     me.state().store(u64(commit_state::idle), std::memory_order_release);
+    io::map_guard::disarm();
     return errc_error(std::errc::timed_out);
   }
   step(commit_step::written);
@@ -864,6 +913,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   s->publish_visible(seq, {d_records, d_live, d_dead}, cd);
   step(commit_step::visible);
   me.state().store(u64(commit_state::idle), std::memory_order_release);
+  io::map_guard::disarm();
   (void)held.unlock();
   charged.done();
 

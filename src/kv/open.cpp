@@ -19,6 +19,7 @@
 #include "base/per_thread.hpp"
 #include "base/planted.hpp"
 #include "base/process.hpp"
+#include "io/map_guard.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -420,7 +421,9 @@ void store::impl::bury_unsealed(const slot_ref& s) noexcept {
 }
 
 void store::impl::free_dead_slot(std::uint32_t u) noexcept {
-  // Under its byte, so this never frees a slot someone just took.
+  // Under its byte, so this never frees a slot someone just took (and no commit's escape
+  // may leave with the byte held: io/map_guard.hpp).
+  const io::map_guard::no_escape held_back;
   as_dead_users_byte(u, [&] {
     const slot_ref s = slot(u);
     if (slot_reclaimable(s)) {
@@ -429,6 +432,19 @@ void store::impl::free_dead_slot(std::uint32_t u) noexcept {
       s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
     }
   });
+}
+
+void store::impl::forsake_slot(slot_lease& s) noexcept {
+  // Its byte let go and not ours any more: to every user, this process included, the slot's
+  // user is dead, and what it holds is settled as a dead writer's. The lease holds nothing.
+  if (s.held() && s.generation == base::fork_generation()) {
+    base::lock_guard g(live_mutex);
+    if (live_generation == s.generation && ours[s.index]) {
+      ours[s.index] = false;
+      (void)fs->lock(live, user_byte + s.index, 1, io::lock_request::unlock, false);
+    }
+  }
+  s.index = max_slots;
 }
 
 bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {

@@ -765,6 +765,10 @@ struct store::impl final : ix::page_source {
     f();
     (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
   }
+  //! Gives slot `s` up while this process lives on: its byte let go and no longer one of ours,
+  //! so every user (this process too) settles what it holds as a dead writer's. `s` then
+  //! holds nothing.
+  void forsake_slot(slot_lease& s) noexcept;
   //! Whether the user of slot `u` is gone (its byte is free and it is not one of ours).
   [[nodiscard]] bool slot_owner_dead(std::uint32_t u) noexcept;
 
@@ -1091,6 +1095,16 @@ struct store::impl final : ix::page_source {
   //! but too slow to wait for: a block not sealed yet is abandoned (fmt::void_block: v is a
   //! hole, and its writer's seal fails), a sealed one is made visible. Returns whether it did.
   bool settle_commit(std::uint64_t v, bool abandon_live) noexcept;
+  //! The end of a commit through `lease` whose write fault the volume refused past its
+  //! deadline (transaction::impl::commit, io/map_guard.hpp): the slot is forsaken, the
+  //! ledger's hold on it dropped (`ledger_hold` null: the charge stays, as a dead user's).
+  //! Its block at `block` sealed with seq `seq` (0: none taken): the commit is made, its seq
+  //! returned once visible (waiting no refused fault out past `cd`, the commit's deadline)
+  //! and synced for `d`. Else what the volume says (EDQUOT, ENOSPC;
+  //! timed_out when a page written now goes through).
+  result<std::uint64_t> escaped_commit(slot_lease& lease, impl*& ledger_hold, std::uint64_t seq,
+                                       std::uint64_t block, durability d,
+                                       const io::countdown& cd) noexcept;
   //! Whether another waiter on *visible* looked for a dead writer within the last 2 ms, or
   //! is looking now: else the caller's turn (it says so in the header).
   bool dead_check_is_taken() noexcept;

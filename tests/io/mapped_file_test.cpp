@@ -6,9 +6,12 @@
 #include <string>
 #include <vector>
 
+#include <pthread.h>
+#include <setjmp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <thread>
@@ -274,6 +277,58 @@ TEST(MapGuard, ARefusalThatLastsStillKillsInTheEnd) {
   if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
   EXPECT_EQ(code, 128 + SIGBUS);
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+}
+
+// An armed escape (map_guard::arm): a refusal that lasts past the call's deadline jumps back
+// to where the call armed it, instead of the default action after the give-up time; the
+// process lives on, SIGBUS unblocked, so a later refusal is waited out again.
+TEST(MapGuard, ARefusalPastAnArmedDeadlineEscapesInsteadOfKilling) {
+  temp_dir dir;
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file& m) {
+    map_guard::set_give_up(std::chrono::seconds(60));  // the escape must come first
+    if (!f.truncate(0)) return 3;
+    const std::uint64_t before = map_guard::escaped();
+    static map_guard::escape e;
+    const auto start = std::chrono::steady_clock::now();
+    if (sigsetjmp(e.at, 0) == 0) {
+      map_guard::arm(e, start + std::chrono::milliseconds(200));
+      std::atomic_ref(m.data()[page_size()]).store(std::byte{'z'});  // refused while cut
+      map_guard::disarm();
+      return 4;  // the store went through: nothing was refused
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (map_guard::escaped() != before + 1) return 5;
+    if (waited < std::chrono::milliseconds(200)) return 6;
+    // SIGBUS is not left blocked, and the escape is spent: a refusal now is waited out.
+    sigset_t mask;
+    if (::pthread_sigmask(SIG_SETMASK, nullptr, &mask) != 0 || sigismember(&mask, SIGBUS)) {
+      return 7;
+    }
+    std::thread grow = cut_for_a_moment(f, 2 * page_size(), std::chrono::milliseconds(100));
+    m.data()[page_size()] = std::byte{'y'};
+    grow.join();
+    return map_guard::escaped() == before + 1 ? 0 : 8;
+  });
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
+  EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the escape was not taken";
+}
+
+// Inside a no_escape scope the escape is not taken: the refusal is waited out and given up
+// on as without one (the code there holds something a jump would leave held).
+TEST(MapGuard, ANoEscapeScopeKeepsTheEscapeShut) {
+  temp_dir dir;
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file& m) {
+    map_guard::set_give_up(std::chrono::milliseconds(300));
+    if (!f.truncate(0)) return 3;
+    static map_guard::escape e;
+    if (sigsetjmp(e.at, 0) != 0) return 4;  // escaped: the scope did not hold it back
+    map_guard::arm(e, std::chrono::steady_clock::now());
+    const map_guard::no_escape held;
+    m.data()[page_size()] = std::byte{'z'};
+    return 5;
+  });
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
+  EXPECT_EQ(code, 128 + SIGBUS);
 }
 
 // Faults that each clear at once do not add up to the give-up time: a hot word faults again

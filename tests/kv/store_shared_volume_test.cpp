@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -24,9 +25,11 @@
 #include <utility>
 #include <vector>
 
+#include "io/map_guard.hpp"
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
 #include "kv/small_volume.hpp"
+#include "kv/store_impl.hpp"
 #include "support/process.hpp"
 
 namespace keel::kv {
@@ -652,6 +655,116 @@ TEST_P(KvQgroupReader, AReadOnlyOpenerAtTheLimitReadsEverything) {
 
 INSTANTIATE_TEST_SUITE_P(WriterOpen, KvQgroupReader, ::testing::Bool(),
                          [](const auto& p) { return p.param ? "Yes" : "No"; });
+
+// A commit whose pages the volume writes back after they were made writable and before they
+// are written: btrfs flushes a subvolume's dirty pages whenever a write meets its qgroup's
+// limit, so with another program holding the qgroup there, the commit's next store to each
+// page is refused for as long as that program holds it. The map guard waited 20 s (1 s
+// here), then the writer died of SIGBUS (issue 46, item 3; a reviewer's writers died in
+// every run). Now, once the commit's deadline (lock_timeout) has passed, the commit ends as
+// a writer killed at that store would: refused before its block was sealed (marking, taking
+// its seq), it fails with EDQUOT and nothing of it is seen; after (publishing), it succeeded.
+// The process lives on, and once room is back its next put works, every key reads back as
+// acknowledged, and verify passes. The "other program" here is the commit's own hook, which
+// fills the qgroup and syncs at the step under test.
+struct write_back_at {
+  commit_step at;
+  bool made;  // the block sealed before the refusal: the put succeeds
+};
+
+class KvQgroupWriteBack : public ::testing::TestWithParam<write_back_at> {};
+
+std::atomic<int> hook_fd{-1};
+std::atomic<commit_step> hook_at{commit_step::charged};
+
+void fill_and_write_back(commit_step at) noexcept {
+  if (at != hook_at.load()) return;
+  const int fd = hook_fd.exchange(-1);
+  if (fd < 0) return;
+  static const std::vector<char> big(64 << 10, 'f');
+  for (std::size_t chunk : {big.size(), std::size_t{4096}}) {
+    while (::write(fd, big.data(), chunk) >= 0) {
+    }
+  }
+  ::close(fd);
+  ::sync();  // the commit's pages clean: its next store to each faults
+}
+
+TEST_P(KvQgroupWriteBack, ACommitWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
+  const write_back_at p = GetParam();
+  on_qgroup_volume(256, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(100, 'v');
+    const pid_t user = test::fork_child([&] {
+      io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
+      options o = small();
+      o.lock_timeout = std::chrono::seconds(2);
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      for (int i = 0; i < 200; ++i) {
+        if (!(*s)->put(key_of(i), value)) return 3;
+      }
+      hook_fd = foreign_file(sv + "/foreign");
+      hook_at = p.at;
+      commit_hook = fill_and_write_back;
+      const auto start = std::chrono::steady_clock::now();
+      auto r = (*s)->put("mid", value);
+      const auto took = std::chrono::steady_clock::now() - start;
+      commit_hook = nullptr;
+      if (hook_fd.load() != -1) return 4;  // the hook never ran: nothing was tested
+      std::fprintf(stderr, "put: %s after %.2f s, %llu escapes\n",
+                   r ? "made" : r.error().message().c_str(),
+                   std::chrono::duration<double>(took).count(),
+                   static_cast<unsigned long long>(io::map_guard::escaped()));
+      if (io::map_guard::escaped() == 0) return 5;
+      if (p.made != static_cast<bool>(r)) return 6;
+      if (!r && r.error() != std::error_code(EDQUOT, std::system_category())) return 7;
+      // Room back: the store goes on in this process.
+      if (::unlink((sv + "/foreign").c_str()) != 0) return 9;
+      (void)::sync();
+      if (!(*s)->put("after", value)) return 10;
+      auto mid = (*s)->get("mid");
+      if (p.made ? (!mid || *mid != value) : (mid || mid.error() != errc::not_found)) return 11;
+      for (int i = 0; i < 200; ++i) {
+        auto v = (*s)->get(key_of(i));
+        if (!v || *v != value) return 12;
+      }
+      verify_report report;
+      if (!(*s)->verify(&report) || !report.damaged.empty()) return 13;
+      return 0;
+    });
+    const int code = test::wait_exit(user);
+    if (code != 0) std::fprintf(stderr, "user: %d (128 + a signal: killed by it)\n", code);
+    if (code != 0) return 20 + code;
+    // And a new opener sees the same.
+    auto s = store::open(path);
+    if (!s) return 14;
+    auto mid = (*s)->get("mid");
+    if (p.made ? (!mid || *mid != value) : (mid || mid.error() != errc::not_found)) return 15;
+    return (*s)->verify() ? 0 : 16;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, KvQgroupWriteBack,
+                         ::testing::Values(write_back_at{commit_step::marked, false},
+                                           write_back_at{commit_step::took_seq, false},
+                                           write_back_at{commit_step::recorded, false},
+                                           write_back_at{commit_step::written, true},
+                                           write_back_at{commit_step::published, true}),
+                         [](const auto& i) {
+                           switch (i.param.at) {
+                             case commit_step::marked:
+                               return std::string("Marked");
+                             case commit_step::took_seq:
+                               return std::string("TookSeq");
+                             case commit_step::recorded:
+                               return std::string("Recorded");
+                             case commit_step::written:
+                               return std::string("Written");
+                             default:
+                               return std::string("Published");
+                           }
+                         });
 
 // A read-only transaction begun with room holds a slot; the qgroup then reaches its limit
 // and the slot's page is written back: the transaction's end cleared its snapshot through
