@@ -44,6 +44,9 @@ struct fault_state {
   std::int64_t pause_ns;
 };
 constexpr std::int64_t new_fault_after_ns = 250'000'000;
+// How long a fault is retried before an escape, even past the call's deadline: a refusal
+// for the moment btrfs flushes its reservations goes through within it.
+constexpr std::int64_t escape_floor_ns = 100'000'000;
 __attribute__((tls_model("initial-exec"))) thread_local fault_state current{0, 0, 0, 0};
 
 // This thread's escape (arm): where to, from when, and how many no_escape scopes are open.
@@ -93,10 +96,16 @@ extern "C" void keel_map_guard_handler(int /*signo*/, siginfo_t* info, void* /*c
     return;
   }
   const std::int64_t now = now_ns();
+  if (current.addr != a || now - current.last_ns > new_fault_after_ns) {
+    current = {a, now, now, first_pause_ns};
+  }
+  const std::int64_t lasted = now - current.since_ns;
+  const bool given_up = lasted > give_up_ns.load(std::memory_order_relaxed);
   const bool can_escape = way_out.to != nullptr && way_out.held_back == 0;
-  if (can_escape && now >= way_out.deadline_ns) {
-    // Past the call's deadline: back to where it armed, SIGBUS unblocked (it is blocked in
-    // here, and the jump does not restore the mask).
+  // Past the call's deadline (or the give-up time), and refused for a while, not for the
+  // moment btrfs takes to flush its reservations: back to where the call armed, SIGBUS
+  // unblocked (it is blocked in here, and the jump does not restore the mask).
+  if (can_escape && (now >= way_out.deadline_ns || given_up) && lasted >= escape_floor_ns) {
     escape* const to = way_out.to;
     way_out.to = nullptr;
     current = {0, 0, 0, 0};
@@ -108,16 +117,18 @@ extern "C" void keel_map_guard_handler(int /*signo*/, siginfo_t* info, void* /*c
     errno = saved_errno;
     ::siglongjmp(to->at, 1);
   }
-  if (current.addr != a || now - current.last_ns > new_fault_after_ns) {
-    current = {a, now, now, first_pause_ns};
-  } else if (!can_escape && now - current.since_ns > give_up_ns.load(std::memory_order_relaxed)) {
+  if (!can_escape && given_up) {
     to_default();  // refused for a minute: not a moment's shortage
     errno = saved_errno;
     return;
   }
   retries.fetch_add(1, std::memory_order_relaxed);
   std::int64_t pause_ns = current.pause_ns;
-  if (can_escape) pause_ns = std::clamp<std::int64_t>(way_out.deadline_ns - now, 1, pause_ns);
+  if (can_escape) {
+    const std::int64_t until =
+        std::max(way_out.deadline_ns, current.since_ns + escape_floor_ns) - now;
+    pause_ns = std::clamp<std::int64_t>(until, 1, pause_ns);
+  }
   const timespec pause{0, pause_ns};
   ::nanosleep(&pause, nullptr);
   current.pause_ns = std::min(current.pause_ns * 2, longest_pause_ns);

@@ -64,9 +64,10 @@ struct escape {
 };
 
 //! From now until `disarm`, a refused fault in a guarded range that this thread still meets
-//! at `deadline` (CLOCK_MONOTONIC, the steady clock's) jumps to `e.at` (sigsetjmp returns 1),
-//! disarmed, SIGBUS unblocked; before it, faults are waited out as usual (never given up on:
-//! the escape comes first). One escape per thread: arming again replaces it.
+//! at `deadline` (CLOCK_MONOTONIC, the steady clock's), or past the give-up time, and that
+//! has been refused for at least 100 ms, jumps to `e.at` (sigsetjmp returns 1), disarmed,
+//! SIGBUS unblocked; until then faults are waited out as usual (never given up on: the
+//! escape comes first). One escape per thread: arming again replaces it.
 void arm(escape& e, std::chrono::steady_clock::time_point deadline) noexcept;
 
 //! Ends this thread's escape (a no-op when none is armed).

@@ -201,6 +201,12 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
     wait_visible(seq, cd);
     io::map_guard::disarm();
   }
+  // Its segment's dirty bit may never have been set after the block landed (the refusal
+  // may have been that very store): synced here, so that no later sync claims it without
+  // it being on disk. Failed, the error is the call's (never retried).
+  auto seg = segment_at(fmt::segment_of(block));
+  if (!seg) return std::unexpected(seg.error());
+  if (auto r = (*seg)->sync(); !r) return std::unexpected(r.error());
   if (d == durability::sync) {
     if (auto r = group_sync(); !r) return std::unexpected(r.error());
   }
@@ -822,6 +828,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   volatile std::uint64_t taken = 0;  // the seq, once taken
   if (s->writes_refusable.load(std::memory_order_relaxed)) {
     if (sigsetjmp(way_out.at, 0) != 0) {
+      (void)held.unlock();  // (the locks live in memory no volume refuses)
       return s->escaped_commit(lease, charged.s, taken, *L, d, cd);
     }
     io::map_guard::arm(way_out, cd.expiry());

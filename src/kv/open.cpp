@@ -411,7 +411,10 @@ void store::impl::bury_unsealed(const slot_ref& s) noexcept {
   const std::uint64_t at = s.block().load(std::memory_order_acquire);
   if (length == 0 || at == 0) return;
   auto bytes = bytes_at(at);
-  if (!opts.read_only && bytes && fmt::bury_block(*bytes, length, salt)) return;
+  if (!opts.read_only && bytes && segment_write_ready(at, length, false) &&
+      fmt::bury_block(*bytes, length, salt)) {
+    return;
+  }
   if (bytes && fmt::block_seq(*bytes) != 0 && fmt::block_seq(*bytes) != fmt::void_seq) return;
   // Not buried (read-only, or its segment cannot be reached now): no close may record it as
   // durable; the next writable rebuild steps over it above durable below.
@@ -423,9 +426,12 @@ void store::impl::bury_unsealed(const slot_ref& s) noexcept {
 void store::impl::free_dead_slot(std::uint32_t u) noexcept {
   // Under its byte, so this never frees a slot someone just took (and no commit's escape
   // may leave with the byte held: io/map_guard.hpp).
-  const io::map_guard::no_escape held_back;
+  // Its pages writable first (a commit's escape leaves its slot and block to whoever settles
+  // them, often while the volume still refuses it): refused, the slot stays a dead user's,
+  // reclaimed later, instead of a SIGBUS here.
   as_dead_users_byte(u, [&] {
     const slot_ref s = slot(u);
+    if (!slot_write_ready(u, false)) return;
     if (slot_reclaimable(s)) {
       bury_unsealed(s);
       s.snapshot().store(0);
@@ -448,6 +454,7 @@ void store::impl::forsake_slot(slot_lease& s) noexcept {
 }
 
 bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
+  const io::map_guard::no_escape held_back;
   base::lock_guard g(live_mutex);
   if (!ensure_live()) return false;
   if (ours[u]) return false;
@@ -669,6 +676,7 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
       return s;
     }
   }
+  const io::map_guard::no_escape held_back;  // no escape leaves the mutex held
   base::lock_guard g(segments_mutex);
   chunk = segment_chunks[number >> chunk_bits].load(std::memory_order_acquire);
   if (chunk == nullptr) {

@@ -25,6 +25,7 @@
 
 #include "base/format_header.hpp"
 #include "base/thread_safety.hpp"
+#include "io/map_guard.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/io/mapped_file.hpp"
@@ -759,6 +760,7 @@ struct store::impl final : ix::page_source {
   //! dead user nor a new one (who would hold the byte).
   template <class F>
   void as_dead_users_byte(std::uint32_t u, F&& f) noexcept {
+    const io::map_guard::no_escape held_back;  // no commit's escape leaves these held
     base::lock_guard g(live_mutex);
     if (!ensure_live() || ours[u]) return;
     if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
@@ -1011,7 +1013,8 @@ struct store::impl final : ix::page_source {
   //! reader never needs to write. Called with the index mapped and its header valid.
   [[nodiscard]] result<void> reader_write_ready() noexcept;
   //! write_ready for the segment bytes at `location`, `n` of them.
-  [[nodiscard]] result<void> segment_write_ready(std::uint64_t location, std::size_t n) noexcept;
+  [[nodiscard]] result<void> segment_write_ready(std::uint64_t location, std::size_t n,
+                                                 bool patient = true) noexcept;
   //! Why the volume refuses a write now (write_ready): the error of a page written to a file
   //! of our own, made for it and gone at once; bad_address about `file` when it was written.
   [[nodiscard]] error why_writes_refused(std::string_view file) noexcept;

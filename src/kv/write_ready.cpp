@@ -80,13 +80,14 @@ result<void> store::impl::index_write_ready(std::uint64_t p) noexcept {
   return {};
 }
 
-result<void> store::impl::segment_write_ready(std::uint64_t location, std::size_t n) noexcept {
+result<void> store::impl::segment_write_ready(std::uint64_t location, std::size_t n,
+                                              bool patient) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
   auto s = segment_at(fmt::segment_of(location));
   if (!s) return std::unexpected(s.error());
   const std::uint64_t off = fmt::offset_of(location);
   if (off >= (*s)->size || n > (*s)->size - off) return keel_error(errc::corrupt);
-  return write_ready((*s)->map, (*s)->map.data() + off, n, (*s)->path.view());
+  return write_ready((*s)->map, (*s)->map.data() + off, n, (*s)->path.view(), patient);
 }
 
 }  // namespace keel::kv
