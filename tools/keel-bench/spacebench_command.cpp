@@ -472,13 +472,18 @@ pid_t idle_opener(const std::string& path, const kv::options& o, const std::stri
 
 // A process that appends to `path` until the volume refuses, tells `full`, then takes every
 // block that comes free until killed.
-pid_t foreign_writer(const std::string& path, int full) {
+// With `pulses`, the writer does not hold the volume full: each time it is, it waits a
+// while (10 to 300 ms), gives all it wrote back (truncates and syncs, so a btrfs qgroup
+// learns of the room), counts one in `*pulses` and fills again.
+pid_t foreign_writer(const std::string& path, int full,
+                     std::atomic<std::uint64_t>* pulses = nullptr) {
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_APPEND, 0600);
   if (fd < 0) ::_exit(2);
   static const std::vector<char> big(64 << 10, 'f');
   bool told = false;
+  std::uint64_t next = static_cast<std::uint64_t>(::getpid());
   for (;;) {
     ssize_t w = ::write(fd, big.data(), big.size());
     if (w < 0 && (errno == ENOSPC || errno == EDQUOT)) w = ::write(fd, big.data(), 4096);
@@ -488,7 +493,14 @@ pid_t foreign_writer(const std::string& path, int full) {
       told = true;
       if (::write(full, "f", 1) != 1) ::_exit(4);
     }
-    ::sched_yield();
+    if (pulses == nullptr) {
+      ::sched_yield();
+      continue;
+    }
+    next = next * 6364136223846793005ULL + 1442695040888963407ULL;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 + (next >> 33) % 291));
+    if (::ftruncate(fd, 0) != 0 || ::syncfs(fd) != 0) ::_exit(5);
+    pulses->fetch_add(1);
   }
 }
 
@@ -600,15 +612,19 @@ json foreign_writer_run(const config& c, const std::string& mnt) {
 
 // A btrfs qgroup held at its limit (issue 46, item 3): statfs cannot see the limit, and
 // btrfs then refuses every write, a write fault on a shared map too. In a subvolume limited
-// to 64 MiB, a store a quarter full; two writers (each puts keys of its own and reads one
-// back), a reader opened before the limit and one opened at it, while a foreign program takes
-// the qgroup to its limit and holds it there for `hold` seconds, then lets go. Measured: the
-// processes killed by a signal (target 0), the longest call against lock_timeout (the
-// target: no call waits past it), the calls refused (with what) and the other failures, the
-// calls that went in once the limit was gone, and acknowledged puts that do not read back
-// after (target 0).
+// to 64 MiB, a store a quarter full; two writers (each puts a set of keys of its own over and
+// over, and reads one back), a reader opened before the limit and one opened at it, while a
+// foreign program takes the qgroup to its limit and holds it there for `hold` seconds; then
+// for `hold` seconds more it fills the qgroup, waits a moment and gives the room back, over
+// and over (so btrfs writes back the store's pages at the limit while its writers store into
+// them); then it lets go. Measured: the processes killed by a signal (target 0), the longest
+// call against lock_timeout (the target: no call waits past it), the calls refused (with
+// what) and the other failures, the calls that went in once the limit was gone, and
+// acknowledged puts that do not read back after (target 0).
 constexpr std::size_t qgroup_workers = 4;
-constexpr std::size_t qgroup_max_puts = 1 << 20;
+// Keys each writer puts over and over (4 MiB of 1 KiB values): its log's dead versions need
+// compaction while the qgroup is at its limit.
+constexpr std::size_t qgroup_max_puts = 4096;
 
 struct qgroup_tally {
   std::atomic<std::uint64_t> calls{0}, ok{0}, refused{0}, other{0}, ok_after{0}, longest_ns{0};
@@ -620,6 +636,7 @@ struct qgroup_tally {
 // In memory the run's processes share (MAP_SHARED | MAP_ANONYMOUS, before the forks).
 struct qgroup_shared {
   std::atomic<int> ready{0}, go{0}, limited{0}, released{0}, stop{0};
+  std::atomic<std::uint64_t> pulses{0};
   qgroup_tally tally[qgroup_workers];
   std::atomic<std::uint64_t> puts[2]{};
   std::atomic<std::uint8_t> acked[2][qgroup_max_puts]{};
@@ -685,11 +702,10 @@ bool qgroup_call(qgroup_shared& sh, qgroup_tally& t, F&& call) {
   std::uint64_t next = 0;
   for (std::uint64_t i = 0; sh.stop.load() == 0; ++i) {
     if (w < 2) {
-      if (i < qgroup_max_puts) {
-        const std::string key = fmt::format("w{}-{:012}", w, i);
-        if (qgroup_call(sh, t, [&] { return s->put(key, value); })) sh.acked[w][i].store(1);
-        sh.puts[w].store(i + 1);
-      }
+      const std::uint64_t k = i % qgroup_max_puts;
+      const std::string key = fmt::format("w{}-{:012}", w, k);
+      if (qgroup_call(sh, t, [&] { return s->put(key, value); })) sh.acked[w][k].store(1);
+      if (i < qgroup_max_puts) sh.puts[w].store(i + 1);
     }
     const std::string key =
         key_of((next = next * 6364136223846793005ULL + 1442695040888963407ULL) % keys);
@@ -758,6 +774,21 @@ json qgroup_run(const config& c, const std::string& mnt, double hold) {
   }
   std::error_code ec;
   std::filesystem::remove(sv + "/foreign", ec);
+  double pulsed = 0;
+  if (is_full) {
+    int unused[2];
+    if (::pipe(unused) != 0) return {{"error", "pipe"}};
+    const auto pulsed_from = clock_type::now();
+    const pid_t pulser = foreign_writer(sv + "/foreign", unused[1], &sh->pulses);
+    ::close(unused[1]);
+    std::this_thread::sleep_for(std::chrono::duration<double>(hold));
+    ::kill(pulser, SIGKILL);
+    while (::waitpid(pulser, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    ::close(unused[0]);
+    pulsed = seconds_since(pulsed_from);
+    std::filesystem::remove(sv + "/foreign", ec);
+  }
   ::sync();  // (the qgroup learns of the room at the commit)
   sh->released.store(1);
   std::this_thread::sleep_for(std::chrono::seconds(2));  // what goes in once it is let go
@@ -822,6 +853,8 @@ json qgroup_run(const config& c, const std::string& mnt, double hold) {
   }
   j["limit_mib"] = 64;
   j["held_seconds"] = held;
+  j["pulsed_seconds"] = pulsed;
+  j["pulses"] = sh->pulses.load();
   j["processes"] = qgroup_workers;
   j["killed_by_signal"] = signalled;
   j["hung"] = hung;
@@ -1023,14 +1056,14 @@ void print_qgroup(std::FILE* text, const json& q) {
     return;
   }
   fmt::print(text,
-             "  qgroup held at its limit    {:.1f} s: {} of {} processes killed by a signal, {} "
-             "hung; the longest call {:.3f} s (lock_timeout {:.0f} s); {} of {} acknowledged "
-             "puts lost; verify {}\n",
-             num(q, "held_seconds"), q["killed_by_signal"].get<std::uint64_t>(),
-             q["processes"].get<std::uint64_t>(), q["hung"].get<std::uint64_t>(),
-             num(q, "longest_call_seconds"), num(q, "lock_timeout_seconds"),
-             q["lost_puts"].get<std::uint64_t>(), q["acknowledged_puts"].get<std::uint64_t>(),
-             q["verify"].get<std::string>());
+             "  qgroup held at its limit    {:.1f} s, then filled and freed {:.0f} times in "
+             "{:.1f} s: {} of {} processes killed by a signal, {} hung; the longest call "
+             "{:.3f} s (lock_timeout {:.0f} s); {} of {} acknowledged puts lost; verify {}\n",
+             num(q, "held_seconds"), num(q, "pulses"), num(q, "pulsed_seconds"),
+             q["killed_by_signal"].get<std::uint64_t>(), q["processes"].get<std::uint64_t>(),
+             q["hung"].get<std::uint64_t>(), num(q, "longest_call_seconds"),
+             num(q, "lock_timeout_seconds"), q["lost_puts"].get<std::uint64_t>(),
+             q["acknowledged_puts"].get<std::uint64_t>(), q["verify"].get<std::string>());
   for (const json& w : q["workers"]) {
     fmt::print(text,
                "    {:<28}{}{} calls: {} ok ({} after the limit went), {} refused{}, {} other{}; "
@@ -1331,7 +1364,8 @@ int run_spacebench_command(int argc, char** argv) {
       ->check(CLI::Range(std::uint64_t{2}, std::uint64_t{4096}));
   app.add_option("--retries", c.retries, "Puts retried after the first no_space");
   app.add_option("--qgroup-seconds", c.qgroup_seconds,
-                 "btrfs: how long a foreign writer holds a qgroup at its limit while store "
+                 "btrfs: how long a foreign writer holds a qgroup at its limit, then as long "
+                 "filling and freeing it, while store "
                  "writers and readers work under it (0: no qgroup run)")
       ->check(CLI::Range(0.0, 600.0));
   app.add_flag("--qgroup-only", c.qgroup_only, "btrfs: only the qgroup run (--fs btrfs)");
