@@ -83,6 +83,20 @@ class no_escape {
   no_escape& operator=(const no_escape&) = delete;
 };
 
+//! Runs `stores` with an escape armed until `deadline` (on this thread, where none is armed
+//! already: it is disarmed after). True once they all ran; false when a refused fault among
+//! them escaped, some of them perhaps landed. `stores` may only store to guarded maps and
+//! compute: nothing in it may need a destructor run or hold a mutex, a lock or memory.
+template <class F>
+[[nodiscard]] bool run_escapable(std::chrono::steady_clock::time_point deadline,
+                                 F&& stores) noexcept {
+  escape e;
+  if (sigsetjmp(e.at, 0) != 0) return false;
+  arm(e, deadline);
+  stores();
+  disarm();
+  return true;
+}
 //! Escapes this process has taken so far (for tests and stats).
 [[nodiscard]] std::uint64_t escaped() noexcept;
 

@@ -188,9 +188,7 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
   if (seq == 0 || !bytes || fmt::block_seq(*bytes) != seq) {
     // Not sealed: never will be (only its writer seals it), so it is a hole, and the marks
     // go back as their pages' next holders meet them.
-    error why = why_writes_refused(path + "/index");
-    if (why == std::errc::bad_address) return errc_error(std::errc::timed_out);
-    return std::unexpected(why);
+    return std::unexpected(index_write_refusal());
   }
   // Made: visible once settled, which our own wait does at once (the slot's user is dead to
   // it, and the deadline has passed), unless that too meets a refusal; then the next call of
@@ -246,13 +244,29 @@ void store::impl::gather_sync_batch() noexcept {
 }
 
 result<void> store::impl::group_sync(bool every_segment) noexcept {
+  const io::countdown cd = io::deadline(opts.lock_timeout).start();
+  // Its stores to the header escape a write fault the volume still refuses at the deadline
+  // (btrfs at a qgroup's limit: io/map_guard.hpp): the call then fails with what the volume
+  // says, the commit visible but not known to be durable. A leader that escapes is a dead
+  // leader to the next (sync_started ahead of sync_done: it syncs every segment).
+  const auto stored = [&](auto&& stores) {
+    if (!writes_refusable.load(std::memory_order_relaxed)) {
+      stores();
+      return true;
+    }
+    return io::map_guard::run_escapable(cd.expiry(), stores);
+  };
   // Everything this commit depends on is written (every seq up to ours is visible): a sync
   // that starts from now on covers it.
-  h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
-  const std::uint64_t s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
+  std::uint64_t s = 0;
+  if (!stored([&] {
+        h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
+        s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
+      })) {
+    return std::unexpected(index_write_refusal());
+  }
   step(commit_step::sync_waiting);
   auto* const done_word = futex_word(hdr::sync_done);
-  const io::countdown cd = io::deadline(opts.lock_timeout).start();
   for (;;) {
     const std::uint64_t done = h64(hdr::sync_done).load(std::memory_order_acquire);
     if (done > s) break;
@@ -269,20 +283,33 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
       continue;
     }
     if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
-    gather_sync_batch();
-    const auto began = clock::now();
-    // A leader before us that started and never finished died, maybe after clearing dirty
-    // words and before syncing: then sync every segment, dirty or not.
-    const bool all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
-    const std::uint64_t mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
+    // A leader whose header stores escaped: gone as a dead one (the lock let go, no wake).
+    const auto refused = [&] {
+      (void)g->unlock();
+      base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
+      return std::unexpected(index_write_refusal());
+    };
+    clock::time_point began{};
+    bool all = false;
+    std::uint64_t mine = 0;
     // Each entry whose dirty bit is set, or every entry in use (each segment has an entry of
     // its own: make_segment skips numbers whose entry a live segment holds).
     std::array<std::uint64_t, dirty_words> taken{};
-    for (std::uint64_t w = 0; w < dirty_words; ++w) {
-      const auto word = dirty_word(w * 64);
-      if (word.load(std::memory_order_seq_cst) != 0)
-        taken[w] = word.exchange(0, std::memory_order_seq_cst);
-      if (all) taken[w] = ~std::uint64_t{0};
+    if (!stored([&] {
+          gather_sync_batch();
+          began = clock::now();
+          // A leader before us that started and never finished died, maybe after clearing
+          // dirty words and before syncing: then sync every segment, dirty or not.
+          all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
+          mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
+          for (std::uint64_t w = 0; w < dirty_words; ++w) {
+            const auto word = dirty_word(w * 64);
+            if (word.load(std::memory_order_seq_cst) != 0)
+              taken[w] = word.exchange(0, std::memory_order_seq_cst);
+            if (all) taken[w] = ~std::uint64_t{0};
+          }
+        })) {
+      return refused();
     }
     step(commit_step::syncing);
     result<void> r;
@@ -316,31 +343,48 @@ result<void> store::impl::group_sync(bool every_segment) noexcept {
       // sync, and the store stays writable. The segments not synced go back to the dirty
       // bitmap, and `done` stays behind `started`, so the next leader (of any process)
       // syncs every segment. This commit, visible, is not known to be durable: its error.
-      for (std::uint64_t w = 0; w < dirty_words; ++w) {
-        if (left[w] != 0) dirty_word(w * 64).fetch_or(left[w], std::memory_order_seq_cst);
-      }
+      // (Bits the volume refuses to give back are covered by that too.)
+      (void)stored([&] {
+        for (std::uint64_t w = 0; w < dirty_words; ++w) {
+          if (left[w] != 0) dirty_word(w * 64).fetch_or(left[w], std::memory_order_seq_cst);
+        }
+      });
       (void)g->unlock();
       base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
       return std::unexpected(unreached);
     }
+    const std::uint64_t sync_errno = r ? 0 : static_cast<std::uint64_t>(r.error().value());
+    const auto ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - began).count());
+    const bool recorded = stored([&] {
+      if (sync_errno != 0) {
+        // Never retried: the kernel may have dropped the pages it could not write. Every
+        // commit of this group and after fails; the store is read-only until reopened alone.
+        h64(hdr::sync_error_segment).store(failed_segment);
+        h64(hdr::sync_error).store(sync_errno);
+      }
+      h64(hdr::sync_ns).store(ns);
+      h64(hdr::sync_done).store(mine, std::memory_order_release);
+    });
     if (!r) {
-      // Never retried: the kernel may have dropped the pages it could not write. Every
-      // commit of this group and after fails; the store is read-only until reopened alone.
-      h64(hdr::sync_error_segment).store(failed_segment);
-      h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
-    }
-    h64(hdr::sync_ns)
-        .store(static_cast<std::uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - began).count()));
-    h64(hdr::sync_done).store(mine, std::memory_order_release);
-    (void)g->unlock();
-    base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
-    if (!r) {
+      // (Not recorded, the failure is this process's alone: its later commits fail, and
+      // other users' next leader syncs every segment, sync_done left behind.)
       failed.store(true);
+      (void)g->unlock();
+      base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
       return std::unexpected(r.error());
     }
+    if (!recorded) return refused();
+    (void)g->unlock();
+    base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
   }
   return writable();
+}
+
+error store::impl::index_write_refusal() noexcept {
+  error why = why_writes_refused(path + "/index");
+  if (why == std::errc::bad_address) return error(std::make_error_code(std::errc::timed_out));
+  return why;
 }
 
 result<void> store::impl::sync_without_leader() noexcept {

@@ -1018,6 +1018,9 @@ struct store::impl final : ix::page_source {
   //! Why the volume refuses a write now (write_ready): the error of a page written to a file
   //! of our own, made for it and gone at once; bad_address about `file` when it was written.
   [[nodiscard]] error why_writes_refused(std::string_view file) noexcept;
+  //! What a refused write to the index comes to: why_writes_refused, or timed_out where a
+  //! page written now goes through (the refusal outlasted the call's deadline all the same).
+  [[nodiscard]] error index_write_refusal() noexcept;
 
   // ---- reading (read.cpp) ----
   //! The record at `location`, checked as the options say. Errors: corrupt (file, offset).

@@ -664,12 +664,17 @@ INSTANTIATE_TEST_SUITE_P(WriterOpen, KvQgroupReader, ::testing::Bool(),
 // every run). Now, once the commit's deadline (lock_timeout) has passed, the commit ends as
 // a writer killed at that store would: refused before its block was sealed (marking, taking
 // its seq), it fails with EDQUOT and nothing of it is seen; after (publishing), it succeeded.
+// A sync commit refused in its group sync (the header's sync words), visible already, fails
+// with EDQUOT as a failed sync would, and its leader's sync is left to the next leader.
 // The process lives on, and once room is back its next put works, every key reads back as
 // acknowledged, and verify passes. The "other program" here is the commit's own hook, which
 // fills the qgroup and syncs at the step under test.
 struct write_back_at {
+  const char* name;
   commit_step at;
-  bool made;  // the block sealed before the refusal: the put succeeds
+  bool made;     // the block sealed before the refusal: the put succeeds
+  bool visible;  // seen after, whatever the put said
+  durability d = durability::none;
 };
 
 class KvQgroupWriteBack : public ::testing::TestWithParam<write_back_at> {};
@@ -708,7 +713,9 @@ TEST_P(KvQgroupWriteBack, ACommitWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
       hook_at = p.at;
       commit_hook = fill_and_write_back;
       const auto start = std::chrono::steady_clock::now();
-      auto r = (*s)->put("mid", value);
+      auto t = (*s)->begin();
+      if (!t || !t->put("mid", value)) return 8;
+      auto r = t->commit(p.d);
       const auto took = std::chrono::steady_clock::now() - start;
       commit_hook = nullptr;
       if (hook_fd.load() != -1) return 4;  // the hook never ran: nothing was tested
@@ -724,7 +731,7 @@ TEST_P(KvQgroupWriteBack, ACommitWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
       (void)::sync();
       if (!(*s)->put("after", value)) return 10;
       auto mid = (*s)->get("mid");
-      if (p.made ? (!mid || *mid != value) : (mid || mid.error() != errc::not_found)) return 11;
+      if (p.visible ? (!mid || *mid != value) : (mid || mid.error() != errc::not_found)) return 11;
       for (int i = 0; i < 200; ++i) {
         auto v = (*s)->get(key_of(i));
         if (!v || *v != value) return 12;
@@ -740,31 +747,22 @@ TEST_P(KvQgroupWriteBack, ACommitWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
     auto s = store::open(path);
     if (!s) return 14;
     auto mid = (*s)->get("mid");
-    if (p.made ? (!mid || *mid != value) : (mid || mid.error() != errc::not_found)) return 15;
+    if (p.visible ? (!mid || *mid != value) : (mid || mid.error() != errc::not_found)) return 15;
     return (*s)->verify() ? 0 : 16;
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Steps, KvQgroupWriteBack,
-                         ::testing::Values(write_back_at{commit_step::marked, false},
-                                           write_back_at{commit_step::took_seq, false},
-                                           write_back_at{commit_step::recorded, false},
-                                           write_back_at{commit_step::written, true},
-                                           write_back_at{commit_step::published, true}),
-                         [](const auto& i) {
-                           switch (i.param.at) {
-                             case commit_step::marked:
-                               return std::string("Marked");
-                             case commit_step::took_seq:
-                               return std::string("TookSeq");
-                             case commit_step::recorded:
-                               return std::string("Recorded");
-                             case commit_step::written:
-                               return std::string("Written");
-                             default:
-                               return std::string("Published");
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Steps, KvQgroupWriteBack,
+    ::testing::Values(
+        write_back_at{"Marked", commit_step::marked, false, false},
+        write_back_at{"TookSeq", commit_step::took_seq, false, false},
+        write_back_at{"Recorded", commit_step::recorded, false, false},
+        write_back_at{"Written", commit_step::written, true, true},
+        write_back_at{"Published", commit_step::published, true, true},
+        write_back_at{"SyncWaiting", commit_step::sync_waiting, false, true, durability::sync},
+        write_back_at{"Syncing", commit_step::syncing, false, true, durability::sync}),
+    [](const auto& i) { return std::string(i.param.name); });
 
 // A read-only transaction begun with room holds a slot; the qgroup then reaches its limit
 // and the slot's page is written back: the transaction's end cleared its snapshot through
