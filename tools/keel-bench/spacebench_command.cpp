@@ -613,13 +613,13 @@ json foreign_writer_run(const config& c, const std::string& mnt) {
 // A btrfs qgroup held at its limit (issue 46, item 3): statfs cannot see the limit, and
 // btrfs then refuses every write, a write fault on a shared map too. In a subvolume limited
 // to 64 MiB, a store a quarter full; two writers (each puts a set of keys of its own over and
-// over, and reads one back), a reader opened before the limit and one opened at it, while a
-// foreign program takes the qgroup to its limit and holds it there for `hold` seconds; then
-// for `hold` seconds more it fills the qgroup, waits a moment and gives the room back, over
-// and over (so btrfs writes back the store's pages at the limit while its writers store into
-// them); then it lets go. Measured: the processes killed by a signal (target 0), the longest
-// call against lock_timeout (the target: no call waits past it), the calls refused (with
-// what) and the other failures, the calls that went in once the limit was gone, and
+// over, and reads one back; the second's commits are durability::sync), a reader opened before the
+// limit and one opened at it, while a foreign program takes the qgroup to its limit and holds it
+// there for `hold` seconds; then for `hold` seconds more it fills the qgroup, waits a moment and
+// gives the room back, over and over (so btrfs writes back the store's pages at the limit while its
+// writers store into them); then it lets go. Measured: the processes killed by a signal (target 0),
+// the longest call against lock_timeout (the target: no call waits past it), the calls refused
+// (with what) and the other failures, the calls that went in once the limit was gone, and
 // acknowledged puts that do not read back after (target 0).
 constexpr std::size_t qgroup_workers = 4;
 // Keys each writer puts over and over (4 MiB of 1 KiB values): its log's dead versions need
@@ -682,6 +682,7 @@ bool qgroup_call(qgroup_shared& sh, qgroup_tally& t, F&& call) {
   qgroup_tally& t = sh.tally[w];
   kv::options mine = o;
   mine.read_only = w >= 2;
+  if (w == 1) mine.durable = kv::durability::sync;
   if (w == 3) {
     sh.ready.fetch_add(1);
     while (sh.limited.load() == 0 && sh.stop.load() == 0)
@@ -831,8 +832,8 @@ json qgroup_run(const config& c, const std::string& mnt, double hold) {
     verified = v ? "ok" : v.error().message();
   }
   json j;
-  static constexpr const char* roles[qgroup_workers] = {"writer", "writer", "reader opened before",
-                                                        "reader opened at the limit"};
+  static constexpr const char* roles[qgroup_workers] = {
+      "writer", "writer (sync)", "reader opened before", "reader opened at the limit"};
   double longest = 0;
   j["workers"] = json::array();
   for (std::size_t w = 0; w < qgroup_workers; ++w) {
