@@ -352,7 +352,7 @@ void store::impl::release_slot(slot_lease s) noexcept {
   if (s.generation != gen) return;
   if (s.generation == gen && idle_generation.load(std::memory_order_acquire) == gen) {
     // Ours (leased in this generation, so ours[s.index] holds): back to a free cell.
-    clear_snapshot(s.index);
+    if (!clear_snapshot(s.index)) return forsake_slot(s);
     const std::size_t first = my_idle_cell(idle_cells);
     for (std::size_t k = 0; k < idle_cells; ++k) {
       auto& cell = idle_slots[(first + k) % idle_cells].slot;
@@ -363,23 +363,30 @@ void store::impl::release_slot(slot_lease s) noexcept {
       }
     }
   }
-  base::lock_guard g(live_mutex);
-  if (live_generation != gen || !ours[s.index]) return;
-  clear_snapshot(s.index);
-  free_slots.push_back(s.index);
+  {
+    base::lock_guard g(live_mutex);
+    if (live_generation != gen || !ours[s.index]) return;
+    if (clear_snapshot(s.index)) {
+      free_slots.push_back(s.index);
+      return;
+    }
+  }
+  forsake_slot(s);
 }
 
-void store::impl::clear_snapshot(std::uint32_t u) noexcept {
+bool store::impl::clear_snapshot(std::uint32_t u) noexcept {
   // Only the slot's holder writes its snapshot. Not written when there is none: a slot given
   // back because its page could not be made writable (acquire_slot) would fault here.
   const slot_ref me = slot(u);
   if (me.snapshot().load(std::memory_order_relaxed) != 0) {
     // Its page written back since the call began, the volume may refuse the write now (a
-    // qgroup at its limit): then the snapshot stays, holding back what it held back (safe),
-    // until this slot's next call clears or replaces it, instead of a SIGBUS.
-    if (!slot_write_ready(u, false)) return;
+    // qgroup at its limit): then the snapshot stays, instead of a SIGBUS, and the caller
+    // gives the slot up (forsake_slot): kept, it would hold every compaction back until the
+    // slot's next call, which an idle process never makes.
+    if (!slot_write_ready(u, false)) return false;
     me.snapshot().store(0, std::memory_order_release);
   }
+  return true;
 }
 
 bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {

@@ -739,8 +739,9 @@ struct store::impl final : ix::page_source {
   void release_slot(slot_lease s) noexcept;
   //! Whether no process reads without a slot now (slotless_byte free). Errors count as held.
   [[nodiscard]] bool no_slotless_readers() noexcept;
-  //! Slot `u`'s snapshot back to none (its holder's).
-  void clear_snapshot(std::uint32_t u) noexcept;
+  //! Slot `u`'s snapshot back to none (its holder's); false when the volume refuses its page
+  //! (the snapshot stays: the holder then gives the slot up).
+  [[nodiscard]] bool clear_snapshot(std::uint32_t u) noexcept;
   //! Takes a snapshot (the visible seq) for the slot, published in it first (a slotless
   //! lease: the visible seq, its byte already held).
   [[nodiscard]] std::uint64_t take_snapshot(slot_lease lease) noexcept;
