@@ -184,8 +184,10 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
                                                   durability d, const io::countdown& cd) noexcept {
   forsake_slot(lease);
   ledger_hold = nullptr;
+  // No seq taken (the block perhaps not even reserved): nothing of it will ever be seen.
+  if (seq == 0) return std::unexpected(index_write_refusal());
   auto bytes = bytes_at(block);
-  if (seq == 0 || !bytes || fmt::block_seq(*bytes) != seq) {
+  if (!bytes || fmt::block_seq(*bytes) != seq) {
     // Not sealed: never will be (only its writer seals it), so it is a hole, and the marks
     // go back as their pages' next holders meet them.
     return std::unexpected(index_write_refusal());
@@ -550,6 +552,11 @@ struct key_plan {
 
 }  // namespace
 
+// GCC's -Wclobbered flags locals held across the escape's sigsetjmp below that nothing
+// changes after it (length, only_erases, escapable), which C11 7.13.2.1 keeps as they were;
+// after a jump only held, lease, charged.s, taken, reserved, d and cd are read.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wclobbered"
 result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // Begun before a fork: the slot it would commit through is the parent's.
   if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
@@ -822,64 +829,85 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
   const std::uint64_t length = fmt::block_size(records);
   const slot_ref me = s->slot(lease.index);
+
+  // From the slot's first store on, a write fault the volume refuses (btrfs at a qgroup's
+  // limit, the pages written back since they were made writable) and still refuses at our
+  // deadline jumps back here (io/map_guard.hpp, "A way out"): this commit then ends as if its
+  // writer had been killed at that store (settled by whoever meets it next,
+  // doc/kv-format.md), and the call fails with what the volume says, or, its block sealed
+  // already, returns its seq. Nothing made from here to the disarm needs a destructor run
+  // (what does lives in a scope that holds the escape back); settlers that take a byte lock
+  // hold it back too (free_dead_slot).
+  io::map_guard::escape way_out;
+  volatile std::uint64_t taken = 0;     // the seq, once taken
+  volatile std::uint64_t reserved = 0;  // the block's location, once reserved
+  const bool escapable = s->writes_refusable.load(std::memory_order_relaxed);
+  if (escapable) {
+    if (sigsetjmp(way_out.at, 0) != 0) {
+      (void)held.unlock();  // (the locks live in memory no volume refuses)
+      return s->escaped_commit(lease, charged.s, taken, reserved, d, cd);
+    }
+    io::map_guard::arm(way_out, cd.expiry());
+  }
+  // Failed before the marks: nothing of the commit is seen (its space, if reserved, is dead,
+  // as a writer's that died here). No jump from here on (`e` needs its destructor run): a
+  // slot whose page the volume refuses now is given up instead, a dead writer's that every
+  // user settles.
+  const auto fail_unmarked = [&](const error& e) {
+    io::map_guard::disarm();
+    if (s->slot_write_ready(lease.index, false)) {
+      me.state().store(u64(commit_state::idle));
+    } else {
+      s->forsake_slot(lease);
+      charged.s = nullptr;  // (its charge stays, a dead user's, as escaped_commit leaves it)
+    }
+    return std::unexpected(e);
+  };
   // The slot says *reserved* before the space is taken, with a location at or below the one
   // it will get (the tail only grows): a checkpointer that sees neither the slot nor the
   // tail move knows where replay must start (doc/kv-format.md, "Checkpoints").
   me.block().store(s->h64(hdr::tail).load(std::memory_order_seq_cst), std::memory_order_seq_cst);
   me.block_length().store(0);
   me.state().store(u64(commit_state::reserved), std::memory_order_seq_cst);
-  auto L = s->reserve(length, only_erases ? room_for::erase : room_for::put);
-  if (!L) {
-    me.state().store(u64(commit_state::idle));
-    return std::unexpected(L.error());
+  std::uint64_t location = 0;
+  std::span<std::byte> bytes;
+  {
+    // (Reserving may make a segment or room, under mutexes and locks.)
+    const io::map_guard::no_escape held_back;
+    auto L = s->reserve(length, only_erases ? room_for::erase : room_for::put);
+    if (!L) return fail_unmarked(L.error());
+    location = *L;
   }
+  reserved = location;
   charged.used = true;
-  me.block().store(*L);
+  me.block().store(location);
   me.block_length().store(length);
   step(commit_step::reserved);
-  auto bytes = s->bytes_at(*L);
-  if (!bytes) {
-    me.state().store(u64(commit_state::idle));
-    return std::unexpected(bytes.error());
+  {
+    const io::map_guard::no_escape held_back;
+    auto at = s->bytes_at(location);
+    if (!at) return fail_unmarked(at.error());
+    bytes = *at;
   }
   // The block's pages faulted in now, while nobody waits for us: from the seq on, every
   // later commit waits for this one to be visible, and a page fault (a fresh page of the
   // segment, zeroed) would be in that wait. Zeros are what the space holds anyway. Where
   // the volume may refuse the faults, they are asked for writable, and a refusal fails the
-  // commit here (its space is dead, as a writer's that died here).
-  if (s->writes_refusable.load(std::memory_order_relaxed)) {
-    if (auto w = s->segment_write_ready(*L, length); !w) {
-      me.state().store(u64(commit_state::idle));
-      return std::unexpected(w.error());
-    }
+  // commit here.
+  if (escapable) {
+    const io::map_guard::no_escape held_back;  // (for `w`: nothing here stores to a map)
+    if (auto w = s->segment_write_ready(location, length); !w) return fail_unmarked(w.error());
   } else {
     for (std::uint64_t off = 0; off < length; off += 4096) {
-      std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[off]))
+      std::atomic_ref(reinterpret_cast<unsigned char&>(bytes[off]))
           .store(0, std::memory_order_relaxed);
     }
-    std::atomic_ref(reinterpret_cast<unsigned char&>((*bytes)[length - 1]))
+    std::atomic_ref(reinterpret_cast<unsigned char&>(bytes[length - 1]))
         .store(0, std::memory_order_relaxed);
   }
 
-  // From the marks on, a write fault the volume refuses (btrfs at a qgroup's limit, the
-  // pages written back since they were made writable) and still refuses at our deadline
-  // jumps back here (io/map_guard.hpp, "A way out"): this commit then ends as if its writer
-  // had been killed at that store (settled by whoever meets it next, doc/kv-format.md), and
-  // the call fails with what the volume says, or, its block sealed already, returns its seq.
-  // Nothing from here to the disarm needs a destructor run; settlers that take a byte lock
-  // hold the escape back (free_dead_slot).
-  io::map_guard::escape way_out;
-  volatile std::uint64_t taken = 0;  // the seq, once taken
-  if (s->writes_refusable.load(std::memory_order_relaxed)) {
-    if (sigsetjmp(way_out.at, 0) != 0) {
-      (void)held.unlock();  // (the locks live in memory no volume refuses)
-      return s->escaped_commit(lease, charged.s, taken, *L, d, cd);
-    }
-    io::map_guard::arm(way_out, cd.expiry());
-  }
-
   // 5. Mark: each written key's entry is pending on our block (new keys take an entry).
-  std::uint64_t at = *L + sizeof(fmt::block_header);
+  std::uint64_t at = location + sizeof(fmt::block_header);
   std::size_t ri = 0;
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
@@ -888,11 +916,11 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     if (!k.entry) {
       // A new key takes an empty entry, or one that holds nothing, pending on our block.
       // Room was made under this lock: an entry is always found.
-      k.entry = s->table->claim(k.page, k.h, 0, ix::pending | *L);
+      k.entry = s->table->claim(k.page, k.h, 0, ix::pending | location);
     } else {
       const ix::entry_ref e = *k.entry;
       ix::change_entry(s->table->page_holding(e), e,
-                       [&] { e.seq().store(ix::pending | *L, std::memory_order_release); });
+                       [&] { e.seq().store(ix::pending | location, std::memory_order_release); });
     }
   }
 
@@ -910,9 +938,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // 7. Write the block (header last), noting its segment for the next group sync.
   // Sealed last (its seq word, from 0): a waiter that found us too slow to wait for may have
   // abandoned it first (settle_commit); then this commit never happens.
-  const bool sealed = s->write_dirty(*L, [&] {
-    fmt::encode_block(bytes->first(length), fmt::block_kind::commit, seq, records, s->salt, false);
-    return fmt::seal_block(*bytes, seq);
+  const bool sealed = s->write_dirty(location, [&] {
+    fmt::encode_block(bytes.first(length), fmt::block_kind::commit, seq, records, s->salt, false);
+    return fmt::seal_block(bytes, seq);
   });
   if (!sealed) {
     // Every mark goes back (the entries hold what they held); our seq is a hole, made
@@ -975,6 +1003,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   s->maybe_maintain();
   return seq;
 }
+
+#pragma GCC diagnostic pop
 
 transaction::transaction() noexcept = default;
 transaction::transaction(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
