@@ -208,7 +208,8 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
   if (!seg) return std::unexpected(seg.error());
   if (auto r = (*seg)->sync(); !r) return std::unexpected(r.error());
   if (d == durability::sync) {
-    if (auto r = group_sync(); !r) return std::unexpected(r.error());
+    // (Within what is left of the commit's deadline: nothing.)
+    if (auto r = group_sync(false, cd); !r) return std::unexpected(r.error());
   }
   return seq;
 }
@@ -246,7 +247,10 @@ void store::impl::gather_sync_batch() noexcept {
 }
 
 result<void> store::impl::group_sync(bool every_segment) noexcept {
-  const io::countdown cd = io::deadline(opts.lock_timeout).start();
+  return group_sync(every_segment, io::deadline(opts.lock_timeout).start());
+}
+
+result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd) noexcept {
   // Its stores to the header escape a write fault the volume still refuses at the deadline
   // (btrfs at a qgroup's limit: io/map_guard.hpp): the call then fails with what the volume
   // says, the commit visible but not known to be durable. A leader that escapes is a dead

@@ -1135,6 +1135,9 @@ struct store::impl final : ix::page_source {
   //! `every_segment`: syncs every segment, dirty or not (a checkpoint: a dead writer's
   //! block may have landed after a leader took its dirty bit, and nobody set it again).
   [[nodiscard]] result<void> group_sync(bool every_segment = false) noexcept;
+  //! The same within `cd` (its header stores escape a refusal past it; a waiter whose leader
+  //! is still at it then syncs for itself).
+  [[nodiscard]] result<void> group_sync(bool every_segment, const io::countdown& cd) noexcept;
   //! Whether this store takes changes: read_only (opened so), sync_failed (an fdatasync of
   //! the segment it names failed: until reopened alone), else nothing.
   [[nodiscard]] result<void> writable() noexcept;
