@@ -1052,7 +1052,11 @@ void store::impl::reconcile_checkpoint_bytes() noexcept {
 void store::impl::reconcile_rooms() noexcept {
   for (const room_file* room : {&spare_room, &deletes_room}) {
     auto st = fs->stat_at(&dir.segments, room->name, false);
-    h64(room->word).store(st && st->size == dir.params.segment_size ? st->size : 0);
+    const std::uint64_t size = st && st->size == dir.params.segment_size ? st->size : 0;
+    // Stored only when it changes: a store is a write fault on the header's page, which a
+    // volume at its limit (btrfs, a qgroup) refuses once the page was written back, and
+    // reserving asks here at every new segment.
+    if (h64(room->word).load() != size) h64(room->word).store(size);
   }
 }
 
