@@ -819,6 +819,20 @@ TEST(KvQgroup, AReadOnlyTransactionBegunWithRoomEndsWithoutASignalAtTheLimit) {
   });
 }
 
+// The compaction-beside-a-reader tests: two versions (3000 bytes each) of 2000 keys, and a
+// store where only the compactions asked for run.
+struct versions {
+  std::string before, after;
+  int keys;
+  options o;
+};
+versions two_versions(std::chrono::seconds lock_timeout) {
+  versions v{std::string(3000, 'a'), std::string(3000, 'b'), 2000, {}};
+  v.o.lock_timeout = lock_timeout;
+  v.o.compact_dead_fraction = 0;
+  return v;
+}
+
 // A transaction that ends while the qgroup is at its limit, its slot's page written back:
 // the slot kept its snapshot (4be2711: clearing it would fault), so every compaction after,
 // of any process, waited for it until its lock_timeout and failed timed_out, for as long as
@@ -827,12 +841,7 @@ TEST(KvQgroup, AReadOnlyTransactionBegunWithRoomEndsWithoutASignalAtTheLimit) {
 TEST(KvQgroup, ASnapshotTheVolumeWouldNotLetClearHoldsNoCompactionBack) {
   on_qgroup_volume(512, [&](const std::string& sv) {
     const std::string path = sv + "/s";
-    const std::string before(3000, 'a');
-    const std::string after(3000, 'b');
-    constexpr int keys = 2000;
-    options o;
-    o.lock_timeout = std::chrono::seconds(3);
-    o.compact_dead_fraction = 0;  // only the compactions asked for
+    const auto [before, after, keys, o] = two_versions(std::chrono::seconds(3));
     {
       auto s = store::open(path, o);
       if (!s) return 2;
@@ -900,12 +909,7 @@ TEST(KvQgroup, ASnapshotTheVolumeWouldNotLetClearHoldsNoCompactionBack) {
 TEST(KvQgroup, AReaderWithoutASlotKeepsItsSnapshotFromCompaction) {
   on_qgroup_volume(512, [&](const std::string& sv) {
     const std::string path = sv + "/s";
-    const std::string before(3000, 'a');
-    const std::string after(3000, 'b');
-    constexpr int keys = 2000;
-    options o;
-    o.lock_timeout = std::chrono::seconds(2);
-    o.compact_dead_fraction = 0;  // only the compactions asked for
+    const auto [before, after, keys, o] = two_versions(std::chrono::seconds(2));
     pipe_pair to_writer, from_writer;
     const pid_t writer = test::fork_child([&] {
       to_writer.close_end(1);
