@@ -644,16 +644,23 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // each new key may split a page in two.
   struct ledger_hold {
     store::impl* s = nullptr;
+    slot_lease* lease = nullptr;
+    const io::countdown* cd = nullptr;
     std::uint32_t who = 0;
     space::charge c;
     bool used = false;  // space was taken: it stays charged
     void done() noexcept {
       if (s == nullptr) return;
-      if (used) {
-        s->ledger->leave(who);
-      } else {
-        (void)s->ledger->refund(who, c);
-      }
+      // (The pin and the balance are in the index: a page the volume refuses past the
+      // deadline leaves them as a writer killed here would, its slot given up.)
+      const bool left = s->stored_escapably(*cd, [&] {
+        if (used) {
+          s->ledger->leave(who);
+        } else {
+          (void)s->ledger->refund(who, c);
+        }
+      });
+      if (!left) s->forsake_slot(*lease);
       s = nullptr;
     }
     ~ledger_hold() { done(); }
@@ -665,11 +672,14 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     // the commits of the one before.)
     const std::uint64_t index_pages = 2 * puts;
     const std::uint64_t cost = 2 * (need - own_segments) + own_room + index_pages * fmt::page_size;
-    auto c = s->charge(lease.index,
-                       static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
+    step(commit_step::charging);
+    auto c =
+        s->charge(lease, static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
     if (!c) return std::unexpected(c.error());
     charged.c = *c;
     charged.who = lease.index;
+    charged.lease = &lease;
+    charged.cd = &cd;
     charged.s = s;  // last: a hold with no store does nothing
     step(commit_step::charged);
   }
@@ -998,6 +1008,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   me.state().store(u64(commit_state::idle), std::memory_order_release);
   io::map_guard::disarm();
   (void)held.unlock();
+  step(commit_step::leaving);
   charged.done();
 
   // 8. Durable: a sync that starts after every commit up to ours is written covers it.

@@ -127,10 +127,17 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       // compaction: nothing to copy, and the entry is free for any key (doc/kv-format.md,
       // "Compaction", forgetting erased keys).
       const ix::entry_ref e = *entry;
-      ix::change_entry(table->page_holding(e), e, [&] {
-        e.location().store(0, std::memory_order_release);
-        e.seq().store(0, std::memory_order_release);
-      });
+      const auto holding =
+          static_cast<std::uint64_t>(table->page_holding(e).base - base()) / fmt::page_size;
+      if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
+      if (!stored_escapably(cd, [&] {
+            ix::change_entry(table->page_holding(e), e, [&] {
+              e.location().store(0, std::memory_order_release);
+              e.seq().store(0, std::memory_order_release);
+            });
+          })) {
+        return std::unexpected(index_write_refusal());
+      }
       st.erasures_dropped += 1;
       return true;
     }
@@ -156,9 +163,14 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       if (auto w = segment_write_ready(*nb, len); !w) return std::unexpected(w.error());
       auto out = bytes_at(*nb);
       if (!out) return std::unexpected(out.error());
-      r.blob = {*nb, write_dirty(*nb, [&] {
-                  return fmt::encode_blob_block(out->first(len), *value, salt);
-                })};
+      std::uint64_t made = 0;
+      if (!stored_escapably(cd, [&] {
+            made = write_dirty(
+                *nb, [&] { return fmt::encode_blob_block(out->first(len), *value, salt); });
+          })) {
+        return std::unexpected(index_write_refusal());
+      }
+      r.blob = {*nb, made};
       moved += len;
     }
     const std::array<fmt::record_in, 1> records{r};
@@ -172,14 +184,21 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
     auto out = bytes_at(*L);
     if (!out) return std::unexpected(out.error());
-    write_dirty(*L, [&] {
-      fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
-    });
-    // The copy is whole before the entry names it; the seq stays (it is the same version).
+    // (Made writable above, the pages may be written back and refused again before the
+    // stores: then, past the deadline, the move ends where a compactor killed there leaves
+    // it, a copy no entry names or an entry that names the whole copy.)
     const ix::entry_ref e = *entry;
-    ix::change_entry(table->page_holding(e), e, [&] {
-      e.location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
-    });
+    if (!stored_escapably(cd, [&] {
+          write_dirty(*L, [&] {
+            fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
+          });
+          // The copy is whole before the entry names it; the seq stays (the same version).
+          ix::change_entry(table->page_holding(e), e, [&] {
+            e.location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
+          });
+        })) {
+      return std::unexpected(index_write_refusal());
+    }
     st.records_moved += 1;
     st.bytes_moved += moved + length;
     return true;
@@ -272,9 +291,15 @@ result<void> store::impl::remove_checkpoint() noexcept {
     return std::unexpected(r.error().about(path + "/checkpoint"));
   }
   if (auto r = dir.dir.sync_all(); !r) return std::unexpected(r.error().about(path));
-  h64(hdr::checkpoint_from).store(0);
-  h64(hdr::checkpoint_seq).store(0);
-  h64(hdr::checkpoint_bytes).store(0);
+  // (Where the volume may refuse the header's page: an escape leaves words that name a
+  // checkpoint no longer there, which is a missing checkpoint to every reader of them.)
+  if (!stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
+        h64(hdr::checkpoint_from).store(0);
+        h64(hdr::checkpoint_seq).store(0);
+        h64(hdr::checkpoint_bytes).store(0);
+      })) {
+    return std::unexpected(index_write_refusal());
+  }
   return {};
 }
 
@@ -349,7 +374,10 @@ void store::impl::compact_in_background() noexcept {
   // One that removed segments set the mark itself. Else not again before a segment more has
   // died: a policy met by dead spread too thinly to take (or by a failure) does not make
   // every commit walk the index.
-  if (!c || c->segments_removed == 0) h64(hdr::background_after).store(dead_before + seg_size);
+  if (!c || c->segments_removed == 0) {
+    (void)stored_escapably(io::deadline(opts.lock_timeout).start(),
+                           [&] { h64(hdr::background_after).store(dead_before + seg_size); });
+  }
 }
 
 result<compact_stats> store::compact() noexcept {
@@ -368,6 +396,12 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   if (auto b = s.take_checkpoint_byte(cd, how); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
   compact_stats st;
+  // Where the volume may refuse a write fault (btrfs at a qgroup's limit), the header's page
+  // first: refused, nothing could move. Its words are stored escapably all the same (the
+  // page may be written back and refused again): a store refused past the deadline fails the
+  // compaction where one killed there would have stopped (doc/kv-format.md, "Compaction").
+  if (auto w = s.index_write_ready(0); !w) return std::unexpected(w.error());
+  const auto stored = [&](auto&& stores) { return s.stored_escapably(cd, stores); };
   // Another compaction ran while we waited for the byte: the room it made is the caller's
   // to try first (a crowd of writers finding the volume full runs one compaction, not one
   // each).
@@ -376,15 +410,20 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (others_ran != nullptr) *others_ran = true;
     return st;
   }
-  s.h64(hdr::compaction_runs).fetch_add(1, std::memory_order_seq_cst);
-  // However it ends: writers waiting for a compaction to end (make_room) go on.
+  if (!stored([&] { s.h64(hdr::compaction_runs).fetch_add(1, std::memory_order_seq_cst); })) {
+    return std::unexpected(s.index_write_refusal());
+  }
+  // However it ends: writers waiting for a compaction to end (make_room) go on (refused, they
+  // find out at their next look, as when a compactor is killed).
   struct ended {
     store::impl* s;
+    const io::countdown* cd;
     ~ended() {
-      s->h64(hdr::compaction_ends).fetch_add(1, std::memory_order_seq_cst);
+      (void)s->stored_escapably(
+          *cd, [&] { s->h64(hdr::compaction_ends).fetch_add(1, std::memory_order_seq_cst); });
       base::futex_wake(s->futex_word(hdr::compaction_ends), INT_MAX, base::futex_scope::shared);
     }
-  } const end{&s};
+  } const end{&s, &cd};
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
   // writing into one began before now; wait for them to finish. Once they have, every
@@ -663,9 +702,13 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (short_now && victims.empty() && !pinned) {
       const std::uint64_t at = closest == UINT64_MAX ? s.dir.params.segment_size : closest;
       auto below = s.h64(hdr::fruitless_below);
-      below.store(0, std::memory_order_seq_cst);
-      s.h64(hdr::fruitless_tail_segment).store(active, std::memory_order_seq_cst);
-      below.store(std::max<std::uint64_t>(1, dead_then + at), std::memory_order_seq_cst);
+      if (!stored([&] {
+            below.store(0, std::memory_order_seq_cst);
+            s.h64(hdr::fruitless_tail_segment).store(active, std::memory_order_seq_cst);
+            below.store(std::max<std::uint64_t>(1, dead_then + at), std::memory_order_seq_cst);
+          })) {
+        return std::unexpected(s.index_write_refusal());
+      }
     }
     close_over_blobs();
     // The copies must fit in the room left: the rest of the tail's segment, the spare, and
@@ -764,8 +807,12 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         const std::set<std::uint64_t> before = victims;
         victims.erase(v, victims.end());
         close_over_blobs();
-        for (const std::uint64_t kept : before) {
-          if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+        if (!stored([&] {
+              for (const std::uint64_t kept : before) {
+                if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+              }
+            })) {
+          return std::unexpected(s.index_write_refusal());
         }
       } catch (const std::bad_alloc&) {
         return errc_error(std::errc::not_enough_memory);
@@ -801,8 +848,12 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         const std::set<std::uint64_t> before = victims;
         std::erase_if(victims, [&](std::uint64_t n) { return named.contains(n); });
         close_over_blobs();
-        for (const std::uint64_t kept : before) {
-          if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+        if (!stored([&] {
+              for (const std::uint64_t kept : before) {
+                if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+              }
+            })) {
+          return std::unexpected(s.index_write_refusal());
         }
       }
     } catch (const std::bad_alloc&) {
@@ -849,7 +900,11 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       // Its entry, unless another segment holds it (one named but never entered, left by a
       // maker killed in between, shares the entry of a segment 8064 numbers apart).
       std::uint64_t holder = n;
-      s.segtab(n, 0).compare_exchange_strong(holder, 0, std::memory_order_seq_cst);
+      if (!stored([&] {
+            s.segtab(n, 0).compare_exchange_strong(holder, 0, std::memory_order_seq_cst);
+          })) {
+        return std::unexpected(s.index_write_refusal());
+      }
       // Compaction took the spare: the first victim is the next one. An erase took the
       // deletes' room: the next victim is that. And one is kept as the next segment, unless
       // one is there: commits that only erase then need no room from the volume, whoever
@@ -871,15 +926,21 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
                                      ? size - fmt::segment_header_size - use[n].live
                                      : 0;
       const std::uint64_t was = s.h64(hdr::dead_bytes).load();
-      s.h64(hdr::dead_bytes).fetch_sub(std::min(was, dead));
+      if (!stored([&] { s.h64(hdr::dead_bytes).fetch_sub(std::min(was, dead)); })) {
+        return std::unexpected(s.index_write_refusal());
+      }
       freed_dead += std::min(was, dead);
       st.segments_removed += 1;
       st.bytes_freed += size;
       if (given->as != impl::room_kept::volume) kept_room += size;
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
-    if (kept_spare) s.h64(hdr::spare).store(s.dir.params.segment_size);
-    if (kept_deletes) s.h64(hdr::deletes_room).store(s.dir.params.segment_size);
+    if (!stored([&] {
+          if (kept_spare) s.h64(hdr::spare).store(s.dir.params.segment_size);
+          if (kept_deletes) s.h64(hdr::deletes_room).store(s.dir.params.segment_size);
+        })) {
+      return std::unexpected(s.index_write_refusal());
+    }
     if (kept_next != 0) {
       // Listed, then entered, as a segment made: named and not listed, it is the leftover the
       // next writer adopts (adopt_named_leftover).
@@ -888,13 +949,18 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       }
       s.enter_segment(kept_next, s.dir.params.segment_size);
     }
-    s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
-    // What was found before no longer holds (*dead bytes* went down by an estimate).
-    s.h64(hdr::fruitless_below).store(0, std::memory_order_seq_cst);
-    // And no background compaction before a segment more has died than this one left (what
-    // died while it ran counts: a run that fell behind a fast writer is followed by the next).
-    s.h64(hdr::background_after)
-        .store(dead_then - std::min(dead_then, freed_dead) + s.dir.params.segment_size);
+    if (!stored([&] {
+          s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
+          // What was found before no longer holds (*dead bytes* went down by an estimate).
+          s.h64(hdr::fruitless_below).store(0, std::memory_order_seq_cst);
+          // And no background compaction before a segment more has died than this one left
+          // (what died while it ran counts: a run that fell behind a fast writer is followed
+          // by the next).
+          s.h64(hdr::background_after)
+              .store(dead_then - std::min(dead_then, freed_dead) + s.dir.params.segment_size);
+        })) {
+      return std::unexpected(s.index_write_refusal());
+    }
   }
   s.unmap_removed_segments();
   // Near full, the room must show before the writers that wait for it retry (where other
@@ -908,10 +974,14 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // A checkpoint of the entries as they are now, naming the copies. Its failure (no_space
   // on a nearly full volume, where the copy would take the room just freed) leaves a longer
   // replay after a power loss, nothing wrong: kept for stats.
+  const auto note_error = [&](const error& e) {
+    (void)stored(
+        [&] { s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(e.value())); });
+  };
   if (auto r = s.room_for_checkpoint(); !r) {
-    s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+    note_error(r.error());
   } else if (auto w = s.checkpoint_locked(cd); !w) {
-    s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(w.error().value()));
+    note_error(w.error());
   }
   return st;
 }

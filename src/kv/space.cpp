@@ -55,20 +55,31 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   return r;
 }
 
-result<space::charge> store::impl::charge(std::uint32_t who, std::int64_t cost,
+result<space::charge> store::impl::charge(slot_lease& lease, std::int64_t cost,
                                           const io::countdown& cd) noexcept {
   if (cost > space::ledger::max_amount) return keel_error(errc::too_large);
   for (;;) {
     const std::uint64_t seen = ledger->front();
-    auto c = ledger->try_charge(who, cost);
+    // The ledger's words and our pin live in the index, whose pages the volume may refuse
+    // (btrfs at a qgroup's limit): refused past the deadline, the charge ends where it
+    // stood, which is where a writer killed there leaves it (its pin set, its cost perhaps
+    // charged: space/ledger.hpp). The slot is given up, so that every user settles it so.
+    result<std::optional<space::charge>> c = std::optional<space::charge>{};
+    if (!stored_escapably(cd, [&] { c = ledger->try_charge(lease.index, cost); })) {
+      forsake_slot(lease);
+      return std::unexpected(index_write_refusal());
+    }
     if (!c) return std::unexpected(c.error());
     if (*c) return **c;
-    if (auto r = after_failed_charge(who, seen, cost, cd); !r) return std::unexpected(r.error());
+    if (auto r = after_failed_charge(lease, seen, cost, cd); !r) {
+      return std::unexpected(r.error());
+    }
   }
 }
 
-result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t seen,
+result<void> store::impl::after_failed_charge(slot_lease& lease, std::uint64_t seen,
                                               std::int64_t cost, const io::countdown& cd) noexcept {
+  const std::uint32_t who = lease.index;
   // The mark: the slot in the high half, the pid in the low half (the futex word), so that a
   // new user of a dead closer's slot, closing in turn, never has its mark taken for the dead
   // one's (and waiters see the futex word change).
@@ -85,9 +96,21 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
   for (;;) {
     if (ledger->front() != seen) return {};  // closed by another: try the next delta
     std::uint64_t was = closer.load(std::memory_order_seq_cst);
-    if (was == 0 && closer.compare_exchange_strong(was, me, std::memory_order_seq_cst)) {
+    // (The closer's word is in the index's header page, which the volume may refuse: a mark
+    // that cannot be made fails the charge; one that cannot be cleared is a dead closer's,
+    // its slot given up, which the others take over from.)
+    bool taken = false;
+    if (was == 0 && !stored_escapably(cd, [&] {
+          taken = closer.compare_exchange_strong(was, me, std::memory_order_seq_cst);
+        })) {
+      return std::unexpected(index_write_refusal());
+    }
+    if (taken) {
       auto r = close_delta(seen, cost, cd);
-      closer.store(0, std::memory_order_seq_cst);
+      if (!stored_escapably(cd, [&] { closer.store(0, std::memory_order_seq_cst); })) {
+        forsake_slot(lease);
+        if (r) r = std::unexpected(index_write_refusal());
+      }
       base::futex_wake(word, INT_MAX, base::futex_scope::shared);
       return r;
     }
@@ -102,7 +125,7 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
     if (cd.expired()) {
       if (late_since == std::chrono::steady_clock::time_point{}) {
         late_since = std::chrono::steady_clock::now();
-        if (seen >= 2) evict_live_pins(seen - 1);
+        if (seen >= 2) evict_live_pins(seen - 1, cd);
       } else if (std::chrono::steady_clock::now() - late_since >= late_grace) {
         return errc_error(std::errc::timed_out);
       }
@@ -114,7 +137,10 @@ result<void> store::impl::after_failed_charge(std::uint32_t who, std::uint64_t s
       last_check = std::chrono::steady_clock::now();
       const std::uint64_t slot_of = (was >> 32) - 1;
       if (slot_of < max_slots && slot_owner_dead(static_cast<std::uint32_t>(slot_of))) {
-        closer.compare_exchange_strong(was, 0, std::memory_order_seq_cst);
+        if (!stored_escapably(
+                cd, [&] { closer.compare_exchange_strong(was, 0, std::memory_order_seq_cst); })) {
+          return std::unexpected(index_write_refusal());
+        }
         base::futex_wake(word, INT_MAX, base::futex_scope::shared);
       } else {
         interval = std::min<std::chrono::milliseconds>(2 * interval, std::chrono::milliseconds(32));
@@ -145,7 +171,12 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
     provisional =
         std::max<std::int64_t>(0, static_cast<std::int64_t>(room.bytes) - ledger->budget_of(seen));
     provisional = std::min(provisional, share(room.bytes, cost));
-    auto next = ledger->transition(provisional);
+    // (Refused past the deadline, a transition half made is none: d + 1's words are the
+    // quiet d − 1's until the front moves, its last store.)
+    result<std::uint64_t> next = 0;
+    if (!stored_escapably(cd, [&] { next = ledger->transition(provisional); })) {
+      return std::unexpected(index_write_refusal());
+    }
     if (next) break;
     if (next.error() != std::errc::resource_unavailable_try_again) {
       return std::unexpected(next.error());
@@ -164,7 +195,12 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
   const put_room exact = room_for_puts();
   const std::int64_t corrected = share(exact.bytes, cost);
   if (corrected > provisional) {
-    if (auto c = ledger->correct(corrected); !c) return c;
+    // (Refused between its two stores, the balance is left short: safe, see ledger::correct.)
+    result<void> c;
+    if (!stored_escapably(cd, [&] { c = ledger->correct(corrected); })) {
+      return std::unexpected(index_write_refusal());
+    }
+    if (!c) return c;
   }
   if (static_cast<std::int64_t>(exact.bytes) < cost) return std::unexpected(exact.why);
   return {};
@@ -196,7 +232,7 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
       // and the delta no longer waits for it. It goes on unharmed when it runs again.
       free_dead_pins(d);
       const bool late = cd.expired();
-      if (late) evict_live_pins(d);
+      if (late) evict_live_pins(d, cd);
       if (ledger->quiet(d)) return {};
       if (late) {
         // A writer that read the old front pins it for a moment: a few more looks.
@@ -211,12 +247,17 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
   }
 }
 
-void store::impl::evict_live_pins(std::uint64_t d) noexcept {
+void store::impl::evict_live_pins(std::uint64_t d, const io::countdown& cd) noexcept {
   // Safe from any user, closing or not, and from several at once: the cost is written off
   // before the mark (space::ledger::evict), so whoever measures the room once the delta reads
-  // quiet counts it.
+  // quiet counts it. Where the volume may refuse the pages (the header's, the slot's), they
+  // are made writable first, and an eviction refused all the same is given up: between its
+  // stores, it leaves the cost written off until the ledger is next reset (room held back,
+  // never room given twice).
   for (std::uint32_t u = 0; u < max_slots; ++u) {
-    if (slot(u).ledger_pin().load(std::memory_order_acquire) == d) (void)ledger->evict(u, d);
+    if (slot(u).ledger_pin().load(std::memory_order_acquire) != d) continue;
+    if (!slot_write_ready(u, false)) continue;
+    (void)stored_escapably(cd, [&] { (void)ledger->evict(u, d); });
   }
 }
 
@@ -226,7 +267,9 @@ void store::impl::free_dead_pins(std::uint64_t d) noexcept {
     if ((pin != d || d == 0) && (pin & space::ledger::evicted) == 0) continue;
     if (!slot_owner_dead(u)) continue;
     // Its pin is the dead user's (a new user clears it when it takes the slot, under the
-    // byte too); an evicted one's cost comes off what is written off.
+    // byte too); an evicted one's cost comes off what is written off. (Under the byte no
+    // escape is taken: the pages are asked for first, and a refusal leaves the pin be.)
+    if (!slot_write_ready(u, false)) continue;
     as_dead_users_byte(u, [&] {
       if (slot(u).ledger_pin().load(std::memory_order_seq_cst) == pin) ledger->leave(u);
     });

@@ -907,15 +907,19 @@ struct store::impl final : ix::page_source {
     error why;
   };
   [[nodiscard]] put_room room_for_puts() const noexcept;
-  //! Charges `cost` to the ledger for the commit in slot `who` (see charge_cost), closing
+  //! Charges `cost` to the ledger for the commit in slot `lease` (see charge_cost), closing
   //! deltas as the back end (closing_delta) until it fits. Errors: no_space_on_device or
-  //! budget_reached when even an empty delta's budget is below `cost`, timed_out (`cd`).
-  [[nodiscard]] result<space::charge> charge(std::uint32_t who, std::int64_t cost,
+  //! budget_reached when even an empty delta's budget is below `cost`, timed_out (`cd`), and
+  //! what the volume says when it refuses the ledger's pages past `cd` (index_write_refusal):
+  //! the slot is then forsaken, its pin and charge left as a dead writer's.
+  [[nodiscard]] result<space::charge> charge(slot_lease& lease, std::int64_t cost,
                                              const io::countdown& cd) noexcept;
-  //! After a charge of `cost` to delta `seen` failed (by the user in slot `who`): becomes the
-  //! closer (hdr::ledger_closer) and closes it with close_delta, or waits while another
-  //! closes it (taking over from a dead one). Returns once the front has moved on.
-  [[nodiscard]] result<void> after_failed_charge(std::uint32_t who, std::uint64_t seen,
+  //! After a charge of `cost` to delta `seen` failed (by the user in slot `lease`): becomes
+  //! the closer (hdr::ledger_closer) and closes it with close_delta, or waits while another
+  //! closes it (taking over from a dead one). Returns once the front has moved on. A closer
+  //! that cannot clear its mark (the volume refuses the page) forsakes its slot: to the
+  //! others, a dead closer.
+  [[nodiscard]] result<void> after_failed_charge(slot_lease& lease, std::uint64_t seen,
                                                  std::int64_t cost,
                                                  const io::countdown& cd) noexcept;
   //! The back end (the closer only): closes `seen`, giving the next delta its share of the
@@ -934,7 +938,7 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> wait_quiet(std::uint64_t d, const io::countdown& cd) noexcept;
   //! Evicts every live user whose pin names delta `d` (space::ledger::evict): by the closer
   //! past its deadline, and by a writer waiting for a close past its own.
-  void evict_live_pins(std::uint64_t d) noexcept;
+  void evict_live_pins(std::uint64_t d, const io::countdown& cd) noexcept;
   //! Leaves for every dead user (holding its byte) whose pin names delta `d` (0: none) or
   //! is evicted.
   void free_dead_pins(std::uint64_t d) noexcept;
@@ -1022,6 +1026,20 @@ struct store::impl final : ix::page_source {
   //! What a refused write to the index comes to: why_writes_refused, or timed_out where a
   //! page written now goes through (the refusal outlasted the call's deadline all the same).
   [[nodiscard]] error index_write_refusal() noexcept;
+  //! Runs `stores` so that a write fault the volume still refuses at `cd`'s deadline ends
+  //! them rather than the process (io::map_guard::run_escapable, where writes_refusable; else
+  //! they just run). False when they were ended so, some of them perhaps landed: the caller
+  //! goes on as the dead writer those stores must already survive. `stores` may only store
+  //! to the maps and compute: nothing in it owns memory or holds a lock, and no escape may be
+  //! armed around it (it would be replaced).
+  template <class F>
+  [[nodiscard]] bool stored_escapably(const io::countdown& cd, F&& stores) noexcept {
+    if (!writes_refusable.load(std::memory_order_relaxed)) {
+      stores();
+      return true;
+    }
+    return io::map_guard::run_escapable(cd.expiry(), stores);
+  }
 
   // ---- reading (read.cpp) ----
   //! The record at `location`, checked as the options say. Errors: corrupt (file, offset).
@@ -1177,6 +1195,7 @@ inline void (*segment_map_hook)() noexcept = nullptr;
 
 //! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).
 enum class commit_step : std::uint8_t {
+  charging,       //!< (a put, with the ledger on) about to charge the ledger, nothing stored
   charged,        //!< (a put, with the ledger on) charged and pinned in a delta, no lock taken
   locked,         //!< its pages locked and validated
   reserved,       //!< its block's space reserved
@@ -1187,6 +1206,7 @@ enum class commit_step : std::uint8_t {
   published_one,  //!< its first entry published
   published,      //!< every entry published, not yet visible
   visible,        //!< visible, pages still locked
+  leaving,        //!< visible, pages unlocked, its charge (if any) not yet left in the ledger
   sync_waiting,   //!< (sync commits) it has noted the sync count it waits to see pass
   syncing,        //!< (a sync leader) its sync started and the dirty bits taken, no file synced
 };

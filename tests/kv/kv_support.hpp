@@ -18,6 +18,8 @@ namespace keel::kv {
 //! A commit step's name, for test names and messages.
 inline const char* name_of(commit_step at) noexcept {
   switch (at) {
+    case commit_step::charging:
+      return "charging";
     case commit_step::charged:
       return "charged";
     case commit_step::locked:
@@ -38,6 +40,8 @@ inline const char* name_of(commit_step at) noexcept {
       return "published";
     case commit_step::visible:
       return "visible";
+    case commit_step::leaving:
+      return "leaving";
     case commit_step::sync_waiting:
       return "sync_waiting";
     case commit_step::syncing:

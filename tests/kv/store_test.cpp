@@ -711,11 +711,12 @@ TEST_P(KvStoreKilledAt, TheCommitIsWholeOrAbsentAndNobodyWaitsForIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EachStep, KvStoreKilledAt,
-                         ::testing::Values(commit_step::charged, commit_step::locked,
-                                           commit_step::reserved, commit_step::marked,
-                                           commit_step::took_seq, commit_step::recorded,
-                                           commit_step::written, commit_step::published_one,
-                                           commit_step::published, commit_step::visible),
+                         ::testing::Values(commit_step::charging, commit_step::charged,
+                                           commit_step::locked, commit_step::reserved,
+                                           commit_step::marked, commit_step::took_seq,
+                                           commit_step::recorded, commit_step::written,
+                                           commit_step::published_one, commit_step::published,
+                                           commit_step::visible, commit_step::leaving),
                          [](const auto& p) { return std::to_string(static_cast<int>(p.param)); });
 
 // The wait status of a writer of the store at `path`, forked to put "a" = "1" and killed
