@@ -206,6 +206,10 @@ no_escape::~no_escape() {
   --way_out.held_back;
 }
 
+bool escape_in_force() noexcept {
+  return way_out.to != nullptr || way_out.held_back != 0;
+}
+
 std::uint64_t escaped() noexcept {
   return escapes.load(std::memory_order_relaxed);
 }

@@ -83,13 +83,22 @@ class no_escape {
   no_escape& operator=(const no_escape&) = delete;
 };
 
-//! Runs `stores` with an escape armed until `deadline` (on this thread, where none is armed
-//! already: it is disarmed after). True once they all ran; false when a refused fault among
-//! them escaped, some of them perhaps landed. `stores` may only store to guarded maps and
-//! compute: nothing in it may need a destructor run or hold a mutex, a lock or memory.
+//! Whether this thread has an escape armed (arm) or held back (no_escape).
+[[nodiscard]] bool escape_in_force() noexcept;
+
+//! Runs `stores` with an escape armed until `deadline`, disarmed after. True once they all
+//! ran; false when a refused fault among them escaped, some of them perhaps landed. `stores`
+//! may only store to guarded maps and compute: nothing in it may need a destructor run or
+//! hold a mutex, a lock or memory. Where this thread has an escape in force already, they
+//! run under it instead (an armed one is neither replaced nor disarmed: a refusal jumps to
+//! it; one held back stays so), and true is returned.
 template <class F>
 [[nodiscard]] bool run_escapable(std::chrono::steady_clock::time_point deadline,
                                  F&& stores) noexcept {
+  if (escape_in_force()) {
+    stores();
+    return true;
+  }
   escape e;
   if (sigsetjmp(e.at, 0) != 0) return false;
   arm(e, deadline);

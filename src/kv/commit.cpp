@@ -255,13 +255,7 @@ result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd
   // (btrfs at a qgroup's limit: io/map_guard.hpp): the call then fails with what the volume
   // says, the commit visible but not known to be durable. A leader that escapes is a dead
   // leader to the next (sync_started ahead of sync_done: it syncs every segment).
-  const auto stored = [&](auto&& stores) {
-    if (!writes_refusable.load(std::memory_order_relaxed)) {
-      stores();
-      return true;
-    }
-    return io::map_guard::run_escapable(cd.expiry(), stores);
-  };
+  const auto stored = [&](auto&& stores) { return stored_escapably(cd, stores); };
   // Everything this commit depends on is written (every seq up to ours is visible): a sync
   // that starts from now on covers it.
   std::uint64_t s = 0;

@@ -1030,8 +1030,8 @@ struct store::impl final : ix::page_source {
   //! them rather than the process (io::map_guard::run_escapable, where writes_refusable; else
   //! they just run). False when they were ended so, some of them perhaps landed: the caller
   //! goes on as the dead writer those stores must already survive. `stores` may only store
-  //! to the maps and compute: nothing in it owns memory or holds a lock, and no escape may be
-  //! armed around it (it would be replaced).
+  //! to the maps and compute: nothing in it owns memory or holds a lock. Inside an escape
+  //! already armed (or held back), they run under that one.
   template <class F>
   [[nodiscard]] bool stored_escapably(const io::countdown& cd, F&& stores) noexcept {
     if (!writes_refusable.load(std::memory_order_relaxed)) {

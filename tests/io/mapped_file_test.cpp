@@ -313,6 +313,28 @@ TEST(MapGuard, ARefusalPastAnArmedDeadlineEscapesInsteadOfKilling) {
   EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the escape was not taken";
 }
 
+// run_escapable inside an armed escape leaves that one armed: before, it replaced it and
+// disarmed it after, so a refusal later in the outer call was waited out and killed (a
+// compaction's escapable counters, run from inside a commit's escape, would do that).
+TEST(MapGuard, RunEscapableInsideAnArmedEscapeLeavesItArmed) {
+  temp_dir dir;
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file& m) {
+    map_guard::set_give_up(std::chrono::milliseconds(300));
+    static map_guard::escape e;
+    if (sigsetjmp(e.at, 0) != 0) return map_guard::escape_in_force() ? 3 : 0;  // escaped
+    map_guard::arm(e, std::chrono::steady_clock::now());
+    const bool ran = map_guard::run_escapable(std::chrono::steady_clock::now(), [&] {
+      std::atomic_ref(m.data()[0]).store(std::byte{'x'});  // room: it goes through
+    });
+    if (!ran || !map_guard::escape_in_force()) return 4;
+    if (!f.truncate(0)) return 5;
+    m.data()[page_size()] = std::byte{'z'};  // refused: jumps to `e`
+    return 6;
+  });
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
+  EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the outer escape was gone";
+}
+
 // Inside a no_escape scope the escape is not taken: the refusal is waited out and given up
 // on as without one (the code there holds something a jump would leave held).
 TEST(MapGuard, ANoEscapeScopeKeepsTheEscapeShut) {
