@@ -206,6 +206,25 @@ no_escape::~no_escape() {
   --way_out.held_back;
 }
 
+detail::escape_saved detail::set_aside() noexcept {
+  const escape_saved was{way_out.to, way_out.deadline_ns, way_out.held_back};
+  way_out.to = nullptr;  // first: the handler never sees a way out with another's state
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  way_out.held_back = 0;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  return was;
+}
+
+void detail::put_back(const escape_saved& was) noexcept {
+  way_out.to = nullptr;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  way_out.held_back = was.held_back;
+  way_out.deadline_ns = was.deadline_ns;
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the rest before the way
+  way_out.to = was.to;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
 bool escape_in_force() noexcept {
   return way_out.to != nullptr || way_out.held_back != 0;
 }

@@ -86,24 +86,38 @@ class no_escape {
 //! Whether this thread has an escape armed (arm) or held back (no_escape).
 [[nodiscard]] bool escape_in_force() noexcept;
 
-//! Runs `stores` with an escape armed until `deadline`, disarmed after. True once they all
+namespace detail {
+//! This thread's escape state (run_escapable sets it aside and puts it back).
+struct escape_saved {
+  escape* to;
+  std::int64_t deadline_ns;
+  unsigned held_back;
+};
+//! This thread's escape state, which is then none armed and none held back.
+[[nodiscard]] escape_saved set_aside() noexcept;
+//! Puts back what set_aside took.
+void put_back(const escape_saved& was) noexcept;
+}  // namespace detail
+
+//! Runs `stores` with an escape of their own armed until `deadline`. True once they all
 //! ran; false when a refused fault among them escaped, some of them perhaps landed. `stores`
 //! may only store to guarded maps and compute: nothing in it may need a destructor run or
-//! hold a mutex, a lock or memory. Where this thread has an escape in force already, they
-//! run under it instead (an armed one is neither replaced nor disarmed: a refusal jumps to
-//! it; one held back stays so), and true is returned.
+//! hold a mutex, a lock or memory. The jump lands here, so it may run where a wider escape
+//! may not (inside a no_escape, holding a mutex: the caller's scope stays whole); whatever
+//! this thread had armed or held back before is as it was after, escaped or not.
 template <class F>
 [[nodiscard]] bool run_escapable(std::chrono::steady_clock::time_point deadline,
                                  F&& stores) noexcept {
-  if (escape_in_force()) {
-    stores();
-    return true;
-  }
+  const detail::escape_saved was = detail::set_aside();
   escape e;
-  if (sigsetjmp(e.at, 0) != 0) return false;
+  if (sigsetjmp(e.at, 0) != 0) {
+    detail::put_back(was);
+    return false;
+  }
   arm(e, deadline);
   stores();
   disarm();
+  detail::put_back(was);
   return true;
 }
 //! Escapes this process has taken so far (for tests and stats).

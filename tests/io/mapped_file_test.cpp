@@ -335,6 +335,25 @@ TEST(MapGuard, RunEscapableInsideAnArmedEscapeLeavesItArmed) {
   EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the outer escape was gone";
 }
 
+// run_escapable inside a no_escape takes its own escape (the jump lands in its own frame,
+// inside the scope, which stays whole), and the scope holds back any other after it: a slot
+// taken under a mutex stores escapably so (store::impl::take_slot).
+TEST(MapGuard, RunEscapableInsideANoEscapeTakesItsOwn) {
+  temp_dir dir;
+  const int code = in_guarded_child(dir, 2, [](const file_handle& f, mapped_file& m) {
+    map_guard::set_give_up(std::chrono::seconds(60));  // the escape must come first
+    const map_guard::no_escape held;
+    if (!f.truncate(0)) return 3;
+    const bool ran = map_guard::run_escapable(std::chrono::steady_clock::now(), [&] {
+      std::atomic_ref(m.data()[page_size()]).store(std::byte{'z'});  // refused while cut
+    });
+    if (ran) return 4;                            // the store went through: nothing was refused
+    return map_guard::escape_in_force() ? 0 : 5;  // still held back
+  });
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << guard_off;
+  EXPECT_EQ(code, 0) << "128 + 7: killed by SIGBUS, the escape was not taken";
+}
+
 // Inside a no_escape scope the escape is not taken: the refusal is waited out and given up
 // on as without one (the code there holds something a jump would leave held).
 TEST(MapGuard, ANoEscapeScopeKeepsTheEscapeShut) {
