@@ -125,15 +125,23 @@ void store::impl::maybe_maintain() noexcept {
           // done. Not again from this process for a while (not for every commit meanwhile).
           busy_until.store(now_ms() + busy_backoff_ms, std::memory_order_relaxed);
         } else {
-          if (due()) {
-            h64(hdr::checkpoint_attempt)
-                .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
-                       std::memory_order_release);
+          // (The header's words escapably, where the volume may refuse their page: refused
+          // past the deadline, no checkpoint is tried, or its error goes unnoted.)
+          const auto note_error = [&](const error& e) {
+            (void)stored_escapably(cd, [&] {
+              h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(e.value()));
+            });
+          };
+          if (due() && stored_escapably(cd, [&] {
+                h64(hdr::checkpoint_attempt)
+                    .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
+                           std::memory_order_release);
+              })) {
             if (auto room = room_for_checkpoint(); !room) {
-              h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(room.error().value()));
+              note_error(room.error());
             } else if (auto r = checkpoint_locked(cd); !r) {
               // The commits went on; the failure is kept for stats.
-              h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(r.error().value()));
+              note_error(r.error());
             } else {
               wrote = true;
             }
@@ -176,7 +184,11 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_cla
                      ? 1
                      : 0;
     }
-    if (may_want == 1) wanted.store(now_ns(), std::memory_order_relaxed);
+    // (A hint: refused past the deadline, no more of them.)
+    if (may_want == 1 &&
+        !stored_escapably(cd, [&] { wanted.store(now_ns(), std::memory_order_relaxed); })) {
+      may_want = 0;
+    }
   };
   if (how == byte_claim::background) {
     const std::uint64_t then = wanted.load(std::memory_order_relaxed);
@@ -481,10 +493,17 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   if (auto r = io::atomic_replace(file.c_str(), all, ro); !r) {
     return std::unexpected(r.error().about(file));
   }
-  h64(hdr::checkpoint_seq).store(S);
-  h64(hdr::checkpoint_from).store(from, std::memory_order_release);
-  h64(hdr::checkpoint_error).store(0);
-  h64(hdr::checkpoint_bytes).store(all.size());
+  if (checkpoint_written_hook != nullptr) checkpoint_written_hook();
+  // (Refused past the deadline, the words name the checkpoint before, as when a checkpointer
+  // is killed here: the file alone says what it holds.)
+  if (!stored_escapably(cd, [&] {
+        h64(hdr::checkpoint_seq).store(S);
+        h64(hdr::checkpoint_from).store(from, std::memory_order_release);
+        h64(hdr::checkpoint_error).store(0);
+        h64(hdr::checkpoint_bytes).store(all.size());
+      })) {
+    return std::unexpected(index_write_refusal());
+  }
   return {};
 }
 

@@ -306,26 +306,39 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
       (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
       continue;
     }
-    bury_unsealed(s);
-    s.state().store(static_cast<std::uint64_t>(commit_state::idle));
-    s.snapshot().store(0);
-    s.seq().store(0);
-    s.block().store(0);
-    s.block_length().store(0);
-    // A dead user's charge stays charged (safe); an evicted one's cost is no longer
-    // written off.
-    if (ledger) {
-      ledger->leave(u);
-    } else {
-      s.ledger_pin().store(0);
+    // Its page and the header's asked for again now that the byte is ours (the volume may
+    // have written them back meanwhile), and stored escapably all the same: refused, the
+    // byte goes back and the slot is a dead user's still, as if we had died taking it.
+    result<void> taken = slot_write_ready(u, patient);
+    if (taken) bury_unsealed(s);
+    const std::uint32_t tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
+    if (taken && !stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
+          s.state().store(static_cast<std::uint64_t>(commit_state::idle));
+          s.snapshot().store(0);
+          s.seq().store(0);
+          s.block().store(0);
+          s.block_length().store(0);
+          // A dead user's charge stays charged (safe); an evicted one's cost is no longer
+          // written off.
+          if (ledger) {
+            ledger->leave(u);
+          } else {
+            s.ledger_pin().store(0);
+          }
+          // A user killed while it closed a delta: nobody closes it now.
+          if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
+            h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
+          }
+          s.start_time().store(base::self().start_time);
+          s.tid().store(tid);
+          s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
+        })) {
+      taken = std::unexpected(index_write_refusal());
     }
-    // A user killed while it closed a delta: nobody closes it now.
-    if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
-      h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
+    if (!taken) {
+      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      return std::unexpected(taken.error());
     }
-    s.start_time().store(base::self().start_time);
-    s.tid().store(static_cast<std::uint32_t>(::syscall(SYS_gettid)));
-    s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
     ours[u] = true;
     return slot_lease{u, gen};
   }
@@ -383,8 +396,10 @@ bool store::impl::clear_snapshot(std::uint32_t u) noexcept {
     // qgroup at its limit): then the snapshot stays, instead of a SIGBUS, and the caller
     // gives the slot up (forsake_slot): kept, it would hold every compaction back until the
     // slot's next call, which an idle process never makes.
+    // (And refused again after that, written back in between, past the deadline: the same.)
     if (!slot_write_ready(u, false)) return false;
-    me.snapshot().store(0, std::memory_order_release);
+    return stored_escapably(io::deadline(opts.lock_timeout).start(),
+                            [&] { me.snapshot().store(0, std::memory_order_release); });
   }
   return true;
 }
@@ -441,8 +456,11 @@ void store::impl::free_dead_slot(std::uint32_t u) noexcept {
     if (!slot_write_ready(u, false)) return;
     if (slot_reclaimable(s)) {
       bury_unsealed(s);
-      s.snapshot().store(0);
-      s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
+      // (Refused again past the deadline, it stays a dead user's, as refused above.)
+      (void)stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
+        s.snapshot().store(0);
+        s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
+      });
     }
   });
 }

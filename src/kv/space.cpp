@@ -156,7 +156,7 @@ result<void> store::impl::close_delta(std::uint64_t seen, std::int64_t cost,
   if (ledger->front() != seen) return {};  // closed by another: try the next one
   if (ledger_close_hook != nullptr) ledger_close_hook();
   // An evicted writer that died never leaves: its cost would stay written off for good.
-  if (ledger->written_off() != 0) free_dead_pins(0);
+  if (ledger->written_off() != 0) free_dead_pins(0, cd);
   std::int64_t provisional = 0;
   for (;;) {
     // The delta before `seen` lends its words to the next: it must be quiet. (A writer that
@@ -230,7 +230,7 @@ result<void> store::impl::wait_quiet(std::uint64_t d, const io::countdown& cd) n
       // forever. Past the deadline, so would one of a user alive and stopped (SIGSTOP, a
       // debugger) or starved of CPU: it is evicted (its cost written off until it leaves),
       // and the delta no longer waits for it. It goes on unharmed when it runs again.
-      free_dead_pins(d);
+      free_dead_pins(d, cd);
       const bool late = cd.expired();
       if (late) evict_live_pins(d, cd);
       if (ledger->quiet(d)) return {};
@@ -261,17 +261,18 @@ void store::impl::evict_live_pins(std::uint64_t d, const io::countdown& cd) noex
   }
 }
 
-void store::impl::free_dead_pins(std::uint64_t d) noexcept {
+void store::impl::free_dead_pins(std::uint64_t d, const io::countdown& cd) noexcept {
   for (std::uint32_t u = 0; u < max_slots; ++u) {
     const std::uint64_t pin = slot(u).ledger_pin().load(std::memory_order_acquire);
     if ((pin != d || d == 0) && (pin & space::ledger::evicted) == 0) continue;
     if (!slot_owner_dead(u)) continue;
     // Its pin is the dead user's (a new user clears it when it takes the slot, under the
-    // byte too); an evicted one's cost comes off what is written off. (Under the byte no
-    // escape is taken: the pages are asked for first, and a refusal leaves the pin be.)
-    if (!slot_write_ready(u, false)) continue;
+    // byte too); an evicted one's cost comes off what is written off. (The pages asked for
+    // under the byte, and the leave escapable: refused, the pin stays, as it was.)
     as_dead_users_byte(u, [&] {
-      if (slot(u).ledger_pin().load(std::memory_order_seq_cst) == pin) ledger->leave(u);
+      if (slot(u).ledger_pin().load(std::memory_order_seq_cst) != pin) return;
+      if (!slot_write_ready(u, false)) return;
+      (void)stored_escapably(cd, [&] { ledger->leave(u); });
     });
   }
 }

@@ -941,7 +941,7 @@ struct store::impl final : ix::page_source {
   void evict_live_pins(std::uint64_t d, const io::countdown& cd) noexcept;
   //! Leaves for every dead user (holding its byte) whose pin names delta `d` (0: none) or
   //! is evicted.
-  void free_dead_pins(std::uint64_t d) noexcept;
+  void free_dead_pins(std::uint64_t d, const io::countdown& cd) noexcept;
   //! Zeroes the ledger and every pin: alone, before anyone charges.
   void reset_ledger() noexcept;
 
@@ -1030,8 +1030,8 @@ struct store::impl final : ix::page_source {
   //! them rather than the process (io::map_guard::run_escapable, where writes_refusable; else
   //! they just run). False when they were ended so, some of them perhaps landed: the caller
   //! goes on as the dead writer those stores must already survive. `stores` may only store
-  //! to the maps and compute: nothing in it owns memory or holds a lock. Inside an escape
-  //! already armed (or held back), they run under that one.
+  //! to the maps and compute: nothing in it owns memory or holds a lock. Its own escape: it
+  //! may run inside another, or inside a no_escape (io::map_guard::run_escapable).
   template <class F>
   [[nodiscard]] bool stored_escapably(const io::countdown& cd, F&& stores) noexcept {
     if (!writes_refusable.load(std::memory_order_relaxed)) {
@@ -1179,6 +1179,8 @@ struct store::impl final : ix::page_source {
 //! For tests: called by compact after it moved the live records, before it waits for the
 //! snapshots that may still read the originals.
 inline void (*compact_moved_hook)() noexcept = nullptr;
+//! For tests: called by a checkpoint once its file is in place, before the header names it.
+inline void (*checkpoint_written_hook)() noexcept = nullptr;
 
 //! For tests: called by the ledger's closer as it begins to close a delta.
 inline void (*ledger_close_hook)() noexcept = nullptr;

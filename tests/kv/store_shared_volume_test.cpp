@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -672,11 +673,15 @@ int ended_well(pid_t user) {
   return 20 + code;
 }
 
-// A qgroup test's last check: a new opener finds the store whole (0; else 14: it cannot
-// open it, 16: verify failed).
-int a_new_opener_verifies(const std::string& path) {
+// A qgroup test's last check: a new opener finds the store whole, key_of(0 to keys − 1)
+// holding `value` (0; else 14: it cannot open it, 15: a key is not so, 16: verify failed).
+int a_new_opener_verifies(const std::string& path, int keys = 0, std::string_view value = {}) {
   auto s = store::open(path);
   if (!s) return 14;
+  for (int i = 0; i < keys; ++i) {
+    auto v = (*s)->get(key_of(i));
+    if (!v || *v != value) return 15;
+  }
   return (*s)->verify() ? 0 : 16;
 }
 
@@ -846,6 +851,44 @@ TEST(KvQgroup, ACompactionWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
   });
 }
 
+// A checkpoint whose file went in with room, after which the qgroup fills and the store's
+// pages are written back: it stored the header's words naming the new checkpoint with no
+// page made writable first, and the map guard's give-up killed it. Now it fails with EDQUOT
+// (the words name the checkpoint before, as when a checkpointer is killed there); once room
+// is back the next checkpoint goes in, and a new opener reads every key.
+TEST(KvQgroup, ACheckpointWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
+  on_qgroup_volume(256, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(1000, 'v');
+    const pid_t user = test::fork_child([&] {
+      io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
+      options o = small();
+      o.lock_timeout = std::chrono::seconds(2);
+      o.checkpoint_bytes = std::uint64_t{1} << 40;  // only the checkpoint under test
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      for (int i = 0; i < 400; ++i) {
+        if (!(*s)->put(key_of(i), value)) return 3;
+      }
+      hook_fd = foreign_file(sv + "/foreign");
+      checkpoint_written_hook = []() noexcept { fill_and_write_back(hook_at.load()); };
+      auto c = (*s)->checkpoint();
+      checkpoint_written_hook = nullptr;
+      if (hook_fd.load() != -1) return 4;  // the hook never ran: nothing was tested
+      std::fprintf(stderr, "checkpoint: %s, %llu escapes\n",
+                   c ? "done" : c.error().message().c_str(),
+                   static_cast<unsigned long long>(io::map_guard::escaped()));
+      if (c || c.error() != std::error_code(EDQUOT, std::system_category())) return 5;
+      if (::unlink((sv + "/foreign").c_str()) != 0) return 9;
+      (void)::sync();
+      if (!(*s)->put("after", value) || !(*s)->checkpoint()) return 10;
+      return 0;
+    });
+    if (const int code = ended_well(user); code != 0) return code;
+    return a_new_opener_verifies(path, 400, value);
+  });
+}
+
 // Every call of a store opened with room, once another program holds the qgroup at its
 // limit and the store's pages are written back: gets read, and puts, erases, compactions
 // and checkpoints fail with EDQUOT; none kills the process (the header's counters of a
@@ -917,13 +960,7 @@ TEST(KvQgroup, EveryCallUnderAHeldQgroupFailsCleanly) {
       return 0;
     });
     if (const int code = ended_well(user); code != 0) return code;
-    auto s = store::open(path);
-    if (!s) return 14;
-    for (int i = 0; i < 1000; ++i) {
-      auto v = (*s)->get(key_of(i));
-      if (!v || *v != value) return 15;
-    }
-    return (*s)->verify() ? 0 : 16;
+    return a_new_opener_verifies(path, 1000, value);
   });
 }
 
@@ -1253,6 +1290,291 @@ TEST(KvQgroup, AReaderWithoutASlotKeepsItsSnapshotFromCompaction) {
     if (!to_writer.tell('g')) return 14;
     if (const int code = test::wait_exit(writer); code != 0) return 40 + code;
     return 0;
+  });
+}
+
+// Fills the qgroup through `fd` (foreign_file) and writes the subvolume back; the fd stays
+// open (the caller unlinks the file for room).
+void fill_and_sync_fd(int fd) noexcept {
+  static const std::vector<char> big(64 << 10, 'f');
+  for (std::size_t chunk : {big.size(), std::size_t{4096}}) {
+    while (::write(fd, big.data(), chunk) >= 0) {
+    }
+  }
+  (void)::syncfs(fd);
+}
+
+// A commit whose last steps meet a held qgroup makes a checkpoint due: the background
+// checkpointer stored the header's checkpoint_attempt (and checkpoint_error) with no page
+// asked for and no escape, and the guard's give-up killed the process (found by review).
+// Now those stores escape, and nothing dies while the qgroup is held.
+TEST(KvQgroup, ABackgroundCheckpointUnderAHeldQgroupDiesOfNoSignal) {
+  on_qgroup_volume(256, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(1000, 'v');
+    const pid_t user = test::fork_child([&] {
+      io::map_guard::set_give_up(std::chrono::seconds(1));
+      options o = small();
+      o.lock_timeout = std::chrono::seconds(2);
+      o.compact_dead_fraction = 0;
+      o.checkpoint_bytes = 256 << 10;
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      for (int i = 0; i < 200; ++i) {
+        if (!(*s)->put(key_of(i), value)) return 3;
+      }
+      hook_fd = foreign_file(sv + "/foreign");
+      hook_at = commit_step::leaving;
+      commit_hook = fill_and_write_back;
+      auto t = (*s)->begin();
+      if (!t) return 8;
+      for (int i = 0; i < 300; ++i) {
+        if (!t->put("mid" + std::to_string(i), value)) return 8;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      auto r = t->commit(durability::none);
+      commit_hook = nullptr;
+      std::fprintf(stderr, "commit: %s after %.2f s, %llu escapes\n",
+                   r ? "made" : r.error().message().c_str(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   static_cast<unsigned long long>(io::map_guard::escaped()));
+      // The other program holds the qgroup a while: the checkpointer meets it meanwhile.
+      ::sleep(4);
+      if (::unlink((sv + "/foreign").c_str()) != 0) return 9;
+      (void)::sync();
+      if (!(*s)->put("after", value)) return 10;
+      return (*s)->verify() ? 0 : 13;
+    });
+    if (const int code = ended_well(user); code != 0) return code;
+    return a_new_opener_verifies(path);
+  });
+}
+
+// A filesystem whose lock() runs a hook once when armed (on exclusive, non-blocking
+// requests), to let another program fill the qgroup and write the store back at that moment.
+struct hooked_fs final : io::filesystem_wrapper {
+  using io::filesystem_wrapper::filesystem_wrapper;
+  std::atomic<int> fd{-1};
+  std::atomic<off_t> at_or_above{0};
+  result<void> lock(const io::file_handle& file, off_t offset, off_t length, io::lock_request r,
+                    bool wait) noexcept override {
+    if (r == io::lock_request::exclusive && offset >= at_or_above.load() &&
+        offset < (off_t{1} << 41)) {
+      if (const int f = fd.exchange(-1); f >= 0) {
+        std::fprintf(stderr, "hook: lock at %lld: filling and syncing\n",
+                     static_cast<long long>(offset));
+        fill_and_sync_fd(f);
+        ::close(f);
+      }
+    }
+    return io::filesystem_wrapper::lock(file, offset, length, r, wait);
+  }
+  // Armed (sync_fd), the first sync after a rename fills and writes back.
+  std::atomic<int> sync_fd{-1};
+  std::atomic<bool> renamed{false};
+  result<void> rename(const io::file_handle* from_dir, const char* from,
+                      const io::file_handle* to_dir, const char* to,
+                      io::rename_mode mode) noexcept override {
+    auto r = io::filesystem_wrapper::rename(from_dir, from, to_dir, to, mode);
+    if (sync_fd.load() >= 0) renamed = true;
+    return r;
+  }
+  result<void> sync(const io::file_handle& file, io::sync_kind kind) noexcept override {
+    auto r = io::filesystem_wrapper::sync(file, kind);
+    if (renamed.load()) {
+      if (const int f = sync_fd.exchange(-1); f >= 0) {
+        std::fprintf(stderr, "hook: sync after rename: filling and syncing\n");
+        fill_and_sync_fd(f);
+        ::close(f);
+      }
+    }
+    return r;
+  }
+};
+
+// Taking a fresh slot (a process's first call, or its next after a forsaken slot) made the
+// slots' pages writable, then took the slot's byte, then stored to the slot (pid, state,
+// ledger pin...) with no escape: written back in between and refused, the guard's give-up
+// killed the process (found by review). Now the pages are asked for again under the byte,
+// and the stores escape: refused, the byte goes back and the put fails.
+TEST(KvQgroup, TakingASlotWhosePageIsWrittenBackDiesOfNoSignal) {
+  on_qgroup_volume(256, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(100, 'v');
+    {
+      auto s = store::open(path, small());
+      if (!s) return 2;
+      for (int i = 0; i < 200; ++i) {
+        if (!(*s)->put(key_of(i), value)) return 3;
+      }
+    }
+    const pid_t user = test::fork_child([&] {
+      io::map_guard::set_give_up(std::chrono::seconds(1));
+      static hooked_fs fs(io::os());
+      options o = small();
+      o.lock_timeout = std::chrono::seconds(2);
+      o.fs = &fs;
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      fs.at_or_above = off_t{1} << 40;  // user_byte: a slot's
+      auto t1 = (*s)->begin();          // holds this process's idle slot: the put takes a fresh one
+      if (!t1 || !t1->get(key_of(1))) return 4;
+      fs.fd = foreign_file(sv + "/foreign");
+      const auto start = std::chrono::steady_clock::now();
+      auto r = (*s)->put("mid", value);
+      std::fprintf(stderr, "put: %s after %.2f s, %llu escapes\n",
+                   r ? "made" : r.error().message().c_str(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   static_cast<unsigned long long>(io::map_guard::escaped()));
+      if (::unlink((sv + "/foreign").c_str()) != 0) return 9;
+      (void)::sync();
+      if (!(*s)->put("after", value)) return 10;
+      return (*s)->verify() ? 0 : 13;
+    });
+    if (const int code = ended_well(user); code != 0) return code;
+    return a_new_opener_verifies(path);
+  });
+}
+
+std::atomic<int> delta_closes{0};
+
+// A writer killed charged and pinned in a delta; another process's commits close deltas,
+// and wait_quiet frees the dead pin (free_dead_pins): the slot's pages were asked for, then
+// the dead user's byte taken, then ledger::leave stored under the byte with no escape;
+// written back in between (the lock) and refused, the process was killed (found by
+// review). Now the pages are asked for under the byte and the leave escapes.
+TEST(KvQgroup, FreeingADeadWritersPinWrittenBackDiesOfNoSignal) {
+  on_qgroup_volume(256, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(1024, 'v');
+    options base_o = small();
+    base_o.max_bytes = std::uint64_t{32} << 20;
+    base_o.lock_timeout = std::chrono::seconds(2);
+    base_o.compact_dead_fraction = 0;
+    base_o.checkpoint_bytes = std::uint64_t{1} << 40;
+    auto keeper = store::open(path, base_o);  // open throughout: the dead pin stays
+    if (!keeper) return 2;
+    if (!(*keeper)->put("a", "0")) return 3;
+    const pid_t victim = test::fork_child([&] {
+      auto mine = store::open(path, base_o);
+      if (!mine) return 2;
+      test_support::die_at(commit_step::charged);
+      (void)(*mine)->put("victim", "1");
+      return 4;
+    });
+    const int st = test::wait_status(victim);
+    if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) return 5;
+    const pid_t user = test::fork_child([&] {
+      io::map_guard::set_give_up(std::chrono::seconds(1));
+      static hooked_fs fs(io::os());
+      options o = base_o;
+      o.fs = &fs;
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      if (!(*s)->put("b", value)) return 3;  // this process's slot taken
+      fs.at_or_above = off_t{1} << 40;
+      fs.fd = foreign_file(sv + "/foreign");
+      ledger_close_hook = [] noexcept { ++delta_closes; };
+      int failed = 0;
+      std::chrono::nanoseconds worst{0};
+      for (int i = 0; i < 20000 && failed < 50; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        auto r = (*s)->put(key_of(i), value);
+        worst = std::max<std::chrono::nanoseconds>(worst, std::chrono::steady_clock::now() - start);
+        if (!r) ++failed;
+      }
+      std::fprintf(stderr, "closes %d, failed %d, hook fired %d, longest %.2f s\n",
+                   delta_closes.load(), failed, fs.fd.load() == -1,
+                   std::chrono::duration<double>(worst).count());
+      (void)::unlink((sv + "/foreign").c_str());
+      (void)::sync();
+      if (!(*s)->put("after", value)) return 10;
+      return (*s)->verify() ? 0 : 13;
+    });
+    if (const int code = ended_well(user); code != 0) return code;
+    return a_new_opener_verifies(path);
+  });
+}
+
+int in_hook_fd = -1;
+
+// A checkpoint() waiting for the maintenance byte (another process compacts) stores the
+// header's maintenance_wanted every millisecond; the page was asked for once, at the first
+// want. Written back and refused meanwhile: no escape, the guard's default 20 s, then SIGBUS
+// (found by review: 20 s against a lock_timeout of 2 s). Now the hint escapes at the
+// deadline and the call fails within it.
+TEST(KvQgroup, AWaiterForTheMaintenanceByteDiesOfNoSignal) {
+  on_qgroup_volume(256, [&](const std::string& sv) {
+    const std::string path = sv + "/s";
+    const std::string value(1000, 'v');
+    options o = small();
+    o.lock_timeout = std::chrono::seconds(2);
+    o.compact_dead_fraction = 0;
+    o.checkpoint_bytes = std::uint64_t{1} << 40;
+    {
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      for (int round = 0; round < 3; ++round) {
+        for (int i = 0; i < 400; ++i) {
+          if (!(*s)->put(key_of(i), value + std::to_string(round))) return 3;
+        }
+      }
+    }
+    pipe_pair in_hook;
+    const pid_t compactor = test::fork_child([&] {
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return 5;
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      in_hook_fd = in_hook.fd[1];
+      compact_moved_hook = []() noexcept {
+        if (in_hook_fd < 0) return;
+        (void)!::write(in_hook_fd, "h", 1);
+        in_hook_fd = -1;
+        ::sleep(30);  // holds the maintenance byte
+      };
+      (void)(*s)->compact();
+      return 0;
+    });
+    if (in_hook.told() != 'h') return 4;
+    const pid_t user = test::fork_child([&] {
+      auto s = store::open(path, o);
+      if (!s) return 2;
+      const auto start = std::chrono::steady_clock::now();
+      auto r = (*s)->checkpoint();
+      const auto took = std::chrono::steady_clock::now() - start;
+      std::fprintf(stderr, "checkpoint: %s after %.2f s\n",
+                   r ? "made" : r.error().message().c_str(),
+                   std::chrono::duration<double>(took).count());
+      if (r) return 3;  // (the byte is held throughout)
+      return took > 2 * o.lock_timeout + std::chrono::seconds(1) ? 4 : 0;  // (was 20 s)
+    });
+    // Until the user waits for the byte: it says so in the header (maintenance_wanted).
+    {
+      const int index = ::open((path + "/index").c_str(), O_RDONLY | O_CLOEXEC);
+      if (index < 0) return 7;
+      void* header = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, index, 0);
+      ::close(index);
+      if (header == MAP_FAILED) return 7;
+      const auto* wanted = reinterpret_cast<const volatile std::uint64_t*>(
+          static_cast<const std::byte*>(header) + hdr::maintenance_wanted);
+      while (*wanted == 0)
+        std::this_thread::yield();
+      ::munmap(header, 4096);
+    }
+    const pid_t writer = volume_taken_by_foreign_writer(foreign_file(sv + "/foreign"));
+    if (writer < 0) return 6;
+    (void)::sync();
+    const auto start = std::chrono::steady_clock::now();
+    const int code = ended_well(user);
+    std::fprintf(stderr, "user ended after %.2f s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    ::kill(compactor, SIGKILL);
+    (void)test::wait_exit(compactor);
+    ::kill(writer, SIGKILL);
+    (void)test::wait_exit(writer);
+    (void)::unlink((sv + "/foreign").c_str());
+    if (code != 0) return code;
+    return a_new_opener_verifies(path);
   });
 }
 
