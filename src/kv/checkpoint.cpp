@@ -314,7 +314,11 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
     if (again == S && mark <= S) break;
     if (cd.expired()) return errc_error(std::errc::timed_out);
-    if (again == S) wait_visible(S + 1, cd);  // commit S + 1 is adding its counters
+    // Commit S + 1 is adding its counters. (Its settling stores escape a page the volume
+    // refuses past the deadline, as a commit's do: store_impl.hpp, wait_visible.)
+    if (again == S && !stored_escapably(cd, [&] { wait_visible(S + 1, cd); })) {
+      return std::unexpected(index_write_refusal());
+    }
   }
 
   // 3. The copy: the directory and every bucket page it names, each entry as of S. Splits go

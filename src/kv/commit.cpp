@@ -691,7 +691,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
       const std::uint64_t size = fmt::segment_header_size + len;
-      s->reconcile_rooms();  // as seg/ has them (see next_active_segment)
+      // The rooms as seg/ has them (see next_active_segment).
+      if (auto r = s->reconcile_rooms(); !r) return std::unexpected(r.error());
       if (auto r = s->ready_for_put(size); !r) return std::unexpected(r.error());
       auto n = s->make_segment(size);
       if (!n) return std::unexpected(n.error());
@@ -701,9 +702,17 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     if (auto w = s->segment_write_ready(at, len); !w) return std::unexpected(w.error());
     auto bytes = s->bytes_at(at);
     if (!bytes) return std::unexpected(bytes.error());
-    k.blob = {at, s->write_dirty(at, [&] {
-                return fmt::encode_blob_block(bytes->first(len), value, s->salt);
-              })};
+    // (Its pages written back and refused again before the copy ends, past the deadline: the
+    // blob is dead space, as a writer's killed here.)
+    std::uint64_t sum = 0;
+    if (auto w = s->store_or_refuse([&] {
+          sum = s->write_dirty(
+              at, [&] { return fmt::encode_blob_block(bytes->first(len), value, s->salt); });
+        });
+        !w) {
+      return std::unexpected(w.error());
+    }
+    k.blob = {at, sum};
   }
 
   // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
@@ -765,7 +774,11 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       if (k.entry && ((k.prev_seq & ix::pending) != 0 || k.prev_seq > snapshot)) {
         // Not visible yet: wait until it is (settling it if its writer died), so that the
         // retry's snapshot sees it rather than conflicting with it again.
-        if ((k.prev_seq & ix::pending) == 0) s->wait_visible(k.prev_seq, cd);
+        // (Escapably: settling a dead writer's commit stores to the index.)
+        if ((k.prev_seq & ix::pending) == 0 &&
+            !s->stored_escapably(cd, [&] { s->wait_visible(k.prev_seq, cd); })) {
+          return std::unexpected(s->index_write_refusal());
+        }
         return keel_error(errc::conflict);
       }
       if (!k.entry && k.w != nullptr) ++new_keys[k.page];

@@ -74,7 +74,9 @@ result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countd
   while (visible.load(std::memory_order_acquire) < seq) {
     if (cd.expired()) return errc_error(std::errc::timed_out);
     if (std::chrono::steady_clock::now() - last_settle >= std::chrono::milliseconds(2)) {
-      (void)settle_commit(visible.load(std::memory_order_acquire) + 1, false);
+      // (Refused past the deadline: the wait times out.)
+      (void)stored_escapably(
+          cd, [&] { (void)settle_commit(visible.load(std::memory_order_acquire) + 1, false); });
       last_settle = std::chrono::steady_clock::now();
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -887,7 +889,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     const std::array<lock::entity, 2> both{lock::entity(entity_sync), lock::entity(entity_segment)};
     auto g = s.locks->lock(both, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
-    s.reconcile_rooms();  // which rooms to keep: as seg/ has them (see next_active_segment)
+    // Which rooms to keep: as seg/ has them (see next_active_segment).
+    if (auto r = s.reconcile_rooms(); !r) return std::unexpected(r.error());
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
     bool kept_spare = false;
     bool kept_deletes = false;
@@ -947,7 +950,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       if (auto l = s.list_segment(kept_next, s.dir.params.segment_size); !l) {
         return std::unexpected(l.error());
       }
-      s.enter_segment(kept_next, s.dir.params.segment_size);
+      if (auto e = s.enter_segment(kept_next, s.dir.params.segment_size); !e) {
+        return std::unexpected(e.error());
+      }
     }
     if (!stored([&] {
           s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);

@@ -314,7 +314,16 @@ bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t od
   const location_range space[] = {
       {fmt::make_location(s.number, at), fmt::make_location(s.number, next)}};
   if (auto named = index_names(space, false); !named || *named) return false;
-  return fmt::bury_block(s.map.bytes().subspan(at, next - at), next - at, salt);
+  // Where the volume may refuse the pages (btrfs at a qgroup's limit), asked for first, and
+  // buried escapably: refused, it stays, as when this closer is killed here.
+  if (!segment_write_ready(space[0].from, next - at, false)) return false;
+  bool buried = false;
+  if (!store_or_refuse([&] {
+        buried = fmt::bury_block(s.map.bytes().subspan(at, next - at), next - at, salt);
+      })) {
+    return false;
+  }
+  return buried;
 }
 
 store::impl::sealed_census store::impl::count_sealed(const segment& s,

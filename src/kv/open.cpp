@@ -119,10 +119,13 @@ store::impl::~impl() {
       // On a volume that refuses writes through the maps (btrfs at its quota) a refused
       // write would kill the process (SIGBUS): a slot it may not write is left as a dead
       // user's, which the next user takes back once its byte is free.
+      // (Written back and refused again after that, past lock_timeout: the same.)
       if (slot_write_ready(u)) {
         const slot_ref s = slot(u);
-        s.snapshot().store(0);
-        s.pid().store(0, std::memory_order_release);
+        (void)store_or_refuse([&] {
+          s.snapshot().store(0);
+          s.pid().store(0, std::memory_order_release);
+        });
       }
       (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
     }
@@ -755,7 +758,10 @@ result<std::uint64_t> store::impl::new_segment_number() noexcept {
     if (holder == 0 || holder == number) break;
   }
   if (number > fmt::max_segment_number) return errc_error(std::errc::file_too_large);
-  h64(hdr::next_segment).store(number + 1);  // a maker that dies leaves a gap, no harm
+  // (A maker that dies leaves a gap, no harm; so does one refused here.)
+  if (auto r = store_or_refuse([&] { h64(hdr::next_segment).store(number + 1); }); !r) {
+    return std::unexpected(r.error());
+  }
   return number;
 }
 
@@ -786,12 +792,14 @@ result<void> store::impl::allocate_in(const io::file_handle& file, off_t offset,
   return file.allocate(offset, length);
 }
 
-void store::impl::enter_segment(std::uint64_t number, std::uint64_t size) noexcept {
+result<void> store::impl::enter_segment(std::uint64_t number, std::uint64_t size) noexcept {
   // The number last: a reader of the table (budget_left) never pairs it with another's size.
-  segtab(number, 1).store(size);
-  segtab(number, 2).store(0);
-  segtab(number, 3).store(0);  // reserved
-  segtab(number, 0).store(number);
+  return store_or_refuse([&] {
+    segtab(number, 1).store(size);
+    segtab(number, 2).store(0);
+    segtab(number, 3).store(0);  // reserved
+    segtab(number, 0).store(number);
+  });
 }
 
 result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
@@ -814,7 +822,7 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
     (void)io::unlink_at(dir.segments, name.c_str());  // unlisted: nobody's
     return std::unexpected(l.error());
   }
-  enter_segment(number, size);
+  if (auto e = enter_segment(number, size); !e) return std::unexpected(e.error());
   return number;
 }
 
@@ -910,11 +918,8 @@ result<void> store::impl::ensure_room(const room_file& room) noexcept {
   // The word alone could be stale (a taker killed after the rename): the file says.
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto st = fs->stat_at(&dir.segments, room.name, false);
-    if (st && st->size == size) {
-      h64(room.word).store(size);
-      return {};
-    }
-    h64(room.word).store(0);
+    if (st && st->size == size) return store_or_refuse([&] { h64(room.word).store(size); });
+    if (auto w = store_or_refuse([&] { h64(room.word).store(0); }); !w) return w;
     if (st) {
       // Not one of ours at this size: a new one replaces it.
       if (auto r = io::unlink_at(dir.segments, room.name); !r) {
@@ -927,8 +932,7 @@ result<void> store::impl::ensure_room(const room_file& room) noexcept {
     if (!r && r.error() == std::errc::file_exists) continue;  // another's, made meanwhile
     if (!r) return std::unexpected(error(r.error().code()).about(named));
     if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
-    h64(room.word).store(size);
-    return {};
+    return store_or_refuse([&] { h64(room.word).store(size); });
   }
   return errc_error(std::errc::file_exists);
 }
@@ -945,7 +949,10 @@ result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
                                     io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) {
     if (f.error() == std::errc::no_such_file_or_directory) {
-      h64(room.word).store(0);  // taken by a user killed before it cleared the word
+      // Taken by a user killed before it cleared the word.
+      if (auto w = store_or_refuse([&] { h64(room.word).store(0); }); !w) {
+        return std::unexpected(w.error());
+      }
       return errc_error(std::errc::no_space_on_device);
     }
     return std::unexpected(f.error().about(named));
@@ -971,14 +978,18 @@ result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
     // The room again if it can be (else an unlisted file the next lone opener removes).
     if (!fs->rename(&dir.segments, name.c_str(), &dir.segments, room.name,
                     io::rename_mode::no_replace)) {
-      h64(room.word).store(0);
+      (void)store_or_refuse([&] { h64(room.word).store(0); });  // (else reconciled later)
     }
     return std::unexpected(e);
   };
   if (auto d = dir.segments.sync_all(); !d) return back_to_room(d.error().about(named));
   if (auto l = list_segment(number, size); !l) return back_to_room(l.error());
-  enter_segment(number, size);
-  h64(room.word).store(0);
+  // (Refused now, a segment listed and named, its room's word perhaps still set: what a
+  // taker killed here leaves, which reconcile_rooms and the next opener settle.)
+  if (auto e = enter_segment(number, size); !e) return std::unexpected(e.error());
+  if (auto w = store_or_refuse([&] { h64(room.word).store(0); }); !w) {
+    return std::unexpected(w.error());
+  }
   return number;
 }
 
@@ -1067,15 +1078,18 @@ void store::impl::reconcile_checkpoint_bytes() noexcept {
   h64(hdr::checkpoint_bytes).store(st ? st->size : 0);
 }
 
-void store::impl::reconcile_rooms() noexcept {
+result<void> store::impl::reconcile_rooms() noexcept {
   for (const room_file* room : {&spare_room, &deletes_room}) {
     auto st = fs->stat_at(&dir.segments, room->name, false);
     const std::uint64_t size = st && st->size == dir.params.segment_size ? st->size : 0;
     // Stored only when it changes: a store is a write fault on the header's page, which a
     // volume at its limit (btrfs, a qgroup) refuses once the page was written back, and
     // reserving asks here at every new segment.
-    if (h64(room->word).load() != size) h64(room->word).store(size);
+    if (h64(room->word).load() != size) {
+      if (auto w = store_or_refuse([&] { h64(room->word).store(size); }); !w) return w;
+    }
   }
+  return {};
 }
 
 std::uint64_t store::impl::abandoned_segment() const noexcept {
@@ -1103,8 +1117,7 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   const auto first = (*seg)->bytes().subspan(fmt::segment_header_size, sizeof(fmt::block_header));
   if (!std::ranges::all_of(first, [](std::byte b) { return b == std::byte{0}; })) return {};
   if (auto l = list_segment(last, (*seg)->size); !l) return l;
-  enter_segment(last, (*seg)->size);
-  return {};
+  return enter_segment(last, (*seg)->size);
 }
 
 result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
@@ -1113,7 +1126,7 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   // set, which counted the room twice (beside the segment made of it) against a budget, and
   // kept compaction from keeping a segment as that room again. Rooms change only under the
   // `segment` lock, held here.
-  reconcile_rooms();
+  if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   if (auto a = adopt_named_leftover(); !a) return std::unexpected(a.error());
   // The last segment made, if the tail never moved into it (its maker, or the taker of the
   // spare, was killed, or failed, in between): nothing was written there, so it is the next
@@ -1180,7 +1193,12 @@ result<std::uint64_t> store::impl::mark_for_deletes(result<std::uint64_t> made,
                                                     bool for_deletes) noexcept {
   // A segment a put could not have made is made of the room kept for deletes, whoever made
   // it: puts leave it to erases and compaction (see reserve).
-  if (made) h64(hdr::deletes_segment).store(for_deletes ? *made : 0);
+  if (made) {
+    if (auto w = store_or_refuse([&] { h64(hdr::deletes_segment).store(for_deletes ? *made : 0); });
+        !w) {
+      return std::unexpected(w.error());
+    }
+  }
   return made;
 }
 
@@ -1242,7 +1260,15 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
     const bool theirs =
         who == room_for::put && at != 0 && fmt::segment_of(at) == h64(hdr::deletes_segment).load();
     if (!theirs && at != 0 && fmt::offset_of(at) + length <= seg_size) {
-      if (!t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel)) continue;
+      // (The tail is the header's: written back and refused, an escape past lock_timeout
+      // fails the reserve before anything was taken.)
+      bool took = false;
+      if (auto w = store_or_refuse(
+              [&] { took = t.compare_exchange_weak(at, at + length, std::memory_order_acq_rel); });
+          !w) {
+        return std::unexpected(w.error());
+      }
+      if (!took) continue;
       // Crossing into the next chunk: fault in the one after it now, so that writers never
       // take page faults on fresh pages (nor wait for each other's, on the same page).
       const std::uint64_t off = fmt::offset_of(at);
@@ -1257,14 +1283,20 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
     if (t.load(std::memory_order_acquire) != at) continue;
     auto n = next_active_segment(who);
     if (!n) return std::unexpected(n.error());
-    if (at != 0) {
-      // What is left at the end of the old one is dead space.
-      const std::uint64_t left = seg_size - fmt::offset_of(at);
-      h64(hdr::dead_bytes).fetch_add(left);
-    }
     prefault(*n, 0);
     prefault(*n, prefault_chunk);
-    t.store(fmt::make_location(*n, fmt::segment_header_size), std::memory_order_release);
+    // (Refused past lock_timeout: the segment made and never moved into is the abandoned
+    // one the next writer takes, as when its maker is killed here.)
+    if (auto w = store_or_refuse([&] {
+          if (at != 0) {
+            // What is left at the end of the old one is dead space.
+            h64(hdr::dead_bytes).fetch_add(seg_size - fmt::offset_of(at));
+          }
+          t.store(fmt::make_location(*n, fmt::segment_header_size), std::memory_order_release);
+        });
+        !w) {
+      return std::unexpected(w.error());
+    }
   }
 }
 
@@ -1486,7 +1518,7 @@ result<void> store::impl::recover_alone() noexcept {
   h64(hdr::visible_waiters).store(0);
   h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
   table->finish_split(*this);          // alone: no locks to take
-  reconcile_rooms();
+  if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   reconcile_checkpoint_bytes();
   // The manifest's segments must all be there (corrupt, naming one that is not); those it
   // does not list are leftovers, removed by a writable opener. One listed and not in the
@@ -1499,7 +1531,7 @@ result<void> store::impl::recover_alone() noexcept {
     if (segtab(n, 0).load() != 0) continue;
     auto seg = segment_at(n);
     if (!seg) return std::unexpected(seg.error());
-    enter_segment(n, (*seg)->size);
+    if (auto e = enter_segment(n, (*seg)->size); !e) return std::unexpected(e.error());
     h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size);
   }
   // What users that died part-way left in the store's files is cleared by a writable

@@ -286,10 +286,15 @@ result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& 
       std::uint64_t seq = se.seq;
       if (!to.empty() && to[j] != 0) {
         // The commit happened: its writer died before publishing this entry.
-        ix::change_entry(table->page_holding(se.e), se.e, [&] {
-          se.e.location().store(to[j], std::memory_order_release);
-          se.e.seq().compare_exchange_strong(seq, (*whole)->seq, std::memory_order_acq_rel);
-        });
+        if (auto w = change_entry_escapably(
+                se.e,
+                [&] {
+                  se.e.location().store(to[j], std::memory_order_release);
+                  se.e.seq().compare_exchange_strong(seq, (*whole)->seq, std::memory_order_acq_rel);
+                });
+            !w) {
+          return w;
+        }
         continue;
       }
       // Not complete (or no record of its key there): back to the version its location
@@ -300,9 +305,14 @@ result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& 
         if (!before) return std::unexpected(before.error());
         restored = before->rec.head.seq;
       }
-      ix::change_entry(table->page_holding(se.e), se.e, [&] {
-        se.e.seq().compare_exchange_strong(seq, restored, std::memory_order_acq_rel);
-      });
+      if (auto w = change_entry_escapably(se.e,
+                                          [&] {
+                                            se.e.seq().compare_exchange_strong(
+                                                seq, restored, std::memory_order_acq_rel);
+                                          });
+          !w) {
+        return w;
+      }
     }
   }
   return {};

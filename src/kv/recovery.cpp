@@ -459,7 +459,7 @@ result<void> store::impl::rebuild() noexcept {
     }
   }
   h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
-  reconcile_rooms();
+  if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   reconcile_checkpoint_bytes();
   h64(hdr::tail).store(tail);
   h64(hdr::visible).store(st.max_seq);

@@ -788,8 +788,9 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> allocate_in(const io::file_handle& file, off_t offset,
                                          off_t length) const noexcept;
   //! Enters segment `number` of `size` bytes in the segment table (under the `segment` lock,
-  //! or alone).
-  void enter_segment(std::uint64_t number, std::uint64_t size) noexcept;
+  //! or alone). Errors: index_write_refusal (store_or_refuse: left as a maker killed there
+  //! leaves it, a segment listed and not entered).
+  [[nodiscard]] result<void> enter_segment(std::uint64_t number, std::uint64_t size) noexcept;
   //! The number a new segment takes (under the `segment` lock, or alone).
   [[nodiscard]] result<std::uint64_t> new_segment_number() noexcept;
   //! Makes `f` (seg/spare, seg/deletes), a whole segment's room allocated ahead that only its
@@ -803,8 +804,8 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<std::uint64_t> adopt_room(const room_file& f) noexcept;
   //! Sets the rooms' words from the files as they are (a maker or taker killed between a file
   //! and its word left them apart). Alone, or with the `segment` lock, which every change of
-  //! a room holds.
-  void reconcile_rooms() noexcept;
+  //! a room holds. Errors: index_write_refusal (store_or_refuse).
+  [[nodiscard]] result<void> reconcile_rooms() noexcept;
   //! Whether `f` is there (by its word).
   [[nodiscard]] bool has_room(const room_file& f) const noexcept {
     return h64(f.word).load(std::memory_order_acquire) != 0;
@@ -1026,6 +1027,31 @@ struct store::impl final : ix::page_source {
   //! What a refused write to the index comes to: why_writes_refused, or timed_out where a
   //! page written now goes through (the refusal outlasted the call's deadline all the same).
   [[nodiscard]] error index_write_refusal() noexcept;
+  //! stored_escapably within lock_timeout from now, for the words of the index a call changes
+  //! under the `segment` lock and its like (the tail, the rooms, the segment table): {} once
+  //! stored, else index_write_refusal.
+  template <class F>
+  [[nodiscard]] result<void> store_or_refuse(F&& stores) noexcept {
+    if (!writes_refusable.load(std::memory_order_relaxed)) {
+      stores();
+      return {};
+    }
+    if (stored_escapably(io::deadline(opts.lock_timeout).start(), stores)) return {};
+    return std::unexpected(index_write_refusal());
+  }
+  //! ix::change_entry of `e`, its page asked for first and the change stored with
+  //! store_or_refuse, where the volume may refuse it: for a change outside a commit's escape
+  //! (settling a dead writer's entry). Errors: the page's refusal, index_write_refusal.
+  template <class Change>
+  [[nodiscard]] result<void> change_entry_escapably(const ix::entry_ref& e,
+                                                    Change&& change) noexcept {
+    const ix::bucket_ref b = table->page_holding(e);
+    if (writes_refusable.load(std::memory_order_relaxed)) {
+      const auto page = static_cast<std::uint64_t>(b.base - base()) / fmt::page_size;
+      if (auto w = index_write_ready(page); !w) return w;
+    }
+    return store_or_refuse([&] { ix::change_entry(b, e, change); });
+  }
   //! Runs `stores` so that a write fault the volume still refuses at `cd`'s deadline ends
   //! them rather than the process (io::map_guard::run_escapable, where writes_refusable; else
   //! they just run). False when they were ended so, some of them perhaps landed: the caller
