@@ -436,16 +436,21 @@ void store::impl::bury_unsealed(const slot_ref& s) noexcept {
   const std::uint64_t at = s.block().load(std::memory_order_acquire);
   if (length == 0 || at == 0) return;
   auto bytes = bytes_at(at);
+  // (Its pages asked for, and buried escapably: refused, it is left as not buried.)
+  bool buried = false;
   if (!opts.read_only && bytes && segment_write_ready(at, length, false) &&
-      fmt::bury_block(*bytes, length, salt)) {
+      store_or_refuse([&] { buried = fmt::bury_block(*bytes, length, salt); }) && buried) {
     return;
   }
   if (bytes && fmt::block_seq(*bytes) != 0 && fmt::block_seq(*bytes) != fmt::void_seq) return;
   // Not buried (read-only, or its segment cannot be reached now): no close may record it as
   // durable; the next writable rebuild steps over it above durable below.
   std::uint64_t first = h64(hdr::unvoided_torn).load();
-  while ((first == 0 || at < first) && !h64(hdr::unvoided_torn).compare_exchange_weak(first, at)) {
-  }
+  (void)store_or_refuse([&] {
+    while ((first == 0 || at < first) &&
+           !h64(hdr::unvoided_torn).compare_exchange_weak(first, at)) {
+    }
+  });
 }
 
 void store::impl::free_dead_slot(std::uint32_t u) noexcept {
@@ -1452,15 +1457,20 @@ result<void> store::impl::open_index() noexcept {
       const bool valid =
           header_valid(*this, static_cast<std::uint64_t>(*size), why) && index_sound();
       if (valid) {
-        if (auto w = reader_write_ready(); !w) return w;  // recover_alone writes
+        if (auto w = alone_write_ready(); !w) return w;  // recover_alone writes
       }
       auto r = valid ? recover_alone() : rebuild();
       if (!r) return r;
-      reset_ledger();  // what dead users charged is nobody's now
+      // What dead users charged is nobody's now.
+      if (auto w = store_or_refuse([&] { reset_ledger(); }); !w) return w;
       // A rebuild does not know which segment was made of the deletes' room: on a volume
       // puts could not grow on, the tail's is taken for it.
       if (h64(hdr::deletes_segment).load() == 0 && h64(hdr::tail).load() != 0 && !could_put(0)) {
-        h64(hdr::deletes_segment).store(fmt::segment_of(h64(hdr::tail).load()));
+        if (auto w = store_or_refuse(
+                [&] { h64(hdr::deletes_segment).store(fmt::segment_of(h64(hdr::tail).load())); });
+            !w) {
+          return w;
+        }
       }
       if (auto d = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false); !d) {
         return std::unexpected(d.error());
@@ -1497,27 +1507,41 @@ result<void> store::impl::recover_alone() noexcept {
   // Every other user is gone. What they left in flight: a commit whose block is complete
   // happened (its entries are settled by the next holder of their pages), one whose block is
   // not is a hole. Every seq handed out is therefore settled.
+  // (Its pages were asked for (alone_write_ready), and each group of stores escapes a page
+  // the volume refuses again past lock_timeout: the open then fails as an opener killed
+  // there would have, and the next one alone recovers again.)
   for (std::uint32_t u = 0; u < max_slots; ++u) {
     const slot_ref s = slot(u);
     bury_unsealed(s);
-    s.state().store(0);
-    s.seq().store(0);
-    s.block().store(0);
-    s.block_length().store(0);
-    s.snapshot().store(0);
-    s.pid().store(0);
+    if (auto w = store_or_refuse([&] {
+          s.state().store(0);
+          s.seq().store(0);
+          s.block().store(0);
+          s.block_length().store(0);
+          s.snapshot().store(0);
+          s.pid().store(0);
+        });
+        !w) {
+      return w;
+    }
   }
   const std::uint64_t next = h64(hdr::next_seq).load();
-  h64(hdr::visible).store(next - 1);
-  if (base::is_planted(base::planted_bug::kv_forgets_last_commit) && next > 1) {
-    h64(hdr::visible).store(next - 2);
-    h64(hdr::next_seq).store(next - 1);
+  if (auto w = store_or_refuse([&] {
+        h64(hdr::visible).store(next - 1);
+        if (base::is_planted(base::planted_bug::kv_forgets_last_commit) && next > 1) {
+          h64(hdr::visible).store(next - 2);
+          h64(hdr::next_seq).store(next - 1);
+        }
+        h64(hdr::sync_error).store(0);
+        h64(hdr::sync_error_segment).store(0);
+        h64(hdr::visible_waiters).store(0);
+        // A hint of the users gone: the next compaction looks.
+        h64(hdr::fruitless_below).store(0);
+      });
+      !w) {
+    return w;
   }
-  h64(hdr::sync_error).store(0);
-  h64(hdr::sync_error_segment).store(0);
-  h64(hdr::visible_waiters).store(0);
-  h64(hdr::fruitless_below).store(0);  // a hint of the users gone: the next compaction looks
-  table->finish_split(*this);          // alone: no locks to take
+  table->finish_split(*this);  // alone: no locks to take
   if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   reconcile_checkpoint_bytes();
   // The manifest's segments must all be there (corrupt, naming one that is not); those it
@@ -1532,7 +1556,11 @@ result<void> store::impl::recover_alone() noexcept {
     auto seg = segment_at(n);
     if (!seg) return std::unexpected(seg.error());
     if (auto e = enter_segment(n, (*seg)->size); !e) return std::unexpected(e.error());
-    h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size);
+    if (auto w = store_or_refuse(
+            [&] { h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size); });
+        !w) {
+      return w;
+    }
   }
   // What users that died part-way left in the store's files is cleared by a writable
   // opener; a read-only one changes nothing of them.

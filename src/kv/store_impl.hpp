@@ -1013,11 +1013,12 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> slot_write_ready(std::uint32_t u, bool patient = true) noexcept;
   //! write_ready for index page `p`.
   [[nodiscard]] result<void> index_write_ready(std::uint64_t p) noexcept;
-  //! For a read-only opener, where writes_refusable: write_ready for the index's fixed pages
-  //! (the header, the slots, the segment table), which every call (its slot) and a recovery
-  //! alone write. Refused, the opener reads through an index of its own (store::open): a
-  //! reader never needs to write. Called with the index mapped and its header valid.
-  [[nodiscard]] result<void> reader_write_ready() noexcept;
+  //! For an opener alone, where writes_refusable: write_ready for the index's fixed pages
+  //! (the header, the slots, the segment table), which its recovery writes. Refused, a
+  //! read-only opener reads through an index of its own (store::open: a reader never needs
+  //! to write), and a writable one fails with the volume's error. Called with the index
+  //! mapped and its header valid.
+  [[nodiscard]] result<void> alone_write_ready() noexcept;
   //! write_ready for the segment bytes at `location`, `n` of them.
   [[nodiscard]] result<void> segment_write_ready(std::uint64_t location, std::size_t n,
                                                  bool patient = true) noexcept;

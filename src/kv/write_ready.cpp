@@ -66,8 +66,8 @@ result<void> store::impl::slot_write_ready(std::uint32_t u, bool patient) noexce
   return {};
 }
 
-result<void> store::impl::reader_write_ready() noexcept {
-  if (!opts.read_only || !writes_refusable.load(std::memory_order_relaxed)) return {};
+result<void> store::impl::alone_write_ready() noexcept {
+  if (!writes_refusable.load(std::memory_order_relaxed)) return {};
   auto r = write_ready(index_map, base(), first_free_page * fmt::page_size, {});
   if (!r) return std::unexpected(r.error().about(path + "/index"));
   return {};
