@@ -915,7 +915,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // segment, zeroed) would be in that wait. Zeros are what the space holds anyway. Where
   // the volume may refuse the faults, they are asked for writable, and a refusal fails the
   // commit here.
-  if (escapable) {
+  if (escapable && !s->no_populate_write.load(std::memory_order_relaxed)) {
     const io::map_guard::no_escape held_back;  // (for `w`: nothing here stores to a map)
     if (auto w = s->segment_write_ready(location, length); !w) return fail_unmarked(w.error());
   } else {

@@ -997,10 +997,13 @@ struct store::impl final : ix::page_source {
   //! written before, and raises SIGBUS when it cannot: on a full volume, and always while a
   //! qgroup is at its limit (statfs cannot see one; no write of any kind goes through then).
   //! There the pages a call will write are faulted in writable first (MADV_POPULATE_WRITE),
-  //! where a refusal is an error the call returns before it changed anything. (A page the
-  //! kernel writes back in between faults again: the map guard waits that out.) Set by open
-  //! (a btrfs volume, a kernel with MADV_POPULATE_WRITE); never on elsewhere.
+  //! where a refusal is an error the call returns before it changed anything, and the stores
+  //! escape a refusal that outlasts their deadline (stored_escapably: a page the kernel wrote
+  //! back in between faults again). Set by open (a btrfs volume); never on elsewhere.
   std::atomic<bool> writes_refusable{false};
+  //! The kernel has no MADV_POPULATE_WRITE (before 5.14): write_ready asks for nothing, and
+  //! where writes_refusable the stores' escapes are all there is.
+  std::atomic<bool> no_populate_write{false};
   //! [p, p + n) of `map` (of `file`) writable now, where writes_refusable. Errors: what the
   //! filesystem refused a write for (no_space, EDQUOT: found by writing a page of a file
   //! made for the purpose), else, after retrying for lock_timeout, bad_address (the fault

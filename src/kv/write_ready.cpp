@@ -29,7 +29,10 @@ error store::impl::why_writes_refused(std::string_view file) noexcept {
 
 result<void> store::impl::write_ready(const io::mapped_file& map, const void* p, std::size_t n,
                                       std::string_view file, bool patient) noexcept {
-  if (!writes_refusable.load(std::memory_order_relaxed) || n == 0) return {};
+  if (!writes_refusable.load(std::memory_order_relaxed) ||
+      no_populate_write.load(std::memory_order_relaxed) || n == 0) {
+    return {};
+  }
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - map.data());
   const auto start = std::chrono::steady_clock::now();
   auto pause = std::chrono::milliseconds(1);
@@ -37,9 +40,10 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
     auto r = map.advise(io::map_advice::populate_write, offset, n);
     if (r) return {};
     if (r.error() == std::errc::invalid_argument) {
-      // A kernel before 5.14: writes go on unguarded by this (the map guard still waits a
-      // refused fault out).
-      writes_refusable.store(false, std::memory_order_relaxed);
+      // A kernel before 5.14: nothing is asked for ahead from now on. The volume may refuse
+      // all the same: the stores' escapes stay (before, this turned them off too, and a
+      // refused fault killed the process after the guard's 20 s).
+      no_populate_write.store(true, std::memory_order_relaxed);
       return {};
     }
     if (r.error() == std::errc::interrupted) continue;
