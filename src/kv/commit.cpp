@@ -193,13 +193,18 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
     return std::unexpected(index_write_refusal());
   }
   // Made: visible once settled, which our own wait does at once (the slot's user is dead to
-  // it, and the deadline has passed), unless that too meets a refusal; then the next call of
-  // any user settles it. Either way the call succeeded.
+  // it, and the deadline has passed), unless that too meets a refusal; then the next commit
+  // of any user settles it. Not visible yet, it is not acknowledged (a read now would not
+  // see it, nor this caller's next read): the call fails with what the volume says, as a
+  // sync commit whose sync is refused does, the commit perhaps seen later.
   io::map_guard::escape again;
   if (sigsetjmp(again.at, 0) == 0) {
     io::map_guard::arm(again, cd.expiry());
     wait_visible(seq, cd);
     io::map_guard::disarm();
+  }
+  if (h64(hdr::visible).load(std::memory_order_acquire) < seq) {
+    return std::unexpected(index_write_refusal());
   }
   // Its segment's dirty bit may never have been set after the block landed (the refusal
   // may have been that very store): synced here, so that no later sync claims it without
@@ -856,9 +861,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // deadline jumps back here (io/map_guard.hpp, "A way out"): this commit then ends as if its
   // writer had been killed at that store (settled by whoever meets it next,
   // doc/kv-format.md), and the call fails with what the volume says, or, its block sealed
-  // already, returns its seq. Nothing made from here to the disarm needs a destructor run
-  // (what does lives in a scope that holds the escape back); settlers that take a byte lock
-  // hold it back too (free_dead_slot).
+  // already and made visible, returns its seq. Nothing made from here to the disarm needs a
+  // destructor run (what does lives in a scope that holds the escape back); settlers that take a
+  // byte lock hold it back too (free_dead_slot).
   io::map_guard::escape way_out;
   volatile std::uint64_t taken = 0;     // the seq, once taken
   volatile std::uint64_t reserved = 0;  // the block's location, once reserved

@@ -1155,7 +1155,8 @@ struct store::impl final : ix::page_source {
   //! ledger's hold on it dropped (`ledger_hold` null: the charge stays, as a dead user's).
   //! Its block at `block` (0: none reserved) sealed with seq `seq` (0: none taken): the commit is
   //! made, its seq returned once visible (waiting no refused fault out past `cd`, the commit's
-  //! deadline) and synced for `d`. Else what the volume says (EDQUOT, ENOSPC; timed_out when a page
+  //! deadline) and synced for `d`; not visible by then, it is seen once the next commit settles
+  //! it, and the call fails. Else what the volume says (EDQUOT, ENOSPC; timed_out when a page
   //! written now goes through).
   result<std::uint64_t> escaped_commit(slot_lease& lease, impl*& ledger_hold, std::uint64_t seq,
                                        std::uint64_t block, durability d,
