@@ -199,7 +199,7 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
   // sync commit whose sync is refused does, the commit perhaps seen later.
   io::map_guard::escape again;
   if (sigsetjmp(again.at, 0) == 0) {
-    io::map_guard::arm(again, cd.expiry());
+    io::map_guard::arm(again, std::min(cd.expiry(), call_expiry()));
     wait_visible(seq, cd);
     io::map_guard::disarm();
   }
@@ -873,7 +873,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       (void)held.unlock();  // (the locks live in memory no volume refuses)
       return s->escaped_commit(lease, charged.s, taken, reserved, d, cd);
     }
-    io::map_guard::arm(way_out, cd.expiry());
+    io::map_guard::arm(way_out, std::min(cd.expiry(), s->call_expiry()));
   }
   // Failed before the marks: nothing of the commit is seen (its space, if reserved, is dead,
   // as a writer's that died here). No jump from here on (`e` needs its destructor run): a
@@ -1111,6 +1111,7 @@ result<std::uint64_t> transaction::commit() noexcept {
 
 result<std::uint64_t> transaction::commit(durability d) noexcept {
   if (!impl_) return errc_error(std::errc::invalid_argument);
+  const call_scope call(*impl_->s);
   auto r = impl_->commit(d);
   impl_.reset();
   return r;
@@ -1127,6 +1128,7 @@ std::uint64_t transaction::snapshot() const noexcept {
 // ---- store's one-key calls ----
 
 result<transaction> store::begin() noexcept {
+  const call_scope call(*impl_);
   // (A read-only store's transactions only read.)
   auto lease = impl_->acquire_slot(impl_->opts.read_only ? slot_use::reading : slot_use::writing);
   if (!lease) return std::unexpected(lease.error());
@@ -1144,6 +1146,7 @@ result<transaction> store::begin() noexcept {
 }
 
 result<std::string> store::get(std::string_view key) noexcept {
+  const call_scope call(*impl_);
   // A snapshot of one read: no transaction to build, nothing to remember.
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
   auto lease = impl_->acquire_slot(slot_use::reading);
@@ -1176,6 +1179,7 @@ constexpr int max_compactions_per_call = 4;
 }  // namespace
 
 result<void> store::put(std::string_view key, std::string_view value) noexcept {
+  const call_scope call(*impl_);
   // A put that finds no room while the log holds at least a segment of dead versions has the
   // store make room from them (a compaction) and tries again: the store says full when its
   // live data fills the volume, not its log.
@@ -1221,6 +1225,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
 }
 
 result<void> store::erase(std::string_view key) noexcept {
+  const call_scope call(*impl_);
   // Deletes work on a full store: when even the room puts leave for them is used up, a
   // compaction (whose spare always holds a victim's copies) frees some, and the erase is
   // tried again, for as long as compactions free something.

@@ -102,6 +102,7 @@ result<void> check_key(std::string_view key) noexcept {
 }
 
 store::impl::~impl() {
+  const call_scope call(*this);
   closing.store(true, std::memory_order_seq_cst);
   join_checkpointer();
   unregister_store(this);
@@ -1658,6 +1659,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   auto p = std::make_unique<impl>();
   p->path = path;
   p->opts = o;
+  const call_scope call(*p);
   p->fs = o.fs != nullptr ? o.fs : &io::os();
   p->dir = std::move(*sd);
   p->salt = p->dir.params.salt;

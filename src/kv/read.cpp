@@ -154,6 +154,7 @@ bool parse_cursor(std::string_view c, std::uint64_t& hi, std::uint64_t& lo) noex
 }  // namespace
 
 result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool keys_only) noexcept {
+  const call_scope call(*impl_);
   auto lease = impl_->acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   const std::uint64_t snap = impl_->take_snapshot(*lease);
@@ -264,6 +265,7 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
 }
 
 result<store_stats> store::stats() noexcept {
+  const call_scope call(*impl_);
   store_stats st;
   st.records = impl_->h64(hdr::live_records).load();
   st.live_bytes = impl_->h64(hdr::live_bytes).load();

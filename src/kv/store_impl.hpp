@@ -1006,8 +1006,8 @@ struct store::impl final : ix::page_source {
   std::atomic<bool> no_populate_write{false};
   //! [p, p + n) of `map` (of `file`) writable now, where writes_refusable. Errors: what the
   //! filesystem refused a write for (no_space, EDQUOT: found by writing a page of a file
-  //! made for the purpose), else, after retrying for lock_timeout, bad_address (the fault
-  //! was refused, a write was not), and madvise's other errors.
+  //! made for the purpose), else, after retrying until the call's deadline (call_expiry),
+  //! bad_address (the fault was refused, a write was not), and madvise's other errors.
   [[nodiscard]] result<void> write_ready(const io::mapped_file& map, const void* p, std::size_t n,
                                          std::string_view file, bool patient = true) noexcept;
   //! write_ready for the index's header page and slot `u`'s page: what every call writes.
@@ -1031,16 +1031,19 @@ struct store::impl final : ix::page_source {
   //! What a refused write to the index comes to: why_writes_refused, or timed_out where a
   //! page written now goes through (the refusal outlasted the call's deadline all the same).
   [[nodiscard]] error index_write_refusal() noexcept;
-  //! stored_escapably within lock_timeout from now, for the words of the index a call changes
-  //! under the `segment` lock and its like (the tail, the rooms, the segment table): {} once
-  //! stored, else index_write_refusal.
+  //! When what this thread's call waits for a volume that refuses its writes must end: its
+  //! call_scope's deadline (below), else lock_timeout from now.
+  [[nodiscard]] io::countdown::clock::time_point call_expiry() const noexcept;
+  //! stored_escapably by the call's deadline (call_expiry), for the words of the index a call
+  //! changes under the `segment` lock and its like (the tail, the rooms, the segment table): {}
+  //! once stored, else index_write_refusal.
   template <class F>
   [[nodiscard]] result<void> store_or_refuse(F&& stores) noexcept {
     if (!writes_refusable.load(std::memory_order_relaxed)) {
       stores();
       return {};
     }
-    if (stored_escapably(io::deadline(opts.lock_timeout).start(), stores)) return {};
+    if (stored_escapably(io::deadline(call_expiry()).start(), stores)) return {};
     return std::unexpected(index_write_refusal());
   }
   //! ix::change_entry of `e`, its page asked for first and the change stored with
@@ -1056,19 +1059,20 @@ struct store::impl final : ix::page_source {
     }
     return store_or_refuse([&] { ix::change_entry(b, e, change); });
   }
-  //! Runs `stores` so that a write fault the volume still refuses at `cd`'s deadline ends
-  //! them rather than the process (io::map_guard::run_escapable, where writes_refusable; else
-  //! they just run). False when they were ended so, some of them perhaps landed: the caller
-  //! goes on as the dead writer those stores must already survive. `stores` may only store
-  //! to the maps and compute: nothing in it owns memory or holds a lock. Its own escape: it
-  //! may run inside another, or inside a no_escape (io::map_guard::run_escapable).
+  //! Runs `stores` so that a write fault the volume still refuses at `cd`'s deadline (or the
+  //! call's, call_scope, if sooner) ends them rather than the process
+  //! (io::map_guard::run_escapable, where writes_refusable; else they just run). False when they
+  //! were ended so, some of them perhaps landed: the caller goes on as the dead writer those stores
+  //! must already survive. `stores` may only store to the maps and compute: nothing in it owns
+  //! memory or holds a lock. Its own escape: it may run inside another, or inside a no_escape
+  //! (io::map_guard::run_escapable).
   template <class F>
   [[nodiscard]] bool stored_escapably(const io::countdown& cd, F&& stores) noexcept {
     if (!writes_refusable.load(std::memory_order_relaxed)) {
       stores();
       return true;
     }
-    return io::map_guard::run_escapable(cd.expiry(), stores);
+    return io::map_guard::run_escapable(std::min(cd.expiry(), call_expiry()), stores);
   }
 
   // ---- reading (read.cpp) ----
@@ -1222,6 +1226,29 @@ inline void (*read_page_hook)() noexcept = nullptr;
 
 //! For tests: called while the free page list is marked as being changed (to kill there).
 inline void (*free_list_hook)() noexcept = nullptr;
+
+//! The store call this thread is in, set at the top of the calls a user makes one after
+//! another (open, close, begin, get, put, erase, scan, stats, commit; not compact, backup,
+//! verify or checkpoint, which run long and whose stores keep a lock_timeout each): its
+//! deadline for
+//! what a volume that refuses its writes (writes_refusable) makes it wait, lock_timeout from
+//! the call's start. write_ready's patience and every escape (stored_escapably, a commit's)
+//! end by then, so the call ends near lock_timeout however many of its stores are refused.
+//! (Before, each waited lock_timeout of its own: a put that compacted and retried, or a close
+//! with many slots, took several.) A call on the same store inside it (put's commit) keeps
+//! the outer deadline; one on another store has its own for as long as it runs. Owned by the
+//! thread; lock waits keep their own deadlines.
+class call_scope {
+ public:
+  explicit call_scope(const store::impl& s) noexcept;
+  ~call_scope();
+  call_scope(const call_scope&) = delete;
+  call_scope& operator=(const call_scope&) = delete;
+
+ private:
+  const store::impl* outer_store_;
+  io::countdown::clock::time_point outer_expiry_;
+};
 
 //! For tests: called by segment_at while it maps a segment, holding segments_mutex.
 inline void (*segment_map_hook)() noexcept = nullptr;

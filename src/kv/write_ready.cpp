@@ -12,6 +12,30 @@
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
+namespace {
+
+// The store call this thread is in (call_scope), and when its waits for a refusing volume end.
+thread_local const store::impl* call_store = nullptr;
+thread_local io::countdown::clock::time_point call_end{};
+
+}  // namespace
+
+call_scope::call_scope(const store::impl& s) noexcept
+    : outer_store_(call_store), outer_expiry_(call_end) {
+  if (call_store == &s) return;
+  call_store = &s;
+  call_end = io::deadline(s.opts.lock_timeout).start().expiry();
+}
+
+call_scope::~call_scope() {
+  call_store = outer_store_;
+  call_end = outer_expiry_;
+}
+
+io::countdown::clock::time_point store::impl::call_expiry() const noexcept {
+  if (call_store == this) return call_end;
+  return io::deadline(opts.lock_timeout).start().expiry();
+}
 
 error store::impl::why_writes_refused(std::string_view file) noexcept {
   // A page written to a file of our own asks for the same room a write fault does: its error
@@ -34,7 +58,7 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
     return {};
   }
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - map.data());
-  const auto start = std::chrono::steady_clock::now();
+  const auto until = call_expiry();
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
     auto r = map.advise(io::map_advice::populate_write, offset, n);
@@ -50,10 +74,10 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
     if (r.error() != std::errc::bad_address) return std::unexpected(r.error().about(file));
     // Refused for room: that is the answer. A page written elsewhere went through: btrfs
     // refused the fault for a moment (its reservations being flushed) and is asked again,
-    // backing off, for as long as a lock is waited for (what the map guard would have done).
+    // backing off, until the call's deadline (what the map guard would have done).
     error why = why_writes_refused(file);
     if (why != std::errc::bad_address) return std::unexpected(why);
-    if (!patient || std::chrono::steady_clock::now() - start >= opts.lock_timeout) {
+    if (!patient || std::chrono::steady_clock::now() >= until) {
       return std::unexpected(why);
     }
     std::this_thread::sleep_for(pause);
