@@ -876,14 +876,15 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     io::map_guard::arm(way_out, std::min(cd.expiry(), s->call_expiry()));
   }
   // Failed before the marks: nothing of the commit is seen (its space, if reserved, is dead,
-  // as a writer's that died here). No jump from here on (`e` needs its destructor run): a
+  // as a writer's that died here). No jump out of here (`e` needs its destructor run): a
   // slot whose page the volume refuses now is given up instead, a dead writer's that every
   // user settles.
   const auto fail_unmarked = [&](const error& e) {
     io::map_guard::disarm();
-    if (s->slot_write_ready(lease.index, false)) {
-      me.state().store(u64(commit_state::idle));
-    } else {
+    // (Written back between the ask and the store, the store escapes, in a frame of its own.)
+    const bool idle = s->slot_write_ready(lease.index, false) &&
+                      s->stored_escapably(cd, [&] { me.state().store(u64(commit_state::idle)); });
+    if (!idle) {
       s->forsake_slot(lease);
       charged.s = nullptr;  // (its charge stays, a dead user's, as escaped_commit leaves it)
     }
@@ -920,7 +921,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // segment, zeroed) would be in that wait. Zeros are what the space holds anyway. Where
   // the volume may refuse the faults, they are asked for writable, and a refusal fails the
   // commit here.
-  if (escapable && !s->no_populate_write.load(std::memory_order_relaxed)) {
+  if (escapable) {
     const io::map_guard::no_escape held_back;  // (for `w`: nothing here stores to a map)
     if (auto w = s->segment_write_ready(location, length); !w) return fail_unmarked(w.error());
   } else {

@@ -1001,8 +1001,8 @@ struct store::impl final : ix::page_source {
   //! escape a refusal that outlasts their deadline (stored_escapably: a page the kernel wrote
   //! back in between faults again). Set by open (a btrfs volume); never on elsewhere.
   std::atomic<bool> writes_refusable{false};
-  //! The kernel has no MADV_POPULATE_WRITE (before 5.14): write_ready asks for nothing, and
-  //! where writes_refusable the stores' escapes are all there is.
+  //! The kernel has no MADV_POPULATE_WRITE (before 5.14): write_ready touches the pages
+  //! itself (touch_writable).
   std::atomic<bool> no_populate_write{false};
   //! [p, p + n) of `map` (of `file`) writable now, where writes_refusable. Errors: what the
   //! filesystem refused a write for (no_space, EDQUOT: found by writing a page of a file
@@ -1010,6 +1010,12 @@ struct store::impl final : ix::page_source {
   //! bad_address (the fault was refused, a write was not), and madvise's other errors.
   [[nodiscard]] result<void> write_ready(const io::mapped_file& map, const void* p, std::size_t n,
                                          std::string_view file, bool patient = true) noexcept;
+  //! write_ready where the kernel has no MADV_POPULATE_WRITE: [offset, offset + n) of `map`
+  //! faulted in writable by storing to each page, a refused store escaping (patient: at the
+  //! call's deadline). Errors: as write_ready's.
+  [[nodiscard]] result<void> touch_writable(const io::mapped_file& map, std::size_t offset,
+                                            std::size_t n, std::string_view file,
+                                            bool patient) noexcept;
   //! write_ready for the index's header page and slot `u`'s page: what every call writes.
   //! Not `patient`: a fault refused while a page write goes through is bad_address at once
   //! (a reader then reads without a slot rather than wait).

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 
 #include "kv/store_impl.hpp"
@@ -53,22 +55,22 @@ error store::impl::why_writes_refused(std::string_view file) noexcept {
 
 result<void> store::impl::write_ready(const io::mapped_file& map, const void* p, std::size_t n,
                                       std::string_view file, bool patient) noexcept {
-  if (!writes_refusable.load(std::memory_order_relaxed) ||
-      no_populate_write.load(std::memory_order_relaxed) || n == 0) {
-    return {};
-  }
+  if (!writes_refusable.load(std::memory_order_relaxed) || n == 0) return {};
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - map.data());
+  if (no_populate_write.load(std::memory_order_relaxed)) {
+    return touch_writable(map, offset, n, file, patient);
+  }
   const auto until = call_expiry();
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
     auto r = map.advise(io::map_advice::populate_write, offset, n);
     if (r) return {};
     if (r.error() == std::errc::invalid_argument) {
-      // A kernel before 5.14: nothing is asked for ahead from now on. The volume may refuse
-      // all the same: the stores' escapes stay (before, this turned them off too, and a
-      // refused fault killed the process after the guard's 20 s).
+      // A kernel before 5.14: the pages are touched instead from now on. (Before, this turned
+      // the escapes off too; then it said yes to every page, and the stores that rely on
+      // having asked met a refusal with no escape: SIGBUS at the guard's give-up.)
       no_populate_write.store(true, std::memory_order_relaxed);
-      return {};
+      return touch_writable(map, offset, n, file, patient);
     }
     if (r.error() == std::errc::interrupted) continue;
     if (r.error() != std::errc::bad_address) return std::unexpected(r.error().about(file));
@@ -83,6 +85,28 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
     std::this_thread::sleep_for(pause);
     pause = std::min<std::chrono::milliseconds>(2 * pause, std::chrono::milliseconds(50));
   }
+}
+
+result<void> store::impl::touch_writable(const io::mapped_file& map, std::size_t offset,
+                                         std::size_t n, std::string_view file,
+                                         bool patient) noexcept {
+  // Each page's first word is stored with itself: an atomic add of 0, which loses no store
+  // another user makes to it meanwhile. (The map is page-aligned: the first page's start is in
+  // it, before `offset` perhaps.) A touch the volume refuses escapes at the call's deadline,
+  // or, not patient, as soon as the guard lets it: then what the volume says, as above.
+  constexpr std::uintptr_t page = fmt::page_size;
+  std::uintptr_t at = reinterpret_cast<std::uintptr_t>(map.data() + offset) & ~(page - 1);
+  const auto end = reinterpret_cast<std::uintptr_t>(map.data() + offset + n);
+  const auto until = patient ? call_expiry() : io::countdown::clock::now();
+  if (io::map_guard::run_escapable(until, [&] {
+        for (; at < end; at += page) {
+          std::atomic_ref(*reinterpret_cast<std::uint64_t*>(at))
+              .fetch_add(0, std::memory_order_relaxed);
+        }
+      })) {
+    return {};
+  }
+  return std::unexpected(why_writes_refused(file));
 }
 
 result<void> store::impl::slot_write_ready(std::uint32_t u, bool patient) noexcept {
