@@ -306,7 +306,9 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   std::uint64_t live_bytes = 0;
   std::uint64_t dead_bytes = 0;
   for (;;) {
-    S = take_snapshot(*lease);
+    auto snap = take_snapshot(held_slot.l, slot_use::writing);
+    if (!snap) return std::unexpected(snap.error());
+    S = *snap;
     records = h64(hdr::live_records).load(std::memory_order_seq_cst);
     live_bytes = h64(hdr::live_bytes).load(std::memory_order_seq_cst);
     dead_bytes = h64(hdr::dead_bytes).load(std::memory_order_seq_cst);

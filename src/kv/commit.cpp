@@ -425,22 +425,37 @@ result<void> store::impl::writable() noexcept {
   return std::unexpected(error(errc::sync_failed).about(path + "/seg/" + segment_name(n)));
 }
 
-std::uint64_t store::impl::take_snapshot(slot_lease lease) noexcept {
+result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use) noexcept {
   // Without a slot: its byte is held already (slotless_byte).
   if (lease.slotless) return h64(hdr::visible).load(std::memory_order_seq_cst);
   // Published in the slot before it is used, so nothing it reads is reclaimed under it
   // (compaction and page reuse look at every slot's snapshot).
   const slot_ref me = slot(lease.index);
-  // Only this slot's holder writes it: a store, not a locked read-modify-write.
-  me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
-                       std::memory_order_seq_cst);
-  std::uint64_t snap = h64(hdr::visible).load(std::memory_order_acquire);
-  for (;;) {
-    me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
-    const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
-    if (again == snap) return snap;
-    snap = again;
+  std::uint64_t snap = 0;
+  // (The slot's page was asked for by acquire_slot, but may have been written back since:
+  // refused past the call's deadline, the stores escape.)
+  if (stored_escapably(io::deadline(call_expiry()).start(), [&] {
+        // Only this slot's holder writes it: a store, not a locked read-modify-write.
+        me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
+                             std::memory_order_seq_cst);
+        snap = h64(hdr::visible).load(std::memory_order_acquire);
+        for (;;) {
+          me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
+          const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
+          if (again == snap) return;
+          snap = again;
+        }
+      })) {
+    return snap;
   }
+  // Refused: the slot is given up, a dead user's (its snapshot perhaps half published, which
+  // every user settles as such), and a call that only reads reads without one.
+  forsake_slot(lease);
+  if (use == slot_use::writing) return std::unexpected(index_write_refusal());
+  auto slotless = take_slotless();
+  if (!slotless) return std::unexpected(slotless.error());
+  lease = *slotless;
+  return h64(hdr::visible).load(std::memory_order_seq_cst);
 }
 
 // ---- Growth ----
@@ -1131,7 +1146,8 @@ std::uint64_t transaction::snapshot() const noexcept {
 result<transaction> store::begin() noexcept {
   const call_scope call(*impl_);
   // (A read-only store's transactions only read.)
-  auto lease = impl_->acquire_slot(impl_->opts.read_only ? slot_use::reading : slot_use::writing);
+  const slot_use use = impl_->opts.read_only ? slot_use::reading : slot_use::writing;
+  auto lease = impl_->acquire_slot(use);
   if (!lease) return std::unexpected(lease.error());
   std::unique_ptr<transaction::impl> t;
   try {
@@ -1142,7 +1158,9 @@ result<transaction> store::begin() noexcept {
   }
   t->s = impl_.get();
   t->lease = *lease;
-  t->snapshot = impl_->take_snapshot(*lease);
+  auto snap = impl_->take_snapshot(t->lease, use);
+  if (!snap) return std::unexpected(snap.error());  // (the lease given up: nothing to release)
+  t->snapshot = *snap;
   return transaction(std::move(t));
 }
 
@@ -1157,9 +1175,10 @@ result<std::string> store::get(std::string_view key) noexcept {
     slot_lease l;
     ~release() { s->release_slot(l); }
   } hold{impl_.get(), *lease};
-  const std::uint64_t snap = impl_->take_snapshot(*lease);
+  auto snap = impl_->take_snapshot(hold.l, slot_use::reading);
+  if (!snap) return std::unexpected(snap.error());
   const auto kb = as_bytes(key);
-  auto r = impl_->read_at_snapshot(kb, impl_->hash_of(kb), snap, impl_->opts.verify_checksums);
+  auto r = impl_->read_at_snapshot(kb, impl_->hash_of(kb), *snap, impl_->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   auto v = impl_->value_of(**r, impl_->opts.verify_checksums);

@@ -220,7 +220,10 @@ result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
     // Every call writes its slot, and the header: where the volume may refuse a write fault,
     // a call that would write fails here instead.
     auto w = slot_write_ready(lease->index, patient);
-    if (w) return lease;
+    if (w) {
+      if (slot_ready_hook != nullptr) slot_ready_hook();
+      return lease;
+    }
     release_slot(*lease);
     lease = std::unexpected(w.error());
   }

@@ -157,13 +157,14 @@ result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool k
   const call_scope call(*impl_);
   auto lease = impl_->acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
-  const std::uint64_t snap = impl_->take_snapshot(*lease);
   struct guard {
     impl* s;
     slot_lease l;
     ~guard() { s->release_slot(l); }
   } g{impl_.get(), *lease};
-  return impl_->scan_at(cursor, limit, keys_only, snap);
+  auto snap = impl_->take_snapshot(g.l, slot_use::reading);
+  if (!snap) return std::unexpected(snap.error());
+  return impl_->scan_at(cursor, limit, keys_only, *snap);
 }
 
 result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limit, bool keys_only,

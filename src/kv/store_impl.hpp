@@ -743,8 +743,11 @@ struct store::impl final : ix::page_source {
   //! (the snapshot stays: the holder then gives the slot up).
   [[nodiscard]] bool clear_snapshot(std::uint32_t u) noexcept;
   //! Takes a snapshot (the visible seq) for the slot, published in it first (a slotless
-  //! lease: the visible seq, its byte already held).
-  [[nodiscard]] std::uint64_t take_snapshot(slot_lease lease) noexcept;
+  //! lease: the visible seq, its byte already held). Where the volume refuses the slot's page
+  //! past the call's deadline, the slot is given up: a call that reads goes on without one
+  //! (`lease` becomes slotless), one that writes fails. Errors: index_write_refusal, and
+  //! take_slotless's.
+  [[nodiscard]] result<std::uint64_t> take_snapshot(slot_lease& lease, slot_use use) noexcept;
   //! Whether a slot whose user is gone may be taken by another: idle, or a dead writer's
   //! that no settling will need any more (doc/kv-format.md, "Dead users").
   [[nodiscard]] bool slot_reclaimable(const slot_ref& s) noexcept;
@@ -1256,6 +1259,8 @@ class call_scope {
   io::countdown::clock::time_point outer_expiry_;
 };
 
+//! For tests: called by acquire_slot once the slot's page is asked for, before the call uses it.
+inline void (*slot_ready_hook)() noexcept = nullptr;
 //! For tests: called by segment_at while it maps a segment, holding segments_mutex.
 inline void (*segment_map_hook)() noexcept = nullptr;
 
@@ -1346,7 +1351,8 @@ class snapshot_hold {
       return h;
     }
     snapshot_hold h(s, *lease);
-    (void)s.take_snapshot(*lease);  // published in the slot: what counts, not its value
+    // Published in the slot: what counts, not its value.
+    if (auto snap = s.take_snapshot(h.l_, use); !snap) return std::unexpected(snap.error());
     return h;
   }
   snapshot_hold(snapshot_hold&& o) noexcept
