@@ -705,6 +705,17 @@ int a_new_opener_verifies(const std::string& path, int keys = 0, std::string_vie
   return (*s)->verify() ? 0 : 16;
 }
 
+// Makes the store at `path` (small()) holding key_of(0 to keys − 1) = `value`: 0, else 2 (it
+// did not open) or 3 (a put failed).
+int made_holding(const std::string& path, int keys, const std::string& value) {
+  auto s = store::open(path, small());
+  if (!s) return 2;
+  for (int i = 0; i < keys; ++i) {
+    if (!(*s)->put(key_of(i), value)) return 3;
+  }
+  return 0;
+}
+
 // A commit whose pages the volume writes back after they were made writable and before they
 // are written: btrfs flushes a subvolume's dirty pages whenever a write meets its qgroup's
 // limit, so with another program holding the qgroup there, the commit's next store to each
@@ -1430,13 +1441,7 @@ TEST(KvQgroup, TakingASlotWhosePageIsWrittenBackDiesOfNoSignal) {
   on_qgroup_volume(256, [&](const std::string& sv) {
     const std::string path = sv + "/s";
     const std::string value(100, 'v');
-    {
-      auto s = store::open(path, small());
-      if (!s) return 2;
-      for (int i = 0; i < 200; ++i) {
-        if (!(*s)->put(key_of(i), value)) return 3;
-      }
-    }
+    if (const int c = made_holding(path, 200, value); c != 0) return c;
     const pid_t user = test::fork_child([&] {
       io::map_guard::set_give_up(std::chrono::seconds(1));
       static hooked_fs fs(io::os());
@@ -1838,13 +1843,7 @@ struct alone_hook_fs final : io::filesystem_wrapper {
 TEST(KvQgroup, AWritableOpenerAloneWrittenBackAsItFindsItselfAloneDiesOfNoSignal) {
   on_qgroup_volume(256, [&](const std::string& sv) {
     const std::string path = sv + "/s";
-    {
-      auto s = store::open(path, small());
-      if (!s) return 2;
-      for (int i = 0; i < 200; ++i) {
-        if (!(*s)->put(key_of(i), std::string(1000, 'v'))) return 3;
-      }
-    }
+    if (const int c = made_holding(path, 200, std::string(1000, 'v')); c != 0) return c;
     const pid_t user = test::fork_child([&] {
       io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
       static alone_hook_fs fs(io::os());
@@ -1888,13 +1887,7 @@ INSTANTIATE_TEST_SUITE_P(Volumes, KvSharedVolumeFull,
 template <class Act>
 int without_populate_write(const std::string& sv, Act&& act) {
   const std::string path = sv + "/s";
-  {
-    auto s = store::open(path, small());
-    if (!s) return 2;
-    for (int i = 0; i < 100; ++i) {
-      if (!(*s)->put(key_of(i), std::string(100, 'v'))) return 3;
-    }
-  }
+  if (const int c = made_holding(path, 100, std::string(100, 'v')); c != 0) return c;
   const pid_t user = test::fork_child([&] {
     io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
     as_before_5_14 = true;
@@ -1960,13 +1953,7 @@ TEST(KvQgroup, ASlotWrittenBackBeforeItsSnapshotIsPublishedDiesOfNoSignal) {
   on_qgroup_volume(256, [&](const std::string& sv) {
     const std::string path = sv + "/s";
     const std::string value(100, 'v');
-    {
-      auto s = store::open(path, small());
-      if (!s) return 2;
-      for (int i = 0; i < 100; ++i) {
-        if (!(*s)->put(key_of(i), value)) return 3;
-      }
-    }
+    if (const int c = made_holding(path, 100, value); c != 0) return c;
     const pid_t user = test::fork_child([&] {
       io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
       options o = small();
