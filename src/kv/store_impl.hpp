@@ -1010,7 +1010,9 @@ struct store::impl final : ix::page_source {
   //! [p, p + n) of `map` (of `file`) writable now, where writes_refusable. Errors: what the
   //! filesystem refused a write for (no_space, EDQUOT: found by writing a page of a file
   //! made for the purpose), else, after retrying until the call's deadline (call_expiry),
-  //! bad_address (the fault was refused, a write was not), and madvise's other errors.
+  //! bad_address (the fault was refused, a write was not), invalid_argument (a map not
+  //! opened for writing, or a range outside it: a caller's mistake), and madvise's other
+  //! errors.
   [[nodiscard]] result<void> write_ready(const io::mapped_file& map, const void* p, std::size_t n,
                                          std::string_view file, bool patient = true) noexcept;
   //! write_ready where the kernel has no MADV_POPULATE_WRITE: [offset, offset + n) of `map`

@@ -57,6 +57,12 @@ result<void> store::impl::write_ready(const io::mapped_file& map, const void* p,
                                       std::string_view file, bool patient) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed) || n == 0) return {};
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - map.data());
+  // (So that EINVAL below can only be the kernel not knowing the advice: a map we may not
+  // write, or a range outside it, gets it too, and touching those would crash.)
+  if (map.access() != io::map_access::read_write || offset > map.size() ||
+      n > map.size() - offset) {
+    return std::unexpected(error(std::make_error_code(std::errc::invalid_argument)).about(file));
+  }
   if (no_populate_write.load(std::memory_order_relaxed)) {
     return touch_writable(map, offset, n, file, patient);
   }
