@@ -30,15 +30,17 @@ build: deps
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS)
 
+# A failure prints each failed test's last lines again after ctest's summary (a CI log kept
+# only by its end still says why).
 test: build
-	ctest --preset release
+	ctest --preset release || { scripts/ctest-failures.sh build/release; exit 1; }
 
 # Implicit rules are never searched for phony targets, hence one explicit rule per preset.
 define preset_test
 test-$(1): deps
 	cmake --preset $(1) >/dev/null
 	cmake --build --preset $(1) -j $$(JOBS)
-	ctest --preset $(1)
+	ctest --preset $(1) || { scripts/ctest-failures.sh build/$(1); exit 1; }
 endef
 $(foreach p,asan tsan debug,$(eval $(call preset_test,$(p))))
 
