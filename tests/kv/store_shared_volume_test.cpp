@@ -716,6 +716,15 @@ int made_holding(const std::string& path, int keys, const std::string& value) {
   return 0;
 }
 
+// A qgroup test's user (a child): the guard gives up on a refused fault after 1 s (what killed
+// it before each fix) and its store's calls have a 2 s deadline. The options to open with.
+options user_under_test() {
+  io::map_guard::set_give_up(std::chrono::seconds(1));
+  options o = small();
+  o.lock_timeout = std::chrono::seconds(2);
+  return o;
+}
+
 // A commit whose pages the volume writes back after they were made writable and before they
 // are written: btrfs flushes a subvolume's dirty pages whenever a write meets its qgroup's
 // limit, so with another program holding the qgroup there, the commit's next store to each
@@ -769,9 +778,7 @@ TEST_P(KvQgroupWriteBack, ACommitWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
     const std::string path = sv + "/s";
     const std::string value(100, 'v');
     const pid_t user = test::fork_child([&] {
-      io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
-      options o = small();
-      o.lock_timeout = std::chrono::seconds(2);
+      options o = user_under_test();
       auto s = store::open(path, o);
       if (!s) return 2;
       for (int i = 0; i < 200; ++i) {
@@ -845,9 +852,7 @@ TEST(KvQgroup, ACompactionWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
     const std::string path = sv + "/s";
     const std::string value(1000, 'v');
     const pid_t user = test::fork_child([&] {
-      io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
-      options o = small();
-      o.lock_timeout = std::chrono::seconds(2);
+      options o = user_under_test();
       o.compact_dead_fraction = 0;  // only the compaction under test
       o.checkpoint_bytes = std::uint64_t{1} << 40;
       auto s = store::open(path, o);
@@ -896,9 +901,7 @@ TEST(KvQgroup, ACheckpointWhosePagesAreWrittenBackMidwayDiesOfNoSignal) {
     const std::string path = sv + "/s";
     const std::string value(1000, 'v');
     const pid_t user = test::fork_child([&] {
-      io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
-      options o = small();
-      o.lock_timeout = std::chrono::seconds(2);
+      options o = user_under_test();
       o.checkpoint_bytes = std::uint64_t{1} << 40;  // only the checkpoint under test
       auto s = store::open(path, o);
       if (!s) return 2;
@@ -946,9 +949,7 @@ TEST(KvQgroup, EveryCallUnderAHeldQgroupFailsCleanly) {
     }
     (void)::sync();
     const pid_t user = test::fork_child([&] {
-      io::map_guard::set_give_up(std::chrono::seconds(1));
-      options o = small();
-      o.lock_timeout = std::chrono::seconds(2);
+      options o = user_under_test();
       o.checkpoint_bytes = 64 << 10;
       o.compact_dead_fraction = 0.1;
       auto s = store::open(path, o);
@@ -1353,9 +1354,7 @@ TEST(KvQgroup, ABackgroundCheckpointUnderAHeldQgroupDiesOfNoSignal) {
     const std::string path = sv + "/s";
     const std::string value(1000, 'v');
     const pid_t user = test::fork_child([&] {
-      io::map_guard::set_give_up(std::chrono::seconds(1));
-      options o = small();
-      o.lock_timeout = std::chrono::seconds(2);
+      options o = user_under_test();
       o.compact_dead_fraction = 0;
       o.checkpoint_bytes = 256 << 10;
       auto s = store::open(path, o);
@@ -1622,9 +1621,7 @@ int refused_user(const std::string& sv, std::optional<commit_step> at, Act&& act
   const std::string path = sv + "/s";
   const std::string value(100, 'v');
   const pid_t user = test::fork_child([&] {
-    io::map_guard::set_give_up(std::chrono::seconds(1));  // what kills: the guard giving up
-    options o = small();
-    o.lock_timeout = std::chrono::seconds(2);
+    options o = user_under_test();
     o.compact_dead_fraction = 0;
     o.checkpoint_bytes = std::uint64_t{1} << 40;
     auto s = store::open(path, o);
@@ -1955,9 +1952,7 @@ TEST(KvQgroup, ASlotWrittenBackBeforeItsSnapshotIsPublishedDiesOfNoSignal) {
     const std::string value(100, 'v');
     if (const int c = made_holding(path, 100, value); c != 0) return c;
     const pid_t user = test::fork_child([&] {
-      io::map_guard::set_give_up(std::chrono::seconds(1));  // what killed: the guard giving up
-      options o = small();
-      o.lock_timeout = std::chrono::seconds(2);
+      options o = user_under_test();
       auto s = store::open(path, o);
       if (!s) return 2;
       if (!(*s)->put("before", value)) return 3;  // its slot taken, kept for the next call
