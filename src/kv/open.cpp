@@ -1662,13 +1662,13 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   auto p = std::make_unique<impl>();
   p->path = path;
   p->opts = o;
-  const call_scope call(*p);
   p->fs = o.fs != nullptr ? o.fs : &io::os();
   p->dir = std::move(*sd);
   p->salt = p->dir.params.salt;
   if (auto fsi = p->fs->statfs(p->dir.segments); fsi && fsi->type == io::fs_type::btrfs) {
     p->writes_refusable.store(true);
   }
+  const call_scope call(*p);
   // A reader that may not write the lock or the index (a read-only filesystem, files it may
   // only read, a volume full or at its quota: btrfs refuses even a rewrite in place under a
   // qgroup at its limit) builds an index of its own: a reader never needs to write.

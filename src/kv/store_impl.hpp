@@ -1054,7 +1054,7 @@ struct store::impl final : ix::page_source {
       stores();
       return {};
     }
-    if (stored_escapably(io::deadline(call_expiry()).start(), stores)) return {};
+    if (io::map_guard::run_escapable(call_expiry(), stores)) return {};
     return std::unexpected(index_write_refusal());
   }
   //! ix::change_entry of `e`, its page asked for first and the change stored with
@@ -1241,14 +1241,14 @@ inline void (*free_list_hook)() noexcept = nullptr;
 //! The store call this thread is in, set at the top of the calls a user makes one after
 //! another (open, close, begin, get, put, erase, scan, stats, commit; not compact, backup,
 //! verify or checkpoint, which run long and whose stores keep a lock_timeout each): its
-//! deadline for
-//! what a volume that refuses its writes (writes_refusable) makes it wait, lock_timeout from
-//! the call's start. write_ready's patience and every escape (stored_escapably, a commit's)
-//! end by then, so the call ends near lock_timeout however many of its stores are refused.
-//! (Before, each waited lock_timeout of its own: a put that compacted and retried, or a close
-//! with many slots, took several.) A call on the same store inside it (put's commit) keeps
-//! the outer deadline; one on another store has its own for as long as it runs. Owned by the
-//! thread; lock waits keep their own deadlines.
+//! deadline for what a volume that refuses its writes (writes_refusable) makes it wait,
+//! lock_timeout from the call's start. write_ready's patience and every escape
+//! (stored_escapably, a commit's) end by then, so the call ends near lock_timeout however many
+//! of its stores are refused. (Before, each waited lock_timeout of its own: a blob put, or a
+//! put that dropped the checkpoint and retried, took several.) A call on the same store inside
+//! it (put's commit) keeps the outer deadline; one on another store has its own for as long as
+//! it runs. Set only where writes_refusable (elsewhere nothing reads it: no clock is read on
+//! the calls' fast path). Owned by the thread; lock waits keep their own deadlines.
 class call_scope {
  public:
   explicit call_scope(const store::impl& s) noexcept;

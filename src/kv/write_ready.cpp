@@ -24,7 +24,7 @@ thread_local io::countdown::clock::time_point call_end{};
 
 call_scope::call_scope(const store::impl& s) noexcept
     : outer_store_(call_store), outer_expiry_(call_end) {
-  if (call_store == &s) return;
+  if (call_store == &s || !s.writes_refusable.load(std::memory_order_relaxed)) return;
   call_store = &s;
   call_end = io::deadline(s.opts.lock_timeout).start().expiry();
 }
