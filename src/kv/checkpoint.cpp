@@ -59,8 +59,22 @@ std::uint64_t chain(std::uint64_t c, std::uint64_t page, std::span<const std::by
 
 std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) const noexcept {
   if (to <= from) return 0;
-  return (fmt::segment_of(to) - fmt::segment_of(from)) * dir.params.segment_size +
-         fmt::offset_of(to) - fmt::offset_of(from);
+  // The segments between, at their sizes in the table (a blob's segment of its own is not
+  // the log's; one no longer there counts nothing). Asked at every commit: past a few
+  // thousand, each counts the least a log segment is.
+  std::uint64_t d = 0;
+  const std::uint64_t first = fmt::segment_of(from), last = fmt::segment_of(to);
+  const std::uint64_t looked = std::min<std::uint64_t>(last - first, 4096);
+  const std::uint64_t least =
+      dir.params.first_segment_size != 0 ? dir.params.first_segment_size : dir.params.segment_size;
+  for (std::uint64_t n = first; n < first + looked; ++n) {
+    // (Before the first, none yet: a segment's worth, so that a store's first checkpoint
+    // comes early.)
+    const std::uint64_t size = n == 0 ? least : segtab(n, 0).load() == n ? segtab(n, 1).load() : 0;
+    if (size <= dir.params.segment_size) d += size;
+  }
+  d += (last - first - looked) * least;
+  return d + fmt::offset_of(to) - std::min(d + fmt::offset_of(to), fmt::offset_of(from));
 }
 
 void store::impl::maybe_maintain() noexcept {
@@ -261,7 +275,7 @@ result<void> store::impl::room_for_checkpoint() const noexcept {
     return keel_error(errc::budget_reached);
   }
   auto free = fs->statfs(dir.segments);
-  if (free && free->available_bytes < copy + 2 * dir.params.segment_size) {
+  if (free && free->available_bytes < copy + 2 * next_segment_size()) {
     return std::unexpected(
         error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/checkpoint"));
   }

@@ -1221,7 +1221,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     // retries: it may have made the room, and taken the dead count down), one is worth running
     // only if the log holds a segment's worth of dead versions. (Not more often: a put on a
     // store full of live data must fail fast.)
-    const std::uint64_t seg_size = impl_->dir.params.segment_size;
+    const std::uint64_t seg_size = impl_->next_segment_size();
     // Nor when the last compaction found nothing to take and not enough has died since.
     if (impl_->compaction_runs_now() == seen &&
         ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||

@@ -243,7 +243,7 @@ std::uint64_t store::impl::log_not_live() const noexcept {
   const std::uint64_t tail = h64(hdr::tail).load();
   const std::uint64_t used = h64(hdr::live_bytes).load() +
                              h64(hdr::live_records).load() * (sizeof(fmt::block_header) + 8) +
-                             (tail == 0 ? 0 : dir.params.segment_size - fmt::offset_of(tail));
+                             (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail));
   return log > used ? log - used : 0;
 }
 
@@ -339,7 +339,7 @@ result<void> store::impl::show_freed_room(const result<io::fs_info>& before,
 bool store::impl::compaction_due() noexcept {
   const double fraction = opts.compact_dead_fraction;
   if (fraction <= 0 || opts.read_only) return false;
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t seg_size = next_segment_size();
   const std::uint64_t dead = h64(hdr::dead_bytes).load(std::memory_order_relaxed);
   if (dead < seg_size || dead < h64(hdr::background_after).load(std::memory_order_relaxed))
     return false;
@@ -364,7 +364,7 @@ bool store::impl::compaction_due() noexcept {
 }
 
 void store::impl::compact_in_background() noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t seg_size = next_segment_size();
   const std::uint64_t dead_before = h64(hdr::dead_bytes).load();
   auto c = compact(std::nullopt, nullptr, byte_claim::background);
   if (!c && held_elsewhere(c.error())) {
@@ -397,6 +397,18 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // slot would be some bucket pages' too, whose writers would wait for the whole run.
   if (auto b = s.take_checkpoint_byte(cd, how); !b) return std::unexpected(b.error());
   const maintenance_hold held{&s};
+  // The size of the segments its copies go to, fixed for the run (see compaction_room).
+  struct segment_size_hold {
+    impl& s;
+    ~segment_size_hold() { s.compaction_segment_size.store(0, std::memory_order_relaxed); }
+  } const sized{s};
+  {
+    // (No larger than the spare: see next_active_segment.)
+    const std::uint64_t spare = s.h64(hdr::spare).load();
+    const std::uint64_t next = s.next_segment_size();
+    s.compaction_segment_size.store(spare != 0 ? std::min(next, spare) : next,
+                                    std::memory_order_relaxed);
+  }
   compact_stats st;
   // Where the volume may refuse a write fault (btrfs at a qgroup's limit), the header's page
   // first: refused, nothing could move. Its words are stored escapably all the same (the
@@ -702,7 +714,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // its records' block headers were not counted). Each byte that dies since adds to *dead
     // bytes* and takes at most one segment that much closer.
     if (short_now && victims.empty() && !pinned) {
-      const std::uint64_t at = closest == UINT64_MAX ? s.dir.params.segment_size : closest;
+      const std::uint64_t at = closest == UINT64_MAX ? s.next_segment_size() : closest;
       auto below = s.h64(hdr::fruitless_below);
       if (!stored([&] {
             below.store(0, std::memory_order_seq_cst);
@@ -892,10 +904,42 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // Which rooms to keep: as seg/ has them (see next_active_segment).
     if (auto r = s.reconcile_rooms(); !r) return std::unexpected(r.error());
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
-    bool kept_spare = false;
-    bool kept_deletes = false;
+    std::uint64_t kept_spare = 0;  // sizes (0: none kept)
+    std::uint64_t kept_deletes = 0;
     std::uint64_t kept_next = 0;
+    std::uint64_t kept_next_size = 0;
     std::uint64_t freed_dead = 0;  // of the victims, as counted in *dead bytes*
+    // Which victim becomes which room: the spare the largest, when it is as large as every
+    // log segment that stays (else none: a writer makes the spare anew at the size it must
+    // be, of the room these give back); the deletes' room the smallest other, no larger than
+    // the spare (an erase that takes it makes it a log segment).
+    const std::vector<std::uint64_t> leaving(victims.begin(), victims.end());
+    const auto victim_size = [&](std::uint64_t n) { return s.segtab(n, 1).load(); };
+    std::uint64_t spare_pick = 0;
+    std::uint64_t deletes_pick = 0;
+    {
+      std::uint64_t spare_size = s.h64(hdr::spare).load();
+      if (spare_size == 0) {
+        const std::uint64_t need = s.largest_log_segment(leaving);
+        for (const std::uint64_t n : leaving) {
+          const std::uint64_t size = victim_size(n);
+          if (s.log_segment_size(size) && size >= need &&
+              (spare_pick == 0 || size > victim_size(spare_pick))) {
+            spare_pick = n;
+          }
+        }
+        spare_size = spare_pick == 0 ? 0 : victim_size(spare_pick);
+      }
+      if (!s.has_room(deletes_room)) {
+        for (const std::uint64_t n : leaving) {
+          const std::uint64_t size = victim_size(n);
+          if (n != spare_pick && s.log_segment_size(size) && size <= spare_size &&
+              (deletes_pick == 0 || size < victim_size(deletes_pick))) {
+            deletes_pick = n;
+          }
+        }
+      }
+    }
     for (const std::uint64_t n : victims) {
       auto seg = s.segment_at(n);
       if (!seg) return std::unexpected(seg.error());
@@ -908,23 +952,27 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
           })) {
         return std::unexpected(s.index_write_refusal());
       }
-      // Compaction took the spare: the first victim is the next one. An erase took the
-      // deletes' room: the next victim is that. And one is kept as the next segment, unless
-      // one is there: commits that only erase then need no room from the volume, whoever
-      // else fills it.
+      // Compaction took the spare: a victim is the next one. An erase took the deletes'
+      // room: another victim is that (both picked above). And one is kept as the next
+      // segment, unless one is there: commits that only erase then need no room from the
+      // volume, whoever else fills it.
       impl::room_kept keep;
-      if (!kept_spare && !s.has_room(spare_room)) {
+      if (n == spare_pick) {
         keep.as = impl::room_kept::spare;
-      } else if (!kept_deletes && !s.has_room(deletes_room)) {
+      } else if (n == deletes_pick) {
         keep.as = impl::room_kept::deletes;
       } else if (kept_next == 0 && s.abandoned_segment() == 0) {
         keep.as = impl::room_kept::next;
       }
       auto given = s.give_back_segment(n, size, keep);
       if (!given) return std::unexpected(given.error());
-      if (given->as == impl::room_kept::spare) kept_spare = true;
-      if (given->as == impl::room_kept::deletes) kept_deletes = true;
-      if (given->as == impl::room_kept::next) kept_next = given->number;
+      // (Each kept at the size it has: the victim's.)
+      if (given->as == impl::room_kept::spare) kept_spare = size;
+      if (given->as == impl::room_kept::deletes) kept_deletes = size;
+      if (given->as == impl::room_kept::next) {
+        kept_next = given->number;
+        kept_next_size = size;
+      }
       const std::uint64_t dead = size - fmt::segment_header_size > use[n].live
                                      ? size - fmt::segment_header_size - use[n].live
                                      : 0;
@@ -939,18 +987,18 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
     if (!stored([&] {
-          if (kept_spare) s.h64(hdr::spare).store(s.dir.params.segment_size);
-          if (kept_deletes) s.h64(hdr::deletes_room).store(s.dir.params.segment_size);
+          if (kept_spare != 0) s.h64(hdr::spare).store(kept_spare);
+          if (kept_deletes != 0) s.h64(hdr::deletes_room).store(kept_deletes);
         })) {
       return std::unexpected(s.index_write_refusal());
     }
     if (kept_next != 0) {
       // Listed, then entered, as a segment made: named and not listed, it is the leftover the
       // next writer adopts (adopt_named_leftover).
-      if (auto l = s.list_segment(kept_next, s.dir.params.segment_size); !l) {
+      if (auto l = s.list_segment(kept_next, kept_next_size); !l) {
         return std::unexpected(l.error());
       }
-      if (auto e = s.enter_segment(kept_next, s.dir.params.segment_size); !e) {
+      if (auto e = s.enter_segment(kept_next, kept_next_size); !e) {
         return std::unexpected(e.error());
       }
     }
@@ -962,7 +1010,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
           // (what died while it ran counts: a run that fell behind a fast writer is followed
           // by the next).
           s.h64(hdr::background_after)
-              .store(dead_then - std::min(dead_then, freed_dead) + s.dir.params.segment_size);
+              .store(dead_then - std::min(dead_then, freed_dead) + s.next_segment_size());
         })) {
       return std::unexpected(s.index_write_refusal());
     }

@@ -32,7 +32,7 @@ void store(std::span<std::byte> bytes, std::size_t at, const T& v) noexcept {
 
 // Store file fields (doc/kv-format.md).
 constexpr std::size_t store_id_at = 24, salt_at = 40, segment_size_at = 48, blob_threshold_at = 56,
-                      created_at = 64, reserved_at = 72;
+                      created_at = 64, first_segment_size_at = 72;
 // Segment header fields.
 constexpr std::size_t seg_store_id_at = 24, seg_number_at = 40, seg_size_at = 48,
                       seg_checksum_at = 56;
@@ -82,18 +82,22 @@ std::uint64_t checksum(std::span<const std::byte> bytes, std::uint64_t salt) noe
 std::array<std::byte, store_file_size> encode_store_file(const store_params& p) noexcept {
   std::array<std::byte, store_file_size> out{};
   const std::span<std::byte> s(out);
-  store(s, 0, store_format.header());
+  store(s, 0, (p.first_segment_size == 0 ? store_format_v2 : store_format).header());
   std::memcpy(out.data() + store_id_at, p.id.data(), p.id.size());
   store(s, salt_at, p.salt);
   store(s, segment_size_at, p.segment_size);
   store(s, blob_threshold_at, p.blob_threshold);
   store(s, created_at, p.created_ns);
+  if (p.first_segment_size != 0) store(s, first_segment_size_at, p.first_segment_size);
   store(s, store_checksum_at, checksum(std::span(out).first(store_checksum_at), 0));
   return out;
 }
 
 result<store_params> parse_store_file(std::span<const std::byte> bytes) noexcept {
   auto head = base::check_header(bytes, store_format);
+  const bool v2 = !head && head.error() == errc::unsupported_version &&
+                  base::check_header(bytes, store_format_v2).has_value();
+  if (v2) head = base::header_state::ours;
   if (!head) return std::unexpected(head.error());
   // A blank or short file is not a store: stores are made whole, then renamed into place.
   if (*head == base::header_state::blank || bytes.size() < store_file_size) {
@@ -109,7 +113,9 @@ result<store_params> parse_store_file(std::span<const std::byte> bytes) noexcept
   p.segment_size = load<std::uint64_t>(bytes, segment_size_at);
   p.blob_threshold = load<std::uint64_t>(bytes, blob_threshold_at);
   p.created_ns = load<std::uint64_t>(bytes, created_at);
-  // The reserved bytes are zero in version 1 (a version that uses them says so).
+  const std::size_t reserved_at = v2 ? first_segment_size_at : first_segment_size_at + 8;
+  if (!v2) p.first_segment_size = load<std::uint64_t>(bytes, first_segment_size_at);
+  // The reserved bytes are zero (a version that uses them says so).
   for (std::size_t i = reserved_at; i < store_checksum_at; ++i) {
     if (bytes[i] != std::byte{0}) return std::unexpected(corrupt_at(i).error());
   }
@@ -120,6 +126,11 @@ result<store_params> parse_store_file(std::span<const std::byte> bytes) noexcept
   }
   if (p.blob_threshold == 0 || p.blob_threshold > p.segment_size - segment_header_size) {
     return std::unexpected(corrupt_at(blob_threshold_at).error());
+  }
+  if (!v2 &&
+      (p.first_segment_size < min_first_segment_size || p.first_segment_size >= p.segment_size ||
+       (p.first_segment_size & (p.first_segment_size - 1)) != 0)) {
+    return std::unexpected(corrupt_at(first_segment_size_at).error());
   }
   return p;
 }

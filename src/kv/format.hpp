@@ -64,6 +64,8 @@ constexpr std::uint64_t min_segment_size = std::uint64_t{1} << 20;
 constexpr std::uint64_t max_segment_size = std::uint64_t{1} << 30;
 constexpr std::uint64_t default_segment_size = std::uint64_t{64} << 20;
 constexpr std::uint64_t default_blob_threshold = std::uint64_t{64} << 10;
+//! The smallest a log segment of a growing store starts at (store_params::first_segment_size).
+constexpr std::uint64_t min_first_segment_size = std::uint64_t{256} << 10;
 
 struct store_params {
   std::array<std::uint8_t, 16> id{};
@@ -73,15 +75,23 @@ struct store_params {
   //! header: a smaller value always fits a commit block of one segment).
   std::uint64_t blob_threshold = default_blob_threshold;
   std::uint64_t created_ns = 0;
+  //! 0: every log segment is `segment_size` long (version 2). Else (version 3) log segments
+  //! start this long and grow with the log, a power of two up to `segment_size` each: a
+  //! small store takes little room, a large one has few segments.
+  std::uint64_t first_segment_size = 0;
   friend bool operator==(const store_params&, const store_params&) = default;
 };
 
 constexpr std::size_t store_file_size = page_size;
 constexpr std::size_t store_checksum_at = page_size - 8;
 // Version 2: the store keeps a manifest of its segments (version 1 had none; its stores are
-// refused with unsupported_version).
-inline constexpr base::format store_format{
+// refused with unsupported_version). Version 3: its log segments grow (first_segment_size).
+// A store whose segments do not grow is still written as version 2, which keel of before
+// reads; both are read.
+inline constexpr base::format store_format_v2{
     "KEELKVS1", 2, base::layout_of({store_file_size, 72, store_checksum_at})};
+inline constexpr base::format store_format{
+    "KEELKVS1", 3, base::layout_of({store_file_size, 80, store_checksum_at})};
 
 //! The store file's 4096 bytes for `p` (checksummed; the checksum's seed is 0, since the
 //! salt is read from this file).

@@ -857,8 +857,59 @@ store::impl::table_segments store::impl::segments_in_table() const noexcept {
   return t;
 }
 
+bool store::impl::log_segment_size(std::uint64_t size) const noexcept {
+  const std::uint64_t most = dir.params.segment_size;
+  const std::uint64_t first = dir.params.first_segment_size;
+  if (first == 0) return size == most;
+  return size >= first && size <= most && (size & (size - 1)) == 0;
+}
+
+std::uint64_t store::impl::next_segment_size(std::uint64_t at_least) const noexcept {
+  const std::uint64_t most = dir.params.segment_size;
+  std::uint64_t size = dir.params.first_segment_size;
+  if (size == 0) return most;
+  // A sixteenth of what the log holds, live and dead (the counters: asked at every commit):
+  // what the rooms and the tail's unwritten rest hold back stays a small part of a store of
+  // any size, and a large store has few segments.
+  const std::uint64_t log = h64(hdr::live_bytes).load(std::memory_order_relaxed) +
+                            h64(hdr::dead_bytes).load(std::memory_order_relaxed);
+  while (size < most && size * 2 <= log / 16)
+    size *= 2;
+  while (size < most && size < at_least)
+    size *= 2;
+  return size;
+}
+
+std::uint64_t store::impl::log_segment_size_at(std::uint64_t location) const noexcept {
+  const std::uint64_t n = fmt::segment_of(location);
+  if (n != 0 && segtab(n, 0).load() == n) return segtab(n, 1).load();
+  const std::uint64_t first = dir.params.first_segment_size;
+  return first != 0 ? first : dir.params.segment_size;
+}
+
+std::uint64_t store::impl::least_segment_size(std::uint64_t bytes) const noexcept {
+  const std::uint64_t most = dir.params.segment_size;
+  std::uint64_t size = dir.params.first_segment_size;
+  if (size == 0) return most;
+  while (size < most && size < bytes)
+    size *= 2;
+  return size;
+}
+
+std::uint64_t store::impl::largest_log_segment(
+    std::span<const std::uint64_t> except) const noexcept {
+  std::uint64_t largest = 0;
+  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+    const std::uint64_t n = segtab(i, 0).load();
+    if (n == 0 || n % segtab_entries != i || std::ranges::find(except, n) != except.end()) continue;
+    const std::uint64_t size = segtab(n, 1).load();
+    if (log_segment_size(size)) largest = std::max(largest, size);
+  }
+  return largest;
+}
+
 std::uint64_t store::impl::budget_used(room_for who) const noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t seg_size = next_segment_size();
   std::uint64_t total =
       h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().bytes;
   // The checkpoint counts as written (a commit that finds the budget reached with nothing
@@ -890,15 +941,16 @@ std::uint64_t store::impl::budget_left(room_for who) const noexcept {
 }
 
 std::uint64_t store::impl::room_left(room_for who) const noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t seg_size = next_segment_size();
   const std::uint64_t tail = h64(hdr::tail).load();
   const std::uint64_t left = budget_left(who);
-  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
+  return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
          (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
 }
 
 std::uint64_t store::impl::compaction_room() const noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
+  const std::uint64_t seg_size = fixed != 0 ? fixed : next_segment_size();
   const std::uint64_t tail = h64(hdr::tail).load();
   std::uint64_t whole = budget_left(room_for::compaction) / seg_size;
   // The volume's free space (what an unprivileged user may take: the least it may be).
@@ -908,26 +960,50 @@ std::uint64_t store::impl::compaction_room() const noexcept {
   // (the next writer that needs a segment takes it).
   const std::uint64_t spare = h64(hdr::spare).load();
   if (abandoned_segment() != 0) whole += 1;
-  return (tail == 0 ? 0 : seg_size - fmt::offset_of(tail)) +
+  return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
          (spare == 0 ? 0 : spare - fmt::segment_header_size) +
          whole * (seg_size - fmt::segment_header_size);
 }
 
 bool store::impl::short_of_room() const noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t seg_size = next_segment_size();
   if (!check_budget(seg_size, room_for::put)) return true;
   // A spare still to make needs its room too.
   const std::uint64_t spare = h64(hdr::spare).load() == 0 ? seg_size : 0;
   return !check_headroom(seg_size + spare);
 }
 
-result<void> store::impl::ensure_room(const room_file& room) noexcept {
-  const std::uint64_t size = dir.params.segment_size;
+result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_least) noexcept {
+  // What it must be: the spare holds the copies of any one log segment (it must be as large as
+  // the largest), and whatever the caller will make; the deletes' room becomes a log segment
+  // when an erase takes it (it is never larger than the spare). What it grows to: the size
+  // segments are made at now.
+  const bool spare = &room == &spare_room;
+  const std::uint64_t need =
+      spare ? std::max(least_segment_size(at_least), largest_log_segment()) : 0;
+  // The deletes' room stays at the first segment size in a store whose segments grow: it
+  // only holds erase records on a full volume, and puts stop with it unused.
+  std::uint64_t size = spare ? std::max(need, next_segment_size()) : least_segment_size(0);
   const std::string named = path + "/seg/" + room.name;
   // The word alone could be stale (a taker killed after the rename): the file says.
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto st = fs->stat_at(&dir.segments, room.name, false);
-    if (st && st->size == size) return store_or_refuse([&] { h64(room.word).store(size); });
+    if (st && log_segment_size(st->size)) {
+      // One made when the log was smaller grows with it: when it must, or while the room is
+      // there to spare (else it stays as it is: a smaller deletes' room is still a room).
+      std::uint64_t have = st->size;
+      if (have < size && (have < need || could_put(size - have))) {
+        auto g = grow_room(room, size);
+        if (!g) return std::unexpected(g.error());
+        if (*g) have = size;
+      }
+      if (auto w = store_or_refuse([&] { h64(room.word).store(have); }); !w) return w;
+      if (have < need) {
+        return std::unexpected(
+            error(std::make_error_code(std::errc::no_space_on_device)).about(named));
+      }
+      return {};
+    }
     if (auto w = store_or_refuse([&] { h64(room.word).store(0); }); !w) return w;
     if (st) {
       // Not one of ours at this size: a new one replaces it.
@@ -938,6 +1014,11 @@ result<void> store::impl::ensure_room(const room_file& room) noexcept {
       return std::unexpected(st.error().about(named));
     }
     auto r = make_whole_file(room.name, size, {});
+    if (!r && out_of_room(r.error()) && size > std::max(need, dir.params.first_segment_size)) {
+      // No room for it at the size segments are made at now: at what it must be, then.
+      size = std::max(need, dir.params.first_segment_size);
+      r = make_whole_file(room.name, size, {});
+    }
     if (!r && r.error() == std::errc::file_exists) continue;  // another's, made meanwhile
     if (!r) return std::unexpected(error(r.error().code()).about(named));
     if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
@@ -946,14 +1027,30 @@ result<void> store::impl::ensure_room(const room_file& room) noexcept {
   return errc_error(std::errc::file_exists);
 }
 
-result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
-  const std::uint64_t size = dir.params.segment_size;
+result<bool> store::impl::grow_room(const room_file& room, std::uint64_t size) noexcept {
+  // Made whole under a leftover's name (a lone opener removes one a user killed here left),
+  // then renamed over the room: the room is there, old or new, at every moment.
+  const std::string temp = std::string(segment_temp_prefix) + room.name;
   const std::string named = path + "/seg/" + room.name;
-  if (h64(room.word).load() == 0) {
-    // The word may lag the file (a maker killed after naming it): the file decides.
-    auto st = fs->stat_at(&dir.segments, room.name, false);
-    if (!st || st->size != size) return errc_error(std::errc::no_space_on_device);
+  auto r = make_whole_file(temp.c_str(), size, {});
+  if (!r) {
+    // No room to grow into (or a leftover there): the room stays as it is.
+    if (out_of_room(r.error()) || r.error() == std::errc::file_exists) return false;
+    return std::unexpected(error(r.error().code()).about(named));
   }
+  if (auto m = fs->rename(&dir.segments, temp.c_str(), &dir.segments, room.name,
+                          io::rename_mode::replace);
+      !m) {
+    (void)io::unlink_at(dir.segments, temp.c_str());
+    return std::unexpected(m.error().about(named));
+  }
+  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
+  return true;
+}
+
+result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
+  const std::string named = path + "/seg/" + room.name;
+  // The word may lag the file (a maker killed after naming it): the file decides.
   auto f = io::file_handle::open_at(dir.segments, room.name,
                                     io::open_flags::read_write | io::open_flags::no_follow);
   if (!f) {
@@ -965,6 +1062,16 @@ result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
       return errc_error(std::errc::no_space_on_device);
     }
     return std::unexpected(f.error().about(named));
+  }
+  auto length = f->size();
+  if (!length) return std::unexpected(length.error().about(named));
+  const auto size = static_cast<std::uint64_t>(*length);
+  if (!log_segment_size(size)) {
+    // Not a room of ours (ensure_room replaces it).
+    if (auto w = store_or_refuse([&] { h64(room.word).store(0); }); !w) {
+      return std::unexpected(w.error());
+    }
+    return errc_error(std::errc::no_space_on_device);
   }
   auto picked = new_segment_number();
   if (!picked) return picked;
@@ -1023,7 +1130,7 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   // A reader with an index of its own may map this segment: it is only unlinked (its map
   // keeps reading what it held), neither zeroed to be kept nor truncated.
   const bool mapped_unbeknown = private_readers_present();
-  if (may_keep.as != room_kept::volume && size == dir.params.segment_size && !mapped_unbeknown) {
+  if (may_keep.as != room_kept::volume && log_segment_size(size) && !mapped_unbeknown) {
     auto r = fs->rename(&dir.segments, name.c_str(), &dir.segments, temp.c_str(),
                         io::rename_mode::no_replace);
     // (A directory with no room for the longer name, ext4 full, refuses with ENOSPC: then
@@ -1090,7 +1197,7 @@ void store::impl::reconcile_checkpoint_bytes() noexcept {
 result<void> store::impl::reconcile_rooms() noexcept {
   for (const room_file* room : {&spare_room, &deletes_room}) {
     auto st = fs->stat_at(&dir.segments, room->name, false);
-    const std::uint64_t size = st && st->size == dir.params.segment_size ? st->size : 0;
+    const std::uint64_t size = st && log_segment_size(st->size) ? st->size : 0;
     // Stored only when it changes: a store is a write fault on the header's page, which a
     // volume at its limit (btrfs, a qgroup) refuses once the page was written back, and
     // reserving asks here at every new segment.
@@ -1104,8 +1211,7 @@ result<void> store::impl::reconcile_rooms() noexcept {
 std::uint64_t store::impl::abandoned_segment() const noexcept {
   const std::uint64_t last = h64(hdr::next_segment).load() - 1;
   const bool abandoned = last != 0 && last > fmt::segment_of(h64(hdr::tail).load()) &&
-                         segtab(last, 0).load() == last &&
-                         segtab(last, 1).load() == dir.params.segment_size;
+                         segtab(last, 0).load() == last && log_segment_size(segtab(last, 1).load());
   return abandoned ? last : 0;
 }
 
@@ -1119,7 +1225,7 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   if (last == 0 || segtab(last, 0).load() != 0) return {};
   const std::string name = segment_name(last);
   auto st = fs->stat_at(&dir.segments, name.c_str(), false);
-  if (!st || st->size != dir.params.segment_size) return {};
+  if (!st || !log_segment_size(st->size)) return {};
   auto seg = segment_at(last);
   if (!seg) return {};  // not a segment of ours at all: left alone
   // Nothing written: its first block's place still zero (else it is no maker's leftover).
@@ -1129,8 +1235,21 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   return enter_segment(last, (*seg)->size);
 }
 
-result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+result<std::uint64_t> store::impl::next_active_segment(room_for who,
+                                                       std::uint64_t at_least) noexcept {
+  std::uint64_t seg_size = next_segment_size(at_least);
+  const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
+  if (who == room_for::compaction && fixed != 0) {
+    // Compaction's at the size its room was counted in (its copies grow the log meanwhile).
+    seg_size = std::max(fixed, least_segment_size(at_least));
+  }
+  if (who == room_for::compaction) {
+    // Never larger than the spare while it is there (each copy is a record of a segment no
+    // larger than the spare, so it fits).
+    if (const std::uint64_t spare = h64(hdr::spare).load(); spare != 0) {
+      seg_size = std::min(seg_size, spare);
+    }
+  }
   // The rooms' words as seg/ has them: a taker killed after its rename left its room's word
   // set, which counted the room twice (beside the segment made of it) against a budget, and
   // kept compaction from keeping a segment as that room again. Rooms change only under the
@@ -1144,23 +1263,52 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who) noexcept {
   const std::uint64_t last = abandoned_segment();
   const bool abandoned = last != 0;
   if (who != room_for::compaction) {
+    // The spare first, as large as the segment needs (a log segment is never larger than
+    // the spare: compaction copies any one into it); a segment made while the spare cannot
+    // grow is made at the spare's size, which holds `at_least`.
+    if (who != room_for::put) {
+      if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
+      // (A commit that only erases needs the spare there, whatever its size.)
+      if (auto r = ensure_room(spare_room); !r) return std::unexpected(r.error());
+    }
+    auto spare_ready = ensure_room(spare_room, abandoned ? 0 : at_least);
+    if (!spare_ready && (who == room_for::put || !out_of_room(spare_ready.error()))) {
+      return std::unexpected(spare_ready.error());
+    }
+    if (const std::uint64_t spare = h64(hdr::spare).load(); spare != 0) {
+      seg_size = std::min(seg_size, spare);
+    }
+    // Near full, a put makes a smaller segment where the volume or the budget no longer has
+    // one of this size (down to what its block needs): the store fills the volume.
+    if (who == room_for::put && !abandoned) {
+      while (seg_size > least_segment_size(at_least) && !could_put(seg_size))
+        seg_size /= 2;
+    }
     const std::uint64_t more = abandoned ? 0 : seg_size;
-    const auto next = [&] {
-      return abandoned ? result<std::uint64_t>(last) : make_segment(seg_size);
+    const auto next = [&]() -> result<std::uint64_t> {
+      if (abandoned) return last;
+      // (An erase whose segment the spare could not grow for: the deletes' room, below.)
+      if (!spare_ready) return std::unexpected(spare_ready.error());
+      return make_segment(seg_size);
     };
     if (who == room_for::put) {
       if (auto r = ready_for_put(more); !r) return std::unexpected(r.error());
       return mark_for_deletes(next(), false);
     }
-    // A commit that only erases: the spare made (it stays compaction's), then a new segment
-    // while the budget and the volume allow one (the deletes' room stays for later), else
-    // the deletes' room, which no other program can have taken.
-    if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
-    if (auto r = ensure_room(spare_room); !r) return std::unexpected(r.error());
+    // A commit that only erases: a new segment while the budget and the volume allow one
+    // (the deletes' room stays for later), else the deletes' room, which no other program
+    // can have taken.
     const bool for_deletes = !could_put(more);
     const auto budget = check_budget(more, who);
     auto n = budget ? next() : std::unexpected(budget.error());
     if (n || !out_of_room(n.error())) return mark_for_deletes(n, for_deletes);
+    // A block the room cannot hold is refused before it takes it (taken, the room would be
+    // spent and the block still without a place): such a commit must be split.
+    if (auto st = fs->stat_at(&dir.segments, deletes_room.name, false);
+        st && log_segment_size(st->size) && st->size < at_least) {
+      return std::unexpected(
+          error(make_error_code(errc::too_large)).about(path + "/seg/" + deletes_room.name));
+    }
     auto a = adopt_room(deletes_room);
     if (a) return mark_for_deletes(a, true);
     if (a.error() != std::errc::no_space_on_device) return a;
@@ -1225,7 +1373,7 @@ std::uint64_t store::impl::kept_free(const io::fs_info& free) const noexcept {
   // every write fault on a map, a preallocated page's too (btrfs_page_mkwrite): on a volume
   // with none left, writes through the maps crawl from fault to fault, so puts leave it a
   // segment free as well.
-  return has_room(deletes_room) && free.type != io::fs_type::btrfs ? 0 : dir.params.segment_size;
+  return has_room(deletes_room) && free.type != io::fs_type::btrfs ? 0 : next_segment_size();
 }
 
 result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
@@ -1240,8 +1388,9 @@ result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
 }
 
 result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
-  if (length > seg_size - fmt::segment_header_size) return keel_error(errc::too_large);
+  if (length > dir.params.segment_size - fmt::segment_header_size) {
+    return keel_error(errc::too_large);
+  }
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
   std::atomic_ref<std::uint64_t> t(tail);
   for (;;) {
@@ -1268,6 +1417,8 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
     // waits for a segment of its own, which needs that room again.
     const bool theirs =
         who == room_for::put && at != 0 && fmt::segment_of(at) == h64(hdr::deletes_segment).load();
+    // (The tail's segment is in the table before the tail moves into it.)
+    const std::uint64_t seg_size = at == 0 ? 0 : log_segment_size_at(at);
     if (!theirs && at != 0 && fmt::offset_of(at) + length <= seg_size) {
       // (The tail is the header's: written back and refused, an escape past lock_timeout
       // fails the reserve before anything was taken.)
@@ -1290,7 +1441,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
-    auto n = next_active_segment(who);
+    auto n = next_active_segment(who, fmt::segment_header_size + length);
     if (!n) return std::unexpected(n.error());
     prefault(*n, 0);
     prefault(*n, prefault_chunk);

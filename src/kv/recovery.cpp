@@ -72,7 +72,8 @@ struct store::impl::replay_state {
 
 result<void> store::impl::reset_index() noexcept {
   if (auto r = index_file.truncate(0); !r) return r;
-  const std::uint64_t pages = initial_index_pages;
+  const std::uint64_t pages =
+      dir.params.first_segment_size != 0 ? initial_index_pages_growing : initial_index_pages;
   if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
   const auto head = index_format.header();
   std::memcpy(base(), &head, sizeof head);
@@ -404,6 +405,7 @@ result<void> store::impl::rebuild() noexcept {
   }
 
   std::uint64_t tail = 0;
+  std::uint64_t tail_size = 0;  // of the tail's segment
   replayed_bytes = 0;
   for (const std::uint64_t n : numbers) {
     auto s = segment_at(n);
@@ -418,12 +420,13 @@ result<void> store::impl::rebuild() noexcept {
     std::uint64_t end = mid ? fmt::offset_of(from) : fmt::segment_header_size;
     replayed_bytes += (*s)->size - (mid ? std::min((*s)->size, end) : 0);
     if (auto r = replay_segment(**s, st, end); !r) return r;
-    if ((*s)->size == dir.params.segment_size) {
+    if (log_segment_size((*s)->size)) {
       // The space left at the end of the segment before is dead (as reserve counts it when
       // it moves on). The tail goes after the last block whose header checks out: nothing
       // past it was ever a block, and what is written there next is never inside one.
-      if (tail != 0) h64(hdr::dead_bytes).fetch_add(dir.params.segment_size - fmt::offset_of(tail));
+      if (tail != 0) h64(hdr::dead_bytes).fetch_add(tail_size - fmt::offset_of(tail));
       tail = fmt::make_location(n, end);
+      tail_size = (*s)->size;
     }
   }
 

@@ -16,34 +16,50 @@
 namespace keel::kv {
 
 store::impl::put_room store::impl::room_for_puts() const noexcept {
-  const std::uint64_t seg_size = dir.params.segment_size;
+  const std::uint64_t seg_size = next_segment_size();
   const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
   put_room r;
   // The rest of the tail's segment, unless puts keep off it.
   if (tail != 0 && fmt::segment_of(tail) != h64(hdr::deletes_segment).load()) {
-    r.bytes = seg_size - fmt::offset_of(tail);
+    r.bytes = log_segment_size_at(tail) - fmt::offset_of(tail);
   }
   // Whole segments: a put makes one only with the spare and the deletes' room made, and
-  // what check_headroom keeps free left; under a budget, the same of the budget.
-  std::uint64_t by_volume = UINT64_MAX;
+  // what check_headroom keeps free left; under a budget, the same of the budget. In a store
+  // whose segments grow, what is left below a segment of this size still takes smaller ones
+  // (next_active_segment makes them near full), down to the first size.
+  const std::uint64_t each = seg_size - fmt::segment_header_size;
+  const std::uint64_t first = dir.params.first_segment_size;
+  constexpr std::uint64_t unbounded = UINT64_MAX;
+  const auto usable = [&](std::uint64_t bytes) {
+    std::uint64_t out = bytes / seg_size >= unbounded / each ? unbounded : bytes / seg_size * each;
+    std::uint64_t rest = bytes % seg_size;
+    for (std::uint64_t size = seg_size / 2; first != 0 && size >= first && out != unbounded;
+         size /= 2) {
+      if (rest >= size) {
+        out += size - fmt::segment_header_size;
+        rest -= size;
+      }
+    }
+    return out;
+  };
+  std::uint64_t by_volume = unbounded;
   if (auto free = fs->statfs(dir.segments)) {
     std::uint64_t avail = free->available_bytes;
     if (!has_room(spare_room)) avail = avail > seg_size ? avail - seg_size : 0;
     const std::uint64_t kept = kept_free(*free);
     avail = avail > kept ? avail - kept : 0;
-    by_volume = avail / seg_size;
+    by_volume = usable(avail);
   }
   const std::uint64_t by_budget =
-      opts.max_bytes == 0 ? UINT64_MAX : budget_left(room_for::put) / seg_size;
-  std::uint64_t whole = std::min(by_volume, by_budget);
-  r.why = whole == by_budget && opts.max_bytes != 0
+      opts.max_bytes == 0 ? unbounded : usable(budget_left(room_for::put));
+  std::uint64_t made = std::min(by_volume, by_budget);
+  r.why = made == by_budget && opts.max_bytes != 0
               ? error(make_error_code(errc::budget_reached))
               : error(std::make_error_code(std::errc::no_space_on_device)).about(path + "/seg");
   // One made and abandoned is the next segment, whoever asks.
-  if (abandoned_segment() != 0) whole = std::min<std::uint64_t>(whole, UINT64_MAX - 1) + 1;
-  const std::uint64_t each = seg_size - fmt::segment_header_size;
+  if (abandoned_segment() != 0 && made != unbounded) made += std::min(each, unbounded - made - 1);
   const auto cap = static_cast<std::uint64_t>(space::ledger::max_amount);
-  r.bytes = whole >= cap / each ? cap : std::min(cap, r.bytes + whole * each);
+  r.bytes = made >= cap ? cap : std::min(cap, r.bytes + made);
   // Less the pages of the directory doubled once: a split of any commit in the delta may
   // double it (commits are charged their own splits' pages only).
   const std::uint64_t doubling = ix::directory_pages(table->depth() + 1) * fmt::page_size;
@@ -216,7 +232,7 @@ std::int64_t store::impl::share(std::uint64_t room, std::int64_t cost) const noe
   // quarters that small ones fill first.
   const auto whole = static_cast<std::int64_t>(room);
   const std::int64_t quarter = whole / 4;
-  if (room <= 4 * dir.params.segment_size || quarter / 4 < cost) return whole;
+  if (room <= 4 * next_segment_size() || quarter / 4 < cost) return whole;
   return quarter;
 }
 

@@ -67,6 +67,8 @@ result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_h
     auto chosen = segment_size_for(fs, dir);
     if (!chosen) return std::unexpected(chosen.error());
     p.segment_size = *chosen;
+    // Chosen for the volume, it is what segments grow to: a new store starts small.
+    p.first_segment_size = fmt::min_first_segment_size;
   }
   p.created_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())

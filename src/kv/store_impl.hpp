@@ -150,8 +150,10 @@ constexpr std::size_t dirty_words = (segtab_entries + 63) / 64;
 static_assert(hdr::visible_gates + 4 * hdr::visible_gate_count <= hdr::dirty_segments);
 static_assert(hdr::dirty_segments + dirty_words * 8 <= hdr::checksum);
 constexpr std::size_t first_free_page = 128;
-//! A new (or rebuilt) index file's pages.
+//! A new (or rebuilt) index file's pages (the most: a store whose segments grow starts with
+//! initial_index_pages_growing, as small as its first buckets allow).
 constexpr std::size_t initial_index_pages = first_free_page + 256;
+constexpr std::size_t initial_index_pages_growing = first_free_page + 96;
 
 // Byte-range locks on the index file (through the liveness descriptor).
 constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
@@ -534,6 +536,9 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] bool compaction_due() noexcept;
   //! Runs one compaction for the background thread, and keeps what it found.
   void compact_in_background() noexcept;
+  //! While this process compacts (it holds the maintenance byte): the size of the segments
+  //! its copies go to, as compaction_room counted them (0: not compacting).
+  std::atomic<std::uint64_t> compaction_segment_size{0};
   //! When this process may next ask whether the store is short of room (steady clock, ms).
   std::atomic<std::uint64_t> next_room_check{0};
   static constexpr std::uint64_t room_check_ms = 100;
@@ -781,6 +786,26 @@ struct store::impl final : ix::page_source {
   // ---- segments (open.cpp) ----
   [[nodiscard]] result<segment*> segment_at(std::uint64_t number) noexcept;
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
+  //! Whether `size` is a log segment's (or a room's) in this store: the segment size, or in a
+  //! store whose segments grow, a power of two from its first segment size up to that. A
+  //! blob's segment of its own is larger than the segment size (doc/kv-format.md).
+  [[nodiscard]] bool log_segment_size(std::uint64_t size) const noexcept;
+  //! How long a log segment (or a room) made now is: the segment size, or in a store whose
+  //! segments grow, the largest power of two from its first segment size up to the segment
+  //! size that is at most a sixteenth of what the log holds (live and dead bytes); and at
+  //! least `at_least`, rounded up to a power of two (at most the segment size).
+  [[nodiscard]] std::uint64_t next_segment_size(std::uint64_t at_least = 0) const noexcept;
+  //! The size of the log segment `location` is in, by the segment table (the least a log
+  //! segment may be when the table does not hold it).
+  [[nodiscard]] std::uint64_t log_segment_size_at(std::uint64_t location) const noexcept;
+  //! The least log segment size that holds `bytes` (a power of two from the first segment
+  //! size; the segment size in a store whose segments do not grow).
+  [[nodiscard]] std::uint64_t least_segment_size(std::uint64_t bytes) const noexcept;
+  //! The largest log segment in the segment table, leaving out `except` (0: none). The spare
+  //! is never smaller while it is there: compaction must be able to copy any one segment's
+  //! live records into it (doc/kv-format.md, "Space").
+  [[nodiscard]] std::uint64_t largest_log_segment(
+      std::span<const std::uint64_t> except = {}) const noexcept;
   //! Makes `name` in seg/: an unnamed file allocated to `size`, `head` written at 0, synced,
   //! then linked (file_exists if the name is taken), so that a named file is always whole.
   //! No directory sync.
@@ -800,8 +825,14 @@ struct store::impl final : ix::page_source {
   //! taker may take, when no new segment can be made (the volume full, or the budget reached).
   //! A commit that needs a new segment makes the spare first, and a put the deletes' room too
   //! (so a full volume stops commits while the rooms are still there). Under the `segment`
-  //! lock, or alone. Errors: the allocation's (no_space).
-  [[nodiscard]] result<void> ensure_room(const room_file& f) noexcept;
+  //! lock, or alone. In a store whose segments grow, the spare is at least `at_least` and every
+  //! log segment in the table, and grows (like the deletes' room, never past the spare) to
+  //! the size segments are made at now while the volume has the room. Errors: the
+  //! allocation's (no_space), also when the spare cannot grow to what it must be.
+  [[nodiscard]] result<void> ensure_room(const room_file& f, std::uint64_t at_least = 0) noexcept;
+  //! Replaces room `f` by one of `size` bytes (under the `segment` lock). Returns false,
+  //! leaving the room as it was, when the volume has no room for it.
+  [[nodiscard]] result<bool> grow_room(const room_file& f, std::uint64_t size) noexcept;
   //! Makes `f` the next segment (under the `segment` lock). Errors: no_space when there is
   //! none.
   [[nodiscard]] result<std::uint64_t> adopt_room(const room_file& f) noexcept;
@@ -823,7 +854,9 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> adopt_named_leftover() noexcept;
   //! The next active segment (under the `segment` lock): a new one, or when none can be made,
   //! for a commit that only erases the deletes' room, for compaction the spare.
-  [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who) noexcept;
+  //! A new one is made at least `at_least` long (next_segment_size).
+  [[nodiscard]] result<std::uint64_t> next_active_segment(room_for who,
+                                                          std::uint64_t at_least = 0) noexcept;
   //! What a put needs before it makes `more` bytes of new segment (under the `segment` lock):
   //! room in the budget, the spare and the deletes' room made, and `more` on the volume.
   //! Errors: budget_reached, no_space.

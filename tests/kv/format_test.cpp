@@ -54,6 +54,39 @@ TEST(KvFormat, AStoreFileWithAnyByteChangedIsRefused) {
   }
 }
 
+// Version 3 says where log segments start (a store whose segments grow); a store whose
+// segments do not grow is still written as version 2, which keel of before reads.
+TEST(KvFormat, AGrowingStoresFileIsVersionThreeAndAFixedOnesVersionTwo) {
+  store_params grows = some_store();
+  grows.first_segment_size = min_first_segment_size;
+  const auto file = encode_store_file(grows);
+  std::uint32_t version = 0;
+  std::memcpy(&version, file.data() + 8, 4);
+  EXPECT_EQ(version, 3u);
+  auto back = parse_store_file(file);
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(*back, grows);
+  for (std::size_t i = 0; i < file.size(); ++i) {
+    auto damaged = file;
+    damaged[i] ^= std::byte{0x01};
+    EXPECT_FALSE(parse_store_file(damaged)) << "byte " << i << " changed, still read";
+  }
+  std::memcpy(&version, encode_store_file(some_store()).data() + 8, 4);
+  EXPECT_EQ(version, 2u);
+  // A first size out of range, checksummed as if written so: corrupt, at its offset.
+  for (const std::uint64_t first : {std::uint64_t{0}, min_first_segment_size / 2,
+                                    min_first_segment_size + 4096, grows.segment_size}) {
+    auto bad = file;
+    std::memcpy(bad.data() + 72, &first, 8);
+    const std::uint64_t sum = checksum(std::span<const std::byte>(bad).first(store_checksum_at), 0);
+    std::memcpy(bad.data() + store_checksum_at, &sum, 8);
+    auto r = parse_store_file(bad);
+    ASSERT_FALSE(r) << first;
+    EXPECT_EQ(r.error(), errc::corrupt) << first;
+    EXPECT_EQ(r.error().offset(), 72u) << first;
+  }
+}
+
 TEST(KvFormat, AShortOrBlankFileIsNotAStore) {
   const auto file = encode_store_file(some_store());
   for (const std::size_t n :

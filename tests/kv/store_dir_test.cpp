@@ -68,11 +68,11 @@ TEST(KvStoreDir, WhatIsAtTheStoreFilesNameDecides) {
   EXPECT_EQ(foreign.error(), errc::not_keel_file);
 
   std::string newer = good;
-  newer[8] = 3;  // version 3
+  newer[8] = 4;  // version 4
   std::ofstream(file, std::ios::binary | std::ios::trunc) << newer;
-  auto v3 = open_store_dir(path, {});
-  ASSERT_FALSE(v3);
-  EXPECT_EQ(v3.error(), errc::unsupported_version);
+  auto v4 = open_store_dir(path, {});
+  ASSERT_FALSE(v4);
+  EXPECT_EQ(v4.error(), errc::unsupported_version);
 
   std::string damaged = good;
   damaged[50] ^= 1;  // the segment size
