@@ -1222,13 +1222,10 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     // only if the log holds a segment's worth of dead versions. (Not more often: a put on a
     // store full of live data must fail fast.)
     const std::uint64_t seg_size = impl_->next_segment_size();
-    // Nor when the last compaction found nothing to take and not enough has died since.
-    if (impl_->compaction_runs_now() == seen &&
-        ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
-         impl_->compaction_would_take_nothing())) {
-      // Nothing dead to compact: the checkpoint, a copy of the index that only makes an
-      // open after a crash faster, gives its room on the volume, or under the budget, to the
-      // store's data (with none there, the put fails at once).
+    // Nothing dead to compact, or a compaction made no room: the checkpoint, a copy of the
+    // index that only makes an open after a crash faster, gives its room on the volume, or
+    // under the budget, to the store's data (with none there, the put fails at once).
+    const auto without_checkpoint = [&]() -> result<void> {
       const bool volume_full = r.error() == std::errc::no_space_on_device ||
                                r.error() == std::error_code(EDQUOT, std::system_category()) ||
                                r.error() == errc::budget_reached;
@@ -1236,11 +1233,23 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
       auto dropped = impl_->drop_checkpoint_for_room(checkpoint_seen);
       if (!dropped) return std::unexpected(dropped.error());
       if (!*dropped) return std::unexpected(r.error());
+      return {};
+    };
+    // Nor when the last compaction found nothing to take and not enough has died since.
+    if (impl_->compaction_runs_now() == seen &&
+        ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
+         impl_->compaction_would_take_nothing())) {
+      if (auto w = without_checkpoint(); !w) return std::unexpected(w.error());
       continue;
     }
     auto room = impl_->make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
-    if (!*room) return std::unexpected(r.error());
+    if (!*room) {
+      // (A store whose dead bytes are spread too thin for any victim: its first put to find
+      // the volume full failed here with the checkpoint still taking room, and the next put,
+      // which the fruitless mark sends the way above, went through.)
+      if (auto w = without_checkpoint(); !w) return std::unexpected(w.error());
+    }
   }
 }
 
