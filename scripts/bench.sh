@@ -198,7 +198,7 @@ for fs in "${space_fs[@]}"; do
   esac
   step 9/10 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
   "$keel_bench" spacebench --fs "$fs" --size-mib "$size" --stream-mib "$stream" \
-    --segment-mib 1 "${blurt[@]}" --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
+    --segment-mib 0 "${blurt[@]}" --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
     tee "$out/spacebench-$fs.txt" >&2
   space_files+=(--spacebench "$out/raw/spacebench-$fs.json")
 done

@@ -71,7 +71,7 @@ using nlohmann::json;
 struct config {
   std::string fs = "tmpfs";
   std::uint64_t size_mib = 64;
-  std::uint64_t segment_mib = 1;
+  std::uint64_t segment_mib = 0;  // 0: left to the store (segments that grow)
   std::size_t value_size = 1024;
   std::uint64_t stream_mib = 16;
   std::size_t retries = 1000;
@@ -1183,7 +1183,9 @@ int run(const config& c) {
     return j.contains(k) && j[k].is_number() ? j[k].get<double>() : -1.0;
   };
   if (f.contains("stored")) {
-    fmt::print(text, "{} {} MiB, {} MiB segments, {} B values\n", c.fs, c.size_mib, c.segment_mib,
+    fmt::print(text, "{} {} MiB, {}, {} B values\n", c.fs, c.size_mib,
+               c.segment_mib == 0 ? std::string("segments that grow from 256 KiB")
+                                  : fmt::format("{} MiB segments", c.segment_mib),
                c.value_size);
     fmt::print(text,
                "  fill at first no_space      {:6.1f} % of free space ({:.1f} % with keel's "
@@ -1359,8 +1361,10 @@ int run_spacebench_command(int argc, char** argv) {
       ->check(CLI::IsMember({"tmpfs", "ext4", "xfs", "btrfs"}));
   app.add_option("--size-mib", c.size_mib, "The volume's size (one the run makes)")
       ->check(CLI::Range(std::uint64_t{4}, std::uint64_t{65536}));
-  app.add_option("--segment-mib", c.segment_mib, "The store's segment size (a power of two)")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1024}));
+  app.add_option("--segment-mib", c.segment_mib,
+                 "The store's segment size (a power of two; 0, the default: left to the store, "
+                 "whose segments then start at 256 KiB and grow)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1024}));
   app.add_option("--value-size", c.value_size, "Bytes per value")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
   app.add_option("--stream-mib", c.stream_mib,
