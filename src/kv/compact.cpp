@@ -735,24 +735,45 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
       std::ranges::sort(by_live, {},
                         [&](std::uint64_t n) { return use[n].live - use[n].forgettable; });
-      std::uint64_t room = s.compaction_room();
-      victims.clear();
-      for (const std::uint64_t n : by_live) {
-        // Each record is copied as a block of its own (a header more, 8-byte aligned), and a
-        // block never spans two segments: the copies may leave up to their largest block
-        // unused where they cross into the next one. Nothing at all for an empty victim.
-        const segment_use& u = use[n];
-        const std::uint64_t copies = u.copies - u.forgotten;
-        const std::uint64_t need = u.live - u.forgettable +
-                                   copies * (sizeof(fmt::block_header) + 8) +
-                                   (copies != 0 ? u.largest : 0);
-        if (need > room) continue;  // a smaller one may still fit
-        // It must free more than it takes, and fit the spare alone (a segment but its header).
-        if (copies != 0 && need > u.size - fmt::segment_header_size) continue;
-        room -= need;
-        victims.insert(n);
+      const std::uint64_t room_all = s.compaction_room();
+      const std::uint64_t spare = s.h64(hdr::spare).load();
+      const std::uint64_t in_spare = spare == 0 ? 0 : spare - fmt::segment_header_size;
+      // Returns the copies' bytes.
+      const auto pick = [&](std::uint64_t room) {
+        std::uint64_t copied = 0;
+        victims.clear();
+        for (const std::uint64_t n : by_live) {
+          // Each record is copied as a block of its own (a header more, 8-byte aligned), and
+          // a block never spans two segments: the copies may leave up to their largest block
+          // unused where they cross into the next one. Nothing at all for an empty victim.
+          const segment_use& u = use[n];
+          const std::uint64_t copies = u.copies - u.forgotten;
+          const std::uint64_t need = u.live - u.forgettable +
+                                     copies * (sizeof(fmt::block_header) + 8) +
+                                     (copies != 0 ? u.largest : 0);
+          if (need > room) continue;  // a smaller one may still fit
+          // It must free more than it takes, and fit the spare alone (a segment but its
+          // header).
+          if (copies != 0 && need > u.size - fmt::segment_header_size) continue;
+          room -= need;
+          copied += need;
+          victims.insert(n);
+        }
+        close_over_blobs();
+        return copied;
+      };
+      const std::uint64_t copied = pick(room_all);
+      // A pass whose copies may take the spare frees at least as much as the spare: it becomes
+      // a segment, and the spare must then be made again, as large as it was (no segment is
+      // larger), of the victims' room. With segments that grow, victims can be smaller than
+      // the spare; a pass that took a 1 MiB spare to free one 256 KiB segment left no room
+      // for a new one, and every erase after failed. Else the copies keep off the spare.
+      std::uint64_t freed = 0;
+      for (const std::uint64_t n : victims)
+        freed += use[n].size;
+      if (spare != 0 && copied > room_all - std::min(room_all, in_spare) && freed < spare) {
+        pick(room_all - std::min(room_all, in_spare));
       }
-      close_over_blobs();
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
@@ -930,7 +951,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         }
         spare_size = spare_pick == 0 ? 0 : victim_size(spare_pick);
       }
-      if (!s.has_room(deletes_room)) {
+      // Without a victim to keep as the spare, every victim's room goes back to the volume,
+      // for the spare made anew below (no victim kept as the deletes' room or the next
+      // segment).
+      if (!s.has_room(deletes_room) && spare_size != 0) {
         for (const std::uint64_t n : leaving) {
           const std::uint64_t size = victim_size(n);
           if (n != spare_pick && s.log_segment_size(size) && size <= spare_size &&
@@ -961,7 +985,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         keep.as = impl::room_kept::spare;
       } else if (n == deletes_pick) {
         keep.as = impl::room_kept::deletes;
-      } else if (kept_next == 0 && s.abandoned_segment() == 0) {
+      } else if (kept_next == 0 && s.abandoned_segment() == 0 &&
+                 (s.has_room(spare_room) || spare_pick != 0)) {
         keep.as = impl::room_kept::next;
       }
       auto given = s.give_back_segment(n, size, keep);
@@ -1000,6 +1025,19 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       }
       if (auto e = s.enter_segment(kept_next, kept_next_size); !e) {
         return std::unexpected(e.error());
+      }
+    }
+    if (!s.has_room(spare_room)) {
+      // No victim could be kept as the spare (it was taken, by this pass or one before): it
+      // is made now, at the size it must be, of the room the victims gave back (a pass that
+      // may take the spare frees at least as much). btrfs shows that room once its
+      // transaction commits. Should another program take the room first, the next writer
+      // that needs a segment tries again.
+      if (free_before && free_before->type == io::fs_type::btrfs) {
+        if (auto r = s.dir.dir.sync_filesystem(); !r) return std::unexpected(r.error());
+      }
+      if (auto r = s.ensure_room(spare_room); !r && !out_of_room(r.error())) {
+        return std::unexpected(r.error());
       }
     }
     if (!stored([&] {
