@@ -75,10 +75,13 @@ struct options {
   //! For a new store: the size of its segment files (a power of two, 1 MiB to 1 GiB), or 0
   //! to let the store choose for its volume: a 1024th of the volume's size (statfs), at least
   //! 1 MiB and at most 64 MiB, which its segments grow to from 256 KiB as the log grows (a
-  //! new store takes under 2 MiB; doc/kv-format.md, "Segments"). The store keeps two segments' room
-  //! for deletes and compaction (doc/kv-format.md, "Space"): with 64 MiB segments a 256 MiB volume
-  //! held 58 MiB of data, a 64 MiB volume none. A commit's records (values below 64 KiB, with their
-  //! keys) must fit one segment, and a store holds at most 8064 segments.
+  //! new store takes under 2 MiB; doc/kv-format.md, "Segments"). The store keeps room for
+  //! compaction (a spare as large as its largest segment) and for deletes (256 KiB, or a
+  //! segment when the size is given; doc/kv-format.md, "Space"): with 64 MiB segments given,
+  //! a 256 MiB volume held 58 MiB of data, a 64 MiB volume none. A commit's records (values
+  //! below 64 KiB, with their keys) must fit one segment, and a store holds at most 8064
+  //! segments. On a full volume, a commit that only erases must fit the deletes' room (else
+  //! too_large: split it).
   std::uint64_t segment_size = 0;
   //! How long a commit may wait for the locks of its keys (held by other commits) before it
   //! fails with timed_out.
