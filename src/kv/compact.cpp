@@ -400,7 +400,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // The size of the segments its copies go to, fixed for the run (see compaction_room).
   struct segment_size_hold {
     impl& s;
-    ~segment_size_hold() { s.compaction_segment_size.store(0, std::memory_order_relaxed); }
+    ~segment_size_hold() {
+      s.compaction_segment_size.store(0, std::memory_order_relaxed);
+      s.compaction_keeps_off_spare.store(false, std::memory_order_relaxed);
+    }
   } const sized{s};
   {
     // (No larger than the spare: see next_active_segment.)
@@ -410,6 +413,26 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
                                     std::memory_order_relaxed);
   }
   compact_stats st;
+  // The spare, when it is not there (taken by a pass before, or by one killed before it made
+  // it again), made now at the size it must be: a pass ends with a spare whenever the volume
+  // has the room. btrfs shows the room an unlink frees once its transaction commits. Should
+  // another program take the room first, the next writer that needs a segment tries again.
+  // Under the `segment` lock.
+  const auto spare_again = [&](bool removed) -> result<void> {
+    if (s.has_room(spare_room) || s.opts.read_only) return {};
+    if (auto f = s.fs->statfs(s.dir.dir); removed && f && f->type == io::fs_type::btrfs) {
+      if (auto r = s.dir.dir.sync_filesystem(); !r) return r;
+    }
+    if (auto r = s.ensure_room(spare_room); !r && !out_of_room(r.error())) return r;
+    return {};
+  };
+  const auto spare_again_locked = [&]() -> result<compact_stats> {
+    if (s.has_room(spare_room) || s.opts.read_only) return st;
+    auto g = s.locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    if (auto r = spare_again(false); !r) return std::unexpected(r.error());
+    return st;
+  };
   // Where the volume may refuse a write fault (btrfs at a qgroup's limit), the header's page
   // first: refused, nothing could move. Its words are stored escapably all the same (the
   // page may be written back and refused again): a store refused past the deadline fails the
@@ -768,17 +791,24 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       // larger), of the victims' room. With segments that grow, victims can be smaller than
       // the spare; a pass that took a 1 MiB spare to free one 256 KiB segment left no room
       // for a new one, and every erase after failed. Else the copies keep off the spare.
-      std::uint64_t freed = 0;
-      for (const std::uint64_t n : victims)
-        freed += use[n].size;
-      if (spare != 0 && copied > room_all - std::min(room_all, in_spare) && freed < spare) {
+      const auto freed = [&] {
+        std::uint64_t f = 0;
+        for (const std::uint64_t n : victims)
+          f += use[n].size;
+        return f;
+      };
+      if (spare != 0 && copied > room_all - std::min(room_all, in_spare) && freed() < spare) {
         pick(room_all - std::min(room_all, in_spare));
       }
+      // The room counted is an estimate (the copies may cross into a new segment elsewhere
+      // than counted, and other writers use the room meanwhile): the copies of a pass that
+      // frees less than the spare never take it, whatever they find (next_active_segment).
+      s.compaction_keeps_off_spare.store(spare != 0 && freed() < spare, std::memory_order_relaxed);
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
-  if (victims.empty()) return st;
+  if (victims.empty()) return spare_again_locked();
 
   // 5. Move every record still live out of each victim. Should the room run out first (a
   // volume that shows more free room than it then allocates: btrfs near full), the victims
@@ -895,7 +925,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       return errc_error(std::errc::not_enough_memory);
     }
   }
-  if (victims.empty()) return st;
+  if (victims.empty()) return spare_again_locked();
 
   // 6. The copies on disk before any original goes; then nobody may still read an original
   // (a snapshot from before the moves, or one walking back to older versions).
@@ -1027,19 +1057,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         return std::unexpected(e.error());
       }
     }
-    if (!s.has_room(spare_room)) {
-      // No victim could be kept as the spare (it was taken, by this pass or one before): it
-      // is made now, at the size it must be, of the room the victims gave back (a pass that
-      // may take the spare frees at least as much). btrfs shows that room once its
-      // transaction commits. Should another program take the room first, the next writer
-      // that needs a segment tries again.
-      if (free_before && free_before->type == io::fs_type::btrfs) {
-        if (auto r = s.dir.dir.sync_filesystem(); !r) return std::unexpected(r.error());
-      }
-      if (auto r = s.ensure_room(spare_room); !r && !out_of_room(r.error())) {
-        return std::unexpected(r.error());
-      }
-    }
+    // No victim could be kept as the spare (it was taken, by this pass or one before): it
+    // is made now, at the size it must be, of the room the victims gave back (a pass that
+    // may take the spare frees at least as much).
+    if (auto r = spare_again(true); !r) return std::unexpected(r.error());
     if (!stored([&] {
           s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
           // What was found before no longer holds (*dead bytes* went down by an estimate).

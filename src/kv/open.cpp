@@ -958,10 +958,12 @@ std::uint64_t store::impl::compaction_room() const noexcept {
   whole = std::min(whole, free ? free->available_bytes / seg_size : 0);
   // Each new segment, the spare too, begins with its header; so does one made and abandoned
   // (the next writer that needs a segment takes it).
+  // (The abandoned one at its own size: a victim kept as the next segment keeps its size.)
   const std::uint64_t spare = h64(hdr::spare).load();
-  if (abandoned_segment() != 0) whole += 1;
+  const std::uint64_t last = abandoned_segment();
   return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
          (spare == 0 ? 0 : spare - fmt::segment_header_size) +
+         (last == 0 ? 0 : segtab(last, 1).load() - fmt::segment_header_size) +
          whole * (seg_size - fmt::segment_header_size);
 }
 
@@ -1328,7 +1330,9 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
     }
     why = n.error();
   }
-  // Puts could never have taken the spare.
+  // Puts could never have taken the spare. Nor may a pass that frees less than the spare's
+  // size (the spare could not be made again of its room): it stops where its room ran out.
+  if (compaction_keeps_off_spare.load(std::memory_order_relaxed)) return std::unexpected(why);
   auto a = adopt_room(spare_room);
   if (a) return mark_for_deletes(a, true);
   if (a.error() != std::errc::no_space_on_device) return a;

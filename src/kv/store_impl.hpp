@@ -539,6 +539,9 @@ struct store::impl final : ix::page_source {
   //! While this process compacts (it holds the maintenance byte): the size of the segments
   //! its copies go to, as compaction_room counted them (0: not compacting).
   std::atomic<std::uint64_t> compaction_segment_size{0};
+  //! While this process compacts: whether its copies must keep off the spare (the pass frees
+  //! less than the spare's size, so the spare could not be made again of its room).
+  std::atomic<bool> compaction_keeps_off_spare{false};
   //! When this process may next ask whether the store is short of room (steady clock, ms).
   std::atomic<std::uint64_t> next_room_check{0};
   static constexpr std::uint64_t room_check_ms = 100;
