@@ -852,6 +852,9 @@ store::impl::table_segments store::impl::segments_in_table() const noexcept {
     if (n != 0 && n % segtab_entries == i) {
       t.count += 1;
       t.bytes += segtab(n, 1).load();
+      // (A blob's segment of its own is header and blob long, not a whole number of pages:
+      // the volume allocates the last page whole.)
+      t.allocated += (segtab(n, 1).load() + fmt::page_size - 1) / fmt::page_size * fmt::page_size;
     }
   }
   return t;
@@ -911,7 +914,7 @@ std::uint64_t store::impl::largest_log_segment(
 std::uint64_t store::impl::budget_used(room_for who) const noexcept {
   const std::uint64_t seg_size = next_segment_size();
   std::uint64_t total =
-      h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().bytes;
+      h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().allocated;
   // The checkpoint counts as written (a commit that finds the budget reached with nothing
   // dead to compact removes it).
   total += h64(hdr::checkpoint_bytes).load();

@@ -887,7 +887,8 @@ struct store::impl final : ix::page_source {
   //! The segments in the table: how many, and their sizes added up.
   struct table_segments {
     std::uint64_t count = 0;
-    std::uint64_t bytes = 0;
+    std::uint64_t bytes = 0;      // as the table has them
+    std::uint64_t allocated = 0;  // each rounded up to whole pages, as the volume holds them
   };
   [[nodiscard]] table_segments segments_in_table() const noexcept;
   //! Bytes options::max_bytes leaves `who` for new files (all of them: UINT64_MAX when none).
