@@ -878,9 +878,7 @@ std::uint64_t store::impl::next_segment_size(std::uint64_t at_least) const noexc
                             h64(hdr::dead_bytes).load(std::memory_order_relaxed);
   while (size < most && size * 2 <= log / 16)
     size *= 2;
-  while (size < most && size < at_least)
-    size *= 2;
-  return size;
+  return std::max(size, least_segment_size(at_least));
 }
 
 std::uint64_t store::impl::log_segment_size_at(std::uint64_t location) const noexcept {
