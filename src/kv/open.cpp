@@ -969,11 +969,11 @@ std::uint64_t store::impl::compaction_room() const noexcept {
 }
 
 bool store::impl::short_of_room() const noexcept {
-  const std::uint64_t seg_size = next_segment_size();
-  if (!check_budget(seg_size, room_for::put)) return true;
+  const std::uint64_t need = put_needs(next_segment_size());
+  if (!check_budget(need, room_for::put)) return true;
   // A spare still to make needs its room too.
-  const std::uint64_t spare = h64(hdr::spare).load() == 0 ? seg_size : 0;
-  return !check_headroom(seg_size + spare);
+  const std::uint64_t spare = h64(hdr::spare).load() == 0 ? next_segment_size() : 0;
+  return !check_headroom(need + spare);
 }
 
 result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_least) noexcept {
@@ -1341,14 +1341,42 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
 }
 
 result<void> store::impl::ready_for_put(std::uint64_t more) noexcept {
-  if (auto b = check_budget(more, room_for::put); !b) return b;
+  if (auto b = check_budget(put_needs(more), room_for::put); !b) return b;
   if (auto r = ensure_room(spare_room); !r) return r;
   if (auto r = ensure_room(deletes_room); !r) return r;
-  return check_headroom(more);
+  return check_headroom(put_needs(more));
 }
 
 bool store::impl::could_put(std::uint64_t more) const noexcept {
-  return check_budget(more, room_for::put) && check_headroom(more);
+  const std::uint64_t need = put_needs(more);
+  return check_budget(need, room_for::put) && check_headroom(need);
+}
+
+std::uint64_t store::impl::put_needs(std::uint64_t more) const noexcept {
+  if (more == 0) return 0;
+  return more + index_pages_for(more) * fmt::page_size + index_headroom();
+}
+
+std::uint64_t index_pages_for_keys(std::uint64_t size, std::uint64_t mean) noexcept {
+  // A put's own block: its header and a record, at least a header and an 8-byte key.
+  constexpr std::uint64_t least_record = sizeof(fmt::record_header) + 8;
+  const std::uint64_t keys = size / (sizeof(fmt::block_header) + std::max(least_record, mean));
+  constexpr std::uint64_t half_page = ix::entries_per_page / 2;
+  return (keys + half_page - 1) / half_page;
+}
+
+std::uint64_t store::impl::index_pages_for(std::uint64_t size) const noexcept {
+  const std::uint64_t records = h64(hdr::live_records).load(std::memory_order_relaxed);
+  return index_pages_for_keys(
+      size, records == 0 ? 1024 : h64(hdr::live_bytes).load(std::memory_order_relaxed) / records);
+}
+
+std::uint64_t store::impl::index_headroom() const noexcept {
+  const std::uint64_t doubling = ix::directory_pages(table->depth() + 1);
+  const std::uint64_t allocated = h64(hdr::pages_allocated).load(std::memory_order_relaxed);
+  const std::uint64_t used = h64(hdr::pages_used).load(std::memory_order_relaxed);
+  const std::uint64_t ahead = allocated > used ? allocated - used : 0;
+  return doubling > ahead ? (doubling - ahead) * fmt::page_size : 0;
 }
 
 result<std::uint64_t> store::impl::mark_for_deletes(result<std::uint64_t> made,
@@ -1782,11 +1810,13 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
       return std::unexpected(here.error());
     }
   }
-  // Room for the index as made, a segment to write in, the deletes' room, the spare, and
-  // the small files (budget_used).
+  // Room for the index as made, a segment to write in and the index pages its keys may need
+  // (of 1 KiB records: put_needs), the deletes' room, the spare, and the small files
+  // (budget_used).
   const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {
-    return o.max_bytes != 0 &&
-           o.max_bytes < 3 * segment_size + (index_pages + small_files_pages) * fmt::page_size;
+    const std::uint64_t pages =
+        index_pages + index_pages_for_keys(segment_size, 1024) + small_files_pages;
+    return o.max_bytes != 0 && o.max_bytes < 3 * segment_size + pages * fmt::page_size;
   };
   store_dir_options d;
   d.create_if_missing = false;

@@ -44,6 +44,13 @@ inline int segment_files(const std::string& path) {
   return n;
 }
 
+// Two keys in three, 1, 2, 4, 5, 7, ...: the one after `i` (from 1). Erased so, no segment
+// empties (compaction must move records), and tiny values' erase records outgrow the room
+// puts leave (the deletes' room, and beside it the index's room for a segment of keys).
+inline int two_in_three_after(int i) {
+  return i % 3 == 1 ? i + 1 : i + 2;
+}
+
 // Puts values of `size` bytes (1 KiB by default) under key_of(from), key_of(from + 1), ...
 // until one fails: the key after the last that succeeded, or -1 when the failure is not
 // no_space.

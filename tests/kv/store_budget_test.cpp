@@ -107,11 +107,37 @@ TEST(KvBudget, DeletesAndCompactionWorkAtTheBudgetAndMakeRoomAgain) {
     EXPECT_TRUE(s->get(key_of(i))) << "a survivor of the deletes was lost: " << i;
 }
 
+// Reached is reached for every key: the index's pages count against the budget, and a put
+// that made the last segment with the budget's last bytes left none for the pages its keys
+// split into (see KvFullVolume.OnceAPutFindsTheVolumeFullFreshKeysFindItFullToo; here the
+// index's pages allocated ahead had always held them). Over a segment's width of budgets,
+// with segments of 1 MiB and 2 MiB.
+TEST(KvBudget, OnceAPutFindsTheBudgetReachedFreshKeysFindItReachedToo) {
+  for (const std::uint64_t segment : {mib, 2 * mib}) {
+    for (std::uint64_t budget = 8 * mib; budget < 8 * mib + segment; budget += 64 * 1024) {
+      keel::test::temp_dir dir;
+      options o = budgeted(budget);
+      o.segment_size = segment;
+      auto s = open_ok(dir.file("s"), o);
+      ASSERT_TRUE(s);
+      const int n = fill(*s, 100'000);
+      ASSERT_GT(n, 1000);
+      for (int i = 1; i <= 20; ++i) {
+        auto r = s->put(key_of(n + i), std::string(1024, 'v'));
+        ASSERT_FALSE(r) << "segments of " << segment << ", a budget of " << budget << ": after "
+                        << n << " puts, put " << i << " of a fresh key went in";
+        ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
+      }
+    }
+  }
+}
+
 TEST(KvBudget, TheSmallestBudgetOpenAcceptsTakesAPut) {
   keel::test::temp_dir dir;
-  // Three 1 MiB segments, a new index (384 pages) and the small files (8 pages): one less
-  // page is refused.
-  const std::uint64_t least = 3 * mib + (384 + 8) * 4096;
+  // Three 1 MiB segments, a new index (384 pages), the pages a segment of 1 KiB values' keys
+  // may split into (978 keys, a page for every 63: 16) and the small files (8 pages): one
+  // less page is refused.
+  const std::uint64_t least = 3 * mib + (384 + 16 + 8) * 4096;
   auto refused = store::open(dir.file("s"), budgeted(least - 4096));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error(), std::errc::invalid_argument);
