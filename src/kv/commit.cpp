@@ -715,7 +715,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       if (auto r = s->reconcile_rooms(); !r) return std::unexpected(r.error());
       // (Its last page is allocated whole: counted so under a budget.)
       const std::uint64_t pages = (size + fmt::page_size - 1) / fmt::page_size * fmt::page_size;
-      if (auto r = s->ready_for_put(pages); !r) return std::unexpected(r.error());
+      if (auto r = s->ready_for_put(pages, true); !r) return std::unexpected(r.error());
       auto n = s->make_segment(size);
       if (!n) return std::unexpected(n.error());
       at = fmt::make_location(*n, fmt::segment_header_size);

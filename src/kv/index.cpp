@@ -1,6 +1,9 @@
 #include "kv/index.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <numbers>
 #include <system_error>
 #include <vector>
 
@@ -134,6 +137,47 @@ result<void> table::create(page_source& pages) noexcept {
   }
   directory_.store(directory_word(*dir, initial_depth), std::memory_order_release);
   return {};
+}
+
+std::uint64_t table::pages_for_keys(std::uint64_t keys, std::uint64_t pages_used) const noexcept {
+  const std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  const unsigned global = static_cast<unsigned>(dir & 0xff);
+  const std::uint64_t first = dir >> 8;
+  if (global > max_depth || first + directory_pages(global) > pages_used) return keys;
+  const std::uint64_t entries = std::uint64_t{1} << global;
+  // Pages sure to split (perhaps more than once), and for the rest the expected number that
+  // split and its variance (each a Bernoulli draw: the keys a page gets are about Poisson).
+  std::uint64_t sure = 0;
+  double expected = 0;
+  double variance = 0;
+  const double full = static_cast<double>(entries_per_page);
+  for (std::uint64_t i = 0; i < entries;) {
+    const std::uint64_t p = directory_entry(first, i).load(std::memory_order_acquire);
+    if (p == 0 || p >= pages_used) {
+      ++i;
+      continue;
+    }
+    const bucket_ref b = page(p);
+    // A page of local depth d is named by 2^(global - d) entries in a row, aligned.
+    const unsigned local =
+        std::min<unsigned>(b.local_depth().load(std::memory_order_relaxed), global);
+    const std::uint64_t run = std::uint64_t{1} << (global - local);
+    const double share = std::ldexp(static_cast<double>(keys), -static_cast<int>(local));
+    const std::uint64_t used =
+        std::min<std::uint64_t>(b.used().load(std::memory_order_relaxed), entries_per_page);
+    const double after = static_cast<double>(used) + share;
+    const double sigma = std::sqrt(share);
+    if (after + 0.5 > full + 3 * sigma) {
+      const auto halves = static_cast<std::uint64_t>(std::ceil((after + 3 * sigma) / full));
+      sure += std::bit_ceil(std::max<std::uint64_t>(halves, 2)) - 1;
+    } else if (sigma > 0) {
+      const double chance = 0.5 * std::erfc((full + 0.5 - after) / (sigma * std::numbers::sqrt2));
+      expected += chance;
+      variance += chance * (1 - chance);
+    }
+    i = (i / run + 1) * run;
+  }
+  return sure + static_cast<std::uint64_t>(std::ceil(expected + 3 * std::sqrt(variance) + 2));
 }
 
 std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {

@@ -240,6 +240,16 @@ class table {
   //! False: damage, the index must be rebuilt.
   [[nodiscard]] bool pages_sound(std::uint64_t first_page, std::uint64_t pages_used) noexcept;
 
+  //! The pages splits may add while `keys` new keys of uniform hashes come in: for each page
+  //! the directory names, its entries and the keys its share of the hashes brings (about
+  //! Poisson): a page sure to pass a page's entries is halved until each half fits one, the
+  //! others add the chance they split, and the sum three standard deviations and two. An estimate,
+  //! read racily (pages writers change meanwhile are read as they are); keys of one hash, or
+  //! a page's overflow chain, are not foreseen. Pages at or past `pages_used` are not read
+  //! (a directory that reaches there: `keys`, a page a key).
+  [[nodiscard]] std::uint64_t pages_for_keys(std::uint64_t keys,
+                                             std::uint64_t pages_used) const noexcept;
+
   //! The split in progress, if any (old 0: none).
   [[nodiscard]] split_journal pending_split() const noexcept;
   //! Finishes the pending split a dead splitter left, if any: switches the directory

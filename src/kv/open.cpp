@@ -1340,11 +1340,11 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
   return std::unexpected(why);
 }
 
-result<void> store::impl::ready_for_put(std::uint64_t more) noexcept {
-  if (auto b = check_budget(put_needs(more), room_for::put); !b) return b;
+result<void> store::impl::ready_for_put(std::uint64_t more, bool blob) noexcept {
+  if (auto b = check_budget(put_needs(more, blob), room_for::put); !b) return b;
   if (auto r = ensure_room(spare_room); !r) return r;
   if (auto r = ensure_room(deletes_room); !r) return r;
-  return check_headroom(put_needs(more));
+  return check_headroom(put_needs(more, blob));
 }
 
 bool store::impl::could_put(std::uint64_t more) const noexcept {
@@ -1352,23 +1352,31 @@ bool store::impl::could_put(std::uint64_t more) const noexcept {
   return check_budget(need, room_for::put) && check_headroom(need);
 }
 
-std::uint64_t store::impl::put_needs(std::uint64_t more) const noexcept {
+std::uint64_t store::impl::put_needs(std::uint64_t more, bool blob) const noexcept {
   if (more == 0) return 0;
-  return more + index_pages_for(more) * fmt::page_size + index_headroom();
+  // A blob's own segment holds one key: a page, if it splits one.
+  const std::uint64_t pages = blob ? 1 : index_pages_for(more);
+  return more + pages * fmt::page_size + index_headroom();
 }
 
-std::uint64_t index_pages_for_keys(std::uint64_t size, std::uint64_t mean) noexcept {
+std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept {
   // A put's own block: its header and a record, at least a header and an 8-byte key.
   constexpr std::uint64_t least_record = sizeof(fmt::record_header) + 8;
-  const std::uint64_t keys = size / (sizeof(fmt::block_header) + std::max(least_record, mean));
-  constexpr std::uint64_t half_page = ix::entries_per_page / 2;
-  return (keys + half_page - 1) / half_page;
+  return size / (sizeof(fmt::block_header) + std::max(least_record, mean));
 }
 
 std::uint64_t store::impl::index_pages_for(std::uint64_t size) const noexcept {
   const std::uint64_t records = h64(hdr::live_records).load(std::memory_order_relaxed);
-  return index_pages_for_keys(
-      size, records == 0 ? 1024 : h64(hdr::live_bytes).load(std::memory_order_relaxed) / records);
+  // The live bytes count blobs too; a record in a log segment is at most a header, the
+  // longest key and a value below the blob threshold.
+  const std::uint64_t longest =
+      sizeof(fmt::record_header) + kv::max_key_size + dir.params.blob_threshold;
+  const std::uint64_t mean =
+      records == 0
+          ? 1024
+          : std::min(longest, h64(hdr::live_bytes).load(std::memory_order_relaxed) / records);
+  return table->pages_for_keys(keys_in_segment(size, mean),
+                               h64(hdr::pages_used).load(std::memory_order_acquire));
 }
 
 std::uint64_t store::impl::index_headroom() const noexcept {
@@ -1814,8 +1822,10 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   // (of 1 KiB records: put_needs), the deletes' room, the spare, and the small files
   // (budget_used).
   const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {
-    const std::uint64_t pages =
-        index_pages + index_pages_for_keys(segment_size, 1024) + small_files_pages;
+    constexpr std::uint64_t half_page = ix::entries_per_page / 2;
+    const std::uint64_t pages = index_pages +
+                                (keys_in_segment(segment_size, 1024) + half_page - 1) / half_page +
+                                small_files_pages;
     return o.max_bytes != 0 && o.max_bytes < 3 * segment_size + pages * fmt::page_size;
   };
   store_dir_options d;

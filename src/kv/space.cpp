@@ -24,26 +24,26 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
     r.bytes = log_segment_size_at(tail) - fmt::offset_of(tail);
   }
   // Whole segments: a put makes one only with the spare and the deletes' room made, and
-  // what check_headroom keeps free left; under a budget, the same of the budget. Each takes
-  // beside its size the index pages its keys may need (put_needs), and the index its
-  // headroom once. In a store whose segments grow, what is left below a segment of this size
-  // still takes smaller ones (next_active_segment makes them near full), down to the first
-  // size.
+  // what check_headroom keeps free left; under a budget, the same of the budget. The index
+  // keeps its headroom and the pages a segment's keys may need (put_needs: a put makes the
+  // last segment only with them beside it); the pages of puts in the segments before are in
+  // their charges (two pages each), and a blob's own segment needs none. In a store whose
+  // segments grow, what is left below a segment of this size still takes smaller ones
+  // (next_active_segment makes them near full), down to the first size.
   const std::uint64_t each = seg_size - fmt::segment_header_size;
   const std::uint64_t first = dir.params.first_segment_size;
-  const std::uint64_t headroom = index_headroom();
+  // (The pages for a segment of this size: smaller ones hold fewer keys.)
+  const std::uint64_t index_room = index_headroom() + index_pages_for(seg_size) * fmt::page_size;
   constexpr std::uint64_t unbounded = UINT64_MAX;
   const auto usable = [&](std::uint64_t bytes) {
-    bytes = bytes > headroom ? bytes - headroom : 0;
-    const std::uint64_t unit = seg_size + index_pages_for(seg_size) * fmt::page_size;
-    std::uint64_t out = bytes / unit >= unbounded / each ? unbounded : bytes / unit * each;
-    std::uint64_t rest = bytes % unit;
+    bytes = bytes > index_room ? bytes - index_room : 0;
+    std::uint64_t out = bytes / seg_size >= unbounded / each ? unbounded : bytes / seg_size * each;
+    std::uint64_t rest = bytes % seg_size;
     for (std::uint64_t size = seg_size / 2; first != 0 && size >= first && out != unbounded;
          size /= 2) {
-      if (const std::uint64_t takes = size + index_pages_for(size) * fmt::page_size;
-          rest >= takes) {
+      if (rest >= size) {
         out += size - fmt::segment_header_size;
-        rest -= takes;
+        rest -= size;
       }
     }
     return out;

@@ -154,9 +154,9 @@ constexpr std::size_t first_free_page = 128;
 //! initial_index_pages_growing, as small as its first buckets allow).
 constexpr std::size_t initial_index_pages = first_free_page + 256;
 constexpr std::size_t initial_index_pages_growing = first_free_page + 96;
-//! Index pages puts filling a new log segment of `size` may split into, each record of
-//! `mean` bytes in a block of its own (see store::impl::index_pages_for).
-[[nodiscard]] std::uint64_t index_pages_for_keys(std::uint64_t size, std::uint64_t mean) noexcept;
+//! Keys a log segment of `size` holds as single puts, each record of `mean` bytes in a block
+//! of its own (at least the smallest record: a header and an 8-byte key).
+[[nodiscard]] std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept;
 
 // Byte-range locks on the index file (through the liveness descriptor).
 constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
@@ -866,22 +866,23 @@ struct store::impl final : ix::page_source {
   //! What a put needs before it makes `more` bytes of new segment (under the `segment` lock):
   //! room in the budget, the spare and the deletes' room made, and `more` on the volume.
   //! Errors: budget_reached, no_space.
-  [[nodiscard]] result<void> ready_for_put(std::uint64_t more) noexcept;
+  //! `blob`: the segment is a blob's own, which holds one key.
+  [[nodiscard]] result<void> ready_for_put(std::uint64_t more, bool blob = false) noexcept;
   //! Whether a put could make `more` bytes of new segment now (budget and volume room).
   [[nodiscard]] bool could_put(std::uint64_t more) const noexcept;
   //! What a put that makes `more` bytes of new segment needs of the budget and the volume:
   //! `more`, and (when `more` is not 0) the index's pages that puts filling it may split into
-  //! (index_pages_for) and index_headroom. Their pages come from the volume, never from the
-  //! tail's segment: a put that made the last segment with the volume's last room left none
-  //! for them, and the first key whose page was full failed while the next went in.
-  [[nodiscard]] std::uint64_t put_needs(std::uint64_t more) const noexcept;
-  //! Index pages puts filling a new log segment of `size` may split into: one for every half
-  //! page of keys it can hold (the rate while every page splits in turn, which uniform hashes
-  //! make them do together), each in a block of its own (as store::put writes them) of the
-  //! live records' mean size (at least the smallest record's; 1 KiB with none yet). An
-  //! estimate, not a bound: records smaller than the mean, several in one block, or keys whose
-  //! hashes crowd one page split more, and the put that then finds no page fails (no_space)
-  //! with nothing of it visible.
+  //! (index_pages_for; a blob's own segment, one) and index_headroom. Their pages come from
+  //! the volume, never from the tail's segment: a put that made the last segment with the
+  //! volume's last room left none for them, and the first key whose page was full failed
+  //! while the next went in.
+  [[nodiscard]] std::uint64_t put_needs(std::uint64_t more, bool blob = false) const noexcept;
+  //! Index pages puts filling a new log segment of `size` may split into (ix::table::
+  //! pages_for_keys, from the pages as they are now), for the keys it holds as single puts of
+  //! the live records' mean size (keys_in_segment; a log record at most, blobs' bytes aside;
+  //! 1 KiB with none yet). An estimate, not a bound: records smaller than the mean, several
+  //! in one block, or keys whose hashes crowd one page split more, and the put that then finds
+  //! no page fails (no_space) with nothing of it visible.
   [[nodiscard]] std::uint64_t index_pages_for(std::uint64_t size) const noexcept;
   //! Bytes the index needs once beside index_pages_for: its directory doubled, less the pages
   //! it has allocated ahead of use.
