@@ -139,8 +139,10 @@ result<void> table::create(page_source& pages) noexcept {
   return {};
 }
 
-std::uint64_t table::pages_for_keys(std::uint64_t keys, std::uint64_t pages_used) const noexcept {
+std::uint64_t table::pages_for_keys(std::uint64_t keys,
+                                    std::atomic_ref<const std::uint64_t> used_word) const noexcept {
   const std::uint64_t dir = directory_.load(std::memory_order_acquire);
+  const std::uint64_t pages_used = used_word.load(std::memory_order_acquire);
   const unsigned global = static_cast<unsigned>(dir & 0xff);
   const std::uint64_t first = dir >> 8;
   if (global > max_depth || first + directory_pages(global) > pages_used) return keys;

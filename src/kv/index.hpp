@@ -245,10 +245,11 @@ class table {
   //! Poisson): a page sure to pass a page's entries is halved until each half fits one, the
   //! others add the chance they split, and the sum three standard deviations and two. An estimate,
   //! read racily (pages writers change meanwhile are read as they are); keys of one hash, or
-  //! a page's overflow chain, are not foreseen. Pages at or past `pages_used` are not read
-  //! (a directory that reaches there: `keys`, a page a key).
-  [[nodiscard]] std::uint64_t pages_for_keys(std::uint64_t keys,
-                                             std::uint64_t pages_used) const noexcept;
+  //! a page's overflow chain, are not foreseen. Pages at or past `pages_used` (loaded after
+  //! the directory word, so that a directory just doubled is within it) are not read (a
+  //! directory that reaches there: `keys`, a page a key).
+  [[nodiscard]] std::uint64_t pages_for_keys(
+      std::uint64_t keys, std::atomic_ref<const std::uint64_t> pages_used) const noexcept;
 
   //! The split in progress, if any (old 0: none).
   [[nodiscard]] split_journal pending_split() const noexcept;

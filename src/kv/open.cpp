@@ -1367,6 +1367,16 @@ std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept {
 
 std::uint64_t store::impl::index_pages_for(std::uint64_t size) const noexcept {
   const std::uint64_t records = h64(hdr::live_records).load(std::memory_order_relaxed);
+  const std::uint64_t directory = h64(hdr::directory).load(std::memory_order_acquire);
+  const auto at = static_cast<std::size_t>(std::countr_zero(size)) % 64;
+  {
+    base::lock_guard g(split_estimates_mutex);
+    const split_estimate& kept = split_estimates[at];
+    if (kept.size == size && kept.directory == directory && records >= kept.records &&
+        records - kept.records <= kept.slack) {
+      return kept.pages;
+    }
+  }
   // The live bytes count blobs too; a record in a log segment is at most a header, the
   // longest key and a value below the blob threshold.
   const std::uint64_t longest =
@@ -1375,8 +1385,16 @@ std::uint64_t store::impl::index_pages_for(std::uint64_t size) const noexcept {
       records == 0
           ? 1024
           : std::min(longest, h64(hdr::live_bytes).load(std::memory_order_relaxed) / records);
-  return table->pages_for_keys(keys_in_segment(size, mean),
-                               h64(hdr::pages_used).load(std::memory_order_acquire));
+  // Made for a sixteenth more keys, it holds until that many more are live (or fewer: erased
+  // keys split nothing), the directory unchanged.
+  const std::uint64_t keys = keys_in_segment(size, mean);
+  const std::uint64_t slack = keys / 16;
+  const std::uint64_t pages = table->pages_for_keys(
+      keys + slack, std::atomic_ref<const std::uint64_t>(
+                        *reinterpret_cast<const std::uint64_t*>(base() + hdr::pages_used)));
+  base::lock_guard g(split_estimates_mutex);
+  split_estimates[at] = {size, records, directory, slack, pages};
+  return pages;
 }
 
 std::uint64_t store::impl::index_headroom() const noexcept {

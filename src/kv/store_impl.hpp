@@ -344,6 +344,14 @@ struct store::impl final : ix::page_source {
   std::optional<space::ledger> ledger;
 
   // ---- per process (reopened after fork) ----
+  //! index_pages_for's last figure for each segment size (by its power of two): a walk of
+  //! every bucket page, taken for `slack` more keys than asked and kept until that many more
+  //! records are live or the directory changes.
+  struct split_estimate {
+    std::uint64_t size = 0, records = 0, directory = 0, slack = 0, pages = 0;
+  };
+  mutable base::mutex split_estimates_mutex;
+  mutable std::array<split_estimate, 64> split_estimates KEEL_GUARDED_BY(split_estimates_mutex){};
   base::mutex live_mutex;
   io::file_handle live KEEL_GUARDED_BY(live_mutex);  // holds the open byte and our slots' bytes
   std::uint64_t live_generation KEEL_GUARDED_BY(live_mutex) = 0;

@@ -118,7 +118,9 @@ TEST(KvIndex, TheSplitEstimateCoversWhatTheNextKeysSplit) {
       std::uint64_t estimated = 0;
       std::uint64_t split = 0;
       while (k < 60'000) {
-        const std::uint64_t estimate = f.t.pages_for_keys(window, std::uint64_t{1} << 16);
+        const std::uint64_t arena = std::uint64_t{1} << 16;
+        const std::uint64_t estimate =
+            f.t.pages_for_keys(window, std::atomic_ref<const std::uint64_t>(arena));
         const std::uint64_t before = f.splits;
         for (const std::uint64_t end = k + window; k < end; ++k)
           f.insert(k, hash_of(k));
