@@ -969,10 +969,11 @@ std::uint64_t store::impl::compaction_room() const noexcept {
 }
 
 bool store::impl::short_of_room() const noexcept {
-  const std::uint64_t need = put_needs(next_segment_size());
+  const std::uint64_t seg_size = next_segment_size();
+  const std::uint64_t need = put_needs(seg_size);
   if (!check_budget(need, room_for::put)) return true;
   // A spare still to make needs its room too.
-  const std::uint64_t spare = h64(hdr::spare).load() == 0 ? next_segment_size() : 0;
+  const std::uint64_t spare = h64(hdr::spare).load() == 0 ? seg_size : 0;
   return !check_headroom(need + spare);
 }
 
@@ -1341,10 +1342,11 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
 }
 
 result<void> store::impl::ready_for_put(std::uint64_t more, bool blob) noexcept {
-  if (auto b = check_budget(put_needs(more, blob), room_for::put); !b) return b;
+  const std::uint64_t need = put_needs(more, blob);
+  if (auto b = check_budget(need, room_for::put); !b) return b;
   if (auto r = ensure_room(spare_room); !r) return r;
   if (auto r = ensure_room(deletes_room); !r) return r;
-  return check_headroom(put_needs(more, blob));
+  return check_headroom(need);
 }
 
 bool store::impl::could_put(std::uint64_t more) const noexcept {

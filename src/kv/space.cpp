@@ -32,8 +32,8 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   // (next_active_segment makes them near full), down to the first size.
   const std::uint64_t each = seg_size - fmt::segment_header_size;
   const std::uint64_t first = dir.params.first_segment_size;
-  // (The pages for a segment of this size: smaller ones hold fewer keys.)
-  const std::uint64_t index_room = index_headroom() + index_pages_for(seg_size) * fmt::page_size;
+  // (What a segment of this size needs beside it: smaller ones hold fewer keys.)
+  const std::uint64_t index_room = put_needs(seg_size) - seg_size;
   constexpr std::uint64_t unbounded = UINT64_MAX;
   const auto usable = [&](std::uint64_t bytes) {
     bytes = bytes > index_room ? bytes - index_room : 0;
