@@ -21,6 +21,7 @@ struct segment_use {
   std::uint64_t live = 0;             // bytes of records entries name, and of their blobs
   std::uint64_t copies = 0;           // blocks a move writes: a record's, and its blob's
   std::uint64_t largest = 0;          // the largest of those blocks
+  std::uint64_t largest_record = 0;   // of them, the largest record's (not a blob's)
   std::uint64_t size = 0;             // the segment's (set for candidates that may go)
   std::uint64_t forgettable = 0;      // of `live`: erase records that go with it, uncopied
   std::uint64_t forgotten = 0;        // of `copies`: those records
@@ -419,7 +420,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // another program take the room first, the next writer that needs a segment tries again.
   // Under the `segment` lock.
   const auto spare_again = [&](bool removed) -> result<void> {
-    if (s.has_room(spare_room) || s.opts.read_only) return {};
+    if (s.opts.read_only) return {};
+    if (s.has_room(spare_room) && s.h64(hdr::spare).load() >= s.largest_log_segment()) return {};
     if (auto f = s.fs->statfs(s.dir.dir); removed && f && f->type == io::fs_type::btrfs) {
       if (auto r = s.dir.dir.sync_filesystem(); !r) return r;
     }
@@ -604,7 +606,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         auto& here = use[fmt::segment_of(at)];
         here.live += rec->rec.size;
         here.copies += 1;
-        here.largest = std::max(here.largest, rec->rec.size + sizeof(fmt::block_header));
+        const std::uint64_t block = rec->rec.size + sizeof(fmt::block_header);
+        here.largest = std::max(here.largest, block);
+        here.largest_record = std::max(here.largest_record, block);
         if (fmt::is_blob(rec->rec)) {
           auto& u = use[fmt::segment_of(rec->rec.blob.location)];
           const std::uint64_t blob = fmt::blob_block_size(rec->rec.head.value_length);
@@ -761,6 +765,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       const std::uint64_t room_all = s.compaction_room();
       const std::uint64_t spare = s.h64(hdr::spare).load();
       const std::uint64_t in_spare = spare == 0 ? 0 : spare - fmt::segment_header_size;
+      const std::uint64_t copy_block_room =
+          s.compaction_segment_size.load(std::memory_order_relaxed) - fmt::segment_header_size;
       // Returns the copies' bytes.
       const auto pick = [&](std::uint64_t room) {
         std::uint64_t copied = 0;
@@ -778,6 +784,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
           // It must free more than it takes, and fit the spare alone (a segment but its
           // header).
           if (copies != 0 && need > u.size - fmt::segment_header_size) continue;
+          // And its records must fit the segments the copies go to, no larger than the spare,
+          // which is smaller than some log segments after a pass found only smaller victims.
+          if (u.largest_record > copy_block_room) continue;
           room -= need;
           copied += need;
           victims.insert(n);
@@ -960,31 +969,36 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     std::uint64_t kept_next = 0;
     std::uint64_t kept_next_size = 0;
     std::uint64_t freed_dead = 0;  // of the victims, as counted in *dead bytes*
-    // Which victim becomes which room: the spare the largest, when it is as large as every
-    // log segment that stays (else none: a writer makes the spare anew at the size it must
-    // be, of the room these give back); the deletes' room the smallest other, no larger than
-    // the spare (an erase that takes it makes it a log segment).
+    // Which victim becomes which room: the spare the largest; the deletes' room the smallest
+    // other, no larger than the spare (an erase that takes it makes it a log segment).
     const std::vector<std::uint64_t> leaving(victims.begin(), victims.end());
     const auto victim_size = [&](std::uint64_t n) { return s.segtab(n, 1).load(); };
     std::uint64_t spare_pick = 0;
     std::uint64_t deletes_pick = 0;
+    // Whether the spare, there or kept, is as large as every log segment that stays.
+    bool spare_whole = true;
     {
       std::uint64_t spare_size = s.h64(hdr::spare).load();
       if (spare_size == 0) {
-        const std::uint64_t need = s.largest_log_segment(leaving);
         for (const std::uint64_t n : leaving) {
           const std::uint64_t size = victim_size(n);
-          if (s.log_segment_size(size) && size >= need &&
-              (spare_pick == 0 || size > victim_size(spare_pick))) {
+          if (s.log_segment_size(size) && (spare_pick == 0 || size > victim_size(spare_pick))) {
             spare_pick = n;
           }
         }
         spare_size = spare_pick == 0 ? 0 : victim_size(spare_pick);
+        spare_whole = spare_size != 0 && spare_size >= s.largest_log_segment(leaving);
       }
-      // Without a victim to keep as the spare, every victim's room goes back to the volume,
-      // for the spare made anew below (no victim kept as the deletes' room or the next
-      // segment).
-      if (!s.has_room(deletes_room) && spare_size != 0) {
+      // A spare kept smaller than that (every victim was) grows below by the room the other
+      // victims give back to the volume (none is kept as the deletes' room or the next
+      // segment). Before, none was kept: all went back for a spare made anew of their room,
+      // and another program on the volume that took that room first left the store with no
+      // spare, and every erase after failed with no_space (test
+      // `KvSharedVolumeGrowing.DeletesWorkWhileAForeignWriterKeepsTheVolumeFull`). A spare
+      // that cannot grow stays smaller until the volume has the room: compaction's copies
+      // then go to segments no larger (next_active_segment), and take only victims whose
+      // records fit them.
+      if (!s.has_room(deletes_room) && spare_size != 0 && spare_whole) {
         for (const std::uint64_t n : leaving) {
           const std::uint64_t size = victim_size(n);
           if (n != spare_pick && s.log_segment_size(size) && size <= spare_size &&
@@ -1015,7 +1029,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         keep.as = impl::room_kept::spare;
       } else if (n == deletes_pick) {
         keep.as = impl::room_kept::deletes;
-      } else if (kept_next == 0 && s.abandoned_segment() == 0 &&
+      } else if (kept_next == 0 && s.abandoned_segment() == 0 && spare_whole &&
                  (s.has_room(spare_room) || spare_pick != 0)) {
         keep.as = impl::room_kept::next;
       }
@@ -1057,9 +1071,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         return std::unexpected(e.error());
       }
     }
-    // No victim could be kept as the spare (it was taken, by this pass or one before): it
-    // is made now, at the size it must be, of the room the victims gave back (a pass that
-    // may take the spare frees at least as much).
+    // No victim could be kept as the spare (it was taken, by this pass or one before), or one
+    // smaller than a log segment that stays was: it is made, or grown, now, to the size it
+    // must be, of the room the victims gave back (a pass that may take the spare frees at
+    // least as much), when the volume has it.
     if (auto r = spare_again(true); !r) return std::unexpected(r.error());
     if (!stored([&] {
           s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);

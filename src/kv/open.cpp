@@ -977,7 +977,8 @@ bool store::impl::short_of_room() const noexcept {
   return !check_headroom(need + spare);
 }
 
-result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_least) noexcept {
+result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_least,
+                                      room_need must) noexcept {
   // What it must be: the spare holds the copies of any one log segment (it must be as large as
   // the largest), and whatever the caller will make; the deletes' room becomes a log segment
   // when an erase takes it (it is never larger than the spare). What it grows to: the size
@@ -1002,7 +1003,7 @@ result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_le
         if (*g) have = size;
       }
       if (auto w = store_or_refuse([&] { h64(room.word).store(have); }); !w) return w;
-      if (have < need) {
+      if (have < need && must == room_need::every_segment) {
         return std::unexpected(
             error(std::make_error_code(std::errc::no_space_on_device)).about(named));
       }
@@ -1023,6 +1024,11 @@ result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_le
       size = std::max(need, dir.params.first_segment_size);
       r = make_whole_file(room.name, size, {});
     }
+    if (!r && out_of_room(r.error()) && must == room_need::there && size > least_segment_size(0)) {
+      // Nor at that: at the least a segment is, which is still a spare.
+      size = least_segment_size(0);
+      r = make_whole_file(room.name, size, {});
+    }
     if (!r && r.error() == std::errc::file_exists) continue;  // another's, made meanwhile
     if (!r) return std::unexpected(error(r.error().code()).about(named));
     if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
@@ -1032,23 +1038,30 @@ result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_le
 }
 
 result<bool> store::impl::grow_room(const room_file& room, std::uint64_t size) noexcept {
-  // Made whole under a leftover's name (a lone opener removes one a user killed here left),
-  // then renamed over the room: the room is there, old or new, at every moment.
-  const std::string temp = std::string(segment_temp_prefix) + room.name;
+  // In place, by the blocks it lacks, allocated past its end: it takes only the room it
+  // gains (made anew beside the old one, it took its whole size more, and a spare a pass
+  // kept smaller could not grow by the room the pass's other victims gave back). Refused, it
+  // is cut back to its size (ext4 extends a file part way before it runs out), and stays as
+  // it was. A user killed part way leaves a room of a size no segment has, which the next
+  // ensure_room replaces, or one whole at a smaller size.
   const std::string named = path + "/seg/" + room.name;
-  auto r = make_whole_file(temp.c_str(), size, {});
+  auto f = io::file_handle::open_at(dir.segments, room.name,
+                                    io::open_flags::read_write | io::open_flags::no_follow);
+  if (!f) return std::unexpected(f.error().about(named));
+  auto length = f->size();
+  if (!length) return std::unexpected(length.error().about(named));
+  const auto have = static_cast<std::uint64_t>(*length);
+  if (have >= size) return true;
+  auto r = allocate_in(*f, static_cast<off_t>(have), static_cast<off_t>(size - have));
   if (!r) {
-    // No room to grow into (or a leftover there): the room stays as it is.
-    if (out_of_room(r.error()) || r.error() == std::errc::file_exists) return false;
+    if (auto t = f->truncate(static_cast<off_t>(have)); !t) {
+      return std::unexpected(t.error().about(named));
+    }
+    // No room to grow into: the room stays as it is.
+    if (out_of_room(r.error())) return false;
     return std::unexpected(error(r.error().code()).about(named));
   }
-  if (auto m = fs->rename(&dir.segments, temp.c_str(), &dir.segments, room.name,
-                          io::rename_mode::replace);
-      !m) {
-    (void)io::unlink_at(dir.segments, temp.c_str());
-    return std::unexpected(m.error().about(named));
-  }
-  if (auto d = dir.segments.sync_all(); !d) return std::unexpected(d.error().about(named));
+  if (auto d = f->sync_data(); !d) return std::unexpected(d.error().about(named));
   return true;
 }
 
@@ -1273,7 +1286,9 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
     if (who != room_for::put) {
       if (auto b = check_budget(0, who); !b) return std::unexpected(b.error());
       // (A commit that only erases needs the spare there, whatever its size.)
-      if (auto r = ensure_room(spare_room); !r) return std::unexpected(r.error());
+      if (auto r = ensure_room(spare_room, 0, room_need::there); !r) {
+        return std::unexpected(r.error());
+      }
     }
     auto spare_ready = ensure_room(spare_room, abandoned ? 0 : at_least);
     if (!spare_ready && (who == room_for::put || !out_of_room(spare_ready.error()))) {
@@ -1468,7 +1483,7 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
         const auto ready = [&]() -> result<void> {
           if (who == room_for::put) return ready_for_put(0);
           if (auto b = check_budget(0, who); !b) return b;
-          return ensure_room(spare_room);
+          return ensure_room(spare_room, 0, room_need::there);
         };
         if (auto r = ready(); !r) return std::unexpected(r.error());
       }

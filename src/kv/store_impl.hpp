@@ -235,6 +235,13 @@ inline constexpr base::format index_format{"KEELKVX1", 6,
 //! to move a victim into.
 enum class room_for : std::uint8_t { put, erase, compaction };
 
+//! What the spare must be for a writer: as large as the largest log segment (a put, and
+//! whatever its copies go to: compaction copies any one into it), or only there (a commit
+//! that only erases: a spare smaller than that, kept by a compaction whose victims were all
+//! smaller, still holds the copies of a victim that fits it, and grows again when the volume
+//! has the room).
+enum class room_need : std::uint8_t { every_segment, there };
+
 //! A segment's room allocated ahead as a file of seg/, for one kind of writer only, with the
 //! header word that holds its size while it is there and whole (a hint: the file decides).
 struct room_file {
@@ -842,10 +849,12 @@ struct store::impl final : ix::page_source {
   //! lock, or alone. In a store whose segments grow, the spare is at least `at_least` and every
   //! log segment in the table, and grows (like the deletes' room, never past the spare) to
   //! the size segments are made at now while the volume has the room. Errors: the
-  //! allocation's (no_space), also when the spare cannot grow to what it must be.
-  [[nodiscard]] result<void> ensure_room(const room_file& f, std::uint64_t at_least = 0) noexcept;
-  //! Replaces room `f` by one of `size` bytes (under the `segment` lock). Returns false,
-  //! leaving the room as it was, when the volume has no room for it.
+  //! allocation's (no_space), also when the spare cannot grow to what it must be (unless
+  //! `need` is room_need::there).
+  [[nodiscard]] result<void> ensure_room(const room_file& f, std::uint64_t at_least = 0,
+                                         room_need need = room_need::every_segment) noexcept;
+  //! Grows room `f` in place to `size` bytes, allocated whole (under the `segment` lock).
+  //! Returns false, leaving the room as it was, when the volume has no room for it.
   [[nodiscard]] result<bool> grow_room(const room_file& f, std::uint64_t size) noexcept;
   //! Makes `f` the next segment (under the `segment` lock). Errors: no_space when there is
   //! none.
