@@ -91,17 +91,18 @@ typedef struct keel_cursor keel_cursor;
 
 /* Options of keel_store_open. Fill it with keel_store_options_init, then change fields. */
 typedef struct keel_store_options {
-  uint32_t version;             /* KEEL_STORE_OPTIONS_VERSION (set by init) */
-  int create_if_missing;        /* 1 */
-  int error_if_exists;          /* 0 */
-  int read_only;                /* 0 */
-  int durable;                  /* KEEL_DURABLE_NONE or KEEL_DURABLE_SYNC */
-  int verify_checksums;         /* 1 */
-  int every_user_on_this_host;  /* 0: a store on a network filesystem is refused */
-  uint64_t segment_size;        /* 0: chosen by the store */
-  uint64_t max_bytes;           /* 0: no budget */
-  uint64_t checkpoint_bytes;    /* 0: the store's default */
-  uint32_t lock_timeout_ms;     /* 30000 */
+  uint32_t version;            /* KEEL_STORE_OPTIONS_VERSION (set by init) */
+  int create_if_missing;       /* 1 */
+  int error_if_exists;         /* 0 */
+  int read_only;               /* 0 */
+  int durable;                 /* KEEL_DURABLE_NONE or KEEL_DURABLE_SYNC */
+  int verify_checksums;        /* 1 */
+  int every_user_on_this_host; /* 0: a store on a network filesystem is refused */
+  uint64_t segment_size;       /* 0: chosen by the store */
+  uint64_t max_bytes;          /* 0: no budget */
+  uint64_t checkpoint_bytes;   /* 0: the store's default */
+  uint32_t
+      lock_timeout_ms; /* 30000; how long a call (an open too) waits for other users: ETIMEDOUT */
   double compact_dead_fraction; /* 0.5; 0 turns background compaction off */
 } keel_store_options;
 
@@ -152,7 +153,8 @@ KEEL_API void keel_txn_abort(keel_txn* txn);
 
 /* A cursor over every key of the store (keel_cursor_open: resumable across commits, a key
  * there throughout comes once) or of a transaction's snapshot (keel_cursor_open_txn: the
- * store as it was; the transaction may then not write, and must outlive the cursor), in hash
+ * store as it was; the transaction may then not write, and must outlive the cursor: a
+ * cursor used after its transaction ended is undefined behaviour), in hash
  * order. With `keys_only`, values come back empty. */
 KEEL_API int keel_cursor_open(keel_store* store, int keys_only, keel_cursor** cursor);
 KEEL_API int keel_cursor_open_txn(keel_txn* txn, int keys_only, keel_cursor** cursor);

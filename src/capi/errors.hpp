@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <new>
+#include <stdexcept>
 #include <utility>
 
 #include "keel/error.hpp"
@@ -22,6 +23,9 @@ int guarded(F&& body) noexcept {
     return std::forward<F>(body)();
   } catch (const std::bad_alloc&) {
     return fail(std::make_error_code(std::errc::not_enough_memory));
+  } catch (const std::length_error&) {
+    // A count no container can hold (a caller's slip): bad input.
+    return fail(std::make_error_code(std::errc::invalid_argument));
   } catch (...) {
     return fail(std::make_error_code(std::errc::state_not_recoverable));
   }

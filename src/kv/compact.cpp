@@ -429,7 +429,11 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     return {};
   };
   const auto spare_again_locked = [&]() -> result<compact_stats> {
-    if (s.has_room(spare_room) || s.opts.read_only) return st;
+    // (Also a spare kept smaller than a log segment: it grows once the volume has the room.)
+    if ((s.has_room(spare_room) && s.h64(hdr::spare).load() >= s.largest_log_segment()) ||
+        s.opts.read_only) {
+      return st;
+    }
     auto g = s.locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
     if (auto r = spare_again(false); !r) return std::unexpected(r.error());

@@ -321,6 +321,7 @@ static void test_mutex(void) {
     keel_entity too_big = {KEEL_ENTITY_MAX + 1, 1};
     CHECK(keel_mutex_lock(m, &too_big, 1, 0, &g) == EINVAL);
     CHECK(keel_mutex_lock(m, NULL, 1, 0, &g) == EINVAL);
+    CHECK(keel_mutex_lock(m, set, SIZE_MAX, 0, &g) == EINVAL);
     CHECK_OK(keel_mutex_lock(m, NULL, 0, 0, &g)); /* the empty set */
     CHECK_OK(keel_guard_unlock(g));
     keel_mutex_close(m);
