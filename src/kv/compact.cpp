@@ -419,9 +419,13 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // has the room. btrfs shows the room an unlink frees once its transaction commits. Should
   // another program take the room first, the next writer that needs a segment tries again.
   // Under the `segment` lock.
+  // (Also a spare kept smaller than a log segment: it grows once the volume has the room.)
+  const auto spare_as_it_must_be = [&] {
+    return s.opts.read_only ||
+           (s.has_room(spare_room) && s.h64(hdr::spare).load() >= s.largest_log_segment());
+  };
   const auto spare_again = [&](bool removed) -> result<void> {
-    if (s.opts.read_only) return {};
-    if (s.has_room(spare_room) && s.h64(hdr::spare).load() >= s.largest_log_segment()) return {};
+    if (spare_as_it_must_be()) return {};
     if (auto f = s.fs->statfs(s.dir.dir); removed && f && f->type == io::fs_type::btrfs) {
       if (auto r = s.dir.dir.sync_filesystem(); !r) return r;
     }
@@ -429,11 +433,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     return {};
   };
   const auto spare_again_locked = [&]() -> result<compact_stats> {
-    // (Also a spare kept smaller than a log segment: it grows once the volume has the room.)
-    if ((s.has_room(spare_room) && s.h64(hdr::spare).load() >= s.largest_log_segment()) ||
-        s.opts.read_only) {
-      return st;
-    }
+    if (spare_as_it_must_be()) return st;
     auto g = s.locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
     if (auto r = spare_again(false); !r) return std::unexpected(r.error());
