@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "keel/io/file_lock.hpp"
 #include "keel/io/fs_info.hpp"
 #include "keel/lock/algorithms.hpp"
 
@@ -119,79 +120,24 @@ int setup_failure(const std::error_code& e) {
   return exit_no_input;
 }
 
-volatile sig_atomic_t alarm_rang = 0;
-extern "C" void on_alarm(int) {
-  alarm_rang = 1;
+// `timeout` seconds (< 0: for ever; 0: not at all) as a deadline.
+io::deadline deadline_of(double timeout) {
+  if (timeout == 0) return io::deadline::zero();
+  if (timeout > 0) return std::chrono::duration<double>(timeout);
+  return io::deadline::never();
 }
 
-// flock(2) on `fd`, waiting at most `timeout` seconds (< 0: for ever; 0: not at all) in the
-// kernel's own wait. A timer interrupts the wait; it goes on ringing every 10 ms after the
-// deadline, so that a ring that came before flock(2) started waiting is followed by another.
-// SIGALRM is unblocked meanwhile, and nothing of it is left pending or changed for the
-// command. 0, or the errno (EWOULDBLOCK: held).
-// flock(2) with LOCK_NB, asked again with backoff (50 µs doubling to 10 ms) until `timeout`
-// (< 0: for ever): the wait on a filesystem that is not local, where a waiter interrupted in
-// the kernel can wedge the volume (GlusterFS 10.3; io/byte_lock.hpp). 0, or the errno.
-int flock_polling(int fd, int how, double timeout) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-  auto pause = std::chrono::microseconds(50);
-  for (;;) {
-    if (::flock(fd, how | LOCK_NB) == 0) return 0;
-    if (errno == EINTR) continue;
-    if (errno != EWOULDBLOCK) return errno;
-    if (timeout >= 0 && std::chrono::steady_clock::now() >= until) return EWOULDBLOCK;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(10'000));
-  }
-}
-
+// flock(2) on `fd`, waiting at most `timeout` seconds (< 0: for ever; 0: not at all), as
+// io::lock_file waits. 0, or the errno (EWOULDBLOCK: held until the deadline).
 int flock_within(int fd, bool shared, double timeout) {
-  const int how = shared ? LOCK_SH : LOCK_EX;
-  if (timeout == 0) return ::flock(fd, how | LOCK_NB) == 0 ? 0 : errno;
+  const io::deadline d = deadline_of(timeout);
   io::file_handle borrowed(fd);  // for the call: the descriptor stays the caller's
-  const auto where = io::stat_fs(borrowed);
+  auto locked =
+      io::lock_file(borrowed, shared ? io::lock_kind::shared : io::lock_kind::exclusive, d);
   (void)borrowed.release();
-  if (!where || !where->is_local) return flock_polling(fd, how, timeout);
-  if (timeout < 0) {
-    while (::flock(fd, how) != 0) {
-      if (errno != EINTR) return errno;
-    }
-    return 0;
-  }
-  struct sigaction sa {};
-  struct sigaction old {};
-  sa.sa_handler = on_alarm;  // no SA_RESTART: the wait ends with EINTR
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGALRM, &sa, &old);
-  sigset_t alarm_only;
-  sigset_t old_mask;
-  sigemptyset(&alarm_only);
-  sigaddset(&alarm_only, SIGALRM);
-  ::sigprocmask(SIG_UNBLOCK, &alarm_only, &old_mask);
-  alarm_rang = 0;
-  itimerval t{};
-  const double whole = std::floor(timeout);
-  t.it_value.tv_sec = static_cast<time_t>(whole);
-  t.it_value.tv_usec = static_cast<suseconds_t>((timeout - whole) * 1e6);
-  if (t.it_value.tv_sec == 0 && t.it_value.tv_usec == 0) t.it_value.tv_usec = 1;
-  t.it_interval.tv_usec = 10'000;
-  ::setitimer(ITIMER_REAL, &t, nullptr);
-  int r = 0;
-  for (;;) {
-    if (::flock(fd, how | (alarm_rang != 0 ? LOCK_NB : 0)) == 0) break;
-    r = errno;
-    if (r != EINTR || alarm_rang != 0) break;
-  }
-  const itimerval off{};
-  ::setitimer(ITIMER_REAL, &off, nullptr);
-  // A ring still pending is dropped (ignored, it is discarded), then all is as it was.
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  ::sigaction(SIGALRM, &ignore, nullptr);
-  ::sigaction(SIGALRM, &old, nullptr);
-  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-  if (r == 0) return 0;
-  return r == EINTR ? EWOULDBLOCK : r;
+  if (locked) return 0;
+  if (locked.error() == std::errc::timed_out) return EWOULDBLOCK;
+  return locked.error().code().value();
 }
 
 }  // namespace
@@ -355,13 +301,7 @@ int run_lock_command(int argc, char** argv) {
     std::vector<lock::entity> set;
     for (const auto& name : names)
       set.push_back(lock::entity::from_string(name, !shared));
-    io::deadline d;
-    if (wait == 0) {
-      d = io::deadline::zero();
-    } else if (wait > 0) {
-      d = std::chrono::duration<double>(wait);
-    }
-    auto got = mutex->lock(set, d);
+    auto got = mutex->lock(set, deadline_of(wait));
     if (!got) {
       if (got.error() == std::errc::operation_would_block || got.error() == std::errc::timed_out) {
         return conflict(lock_path);

@@ -1,0 +1,76 @@
+#include "keel/io/file_lock.hpp"
+
+#include <sys/file.h>
+
+#include <cerrno>
+
+#include "io/lock_wait.hpp"
+#include "keel/io/filesystem.hpp"
+
+namespace keel::io {
+namespace {
+
+// One flock(2), EINTR asked again unless it may wait (then the caller's loop decides).
+result<void> flock_once(int fd, int how, bool wait) noexcept {
+  for (;;) {
+    if (::flock(fd, how | (wait ? 0 : LOCK_NB)) == 0) return {};
+    if (errno == EINTR && !wait) continue;
+    return last_errno_error();
+  }
+}
+
+// As flock(1): read and write, made if missing; read only where that is refused.
+result<file_handle> open_lock_file(const std::string& path) noexcept {
+  auto f = file_handle::open(path.c_str(), open_flags::read_write | open_flags::create, 0666);
+  if (f) return f;
+  const error why = f.error();
+  if (why == std::errc::is_a_directory || why == std::errc::permission_denied ||
+      why == std::errc::read_only_file_system) {
+    auto ro = file_handle::open(path.c_str(), open_flags::read, 0);
+    if (ro) return ro;
+    // Missing: what matters is why it could not be made.
+    if (ro.error() != std::errc::no_such_file_or_directory) return ro;
+  }
+  return std::unexpected(why);
+}
+
+}  // namespace
+
+result<void> lock_file(const file_handle& file, lock_kind kind, deadline d) noexcept {
+  if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
+  const int how = kind == lock_kind::shared ? LOCK_SH : LOCK_EX;
+  // The uncontended path is one syscall, whatever the deadline.
+  auto first = flock_once(file.fd(), how, false);
+  if (first || first.error() != std::errc::operation_would_block) return first;
+  auto attempt = [&](bool wait) noexcept { return flock_once(file.fd(), how, wait); };
+  return detail::wait_for_lock(file, d.start(), attempt);
+}
+
+result<void> unlock_file(const file_handle& file) noexcept {
+  if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
+  return flock_once(file.fd(), LOCK_UN, false);
+}
+
+result<file_handle> open_and_lock_file(const std::string& path, lock_kind kind,
+                                       deadline d) noexcept {
+  // One countdown for every round: a path replaced again and again still ends at `d`.
+  const countdown cd = d.start();
+  const deadline until = cd.is_infinite() ? deadline::never()
+                         : cd.is_zero()   ? deadline::zero()
+                                          : deadline(countdown::clock::now() + cd.remaining());
+  for (;;) {
+    auto f = open_lock_file(path);
+    if (!f) return std::unexpected(f.error());
+    if (auto locked = lock_file(*f, kind, until); !locked) return std::unexpected(locked.error());
+    // Whoever removed or replaced the file while this waited holds no lock this one excludes.
+    auto held = f->status();
+    auto named = os().stat_at(nullptr, path.c_str(), true);
+    if (held && named && held->same_file(*named)) return f;
+    if (!held) return std::unexpected(held.error());
+    if (!named && named.error() != std::errc::no_such_file_or_directory) {
+      return std::unexpected(named.error());
+    }
+  }
+}
+
+}  // namespace keel::io
