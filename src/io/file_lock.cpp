@@ -51,26 +51,38 @@ result<void> unlock_file(const file_handle& file) noexcept {
   return flock_once(file.fd(), LOCK_UN, false);
 }
 
-result<file_handle> open_and_lock_file(const std::string& path, lock_kind kind,
-                                       deadline d) noexcept {
+result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind kind,
+                          deadline d) noexcept {
   // One countdown for every round: a path replaced again and again still ends at `d`.
   const countdown cd = d.start();
   const deadline until = cd.is_infinite() ? deadline::never()
                          : cd.is_zero()   ? deadline::zero()
                                           : deadline(countdown::clock::now() + cd.remaining());
   for (;;) {
-    auto f = open_lock_file(path);
-    if (!f) return std::unexpected(f.error());
-    if (auto locked = lock_file(*f, kind, until); !locked) return std::unexpected(locked.error());
-    // Whoever removed or replaced the file while this waited holds no lock this one excludes.
-    auto held = f->status();
+    if (!file.is_open()) {
+      auto f = open_lock_file(path);
+      if (!f) return std::unexpected(f.error());
+      file = std::move(*f);
+    }
+    if (auto locked = lock_file(file, kind, until); !locked) return locked;
+    // Whoever removed or replaced the file meanwhile holds no lock this one excludes.
+    auto held = file.status();
     auto named = os().stat_at(nullptr, path.c_str(), true);
-    if (held && named && held->same_file(*named)) return f;
+    if (held && named && held->same_file(*named)) return {};
+    (void)unlock_file(file);
     if (!held) return std::unexpected(held.error());
     if (!named && named.error() != std::errc::no_such_file_or_directory) {
       return std::unexpected(named.error());
     }
+    (void)file.close();
   }
+}
+
+result<file_handle> open_and_lock_file(const std::string& path, lock_kind kind,
+                                       deadline d) noexcept {
+  file_handle f;
+  if (auto r = lock_file_at(f, path, kind, d); !r) return std::unexpected(r.error());
+  return f;
 }
 
 }  // namespace keel::io

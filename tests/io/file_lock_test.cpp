@@ -192,6 +192,27 @@ TEST(FileLock, AWaiterOnAFileReplacedMeanwhileEndsOnTheNewOne) {
   EXPECT_EQ(other.error(), std::errc::operation_would_block);
 }
 
+TEST(FileLock, AHandleKeptOpenIsUsedAgainUntilThePathNamesAnotherFile) {
+  temp_dir dir;
+  const std::string path = dir.file("lock");
+  file_handle kept;
+  ASSERT_TRUE(lock_file_at(kept, path, lock_kind::exclusive));
+  const int fd = kept.fd();
+  ASSERT_TRUE(unlock_file(kept));
+  ASSERT_TRUE(lock_file_at(kept, path, lock_kind::exclusive));
+  EXPECT_EQ(kept.fd(), fd);  // the same descriptor: no open(2)
+  ASSERT_TRUE(unlock_file(kept));
+  // Removed while unlocked: the next lock is on the file made anew at the path.
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  ASSERT_TRUE(lock_file_at(kept, path, lock_kind::exclusive));
+  auto held = kept.status();
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->inode, inode_of(path));
+  auto other = open_and_lock_file(path, lock_kind::exclusive, deadline::zero());
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error(), std::errc::operation_would_block);
+}
+
 TEST(FileLock, ADirectoryIsLockedThroughAReadOnlyDescriptor) {
   temp_dir dir;
   const std::string path = dir.file("d");

@@ -44,4 +44,12 @@ namespace keel::io {
 [[nodiscard]] result<file_handle> open_and_lock_file(const std::string& path, lock_kind kind,
                                                      deadline d = {}) noexcept;
 
+//! `open_and_lock_file` through `file`, which a caller keeps open between locks (to save an
+//! open(2) and a close(2) each time): locks the file it has open, or opens `path` when it is
+//! closed, and opens `path` again when it no longer names that file. On failure `file` holds
+//! no lock (open or closed). Keep such a handle out of forked children: a child's copy shares the
+//! parent's open file description, and with it the parent's lock.
+[[nodiscard]] result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind kind,
+                                        deadline d = {}) noexcept;
+
 }  // namespace keel::io
