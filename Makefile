@@ -65,7 +65,7 @@ install: build
 	cmake --install build/release --prefix $(PREFIX)
 
 format:
-	find include src tests bench tools torture fuzz -name '*.cpp' -o -name '*.hpp' -o -name '*.c' -o -name '*.h' | xargs clang-format -i
+	find include src tests bench tools torture fuzz python/src -name '*.cpp' -o -name '*.hpp' -o -name '*.c' -o -name '*.h' | xargs clang-format -i
 
 clean:
 	rm -rf build

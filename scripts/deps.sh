@@ -26,10 +26,13 @@ packages=(
   e2fsprogs xfsprogs btrfs-progs  # mkfs for the report's per-filesystem lock rows
   fio                             # the peer of keel-bench aiobench's random reads
   glusterfs-server glusterfs-client  # a real distributed filesystem for the netfs tests
-  python3-filelock python3-portalocker  # the Python locks `keel lock FILE` must exclude
+  python3-filelock python3-portalocker  # the Python locks `keel lock FILE` and keel.FileLock must exclude
+  # the Python module (python/): its headers and binding library, and its tests
+  python3-dev pybind11-dev python3-pytest
   lmdb-utils  # tests only: LMDB's mdb_load and mdb_dump read and write keel kv dump's format
   # keel-bench kvbench's peers (benchmark-only, never the library's)
   liblmdb-dev libtkrzw-dev librocksdb-dev libleveldb-dev libsqlite3-dev libtdb-dev
+  python3-lmdb  # the Python benchmark's peer of keel.Store (python/bench/bench.py)
 )
 
 # Only for `make fuzz`: clang with libFuzzer and the sanitizer runtimes (GCC has no
