@@ -66,14 +66,14 @@ keel_bench=build/release/bin/keel-bench
 
 step() { echo "bench: [$1] $2" >&2; }
 
-step 1/10 "io micro-benchmarks ($reps repetitions, interleaved)"
+step 1/11 "io micro-benchmarks ($reps repetitions, interleaved)"
 "$bin/keel_bench_io" --dir="$dir" \
   --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=false \
   --benchmark_out="$out/raw/io.json" --benchmark_out_format=json \
   --benchmark_format=console --benchmark_display_aggregates_only=true >&2
 
-step 2/10 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
+step 2/11 "lockscale: every algorithm and baseline, workers $scale_w, $scale_t s each"
 scale_files=()
 for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   "$keel_bench" lockscale -t "$scale_t" -w "$scale_w" --dir "$dir" \
@@ -81,14 +81,14 @@ for algo in flock fcntl sysv lock_files byte_ranges atomic_append memory_map; do
   scale_files+=(--lockscale "$out/raw/lockscale-$algo.json")
 done
 
-step 3/10 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
+step 3/11 "lockscale with short critical sections (busy 10 µs, idle 10 µs), workers $short_w"
 for algo in flock fcntl sysv atomic_append memory_map; do
   "$keel_bench" lockscale -b 10 -i 10 -t "$scale_t" -w "$short_w" --dir "$dir" \
     --json "$out/raw/lockscale-short-$algo.json" "$algo" >&2
   scale_files+=(--lockscale-short "$out/raw/lockscale-short-$algo.json")
 done
 
-step 4/10 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell; keel lock beside flock(1), $cli_runs runs"
+step 4/11 "lockmatrix: waiters $matrix_w x entities $matrix_e, $matrix_s s per cell; keel lock beside flock(1), $cli_runs runs"
 "$keel_bench" lockmatrix --peers --seconds "$matrix_s" --waiters "$matrix_w" --entities "$matrix_e" \
   --dir "$dir" --json "$out/raw/lockmatrix.json" >&2
 cli_args=()
@@ -106,7 +106,7 @@ if [ "${NO_FS:-}" = "1" ]; then
 elif [ "$(id -u)" -ne 0 ]; then
   fs_skip="mounting loop devices needs root"
 fi
-step 5/10 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
+step 5/11 "lockscale on ext4, xfs and btrfs loop devices, workers $fs_w"
 if [ -z "$fs_skip" ]; then
   mkdir -p "$fs_root/mnt"
   for fs in ext4 xfs btrfs; do
@@ -141,7 +141,7 @@ fi
 # Across machines: one GlusterFS volume mounted twice on this host is two clients of a real
 # distributed filesystem (scripts/glusterfs-fixture.sh); every second worker locks through
 # the other mount. atomic_append and sysv refuse a filesystem other machines may share.
-step 6/10 "lockscale across two GlusterFS client mounts, workers $gluster_w"
+step 6/11 "lockscale across two GlusterFS client mounts, workers $gluster_w"
 if [ -z "$fs_skip" ]; then
   gfs="$fs_root/glusterfs"
   mkdir -p "$gfs"
@@ -164,7 +164,7 @@ else
 fi
 
 aio_dir=${AIO_DIR:-build/aiobench}
-step 7/10 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
+step 7/11 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${aio_args[*]})"
 "$keel_bench" aiobench --dir "$aio_dir" "${aio_args[@]}" --json "$out/raw/aiobench.json" >&2
 
 # The 1 M records; an engine too slow to put them all within kv_fill seconds goes on
@@ -175,7 +175,7 @@ kv_fill=60
 [ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5 && kv_fill=10
 kv_sync_dir=${KV_SYNC_DIR:-build/kvbench}
 mkdir -p "$kv_sync_dir"
-step 8/10 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
+step 8/11 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
 "$keel_bench" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
   --dir "$dir" --sync-dir "$kv_sync_dir" --json "$out/raw/kvbench.json" >&2
 
@@ -196,15 +196,30 @@ for fs in "${space_fs[@]}"; do
   xfs) size=320 stream=320 ;;
   btrfs) size=320 stream=128 ;;
   esac
-  step 9/10 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
+  step 9/11 "spacebench on $fs: fill, half-way failures, time to fail, deletes when full, blurt"
   "$keel_bench" spacebench --fs "$fs" --size-mib "$size" --stream-mib "$stream" \
     --segment-mib 0 "${blurt[@]}" --dir "$dir" --json "$out/raw/spacebench-$fs.json" |
     tee "$out/spacebench-$fs.txt" >&2
   space_files+=(--spacebench "$out/raw/spacebench-$fs.json")
 done
 
-step 10/10 "report"
+# keel's Python module beside filelock, portalocker and python-lmdb (python/bench/bench.py),
+# when the module was built (it needs pybind11 and Python's headers: scripts/deps.sh).
+python_args=()
+step 10/11 "python: keel.FileLock beside filelock and portalocker, keel.Store beside python-lmdb"
+if [ -e build/release/python/keel/__init__.py ] && [ -x /usr/bin/python3 ]; then
+  py_quick=()
+  [ "${QUICK:-}" = "1" ] && py_quick=(--quick)
+  PYTHONPATH=build/release/python /usr/bin/python3 python/bench/bench.py "${py_quick[@]}" \
+    --dir "$dir" --json "$out/raw/python.json" >&2
+  python_args=(--python "$out/raw/python.json")
+else
+  echo "bench: no Python module was built (scripts/deps.sh installs pybind11-dev): skipped" >&2
+fi
+
+step 11/11 "report"
 "$bin/keel_report" --out "$out" --targets bench/targets.json --dir "$dir" \
   "${scale_files[@]}" "${fs_args[@]}" --lockmatrix "$out/raw/lockmatrix.json" "${cli_args[@]}" \
   --aiobench "$out/raw/aiobench.json" --kvbench "$out/raw/kvbench.json" "${space_files[@]}" \
+  "${python_args[@]}" \
   "$out/raw/io.json"

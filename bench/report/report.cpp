@@ -31,6 +31,7 @@
 #include "keel/version.hpp"
 #include "kv_report.hpp"
 #include "lock_report.hpp"
+#include "python_report.hpp"
 #include "render.hpp"
 #include "space_report.hpp"
 
@@ -334,6 +335,8 @@ int main(int argc, char** argv) {
   app.add_option("--kvbench", kvbench_file, "keel-bench kvbench --json file")
       ->check(CLI::ExistingFile);
   std::vector<std::string> spacebench_files;
+  std::string python_file;
+  app.add_option("--python", python_file, "python/bench/bench.py --json file");
   app.add_option("--spacebench", spacebench_files, "keel-bench spacebench --json files")
       ->check(CLI::ExistingFile);
   app.add_option("inputs", inputs, "Google Benchmark JSON files")
@@ -472,6 +475,9 @@ int main(int argc, char** argv) {
     }
     if (!spacebench_files.empty()) {
       add("space", "space: targets", keel::report::render_space(out, spacebench_files));
+    }
+    if (!python_file.empty()) {
+      add("python", "python: targets (same run)", keel::report::render_python(python_file));
     }
 
     results["benchmarks"] = json::object();
