@@ -434,7 +434,7 @@ result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use
   std::uint64_t snap = 0;
   // (The slot's page was asked for by acquire_slot, but may have been written back since:
   // refused past the call's deadline, the stores escape.)
-  if (stored_escapably(io::deadline(call_expiry()).start(), [&] {
+  if (stored_escapably_by_call([&] {
         // Only this slot's holder writes it: a store, not a locked read-modify-write.
         me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
                              std::memory_order_seq_cst);

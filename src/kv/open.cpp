@@ -405,8 +405,7 @@ bool store::impl::clear_snapshot(std::uint32_t u) noexcept {
     // slot's next call, which an idle process never makes.
     // (And refused again after that, written back in between, past the deadline: the same.)
     if (!slot_write_ready(u, false)) return false;
-    return stored_escapably(io::deadline(opts.lock_timeout).start(),
-                            [&] { me.snapshot().store(0, std::memory_order_release); });
+    return stored_escapably_by_call([&] { me.snapshot().store(0, std::memory_order_release); });
   }
   return true;
 }

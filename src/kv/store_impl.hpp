@@ -1160,6 +1160,17 @@ struct store::impl final : ix::page_source {
     }
     return io::map_guard::run_escapable(std::min(cd.expiry(), call_expiry()), stores);
   }
+  //! stored_escapably by the call's deadline (call_expiry), read only where writes are
+  //! refusable: the path every read takes twice (its slot's snapshot taken and put back)
+  //! reads no clock.
+  template <class F>
+  [[nodiscard]] bool stored_escapably_by_call(F&& stores) noexcept {
+    if (!writes_refusable.load(std::memory_order_relaxed)) {
+      stores();
+      return true;
+    }
+    return io::map_guard::run_escapable(call_expiry(), stores);
+  }
 
   // ---- reading (read.cpp) ----
   //! The record at `location`, checked as the options say. Errors: corrupt (file, offset).
