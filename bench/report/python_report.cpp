@@ -47,6 +47,31 @@ target_row compare(const json& doc, const char* group, const char* peer, const c
   return row;
 }
 
+std::string microseconds(double seconds) {
+  if (!std::isfinite(seconds)) return "n/a";
+  if (seconds >= 1e-3) return fmt::format("{:.1f} ms", seconds * 1e3);
+  return fmt::format("{:.0f} µs", seconds * 1e6);
+}
+
+// The time from a release to the waiter holding the lock, keel's against the peer's (the
+// ratio is the peer's time over keel's: above 1, keel hands over sooner). Information only.
+target_row handoff(const json& doc, const char* peer, std::string meaning = {}) {
+  const double k = rate(doc, "locks", "keel", "handoff_s");
+  const double p = rate(doc, "locks", peer, "handoff_s");
+  target_row row;
+  row.name =
+      fmt::format("keel.FileLock handover (a release to the waiter holding it), against {}", peer);
+  if (!std::isfinite(k) || !std::isfinite(p) || k <= 0) {
+    row.measured_at_all = false;
+    row.measured = fmt::format("not measured ({} missing)", peer);
+    return row;
+  }
+  row.measured =
+      fmt::format("{} ({} against {})", fmt_ratio(p / k), microseconds(k), microseconds(p));
+  row.meaning = std::move(meaning);
+  return row;
+}
+
 }  // namespace
 
 section render_python(const std::string& python_file) {
@@ -69,6 +94,10 @@ section render_python(const std::string& python_file) {
               2.0,
               "Locks handed over per second when Python processes contend: filelock's waiters "
               "poll every 50 ms, keel's wake when the lock is let go."),
+      handoff(doc, "filelock",
+              "How soon a waiting Python process gets a file lock let go: filelock's waiters "
+              "look every 50 ms, keel's are woken by the kernel."),
+      handoff(doc, "portalocker"),
       compare(doc, "locks", "portalocker", "alone",
               "keel.FileLock lock+unlock, alone, against portalocker", 0),
       compare(doc, "locks", "portalocker", "contended_sleep",
@@ -85,10 +114,11 @@ section render_python(const std::string& python_file) {
   };
   std::string rows;
   for (const char* tool : {"keel", "filelock", "portalocker"}) {
-    rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", tool,
+    rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", tool,
                         per_second(rate(doc, "locks", tool, "alone")),
                         per_second(rate(doc, "locks", tool, "contended_busy")),
-                        per_second(rate(doc, "locks", tool, "contended_sleep")));
+                        per_second(rate(doc, "locks", tool, "contended_sleep")),
+                        microseconds(rate(doc, "locks", tool, "handoff_s")));
   }
   std::string store_rows;
   for (const char* tool : {"keel", "lmdb"}) {
@@ -106,7 +136,7 @@ section render_python(const std::string& python_file) {
       "metasync=False, the durability keel's default has (a commit survives the process, not a "
       "power cut).</p>\n"
       "<table><tr><th>lock</th><th>lock+unlock alone</th><th>{} processes, back to "
-      "back</th><th>{} processes, sleeping between</th></tr>\n{}</table>\n"
+      "back</th><th>{} processes, sleeping between</th><th>handover</th></tr>\n{}</table>\n"
       "<table><tr><th>store</th><th>put, 1 thread</th><th>get, 1 thread</th><th>put, {} "
       "processes</th></tr>\n{}</table>\n",
       doc.value("python", "?"), doc.value("rounds", 0), procs, doc.value("keys", 0),

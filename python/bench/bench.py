@@ -97,6 +97,39 @@ def _lock_worker(kind, path, seconds, outside, start, out):
     out.put(n)
 
 
+def _waiter(kind, path, n, conn):
+    acquire, release = _lock_ops(kind, path)
+    for _ in range(n):
+        conn.send("waiting")
+        acquire()
+        t1 = time.perf_counter()
+        release()
+        conn.send(t1)
+        conn.recv()  # the holder has it again
+
+
+def handoff_latency(kind: str, path: str, n: int) -> float:
+    """The median time from a holder's release to the waiter holding the lock (seconds):
+    the holder lets go 2 ms after the waiter said it is about to wait."""
+    acquire, release = _lock_ops(kind, path)
+    mine, theirs = ctx.Pipe()
+    acquire()
+    p = ctx.Process(target=_waiter, args=(kind, path, n, theirs))
+    p.start()
+    took = []
+    for _ in range(n):
+        mine.recv()
+        time.sleep(0.002)
+        t0 = time.perf_counter()
+        release()
+        took.append(mine.recv() - t0)
+        acquire()
+        mine.send("again")
+    release()
+    p.join()
+    return statistics.median(took)
+
+
 def run_together(target, argss: list[tuple]) -> list:
     """Runs target(*args, start, out) in a process per args, started at once; what each put."""
     start, out = ctx.Event(), ctx.Queue()
@@ -212,6 +245,7 @@ def main() -> int:
         alone: dict[str, list[float]] = {k: [] for k in lock_kinds}
         busy_rates: dict[str, list[float]] = {k: [] for k in lock_kinds}
         sleep_rates: dict[str, list[float]] = {k: [] for k in lock_kinds}
+        handoffs: dict[str, list[float]] = {k: [] for k in lock_kinds}
         for r in range(rounds):
             progress(f"locks, round {r + 1}/{rounds}: " + ", ".join(lock_kinds))
             for k in lock_kinds:
@@ -220,10 +254,12 @@ def main() -> int:
                 path = os.path.join(base, f"{k}-contended.lock")
                 busy_rates[k].append(contended_lock_rate(k, path, seconds, procs, "busy"))
                 sleep_rates[k].append(contended_lock_rate(k, path, seconds, procs, "sleep"))
+                handoffs[k].append(handoff_latency(k, path, 10 if args.quick else 20))
         for k in lock_kinds:
             results["locks"][k] = {"alone": statistics.median(alone[k]),
                                    "contended_busy": statistics.median(busy_rates[k]),
-                                   "contended_sleep": statistics.median(sleep_rates[k])}
+                                   "contended_sleep": statistics.median(sleep_rates[k]),
+                                   "handoff_s": statistics.median(handoffs[k])}
         store_kinds = ["keel"] + (["lmdb"] if "lmdb" not in missing else [])
         runs: dict[str, list[dict[str, float]]] = {k: [] for k in store_kinds}
         for r in range(rounds):
@@ -238,7 +274,8 @@ def main() -> int:
         json.dump(results, f, indent=2)
     for k, v in results["locks"].items():
         progress(f"{k:12} lock+unlock/s alone {v['alone']:>9.0f}  contended, busy outside "
-                 f"{v['contended_busy']:>7.0f}  sleeping outside {v['contended_sleep']:>7.0f}")
+                 f"{v['contended_busy']:>7.0f}  sleeping outside {v['contended_sleep']:>7.0f}  "
+                 f"handoff {v['handoff_s'] * 1e6:>8.0f} us")
     for k, v in results["stores"].items():
         progress(f"{k:12} put/s {v['put']:>9.0f}  get/s {v['get']:>9.0f}  "
                  f"put/s {procs} procs {v['put_procs']:>9.0f}")

@@ -48,7 +48,8 @@ class KeelReport : public ::testing::Test {
     args.insert(args.end(),
                 {"--lockmatrix", inputs + "lockmatrix.json", "--lockcli", inputs + "lockcli.json",
                  "--aiobench", inputs + "aiobench.json", "--kvbench", inputs + "kvbench.json",
-                 "--spacebench", inputs + "spacebench-tmpfs.json", inputs + "io.json"});
+                 "--spacebench", inputs + "spacebench-tmpfs.json", "--python",
+                 inputs + "python.json", inputs + "io.json"});
     const auto r = run_program(KEEL_REPORT_BINARY, args, dir_.path().string());
     ASSERT_EQ(r.code, 0) << r.err;
     html_ = keel::test::slurp(dir_.file("index.html"));
@@ -64,8 +65,10 @@ TEST_F(KeelReport, OpensWithOneTablePerAreaEachRowSayingWhatItMeans) {
   // Nothing but the introduction comes before the summary.
   EXPECT_EQ(html_.find("<h2>"), glance);
   const std::string summary = between(html_, "<h2>At a glance</h2>", "<h2 id=\"terms\">");
-  EXPECT_EQ(count(summary, "<table class=\"summary\">"), 5u) << summary;  // io locks aio kv space
-  for (const char* area : {"io layer", "Locks", "Asynchronous I/O", "keel::kv", "keel::space"})
+  // io, locks, aio, kv, space, python
+  EXPECT_EQ(count(summary, "<table class=\"summary\">"), 6u) << summary;
+  for (const char* area :
+       {"io layer", "Locks", "Asynchronous I/O", "keel::kv", "keel::space", "Python"})
     EXPECT_NE(summary.find("<caption>" + std::string(area)), std::string::npos) << area;
   // Every row: what, measured, target, verdict, and a sentence (the last cell) that is one.
   std::size_t rows = 0;
