@@ -123,11 +123,14 @@ KEEL_API void keel_store_close(keel_store* store);
 KEEL_API int keel_get(keel_store* store, const void* key, size_t key_length, void* buffer,
                       size_t capacity, size_t* length);
 /* Puts `key` = `value`, committed with the store's durability. On a full store it compacts
- * when it must. Errors: EINVAL, KEEL_TOO_LARGE, KEEL_READ_ONLY, ENOSPC, KEEL_BUDGET_REACHED,
- * ETIMEDOUT, KEEL_SYNC_FAILED, and I/O errors. */
+ * when it must, and that waits (up to lock_timeout_ms) for the transactions open in any
+ * thread: do not call it while this thread holds one (it would wait for itself). Errors: EINVAL,
+ * KEEL_TOO_LARGE, KEEL_READ_ONLY, ENOSPC, KEEL_BUDGET_REACHED, ETIMEDOUT, KEEL_SYNC_FAILED, and I/O
+ * errors. */
 KEEL_API int keel_put(keel_store* store, const void* key, size_t key_length, const void* value,
                       size_t value_length);
-/* Erases `key`. Errors: KEEL_NOT_FOUND (nothing written), and keel_put's. */
+/* Erases `key` (compacting on a full store, as keel_put). Errors: KEEL_NOT_FOUND (nothing
+ * written), and keel_put's. */
 KEEL_API int keel_erase(keel_store* store, const void* key, size_t key_length);
 
 /* Begins a transaction: it reads the store as of now, plus its own writes. */
@@ -164,7 +167,8 @@ KEEL_API int keel_cursor_next(keel_cursor* cursor, const void** key, size_t* key
                               const void** value, size_t* value_length);
 KEEL_API void keel_cursor_close(keel_cursor* cursor);
 
-/* What a store holds (fields are only ever appended: pass sizeof). */
+/* What a store holds (fields are only ever appended: pass sizeof; bytes past the fields this
+ * library knows are zeroed). */
 typedef struct keel_store_stat {
   uint64_t records;       /* live keys */
   uint64_t live_bytes;    /* their newest records' bytes */
@@ -181,8 +185,9 @@ KEEL_API int keel_store_stats(keel_store* store, keel_store_stat* stat, size_t s
  * that do not check out (either pointer may be NULL). Errors: KEEL_CORRUPT (the first damage:
  * see keel_last_error_path), ETIMEDOUT, I/O errors. */
 KEEL_API int keel_store_verify(keel_store* store, uint64_t* commits, uint64_t* damaged);
-/* Compacts: `*segments_removed` (may be NULL). Errors: ETIMEDOUT, KEEL_READ_ONLY, KEEL_CORRUPT,
- * I/O errors. */
+/* Compacts: `*segments_removed` (may be NULL). It waits (up to lock_timeout_ms) for the
+ * transactions open in any thread: called while this thread holds one, it fails with ETIMEDOUT
+ * once that time has passed. Errors: ETIMEDOUT, KEEL_READ_ONLY, KEEL_CORRUPT, I/O errors. */
 KEEL_API int keel_store_compact(keel_store* store, uint64_t* segments_removed);
 /* Writes a checkpoint now. */
 KEEL_API int keel_store_checkpoint(keel_store* store);

@@ -294,8 +294,11 @@ int keel_store_stats(keel_store* s, keel_store_stat* out, size_t size) {
     all.visible_seq = st->visible_seq;
     all.compactions = st->compactions;
     all.users = st->users.size();
-    // A caller built against an older header passes a smaller struct: its fields only.
+    // A caller built against an older header passes a smaller struct: its fields only; one
+    // built against a newer header, a larger one: the fields this library does not know are 0.
     std::memcpy(out, &all, std::min(size, sizeof all));
+    if (size > sizeof all)
+      std::memset(reinterpret_cast<char*>(out) + sizeof all, 0, size - sizeof all);
     return 0;
   });
 }
