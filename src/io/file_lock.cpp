@@ -1,8 +1,13 @@
 #include "keel/io/file_lock.hpp"
 
+#include <pthread.h>
 #include <sys/file.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <mutex>
+#include <vector>
 
 #include "io/lock_wait.hpp"
 #include "keel/io/filesystem.hpp"
@@ -18,6 +23,56 @@ result<void> flock_once(int fd, int how, bool wait) noexcept {
     return last_errno_error();
   }
 }
+
+// The descriptors of this process's lock_file_at calls under way: one owner, this file. A
+// child forked meanwhile closes its copies of them. The thread using one is not in the child,
+// and the copy shares its open file description, hence the lock that thread gets next in the
+// parent: held by the child's copy, it would outlive the parent's death.
+class in_flight {
+ public:
+  static in_flight& get() noexcept {
+    static in_flight* const it = [] {
+      auto* made = new in_flight;  // never destroyed: forks may come while statics go
+      ::pthread_atfork([] { get().m_.lock(); }, [] { get().m_.unlock(); },
+                       [] {
+                         auto& self = get();
+                         for (const int fd : self.fds_)
+                           ::close(fd);
+                         self.fds_.clear();
+                         self.m_.unlock();
+                       });
+      return made;
+    }();
+    return *it;
+  }
+  void add(int fd) noexcept {
+    std::lock_guard g(m_);
+    try {
+      fds_.push_back(fd);
+    } catch (...) {  // no room to note it: the child keeps its copy, as without this
+    }
+  }
+  void remove(int fd) noexcept {
+    std::lock_guard g(m_);
+    if (auto at = std::ranges::find(fds_, fd); at != fds_.end()) fds_.erase(at);
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<int> fds_;
+};
+
+// Noted in in_flight while it lives.
+class tracked {
+ public:
+  explicit tracked(int fd) noexcept : fd_(fd) { in_flight::get().add(fd); }
+  ~tracked() { in_flight::get().remove(fd_); }
+  tracked(const tracked&) = delete;
+  tracked& operator=(const tracked&) = delete;
+
+ private:
+  int fd_;
+};
 
 // As flock(1): read and write, made if missing; read only where that is refused.
 result<file_handle> open_lock_file(const std::string& path) noexcept {
@@ -64,17 +119,20 @@ result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind 
       if (!f) return std::unexpected(f.error());
       file = std::move(*f);
     }
-    if (auto locked = lock_file(file, kind, until); !locked) return locked;
-    // Whoever removed or replaced the file meanwhile holds no lock this one excludes.
-    auto held = file.status();
-    auto named = os().stat_at(nullptr, path.c_str(), true);
-    if (held && named && held->same_file(*named)) return {};
-    (void)unlock_file(file);
-    if (!held) return std::unexpected(held.error());
-    if (!named && named.error() != std::errc::no_such_file_or_directory) {
-      return std::unexpected(named.error());
+    {
+      const tracked during(file.fd());
+      if (auto locked = lock_file(file, kind, until); !locked) return locked;
+      // Whoever removed or replaced the file meanwhile holds no lock this one excludes.
+      auto held = file.status();
+      auto named = os().stat_at(nullptr, path.c_str(), true);
+      if (held && named && held->same_file(*named)) return {};
+      (void)unlock_file(file);
+      if (!held) return std::unexpected(held.error());
+      if (!named && named.error() != std::errc::no_such_file_or_directory) {
+        return std::unexpected(named.error());
+      }
     }
-    (void)file.close();
+    (void)file.close();  // (no longer noted: a fork now keeps no number another may reuse)
   }
 }
 

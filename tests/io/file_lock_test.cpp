@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -211,6 +212,35 @@ TEST(FileLock, AHandleKeptOpenIsUsedAgainUntilThePathNamesAnotherFile) {
   auto other = open_and_lock_file(path, lock_kind::exclusive, deadline::zero());
   ASSERT_FALSE(other);
   EXPECT_EQ(other.error(), std::errc::operation_would_block);
+}
+
+// A child forked while another thread waits must not keep a copy of the waiter's descriptor:
+// it shares the lock the waiter gets next, which would then outlive the parent in the child.
+TEST(FileLock, AChildForkedDuringAWaitKeepsNoCopyOfTheWaitersDescriptor) {
+  temp_dir dir;
+  const std::string path = dir.file("lock");
+  auto first = open_and_lock_file(path, lock_kind::exclusive);
+  ASSERT_TRUE(first) << first.error().message();
+  const std::uint64_t ino = inode_of(path);
+  result<file_handle> waited = errc_error(std::errc::invalid_argument);
+  std::thread waiter([&] { waited = open_and_lock_file(path, lock_kind::exclusive, 30s); });
+  while (!someone_waits_on(ino))
+    std::this_thread::yield();
+  const int held_fd = first->fd();
+  const pid_t child = fork_child([&] {
+    // Every descriptor on the lock file is the holder's own (inherited, not the waiter's).
+    int on_it = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      struct stat st {};
+      const int fd = std::stoi(e.path().filename().string());
+      if (fd != held_fd && ::fstat(fd, &st) == 0 && st.st_ino == ino) ++on_it;
+    }
+    return on_it;
+  });
+  EXPECT_EQ(wait_exit(child), 0);
+  ASSERT_TRUE(unlock_file(*first));
+  waiter.join();
+  EXPECT_TRUE(waited) << waited.error().message();
 }
 
 TEST(FileLock, ADirectoryIsLockedThroughAReadOnlyDescriptor) {

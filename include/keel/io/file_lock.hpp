@@ -38,7 +38,9 @@ namespace keel::io {
 //! (a file or filesystem this user may only read, or a directory). Returns the handle that
 //! holds the lock (closing it releases it). When the path was removed or replaced while it
 //! waited, the lock is on a file nobody else will lock: it lets that one go and locks the file
-//! the path names now, so the lock returned is on the file at `path` as it returns. Errors:
+//! the path names now, so the lock returned is on the file at `path` as it returns. A child
+//! forked while it waits closes its copy of the descriptor (the lock it is about to get would
+//! else be the child's too, and outlive the parent). Errors:
 //! lock_file's, and open(2)'s (no_such_file_or_directory: a directory of the path is missing;
 //! permission_denied, read_only_file_system: it cannot be made, ...).
 [[nodiscard]] result<file_handle> open_and_lock_file(const std::string& path, lock_kind kind,
