@@ -21,7 +21,7 @@ from typing import Any
 
 from . import _keel
 from ._errors import Conflict, Error, Timeout
-from ._filelock import FileLock
+from ._filelock import AcquireReturnProxy, BaseFileLock, FileLock, UnixFileLock
 from ._keel import Mutex, MutexGuard, Transaction
 
 __version__: str = _keel.__version__
@@ -62,6 +62,8 @@ class Store(_keel.Store):
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.closed:
+            raise ValueError("the store is closed: a closed store is not pickled")
         return (_reopen, (self.path, self.options))
 
     def __repr__(self) -> str:
@@ -70,7 +72,6 @@ class Store(_keel.Store):
 
 
 MutableMapping.register(Store)
-MutableMapping.register(Transaction)
 
-__all__ = ["Conflict", "Error", "FileLock", "Mutex", "MutexGuard", "Store", "Timeout",
-           "Transaction", "__version__"]
+__all__ = ["AcquireReturnProxy", "BaseFileLock", "Conflict", "Error", "FileLock", "Mutex",
+           "MutexGuard", "Store", "Timeout", "Transaction", "UnixFileLock", "__version__"]

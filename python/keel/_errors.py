@@ -28,9 +28,19 @@ class Conflict(Error):
 
 class Timeout(Error, TimeoutError):
     """A lock was not acquired before its timeout (or at once, when it may not wait). As
-    ``filelock.Timeout``, it names the lock file in ``lock_file``."""
+    ``filelock.Timeout``, it names the lock file in ``lock_file`` (and ``Timeout(lock_file)``
+    makes one, as filelock's does)."""
 
     lock_file: str | None = None
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1:  # filelock's form: Timeout(lock_file)
+            lock_file = str(args[0])
+            super().__init__(_errno.ETIMEDOUT,
+                             f"The file lock '{lock_file}' could not be acquired.", lock_file)
+            self.lock_file = lock_file
+        else:
+            super().__init__(*args)
 
     def __str__(self) -> str:
         if self.lock_file is not None:
@@ -72,8 +82,6 @@ def _make(kind: str, errnum: int | None, message: str, filename: str | None,
     return exc
 
 
-def timeout(lock_file: str, errnum: int = _errno.ETIMEDOUT) -> Timeout:
+def timeout(lock_file: str) -> Timeout:
     """keel.Timeout for a lock file (FileLock's own)."""
-    exc = Timeout(errnum, f"The file lock '{lock_file}' could not be acquired.", lock_file)
-    exc.lock_file = lock_file
-    return exc
+    return Timeout(lock_file)

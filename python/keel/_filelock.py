@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+import warnings
 import weakref
 from types import TracebackType
 
@@ -62,7 +64,8 @@ class FileLock:
         self._state = threading.Lock()  # guards the four below
         self._owner: int | None = None  # the thread holding it
         self._count = 0
-        # The lock file, kept open between acquires (an open and a close saved each time).
+        # The lock file's descriptor while this object holds it (opened at each acquire and
+        # closed at the release, as filelock does: an object kept idle holds no descriptor).
         self._fd = -1
         # Held by the thread that holds the file lock through this object: others queue here.
         self._turn = threading.Lock()
@@ -70,7 +73,8 @@ class FileLock:
 
     def _forget_parents(self) -> None:
         # In a forked child: the parent's hold is not the child's, and its descriptor is
-        # closed without unlocking (that would unlock the parent's).
+        # closed without unlocking (that would unlock the parent's). (A descriptor of a wait
+        # under way in another thread of the parent is closed by the extension.)
         self._state = threading.Lock()
         self._turn = threading.Lock()
         self._owner, self._count = None, 0
@@ -111,11 +115,18 @@ class FileLock:
         """Takes the lock, waiting ``timeout`` seconds (None: the object's; -1 or below: for
         ever; 0, or ``blocking=False``: not at all). Raises keel.Timeout. ``poll_interval``
         is accepted for filelock's callers and not needed: keel does not poll."""
-        del poll_interval, poll_intervall
+        del poll_interval
+        if poll_intervall is not None:
+            warnings.warn("use poll_interval instead of poll_intervall", DeprecationWarning,
+                          stacklevel=2)
         if timeout is None:
             timeout = self._timeout
         if not blocking:
             timeout = 0
+        if math.isnan(timeout):
+            raise ValueError("timeout is NaN: give seconds, or -1 to wait for ever")
+        if timeout > threading.TIMEOUT_MAX:
+            timeout = -1  # longer than any wait can be: for ever
         me = threading.get_ident()
         if self._owner == me:  # only this thread sets or clears its own ownership
             self._count += 1
@@ -136,9 +147,7 @@ class FileLock:
         if not got_turn:
             raise _timeout(self._lock_file)
         try:
-            fd = self._fd
-            self._fd = -1  # on failure the extension closes it
-            self._fd = _keel.flock_acquire(self._lock_file, True, left, fd)
+            self._fd = _keel.flock_acquire(self._lock_file, True, left)
         except BaseException:
             self._turn.release()
             raise
@@ -154,8 +163,9 @@ class FileLock:
             if self._count > 0:
                 return
             self._owner = None
+            fd, self._fd = self._fd, -1
         try:
-            _keel.flock_release(self._fd, False)
+            _keel.flock_release(fd)
         finally:
             self._turn.release()
 
@@ -170,9 +180,6 @@ class FileLock:
     def __del__(self) -> None:
         try:
             self.release(force=True)
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
         except Exception:  # noqa: BLE001 - nothing to raise to at collection
             pass
 
@@ -180,4 +187,10 @@ class FileLock:
         return f"keel.FileLock({self._lock_file!r}, locked={self.is_locked})"
 
 
-__all__ = ["FileLock", "Timeout"]
+# filelock's other names for the same lock (its SoftFileLock, a lock by a file's existence, is
+# another kind and is not offered).
+AcquireReturnProxy = _AcquireReturnProxy
+BaseFileLock = FileLock
+UnixFileLock = FileLock
+
+__all__ = ["AcquireReturnProxy", "BaseFileLock", "FileLock", "Timeout", "UnixFileLock"]

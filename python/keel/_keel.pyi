@@ -35,8 +35,8 @@ class Mutex:
     def path(self) -> str: ...
     def lock(self, names: Iterable[str | bytes | int], shared: bool = False,
              timeout: float = -1.0) -> MutexGuard:
-        """Locks every entity named, waiting ``timeout`` seconds (< 0: for ever; 0: not at
-        all). Raises keel.Timeout."""
+        """Locks every entity named (a list, not one str), waiting ``timeout`` seconds (< 0
+        or above 1e9: for ever; 0: not at all). Raises keel.Timeout."""
     @staticmethod
     def algorithms() -> list[str]:
         """The algorithms' names."""

@@ -1,17 +1,21 @@
 // keel._keel's locks: flock(2) on a whole file (keel.FileLock is built on it, in Python) and
-// keel's shared-filesystem mutexes over sets of entities (keel.Mutex).
+// keel's shared-filesystem mutexes over sets of entities (keel.Mutex). Owns the guards that
+// other threads dropped (`orphans`), until the thread that locked them lets them go.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
-#include <optional>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "errors.hpp"
+#include "gil.hpp"
 #include "keel/io/file_lock.hpp"
 #include "keel/lock/algorithms.hpp"
 #include "wait.hpp"
@@ -21,23 +25,27 @@ namespace py = pybind11;
 namespace keel::python {
 namespace {
 
-// flock(2) on `path` (opened as flock(1) opens it) through `fd` when it is one (a descriptor
-// an earlier call returned, kept open), else a new one; the descriptor that holds it. On
-// failure nothing is locked, and `fd` is closed (the caller forgets it).
-int flock_acquire(const std::string& path, bool exclusive, double timeout, int fd) {
-  const auto kind = exclusive ? io::lock_kind::exclusive : io::lock_kind::shared;
-  io::file_handle f(fd);
-  auto r = wait_in_slices<void>(timeout,
-                                [&](io::deadline d) { return io::lock_file_at(f, path, kind, d); });
-  if (!r) throw raise(r.error().about(path), waited::for_a_lock);
-  return f.release();
+// A path from Python: a NUL in it would cut it short at the kernel.
+const std::string& checked_path(const std::string& path) {
+  if (path.find('\0') != std::string::npos) throw py::value_error("a path has no NUL byte");
+  return path;
 }
 
-// Unlocks `fd`, and closes it when asked (else it stays open for the next flock_acquire).
-void flock_release(int fd, bool close) {
+// flock(2) on `path` (opened as flock(1) opens it, and opened again if the path is replaced
+// while it waits); the descriptor that holds it.
+int flock_acquire(const std::string& path, bool exclusive, double timeout) {
+  const auto kind = exclusive ? io::lock_kind::exclusive : io::lock_kind::shared;
+  auto f = wait_in_slices<io::file_handle>(
+      timeout, [&](io::deadline d) { return io::open_and_lock_file(checked_path(path), kind, d); });
+  if (!f) throw raise(f.error().about(path), waited::for_a_lock);
+  return f->release();
+}
+
+// Unlocks `fd` and closes it (closing alone would let the lock go too: the unlock is first so
+// that a descriptor dup()ed meanwhile holds nothing).
+void flock_release(int fd) {
   io::file_handle f(fd);
   auto r = io::unlock_file(f);
-  if (!close) (void)f.release();
   if (!r) throw raise(r.error());
 }
 
@@ -49,22 +57,25 @@ lock::entity entity_of(const py::handle& name, bool exclusive) {
     return lock::entity::from_string(std::string(name.cast<py::bytes>()), exclusive);
   }
   if (py::isinstance<py::int_>(name)) {
-    const auto v = name.cast<long long>();
-    if (v < 0) throw py::value_error("an entity's number is from 0 to 2**63 - 18");
-    return lock::entity(static_cast<std::uint64_t>(v), exclusive);
+    const auto too_large = py::int_(lock::entity::max_lockable);
+    if (name < py::int_(0) || name > too_large) {
+      throw py::value_error("an entity's number is from 0 to " +
+                            std::to_string(lock::entity::max_lockable));
+    }
+    return lock::entity(name.cast<std::uint64_t>(), exclusive);
   }
   throw py::type_error("an entity is named by a str, bytes or int");
 }
 
-class mutex_guard;
-
 class mutex {
  public:
-  mutex(const std::string& path, const std::string& algorithm) : path_(path) {
-    auto m = lock::open_mutex(algorithm, path);
+  mutex(const std::string& path, const std::string& algorithm) : path_(checked_path(path)) {
+    auto m = without_gil([&] { return lock::open_mutex(algorithm, path); });
     if (!m) throw raise(m.error().about(path));
     m_ = std::move(*m);
   }
+  mutex(const mutex&) = delete;
+  mutex& operator=(const mutex&) = delete;
   [[nodiscard]] std::string algorithm() const { return std::string(m_->algorithm()); }
   [[nodiscard]] const std::string& path() const { return path_; }
   lock::shared_fs_mutex& get() { return *m_; }
@@ -74,19 +85,55 @@ class mutex {
   std::unique_ptr<lock::shared_fs_mutex> m_;
 };
 
-// The entities one lock() took. Unlocked by the thread that locked them (keel's deadlock
-// detection keeps each thread's held entities with that thread).
+// Entities a guard held when another thread dropped it: keel unlocks a set only from the
+// thread that locked it (it keeps each thread's held entities with that thread, and some
+// algorithms' descriptors too). They wait here for that thread's next keel.Mutex call; a
+// thread that ends first takes its descriptors' locks with it, and the rest last until the
+// process ends. Each keeps its keel.Mutex (a Python reference) alive.
+struct orphan {
+  lock::entities_guard guard;
+  py::object owner;
+};
+std::mutex orphans_m;
+std::multimap<std::thread::id, orphan>* orphans = new std::multimap<std::thread::id, orphan>;
+
+// Unlocks what other threads dropped of this thread's. GIL held.
+void adopt_orphans() {
+  std::vector<orphan> mine;
+  {
+    std::lock_guard g(orphans_m);
+    auto [first, last] = orphans->equal_range(std::this_thread::get_id());
+    for (auto it = first; it != last; ++it)
+      mine.push_back(std::move(it->second));
+    orphans->erase(first, last);
+  }
+  for (auto& o : mine)
+    (void)o.guard.unlock();
+}
+
+// The entities one lock() took. Unlocked by the thread that locked them.
 class mutex_guard {
  public:
   mutex_guard(lock::entities_guard g, py::object owner)
       : g_(std::move(g)), owner_(std::move(owner)), thread_(std::this_thread::get_id()) {}
-  ~mutex_guard() { (void)g_.unlock(); }
+  ~mutex_guard() {
+    if (!g_.owns_lock()) return;
+    if (std::this_thread::get_id() == thread_) {
+      (void)g_.unlock();
+      return;
+    }
+    std::lock_guard g(orphans_m);
+    orphans->emplace(thread_, orphan{std::move(g_), std::move(owner_)});
+  }
+  mutex_guard(const mutex_guard&) = delete;
+  mutex_guard& operator=(const mutex_guard&) = delete;
   void release() {
     if (!g_.owns_lock()) throw py::value_error("the lock was released already");
     if (std::this_thread::get_id() != thread_) {
       throw py::value_error("a keel.Mutex lock is released by the thread that took it");
     }
     auto r = g_.unlock();
+    adopt_orphans();
     if (!r) throw raise(r.error());
   }
   [[nodiscard]] bool held() const { return g_.owns_lock(); }
@@ -98,11 +145,15 @@ class mutex_guard {
   std::thread::id thread_;
 };
 
-std::unique_ptr<mutex_guard> lock_entities(py::object self, const py::iterable& names, bool shared,
+std::unique_ptr<mutex_guard> lock_entities(py::object self, const py::handle& names, bool shared,
                                            double timeout) {
+  if (py::isinstance<py::str>(names) || py::isinstance<py::bytes>(names)) {
+    throw py::type_error("names is a list of names: lock([\"job-1\"]), not lock(\"job-1\")");
+  }
   auto& m = self.cast<mutex&>();
+  adopt_orphans();
   std::vector<lock::entity> set;
-  for (const auto& n : names)
+  for (const auto& n : py::iter(names))
     set.push_back(entity_of(n, !shared));
   auto g = wait_in_slices<lock::entities_guard>(
       timeout, [&](io::deadline d) { return m.get().lock(set, d); });
@@ -114,13 +165,10 @@ std::unique_ptr<mutex_guard> lock_entities(py::object self, const py::iterable& 
 
 void register_locks(py::module_& m) {
   m.def("flock_acquire", &flock_acquire, py::arg("path"), py::arg("exclusive"), py::arg("timeout"),
-        py::arg("fd") = -1,
         "flock(2) on the file at `path` (made if missing), waiting `timeout` seconds (< 0: "
-        "for ever; 0: not at all), through `fd` (one it returned before) or a new "
-        "descriptor. Returns the descriptor holding it; raises keel.Timeout (and closes "
-        "`fd`).");
-  m.def("flock_release", &flock_release, py::arg("fd"), py::arg("close") = true,
-        "Unlocks a descriptor flock_acquire returned, and closes it unless `close` is False.");
+        "for ever; 0: not at all). Returns the descriptor holding it; raises keel.Timeout.");
+  m.def("flock_release", &flock_release, py::arg("fd"),
+        "Unlocks and closes a descriptor flock_acquire returned.");
 
   py::class_<mutex_guard>(m, "MutexGuard",
                           "Entities a keel.Mutex locked, until release() or the end of a "
@@ -142,8 +190,8 @@ void register_locks(py::module_& m) {
       .def_property_readonly("path", &mutex::path)
       .def("lock", &lock_entities, py::arg("names"), py::arg("shared") = false,
            py::arg("timeout") = -1.0,
-           "Locks every entity named (str, bytes or int), waiting `timeout` seconds (< 0: for "
-           "ever; 0: not at all). Raises keel.Timeout.")
+           "Locks every entity named (a list of str, bytes or int), waiting `timeout` seconds "
+           "(< 0: for ever; 0: not at all). Raises keel.Timeout.")
       .def_static(
           "algorithms",
           [] {

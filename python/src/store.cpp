@@ -1,12 +1,20 @@
 // keel._keel's store: keel.Store (a mapping of bytes to bytes over keel::kv::store, shared by
 // threads and processes) and its transactions. Every call that may wait or touch the disk
-// runs without the GIL. A transaction's state is owned by its Transaction and by the views
-// of its values (a view keeps a read-only transaction's snapshot alive while it lives).
+// runs without the GIL.
+//
+// Ownership: a call holds the kv::store it uses (a shared_ptr taken with the GIL), so close()
+// from another thread never frees it under the call; the store goes with the last holder
+// (Store, transactions, iterators). A transaction's state (`txn_state`) is owned by its
+// Transaction and by the views of its values, and guarded by its mutex: each call on it,
+// from any thread, holds that mutex without the GIL.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +23,7 @@
 #include <utility>
 
 #include "errors.hpp"
+#include "gil.hpp"
 #include "keel/kv/store.hpp"
 
 namespace py = pybind11;
@@ -45,6 +54,18 @@ class bytes_arg {
     if (held_) PyBuffer_Release(&buffer_);
   }
   [[nodiscard]] std::string_view view() const { return view_; }
+  //! Whether it can be a key at all (1 B to kv::max_key_size): one that cannot is absent.
+  [[nodiscard]] bool can_be_key() const {
+    return !view_.empty() && view_.size() <= kv::max_key_size;
+  }
+  //! Refuses a key that cannot be stored, saying the limit.
+  const bytes_arg& writable_key() const {
+    if (!can_be_key()) {
+      throw py::value_error("a key is 1 to " + std::to_string(kv::max_key_size) + " bytes, not " +
+                            std::to_string(view_.size()));
+    }
+    return *this;
+  }
 
  private:
   Py_buffer buffer_{};
@@ -56,49 +77,69 @@ py::bytes to_bytes(std::string_view s) {
   return {s.data(), s.size()};
 }
 
-// A store, or none once closed. Transactions and iterators hold the kv::store too, so it is
-// closed when the last of them goes.
+// A store, or none once closed.
 struct py_store {
   std::shared_ptr<kv::store> s;
-  std::string path;
-  py::dict options;  // as given, for pickling (a process started by spawn reopens the store)
+  std::string path;  // absolute, as opened: a process started by spawn reopens it
+  py::dict options;  // as given, for pickling
 
-  kv::store& get() {
+  //! The store, for one call (GIL held): close() meanwhile leaves it to the call.
+  [[nodiscard]] std::shared_ptr<kv::store> live() const {
     if (!s) throw py::value_error("the store is closed");
-    return *s;
+    return s;
+  }
+  void close() {
+    auto last = std::move(s);
+    without_gil([&] { last.reset(); });  // (waits for its background threads)
   }
 };
+
+template <class T>
+T option_as(const py::handle& v, const std::string& name, const char* what) {
+  try {
+    return v.cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("keel.Store() option " + name + ": " + what);
+  }
+}
 
 kv::options options_of(const py::dict& kw) {
   kv::options o;
   for (const auto& [k, v] : kw) {
     const auto name = k.cast<std::string>();
+    const auto flag = [&] {
+      if (!py::isinstance<py::bool_>(v)) {
+        throw py::type_error("keel.Store() option " + name + ": True or False");
+      }
+      return v.cast<bool>();
+    };
+    const auto size = [&] { return option_as<std::uint64_t>(v, name, "a number of bytes, >= 0"); };
     if (name == "create_if_missing") {
-      o.create_if_missing = v.cast<bool>();
+      o.create_if_missing = flag();
     } else if (name == "error_if_exists") {
-      o.error_if_exists = v.cast<bool>();
+      o.error_if_exists = flag();
     } else if (name == "read_only") {
-      o.read_only = v.cast<bool>();
+      o.read_only = flag();
     } else if (name == "durable") {
-      o.durable = v.cast<bool>() ? kv::durability::sync : kv::durability::none;
+      o.durable = flag() ? kv::durability::sync : kv::durability::none;
     } else if (name == "verify_checksums") {
-      o.verify_checksums = v.cast<bool>();
+      o.verify_checksums = flag();
     } else if (name == "segment_size") {
-      o.segment_size = v.cast<std::uint64_t>();
+      o.segment_size = size();
     } else if (name == "lock_timeout") {
-      const double seconds = v.cast<double>();
+      const auto seconds = option_as<double>(v, name, "seconds");
       if (!(seconds >= 0 && seconds < 1e9)) throw py::value_error("lock_timeout: 0 to 1e9 s");
       o.lock_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
     } else if (name == "max_bytes") {
-      o.max_bytes = v.cast<std::uint64_t>();
+      o.max_bytes = size();
     } else if (name == "checkpoint_bytes") {
-      o.checkpoint_bytes = v.cast<std::uint64_t>();
+      o.checkpoint_bytes = size();
     } else if (name == "compact_dead_fraction") {
-      o.compact_dead_fraction = v.cast<double>();
+      o.compact_dead_fraction = option_as<double>(v, name, "a fraction from 0 to below 1");
     } else if (name == "ledger") {
-      o.ledger = v.cast<bool>();
+      o.ledger = flag();
     } else if (name == "every_user_on_this_host") {
-      o.every_user_on_this_host = v.cast<bool>();
+      o.every_user_on_this_host = flag();
     } else {
       throw py::type_error("keel.Store() got an unexpected keyword argument '" + name + "'");
     }
@@ -106,33 +147,33 @@ kv::options options_of(const py::dict& kw) {
   return o;
 }
 
-std::shared_ptr<py_store> open_store(const std::string& path, const py::kwargs& kw) {
+std::string checked_path(const std::string& path) {
+  if (path.find('\0') != std::string::npos) throw py::value_error("a path has no NUL byte");
+  return path;
+}
+
+std::shared_ptr<py_store> open_store(const std::string& given, const py::kwargs& kw) {
   const kv::options o = options_of(kw);
   auto p = std::make_shared<py_store>();
-  p->path = path;
+  std::error_code ec;
+  const auto absolute = std::filesystem::absolute(checked_path(given), ec);
+  p->path = ec ? given : absolute.string();
   p->options = py::dict(kw);
-  result<std::unique_ptr<kv::store>> r;
-  {
-    py::gil_scoped_release nogil;
-    r = kv::store::open(path, o);
-  }
-  if (!r) throw raise(r.error().about(path));
+  auto r = without_gil([&] { return kv::store::open(p->path, o); });
+  if (!r) throw raise(r.error().about(p->path));
   p->s = std::shared_ptr<kv::store>(std::move(*r));
   return p;
 }
 
-// Runs `op(store)` without the GIL.
-template <class F>
-auto nogil(kv::store& s, F&& op) {
-  py::gil_scoped_release release;
-  return op(s);
-}
-
-py::object store_get(py_store& self, const py::handle& key, const py::object& fallback,
+py::object store_get(const py_store& self, const py::handle& key, const py::object& fallback,
                      bool missing_is_error) {
   bytes_arg k(key);
-  auto& s = self.get();
-  auto r = nogil(s, [&](kv::store& st) { return st.get(k.view()); });
+  auto s = self.live();
+  if (!k.can_be_key()) {
+    if (missing_is_error) throw key_error(k.view());
+    return fallback;
+  }
+  auto r = without_gil([&] { return s->get(k.view()); });
   if (r) return to_bytes(*r);
   if (r.error() != keel::errc::not_found) throw raise(r.error());
   if (missing_is_error) throw key_error(k.view());
@@ -142,15 +183,43 @@ py::object store_get(py_store& self, const py::handle& key, const py::object& fa
 // ---- transactions ----
 
 struct txn_state {
-  std::mutex m;  // one call at a time: a kv::transaction belongs to one thread at a time
+  std::shared_ptr<kv::store> store;  // first: it outlives the transaction below
   kv::transaction t;
-  std::shared_ptr<kv::store> store;  // lives as long as the transaction
+  std::mutex m;  // guards all below, and `t` (one thread at a time)
   kv::durability durable{};
-  bool ended = false;  // committed or aborted, as Python sees it (under the GIL)
-  bool wrote = false;  // whether it put or erased (under the GIL)
-  int views = 0;       // views of its snapshot alive (under the GIL)
+  std::atomic<bool> ended{false};  // committed or aborted, as Python sees it
+  bool wrote = false;
+  bool scanned = false;
+  int views = 0;                            // views of its snapshot alive
   std::unordered_set<std::string> written;  // keys it wrote: their views are copies
 };
+
+// Why a transaction refused a call (no error of the store's).
+struct refusal {
+  const char* why = nullptr;
+  bool buffer = false;  // a BufferError, else a ValueError
+};
+
+// Runs `op(state, refusal&)` without the GIL, holding the transaction's mutex, unless it has
+// ended; raises what it refused.
+template <class F>
+auto in_txn(const std::shared_ptr<txn_state>& st, F&& op) {
+  refusal no;
+  using R = decltype(op(*st, no));
+  R r = without_gil([&]() -> R {
+    std::lock_guard g(st->m);
+    if (st->ended.load()) {
+      no.why = "the transaction has ended";
+      return R{};
+    }
+    return op(*st, no);
+  });
+  if (no.why != nullptr) {
+    if (no.buffer) throw py::buffer_error(no.why);
+    throw py::value_error(no.why);
+  }
+  return r;
+}
 
 // A value of a transaction's snapshot, exported without a copy (the buffer behind a
 // memoryview); keeps the snapshot while it lives.
@@ -158,99 +227,116 @@ struct value_view {
   std::shared_ptr<txn_state> st;
   std::span<const std::byte> bytes;
   value_view(std::shared_ptr<txn_state> s, std::span<const std::byte> b)
-      : st(std::move(s)), bytes(b) {
-    ++st->views;
-  }
+      : st(std::move(s)), bytes(b) {}  // (views counted by txn_view, under the mutex)
   value_view(const value_view&) = delete;
   value_view& operator=(const value_view&) = delete;
   ~value_view() {
-    // The last view of a transaction Python ended lets its snapshot go (with the GIL held,
-    // as every change of `views` and `ended`; nobody calls an ended transaction).
-    if (--st->views == 0 && st->ended) st->t.abort();
+    // With the GIL (a deallocation): the mutex's holders never wait for the GIL, only for the
+    // store (a commit waiting for its keys' locks may make this wait as long).
+    std::lock_guard g(st->m);
+    // The last view of a transaction Python ended lets its snapshot go.
+    if (--st->views == 0 && st->ended.load()) st->t.abort();
   }
 };
 
 struct py_txn {
   std::shared_ptr<txn_state> st;
-
-  txn_state& live() {
-    if (st->ended) throw py::value_error("the transaction has ended");
-    return *st;
-  }
-  template <class F>
-  auto call(F&& op) {
-    txn_state& s = live();
-    py::gil_scoped_release release;
-    std::lock_guard g(s.m);
-    return op(s.t);
-  }
 };
 
-py::object txn_get(py_txn& self, const py::handle& key, const py::object& fallback,
+py::object txn_get(const py_txn& self, const py::handle& key, const py::object& fallback,
                    bool missing_is_error) {
   bytes_arg k(key);
-  auto r = self.call([&](kv::transaction& t) { return t.get(k.view()); });
+  if (!k.can_be_key()) {
+    (void)in_txn(self.st, [](txn_state&, refusal&) { return 0; });  // (ended: ValueError)
+    if (missing_is_error) throw key_error(k.view());
+    return fallback;
+  }
+  auto r = in_txn(self.st, [&](txn_state& s, refusal&) { return s.t.get(k.view()); });
   if (r) return to_bytes(*r);
   if (r.error() != keel::errc::not_found) throw raise(r.error());
   if (missing_is_error) throw key_error(k.view());
   return fallback;
 }
 
-py::object txn_view(py_txn& self, const py::handle& key) {
+py::object txn_view(const py_txn& self, const py::handle& key) {
   bytes_arg k(key);
-  txn_state& s = self.live();
-  if (s.written.contains(std::string(k.view()))) {
+  struct got {
+    result<std::span<const std::byte>> view;
+    std::optional<result<std::string>> copy;
+  };
+  got g = in_txn(self.st, [&](txn_state& s, refusal&) {
+    if (!k.can_be_key()) return got{keel_error(keel::errc::not_found), {}};
     // Its own write lives only until the key is written again: a copy is what stays valid.
-    auto r = self.call([&](kv::transaction& t) { return t.get(k.view()); });
-    if (!r) throw r.error() == keel::errc::not_found ? key_error(k.view()) : raise(r.error());
-    return py::memoryview(py::bytes(*r));
+    if (s.written.contains(std::string(k.view()))) {
+      return got{std::span<const std::byte>{}, s.t.get(k.view())};
+    }
+    got out{s.t.get_view(k.view()), {}};
+    if (out.view) ++s.views;  // counted before anyone can end the transaction
+    return out;
+  });
+  const auto fail = [&](const keel::error& e) {
+    return e == keel::errc::not_found ? key_error(k.view()) : raise(e);
+  };
+  if (g.copy) {
+    if (!*g.copy) throw fail(g.copy->error());
+    return py::memoryview(py::bytes(**g.copy));
   }
-  auto r = self.call([&](kv::transaction& t) { return t.get_view(k.view()); });
-  if (!r) throw r.error() == keel::errc::not_found ? key_error(k.view()) : raise(r.error());
-  auto holder = py::cast(std::make_unique<value_view>(self.st, *r));
+  if (!g.view) throw fail(g.view.error());
+  auto holder = py::cast(std::make_unique<value_view>(self.st, *g.view));
   return py::reinterpret_steal<py::object>(PyMemoryView_FromObject(holder.ptr()));
 }
 
-void txn_write(py_txn& self, const py::handle& key, const py::handle* value) {
+void txn_write(const py_txn& self, const py::handle& key, const py::handle* value) {
   bytes_arg k(key);
+  k.writable_key();
   std::optional<bytes_arg> v;
   if (value != nullptr) v.emplace(*value);
-  txn_state& s = self.live();
-  auto r = self.call(
-      [&](kv::transaction& t) { return v ? t.put(k.view(), v->view()) : t.erase(k.view()); });
+  auto r = in_txn(self.st, [&](txn_state& s, refusal& no) -> result<void> {
+    if (s.scanned) {
+      no.why =
+          "a transaction that has scanned may not write (keel's serializability tracks "
+          "reads key by key): write in another";
+      return {};
+    }
+    auto done = v ? s.t.put(k.view(), v->view()) : s.t.erase(k.view());
+    if (done) {
+      s.wrote = true;
+      s.written.emplace(k.view());
+    }
+    return done;
+  });
   if (!r) throw raise(r.error());
-  s.wrote = true;
-  s.written.emplace(k.view());
 }
 
-// Ends the transaction: commits (or aborts) it, unless views of its snapshot are alive,
-// when a read-only one keeps its snapshot until they go (nothing to commit) and one that
-// wrote is refused (its commit would end the snapshot they point into).
-py::object txn_end(py_txn& self, bool commit, const py::object& durable) {
-  txn_state& s = self.live();
-  if (s.views > 0 && s.wrote && commit) {
-    throw py::buffer_error(
-        "views of this transaction's values are alive: release them (del, or "
-        "memoryview.release()) or copy them (bytes(view)) before it commits");
+// Ends the transaction: commits (or aborts) it, unless views of its snapshot are alive, when a
+// read-only one keeps its snapshot until they go (nothing to commit) and one that wrote is
+// refused (its commit would end the snapshot they point into).
+py::object txn_end(const py_txn& self, bool commit, const py::object& durable) {
+  std::optional<kv::durability> asked;
+  if (!durable.is_none()) {
+    asked = durable.cast<bool>() ? kv::durability::sync : kv::durability::none;
   }
-  if (s.views > 0) {
-    s.ended = true;  // the snapshot goes with the last view
-    return commit ? py::object(py::int_(s.t.snapshot())) : py::object(py::none());
-  }
-  if (!commit) {
-    self.call([](kv::transaction& t) {
-      t.abort();
+  auto r = in_txn(self.st, [&](txn_state& s, refusal& no) -> result<std::uint64_t> {
+    if (s.views > 0 && s.wrote && commit) {
+      no.why =
+          "views of this transaction's values are alive: release them (del, or "
+          "memoryview.release()) or copy them (bytes(view)) before it commits";
+      no.buffer = true;
       return 0;
-    });
+    }
+    if (s.views > 0) {
+      s.ended = true;  // the snapshot goes with the last view
+      return s.t.snapshot();
+    }
     s.ended = true;
-    return py::none();
-  }
-  kv::durability d = s.durable;
-  if (!durable.is_none()) d = durable.cast<bool>() ? kv::durability::sync : kv::durability::none;
-  auto r = self.call([&](kv::transaction& t) { return t.commit(d); });
-  s.ended = true;  // either way (kv::transaction::commit)
+    if (!commit) {
+      s.t.abort();
+      return 0;
+    }
+    return s.t.commit(asked.value_or(s.durable));  // ends the transaction either way
+  });
   if (!r) throw raise(r.error());
-  return py::int_(*r);
+  return commit ? py::object(py::int_(*r)) : py::object(py::none());
 }
 
 // ---- iteration: pages of a scan ----
@@ -258,29 +344,36 @@ py::object txn_end(py_txn& self, bool commit, const py::object& durable) {
 enum class yield_kind { keys, values, items };
 
 struct scan_iter {
-  scan_iter(std::shared_ptr<kv::store> s, std::shared_ptr<txn_state> t, yield_kind k)
+  scan_iter(std::shared_ptr<py_store> s, std::shared_ptr<txn_state> t, yield_kind k)
       : store(std::move(s)), txn(std::move(t)), kind(k) {}
-  std::shared_ptr<kv::store> store;  // a store's newest state, page by page ...
-  std::shared_ptr<txn_state> txn;    // ... or a transaction's snapshot
+  std::shared_ptr<py_store> store;  // a store's newest state, page by page ...
+  std::shared_ptr<txn_state> txn;   // ... or a transaction's snapshot
   yield_kind kind;
   std::string cursor = {};
-  std::vector<kv::item> page;
+  std::vector<kv::item> page = {};
   std::size_t at = 0;
   bool done = false;
 
   py::object next() {
+    if (store) (void)store->live();  // closed: a ValueError, as a closed file's iterator
     while (at == page.size()) {
       if (done) throw py::stop_iteration();
       const bool keys_only = kind == yield_kind::keys;
       result<kv::scan_page> r;
       if (txn) {
-        if (txn->ended) throw py::value_error("the transaction has ended");
-        py::gil_scoped_release release;
-        std::lock_guard g(txn->m);
-        r = txn->t.scan(cursor, 256, keys_only);
+        r = in_txn(txn, [&](txn_state& s, refusal& no) -> result<kv::scan_page> {
+          if (s.wrote) {
+            no.why =
+                "a transaction that has written may not scan (keel's serializability "
+                "tracks reads key by key): scan in another";
+            return kv::scan_page{};
+          }
+          s.scanned = true;
+          return s.t.scan(cursor, 256, keys_only);
+        });
       } else {
-        py::gil_scoped_release release;
-        r = store->scan(cursor, 256, keys_only);
+        auto s = store->live();
+        r = without_gil([&] { return s->scan(cursor, 256, keys_only); });
       }
       if (!r) throw raise(r.error());
       page = std::move(r->items);
@@ -301,13 +394,14 @@ struct scan_iter {
   }
 };
 
-scan_iter txn_iter(py_txn& t, yield_kind k) {
-  t.live();
-  return scan_iter(nullptr, t.st, k);
+scan_iter txn_iter(const py_txn& t, yield_kind k) {
+  if (t.st->ended.load()) throw py::value_error("the transaction has ended");
+  return {nullptr, t.st, k};
 }
 
-scan_iter store_iter(py_store& self, yield_kind k) {
-  return scan_iter(self.s, nullptr, k);
+scan_iter store_iter(const std::shared_ptr<py_store>& s, yield_kind k) {
+  (void)s->live();
+  return {s, nullptr, k};
 }
 
 py::dict stats_dict(const kv::store_stats& st) {
@@ -337,9 +431,31 @@ py::dict stats_dict(const kv::store_stats& st) {
   return d;
 }
 
-}  // namespace
+// Runs `op(store)` on self's store without the GIL; raises its error.
+template <class F>
+auto on_store(const py_store& self, F&& op) {
+  auto s = self.live();
+  auto r = without_gil([&] { return op(*s); });
+  if (!r) throw raise(r.error());
+  return r;
+}
 
-void register_store(py::module_& m) {
+py_txn begin(const py_store& self, const py::object& durable) {
+  auto st = std::make_shared<txn_state>();
+  st->store = self.live();
+  st->durable = self.options.contains("durable") && self.options["durable"].cast<bool>()
+                    ? kv::durability::sync
+                    : kv::durability::none;
+  if (!durable.is_none()) {
+    st->durable = durable.cast<bool>() ? kv::durability::sync : kv::durability::none;
+  }
+  auto r = without_gil([&] { return st->store->begin(); });
+  if (!r) throw raise(r.error());
+  st->t = std::move(*r);
+  return py_txn{std::move(st)};
+}
+
+void register_transaction(py::module_& m) {
   py::class_<value_view>(m, "_Value", py::buffer_protocol()).def_buffer([](value_view& v) {
     return py::buffer_info(const_cast<std::byte*>(v.bytes.data()), 1,
                            py::format_descriptor<std::uint8_t>::format(), 1,
@@ -354,146 +470,123 @@ void register_store(py::module_& m) {
                      "A transaction: reads see the store as it was when it began plus its own "
                      "writes; writes apply all at once at commit, or not at all.")
       .def("__getitem__",
-           [](py_txn& t, const py::handle& k) { return txn_get(t, k, py::none(), true); })
+           [](const py_txn& t, const py::handle& k) { return txn_get(t, k, py::none(), true); })
       .def(
           "get",
-          [](py_txn& t, const py::handle& k, const py::object& d) {
+          [](const py_txn& t, const py::handle& k, const py::object& d) {
             return txn_get(t, k, d, false);
           },
           py::arg("key"), py::arg("default") = py::none())
       .def("__contains__",
-           [](py_txn& t, const py::handle& k) {
+           [](const py_txn& t, const py::handle& k) {
              return !txn_get(t, k, py::none(), false).is_none();
            })
       .def("view", &txn_view, py::arg("key"),
            "The value of `key` as a read-only memoryview, without a copy. It stays valid "
            "while it lives (a transaction that only read keeps its snapshot for it).")
       .def("__setitem__",
-           [](py_txn& t, const py::handle& k, const py::handle& v) { txn_write(t, k, &v); })
+           [](const py_txn& t, const py::handle& k, const py::handle& v) { txn_write(t, k, &v); })
       .def("__delitem__",
-           [](py_txn& t, const py::handle& k) {
+           [](const py_txn& t, const py::handle& k) {
              if (txn_get(t, k, py::none(), false).is_none()) {
                throw key_error(bytes_arg(k).view());
              }
              txn_write(t, k, nullptr);
            })
-      .def("keys", [](py_txn& t) { return txn_iter(t, yield_kind::keys); })
-      .def("values", [](py_txn& t) { return txn_iter(t, yield_kind::values); })
-      .def("items", [](py_txn& t) { return txn_iter(t, yield_kind::items); })
-      .def("__iter__", [](py_txn& t) { return txn_iter(t, yield_kind::keys); })
+      .def("keys", [](const py_txn& t) { return txn_iter(t, yield_kind::keys); })
+      .def("values", [](const py_txn& t) { return txn_iter(t, yield_kind::values); })
+      .def("items", [](const py_txn& t) { return txn_iter(t, yield_kind::items); })
+      .def("__iter__", [](const py_txn& t) { return txn_iter(t, yield_kind::keys); })
       .def(
-          "commit", [](py_txn& t, const py::object& d) { return txn_end(t, true, d); },
+          "commit", [](const py_txn& t, const py::object& d) { return txn_end(t, true, d); },
           py::arg("durable") = py::none(),
           "Applies every write at once and returns the commit's seq. Raises keel.Conflict "
           "when another commit got in the way (nothing was applied: retry).")
-      .def("abort", [](py_txn& t) { txn_end(t, false, py::none()); })
-      .def_property_readonly("active", [](py_txn& t) { return !t.st->ended; })
-      .def_property_readonly("snapshot", [](py_txn& t) { return t.live().t.snapshot(); })
+      .def("abort", [](const py_txn& t) { txn_end(t, false, py::none()); })
+      .def_property_readonly("active", [](const py_txn& t) { return !t.st->ended.load(); })
+      .def_property_readonly("snapshot",
+                             [](const py_txn& t) {
+                               return in_txn(t.st,
+                                             [](txn_state& s, refusal&) { return s.t.snapshot(); });
+                             })
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](py_txn& t, const py::object& type, const py::args&) {
-        if (t.st->ended) return false;
+      .def("__exit__", [](const py_txn& t, const py::object& type, const py::args&) {
+        if (t.st->ended.load()) return false;
         txn_end(t, type.is_none(), py::none());
         return false;
       });
+}
 
+}  // namespace
+
+void register_store(py::module_& m) {
+  register_transaction(m);
   py::class_<py_store, std::shared_ptr<py_store>>(
       m, "Store",
       "keel's embedded transactional store, as a mutable mapping of bytes to bytes, shared by "
       "every thread and process that opens it.")
       .def(py::init(&open_store), py::arg("path"))
-      .def_property_readonly("path", [](py_store& s) { return s.path; })
-      .def_property_readonly("options", [](py_store& s) { return py::dict(s.options); })
-      .def_property_readonly("closed", [](py_store& s) { return !s.s; })
+      .def_property_readonly("path", [](const py_store& s) { return s.path; })
+      .def_property_readonly("options", [](const py_store& s) { return py::dict(s.options); })
+      .def_property_readonly("closed", [](const py_store& s) { return !s.s; })
       .def("__getitem__",
-           [](py_store& s, const py::handle& k) { return store_get(s, k, py::none(), true); })
+           [](const py_store& s, const py::handle& k) { return store_get(s, k, py::none(), true); })
       .def(
           "get",
-          [](py_store& s, const py::handle& k, const py::object& d) {
+          [](const py_store& s, const py::handle& k, const py::object& d) {
             return store_get(s, k, d, false);
           },
           py::arg("key"), py::arg("default") = py::none())
       .def("__contains__",
-           [](py_store& s, const py::handle& k) {
+           [](const py_store& s, const py::handle& k) {
              return !store_get(s, k, py::none(), false).is_none();
            })
       .def("__setitem__",
-           [](py_store& s, const py::handle& k, const py::handle& v) {
+           [](const py_store& s, const py::handle& k, const py::handle& v) {
              bytes_arg key(k);
+             key.writable_key();
              bytes_arg value(v);
-             auto r =
-                 nogil(s.get(), [&](kv::store& st) { return st.put(key.view(), value.view()); });
-             if (!r) throw raise(r.error());
+             (void)on_store(s, [&](kv::store& st) { return st.put(key.view(), value.view()); });
            })
       .def("__delitem__",
-           [](py_store& s, const py::handle& k) {
+           [](const py_store& s, const py::handle& k) {
              bytes_arg key(k);
-             auto r = nogil(s.get(), [&](kv::store& st) { return st.erase(key.view()); });
+             auto st = s.live();
+             if (!key.can_be_key()) throw key_error(key.view());
+             auto r = without_gil([&] { return st->erase(key.view()); });
              if (r) return;
              if (r.error() == keel::errc::not_found) throw key_error(key.view());
              throw raise(r.error());
            })
       .def("__len__",
-           [](py_store& s) {
-             auto r = nogil(s.get(), [](kv::store& st) { return st.stats(); });
-             if (!r) throw raise(r.error());
-             return r->records;
+           [](const py_store& s) {
+             return on_store(s, [](kv::store& st) { return st.stats(); })->records;
            })
       .def("__iter__",
-           [](py_store& s) {
-             s.get();
-             return store_iter(s, yield_kind::keys);
-           })
+           [](const std::shared_ptr<py_store>& s) { return store_iter(s, yield_kind::keys); })
       .def("keys",
-           [](py_store& s) {
-             s.get();
-             return store_iter(s, yield_kind::keys);
-           })
+           [](const std::shared_ptr<py_store>& s) { return store_iter(s, yield_kind::keys); })
       .def("values",
-           [](py_store& s) {
-             s.get();
-             return store_iter(s, yield_kind::values);
-           })
+           [](const std::shared_ptr<py_store>& s) { return store_iter(s, yield_kind::values); })
       .def("items",
-           [](py_store& s) {
-             s.get();
-             return store_iter(s, yield_kind::items);
-           })
-      .def(
-          "transaction",
-          [](py_store& s, const py::object& durable) {
-            auto st = std::make_shared<txn_state>();
-            st->store = s.s;
-            st->durable = durable.is_none()      ? kv::durability::none
-                          : durable.cast<bool>() ? kv::durability::sync
-                                                 : kv::durability::none;
-            if (durable.is_none() && s.options.contains("durable") &&
-                s.options["durable"].cast<bool>()) {
-              st->durable = kv::durability::sync;
-            }
-            auto r = nogil(s.get(), [](kv::store& x) { return x.begin(); });
-            if (!r) throw raise(r.error());
-            st->t = std::move(*r);
-            return py_txn{std::move(st)};
-          },
-          py::arg("durable") = py::none(),
-          "Begins a transaction; use it with `with`: it commits when the block ends, or aborts "
-          "when it raises.")
+           [](const std::shared_ptr<py_store>& s) { return store_iter(s, yield_kind::items); })
+      .def("transaction", &begin, py::arg("durable") = py::none(),
+           "Begins a transaction; use it with `with`: it commits when the block ends, or aborts "
+           "when it raises.")
       .def("stats",
-           [](py_store& s) {
-             auto r = nogil(s.get(), [](kv::store& st) { return st.stats(); });
-             if (!r) throw raise(r.error());
-             return stats_dict(*r);
+           [](const py_store& s) {
+             return stats_dict(*on_store(s, [](kv::store& st) { return st.stats(); }));
            })
       .def(
           "verify",
-          [](py_store& s) {
+          [](const py_store& s) {
             kv::verify_report rep;
-            auto r = nogil(s.get(), [&](kv::store& st) { return st.verify(&rep); });
+            auto st = s.live();
+            auto r = without_gil([&] { return st->verify(&rep); });
             if (!r && r.error() != keel::errc::corrupt) throw raise(r.error());
             py::list damaged;
-            for (const auto& d : rep.damaged) {
+            for (const auto& d : rep.damaged)
               damaged.append(py::make_tuple(d.file, d.offset, d.what));
-            }
             py::dict out;
             out["commits"] = rep.commits;
             out["torn"] = rep.torn;
@@ -502,9 +595,8 @@ void register_store(py::module_& m) {
           },
           "Checks every checksum: {'commits', 'torn', 'damaged': [(file, offset, what)]}.")
       .def("compact",
-           [](py_store& s) {
-             auto r = nogil(s.get(), [](kv::store& st) { return st.compact(); });
-             if (!r) throw raise(r.error());
+           [](const py_store& s) {
+             auto r = on_store(s, [](kv::store& st) { return st.compact(); });
              py::dict out;
              out["segments_removed"] = r->segments_removed;
              out["records_moved"] = r->records_moved;
@@ -512,15 +604,14 @@ void register_store(py::module_& m) {
              return out;
            })
       .def("checkpoint",
-           [](py_store& s) {
-             auto r = nogil(s.get(), [](kv::store& st) { return st.checkpoint(); });
-             if (!r) throw raise(r.error());
+           [](const py_store& s) {
+             (void)on_store(s, [](kv::store& st) { return st.checkpoint(); });
            })
       .def(
           "backup",
-          [](py_store& s, const std::string& to) {
-            auto r = nogil(s.get(), [&](kv::store& st) { return st.backup(to); });
-            if (!r) throw raise(r.error());
+          [](const py_store& s, const std::string& to) {
+            checked_path(to);
+            auto r = on_store(s, [&](kv::store& st) { return st.backup(to); });
             py::dict out;
             out["keys"] = r->keys;
             out["bytes"] = r->bytes;
@@ -528,9 +619,9 @@ void register_store(py::module_& m) {
             return out;
           },
           py::arg("to"))
-      .def("close", [](py_store& s) { s.s.reset(); })
+      .def("close", &py_store::close)
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](py_store& s, const py::args&) { s.s.reset(); });
+      .def("__exit__", [](py_store& s, const py::args&) { s.close(); });
 }
 
 }  // namespace keel::python

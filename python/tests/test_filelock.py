@@ -192,3 +192,19 @@ def test_a_forked_child_holds_none_of_its_parents_locks(tmp):
     with pytest.raises(filelock.Timeout):
         filelock.FileLock(lock.lock_file).acquire(timeout=0)
     lock.release()
+
+
+def test_filelocks_names_and_timeouts(tmp):
+    assert keel.UnixFileLock is keel.FileLock and keel.BaseFileLock is keel.FileLock
+    e = keel.Timeout("x.lock")
+    assert e.lock_file == "x.lock" and isinstance(e, TimeoutError) and "x.lock" in str(e)
+    lock = keel.FileLock(os.path.join(tmp, "n.lock"))
+    with pytest.raises(ValueError):
+        lock.acquire(timeout=float("nan"))
+    with lock.acquire(timeout=float("inf")) as same:  # for ever, as filelock
+        assert same is lock
+    with pytest.warns(DeprecationWarning):
+        lock.acquire(poll_intervall=0.1)
+    lock.release()
+    with pytest.raises(ValueError):
+        keel.FileLock(os.path.join(tmp, "a\0b")).acquire()

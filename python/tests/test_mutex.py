@@ -92,3 +92,13 @@ def test_bad_input_is_named(tmp):
     with pytest.raises(ValueError):
         m.lock([-1])
     assert "byte_ranges" in keel.Mutex.algorithms()
+
+
+def test_a_single_name_is_not_a_list_of_its_characters(tmp):
+    m = keel.Mutex(os.path.join(tmp, "m"))
+    with pytest.raises(TypeError, match="list of names"):
+        m.lock("job-1")
+    with pytest.raises(TypeError):
+        m.lock(b"job-1")
+    with pytest.raises(ValueError):
+        m.lock([2**64])
