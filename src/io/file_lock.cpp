@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <mutex>
 #include <vector>
 
+#include "base/thread_safety.hpp"
 #include "io/lock_wait.hpp"
 #include "keel/io/filesystem.hpp"
 
@@ -33,33 +33,37 @@ class in_flight {
   static in_flight& get() noexcept {
     static in_flight* const it = [] {
       auto* made = new in_flight;  // never destroyed: forks may come while statics go
-      ::pthread_atfork([] { get().m_.lock(); }, [] { get().m_.unlock(); },
-                       [] {
-                         auto& self = get();
-                         for (const int fd : self.fds_)
-                           ::close(fd);
-                         self.fds_.clear();
-                         self.m_.unlock();
-                       });
+      ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
       return made;
     }();
     return *it;
   }
   void add(int fd) noexcept {
-    std::lock_guard g(m_);
+    base::lock_guard g(m_);
     try {
       fds_.push_back(fd);
     } catch (...) {  // no room to note it: the child keeps its copy, as without this
     }
   }
   void remove(int fd) noexcept {
-    std::lock_guard g(m_);
+    base::lock_guard g(m_);
     if (auto at = std::ranges::find(fds_, fd); at != fds_.end()) fds_.erase(at);
   }
 
  private:
-  std::mutex m_;
-  std::vector<int> fds_;
+  // Held across fork(2) (taken before, let go after in both), so the child's list is whole.
+  static void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS { get().m_.lock(); }
+  static void after_fork_in_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS { get().m_.unlock(); }
+  static void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+    auto& self = get();
+    for (const int fd : self.fds_)
+      ::close(fd);
+    self.fds_.clear();
+    self.m_.unlock();
+  }
+
+  base::mutex m_;
+  std::vector<int> fds_ KEEL_GUARDED_BY(m_);
 };
 
 // Noted in in_flight while it lives.
