@@ -51,10 +51,60 @@ struct thread_cache {
 
 thread_local thread_cache cache;
 
+// Every registry of a live instance: one owner, this file. Each is locked across fork(2), so
+// that the child finds every state whole and can have each close what it holds of the
+// parent's (a registry's lock is only ever taken after this one's, never the other way).
+class all_registries {
+ public:
+  static all_registries& get() noexcept {
+    static all_registries* const it = new all_registries;  // never destroyed: forks may come
+    return *it;                                            // while statics go
+  }
+  void add(thread_state_registry* r) noexcept {
+    const base::lock_guard g(m_);
+    try {
+      all_.push_back(r);
+    } catch (...) {  // no room to note it: its states keep their descriptors in a child
+    }
+  }
+  void remove(thread_state_registry* r) noexcept {
+    const base::lock_guard g(m_);
+    std::erase(all_, r);
+  }
+
+  static void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+    auto& self = get();
+    self.m_.lock();
+    for (auto* r : self.all_)
+      r->mutex.lock();
+  }
+  static void after_fork_in_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+    auto& self = get();
+    for (auto* r : self.all_)
+      r->mutex.unlock();
+    self.m_.unlock();
+  }
+  static void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+    detail::fork_count.fetch_add(1, std::memory_order_relaxed);
+    auto& self = get();
+    for (auto* r : self.all_) {
+      for (thread_state* s : r->live)
+        s->close_in_child();
+      r->mutex.unlock();
+    }
+    self.m_.unlock();
+  }
+
+ private:
+  base::mutex m_;
+  std::vector<thread_state_registry*> all_ KEEL_GUARDED_BY(m_);
+};
+
 // Registered while the program starts, before any thread can fork: every later fork counts.
 const bool fork_handler_registered = [] {
-  ::pthread_atfork(nullptr, nullptr,
-                   [] { detail::fork_count.fetch_add(1, std::memory_order_relaxed); });
+  (void)all_registries::get();
+  ::pthread_atfork(&all_registries::before_fork, &all_registries::after_fork_in_parent,
+                   &all_registries::after_fork_in_child);
   return true;
 }();
 
@@ -65,9 +115,11 @@ std::atomic<std::uint64_t> detail::fork_count{0};
 per_thread_states::per_thread_states(bool keep_after_exit)
     : id_(next_instance_id.fetch_add(1)), registry_(std::make_shared<thread_state_registry>()) {
   registry_->keep_after_exit = keep_after_exit;
+  all_registries::get().add(registry_.get());
 }
 
 per_thread_states::~per_thread_states() {
+  all_registries::get().remove(registry_.get());
   const base::lock_guard lock(registry_->mutex);
   registry_->dead = true;
   for (thread_state* s : registry_->live)

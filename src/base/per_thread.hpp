@@ -6,7 +6,8 @@
 // states; a thread's state is destroyed when the thread exits or the instance is destroyed,
 // whichever comes first (or, with `keep_after_exit`, only with the instance: its requests
 // may outlive the thread). After fork() the child starts afresh: descriptors inherited from
-// the parent share the parent's locks and must not be reused.
+// the parent share the parent's locks and must not be reused, and each state closes them in
+// the child (thread_state::close_in_child).
 
 #include <atomic>
 #include <cstdint>
@@ -24,6 +25,11 @@ struct thread_state {
   thread_state(const thread_state&) = delete;
   thread_state& operator=(const thread_state&) = delete;
   virtual ~thread_state() = default;
+  //! Called in a forked child, once, for every state its parent had (their threads are not in
+  //! the child): closes what must not last there, such as a descriptor holding the parent's
+  //! lock (the child's copy would hold it past the parent's death), and leaves the state
+  //! destructible without them. Only the forking thread runs: no locks, no allocation.
+  virtual void close_in_child() noexcept {}
 };
 
 struct thread_state_registry {

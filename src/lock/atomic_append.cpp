@@ -52,6 +52,11 @@ struct thread_log final : base::thread_state {
   // the kernel (base::next_spin_budget: follows what watching achieves).
   std::uint64_t watch_ns = 50'000;
 
+  void close_in_child() noexcept override {
+    detail::close_in_child(append);
+    detail::close_in_child(rw);
+  }
+
   [[nodiscard]] bool is_stuck(off_t chunk) const noexcept {
     return std::find(stuck.begin(), stuck.end(), chunk) != stuck.end();
   }

@@ -16,6 +16,11 @@ constexpr std::size_t kept_files = 64;  // idle entity files a thread keeps open
 struct thread_files final : base::thread_state {
   io::file_handle dir;
   std::unordered_map<std::uint64_t, io::file_handle> files;  // kept open: flock is per open
+  void close_in_child() noexcept override {
+    detail::close_in_child(dir);
+    for (auto& [entity, f] : files)
+      detail::close_in_child(f);
+  }
 };
 
 }  // namespace

@@ -48,6 +48,10 @@ void name_of(entity e, char (&name)[17]) noexcept {
 struct thread_files final : base::thread_state {
   io::file_handle dir;
   io::file_handle breaker;
+  void close_in_child() noexcept override {
+    detail::close_in_child(dir);
+    detail::close_in_child(breaker);
+  }
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -281,6 +282,47 @@ TEST_P(MutexSuite, KilledHolderReleases) {
   auto g = m->lock({entity(11), entity(12)}, 5s);
   ASSERT_TRUE(g) << g.error().message();
   EXPECT_LT(ms_since(t0), 2000.0);
+}
+
+// Review of issue 44 (second): a child forked by a holder kept its copies of the holder's
+// per-thread descriptors, which share their open file descriptions and so the holder's locks:
+// with the holder killed, its entities stayed held for as long as the child lived. A forked
+// child closes its copies (it holds none of its parent's locks).
+TEST_P(MutexSuite, AKilledHoldersForkedChildKeepsNoneOfItsLocks) {
+  int life[2];  // the grandchild lives until the test closes its end
+  int told[2];  // the grandchild's pid, from the holder
+  ASSERT_EQ(::pipe2(life, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(told, O_CLOEXEC), 0);
+  const pid_t holder = fork_child([&] {
+    auto mine = open();
+    auto g = mine->lock({entity(31), entity(32, false)});
+    if (!g) return 2;
+    const pid_t grandchild = ::fork();
+    if (grandchild == 0) {
+      ::close(life[1]);
+      char c = 0;
+      while (::read(life[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      ::_exit(0);
+    }
+    if (grandchild < 0) return 3;
+    if (::write(told[1], &grandchild, sizeof grandchild) != sizeof grandchild) return 4;
+    for (;;)
+      ::pause();
+  });
+  ::close(life[0]);
+  ::close(told[1]);
+  pid_t grandchild = 0;
+  ASSERT_EQ(::read(told[0], &grandchild, sizeof grandchild), sizeof grandchild);
+  ::close(told[0]);
+  auto m = open();
+  EXPECT_FALSE(m->try_lock({entity(31)}));
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  EXPECT_EQ(::kill(grandchild, 0), 0) << "the holder's child is still there";
+  auto g = m->lock({entity(31), entity(32)}, 10s);
+  EXPECT_TRUE(g) << "the dead holder's child kept its locks: " << g.error().message();
+  ::close(life[1]);
 }
 
 // Processes that open and close the lock in a loop while others hold it: catches a

@@ -1,6 +1,8 @@
 #pragma once
 // Small pieces every algorithm uses.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -126,9 +128,16 @@ result<io::file_handle> open_lock_directory(io::filesystem& fs, const std::strin
 //! open_lock_directory does.
 result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& dir) noexcept;
 
+//! Closes a descriptor in a forked child (thread_state::close_in_child): straight to the
+//! kernel, since only the forking thread runs there.
+inline void close_in_child(io::file_handle& f) noexcept {
+  if (f.is_open()) (void)::close(f.release());
+}
+
 //! A thread's own descriptor of a lock file (see base/per_thread.hpp for why).
 struct thread_file final : base::thread_state {
   io::file_handle file;
+  void close_in_child() noexcept override { detail::close_in_child(file); }
 };
 //! This thread's descriptor of `path` (the file `id`), opened read-write on first use.
 result<thread_file*> thread_file_of(base::per_thread_states& threads, io::filesystem& fs,

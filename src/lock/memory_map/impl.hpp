@@ -46,6 +46,11 @@ struct thread_user final : base::thread_state, slot_user {
   thread_user(const thread_user&) = delete;
   thread_user& operator=(const thread_user&) = delete;
   ~thread_user() override;
+  void close_in_child() noexcept override {
+    detail::close_in_child(lock_fd);
+    detail::close_in_child(map_fd);
+    detail::close_in_child(fallback_fd);
+  }
 };
 
 //! Maps the map file at `path` (checked: a map of this format, whole) and holds its
