@@ -24,10 +24,11 @@ result<void> flock_once(int fd, int how, bool wait) noexcept {
   }
 }
 
-// The descriptors of this process's lock_file_at calls under way: one owner, this file. A
-// child forked meanwhile closes its copies of them. The thread using one is not in the child,
-// and the copy shares its open file description, hence the lock that thread gets next in the
-// parent: held by the child's copy, it would outlive the parent's death.
+// The descriptors of this process's lock_file_at calls under way, and of the locks taken by
+// lock_file_privately and still held: one owner, this file. A child forked meanwhile closes
+// its copies of them. The thread using one is not in the child, and the copy shares its open
+// file description, hence the lock that thread has or gets next in the parent: held by the
+// child's copy, it would outlive the parent's death.
 class in_flight {
  public:
   static in_flight& get() noexcept {
@@ -66,16 +67,21 @@ class in_flight {
   std::vector<int> fds_ KEEL_GUARDED_BY(m_);
 };
 
-// Noted in in_flight while it lives.
+// Noted in in_flight while it lives, or for good once kept (then unlock_private_file forgets
+// it: a lock taken privately goes from the wait to its holder with no moment unnoted).
 class tracked {
  public:
   explicit tracked(int fd) noexcept : fd_(fd) { in_flight::get().add(fd); }
-  ~tracked() { in_flight::get().remove(fd_); }
+  ~tracked() {
+    if (!kept_) in_flight::get().remove(fd_);
+  }
   tracked(const tracked&) = delete;
   tracked& operator=(const tracked&) = delete;
+  void keep() noexcept { kept_ = true; }
 
  private:
   int fd_;
+  bool kept_ = false;
 };
 
 // As flock(1): read and write, made if missing; read only where that is refused.
@@ -110,8 +116,10 @@ result<void> unlock_file(const file_handle& file) noexcept {
   return flock_once(file.fd(), LOCK_UN, false);
 }
 
-result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind kind,
-                          deadline d) noexcept {
+namespace {
+
+result<void> lock_at(file_handle& file, const std::string& path, lock_kind kind, deadline d,
+                     bool keep_noted) noexcept {
   // One countdown for every round: a path replaced again and again still ends at `d`.
   const countdown cd = d.start();
   const deadline until = cd.is_infinite() ? deadline::never()
@@ -124,12 +132,15 @@ result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind 
       file = std::move(*f);
     }
     {
-      const tracked during(file.fd());
+      tracked during(file.fd());
       if (auto locked = lock_file(file, kind, until); !locked) return locked;
       // Whoever removed or replaced the file meanwhile holds no lock this one excludes.
       auto held = file.status();
       auto named = os().stat_at(nullptr, path.c_str(), true);
-      if (held && named && held->same_file(*named)) return {};
+      if (held && named && held->same_file(*named)) {
+        if (keep_noted) during.keep();
+        return {};
+      }
       (void)unlock_file(file);
       if (!held) return std::unexpected(held.error());
       if (!named && named.error() != std::errc::no_such_file_or_directory) {
@@ -140,11 +151,36 @@ result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind 
   }
 }
 
+}  // namespace
+
+result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind kind,
+                          deadline d) noexcept {
+  return lock_at(file, path, kind, d, false);
+}
+
 result<file_handle> open_and_lock_file(const std::string& path, lock_kind kind,
                                        deadline d) noexcept {
   file_handle f;
-  if (auto r = lock_file_at(f, path, kind, d); !r) return std::unexpected(r.error());
+  if (auto r = lock_at(f, path, kind, d, false); !r) return std::unexpected(r.error());
   return f;
+}
+
+result<file_handle> lock_file_privately(const std::string& path, lock_kind kind,
+                                        deadline d) noexcept {
+  file_handle f;
+  if (auto r = lock_at(f, path, kind, d, true); !r) return std::unexpected(r.error());
+  return f;
+}
+
+result<void> unlock_private_file(file_handle& file) noexcept {
+  if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
+  // Unlocked first: a child forked from here on copies a descriptor that holds nothing, and
+  // may keep it; then forgotten, before the number is free for another open to reuse.
+  auto unlocked = unlock_file(file);
+  in_flight::get().remove(file.fd());
+  auto closed = file.close();
+  if (!unlocked) return unlocked;
+  return closed;
 }
 
 }  // namespace keel::io

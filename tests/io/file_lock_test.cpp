@@ -243,6 +243,42 @@ TEST(FileLock, AChildForkedDuringAWaitKeepsNoCopyOfTheWaitersDescriptor) {
   EXPECT_TRUE(waited) << waited.error().message();
 }
 
+// A lock taken privately is the process's own: a child forked while it is held (not only
+// while it was waited for) closes its copy, and after unlock_private_file a child forked keeps
+// nothing noted either (the number is free for other files, which a child must keep).
+TEST(FileLock, APrivateLocksDescriptorIsClosedInEveryForkedChild) {
+  temp_dir dir;
+  const std::string path = dir.file("lock");
+  auto held = lock_file_privately(path, lock_kind::exclusive);
+  ASSERT_TRUE(held) << held.error().message();
+  const std::uint64_t ino = inode_of(path);
+  const int held_fd = held->fd();
+  const auto copies_in_child = [&] {
+    return fork_child([&] {
+      int on_it = 0;
+      for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+        struct stat st {};
+        const int fd = std::stoi(e.path().filename().string());
+        if (::fstat(fd, &st) == 0 && st.st_ino == ino) ++on_it;
+      }
+      return on_it;
+    });
+  };
+  EXPECT_EQ(wait_exit(copies_in_child()), 0) << "the child kept a copy of the held lock's";
+  // Kept by the parent all the same.
+  auto other = open_and_lock_file(path, lock_kind::exclusive, deadline::zero());
+  EXPECT_FALSE(other);
+  ASSERT_TRUE(unlock_private_file(*held));
+  EXPECT_FALSE(held->is_open());
+  EXPECT_TRUE(open_and_lock_file(path, lock_kind::exclusive, deadline::zero()));
+  // The number, reused by a file of the parent's, is the child's to keep.
+  auto reused = file_handle::open(path.c_str(), open_flags::read);
+  ASSERT_TRUE(reused);
+  ASSERT_EQ(reused->fd(), held_fd);
+  EXPECT_EQ(wait_exit(copies_in_child()), 1) << "the child lost a descriptor it inherited";
+  EXPECT_EQ(unlock_private_file(*held).error(), std::errc::bad_file_descriptor);
+}
+
 TEST(FileLock, ADirectoryIsLockedThroughAReadOnlyDescriptor) {
   temp_dir dir;
   const std::string path = dir.file("d");

@@ -54,4 +54,16 @@ namespace keel::io {
 [[nodiscard]] result<void> lock_file_at(file_handle& file, const std::string& path, lock_kind kind,
                                         deadline d = {}) noexcept;
 
+//! `open_and_lock_file` for a lock this process keeps from its children: the descriptor stays
+//! noted from the wait until `unlock_private_file`, so a child forked at any moment, by any
+//! thread, closes its copy (which would share the lock, and hold it past this process's
+//! death). Such a handle is let go only by unlock_private_file; in a forked child, its copy is
+//! closed already: drop the number (file_handle::release) without closing it.
+[[nodiscard]] result<file_handle> lock_file_privately(const std::string& path, lock_kind kind,
+                                                      deadline d = {}) noexcept;
+
+//! Unlocks, forgets and closes a handle lock_file_privately returned. The first error of the
+//! unlock and the close; the handle is closed either way.
+[[nodiscard]] result<void> unlock_private_file(file_handle& file) noexcept;
+
 }  // namespace keel::io
