@@ -30,6 +30,9 @@ for _cls in (Error, Conflict, Timeout):
     _cls.__module__ = "keel"
 
 
+_MISSING: Any = object()
+
+
 def _reopen(path: str, options: dict[str, Any]) -> Store:
     return Store(path, **options)
 
@@ -48,11 +51,57 @@ class Store(_keel.Store):
     ``compact_dead_fraction``, ``ledger``, ``every_user_on_this_host`` (see keel::kv::options).
     """
 
-    pop = MutableMapping.pop
-    popitem = MutableMapping.popitem
-    clear = MutableMapping.clear
-    update = MutableMapping.update
-    setdefault = MutableMapping.setdefault
+    def pop(self, key: bytes, default: Any = _MISSING) -> Any:
+        """Removes ``key`` and returns its value, in one transaction (no other writer's value
+        is lost between the read and the delete); ``default`` if absent, else KeyError."""
+        while True:
+            try:
+                with self.transaction() as t:
+                    value = t.get(key)
+                    if value is None:
+                        if default is _MISSING:
+                            raise KeyError(key)
+                        return default
+                    del t[key]
+                return value
+            except Conflict:
+                continue  # another wrote the key meanwhile: read it again
+
+    def popitem(self) -> tuple[bytes, bytes]:
+        """Removes some key and returns it with its value; KeyError when the store is empty."""
+        for key in self.keys():
+            value = self.pop(key, None)
+            if value is not None:
+                return key, value
+        raise KeyError("popitem(): the store is empty")
+
+    def setdefault(self, key: bytes, default: Any = None) -> Any:
+        """The value of ``key``; absent, ``default`` is stored and returned, in one transaction
+        (of two callers at once, one stores and both return what it stored)."""
+        while True:
+            try:
+                with self.transaction() as t:
+                    value = t.get(key)
+                    if value is not None:
+                        return value
+                    t[key] = default
+                return default
+            except Conflict:
+                continue
+
+    def clear(self) -> None:
+        """Removes every key (each by itself: keys written meanwhile may stay)."""
+        for key in list(self.keys()):
+            self.pop(key, None)
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        """Stores each key and value of ``other`` (a mapping, or pairs), each by itself.
+        (Keywords, which are str, are refused as any str key is: encode them.)"""
+        pairs = other.items() if hasattr(other, "items") else other
+        for key, value in pairs:
+            self[key] = value
+        for key, value in kwargs.items():
+            self[key] = value
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, (Store, dict)):

@@ -80,8 +80,3 @@ def _make(kind: str, errnum: int | None, message: str, filename: str | None,
     if kind == "timeout":
         exc.lock_file = filename
     return exc
-
-
-def timeout(lock_file: str) -> Timeout:
-    """keel.Timeout for a lock file (FileLock's own)."""
-    return Timeout(lock_file)

@@ -6,12 +6,19 @@ from typing import Any
 
 __version__: str
 
-def flock_acquire(path: str, exclusive: bool, timeout: float) -> int:
-    """flock(2) on the file at ``path`` (made if missing), waiting ``timeout`` seconds (< 0:
-    for ever; 0: not at all). Returns the descriptor holding it; raises keel.Timeout."""
+class _FileLockCore:
+    """keel.FileLock's state: its holder in this process and the descriptor holding the
+    file's flock(2)."""
 
-def flock_release(fd: int) -> None:
-    """Unlocks and closes a descriptor flock_acquire returned."""
+    def __init__(self, path: str) -> None: ...
+    def acquire(self, timeout: float) -> None:
+        """Takes it, waiting ``timeout`` seconds (< 0: for ever; 0: one try); re-entrant in
+        the holding thread. Raises keel.Timeout."""
+    def release(self, force: bool = False) -> None:
+        """Undoes one acquire (force: every one); the last lets the file go."""
+    @property
+    def count(self) -> int:
+        """How many acquires are not released yet."""
 
 class MutexGuard:
     """Entities a keel.Mutex locked, until release() or the end of a ``with`` block."""

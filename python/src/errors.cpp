@@ -32,6 +32,11 @@ py::error_already_set raise(const keel::error& e, waited w) {
   return py::error_already_set();
 }
 
+const std::string& checked_path(const std::string& path) {
+  if (path.find('\0') != std::string::npos) throw py::value_error("a path has no NUL byte");
+  return path;
+}
+
 py::error_already_set key_error(std::string_view key) {
   py::object k = py::bytes(key.data(), key.size());
   PyErr_SetObject(PyExc_KeyError, k.ptr());

@@ -4,6 +4,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
 #include <string_view>
 
 #include "keel/error.hpp"
@@ -17,6 +18,9 @@ enum class waited : bool { no, for_a_lock };
 //! the OSError subclass of its errno, so `except FileNotFoundError` works) and returns the
 //! pybind11 exception that carries it back to Python: `throw raise(e);`.
 [[nodiscard]] pybind11::error_already_set raise(const keel::error& e, waited w = waited::no);
+
+//! `path` as given, or a ValueError where a NUL byte would cut it short at the kernel.
+const std::string& checked_path(const std::string& path);
 
 //! KeyError(key), for a key a mapping does not hold.
 [[nodiscard]] pybind11::error_already_set key_error(std::string_view key);

@@ -1,12 +1,13 @@
-// keel._keel's locks: flock(2) on a whole file (keel.FileLock is built on it, in Python) and
-// keel's shared-filesystem mutexes over sets of entities (keel.Mutex). Owns the guards that
-// other threads dropped (`orphans`), until the thread that locked them lets them go.
+// keel._keel's locks: keel's shared-filesystem mutexes over sets of entities (keel.Mutex). Owns the
+// guards that other threads dropped (`orphans`), until the thread that locked them lets them go.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
-#include <map>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,8 +16,8 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "fork.hpp"
 #include "gil.hpp"
-#include "keel/io/file_lock.hpp"
 #include "keel/lock/algorithms.hpp"
 #include "wait.hpp"
 
@@ -24,30 +25,6 @@ namespace py = pybind11;
 
 namespace keel::python {
 namespace {
-
-// A path from Python: a NUL in it would cut it short at the kernel.
-const std::string& checked_path(const std::string& path) {
-  if (path.find('\0') != std::string::npos) throw py::value_error("a path has no NUL byte");
-  return path;
-}
-
-// flock(2) on `path` (opened as flock(1) opens it, and opened again if the path is replaced
-// while it waits); the descriptor that holds it.
-int flock_acquire(const std::string& path, bool exclusive, double timeout) {
-  const auto kind = exclusive ? io::lock_kind::exclusive : io::lock_kind::shared;
-  auto f = wait_in_slices<io::file_handle>(
-      timeout, [&](io::deadline d) { return io::open_and_lock_file(checked_path(path), kind, d); });
-  if (!f) throw raise(f.error().about(path), waited::for_a_lock);
-  return f->release();
-}
-
-// Unlocks `fd` and closes it (closing alone would let the lock go too: the unlock is first so
-// that a descriptor dup()ed meanwhile holds nothing).
-void flock_release(int fd) {
-  io::file_handle f(fd);
-  auto r = io::unlock_file(f);
-  if (!r) throw raise(r.error());
-}
 
 lock::entity entity_of(const py::handle& name, bool exclusive) {
   if (py::isinstance<py::str>(name)) {
@@ -85,64 +62,114 @@ class mutex {
   std::unique_ptr<lock::shared_fs_mutex> m_;
 };
 
-// Entities a guard held when another thread dropped it: keel unlocks a set only from the
-// thread that locked it (it keeps each thread's held entities with that thread, and some
-// algorithms' descriptors too). They wait here for that thread's next keel.Mutex call; a
-// thread that ends first takes its descriptors' locks with it, and the rest last until the
-// process ends. Each keeps its keel.Mutex (a Python reference) alive.
+// A thread's identity to its guards: alive while the thread runs, marked ended as it exits.
+// (Not std::thread::id: a new thread may get an ended one's id, and with it, by that id, the
+// ended thread's locks.)
+struct thread_token {
+  std::atomic<bool> ended{false};
+};
+struct token_holder {
+  std::shared_ptr<thread_token> token = std::make_shared<thread_token>();
+  token_holder() = default;
+  token_holder(const token_holder&) = delete;
+  token_holder& operator=(const token_holder&) = delete;
+  ~token_holder() { token->ended.store(true); }  // (no Python here: the thread is ending)
+};
+thread_local token_holder this_thread;
+
+// A guard whose thread has ended: keel lets a set go only from the thread that locked it (it
+// keeps each thread's held entities with that thread, and its descriptors), and the thread's
+// end has done for its locks what the algorithm does at a thread's end (the descriptor-based
+// ones let them go with its descriptors; lock_files and sysv keep them until the process
+// ends). Nothing is done for them here: the guard is kept, untouched, for good.
+void abandon(lock::entities_guard&& g) {
+  (void)new lock::entities_guard(std::move(g));
+}
+
+// Entities a guard held when another thread dropped it. They wait here for the next keel.Mutex
+// call of the thread that locked them, which lets them go; if that thread ends first, they
+// are abandoned at any thread's next call. Each keeps its keel.Mutex (a Python reference)
+// alive until then. Owned here, under orphans_m.
 struct orphan {
+  std::shared_ptr<thread_token> thread;
   lock::entities_guard guard;
   py::object owner;
 };
 std::mutex orphans_m;
-std::multimap<std::thread::id, orphan>* orphans = new std::multimap<std::thread::id, orphan>;
+std::vector<orphan>* orphans = new std::vector<orphan>;  // (never destroyed: see abandon)
 
-// Unlocks what other threads dropped of this thread's. GIL held.
+// Lets go of what other threads dropped of this thread's, and abandons those of ended
+// threads. GIL held (their owners are released here, after the mutex).
 void adopt_orphans() {
-  std::vector<orphan> mine;
+  std::vector<orphan> taken;
   {
     std::lock_guard g(orphans_m);
-    auto [first, last] = orphans->equal_range(std::this_thread::get_id());
-    for (auto it = first; it != last; ++it)
-      mine.push_back(std::move(it->second));
-    orphans->erase(first, last);
+    auto keep = std::partition(orphans->begin(), orphans->end(), [](const orphan& o) {
+      return o.thread != this_thread.token && !o.thread->ended.load();
+    });
+    std::move(keep, orphans->end(), std::back_inserter(taken));
+    orphans->erase(keep, orphans->end());
   }
-  for (auto& o : mine)
-    (void)o.guard.unlock();
+  for (auto& o : taken) {
+    if (o.thread == this_thread.token) {
+      (void)o.guard.unlock();
+    } else {
+      abandon(std::move(o.guard));
+    }
+  }
 }
 
-// The entities one lock() took. Unlocked by the thread that locked them.
+// The entities one lock() took. Let go by the thread that locked them.
 class mutex_guard {
  public:
   mutex_guard(lock::entities_guard g, py::object owner)
-      : g_(std::move(g)), owner_(std::move(owner)), thread_(std::this_thread::get_id()) {}
+      : g_(std::move(g)), owner_(std::move(owner)), thread_(this_thread.token) {}
   ~mutex_guard() {
     if (!g_.owns_lock()) return;
-    if (std::this_thread::get_id() == thread_) {
-      (void)g_.unlock();
+    if (thread_ == this_thread.token || generation_ != fork_generation()) {
+      (void)g_.unlock();  // (in a forked child, keel drops its parent's without unlocking)
+      return;
+    }
+    if (thread_->ended.load()) {
+      abandon(std::move(g_));
       return;
     }
     std::lock_guard g(orphans_m);
-    orphans->emplace(thread_, orphan{std::move(g_), std::move(owner_)});
+    orphans->push_back(orphan{thread_, std::move(g_), std::move(owner_)});
   }
   mutex_guard(const mutex_guard&) = delete;
   mutex_guard& operator=(const mutex_guard&) = delete;
   void release() {
     if (!g_.owns_lock()) throw py::value_error("the lock was released already");
-    if (std::this_thread::get_id() != thread_) {
-      throw py::value_error("a keel.Mutex lock is released by the thread that took it");
+    if (generation_ != fork_generation()) {
+      (void)g_.unlock();  // a forked child's copy: the parent's locks are not its to let go
+      return;
+    }
+    if (thread_ != this_thread.token) {
+      if (!thread_->ended.load()) {
+        throw py::value_error("a keel.Mutex lock is released by the thread that took it");
+      }
+      abandon(std::move(g_));
+      throw py::value_error(
+          "the thread that took this lock has ended, and its locks with it (lock_files and "
+          "sysv keep them until the process ends): release a lock in the thread that took it");
     }
     auto r = g_.unlock();
     adopt_orphans();
     if (!r) throw raise(r.error());
   }
-  [[nodiscard]] bool held() const { return g_.owns_lock(); }
+  //! Whether this guard holds its entities: not once released, nor once the thread that took
+  //! them has ended, nor in a forked child (its parent's locks are not the child's).
+  [[nodiscard]] bool held() const {
+    return g_.owns_lock() && !thread_->ended.load() && generation_ == fork_generation();
+  }
   [[nodiscard]] std::size_t size() const { return g_.entities().size(); }
 
  private:
   lock::entities_guard g_;
   py::object owner_;  // the keel.Mutex, kept while its entities are held
-  std::thread::id thread_;
+  std::shared_ptr<thread_token> thread_;
+  std::uint64_t generation_ = fork_generation();
 };
 
 std::unique_ptr<mutex_guard> lock_entities(py::object self, const py::handle& names, bool shared,
@@ -164,12 +191,6 @@ std::unique_ptr<mutex_guard> lock_entities(py::object self, const py::handle& na
 }  // namespace
 
 void register_locks(py::module_& m) {
-  m.def("flock_acquire", &flock_acquire, py::arg("path"), py::arg("exclusive"), py::arg("timeout"),
-        "flock(2) on the file at `path` (made if missing), waiting `timeout` seconds (< 0: "
-        "for ever; 0: not at all). Returns the descriptor holding it; raises keel.Timeout.");
-  m.def("flock_release", &flock_release, py::arg("fd"),
-        "Unlocks and closes a descriptor flock_acquire returned.");
-
   py::class_<mutex_guard>(m, "MutexGuard",
                           "Entities a keel.Mutex locked, until release() or the end of a "
                           "`with` block.")

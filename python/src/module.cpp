@@ -2,11 +2,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include "fork.hpp"
 #include "keel/version.hpp"
 
 namespace py = pybind11;
 
 namespace keel::python {
+void register_file_lock(py::module_& m);
 void register_locks(py::module_& m);
 void register_store(py::module_& m);
 }  // namespace keel::python
@@ -14,6 +16,8 @@ void register_store(py::module_& m);
 PYBIND11_MODULE(_keel, m) {
   m.doc() = "keel's extension: file locks, shared-filesystem mutexes and the store.";
   m.attr("__version__") = KEEL_VERSION_STRING;
+  keel::python::register_fork_generation();
+  keel::python::register_file_lock(m);
   keel::python::register_locks(m);
   keel::python::register_store(m);
 }

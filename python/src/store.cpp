@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "errors.hpp"
+#include "fork.hpp"
 #include "gil.hpp"
 #include "keel/kv/store.hpp"
 
@@ -147,11 +148,6 @@ kv::options options_of(const py::dict& kw) {
   return o;
 }
 
-std::string checked_path(const std::string& path) {
-  if (path.find('\0') != std::string::npos) throw py::value_error("a path has no NUL byte");
-  return path;
-}
-
 std::shared_ptr<py_store> open_store(const std::string& given, const py::kwargs& kw) {
   const kv::options o = options_of(kw);
   auto p = std::make_shared<py_store>();
@@ -192,6 +188,9 @@ struct txn_state {
   bool scanned = false;
   int views = 0;                            // views of its snapshot alive
   std::unordered_set<std::string> written;  // keys it wrote: their views are copies
+  // The fork generation it began in: a forked child's copy is its parent's (and the mutex may
+  // have been held by a parent's thread that is not in the child).
+  std::uint64_t generation = fork_generation();
 };
 
 // Why a transaction refused a call (no error of the store's).
@@ -204,6 +203,10 @@ struct refusal {
 // ended; raises what it refused.
 template <class F>
 auto in_txn(const std::shared_ptr<txn_state>& st, F&& op) {
+  if (st->generation != fork_generation()) {
+    throw py::value_error(
+        "a transaction is used only in the process that began it: begin one in the child");
+  }
   refusal no;
   using R = decltype(op(*st, no));
   R r = without_gil([&]() -> R {
@@ -233,6 +236,7 @@ struct value_view {
   ~value_view() {
     // With the GIL (a deallocation): the mutex's holders never wait for the GIL, only for the
     // store (a commit waiting for its keys' locks may make this wait as long).
+    if (st->generation != fork_generation()) return;  // a forked child's: its parent's snapshot
     std::lock_guard g(st->m);
     // The last view of a transaction Python ended lets its snapshot go.
     if (--st->views == 0 && st->ended.load()) st->t.abort();
