@@ -1199,11 +1199,14 @@ TEST(KvFullVolume, ManyProcessesOnASmallBtrfsDieOfNoSignal) {
     for (int t = 0; t < tasks; ++t) {
       const pid_t pid = fork_child([&] {
         auto s = store::open(path, o);
+        if (!s && s.error() != std::errc::no_space_on_device) {
+          std::fprintf(stderr, "task %d: open: %s\n", t, s.error().message().c_str());
+        }
         if (!s) return s.error() == std::errc::no_space_on_device ? 0 : other_error;
         for (int i = 0; i < puts; ++i) {
           auto r = (*s)->put(std::to_string(t) + "/" + std::to_string(i), value);
           if (!r && r.error() != std::errc::no_space_on_device) {
-            std::fprintf(stderr, "task %d: %s\n", t, r.error().message().c_str());
+            std::fprintf(stderr, "task %d: put %d: %s\n", t, i, r.error().message().c_str());
           }
           if (!r) return r.error() == std::errc::no_space_on_device ? i : other_error;
         }
