@@ -1,7 +1,5 @@
 #include "per_thread.hpp"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 
@@ -72,6 +70,7 @@ class all_registries {
     std::erase(all_, r);
   }
 
+  // The fork hooks (base/fork.hpp), called with the gate held.
   static void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     auto& self = get();
     self.m_.lock();
@@ -85,7 +84,6 @@ class all_registries {
     self.m_.unlock();
   }
   static void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
-    detail::fork_count.fetch_add(1, std::memory_order_relaxed);
     auto& self = get();
     for (auto* r : self.all_) {
       for (thread_state* s : r->live)
@@ -100,17 +98,15 @@ class all_registries {
   std::vector<thread_state_registry*> all_ KEEL_GUARDED_BY(m_);
 };
 
-// Registered while the program starts, before any thread can fork: every later fork counts.
-const bool fork_handler_registered = [] {
+// Set while the program starts, before any thread can fork.
+const bool fork_hooks_set = [] {
   (void)all_registries::get();
-  ::pthread_atfork(&all_registries::before_fork, &all_registries::after_fork_in_parent,
-                   &all_registries::after_fork_in_child);
+  set_thread_state_fork_hooks({&all_registries::before_fork, &all_registries::after_fork_in_parent,
+                               &all_registries::after_fork_in_child});
   return true;
 }();
 
 }  // namespace
-
-std::atomic<std::uint64_t> detail::fork_count{0};
 
 per_thread_states::per_thread_states(bool keep_after_exit)
     : id_(next_instance_id.fetch_add(1)), registry_(std::make_shared<thread_state_registry>()) {

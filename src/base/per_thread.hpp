@@ -15,6 +15,7 @@
 #include <mutex>
 #include <vector>
 
+#include "base/fork.hpp"
 #include "base/thread_safety.hpp"
 #include "keel/result.hpp"
 
@@ -39,16 +40,6 @@ struct thread_state_registry {
   bool keep_after_exit = false;  // set before the registry is shared
 };
 
-namespace detail {
-extern std::atomic<std::uint64_t> fork_count;  // the atfork handler is registered at start-up
-}
-
-//! Incremented in the child after every fork(): cached per-thread state from before is stale.
-//! One relaxed load.
-inline std::uint64_t fork_generation() noexcept {
-  return detail::fork_count.load(std::memory_order_relaxed);
-}
-
 class per_thread_states {
  public:
   explicit per_thread_states(bool keep_after_exit = false);
@@ -62,10 +53,13 @@ class per_thread_states {
     return static_cast<T*>(find());
   }
 
-  //! This thread's state, made by `make()` (returning result<std::unique_ptr<T>>) on first use.
+  //! This thread's state, made by `make()` (returning result<std::unique_ptr<T>>) on first use
+  //! (a fork waits meanwhile: the descriptors it opens are the state's, closed in a child, from
+  //! the start).
   template <class T, class Make>
   result<T*> get(Make&& make) noexcept {
     if (thread_state* s = find()) return static_cast<T*>(s);
+    const making_descriptors making;
     auto made = make();
     if (!made) return std::unexpected(made.error());
     T* raw = made->release();

@@ -1,14 +1,14 @@
 #include "keel/io/file_lock.hpp"
 
-#include <pthread.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <vector>
 
-#include "base/thread_safety.hpp"
+#include "base/fork.hpp"
 #include "io/lock_wait.hpp"
 #include "keel/io/filesystem.hpp"
 
@@ -25,55 +25,19 @@ result<void> flock_once(int fd, int how, bool wait) noexcept {
 }
 
 // The descriptors of this process's lock_file_at calls under way, and of the locks taken by
-// lock_file_privately and still held: one owner, this file. A child forked meanwhile closes
-// its copies of them. The thread using one is not in the child, and the copy shares its open
-// file description, hence the lock that thread has or gets next in the parent: held by the
-// child's copy, it would outlive the parent's death.
-class in_flight {
- public:
-  static in_flight& get() noexcept {
-    static in_flight* const it = [] {
-      auto* made = new in_flight;  // never destroyed: forks may come while statics go
-      ::pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
-      return made;
-    }();
-    return *it;
-  }
-  void add(int fd) noexcept {
-    base::lock_guard g(m_);
-    try {
-      fds_.push_back(fd);
-    } catch (...) {  // no room to note it: the child keeps its copy, as without this
-    }
-  }
-  void remove(int fd) noexcept {
-    base::lock_guard g(m_);
-    if (auto at = std::ranges::find(fds_, fd); at != fds_.end()) fds_.erase(at);
-  }
+// lock_file_privately and still held, are noted in base/fork.hpp: a child forked meanwhile
+// closes its copies of them. The thread using one is not in the child, and the copy shares
+// its open file description, hence the lock that thread has or gets next in the parent: held
+// by the child's copy, it would outlive the parent's death.
 
- private:
-  // Held across fork(2) (taken before, let go after in both), so the child's list is whole.
-  static void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS { get().m_.lock(); }
-  static void after_fork_in_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS { get().m_.unlock(); }
-  static void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
-    auto& self = get();
-    for (const int fd : self.fds_)
-      ::close(fd);
-    self.fds_.clear();
-    self.m_.unlock();
-  }
-
-  base::mutex m_;
-  std::vector<int> fds_ KEEL_GUARDED_BY(m_);
-};
-
-// Noted in in_flight while it lives, or for good once kept (then unlock_private_file forgets
-// it: a lock taken privately goes from the wait to its holder with no moment unnoted).
+// Noted while it lives, or for good once kept (then unlock_private_file forgets it: a lock
+// taken privately goes from the wait to its holder with no moment unnoted). Made under a
+// base::making_descriptors, with the open before it when the open is ours.
 class tracked {
  public:
-  explicit tracked(int fd) noexcept : fd_(fd) { in_flight::get().add(fd); }
+  explicit tracked(int fd) noexcept : fd_(fd) { base::close_in_children(fd); }
   ~tracked() {
-    if (!kept_) in_flight::get().remove(fd_);
+    if (!kept_) base::keep_in_children(fd_);
   }
   tracked(const tracked&) = delete;
   tracked& operator=(const tracked&) = delete;
@@ -126,19 +90,23 @@ result<void> lock_at(file_handle& file, const std::string& path, lock_kind kind,
                          : cd.is_zero()   ? deadline::zero()
                                           : deadline(countdown::clock::now() + cd.remaining());
   for (;;) {
-    if (!file.is_open()) {
-      auto f = open_lock_file(path);
-      if (!f) return std::unexpected(f.error());
-      file = std::move(*f);
+    std::optional<tracked> during;
+    {
+      const base::making_descriptors making;  // (no fork between the open and the note)
+      if (!file.is_open()) {
+        auto f = open_lock_file(path);
+        if (!f) return std::unexpected(f.error());
+        file = std::move(*f);
+      }
+      during.emplace(file.fd());
     }
     {
-      tracked during(file.fd());
       if (auto locked = lock_file(file, kind, until); !locked) return locked;
       // Whoever removed or replaced the file meanwhile holds no lock this one excludes.
       auto held = file.status();
       auto named = os().stat_at(nullptr, path.c_str(), true);
       if (held && named && held->same_file(*named)) {
-        if (keep_noted) during.keep();
+        if (keep_noted) during->keep();
         return {};
       }
       (void)unlock_file(file);
@@ -147,7 +115,11 @@ result<void> lock_at(file_handle& file, const std::string& path, lock_kind kind,
         return std::unexpected(named.error());
       }
     }
-    (void)file.close();  // (no longer noted: a fork now keeps no number another may reuse)
+    // Forgotten and closed as one step to a fork: a child keeps neither the copy nor,
+    // forgotten too early, a number another open may reuse.
+    const base::making_descriptors making;
+    during.reset();
+    (void)file.close();
   }
 }
 
@@ -174,10 +146,10 @@ result<file_handle> lock_file_privately(const std::string& path, lock_kind kind,
 
 result<void> unlock_private_file(file_handle& file) noexcept {
   if (!file.is_open()) return errc_error(std::errc::bad_file_descriptor);
-  // Unlocked first: a child forked from here on copies a descriptor that holds nothing, and
-  // may keep it; then forgotten, before the number is free for another open to reuse.
+  // Unlocked first (a descriptor dup()ed meanwhile holds nothing), then forgotten and closed.
   auto unlocked = unlock_file(file);
-  in_flight::get().remove(file.fd());
+  const base::making_descriptors making;  // (forgotten and closed as one step to a fork)
+  base::keep_in_children(file.fd());
   auto closed = file.close();
   if (!unlocked) return unlocked;
   return closed;

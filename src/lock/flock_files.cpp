@@ -55,6 +55,8 @@ result<int> file_of(thread_files& t, entity e) noexcept {
   if (it != t.files.end()) return it->second.fd();
   char name[17];
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(e.value));
+  // Opened and kept in the thread's state as one step to a fork (close_in_child finds it).
+  const base::making_descriptors making;
   auto f = detail::open_lock_file(t.dir.fs(), &t.dir, name, name);
   if (!f) return std::unexpected(f.error());
   const int fd = f->fd();

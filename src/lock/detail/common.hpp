@@ -129,9 +129,10 @@ result<io::file_handle> open_lock_directory(io::filesystem& fs, const std::strin
 result<file_id> identify_lock_directory(io::filesystem& fs, const std::string& dir) noexcept;
 
 //! Closes a descriptor in a forked child (thread_state::close_in_child): straight to the
-//! kernel, since only the forking thread runs there.
+//! kernel, not through the io seam, since only the forking thread runs there (a fault rule's
+//! locks may be held by threads the child does not have).
 inline void close_in_child(io::file_handle& f) noexcept {
-  if (f.is_open()) (void)::close(f.release());
+  if (f.is_open()) (void)::close(f.release());  // (past the seam: see above)
 }
 
 //! A thread's own descriptor of a lock file (see base/per_thread.hpp for why).

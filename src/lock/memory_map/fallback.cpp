@@ -172,6 +172,7 @@ result<std::uint64_t> memory_map::impl::lock_on_fallback(std::span<const entity>
   if (!t) return std::unexpected(t.error());
   mm::thread_user& me = **t;
   if (!me.fallback_fd.is_open()) {
+    const base::making_descriptors making;  // (opened and the state's as one step to a fork)
     auto f = detail::reopen(*fs, fallback_path, io::open_flags::read_write, fallback_id);
     if (!f) return std::unexpected(f.error());
     me.fallback_fd = std::move(*f);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "base/planted.hpp"
 #include "base/process.hpp"
@@ -41,11 +42,13 @@ result<mm::thread_user*> memory_map::impl::mine() noexcept {
 }
 
 result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
+  std::optional<base::making_descriptors> making(std::in_place);  // (until map_fd is the state's)
   auto mf = detail::open_lock_file(
       *fs, nullptr, map_path.c_str(), map_path,
       io::open_flags::read_write | io::open_flags::no_follow | io::open_flags::non_blocking);
   if (!mf) return std::unexpected(mf.error());
   t.map_fd = std::move(*mf);
+  making.reset();
   const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
   // Registrants take indexes in turn, so each usually gets the first one it tries.
   const std::size_t start = table.next_user_word().fetch_add(1) % mm::max_users;
