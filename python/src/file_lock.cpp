@@ -11,11 +11,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "errors.hpp"
 #include "fork.hpp"
 #include "keel/io/file_lock.hpp"
+#include "thread_token.hpp"
 #include "wait.hpp"
 
 namespace py = pybind11;
@@ -47,7 +47,7 @@ class file_lock_core {
   void acquire(double timeout) {
     timeout = checked_timeout(timeout);
     forget_parents();
-    const auto me = std::this_thread::get_id();
+    const auto& me = this_thread_token();
     if (count_ > 0 && owner_ == me) {
       ++count_;
       return;
@@ -145,7 +145,7 @@ class file_lock_core {
   std::shared_ptr<turn> turn_ = std::make_shared<turn>();
   io::file_handle f_;  // holds the lock while count_ > 0 (io::lock_file_privately's)
   std::uint64_t generation_ = fork_generation();
-  std::thread::id owner_;
+  std::shared_ptr<thread_token> owner_;  // (a token, not an id: ids of ended threads are reused)
   int count_ = 0;
 };
 

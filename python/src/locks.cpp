@@ -11,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "fork.hpp"
 #include "gil.hpp"
 #include "keel/lock/algorithms.hpp"
+#include "thread_token.hpp"
 #include "wait.hpp"
 
 namespace py = pybind11;
@@ -62,21 +62,6 @@ class mutex {
   std::unique_ptr<lock::shared_fs_mutex> m_;
 };
 
-// A thread's identity to its guards: alive while the thread runs, marked ended as it exits.
-// (Not std::thread::id: a new thread may get an ended one's id, and with it, by that id, the
-// ended thread's locks.)
-struct thread_token {
-  std::atomic<bool> ended{false};
-};
-struct token_holder {
-  std::shared_ptr<thread_token> token = std::make_shared<thread_token>();
-  token_holder() = default;
-  token_holder(const token_holder&) = delete;
-  token_holder& operator=(const token_holder&) = delete;
-  ~token_holder() { token->ended.store(true); }  // (no Python here: the thread is ending)
-};
-thread_local token_holder this_thread;
-
 // A guard whose thread has ended: keel lets a set go only from the thread that locked it (it
 // keeps each thread's held entities with that thread, and its descriptors), and the thread's
 // end has done for its locks what the algorithm does at a thread's end (the descriptor-based
@@ -105,13 +90,13 @@ void adopt_orphans() {
   {
     std::lock_guard g(orphans_m);
     auto keep = std::partition(orphans->begin(), orphans->end(), [](const orphan& o) {
-      return o.thread != this_thread.token && !o.thread->ended.load();
+      return o.thread != this_thread_token() && !o.thread->ended.load();
     });
     std::move(keep, orphans->end(), std::back_inserter(taken));
     orphans->erase(keep, orphans->end());
   }
   for (auto& o : taken) {
-    if (o.thread == this_thread.token) {
+    if (o.thread == this_thread_token()) {
       (void)o.guard.unlock();
     } else {
       abandon(std::move(o.guard));
@@ -123,10 +108,10 @@ void adopt_orphans() {
 class mutex_guard {
  public:
   mutex_guard(lock::entities_guard g, py::object owner)
-      : g_(std::move(g)), owner_(std::move(owner)), thread_(this_thread.token) {}
+      : g_(std::move(g)), owner_(std::move(owner)), thread_(this_thread_token()) {}
   ~mutex_guard() {
     if (!g_.owns_lock()) return;
-    if (thread_ == this_thread.token || generation_ != fork_generation()) {
+    if (thread_ == this_thread_token() || generation_ != fork_generation()) {
       (void)g_.unlock();  // (in a forked child, keel drops its parent's without unlocking)
       return;
     }
@@ -145,7 +130,7 @@ class mutex_guard {
       (void)g_.unlock();  // a forked child's copy: the parent's locks are not its to let go
       return;
     }
-    if (thread_ != this_thread.token) {
+    if (thread_ != this_thread_token()) {
       if (!thread_->ended.load()) {
         throw py::value_error("a keel.Mutex lock is released by the thread that took it");
       }
