@@ -3,18 +3,38 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cstdint>
+
 #include <algorithm>
 #include <vector>
 
+#include "base/futex.hpp"
 #include "base/thread_safety.hpp"
 
 namespace keel::base {
 namespace {
 
-// The gate: makers hold it shared, a fork exclusively. glibc's default rwlock prefers
-// readers, so a maker may nest (a thread state made while another is), never waiting on a
-// fork that waits on it.
-pthread_rwlock_t gate = PTHREAD_RWLOCK_INITIALIZER;
+// The gate: makers hold it shared, a fork exclusively. A word: the makers inside, and
+// `forking` while a fork waits for them to leave or is under way (new makers sleep on the word
+// until it ends). Not a pthread rwlock: a child could neither unlock one (glibc knows a writer
+// by its thread id, another in the child) nor make it afresh without the sanitizers taking it
+// for still held. A thread's nested makers count once (`depth`), so a maker made while
+// another is never waits on a fork that waits on it; forks take turns on `forker`.
+constexpr std::uint32_t forking = 1U << 31;
+std::atomic<std::uint32_t> gate{0};
+thread_local std::uint32_t depth = 0;
+base::mutex forker;
+
+void close_gate() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  forker.lock();
+  const std::uint32_t own = depth > 0 ? 1 : 0;  // (a fork under a maker: its own stays)
+  gate.fetch_or(forking, std::memory_order_acq_rel);
+  for (;;) {
+    const std::uint32_t s = gate.load(std::memory_order_acquire);
+    if ((s & ~forking) <= own) return;
+    futex_wait(gate, s, nullptr);
+  }
+}
 
 // The descriptors noted with close_in_children, and the thread states' hooks. Never destroyed:
 // forks may come while statics go.
@@ -29,7 +49,7 @@ noted& the_noted() noexcept {
 std::atomic<fork_hooks*> hooks{nullptr};
 
 void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
-  (void)::pthread_rwlock_wrlock(&gate);
+  close_gate();
   the_noted().m.lock();
   if (auto* h = hooks.load(std::memory_order_acquire); h != nullptr) h->prepare();
 }
@@ -37,7 +57,9 @@ void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
 void after_fork_in_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   if (auto* h = hooks.load(std::memory_order_acquire); h != nullptr) h->parent();
   the_noted().m.unlock();
-  (void)::pthread_rwlock_unlock(&gate);
+  gate.fetch_and(~forking, std::memory_order_release);
+  futex_wake(gate);
+  forker.unlock();
 }
 
 void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
@@ -48,9 +70,8 @@ void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     ::close(fd);  // (not through the io seam: base is below it, and only this thread runs)
   n.fds.clear();
   n.m.unlock();
-  // Made afresh, not unlocked: glibc knows a write lock's holder by its thread id, which is
-  // another in the child (an unlock there would be taken for a reader's).
-  (void)::pthread_rwlock_init(&gate, nullptr);
+  gate.store(depth > 0 ? 1 : 0, std::memory_order_release);  // (the only thread left)
+  forker.unlock();
 }
 
 // Registered while the program starts, before any thread can fork: every later fork counts.
@@ -65,10 +86,20 @@ const bool registered = [] {
 std::atomic<std::uint64_t> detail::fork_count{0};
 
 making_descriptors::making_descriptors() noexcept {
-  (void)::pthread_rwlock_rdlock(&gate);
+  if (depth++ > 0) return;
+  for (;;) {
+    std::uint32_t s = gate.load(std::memory_order_acquire);
+    if ((s & forking) != 0) {
+      futex_wait(gate, s, nullptr);
+    } else if (gate.compare_exchange_weak(s, s + 1, std::memory_order_acquire)) {
+      return;
+    }
+  }
 }
 making_descriptors::~making_descriptors() {
-  (void)::pthread_rwlock_unlock(&gate);
+  if (--depth > 0) return;
+  const std::uint32_t s = gate.fetch_sub(1, std::memory_order_release) - 1;
+  if ((s & forking) != 0) futex_wake(gate);  // (a fork waits for the last maker)
 }
 
 void close_in_children(int fd) noexcept {
