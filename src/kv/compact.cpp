@@ -810,13 +810,24 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
           f += use[n].size;
         return f;
       };
-      if (spare != 0 && copied > room_all - std::min(room_all, in_spare) && freed() < spare) {
+      // Unless a victim is a log segment: the largest is kept as the spare in place, whatever
+      // its size (smaller, the spare stays so until the volume has the room to grow it). A
+      // mostly live blob's 1 MiB segment made the spare 1 MiB beside 256 KiB segments: no pass
+      // could free as much, none took the spare, and every erase after the deletes' room
+      // failed with no_space while whole segments were dead (test
+      // `KvSharedVolumeGrowing.DeletesWorkBesideALiveBlobWhileAForeignWriterKeepsTheVolumeFull`).
+      const auto keeps_off_spare = [&] {
+        return spare != 0 && freed() < spare && std::ranges::none_of(victims, [&](std::uint64_t n) {
+                 return s.log_segment_size(use[n].size);
+               });
+      };
+      if (copied > room_all - std::min(room_all, in_spare) && keeps_off_spare()) {
         pick(room_all - std::min(room_all, in_spare));
       }
       // The room counted is an estimate (the copies may cross into a new segment elsewhere
       // than counted, and other writers use the room meanwhile): the copies of a pass that
       // frees less than the spare never take it, whatever they find (next_active_segment).
-      s.compaction_keeps_off_spare.store(spare != 0 && freed() < spare, std::memory_order_relaxed);
+      s.compaction_keeps_off_spare.store(keeps_off_spare(), std::memory_order_relaxed);
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
@@ -994,15 +1005,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         spare_whole = spare_size != 0 && spare_size >= s.largest_log_segment(leaving);
       }
       // A spare kept smaller than that (every victim was) grows below by the room the other
-      // victims give back to the volume (none is kept as the deletes' room or the next
-      // segment). Before, none was kept: all went back for a spare made anew of their room,
-      // and another program on the volume that took that room first left the store with no
+      // victims give back to the volume (none is kept as the next segment; one is as the
+      // deletes' room when that was taken: erases after a full pass need room more than the
+      // spare needs to grow, and with none kept a quarter of them failed beside another
+      // program on the volume). Before, none was kept: all went back for a spare made anew of their
+      // room, and another program on the volume that took that room first left the store with no
       // spare, and every erase after failed with no_space (test
       // `KvSharedVolumeGrowing.DeletesWorkWhileAForeignWriterKeepsTheVolumeFull`). A spare
       // that cannot grow stays smaller until the volume has the room: compaction's copies
       // then go to segments no larger (next_active_segment), and take only victims whose
       // records fit them.
-      if (!s.has_room(deletes_room) && spare_size != 0 && spare_whole) {
+      if (!s.has_room(deletes_room) && spare_size != 0) {
         for (const std::uint64_t n : leaving) {
           const std::uint64_t size = victim_size(n);
           if (n != spare_pick && s.log_segment_size(size) && size <= spare_size &&
