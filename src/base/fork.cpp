@@ -18,20 +18,34 @@ namespace {
 // `forking` while a fork waits for them to leave or is under way (new makers sleep on the word
 // until it ends). Not a pthread rwlock: a child could neither unlock one (glibc knows a writer
 // by its thread id, another in the child) nor make it afresh without the sanitizers taking it
-// for still held. A thread's nested makers count once (`depth`), so a maker made while
-// another is never waits on a fork that waits on it; forks take turns on `forker`.
+// for still held. A thread's nested makers count once (`depth`). A thread that forks inside
+// its own maker (keel never does) leaves the gate for the fork (`lent`) and comes back after:
+// its fork waits neither for itself nor, taking turns on `forker`, does another fork wait for
+// it (both deadlocked, a reviewer's program: each fork waited on the other).
 constexpr std::uint32_t forking = 1U << 31;
 std::atomic<std::uint32_t> gate{0};
 thread_local std::uint32_t depth = 0;
+thread_local bool lent = false;
 base::mutex forker;
+// The process whose fork set `forking`: a child whose handlers have not yet run (an atfork
+// child handler registered before keel's, making a descriptor) finds the gate open as the
+// parent left it, closed for its fork, and must not sleep on it.
+std::atomic<pid_t> forking_in{0};
+
+void leave_gate() noexcept {
+  const std::uint32_t s = gate.fetch_sub(1, std::memory_order_release) - 1;
+  if ((s & forking) != 0) futex_wake(gate);  // (a fork waits for the last maker)
+}
 
 void close_gate() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  lent = depth > 0;
+  if (lent) leave_gate();
   forker.lock();
-  const std::uint32_t own = depth > 0 ? 1 : 0;  // (a fork under a maker: its own stays)
+  forking_in.store(::getpid(), std::memory_order_relaxed);
   gate.fetch_or(forking, std::memory_order_acq_rel);
   for (;;) {
     const std::uint32_t s = gate.load(std::memory_order_acquire);
-    if ((s & ~forking) <= own) return;
+    if ((s & ~forking) == 0) return;
     futex_wait(gate, s, nullptr);
   }
 }
@@ -57,6 +71,7 @@ void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
 void after_fork_in_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   if (auto* h = hooks.load(std::memory_order_acquire); h != nullptr) h->parent();
   the_noted().m.unlock();
+  gate.fetch_add(lent ? 1 : 0, std::memory_order_relaxed);  // (the maker it left: it holds)
   gate.fetch_and(~forking, std::memory_order_release);
   futex_wake(gate);
   forker.unlock();
@@ -70,7 +85,7 @@ void after_fork_in_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     ::close(fd);  // (not through the io seam: base is below it, and only this thread runs)
   n.fds.clear();
   n.m.unlock();
-  gate.store(depth > 0 ? 1 : 0, std::memory_order_release);  // (the only thread left)
+  gate.store(lent ? 1 : 0, std::memory_order_release);  // (the only thread left)
   forker.unlock();
 }
 
@@ -90,6 +105,11 @@ making_descriptors::making_descriptors() noexcept {
   for (;;) {
     std::uint32_t s = gate.load(std::memory_order_acquire);
     if ((s & forking) != 0) {
+      if (forking_in.load(std::memory_order_relaxed) != ::getpid()) {
+        // A child before its handler: the parent's fork is not under way here.
+        if (gate.compare_exchange_weak(s, (s & ~forking) + 1, std::memory_order_acquire)) return;
+        continue;
+      }
       futex_wait(gate, s, nullptr);
     } else if (gate.compare_exchange_weak(s, s + 1, std::memory_order_acquire)) {
       return;
@@ -97,9 +117,7 @@ making_descriptors::making_descriptors() noexcept {
   }
 }
 making_descriptors::~making_descriptors() {
-  if (--depth > 0) return;
-  const std::uint32_t s = gate.fetch_sub(1, std::memory_order_release) - 1;
-  if ((s & forking) != 0) futex_wake(gate);  // (a fork waits for the last maker)
+  if (--depth == 0) leave_gate();
 }
 
 void close_in_children(int fd) noexcept {

@@ -3,6 +3,7 @@
 #include "base/fork.hpp"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sched.h>
 
 #include <atomic>
@@ -14,6 +15,16 @@
 namespace {
 
 using keel::base::making_descriptors;
+
+// An atfork child handler registered before keel's (which registers while the program's
+// statics are made): in a child it runs before keel's has opened the gate again.
+std::atomic<bool> make_in_early_child_handler{false};
+void early_child_handler() {
+  if (make_in_early_child_handler.load()) const making_descriptors m;
+}
+__attribute__((constructor(101))) void register_early_child_handler() {
+  ::pthread_atfork(nullptr, nullptr, &early_child_handler);
+}
 
 TEST(ForkGate, AForkUnderAMakerGoesOnAndItsChildMakesMore) {
   const std::uint64_t before = keel::base::fork_generation();
@@ -61,6 +72,38 @@ TEST(ForkGate, AForkWaitsForAnotherThreadsMaker) {
   const pid_t child = keel::test::fork_child([&made] { return made.load() == 1 ? 0 : 1; });
   EXPECT_EQ(keel::test::wait_exit(child), 0) << "the fork did not wait for the maker";
   maker.join();
+}
+
+TEST(ForkGate, AForkUnderAMakerAndAnotherThreadsForkBothEnd) {
+  // Each fork waited on the other: one for the maker to leave, the maker's for its turn.
+  for (int round = 0; round < 50; ++round) {
+    std::atomic<int> ready{0};
+    pid_t under = -1;
+    std::thread maker([&] {
+      const making_descriptors m;
+      ready.fetch_add(1);
+      while (ready.load() < 2)
+        std::this_thread::yield();
+      under = keel::test::fork_child([] { return 0; });
+    });
+    ready.fetch_add(1);
+    while (ready.load() < 2)
+      std::this_thread::yield();
+    const pid_t other = keel::test::fork_child([] { return 0; });
+    maker.join();
+    EXPECT_EQ(keel::test::wait_exit(under), 0);
+    EXPECT_EQ(keel::test::wait_exit(other), 0);
+  }
+}
+
+TEST(ForkGate, AChildHandlerBeforeKeelsMayMakeADescriptor) {
+  make_in_early_child_handler.store(true);
+  const pid_t child = keel::test::fork_child([] {
+    const making_descriptors m;
+    return 0;
+  });
+  make_in_early_child_handler.store(false);
+  EXPECT_EQ(keel::test::wait_exit(child), 0) << "the child slept on its parent's fork";
 }
 
 }  // namespace
