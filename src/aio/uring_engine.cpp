@@ -25,6 +25,9 @@
 // (caller_ring).
 
 #include <liburing.h>
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -47,6 +50,27 @@ namespace {
 
 constexpr std::uint64_t wake_tag = 0;  // user data of the eventfd read; ops are pointers
 constexpr std::size_t max_chunk = std::size_t{1} << 30;  // an SQE's length is 32 bits
+
+// Rings' lifetimes as ThreadSanitizer sees them: liburing unmaps a ring with a raw syscall
+// (Debian's build is nolibc) the sanitizer never sees, so a ring mapped later at the same
+// address looked like a race with the last one's writes (a flake of
+// AioCallerRings.ThreadsComeAndGoEachSeesItsOwnWrites). The kernel orders an unmap before a
+// map of the same address; these tell the sanitizer so, and are nothing without it.
+#if defined(__SANITIZE_THREAD__)
+char ring_lifetimes;
+void ring_made() noexcept {
+  __tsan_acquire(&ring_lifetimes);
+}
+void exit_ring(io_uring& r) noexcept {
+  __tsan_release(&ring_lifetimes);
+  ::io_uring_queue_exit(&r);
+}
+#else
+void ring_made() noexcept {}
+void exit_ring(io_uring& r) noexcept {
+  ::io_uring_queue_exit(&r);
+}
+#endif
 
 class uring_engine;
 class uring_worker;
@@ -505,8 +529,9 @@ class uring_worker final : public worker {
       report_start(std::error_code(-r, std::system_category()));
       return;
     }
+    ring_made();
     if (r = probe(ring_); r < 0) {
-      ::io_uring_queue_exit(&ring_);
+      exit_ring(ring_);
       report_start(std::error_code(-r, std::system_category()));
       return;
     }
@@ -515,7 +540,7 @@ class uring_worker final : public worker {
       try {
         iov.reserve(engine_.buffers().size());
       } catch (const std::bad_alloc&) {
-        ::io_uring_queue_exit(&ring_);
+        exit_ring(ring_);
         report_start(std::make_error_code(std::errc::not_enough_memory));
         return;
       }
@@ -523,7 +548,7 @@ class uring_worker final : public worker {
         iov.push_back({b.data(), b.size()});
       r = ::io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
       if (r < 0) {
-        ::io_uring_queue_exit(&ring_);
+        exit_ring(ring_);
         report_start(std::error_code(-r, std::system_category()));
         return;
       }
@@ -544,7 +569,7 @@ class uring_worker final : public worker {
     // Whatever is still queued was cancelled by the loop; the eventfd read dies with the ring.
     // The files go first, at once (the ring itself is torn down later, in the background).
     files_.drop(ring_);
-    ::io_uring_queue_exit(&ring_);
+    exit_ring(ring_);
     const base::lock_guard lock(forget_mutex_);
     exited_ = true;
     forget_done_.store(forget_asked_.load());
@@ -929,7 +954,7 @@ class caller_ring final : public base::thread_state {
       const base::lock_guard lock(table_mutex);
       files.drop(ring);
     }
-    ::io_uring_queue_exit(&ring);
+    exit_ring(ring);
   }
 
   //! Counted among the engine's caller rings (max_caller_rings).
@@ -939,15 +964,16 @@ class caller_ring final : public base::thread_state {
   bool start(unsigned depth, unsigned slots) noexcept {
     depth_ = depth;
     if (::io_uring_queue_init(depth, &ring, 0) < 0) return false;
+    ring_made();
     // No IORING_CQ_EVENTFD_DISABLED (before Linux 5.8), or a ring that cannot be entered.
     if (ring.cq.kflags == nullptr || probe(ring) < 0) {
-      ::io_uring_queue_exit(&ring);
+      exit_ring(ring);
       return false;
     }
     try {
       given_back.reserve(depth);
     } catch (const std::bad_alloc&) {
-      ::io_uring_queue_exit(&ring);
+      exit_ring(ring);
       return false;
     }
     {
@@ -957,7 +983,7 @@ class caller_ring final : public base::thread_state {
     ok_ = true;
     if (!engine_.list(*this)) {
       ok_ = false;
-      ::io_uring_queue_exit(&ring);
+      exit_ring(ring);
     }
     return ok_;
   }
