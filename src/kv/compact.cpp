@@ -17,6 +17,10 @@
 namespace keel::kv {
 namespace {
 
+// The records compaction copies into one relocation block at most (about: it stops once
+// they reach it), so that a move that ends it repoints entries soon after their copy.
+constexpr std::uint64_t relocation_batch = 64 * 1024;
+
 struct segment_use {
   std::uint64_t live = 0;             // bytes of records entries name, and of their blobs
   std::uint64_t copies = 0;           // blocks a move writes: a record's, and its blob's
@@ -28,6 +32,17 @@ struct segment_use {
   std::set<std::uint64_t> blob_refs;  // other segments holding records whose blobs are here
   bool pinned = false;                // an entry here is pending: leave it alone
 };
+
+// What copying a segment's live records takes: the records (and blobs, each a block of its
+// own, header included), a header for each relocation block (one per relocation_batch, and
+// one more where a segment ends within it), and its largest block once more: a block never
+// spans two segments, so the copies may leave up to that unused where they cross into the
+// next one. Nothing at all for a segment with nothing to copy.
+std::uint64_t copy_need(const segment_use& u) noexcept {
+  if (u.copies == u.forgotten) return 0;
+  const std::uint64_t kept = u.live - u.forgettable;
+  return kept + 2 * (kept / relocation_batch + 1) * sizeof(fmt::block_header) + u.largest;
+}
 
 }  // namespace
 
@@ -96,11 +111,9 @@ bool store::impl::named_now(std::uint64_t at, std::span<const std::byte> key) co
   return named;
 }
 
-result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec,
-                                   const std::set<std::uint64_t>& victims,
-                                   const std::set<std::string, std::less<>>& forgettable,
-                                   const io::countdown& cd, compact_stats& st) noexcept {
-  const fmt::key_hash h = hash_of(rec.key);
+result<bool> store::impl::repoint(std::uint64_t at, std::span<const std::byte> key,
+                                  std::uint64_t to, const io::countdown& cd) noexcept {
+  const fmt::key_hash h = hash_of(key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
     auto g = locks->lock({lock::entity(page)}, io::deadline(cd.expiry()));
@@ -122,29 +135,46 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
       return false;
     });
     if (!entry) return false;  // superseded: dead
-
-    if (rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
-        forgettable.contains(
-            std::string_view(reinterpret_cast<const char*>(rec.key.data()), rec.key.size()))) {
-      // The key is gone for every snapshot, and no older version of it outlives this
-      // compaction: nothing to copy, and the entry is free for any key (doc/kv-format.md,
-      // "Compaction", forgetting erased keys).
-      const ix::entry_ref e = *entry;
-      const auto holding =
-          static_cast<std::uint64_t>(table->page_holding(e).base - base()) / fmt::page_size;
-      if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
-      if (!stored_escapably(cd, [&] {
-            ix::change_entry(table->page_holding(e), e, [&] {
-              e.location().store(0, std::memory_order_release);
-              e.seq().store(0, std::memory_order_release);
-            });
-          })) {
-        return std::unexpected(index_write_refusal());
-      }
-      st.erasures_dropped += 1;
-      return true;
+    const ix::entry_ref e = *entry;
+    const auto holding =
+        static_cast<std::uint64_t>(table->page_holding(e).base - base()) / fmt::page_size;
+    if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
+    // (Made writable above, the page may be written back and refused again before the
+    // stores: then, past the deadline, the move ends where a compactor killed there leaves
+    // it, a copy no entry names or an entry that names the whole copy.)
+    if (!stored_escapably(cd, [&] {
+          ix::change_entry(table->page_holding(e), e, [&] {
+            // The copy is whole before the entry names it; the seq stays (the same version).
+            // An erase forgotten frees the entry for any key: location first.
+            e.location().store(to, std::memory_order_release);
+            if (to == 0) e.seq().store(0, std::memory_order_release);
+          });
+        })) {
+      return std::unexpected(index_write_refusal());
     }
+    return true;
+  }
+}
 
+result<void> store::impl::relocate(std::span<const move> moves,
+                                   const std::set<std::uint64_t>& victims, const io::countdown& cd,
+                                   compact_stats& st, std::uint64_t& moved) noexcept {
+  // The copies, each with its blob copied first when that lies in a victim (a victim's blobs
+  // are only ever its own records' or another victim's: see compact).
+  std::vector<fmt::record_in> records;
+  std::vector<const move*> of;
+  std::vector<std::uint64_t> blob_bytes;
+  std::vector<std::uint64_t> cuts;
+  try {
+    records.reserve(moves.size());
+    of.reserve(moves.size());
+    blob_bytes.reserve(moves.size());
+    cuts.reserve(moves.size());
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  for (const move& m : moves) {
+    const fmt::record_view& rec = m.rec;
     fmt::record_in r;
     r.key = rec.key;
     r.what = static_cast<fmt::op>(rec.head.op);
@@ -154,58 +184,85 @@ result<bool> store::impl::relocate(std::uint64_t at, const fmt::record_view& rec
     r.prev = rec.head.prev;
     r.prev_seq = rec.head.prev_seq;
     r.seq = rec.head.seq;
-    std::uint64_t moved = 0;
+    std::uint64_t blob = 0;
     if (fmt::is_blob(rec) && victims.contains(fmt::segment_of(rec.blob.location))) {
-      // Its blob goes too (a victim's blobs are only ever this segment's records' or
-      // another victim's: see compact).
-      auto value = value_of(found_record{at, rec, nullptr}, true);  // copies are checked
+      auto value = value_of(found_record{m.at, rec, nullptr}, true);  // copies are checked
+      if (!value && value.error() == errc::corrupt) {
+        st.records_unreadable += 1;  // its blob does not check out: it stays
+        continue;
+      }
       if (!value) return std::unexpected(value.error());
-      const std::uint64_t len = fmt::blob_block_size(value->size());
-      auto nb = reserve(len, room_for::compaction);  // it may take the spare
+      blob = fmt::blob_block_size(value->size());
+      auto nb = reserve(blob, room_for::compaction);  // it may take the spare
       if (!nb) return std::unexpected(nb.error());
-      if (auto w = segment_write_ready(*nb, len); !w) return std::unexpected(w.error());
+      if (auto w = segment_write_ready(*nb, blob); !w) return std::unexpected(w.error());
       auto out = bytes_at(*nb);
       if (!out) return std::unexpected(out.error());
       std::uint64_t made = 0;
       if (!stored_escapably(cd, [&] {
             made = write_dirty(
-                *nb, [&] { return fmt::encode_blob_block(out->first(len), *value, salt); });
+                *nb, [&] { return fmt::encode_blob_block(out->first(blob), *value, salt); });
           })) {
         return std::unexpected(index_write_refusal());
       }
       r.blob = {*nb, made};
-      moved += len;
     }
-    const std::array<fmt::record_in, 1> records{r};
-    const std::uint64_t length = fmt::block_size(records);
-    auto L = reserve(length, room_for::compaction);
-    if (!L) return std::unexpected(L.error());
-    if (auto w = segment_write_ready(*L, length); !w) return std::unexpected(w.error());
-    // (The entry's page too, of the chain compaction holds.)
-    const auto holding =
-        static_cast<std::uint64_t>(table->page_holding(*entry).base - base()) / fmt::page_size;
-    if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
-    auto out = bytes_at(*L);
+    records.push_back(r);
+    of.push_back(&m);
+    blob_bytes.push_back(blob);
+  }
+  // Many records to a relocation block (one block each cost a header apiece: a segment of
+  // single puts of 16-byte values could not be copied into its own size), each block as many
+  // as fit the rest of the tail's segment, and the rest in the next.
+  for (std::size_t first = 0; first < records.size();) {
+    cuts.clear();
+    std::uint64_t length = sizeof(fmt::block_header);
+    for (std::size_t i = first; i < records.size(); ++i) {
+      length += fmt::record_size(records[i]);
+      cuts.push_back(length);
+    }
+    auto got = reserve_fitting(cuts, room_for::compaction);
+    if (!got) return std::unexpected(got.error());
+    const std::uint64_t L = got->at;
+    length = cuts[got->count - 1];
+    const std::span<const fmt::record_in> part(records.data() + first, got->count);
+    if (auto w = segment_write_ready(L, length); !w) return std::unexpected(w.error());
+    auto out = bytes_at(L);
     if (!out) return std::unexpected(out.error());
-    // (Made writable above, the pages may be written back and refused again before the
-    // stores: then, past the deadline, the move ends where a compactor killed there leaves
-    // it, a copy no entry names or an entry that names the whole copy.)
-    const ix::entry_ref e = *entry;
     if (!stored_escapably(cd, [&] {
-          write_dirty(*L, [&] {
-            fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, records, salt);
-          });
-          // The copy is whole before the entry names it; the seq stays (the same version).
-          ix::change_entry(table->page_holding(e), e, [&] {
-            e.location().store(*L + sizeof(fmt::block_header), std::memory_order_release);
+          write_dirty(L, [&] {
+            fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, part, salt);
           });
         })) {
       return std::unexpected(index_write_refusal());
     }
-    st.records_moved += 1;
-    st.bytes_moved += moved + length;
-    return true;
+    // Each entry that still names its original now names the copy; a copy whose record was
+    // superseded meanwhile is dead, and so is its blob's.
+    std::uint64_t dead = 0;
+    std::uint64_t at = L + sizeof(fmt::block_header);
+    for (std::size_t i = first; i < first + got->count; ++i) {
+      const std::uint64_t size = fmt::record_size(records[i]);
+      auto pointed = repoint(of[i]->at, of[i]->rec.key, at, cd);
+      if (!pointed) {
+        (void)stored_escapably(cd, [&] { h64(hdr::dead_bytes).fetch_add(dead); });
+        return std::unexpected(pointed.error());
+      }
+      if (*pointed) {
+        st.records_moved += 1;
+        st.bytes_moved += size + blob_bytes[i];
+        moved += of[i]->rec.size;
+      } else {
+        dead += size + blob_bytes[i];
+      }
+      at += size;
+    }
+    st.bytes_moved += sizeof(fmt::block_header);
+    if (dead != 0 && !stored_escapably(cd, [&] { h64(hdr::dead_bytes).fetch_add(dead); })) {
+      return std::unexpected(index_write_refusal());
+    }
+    first += got->count;
   }
+  return {};
 }
 
 void store::impl::forget_segment(std::uint64_t number) noexcept {
@@ -719,7 +776,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   };
   try {
     // The fewest bytes that must die before a segment left here could be taken short of
-    // room (its room not held by records it keeps must reach a sixteenth of it).
+    // room (its copies must take less than it).
     std::uint64_t closest = UINT64_MAX;
     bool pinned = false;
     for (const std::uint64_t n : candidates) {
@@ -732,11 +789,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       if (!seg) return std::unexpected(seg.error());
       const std::uint64_t size = u.size = (*seg)->size;
       const std::uint64_t kept = u.live - u.forgettable;
-      if (short_now ? kept * 16 <= size * 15 : kept * 2 <= size) {
+      // Short of room, any segment whose copies take less than it (the room its records'
+      // headers and dead ones hold is more than the copies' block headers and the slack
+      // where they cross into a new segment). A sixteenth dead was asked before: erases
+      // spread over a large store (512 MiB, 1 KiB values) left none so once the deletes'
+      // room was spent, and every erase after failed with no_space.
+      const std::uint64_t room = size - fmt::segment_header_size;
+      const std::uint64_t need = copy_need(u);
+      if (short_now ? need < room : kept * 2 <= size) {
         victims.insert(n);
-      } else {
-        const std::uint64_t unkept = size - std::min(size, kept);
-        closest = std::min(closest, (size + 15) / 16 - std::min((size + 15) / 16, unkept));
+      } else if (short_now) {
+        closest = std::min(closest, need + 1 - room);
       }
     }
     // Short of room with nothing to take (and no pending commit's segment, whose pin goes
@@ -764,41 +827,64 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // again goes on.
     {
       std::vector<std::uint64_t> by_live(victims.begin(), victims.end());
-      std::ranges::sort(by_live, {},
-                        [&](std::uint64_t n) { return use[n].live - use[n].forgettable; });
+      // The most room freed first (and of two that free as much, the larger): its segment's
+      // size less what its copies take.
+      const auto gain = [&](std::uint64_t n) {
+        const std::uint64_t need = copy_need(use[n]);
+        return use[n].size > need ? use[n].size - need : 0;
+      };
+      std::ranges::sort(by_live, [&](std::uint64_t a, std::uint64_t b) {
+        return gain(a) != gain(b) ? gain(a) > gain(b) : use[a].size > use[b].size;
+      });
       const std::uint64_t room_all = s.compaction_room();
       const std::uint64_t spare = s.h64(hdr::spare).load();
       const std::uint64_t in_spare = spare == 0 ? 0 : spare - fmt::segment_header_size;
       const std::uint64_t copy_block_room =
           s.compaction_segment_size.load(std::memory_order_relaxed) - fmt::segment_header_size;
+      // Whether a victim may go at all: it frees more than it takes, fits the spare alone (a
+      // segment but its header), and its records fit the segments the copies go to, no larger
+      // than the spare, which is smaller than some log segments after a pass found only
+      // smaller victims.
+      const auto may_go = [&](std::uint64_t n) {
+        const segment_use& u = use[n];
+        return (u.copies == u.forgotten || copy_need(u) <= u.size - fmt::segment_header_size) &&
+               u.largest_record <= copy_block_room;
+      };
+      // Victims in turn while their copies fit `room`, `first` (when not 0) before the others.
       // Returns the copies' bytes.
-      const auto pick = [&](std::uint64_t room) {
+      const auto pick = [&](std::uint64_t room, std::uint64_t first = 0) {
         std::uint64_t copied = 0;
         victims.clear();
-        for (const std::uint64_t n : by_live) {
-          // Each record is copied as a block of its own (a header more, 8-byte aligned), and
-          // a block never spans two segments: the copies may leave up to their largest block
-          // unused where they cross into the next one. Nothing at all for an empty victim.
-          const segment_use& u = use[n];
-          const std::uint64_t copies = u.copies - u.forgotten;
-          const std::uint64_t need = u.live - u.forgettable +
-                                     copies * (sizeof(fmt::block_header) + 8) +
-                                     (copies != 0 ? u.largest : 0);
-          if (need > room) continue;  // a smaller one may still fit
-          // It must free more than it takes, and fit the spare alone (a segment but its
-          // header).
-          if (copies != 0 && need > u.size - fmt::segment_header_size) continue;
-          // And its records must fit the segments the copies go to, no larger than the spare,
-          // which is smaller than some log segments after a pass found only smaller victims.
-          if (u.largest_record > copy_block_room) continue;
+        const auto take = [&](std::uint64_t n) {
+          const std::uint64_t need = copy_need(use[n]);
+          if (need > room || !may_go(n)) return;  // a smaller one may still fit
           room -= need;
           copied += need;
           victims.insert(n);
+        };
+        if (first != 0) take(first);
+        for (const std::uint64_t n : by_live) {
+          if (n != first) take(n);
         }
         close_over_blobs();
         return copied;
       };
-      const std::uint64_t copied = pick(room_all);
+      std::uint64_t copied = pick(room_all);
+      // A pass whose copies take the spare keeps a victim as large as the spare, where one
+      // may go, as the next: a pass that freed smaller ones kept the spare smaller than the
+      // segments that stayed, no pass could take those after, and erases failed with no_space
+      // while they held 32 MB dead (512 MiB, 1 KiB values erased in random order).
+      const auto takes_spare = [&] { return copied > room_all - std::min(room_all, in_spare); };
+      if (spare != 0 && takes_spare() &&
+          std::ranges::none_of(victims, [&](std::uint64_t n) { return use[n].size >= spare; })) {
+        for (const std::uint64_t n : by_live) {
+          if (use[n].size >= spare && s.log_segment_size(use[n].size) &&
+              copy_need(use[n]) <= room_all && may_go(n)) {
+            copied = pick(room_all, n);
+            break;
+          }
+        }
+      }
       // A pass whose copies may take the spare frees at least as much as the spare: it becomes
       // a segment, and the spare must then be made again, as large as it was (no segment is
       // larger), of the victims' room. With segments that grow, victims can be smaller than
@@ -821,7 +907,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
                  return s.log_segment_size(use[n].size);
                });
       };
-      if (copied > room_all - std::min(room_all, in_spare) && keeps_off_spare()) {
+      if (takes_spare() && keeps_off_spare()) {
         pick(room_all - std::min(room_all, in_spare));
       }
       // The room counted is an estimate (the copies may cross into a new segment elsewhere
@@ -840,11 +926,19 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // in their copies, the originals dead.
   std::map<std::uint64_t, std::uint64_t> moved_from;  // record bytes moved, per victim
   std::optional<error> stopped;
+  std::vector<impl::move> batch;  // of the victim walked, moved together
+  std::uint64_t batch_bytes = 0;
   for (auto v = victims.begin(); v != victims.end(); ++v) {
     const std::uint64_t n = *v;
     auto seg = s.segment_at(n);
     if (!seg) return std::unexpected(seg.error());
     const auto bytes = (*seg)->bytes();
+    const auto flush = [&]() -> result<void> {
+      auto r = s.relocate(batch, victims, cd, st, moved_from[n]);
+      batch.clear();
+      batch_bytes = 0;
+      return r;
+    };
     auto walked = s.for_each_block(
         **seg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
           // Every block whose header checks out, record by record: a record an entry names
@@ -877,18 +971,37 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
               r += rec->size;
               continue;
             }
-            auto moved = s.relocate(fmt::make_location(n, r), *rec, victims, forgettable, cd, st);
-            if (!moved && moved.error() == errc::corrupt) {
-              st.records_unreadable += 1;  // its blob does not check out: it stays
-            } else if (!moved) {
-              return std::unexpected(moved.error());
-            } else if (*moved) {
-              moved_from[n] += rec->size;
-            }
+            const std::uint64_t at = fmt::make_location(n, r);
             r += rec->size;
+            if (rec->head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
+                forgettable.contains(std::string_view(
+                    reinterpret_cast<const char*>(rec->key.data()), rec->key.size()))) {
+              // The key is gone for every snapshot, and no older version of it outlives
+              // this compaction: nothing to copy, and the entry is free for any key
+              // (doc/kv-format.md, "Compaction", forgetting erased keys).
+              auto emptied = s.repoint(at, rec->key, 0, cd);
+              if (!emptied) return std::unexpected(emptied.error());
+              if (*emptied) {
+                st.erasures_dropped += 1;
+                moved_from[n] += rec->size;
+              }
+              continue;
+            }
+            try {
+              batch.push_back({at, *rec});
+            } catch (const std::bad_alloc&) {
+              return errc_error(std::errc::not_enough_memory);
+            }
+            batch_bytes += rec->size;
+            if (batch_bytes >= relocation_batch) {
+              if (auto f = flush(); !f) return f;
+            }
           }
           return {};
         });
+    if (walked && !batch.empty()) walked = flush();
+    batch.clear();
+    batch_bytes = 0;
     if (!walked) {
       if (!out_of_room(walked.error())) return std::unexpected(walked.error());
       stopped = walked.error();

@@ -1463,7 +1463,14 @@ result<void> store::impl::check_headroom(std::uint64_t more) const noexcept {
 }
 
 result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) noexcept {
-  if (length > dir.params.segment_size - fmt::segment_header_size) {
+  auto r = reserve_fitting(std::span(&length, 1), who);
+  if (!r) return std::unexpected(r.error());
+  return r->at;
+}
+
+result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::uint64_t> lengths,
+                                                           room_for who) noexcept {
+  if (lengths.empty() || lengths.front() > dir.params.segment_size - fmt::segment_header_size) {
     return keel_error(errc::too_large);
   }
   auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
@@ -1494,7 +1501,13 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
         who == room_for::put && at != 0 && fmt::segment_of(at) == h64(hdr::deletes_segment).load();
     // (The tail's segment is in the table before the tail moves into it.)
     const std::uint64_t seg_size = at == 0 ? 0 : log_segment_size_at(at);
-    if (!theirs && at != 0 && fmt::offset_of(at) + length <= seg_size) {
+    // The longest of `lengths` that fits the rest of the active segment.
+    std::size_t fits = 0;
+    while (at != 0 && fits < lengths.size() && fmt::offset_of(at) + lengths[fits] <= seg_size) {
+      ++fits;
+    }
+    if (!theirs && fits != 0) {
+      const std::uint64_t length = lengths[fits - 1];
       // (The tail is the header's: written back and refused, an escape past lock_timeout
       // fails the reserve before anything was taken.)
       bool took = false;
@@ -1510,13 +1523,13 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
       if (off / prefault_chunk != (off + length) / prefault_chunk) {
         prefault(fmt::segment_of(at), ((off + length) / prefault_chunk + 1) * prefault_chunk);
       }
-      return at;
+      return reserved{at, fits};
     }
     // The active segment is full (or there is none yet): make the next one, once.
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
-    auto n = next_active_segment(who, fmt::segment_header_size + length);
+    auto n = next_active_segment(who, fmt::segment_header_size + lengths.front());
     if (!n) return std::unexpected(n.error());
     prefault(*n, 0);
     prefault(*n, prefault_chunk);

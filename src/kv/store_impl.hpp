@@ -912,6 +912,16 @@ struct store::impl final : ix::page_source {
   //! Reserves `length` bytes in the active segment (a new one when it is full).
   [[nodiscard]] result<std::uint64_t> reserve(std::uint64_t length,
                                               room_for who = room_for::put) noexcept;
+  //! Where reserve_fitting reserved, and how many of its lengths fit there.
+  struct reserved {
+    std::uint64_t at = 0;
+    std::size_t count = 0;  // lengths[count - 1] bytes were reserved
+  };
+  //! Reserves the longest of `lengths` (ascending; the first at most a segment's room) that
+  //! fits the rest of the active segment, in a new one when not even the first does (made for
+  //! the first): compaction's copies fill a segment to its end with the records that fit.
+  [[nodiscard]] result<reserved> reserve_fitting(std::span<const std::uint64_t> lengths,
+                                                 room_for who) noexcept;
   //! Whether `more` bytes of new segment fit in options::max_bytes (see reserve).
   [[nodiscard]] result<void> check_budget(std::uint64_t more, room_for who) const noexcept;
   //! Whether the volume has `more` bytes for a put's segments (or index pages), and
@@ -950,13 +960,22 @@ struct store::impl final : ix::page_source {
   //! none names is dead for good (a location superseded is never named again). A look that
   //! meets a split may miss one that is named: compaction then keeps its segment (step 5b).
   [[nodiscard]] bool named_now(std::uint64_t at, std::span<const std::byte> key) const noexcept;
-  //! Copies the record at `at` to the tail (and its blob, if that lies in a victim) and
-  //! points its entry there, if its entry still names it: whether it did. An erase record
-  //! whose key is in `forgettable` is not copied: its entry is emptied instead.
-  [[nodiscard]] result<bool> relocate(std::uint64_t at, const fmt::record_view& rec,
+  //! Points the entry that names the record of `key` at `at` to `to` (0: empties it, an
+  //! erase record forgotten), if an entry still names it: whether one did.
+  [[nodiscard]] result<bool> repoint(std::uint64_t at, std::span<const std::byte> key,
+                                     std::uint64_t to, const io::countdown& cd) noexcept;
+  //! A live record compaction moves: where it is, and what it holds.
+  struct move {
+    std::uint64_t at = 0;
+    fmt::record_view rec;
+  };
+  //! Copies `moves` to the tail, many to a relocation block (and each one's blob, if that
+  //! lies in a victim), then points each one's entry at its copy if the entry still names
+  //! the record (a copy none names is dead). Adds the bytes of the records moved to `moved`.
+  [[nodiscard]] result<void> relocate(std::span<const move> moves,
                                       const std::set<std::uint64_t>& victims,
-                                      const std::set<std::string, std::less<>>& forgettable,
-                                      const io::countdown& cd, compact_stats& st) noexcept;
+                                      const io::countdown& cd, compact_stats& st,
+                                      std::uint64_t& moved) noexcept;
   //! Where a removed segment's room went: back to the volume, or kept as seg/spare or
   //! seg/deletes, or as the next segment (`number`, named and synced, still to list and
   //! enter).

@@ -10,6 +10,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -19,7 +20,9 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -73,6 +76,65 @@ TEST(KvFullVolume, DeletesAndCompactionWorkAndMakeRoomAgain) {
     }
     return 0;
   });
+}
+
+// Erases of small values on a full store of single puts: each writes an erase record of
+// about the size it kills, so the deletes' room is spent long before a segment is much dead,
+// and compaction must then copy segments that are nearly all live into less than their size.
+// Each record was copied as a block of its own, a header apiece as each put had: a copy took
+// a segment's size, no pass could take one, and every erase failed with no_space after about
+// 2 600 (random order, 16-byte values, 6 to 32 MiB; and in key order beside a 700 KB blob,
+// whose keys share its segment). Copies now share relocation blocks.
+TEST(KvFullVolume, EveryEraseOfSmallValuesWorksInAnyOrderOnAFullVolume) {
+  struct shape {
+    std::size_t mib, value, blob;
+    bool shuffled, background;
+  };
+  for (const auto& [mib, value, blob, shuffled, background] :
+       {shape{16, 16, 0, true, false}, shape{24, 100, 0, true, true},
+        shape{6, 16, 700'000, false, false}}) {
+    SCOPED_TRACE(std::to_string(mib) + " MiB, values of " + std::to_string(value) +
+                 " bytes, a blob of " + std::to_string(blob) + (shuffled ? ", random" : ""));
+    on_small_volume(mib, [&](const std::string& path) {
+      options o;
+      if (!background) o.compact_dead_fraction = 0;
+      auto opened = store::open(path, o);
+      if (!opened) return 2;
+      store& s = **opened;
+      if (blob > 0 && !s.put("blob", std::string(blob, 'b'))) return 3;
+      const int n = fill(s, 0, value);
+      if (n < 10'000) return 4;
+      std::vector<int> order(static_cast<std::size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      if (shuffled) std::shuffle(order.begin(), order.end(), std::mt19937(7));
+      int done = 0;
+      for (const int i : order) {
+        if (auto e = s.erase(key_of(i)); !e) {
+          std::fprintf(stderr, "erase %d of %d failed: %s\n", done + 1, n,
+                       e.error().message().c_str());
+          return 5;
+        }
+        ++done;
+      }
+      for (int i = 0; i < n; ++i) {
+        auto g = s.get(key_of(i));
+        if (g || g.error() != make_error_code(errc::not_found)) return 6;
+      }
+      if (blob > 0) {
+        auto g = s.get("blob");
+        if (!g || *g != std::string(blob, 'b')) return 7;
+      }
+      verify_report report;
+      if (!s.verify(&report) || !report.damaged.empty()) return 8;
+      // The room is back: nearly as many fit again. (Beside the blob, whose 1 MiB segment made
+      // the spare as large, a refill with no compaction asked for stopped at half: the
+      // compaction its first failing put ran left no room to make that spare again.)
+      if (blob > 0 && !s.compact()) return 10;
+      const int again = fill(s, n, value);
+      std::fprintf(stderr, "%d keys, then %d more after erasing them\n", n, again - n);
+      return again - n >= n * 4 / 5 ? 0 : 9;  // (90 to 96 % here)
+    });
+  }
 }
 
 // The spare is made ahead and kept: a put that finds the volume full fails even though the
@@ -314,17 +376,21 @@ std::uint64_t compaction_runs(const std::string& path) {
   return header_word(path, hdr::compaction_runs);
 }
 
-// A full store whose dead versions are spread too thinly for compaction to take any segment
-// fails its puts fast: after one compaction found nothing, the next puts do not walk the
-// index again (tar's "keep banging on the full disk", at a gigabyte, took 0.3 s a put). But
-// once enough has died in one place, a put compacts again and goes in.
+// A full store whose dead versions are spread thinly fails its puts fast: once compaction
+// has taken what it could, the next puts do not walk the index again (tar's "keep banging on
+// the full disk", at a gigabyte, took 0.3 s a put). But once enough has died in one place, a
+// put compacts again and goes in. (Compaction short of room takes any segment whose copies
+// take less than it, so the thinly spread dead here is taken while the store fills, until
+// less than a segment is left dead; a put then runs none. Before, a segment had to be a
+// sixteenth dead, none was, and the compaction's finding was kept in *fruitless below*: that
+// mark now guards only stores of packed live segments with a segment's worth dead in total,
+// spread over hundreds of them.)
 TEST(KvFullVolume, APutOnAFullStoreCompactsAgainOnlyWhenEnoughHasDiedSince) {
   on_small_volume(100, [](const std::string& path) {
     auto s = store::open(path, small());
     if (!s) return 2;
     // 1 KiB values; every 80th put overwrites the key put 80 before, so that about 1.25 %
-    // of each segment dies: over a segment dead in all, but each segment keeps more than
-    // fifteen sixteenths of itself in live records and their headers.
+    // of each segment dies.
     const std::string value(1024, 'v');
     int n = 0;
     for (;; ++n) {
@@ -335,10 +401,8 @@ TEST(KvFullVolume, APutOnAFullStoreCompactsAgainOnlyWhenEnoughHasDiedSince) {
         break;
       }
     }
-    auto st = (*s)->stats();
-    if (!st || st->dead_bytes < small().segment_size) return 4;  // the premise
     const std::uint64_t runs = compaction_runs(path);
-    if (runs == 0 || runs == UINT64_MAX) return 5;  // a compaction ran and found nothing
+    if (runs == 0 || runs == UINT64_MAX) return 5;  // compactions ran as it filled
     for (int k = 1; k <= 20; ++k) {
       auto r = (*s)->put(key_of(n + k), value);
       if (r || r.error() != std::errc::no_space_on_device) return 6;
