@@ -156,9 +156,9 @@ KEEL_API void keel_txn_abort(keel_txn* txn);
 
 /* A cursor over every key of the store (keel_cursor_open: resumable across commits, a key
  * there throughout comes once) or of a transaction's snapshot (keel_cursor_open_txn: the
- * store as it was; the transaction may then not write, and must outlive the cursor: a
- * cursor used after its transaction ended is undefined behaviour), in hash
- * order. With `keys_only`, values come back empty. */
+ * store as it was; the transaction may then not write; once it ends, the cursor's every
+ * keel_cursor_next fails with EINVAL, and it must still be closed), in hash order. With
+ * `keys_only`, values come back empty. */
 KEEL_API int keel_cursor_open(keel_store* store, int keys_only, keel_cursor** cursor);
 KEEL_API int keel_cursor_open_txn(keel_txn* txn, int keys_only, keel_cursor** cursor);
 /* The next item: its key and value stay valid until the next call on the cursor or its close.

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "capi/errors.hpp"
 #include "keel/keel.h"
@@ -19,17 +20,29 @@ struct keel_store {
 
 struct keel_txn {
   keel::kv::transaction t;
+  // Its cursors, told when it ends (this owns the list; a cursor takes itself off when it
+  // closes). One thread uses a transaction and its cursors.
+  std::vector<keel_cursor*> cursors;
+  ~keel_txn();
 };
 
 struct keel_cursor {
   keel_store* store = nullptr;  // one of these two
   keel_txn* txn = nullptr;
+  bool ended = false;  // its transaction ended first: every next call fails
   bool keys_only = false;
   std::string next;  // where the next page starts
   bool done = false;
   keel::kv::scan_page page;
   std::size_t at = 0;  // the next item of `page`
 };
+
+keel_txn::~keel_txn() {
+  for (keel_cursor* c : cursors) {
+    c->txn = nullptr;
+    c->ended = true;
+  }
+}
 
 namespace {
 
@@ -91,6 +104,7 @@ int open_cursor(keel_store* s, keel_txn* t, int keys_only, keel_cursor** out) {
   c->store = s;
   c->txn = t;
   c->keys_only = keys_only != 0;
+  if (t != nullptr) t->cursors.push_back(c.get());  // (bad_alloc: guarded's ENOMEM)
   *out = c.release();
   return 0;
 }
@@ -171,7 +185,7 @@ int keel_txn_begin(keel_store* s, keel_txn** out) {
     if (s == nullptr || out == nullptr) return invalid();
     auto t = s->s->begin();
     if (!t) return fail(t.error());
-    *out = new keel_txn{std::move(*t)};
+    *out = new keel_txn{std::move(*t), {}};
     return 0;
   });
 }
@@ -256,6 +270,11 @@ int keel_cursor_next(keel_cursor* c, const void** key, size_t* key_length, const
                      size_t* value_length) {
   return guarded([&] {
     if (c == nullptr || key == nullptr || key_length == nullptr) return invalid();
+    if (c->ended) {
+      // Its snapshot went with the transaction: never another's data, nor a freed one's.
+      return fail(keel::error(std::make_error_code(std::errc::invalid_argument))
+                      .about("keel_cursor_next: the cursor's transaction has ended"));
+    }
     while (c->at == c->page.items.size()) {
       if (c->done) return fail(keel::make_error_code(keel::errc::not_found));
       auto p = c->txn != nullptr ? c->txn->t.scan(c->next, cursor_page, c->keys_only)
@@ -276,6 +295,7 @@ int keel_cursor_next(keel_cursor* c, const void** key, size_t* key_length, const
 }
 
 void keel_cursor_close(keel_cursor* c) {
+  if (c != nullptr && c->txn != nullptr) std::erase(c->txn->cursors, c);
   delete c;
 }
 

@@ -183,6 +183,29 @@ static void test_store(void) {
   CHECK(keel_txn_put(t, "w", 1, "x", 1) == EINVAL); /* a transaction that scanned is for reading */
   keel_txn_abort(t);
 
+  /* A cursor whose transaction ended (aborted, or committed) fails with EINVAL from then on,
+   * even once another transaction has taken its memory: it never reads another snapshot, nor
+   * a freed one. A cursor closed first leaves nothing for its transaction's end to touch. */
+  for (int commit = 0; commit < 2; ++commit) {
+    keel_cursor* early = NULL;
+    CHECK_OK(keel_txn_begin(s, &t));
+    CHECK_OK(keel_cursor_open_txn(t, 0, &c));
+    CHECK_OK(keel_cursor_open_txn(t, 0, &early));
+    CHECK_OK(keel_cursor_next(c, &k, &kl, &v, &vl));
+    keel_cursor_close(early);
+    if (commit) {
+      CHECK_OK(keel_txn_commit(t, KEEL_DURABLE_DEFAULT, NULL));
+    } else {
+      keel_txn_abort(t);
+    }
+    keel_txn* other = NULL;
+    CHECK_OK(keel_txn_begin(s, &other));
+    CHECK(keel_cursor_next(c, &k, &kl, &v, &vl) == EINVAL);
+    CHECK(keel_cursor_next(c, &k, &kl, &v, &vl) == EINVAL);
+    keel_cursor_close(c);
+    keel_txn_abort(other);
+  }
+
   /* A child of a fork uses the same store; the parent sees its commit. */
   pid_t pid = fork();
   if (pid == 0) {
