@@ -1548,12 +1548,13 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
   }
 }
 
-void store::impl::prefault(std::uint64_t segment, std::uint64_t offset) noexcept {
+void store::impl::prefault(std::uint64_t segment, std::uint64_t offset,
+                           std::uint64_t length) noexcept {
   auto s = segment_at(segment);
   if (!s || offset >= (*s)->size) return;
   // A hint: where the kernel has no MADV_POPULATE_READ, the pages fault in on first touch.
   (void)(*s)->map.advise(io::map_advice::populate_read, offset,
-                         std::min<std::uint64_t>(prefault_chunk, (*s)->size - offset));
+                         std::min<std::uint64_t>(length, (*s)->size - offset));
 }
 
 result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexcept {

@@ -1083,8 +1083,10 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] bool compaction_would_take_nothing() const noexcept;
   std::atomic<std::uint64_t> compactions_seen{0};
 
-  //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`.
-  void prefault(std::uint64_t segment, std::uint64_t offset) noexcept;
+  //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`, or
+  //! `length` bytes when given.
+  void prefault(std::uint64_t segment, std::uint64_t offset,
+                std::uint64_t length = prefault_chunk) noexcept;
   static constexpr std::uint64_t prefault_chunk = std::uint64_t{1} << 20;
   //! A location's bytes from there to the end of its segment.
   [[nodiscard]] result<std::span<std::byte>> bytes_at(std::uint64_t location) noexcept;
