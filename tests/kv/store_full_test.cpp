@@ -137,6 +137,91 @@ TEST(KvFullVolume, EveryEraseOfSmallValuesWorksInAnyOrderOnAFullVolume) {
   }
 }
 
+// Erases committed in transactions on a full store: once the deletes' room was spent, such a
+// commit failed with no_space, and, nothing else making room, so did every one after it
+// (erase 4 951 of 29 156 on a 6 MiB tmpfs, one erase per transaction). It now makes room as
+// store::erase does, letting its snapshot's slot go while compaction runs.
+TEST(KvFullVolume, EraseOnlyTransactionsWorkOnAFullVolume) {
+  on_small_volume(6, [](const std::string& path) {
+    options o;
+    o.compact_dead_fraction = 0;
+    auto opened = store::open(path, o);
+    if (!opened) return 2;
+    store& s = **opened;
+    const int n = fill(s, 0, 16);
+    if (n < 10'000) return 3;
+    std::vector<int> order(static_cast<std::size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(11));
+    for (std::size_t i = 0; i < order.size(); i += 2) {
+      auto t = s.begin();
+      if (!t) return 4;
+      // Two erases and a read in each: the read's key is judged from the first snapshot.
+      const int last = order[std::min(i + 1, order.size() - 1)];
+      if (!t->erase(key_of(order[i])) || !t->erase(key_of(last))) return 5;
+      (void)t->get(key_of(0));
+      if (auto c = t->commit(); !c) {
+        std::fprintf(stderr, "commit %zu of %d failed: %s\n", i / 2 + 1, (n + 1) / 2,
+                     c.error().message().c_str());
+        return 6;
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      auto g = s.get(key_of(i));
+      if (g || g.error() != make_error_code(errc::not_found)) return 7;
+    }
+    verify_report report;
+    return s.verify(&report) && report.damaged.empty() ? 0 : 8;
+  });
+}
+
+// Processes erasing a full store together, in random order: each compaction's room is taken
+// by the others before the one that ran it tries again, and with four compactions an erase at
+// most, a dozen of the erases failed with no_space (values of 16 to 200 bytes, 16 MiB, three
+// processes). An erase now goes on while compactions make room.
+TEST(KvFullVolume, ProcessesErasingAFullStoreTogetherNeverFail) {
+  on_small_volume(16, [](const std::string& path) {
+    auto opened = store::open(path, options{});
+    if (!opened) return 2;
+    std::mt19937 random(5);
+    int n = 0;
+    for (;; ++n) {
+      auto r = (*opened)->put(key_of(n), std::string(16 + random() % 185, 'v'));
+      if (!r) break;
+    }
+    if (n < 10'000) return 3;
+    std::vector<int> order(static_cast<std::size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), random);
+    constexpr int processes = 3;
+    std::vector<pid_t> children;
+    for (int p = 0; p < processes; ++p) {
+      children.push_back(fork_child([&] {
+        auto mine = store::open(path, options{});
+        if (!mine) return 20;
+        int failed = 0;
+        for (std::size_t i = static_cast<std::size_t>(p); i < order.size(); i += processes) {
+          if (auto e = (*mine)->erase(key_of(order[i])); !e && failed++ == 0) {
+            std::fprintf(stderr, "erase of %s failed: %s\n", key_of(order[i]).c_str(),
+                         e.error().message().c_str());
+          }
+        }
+        return std::min(failed, 19);
+      }));
+    }
+    int failed = 0;
+    for (const pid_t c : children)
+      failed += wait_exit(c) != 0 ? 1 : 0;
+    if (failed != 0) return 4;
+    for (int i = 0; i < n; ++i) {
+      auto g = (*opened)->get(key_of(i));
+      if (g || g.error() != make_error_code(errc::not_found)) return 5;
+    }
+    verify_report report;
+    return (*opened)->verify(&report) && report.damaged.empty() ? 0 : 6;
+  });
+}
+
 // The spare is made ahead and kept: a put that finds the volume full fails even though the
 // spare's room would hold it, and a store reopened when full still deletes and compacts.
 TEST(KvFullVolume, PutsNeverTakeTheSpareAndAReopenedFullStoreStillFreesRoom) {
@@ -270,9 +355,10 @@ TEST(KvFullVolume, PutsDoNotUseTheRoomKeptForDeletes) {
   }
 }
 
-// Deletes spread thinly (one key in three, segment after segment) until their room runs out,
-// in transactions (which do not compact by themselves): compaction then frees segments that
-// are far from half dead, through the spare, and deletes and puts go on.
+// Deletes spread thinly (two keys in three, segment after segment), in transactions, past the
+// room deletes have: compaction frees segments that are far from half dead, through the
+// spare, and deletes and puts go on. (Transactions did not compact by themselves, and their
+// commits failed with no_space once the room ran out; now they compact as store::erase does.)
 TEST(KvFullVolume, ThinlySpreadDeletesStillLetCompactionFreeRoom) {
   on_small_volume(12, [](const std::string& path) {
     auto s = store::open(path, small());
@@ -289,18 +375,14 @@ TEST(KvFullVolume, ThinlySpreadDeletesStillLetCompactionFreeRoom) {
       }
     }
     int i = 1;
-    for (; i < n; i = two_in_three_after(i)) {
+    for (; i < n / 2; i = two_in_three_after(i)) {
       auto t = (*s)->begin();
       if (!t || !t->erase(key_of(i))) return 4;
-      auto r = t->commit();
-      if (!r) {
-        if (r.error() != std::errc::no_space_on_device) return 5;
-        break;
-      }
+      if (auto r = t->commit(); !r) return 5;
     }
-    if (i >= n) return 6;  // the test needs the deletes to run out of room
+    // The deletes ran out of room, and a compaction (the commits', or one in the background,
+    // short of room) removed some.
     auto c = (*s)->compact();
-    // (Or one in the background, short of room, before it: some compaction removed some.)
     auto st = (*s)->stats();
     if (!c || !st || st->compactions == 0) return 7;
     // Every delete goes in now (the store's erase compacts again when it must), and the
