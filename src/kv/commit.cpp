@@ -1186,7 +1186,8 @@ result<std::uint64_t> transaction::commit(durability d) noexcept {
   // was spent, every erase in a transaction failed with no_space, and nothing made room. Its
   // snapshot's slot is let go meanwhile (compaction waits for every open transaction, this
   // one too) and taken again after: the commit is judged from the same snapshot (a key
-  // committed since by another is a conflict), and reads only what entries name now.
+  // committed since by another is a conflict), and reads only what entries name now. One
+  // that read keys returns conflict instead, once room is made: retried, it goes in.
   const bool only_erases =
       !impl_->writes.empty() &&
       std::ranges::all_of(impl_->writes, [](const auto& w) { return w.second.erase; });
@@ -1199,6 +1200,12 @@ result<std::uint64_t> transaction::commit(durability d) noexcept {
         return true;
       },
       [&]() -> result<void> {
+        // One that read keys can no longer be judged from its snapshot: without its slot, the
+        // compaction may have forgotten a key it read that was erased since (its entry
+        // emptied: nothing left to conflict with), and its commit wrote a skew (two
+        // transactions that each read two keys and erased one erased both). It is retried
+        // from a new snapshot by its caller, in the room made.
+        if (!impl_->reads.empty()) return keel_error(errc::conflict);
         auto lease = s.acquire_slot(slot_use::writing);
         if (!lease) return std::unexpected(lease.error());
         impl_->lease = *lease;

@@ -299,8 +299,9 @@ class transaction {
   //! no_space_on_device (the volume is full: nothing of the commit is visible; puts stop with a
   //! segment's room kept for commits that only erase, which go on into it; once they have filled
   //! it too, such a commit compacts, through a spare segment kept for it alone, as store::erase
-  //! does, and goes in: do not commit one while this thread holds another transaction, which
-  //! the compaction would wait for), and I/O errors (for `sync`, a failed fdatasync: the commit is
+  //! does, and goes in, or, if the transaction read keys, fails with conflict to be retried: do
+  //! not commit one while this thread holds another transaction, which the compaction would
+  //! wait for), and I/O errors (for `sync`, a failed fdatasync: the commit is
   //! visible but not known to be durable). Ends the transaction either way.
   [[nodiscard]] result<std::uint64_t> commit() noexcept;
   [[nodiscard]] result<std::uint64_t> commit(durability d) noexcept;
