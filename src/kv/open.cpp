@@ -1583,8 +1583,17 @@ result<void> refuse_unless_local(io::filesystem& fs, const std::string& path) no
                                    "every_user_on_this_host, keel kv --single-host)"));
 }
 
-bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noexcept {
-  if (file_size < first_free_page * fmt::page_size) return false;
+// Whether the index's header is whole and this boot's (false with `why` empty: not valid, to
+// rebuild or wait for; with `why`: damaged). Its words are read before the file's size, each
+// before the one published before it (the file grows, then *pages allocated*, then *pages
+// used*, then the directory word that names them): read in the other order beside a writer
+// that grew the index meanwhile, a sound index looked cut short, and an opener that was not
+// alone failed with corrupt (one of a thousand processes opening a store being written).
+result<bool> header_valid(const store::impl& s, error& why) noexcept {
+  // (Its first pages there before any is touched: an index just made is empty.)
+  auto made = s.index_file.size();
+  if (!made) return std::unexpected(made.error());
+  if (static_cast<std::uint64_t>(*made) < first_free_page * fmt::page_size) return false;
   const std::span<const std::byte> page(s.base(), fmt::page_size);
   auto h = base::check_header(page, index_format);
   if (!h) {
@@ -1603,12 +1612,14 @@ bool header_valid(const store::impl& s, std::uint64_t file_size, error& why) noe
   // Its pages are all in the file (one cut short by hand would be a SIGBUS at the first
   // touch past its end) and its directory among them: else it is damaged, and rebuilt by an
   // opener alone, refused by one that is not.
-  const std::uint64_t allocated = s.h64(hdr::pages_allocated).load();
-  const std::uint64_t used = s.h64(hdr::pages_used).load();
-  const std::uint64_t word = s.h64(hdr::directory).load();
+  const std::uint64_t word = s.h64(hdr::directory).load(std::memory_order_acquire);
+  const std::uint64_t used = s.h64(hdr::pages_used).load(std::memory_order_acquire);
+  const std::uint64_t allocated = s.h64(hdr::pages_allocated).load(std::memory_order_acquire);
+  auto file_size = s.index_file.size();
+  if (!file_size) return std::unexpected(file_size.error());
   const unsigned depth = static_cast<unsigned>(word & 0xff);
-  if (allocated * fmt::page_size > file_size || used > allocated || used < first_free_page ||
-      depth > ix::max_depth || (word >> 8) < first_free_page ||
+  if (allocated * fmt::page_size > static_cast<std::uint64_t>(*file_size) || used > allocated ||
+      used < first_free_page || depth > ix::max_depth || (word >> 8) < first_free_page ||
       (word >> 8) + ix::directory_pages(depth) > used) {
     why = error(errc::corrupt);
     return false;
@@ -1695,11 +1706,10 @@ result<void> store::impl::open_index() noexcept {
     }
     if (alone) {
       // Nobody else has the store open: check the index, or rebuild it.
-      auto size = index_file.size();
-      if (!size) return std::unexpected(size.error());
       error why;
-      const bool valid =
-          header_valid(*this, static_cast<std::uint64_t>(*size), why) && index_sound();
+      auto header = header_valid(*this, why);
+      if (!header) return std::unexpected(header.error());
+      const bool valid = *header && index_sound();
       if (valid) {
         if (auto w = alone_write_ready(); !w) return w;  // recover_alone writes
       }
@@ -1730,10 +1740,10 @@ result<void> store::impl::open_index() noexcept {
       shared = errc_error(std::errc::operation_would_block);
     }
     if (shared) {
-      auto size = index_file.size();
-      if (!size) return std::unexpected(size.error());
       error why;
-      if (header_valid(*this, static_cast<std::uint64_t>(*size), why)) break;
+      auto header = header_valid(*this, why);
+      if (!header) return std::unexpected(header.error());
+      if (*header) break;
       if (why) return std::unexpected(why.about(index_file.shared_path(), 0));
       // Its rebuilder died part-way: let go, and try to be alone again.
       (void)fs->lock(*probe, open_byte, 1, io::lock_request::unlock, false);
