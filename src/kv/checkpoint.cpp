@@ -71,7 +71,7 @@ std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) co
     // (Before the first, none yet: a segment's worth, so that a store's first checkpoint
     // comes early.)
     const std::uint64_t size = n == 0 ? least : segtab(n, 0).load() == n ? segtab(n, 1).load() : 0;
-    if (size <= dir.params.segment_size) d += size;
+    if (log_segment_size(size)) d += size;
   }
   d += (last - first - looked) * least;
   return d + fmt::offset_of(to) - std::min(d + fmt::offset_of(to), fmt::offset_of(from));

@@ -565,6 +565,7 @@ struct key_plan {
   std::uint64_t prev_seq = 0;
   std::uint64_t prev_size = 0;  // bytes of the previous version, 0 if none or an erase
   fmt::blob_ref blob{};
+  bool own_segment = false;  // its blob in a segment of its own
   std::uint64_t record_at = 0;
 };
 
@@ -616,7 +617,13 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   std::uint64_t own_room = 0;
   std::uint64_t puts = 0;
   std::uint64_t block = sizeof(fmt::block_header);  // the commit block alone
-  for (const key_plan& k : keys) {
+  // The segments made now: a blob larger gets a segment of its own, so that no log segment
+  // grows past them for it (a 700 KB blob in a 1 MiB log segment beside 256 KiB ones made
+  // the spare 1 MiB, and segments made of the spare after were as large: once another
+  // program on the volume took the room a pass gave back, the spare shrank to a 256 KiB
+  // victim, the 1 MiB segments could never be copied, and erases failed with no_space).
+  const std::uint64_t log_room = s->next_segment_size() - fmt::segment_header_size;
+  for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
     fmt::record_in r;
     r.key = as_bytes(k.key);
@@ -626,8 +633,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       r.what = fmt::op::put_blob;
       const std::uint64_t len = fmt::blob_block_size(k.w->value.size());
       need += len;
-      const std::uint64_t seg_size = s->dir.params.segment_size;
-      if (len > seg_size - fmt::segment_header_size) {
+      const std::uint64_t seg_size = log_room + fmt::segment_header_size;
+      if (len > log_room) {
+        k.own_segment = true;
         own_segments += len;
         own_room += ((fmt::segment_header_size + len + seg_size - 1) / seg_size + 1) *
                     (seg_size - fmt::segment_header_size);
@@ -702,15 +710,17 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     const auto value = as_bytes(k.w->value);
     const std::uint64_t len = fmt::blob_block_size(value.size());
     std::uint64_t at = 0;
-    if (len <= s->dir.params.segment_size - fmt::segment_header_size) {
+    if (!k.own_segment) {
       auto r = s->reserve(len);
       if (!r) return std::unexpected(r.error());
       at = *r;
     } else {
-      // Larger than a segment: a segment of its own.
+      // Larger than a segment: a segment of its own, never a log segment's size (a page
+      // more if it would be one: the log's tail is never placed in it).
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
-      const std::uint64_t size = fmt::segment_header_size + len;
+      std::uint64_t size = fmt::segment_header_size + len;
+      if (s->log_segment_size(size)) size += fmt::page_size;
       // The rooms as seg/ has them (see next_active_segment).
       if (auto r = s->reconcile_rooms(); !r) return std::unexpected(r.error());
       // (Its last page is allocated whole: counted so under a budget.)

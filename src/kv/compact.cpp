@@ -563,7 +563,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   std::vector<std::uint64_t> erasure_sizes;                     // their records' sizes
   try {
     // Below the tail's segment: a segment made and named, but not yet the tail's, is about
-    // to be written. Above it, a segment made for one blob larger than a segment, numbered
+    // to be written. Above it, a blob's segment of its own (never a log segment's size), numbered
     // before step 1, so by a transaction open then (waited for) or one that has ended: an
     // overwritten or interrupted large value dies there, and was never reclaimed while the
     // tail stayed below it. Never the highest segment the manifest lists: a rebuild numbers
@@ -582,7 +582,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         candidates.insert(n);
       } else if (n > active && n < numbered_before && n < highest_listed &&
                  in_manifest.contains(n) && s.segtab(n, 0).load() == n &&
-                 s.segtab(n, 1).load() > s.dir.params.segment_size) {
+                 !s.log_segment_size(s.segtab(n, 1).load())) {
         candidates.insert(n);
       }
     }

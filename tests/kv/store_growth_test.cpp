@@ -290,12 +290,12 @@ TEST(KvGrowth, AFullGrowingStoreGivesBackHalfWhenHalfIsErased) {
   });
 }
 
-// Whether seg/spare is at least as large as every log segment (those up to 1 MiB), saying
-// both sizes when it is not.
+// Whether seg/spare is at least as large as every log segment (those of a power of two up to
+// 1 MiB: a blob's segment of its own never is one), saying both sizes when it is not.
 bool spare_as_large_as_every_log_segment(const std::string& path) {
   std::uint64_t largest = 0;
   for (const auto& [number, size] : segment_sizes(path)) {
-    if (size <= mib) largest = std::max(largest, size);
+    if (size <= mib && (size & (size - 1)) == 0) largest = std::max(largest, size);
   }
   const std::uint64_t spare = size_of(path + "/seg/spare");
   if (spare >= largest) return true;
@@ -305,7 +305,9 @@ bool spare_as_large_as_every_log_segment(const std::string& path) {
 }
 
 // Review of the growing store, again: a value just under 1 MiB made a 1 MiB segment and so a
-// 1 MiB spare; 1 KiB values then filled a 6 MiB tmpfs in 256 KiB segments. A compaction of a
+// 1 MiB spare (it now gets a segment of its own: see
+// `KvGrowth.ABlobLargerThanTheSegmentsMadeNowGetsASegmentOfItsOwn`); 1 KiB values then filled
+// a 6 MiB tmpfs in 256 KiB segments. A compaction of a
 // few erases took the spare for the copies of one 256 KiB victim, could keep none of its
 // victims as a spare that large, and the volume had no room to make one: every erase after
 // failed with no_space, for good (a reopen too). A pass that may take the spare frees at least
@@ -482,6 +484,71 @@ TEST(KvGrowth, APassWhoseRoomWasCountedHighNeverTakesTheSpareItCannotMakeAgain) 
     if (!(*s)->verify()) return 7;
     if (!(*s)->compact()) return 8;
     return spare_as_large_as_every_log_segment(path) ? 0 : 4;
+  });
+}
+
+// A blob larger than the segments made now gets a segment of its own, header and blob long (a
+// page longer where that would be a log segment's size: the log's tail is never placed in it),
+// so that no log segment, and so no spare, grows past them for it. A 700 KB blob in a 1 MiB log
+// segment beside 256 KiB ones made the spare 1 MiB, and segments made of the spare after were
+// as large; once another program on the volume took the room a pass gave back, the spare shrank
+// to a 256 KiB victim, no pass could copy the 1 MiB segments, and 7 610 of 10 660 erases failed
+// (`KvSharedVolumeGrowing.DeletesWorkBesideALiveBlobWhileAForeignWriterKeepsTheVolumeFull`).
+// Both read back after a reopen, a rebuild of the index and a compaction; the log goes on
+// beside them; and an overwritten one's segment goes.
+TEST(KvGrowth, ABlobLargerThanTheSegmentsMadeNowGetsASegmentOfItsOwn) {
+  on_small_volume(64, [](const std::string& path) {
+    // The value length whose segment would be 1 MiB exactly.
+    std::size_t exact = 0;
+    for (std::size_t v = mib - fmt::segment_header_size; v > 512 * kib && exact == 0; --v) {
+      if (fmt::segment_header_size + fmt::blob_block_size(v) == mib) exact = v;
+    }
+    if (exact == 0) return 1;
+    const std::string a(700'000, 'a');
+    const std::string b(exact, 'b');
+    const auto own_segments = [&] {
+      int n = 0;
+      for (const auto& [number, size] : segment_sizes(path)) {
+        if ((size & (size - 1)) != 0 && size > 700'000) ++n;
+      }
+      return n;
+    };
+    {
+      auto s = store::open(path);
+      if (!s || !(*s)->put("a", a) || !(*s)->put("b", b)) return 2;
+    }
+    if (own_segments() != 2) return 3;
+    if (size_of(path + "/seg/spare") != 256 * kib) return 4;
+    const auto small_keys = [](store& s, int from, int to) {
+      for (int i = from; i < to; ++i) {
+        if (!s.put(key_of(i), std::string(100, 'v'))) return false;
+      }
+      return true;
+    };
+    const auto all_there = [&](store& s, int keys) {
+      if (s.get("a") != a || s.get("b") != b) return false;
+      for (int i = 0; i < keys; ++i) {
+        if (s.get(key_of(i)) != std::string(100, 'v')) return false;
+      }
+      return static_cast<bool>(s.verify());
+    };
+    {
+      auto s = store::open(path);
+      if (!s || !small_keys(**s, 0, 1000) || !all_there(**s, 1000)) return 5;
+    }
+    std::filesystem::remove(path + "/index");  // rebuilt from the log at the next open
+    {
+      auto s = store::open(path);
+      if (!s || !all_there(**s, 1000) || !small_keys(**s, 1000, 2000)) return 6;
+    }
+    {
+      auto s = store::open(path);
+      if (!s || !all_there(**s, 2000)) return 7;
+      if (!(*s)->put("a", "small now") || !(*s)->compact()) return 8;
+      if (own_segments() != 1 || (*s)->get("a") != "small now" || (*s)->get("b") != b) return 9;
+      if (!(*s)->verify()) return 10;
+    }
+    return 0;
   });
 }
 
