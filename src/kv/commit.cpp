@@ -11,6 +11,8 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "base/futex.hpp"
 #include "base/per_thread.hpp"
@@ -502,8 +504,17 @@ struct transaction::impl {
     bool erase = false;
     std::string value;
   };
-  std::map<std::string, write, std::less<>> writes;
-  std::set<std::string, std::less<>> reads;
+  // Hashed, not ordered: nothing needs the keys in order, and a tree of 65 536 random keys
+  // cost a cache miss per level at every put (a transaction of 65 536 puts ran at half the
+  // rate per put of a single put).
+  struct key_hasher {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view k) const noexcept {
+      return std::hash<std::string_view>{}(k);
+    }
+  };
+  std::unordered_map<std::string, write, key_hasher, std::equal_to<>> writes;
+  std::unordered_set<std::string, key_hasher, std::equal_to<>> reads;
   // It scanned: its reads are a whole snapshot, which commit does not track key by key, so it
   // may no longer write (and a transaction that wrote may not scan).
   bool scanned = false;
