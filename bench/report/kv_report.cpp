@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/os.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
@@ -38,6 +39,11 @@ double keys_of(const json& doc, const std::string& id) {
                                                      : doc["keys"].get<double>();
 }
 
+// The puts per transaction of the load rows: `size`, or all the keys they load when fewer.
+std::size_t txn_size(const json& doc, std::size_t size) {
+  return doc.contains("txn_keys") ? std::min(size, doc["txn_keys"].get<std::size_t>()) : size;
+}
+
 std::vector<row_spec> rows_of(const json& doc) {
   const auto t = doc["threads"].get<unsigned>();
   const auto p = doc["processes"].get<unsigned>();
@@ -51,6 +57,9 @@ std::vector<row_spec> rows_of(const json& doc) {
       {"insert_processes", fmt::format("insert, {} processes on one store", p)},
       {"durable_1", "durable commits, 1 writer"},
       {"durable_n", fmt::format("durable commits, {} writers", w)},
+      {"txn_1", "load, 1 put per transaction"},
+      {"txn_1024", fmt::format("load, {} puts per transaction", txn_size(doc, 1024))},
+      {"txn_65536", fmt::format("load, {} puts per transaction", txn_size(doc, 65536))},
       {"disk_bytes", "on disk once closed, the insert row's records (MiB)", false},
       {"rss_bytes", "peak RSS growth, the insert row's records (MiB)", false},
   };
@@ -115,6 +124,10 @@ std::string table_html(const json& doc) {
           "rows ran on those",
           e["keys"].dump(), doc["keys"].dump(), doc["fill_seconds"].dump());
     }
+    if (e.contains("txn_failed")) {
+      for (const auto& [row, why] : e["txn_failed"].items())
+        remark += fmt::format(" — {} failed: {}", row, html_escape(why.get<std::string>()));
+    }
     setups += fmt::format("<li><b>{}</b>: {}{}</li>\n", html_escape(e["name"]),
                           html_escape(e["setup"]), remark);
   }
@@ -124,22 +137,33 @@ std::string table_html(const json& doc) {
       "process at a time; TDB no threads, so its durable writers are processes). Sizes are "
       "those of the records the insert row put, as they are ({:.1f} MiB of keys and values: "
       "the floor), not scaled; a store with few records shows what it allocates up front. "
-      "Only engines that put as many records as keel are compared on size.</p>\n"
+      "Only engines that put as many records as keel are compared on size. {}</p>\n"
       "<table>{}{}</table>\n<ul>{}</ul>\n",
       doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>(),
       html_escape(doc["filesystem"]), html_escape(doc["sync_filesystem"]), doc["seconds"].dump(),
       keys_of(doc, "keel") * static_cast<double>(16 + doc["value_size"].get<std::size_t>()) /
           1048576.0,
+      doc.contains("txn_keys")
+          ? fmt::format(
+                "The load rows put {} keys of 16 bytes with {} B values into a fresh store "
+                "each, in transactions of the size the row says (n/a: tkrzw's HashDBM has no "
+                "transactions of several keys).",
+                doc["txn_keys"].get<std::size_t>(), doc["txn_value_size"].get<std::size_t>())
+          : std::string(),
       head, body, setups);
 }
 
-// Three panels of ops/s (log scale), one bar per engine: one thread, concurrency, durable;
-// the seed's one-thread figures as reference lines.
+// Four panels of ops/s (log scale), one bar per engine: one thread, concurrency, durable, bulk
+// load by transaction size; the seed's one-thread figures as reference lines.
 figure plot(const std::string& out, const json& doc) {
   const auto rows = rows_of(doc);
   const std::vector<std::pair<std::string, std::vector<std::size_t>>> panels{
-      {"one thread", {0, 1}}, {"threads and processes", {2, 3, 4, 5}}, {"durable", {6, 7}}};
+      {"one thread", {0, 1}},
+      {"threads and processes", {2, 3, 4, 5}},
+      {"durable", {6, 7}},
+      {"bulk load, puts per transaction", {8, 9, 10}}};
   const std::string dat = out + "/kv.dat";
+  std::vector<std::vector<bool>> absent;  // [panel][engine]: no figure in the whole panel
   {
     auto f = fmt::output_file(dat);
     for (const auto& [title, which] : panels) {
@@ -147,8 +171,14 @@ figure plot(const std::string& out, const json& doc) {
       for (const auto& id : doc["order"])
         f.print(" \"{}\"", doc["engines"][id.get<std::string>()]["name"].get<std::string>());
       f.print("\n");
+      std::vector<bool>& none = absent.emplace_back(doc["order"].size(), true);
       for (const std::size_t r : which) {
         f.print("\"{}\"", rows[r].label.substr(0, rows[r].label.find(" (")));
+        for (std::size_t e = 0; e < doc["order"].size(); ++e) {
+          if (std::isfinite(value_of(doc, doc["order"][e].get<std::string>(), rows[r].key))) {
+            none[e] = false;
+          }
+        }
         for (const auto& id : doc["order"]) {
           const double v = value_of(doc, id.get<std::string>(), rows[r].key);
           f.print(" {}", std::isfinite(v) ? fmt::format("{:.0f}", v) : "NaN");
@@ -173,17 +203,37 @@ figure plot(const std::string& out, const json& doc) {
       out, "kv", dat, titles, doc["order"].size(),
       fmt::format("keel::kv beside its peers ({} keys, {} B values)",
                   doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>()),
-      "operations/s (log scale)", 460, style);
+      "operations/s (log scale)", 460, style, absent);
   std::string names;
   for (const auto& id : doc["order"])
     names += (names.empty() ? "" : ", ") +
              doc["engines"][id.get<std::string>()]["name"].get<std::string>();
   return {"kv.png",
-          fmt::format("Bar charts in three panels (one thread; threads and processes; durable "
-                      "commits): operations per second of each engine ({}) for each workload, "
+          fmt::format("Bar charts in four panels (one thread; threads and processes; durable "
+                      "commits; a bulk load in transactions of growing size): operations per "
+                      "second of each engine ({}) for each workload, "
                       "log scale, higher is better; dashed lines mark the seed's one-thread "
                       "figures. The table below gives the figures.",
                       names)};
+}
+
+// Issue 43: a transaction's cost is linear in its size; keel's puts per second loading in
+// transactions of 1, 1 024 and 65 536 puts stay within 1.5x of the best of the three.
+target_row txn_linearity(const json& doc) {
+  double best = NAN;
+  double worst = NAN;
+  for (const char* key : {"txn_1", "txn_1024", "txn_65536"}) {
+    const double v = value_of(doc, "keel", key);
+    if (!std::isfinite(v))
+      return {"kv load, puts/s by transaction size, best vs worst", "n/a", "≤ 1.5×", false, false};
+    best = std::isfinite(best) ? std::max(best, v) : v;
+    worst = std::isfinite(worst) ? std::min(worst, v) : v;
+  }
+  const double r = best / worst;
+  return {fmt::format("kv load in transactions of 1, {} and {} puts: best vs worst per put",
+                      txn_size(doc, 1024), txn_size(doc, 65536)),
+          fmt::format("{} ({:.0f} against {:.0f} puts/s)", fmt_ratio(r), best, worst), "≤ 1.5×",
+          r <= 1.5, true};
 }
 
 }  // namespace
@@ -225,6 +275,7 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
                          k("insert_processes"), value_of(doc, "tdb", "insert_processes"), 2),
                "Several processes writing one store at once, against TDB (Samba's store): the "
                "peers that allow it at all serialise every writer."),
+      txn_linearity(doc),
       ratio_row(fmt::format("kv durable, {} writers, vs 1 writer", w), k("durable_n"),
                 k("durable_1"), 4),
       headline(ratio_row(fmt::format("kv durable, {} writers, vs LMDB's {}", w, w), k("durable_n"),

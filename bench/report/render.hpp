@@ -53,17 +53,23 @@ struct bar_chart_style {
 //! Draws `out`/`name`.png: one clustered bar chart per data block of `dat` (`panel_titles`,
 //! in order), side by side. Each block has a header line naming its `columns` series
 //! (after the label column), then one row per cluster: its label, then the values.
+//! `absent[b][c]`, where given and true, leaves series c out of panel b (it has no value
+//! there: gnuplot refuses a series with no valid point); each series keeps its colour.
 inline void plot_clustered_bars(const std::string& out, const std::string& name,
                                 const std::string& dat,
                                 const std::vector<std::string>& panel_titles, std::size_t columns,
                                 const std::string& title, const std::string& ylabel,
-                                std::size_t panel_width, const bar_chart_style& style = {}) {
+                                std::size_t panel_width, const bar_chart_style& style = {},
+                                const std::vector<std::vector<bool>>& absent = {}) {
   std::string panels;
   for (std::size_t b = 0; b < panel_titles.size(); ++b) {
     std::string cols;
     for (std::size_t c = 0; c < columns; ++c) {
-      cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader", c == 0 ? "" : ", ",
-                          dat, b, c + 2, c == 0 ? ":xtic(1)" : "");
+      const bool left_out = b < absent.size() && c < absent[b].size() && absent[b][c];
+      if (left_out && (c + 1 < columns || !cols.empty())) continue;
+      cols += fmt::format("{}\"{}\" index {} using {}{} title columnheader lt {}",
+                          cols.empty() ? "" : ", ", dat, b, c + 2, cols.empty() ? ":xtic(1)" : "",
+                          c + 1);
     }
     if (b == 0 && !style.first_panel_extra.empty()) cols += ", " + style.first_panel_extra;
     panels += fmt::format("set title \"{}\"\nplot {}\n{}", panel_titles[b], cols,

@@ -10,7 +10,10 @@
 // - writers in 1 and in several processes on one store, for a fixed time (engines that allow
 //   several processes);
 // - durable commits (one put per commit, on stable storage when it returns) from 1 and from
-//   several writers, for a fixed time, on a disk-backed directory.
+//   several writers, for a fixed time, on a disk-backed directory;
+// - a bulk load of a workload of its own (300 000 keys of 100-byte values by default) in
+//   transactions of 1, 1 024 and 65 536 puts, each into a fresh store: what a transaction
+//   costs per put as it grows (engines with transactions of several keys).
 
 #include "kvbench_command.hpp"
 
@@ -25,6 +28,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -79,10 +83,18 @@ struct config {
   unsigned processes = 2;
   unsigned durable_writers = 8;
   double seconds = 2;
-  double fill_seconds = 60;  // the most an insert row may take; slower engines fill less
-  std::string dir;           // where the stores of the unsynced rows go
-  std::string sync_dir;      // where the stores of the durable rows go
+  double fill_seconds = 60;       // the most an insert row may take; slower engines fill less
+  std::string dir;                // where the stores of the unsynced rows go
+  std::string sync_dir;           // where the stores of the durable rows go
+  std::size_t txn_keys = 300000;  // the transaction rows' workload
+  std::size_t txn_value_size = 100;
 };
+
+// The sizes of the transaction rows' transactions (puts each), and their keys in the JSON.
+constexpr std::size_t txn_sizes[] = {1, 1024, 65536};
+std::string txn_key(std::size_t size) {
+  return fmt::format("txn_{}", size);
+}
 
 double per_second(std::size_t n, clock_type::duration d) {
   return static_cast<double>(n) / std::chrono::duration<double>(d).count();
@@ -140,7 +152,8 @@ std::pair<std::size_t, clock_type::duration> in_threads(std::size_t n, unsigned 
 // One engine's runs, in its own process.
 class engine_run {
  public:
-  engine_run(const engine& e, const config& c, const workload& w) : e_(e), c_(c), w_(w) {}
+  engine_run(const engine& e, const config& c, const workload& w, const workload& tw)
+      : e_(e), c_(c), w_(w), tw_(tw) {}
 
   json run() {
     json out{{"name", e_.name}, {"setup", e_.setup}};
@@ -185,6 +198,8 @@ class engine_run {
     out["insert_processes"] = in_processes(c_.processes);
     out["durable_1"] = durable(1);
     out["durable_n"] = durable(c_.durable_writers);
+    for (const std::size_t size : txn_sizes)
+      out[txn_key(size)] = in_transactions(size, out);
     return out;
   }
 
@@ -337,14 +352,52 @@ class engine_run {
     return rate;
   }
 
+  // The transaction workload put into a fresh store, `size` puts per transaction, until every
+  // key is in or the fill limit has passed: puts per second. A failure (keel's transaction
+  // must fit one segment: too_large on a small volume) is a gap in the row, said in
+  // `out["txn_failed"]`, not a failed run.
+  json in_transactions(std::size_t size, json& out) const {
+    const std::string what = fmt::format("load, txns of {}", std::min(size, tw_.keys.size()));
+    if (!e_.transactions) return skipped(what, "no transactions of several keys");
+    const std::string dir = c_.dir + "/" + e_.id + fmt::format("-t{}", size);
+    json rate;
+    {
+      std::string why;
+      auto h = e_.open({dir, false, tw_.keys.size(), tw_.value.size()}, why);
+      if (!h) throw std::runtime_error(fmt::format("open {}: {}", dir, why));
+      const std::span<const std::string> keys(tw_.keys);
+      const auto start = clock_type::now();
+      std::size_t n = 0;
+      while (n < keys.size() && clock_type::now() - start <= fill_limit()) {
+        const std::size_t take = std::min(size, keys.size() - n);
+        if (!h->put_all(keys.subspan(n, take), tw_.value)) {
+          out["txn_failed"][txn_key(size)] = h->error();
+          rate = skipped(what, h->error());
+          break;
+        }
+        n += take;
+      }
+      if (!out.contains("txn_failed") || !out["txn_failed"].contains(txn_key(size))) {
+        rate = row(what, per_second(n, clock_type::now() - start));
+        out["txn_keys_" + std::to_string(size)] = n;
+      }
+    }
+    remove_store(dir);
+    return rate;
+  }
+
   const engine& e_;
   const config& c_;
   const workload& w_;
+  const workload& tw_;
   std::vector<std::size_t> fetch_order_;  // the workload's, of the keys the insert row put
 };
 
 // The figures, one row per workload, one column per engine, on stdout.
 void print_table(const json& doc, const std::vector<const engine*>& chosen) {
+  const auto txn_label = [&](std::size_t size) {
+    return fmt::format("load, txns of {}", std::min(size, doc["txn_keys"].get<std::size_t>()));
+  };
   const std::vector<std::pair<std::string, std::string>> rows{
       {"insert", "insert, 1 thread"},
       {"fetch", "fetch, 1 thread"},
@@ -354,6 +407,9 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       {"insert_processes", fmt::format("insert, {} processes", doc["processes"].get<unsigned>())},
       {"durable_1", "durable, 1 writer"},
       {"durable_n", fmt::format("durable, {} writers", doc["durable_writers"].get<unsigned>())},
+      {txn_key(txn_sizes[0]), txn_label(txn_sizes[0])},
+      {txn_key(txn_sizes[1]), txn_label(txn_sizes[1])},
+      {txn_key(txn_sizes[2]), txn_label(txn_sizes[2])},
       {"rss_bytes", "peak RSS growth MiB"},
       {"disk_bytes", "on disk MiB"},
   };
@@ -413,6 +469,11 @@ int run_kvbench_command(int argc, char** argv) {
   app.add_option("--sync-dir", c.sync_dir,
                  "Where the stores of the durable rows go: a disk, for fdatasync to mean "
                  "something (default: a fresh directory under /var/tmp)");
+  app.add_option("--txn-keys", c.txn_keys,
+                 "Keys the transaction rows load, in transactions of 1, 1024 and 65536 puts")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}));
+  app.add_option("--txn-value-size", c.txn_value_size, "Bytes per value of the transaction rows")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
   app.add_option("--json", json_path, "Write the figures as JSON to this file (- for stdout)");
   try {
     app.parse(argc, argv);
@@ -454,6 +515,7 @@ int run_kvbench_command(int argc, char** argv) {
     return info ? std::string(info->type_name()) : std::string("unknown");
   };
   const workload w = make_workload(c.keys, c.value_size);
+  const workload tw = make_workload(c.txn_keys, c.txn_value_size);
   fmt::print(stderr,
              "keel-bench kvbench: {} keys, {} B values, in {} ({}); durable rows in {} ({})\n",
              c.keys, c.value_size, c.dir, fs_name(c.dir), c.sync_dir, fs_name(c.sync_dir));
@@ -464,13 +526,15 @@ int run_kvbench_command(int argc, char** argv) {
            {"durable_writers", c.durable_writers},
            {"seconds", c.seconds},
            {"fill_seconds", c.fill_seconds},
+           {"txn_keys", c.txn_keys},
+           {"txn_value_size", c.txn_value_size},
            {"filesystem", fs_name(c.dir)},
            {"sync_filesystem", fs_name(c.sync_dir)},
            {"order", json::array()},
            {"engines", json::object()}};
   for (const auto* e : chosen) {
     // The figures come back through a file of the scratch directory.
-    const child_outcome got = run_in_child([&] { return engine_run(*e, c, w).run().dump(); },
+    const child_outcome got = run_in_child([&] { return engine_run(*e, c, w, tw).run().dump(); },
                                            c.dir + "/" + e->id + ".json");
     doc["order"].push_back(e->id);
     if (got.ok) {

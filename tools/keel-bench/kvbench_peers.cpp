@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 #include <leveldb/db.h>
+#include <leveldb/write_batch.h>
 #include <lmdb.h>
 #include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
 #include <sqlite3.h>
 #include <tdb.h>
 #include <tkrzw_dbm_hash.h>
@@ -47,6 +49,15 @@ class keel_handle final : public kv_handle {
     if (!v) return fail(v.error().message());
     out = std::move(*v);
     return true;
+  }
+  bool put_all(std::span<const std::string> keys, std::string_view value) override {
+    auto t = store_->begin();
+    if (!t) return fail(t.error().message());
+    for (const std::string& k : keys) {
+      if (auto r = t->put(k, value); !r) return fail(r.error().message());
+    }
+    auto c = t->commit();
+    return c ? true : fail(c.error().message());
   }
 
  private:
@@ -103,6 +114,21 @@ class lmdb_handle final : public kv_handle {
     if (rc != 0) {
       mdb_txn_abort(txn);
       return fail(mdb_strerror(rc));
+    }
+    rc = mdb_txn_commit(txn);
+    return rc == 0 ? true : fail(mdb_strerror(rc));
+  }
+  bool put_all(std::span<const std::string> keys, std::string_view value) override {
+    MDB_txn* txn = nullptr;
+    int rc = mdb_txn_begin(env_, nullptr, 0, &txn);
+    if (rc != 0) return fail(mdb_strerror(rc));
+    for (const std::string& key : keys) {
+      MDB_val k{key.size(), const_cast<char*>(key.data())};
+      MDB_val v{value.size(), const_cast<char*>(value.data())};
+      if (rc = mdb_put(txn, dbi_, &k, &v, 0); rc != 0) {
+        mdb_txn_abort(txn);
+        return fail(mdb_strerror(rc));
+      }
     }
     rc = mdb_txn_commit(txn);
     return rc == 0 ? true : fail(mdb_strerror(rc));
@@ -211,6 +237,13 @@ class lsm_handle final : public kv_handle {
     const auto s = db_->Put(write_, slice(key), slice(value));
     return s.ok() ? true : fail(s.ToString());
   }
+  bool put_all(std::span<const std::string> keys, std::string_view value) override {
+    typename Api::write_batch batch;
+    for (const std::string& k : keys)
+      batch.Put(slice(k), slice(value));
+    const auto s = db_->Write(write_, &batch);
+    return s.ok() ? true : fail(s.ToString());
+  }
   bool get(std::string_view key, std::string& out) override {
     const auto s = db_->Get(typename Api::read_options(), slice(key), &out);
     return s.ok() ? true : fail(s.ToString());
@@ -228,6 +261,7 @@ struct rocksdb_api {
   using read_options = rocksdb::ReadOptions;
   using write_options = rocksdb::WriteOptions;
   using slice = rocksdb::Slice;
+  using write_batch = rocksdb::WriteBatch;
 };
 struct leveldb_api {
   using db = leveldb::DB;
@@ -235,6 +269,7 @@ struct leveldb_api {
   using read_options = leveldb::ReadOptions;
   using write_options = leveldb::WriteOptions;
   using slice = leveldb::Slice;
+  using write_batch = leveldb::WriteBatch;
 };
 
 // SQLite: a WITHOUT ROWID table keyed by the key, in WAL mode, a connection per thread and
@@ -273,6 +308,20 @@ class sqlite_handle final : public kv_handle {
     const int rc = sqlite3_step(put_);
     sqlite3_reset(put_);
     return rc == SQLITE_DONE ? true : fail(sqlite3_errmsg(db_));
+  }
+  bool put_all(std::span<const std::string> keys, std::string_view value) override {
+    if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      return fail(sqlite3_errmsg(db_));
+    }
+    for (const std::string& k : keys) {
+      if (!put(k, value)) {
+        (void)sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+        return false;
+      }
+    }
+    return sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK
+               ? true
+               : fail(sqlite3_errmsg(db_));
   }
   bool get(std::string_view key, std::string& out) override {
     sqlite3_bind_blob(get_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
@@ -320,6 +369,17 @@ class tdb_handle final : public kv_handle {
     }
     return tdb_transaction_commit(db_) == 0 ? true : fail(tdb_errorstr(db_));
   }
+  bool put_all(std::span<const std::string> keys, std::string_view value) override {
+    if (tdb_transaction_start(db_) != 0) return fail(tdb_errorstr(db_));
+    for (const std::string& k : keys) {
+      if (tdb_store(db_, data(k), data(value), TDB_REPLACE) != 0) {
+        std::string why = tdb_errorstr(db_);
+        tdb_transaction_cancel(db_);
+        return fail(std::move(why));
+      }
+    }
+    return tdb_transaction_commit(db_) == 0 ? true : fail(tdb_errorstr(db_));
+  }
   bool get(std::string_view key, std::string& out) override {
     const auto copy = [](TDB_DATA k, TDB_DATA v, void* into) -> int {
       (void)k;
@@ -341,21 +401,21 @@ class tdb_handle final : public kv_handle {
 const std::vector<engine>& engines() {
   using t = engine::threads;
   static const std::vector<engine> all{
-      {"keel", "keel", t::shared, true, "defaults; sync: durability::sync (group commit)",
+      {"keel", "keel", t::shared, true, true, "defaults; sync: durability::sync (group commit)",
        open_keel},
-      {"lmdb", "LMDB", t::shared, true,
+      {"lmdb", "LMDB", t::shared, true, true,
        "map sized 3x the data; none: MDB_NOSYNC|MDB_NOMETASYNC; a renewed read txn per get",
        open_with_start<lmdb_handle>},
-      {"tkrzw", "tkrzw HashDBM", t::shared, false,
+      {"tkrzw", "tkrzw HashDBM", t::shared, false, false,
        "2 buckets per key; sync: Synchronize(hard) after each put", open_with_start<tkrzw_handle>},
-      {"rocksdb", "RocksDB", t::shared, false, "defaults; sync: WriteOptions::sync",
+      {"rocksdb", "RocksDB", t::shared, false, true, "defaults; sync: WriteOptions::sync",
        open_with_start<lsm_handle<rocksdb_api>>},
-      {"leveldb", "LevelDB", t::shared, false, "defaults; sync: WriteOptions::sync",
+      {"leveldb", "LevelDB", t::shared, false, true, "defaults; sync: WriteOptions::sync",
        open_with_start<lsm_handle<leveldb_api>>},
-      {"sqlite", "SQLite", t::own_handle, true,
+      {"sqlite", "SQLite", t::own_handle, true, true,
        "WAL, WITHOUT ROWID, a connection per thread; none: synchronous=OFF, sync: FULL",
        open_with_start<sqlite_handle>},
-      {"tdb", "TDB", t::none, true,
+      {"tdb", "TDB", t::none, true, true,
        "a transaction per put, hash sized to the keys; none: TDB_NOSYNC",
        open_with_start<tdb_handle>},
   };

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,13 @@ class kv_handle {
   [[nodiscard]] virtual bool put(std::string_view key, std::string_view value) = 0;
   //! Copies the value at `key` into `out`; false on failure, a missing key included.
   [[nodiscard]] virtual bool get(std::string_view key, std::string& out) = 0;
+  //! Puts `value` at every one of `keys` in one transaction (all or none, as each put is);
+  //! false on failure. Only for engines with `transactions`.
+  [[nodiscard]] virtual bool put_all(std::span<const std::string> keys, std::string_view value) {
+    (void)keys;
+    (void)value;
+    return fail("no transactions of several keys");
+  }
   //! Why the last call that failed did (not thread-safe: for the message after a failure).
   [[nodiscard]] const std::string& error() const { return error_; }
 
@@ -52,6 +60,8 @@ struct engine {
   enum class threads { shared, own_handle, none } threading = threads::shared;
   //! Whether several processes may open one store and write to it at once.
   bool multi_process = false;
+  //! Whether it commits puts of several keys as one transaction (kv_handle::put_all).
+  bool transactions = true;
   //! How it is set up, in words, for the report.
   std::string setup;
   //! Opens the store in `r.dir` (creating it); null and `why` when it cannot.
