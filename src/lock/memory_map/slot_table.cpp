@@ -71,27 +71,40 @@ std::span<slot_request> collect_slots(std::span<const entity> sorted,
     small[0] = {static_cast<std::uint32_t>(slot_of(sorted[0].value)), sorted[0].is_exclusive()};
     return std::span(small.data(), 1);
   }
-  std::span<slot_request> want;
-  if (sorted.size() <= small.size()) {
-    want = std::span(small.data(), sorted.size());
-  } else {
-    big.resize(sorted.size());
-    want = big;
-  }
   std::size_t n = 0;
-  for (const entity e : sorted) {
-    const auto s = static_cast<std::uint32_t>(slot_of(e.value));
-    bool merged = false;
-    for (std::size_t k = 0; k < n; ++k) {
-      if (want[k].slot == s) {
-        want[k].exclusive |= e.is_exclusive();
-        merged = true;
-        break;
+  if (sorted.size() <= small.size()) {
+    // A few: each against those kept so far.
+    for (const entity e : sorted) {
+      const auto s = static_cast<std::uint32_t>(slot_of(e.value));
+      bool merged = false;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (small[k].slot == s) {
+          small[k].exclusive |= e.is_exclusive();
+          merged = true;
+          break;
+        }
       }
+      if (!merged) small[n++] = {s, e.is_exclusive()};
     }
-    if (!merged) want[n++] = {s, e.is_exclusive()};
+    return std::span(small.data(), n);
   }
-  return want.first(n);
+  // Many: sorted by slot and merged where adjacent. Each against all kept so far cost a
+  // transaction of 65 536 keys (a lock call of as many index pages) about 2^28 compares,
+  // and loading in such transactions ran at half the rate per put of single puts. (The
+  // order is free: a lock call takes all its slots or gives back those it took.)
+  big.resize(sorted.size());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    big[i] = {static_cast<std::uint32_t>(slot_of(sorted[i].value)), sorted[i].is_exclusive()};
+  }
+  std::ranges::sort(big, {}, &slot_request::slot);
+  for (const slot_request& r : big) {
+    if (n != 0 && big[n - 1].slot == r.slot) {
+      big[n - 1].exclusive |= r.exclusive;
+    } else {
+      big[n++] = r;
+    }
+  }
+  return std::span(big.data(), n);
 }
 
 void slot_table::wake(std::uint32_t u) const noexcept {
