@@ -1098,6 +1098,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // Which rooms to keep: as seg/ has them (see next_active_segment).
     if (auto r = s.reconcile_rooms(); !r) return std::unexpected(r.error());
     if (auto r = s.unlist_segments(victims); !r) return std::unexpected(r.error());
+    if (compact_unlisted_hook != nullptr) compact_unlisted_hook();
     std::uint64_t kept_spare = 0;  // sizes (0: none kept)
     std::uint64_t kept_deletes = 0;
     std::uint64_t kept_next = 0;

@@ -172,6 +172,16 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
   if (!remove) return {};  // (a read-only opener changes nothing)
   bool removed = false;
   for (const std::uint64_t n : dead) {
+    // Its entry in the segment table too, where it still holds it: a compactor killed after
+    // it took its victims off the manifest, and before it emptied their entries, left them
+    // there, and once their files were gone every sync commit (which syncs each segment the
+    // table names) and every compaction failed with ENOENT, reopened or not.
+    std::uint64_t holder = n;
+    if (auto w = store_or_refuse(
+            [&] { segtab(n, 0).compare_exchange_strong(holder, 0, std::memory_order_seq_cst); });
+        !w) {
+      return w;
+    }
     forget_segment(n);  // its room comes back only once nobody maps it
     removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
   }

@@ -1332,6 +1332,9 @@ struct store::impl final : ix::page_source {
 //! For tests: called by compact after it moved the live records, before it waits for the
 //! snapshots that may still read the originals.
 inline void (*compact_moved_hook)() noexcept = nullptr;
+//! For tests: called by compact once its victims are off the manifest, before their entries
+//! in the segment table are emptied and their files removed.
+inline void (*compact_unlisted_hook)() noexcept = nullptr;
 //! For tests: called by a checkpoint once its file is in place, before the header names it.
 inline void (*checkpoint_written_hook)() noexcept = nullptr;
 

@@ -648,6 +648,65 @@ TEST(KvCompact, HoldsNoLockSlotAWriterMayNeed) {
   EXPECT_EQ(busy_slots, 0) << "lock slots a writer's page may need were held by the compaction";
 }
 
+// A compactor killed after it took its victims off the manifest, before it emptied their
+// entries in the segment table: the next opener, alone, removes the victims' files (nothing
+// in them is live: their records were copied), and must empty their entries too. Left named,
+// a sync commit after a sync leader died (which syncs every segment the table names) failed
+// with ENOENT naming a victim, and so did every one after, reopened or not (found by an
+// adversarial review that killed compactions at random).
+TEST(KvCompact, ACompactorKilledAfterItUnlistedItsVictimsLeavesNoneNamed) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path, manual_compaction());
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("k0", value_of(0, 0)));
+  }
+  // The victims written since the last sync (a close syncs): a sync commit syncs them.
+  const pid_t child = fork_child([&] {
+    auto s = store::open(path, manual_compaction());
+    if (!s) return 2;
+    for (int round = 3; round < 6; ++round) {
+      for (int k = 0; k < 1500; ++k) {
+        if (!(*s)->put("k" + std::to_string(k), value_of(k, round))) return 4;
+      }
+    }
+    compact_unlisted_hook = []() noexcept { ::raise(SIGKILL); };
+    (void)(*s)->compact();
+    return 3;  // not killed: it took no victim
+  });
+  ASSERT_EQ(test::wait_exit(child), 128 + SIGKILL);
+  for (int open = 0; open < 2; ++open) {
+    SCOPED_TRACE(open);
+    auto s = open_ok(path, manual_compaction());  // alone: the victims' files are removed
+    ASSERT_TRUE(s);
+    // A writer killed in the middle of a sync: the next sync syncs every segment the table
+    // names, so one named and gone fails it.
+    const pid_t syncer = fork_child([&] {
+      auto mine = store::open(path, manual_compaction());
+      if (!mine) return 2;
+      commit_hook = [](commit_step at) noexcept {
+        if (at == commit_step::syncing) ::raise(SIGKILL);
+      };
+      auto t = (*mine)->begin();
+      if (!t || !t->put("syncer", "1")) return 3;
+      (void)t->commit(durability::sync);
+      return 4;  // not killed
+    });
+    ASSERT_EQ(test::wait_exit(syncer), 128 + SIGKILL);
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(t->put("after", std::to_string(open)));
+    auto c = t->commit(durability::sync);
+    ASSERT_TRUE(c) << c.error().message();
+    auto again = s->compact();
+    ASSERT_TRUE(again) << again.error().message();
+    for (int k = 0; k < 1500; ++k)
+      ASSERT_EQ(s->get("k" + std::to_string(k)), value_of(k, 5));
+    EXPECT_TRUE(s->verify());
+  }
+}
+
 TEST(KvCompact, ReadersAndWritersGoOnMeanwhile) {
   temp_dir dir;
   const std::string path = dir.file("s");
