@@ -829,7 +829,13 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
         }
         return keel_error(errc::conflict);
       }
-      if (!k.entry && k.w != nullptr) ++new_keys[k.page];
+      if (!k.entry && k.w != nullptr) {
+        try {
+          ++new_keys[k.page];
+        } catch (const std::bad_alloc&) {
+          return errc_error(std::errc::not_enough_memory);
+        }
+      }
     }
     // A page's chain with fewer free entries (empty, or holding nothing: an undone insert,
     // an erased key compaction forgot) than the commit's new keys in it must grow: every
@@ -885,7 +891,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
 
   step(commit_step::locked);
-  // The block: its records, in key order.
+  // The block: its records (in the write set's order: nothing reads them by key order).
   try {
     records.reserve(keys.size());
     for (const key_plan& k : keys) {
