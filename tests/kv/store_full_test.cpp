@@ -146,8 +146,7 @@ TEST(KvFullVolume, EveryEraseOfSmallValuesWorksInAnyOrderOnAFullVolume) {
 // and its retry goes in.
 TEST(KvFullVolume, EraseOnlyTransactionsWorkOnAFullVolume) {
   on_small_volume(6, [](const std::string& path) {
-    options o;
-    o.compact_dead_fraction = 0;
+    const options o = manual_compaction(options{});
     auto opened = store::open(path, o);
     if (!opened) return 2;
     store& s = **opened;
