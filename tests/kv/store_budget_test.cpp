@@ -5,6 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
 #include <string>
 
 #include "keel/kv/store.hpp"
@@ -222,6 +228,104 @@ TEST(KvBudget, AnotherProcessIsHeldToItsOwnBudgetToo) {
   EXPECT_EQ(keel::test::wait_exit(child), 0);
   EXPECT_FALSE(s->get(key_of(0)));
   EXPECT_FALSE(s->get("from the child"));
+}
+
+// The bytes the store's files take on the volume, its directories too.
+std::uint64_t bytes_taken(const std::string& path) {
+  std::uint64_t total = 0;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) total += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(path)) {
+    if (::lstat(e.path().c_str(), &st) == 0)
+      total += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+// Values of every size beside 1 KiB ones, over 40 keys, under a budget of 20 MiB: blobs just
+// under and over the size that gets a segment of its own, blobs whose segment would be a log
+// segment's size, and values of 70-470 KB. Compaction keeps the largest victim as the spare
+// in place when it takes the spare; that spare, smaller than a log segment that stayed, was
+// grown to the size it must be with no look at the budget, and the files passed it by 240 KB
+// (seed 3, op 196). The store's files are measured after every commit, on a private tmpfs
+// (where a file takes exactly its blocks).
+TEST(KvBudget, ValuesOfEverySizeComingAndGoingNeverTakeTheFilesPastTheBudget) {
+  keel::test::temp_dir dir;
+  const std::string mnt = dir.file("mnt");
+  std::filesystem::create_directory(mnt);
+  const std::uint64_t budget = 20 * mib;
+  const pid_t child = keel::test::fork_child([&] {
+    if (!keel::test::mount_private_tmpfs(mnt, 64 * mib)) return keel::test::cannot_set_up;
+    for (const int seed : {3, 1, 2}) {
+      const std::string path = mnt + "/s" + std::to_string(seed);
+      options o;
+      o.max_bytes = budget;
+      auto opened = store::open(path, o);
+      if (!opened) return 2;
+      store& s = **opened;
+      std::mt19937_64 random(seed);
+      std::map<std::string, std::string> model;
+      for (int op = 0; op < 400; ++op) {
+        // The size segments are made at now (as next_segment_size: 256 KiB, doubling while the
+        // log holds 16 such, up to 1 MiB here).
+        auto stats = s.stats();
+        if (!stats) return 3;
+        std::uint64_t next = 256 * 1024;
+        while (next < mib && next * 2 <= (stats->live_bytes + stats->dead_bytes) / 16)
+          next *= 2;
+        const std::string key = "k" + std::to_string(random() % 40);
+        std::size_t length = 0;
+        switch (random() % 4) {
+          case 0:
+            length = next - 112 + 8 * (random() % 3);
+            break;
+          case 1:
+            length = 2 * next - 120 + 8 * (random() % 3);
+            break;
+          case 2:
+            length = 70'000 + random() % 400'000;
+            break;
+          default:
+            length = 100 + random() % 2000;
+        }
+        std::string value(length, static_cast<char>('a' + op % 26));
+        auto put = s.put(key, value);
+        if (put) {
+          model[key] = std::move(value);
+        } else if (put.error() == errc::budget_reached ||
+                   put.error() == std::errc::no_space_on_device) {
+          // At the budget: two keys go, which must work.
+          for (int j = 0; j < 2 && !model.empty(); ++j) {
+            auto it = std::next(model.begin(), static_cast<long>(random() % model.size()));
+            if (auto e = s.erase(it->first); !e) {
+              std::fprintf(stderr, "seed %d op %d: an erase at the budget failed: %s\n", seed, op,
+                           e.error().message().c_str());
+              return 4;
+            }
+            model.erase(it);
+          }
+        } else {
+          std::fprintf(stderr, "seed %d op %d: a put failed: %s\n", seed, op,
+                       put.error().message().c_str());
+          return 5;
+        }
+        if (const std::uint64_t taken = bytes_taken(path); taken > budget) {
+          std::fprintf(stderr, "seed %d op %d (a value of %zu bytes): the files take %ju bytes\n",
+                       seed, op, length, static_cast<std::uintmax_t>(taken));
+          return 6;
+        }
+      }
+      for (const auto& [key, value] : model) {
+        auto got = s.get(key);
+        if (!got || *got != value) return 7;
+      }
+      if (!s.verify()) return 8;
+    }
+    return 0;
+  });
+  const int code = keel::test::wait_exit(child);
+  if (code == keel::test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
+  EXPECT_EQ(code, 0);
 }
 
 }  // namespace
