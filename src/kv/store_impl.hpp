@@ -1,7 +1,10 @@
 #pragma once
-// The store's insides, shared by its parts (open.cpp: the index's life and recovery;
-// commit.cpp: transactions; read.cpp: lookups, scans, stats). Layouts and protocols are
-// doc/kv-format.md's; the names here follow it.
+// The store's insides, shared by its parts, each a file that says at its top what it owns:
+// open.cpp (opening, the index checked or recovered), users.cpp (liveness and slots),
+// pages.cpp (the index's pages), segments.cpp, rooms.cpp (the spare and the deletes' room),
+// reserve.cpp (where blocks go), budget.cpp (what may still be taken), commit.cpp
+// (transactions), read.cpp (lookups, scans, stats), and the others named by section below.
+// Layouts and protocols are doc/kv-format.md's; the names here follow it.
 
 #include <algorithm>
 #include <array>
@@ -442,7 +445,7 @@ struct store::impl final : ix::page_source {
   //! directory onto the free list.
   void collect_free_pages() noexcept;
 
-  // ---- open.cpp ----
+  // ---- opening (open.cpp, private_index.cpp) ----
   [[nodiscard]] result<void> open_index() noexcept;
   //! Maps `index_file` and sets up the views of it (table, ledger).
   [[nodiscard]] result<void> map_index() noexcept;
@@ -804,7 +807,8 @@ struct store::impl final : ix::page_source {
   //! Whether the user of slot `u` is gone (its byte is free and it is not one of ours).
   [[nodiscard]] bool slot_owner_dead(std::uint32_t u) noexcept;
 
-  // ---- segments (open.cpp) ----
+  // ---- segments (segments.cpp), the rooms (rooms.cpp), where blocks go (reserve.cpp), the
+  // budget and the volume's room (budget.cpp) ----
   [[nodiscard]] result<segment*> segment_at(std::uint64_t number) noexcept;
   [[nodiscard]] result<std::uint64_t> make_segment(std::uint64_t size) noexcept;
   //! Whether `size` is a log segment's (or a room's) in this store: the segment size, or in a
@@ -1402,6 +1406,21 @@ inline void (*commit_hook)(commit_step) noexcept = nullptr;
 
 //! A segment's file name in `seg/` (16 hex digits).
 [[nodiscard]] std::string segment_name(std::uint64_t number);
+//! The prefix of a segment's name while it is made (a leftover the next lone opener removes).
+inline constexpr std::string_view segment_temp_prefix = ".seg.";
+
+//! Enters an open store in this process's registry, which a forked child goes through to let
+//! go of the parent's liveness (users.cpp); its impl leaves it when it goes.
+void register_store(store::impl* s) noexcept;
+
+//! Lets the waiting byte go (waits_for_private_build) when an opener's wait ends, in or not:
+//! held on, by a forked child's inherited descriptor too, it would keep private readers out.
+struct done_waiting_for_builds {
+  store::impl& s;
+  ~done_waiting_for_builds() {
+    (void)s.fs->lock(s.dir.store_file, opener_waiting_byte, 1, io::lock_request::unlock, false);
+  }
+};
 
 //! Checks a key's size: invalid_argument (empty), too_large.
 [[nodiscard]] result<void> check_key(std::string_view key) noexcept;

@@ -1,0 +1,468 @@
+// The users of a store (doc/kv-format.md, "Dead users"): each process's liveness (the open
+// byte of `index`, held shared while it uses the store), the user slots of the index's slot
+// pages (taken, given back, buried when their owner died), and the registry of this process's
+// open stores that a forked child lets go of. Owns `live`, `free_slots`, `ours` and the
+// idle-slot cells, and takes and gives back the slots (a slot's words are written by its
+// holder too, in commit.cpp, probe.cpp, compact.cpp and checkpoint.cpp).
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "base/per_thread.hpp"
+#include "base/planted.hpp"
+#include "base/process.hpp"
+#include "kv/store_impl.hpp"
+
+namespace keel::kv {
+
+namespace {
+
+// Every open store of this process, for fork: a child closes its inherited liveness
+// descriptors at once, so the parent's slots read as gone the moment the parent is.
+
+base::mutex registry_mutex;
+std::vector<store::impl*>& registry() noexcept {
+  static std::vector<store::impl*> r;
+  return r;
+}
+
+void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  registry_mutex.lock();
+  for (store::impl* s : registry()) {
+    // A child must not inherit any of them held (the order is the one threads take them in).
+    s->checkpointer_mutex.lock();
+    s->live_mutex.lock();
+    s->segments_mutex.lock();
+  }
+}
+void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  for (store::impl* s : registry()) {
+    s->segments_mutex.unlock();
+    s->live_mutex.unlock();
+    s->checkpointer_mutex.unlock();
+  }
+  registry_mutex.unlock();
+}
+void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  for (store::impl* s : registry()) {
+    // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
+    // slots are the parent's, not ours.
+    (void)s->live.close();
+    s->free_slots.clear();
+    s->ours.fill(false);
+    s->forget_idle_slots();
+    s->segments_mutex.unlock();
+    s->live_mutex.unlock();
+    s->checkpointer_mutex.unlock();
+  }
+  registry_mutex.unlock();
+}
+
+void unregister_store(store::impl* s) noexcept {
+  base::lock_guard g(registry_mutex);
+  auto& r = registry();
+  r.erase(std::remove(r.begin(), r.end(), s), r.end());
+}
+
+}  // namespace
+
+void register_store(store::impl* s) noexcept {
+  static const bool once = [] {
+    ::pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    return true;
+  }();
+  (void)once;
+  base::lock_guard g(registry_mutex);
+  registry().push_back(s);
+}
+
+store::impl::~impl() {
+  const call_scope call(*this);
+  closing.store(true, std::memory_order_seq_cst);
+  join_checkpointer();
+  unregister_store(this);
+  base::lock_guard g(live_mutex);
+  if (live.is_open() && live_generation == base::fork_generation() && index_map.data()) {
+    // The last user out (its shared hold of the open byte turns exclusive only when nobody
+    // else holds it) leaves what it can prove durable in the manifest. Best effort: without
+    // it a rebuild only knows less.
+    if (!opts.read_only && !failed.load() && h64(hdr::sync_error).load() == 0 &&
+        fs->lock(live, open_byte, 1, io::lock_request::exclusive, false)) {
+      (void)seal_durable();
+    }
+    for (std::uint32_t u = 0; u < max_slots; ++u) {
+      if (!ours[u]) continue;
+      // On a volume that refuses writes through the maps (btrfs at its quota) a refused
+      // write would kill the process (SIGBUS): a slot it may not write is left as a dead
+      // user's, which the next user takes back once its byte is free.
+      // (Written back and refused again after that, past lock_timeout: the same.)
+      if (slot_write_ready(u)) {
+        const slot_ref s = slot(u);
+        (void)store_or_refuse([&] {
+          s.snapshot().store(0);
+          s.pid().store(0, std::memory_order_release);
+        });
+      }
+      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+    }
+  }
+  // Closing `live` drops the open byte: the last user out leaves the index as it is (valid,
+  // and used as it is by the next opener of this boot).
+}
+
+result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with live_mutex held.
+  if (live.is_open() && live_generation == base::fork_generation()) return {};
+  if (live.is_open()) {
+    // A forked child whose atfork handler did not run (vfork-like paths): never unlock through
+    // the parent's description; just stop using it.
+    (void)live.close();
+  }
+  free_slots.clear();
+  ours.fill(false);
+  // (A reader with an index of its own reopens that unnamed file through the descriptor a
+  // forked child inherited: permission denied to a child of one that dropped its rights.)
+  const std::string reopened = "/proc/self/fd/" + std::to_string(index_file.fd());
+  auto f = private_index
+               ? fs->open(nullptr, reopened.c_str(), io::open_flags::read_write, 0600)
+               : io::file_handle::open_at(dir.dir, "index",
+                                          io::open_flags::read_write | io::open_flags::no_follow);
+  if (!f) return std::unexpected(f.error().about(private_index ? reopened : path + "/index"));
+  // Shared on the open byte for as long as this process uses the store: an opener that gets
+  // it exclusively knows it is alone.
+  const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  const done_waiting_for_builds done{*this};
+  for (;;) {
+    auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
+    // (A forked child's first call: a private reader may have started since its parent let go.)
+    if (r && (private_index || !waits_for_private_build(*f))) break;
+    if (r) r = errc_error(std::errc::operation_would_block);
+    if (r.error() != std::errc::operation_would_block &&
+        r.error() != std::errc::resource_unavailable_try_again) {
+      return std::unexpected(r.error());
+    }
+    if (now_ms() > until) return errc_error(std::errc::timed_out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  live = std::move(*f);
+  live_generation = base::fork_generation();
+  return {};
+}
+
+namespace {
+
+// The idle cell a thread tries first: threads spread over the cells in the order they came.
+std::size_t my_idle_cell(std::size_t cells) noexcept {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine % cells;
+}
+
+}  // namespace
+
+void store::impl::forget_idle_slots() noexcept {
+  for (auto& c : idle_slots)
+    c.slot.store(max_slots, std::memory_order_relaxed);
+  idle_generation.store(base::fork_generation(), std::memory_order_release);
+}
+
+result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
+  // Refused a moment ago: a reader does not ask again at every call (each asking writes a
+  // page of a file made for it, to learn why).
+  if (use == slot_use::reading &&
+      now_ms() < slots_refused_until_ms.load(std::memory_order_relaxed)) {
+    return take_slotless();
+  }
+  // A reader does not wait out a refusal that may be a moment's: it goes on without a slot.
+  const bool patient = use == slot_use::writing;
+  auto lease = take_slot(patient);
+  if (lease) {
+    // Every call writes its slot, and the header: where the volume may refuse a write fault,
+    // a call that would write fails here instead.
+    auto w = slot_write_ready(lease->index, patient);
+    if (w) {
+      if (slot_ready_hook != nullptr) slot_ready_hook();
+      return lease;
+    }
+    release_slot(*lease);
+    lease = std::unexpected(w.error());
+  }
+  // One that only reads goes on without a slot (a qgroup at its limit takes no write).
+  if (use == slot_use::reading &&
+      (lease.error() == std::errc::no_space_on_device || lease.error() == std::errc::bad_address ||
+       lease.error() == std::error_code(EDQUOT, std::system_category()))) {
+    slots_refused_until_ms.store(now_ms() + slots_refused_ms, std::memory_order_relaxed);
+    return take_slotless();
+  }
+  return lease;
+}
+
+result<slot_lease> store::impl::take_slotless() noexcept {
+  unmap_removed_segments();  // as take_slot does: maps of segments removed since go first
+  base::lock_guard g(live_mutex);
+  if (auto r = ensure_live(); !r) return std::unexpected(r.error());
+  const std::uint64_t gen = base::fork_generation();
+  if (slotless_generation != gen) {  // a forked child's count is not its own
+    slotless_generation = gen;
+    slotless_readers = 0;
+  }
+  // (Shared: nobody takes it exclusively, it is only tested; a file lock needs no room.)
+  if (slotless_readers == 0) {
+    if (auto r = fs->lock(live, slotless_byte, 1, io::lock_request::shared, false); !r) {
+      return std::unexpected(r.error().about(path + "/index"));
+    }
+  }
+  ++slotless_readers;
+  return slot_lease{max_slots, gen, true};
+}
+
+bool store::impl::no_slotless_readers() noexcept {
+  // Through the index's own descriptor, not `live`: this process's readers count too.
+  auto free = fs->lock_is_free(index_file, slotless_byte, 1, io::lock_request::exclusive);
+  return free && *free;
+}
+
+result<slot_lease> store::impl::take_slot(bool patient) noexcept {
+  unmap_removed_segments();
+  const std::uint64_t gen = base::fork_generation();
+  // The fast way: an idle slot of ours from the cells, without the mutex.
+  if (idle_generation.load(std::memory_order_acquire) == gen) {
+    const std::size_t first = my_idle_cell(idle_cells);
+    for (std::size_t k = 0; k < idle_cells; ++k) {
+      auto& cell = idle_slots[(first + k) % idle_cells].slot;
+      if (cell.load(std::memory_order_relaxed) == max_slots) continue;
+      const std::uint32_t u = cell.exchange(max_slots, std::memory_order_acquire);
+      if (u != max_slots) return slot_lease{u, gen};
+    }
+  }
+  base::lock_guard g(live_mutex);
+  if (auto r = ensure_live(); !r) return std::unexpected(r.error());
+  if (idle_generation.load() != gen) forget_idle_slots();  // a forked child's copies
+  if (!free_slots.empty()) {
+    const std::uint32_t u = free_slots.back();
+    free_slots.pop_back();
+    return slot_lease{u, gen};
+  }
+  // A slot taken is written (and a dead user's cleared first): all of them writable now
+  // where the volume may refuse it.
+  if (auto w = write_ready(index_map, base(),
+                           slot_first_page * fmt::page_size + max_slots * slot_size, {}, patient);
+      !w) {
+    return std::unexpected(w.error().about(path + "/index"));
+  }
+  // Slots their users closed (pid 0) first: with many users open, trying each live one's
+  // byte would cost a lock call each, every one a walk of the file's lock list.
+  const std::uint32_t start = static_cast<std::uint32_t>(::getpid()) % max_slots;
+  for (std::uint32_t k = 0; k < 2 * max_slots; ++k) {
+    const std::uint32_t u = (start + k) % max_slots;
+    if (ours[u]) continue;
+    const slot_ref s = slot(u);
+    if (k < max_slots && s.pid().load(std::memory_order_acquire) != 0) continue;
+    if (!slot_reclaimable(s)) continue;  // in use, or a dead writer's still needed
+    auto got = fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false);
+    if (!got) {
+      if (got.error() == std::errc::operation_would_block ||
+          got.error() == std::errc::resource_unavailable_try_again) {
+        continue;  // a live user's
+      }
+      return std::unexpected(got.error());
+    }
+    // Its byte is ours: whoever had the slot is gone. A dead writer's slot is left to the
+    // commits that settle it while they need what it says.
+    if (!slot_reclaimable(s)) {
+      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      continue;
+    }
+    // Its page and the header's asked for again now that the byte is ours (the volume may
+    // have written them back meanwhile), and stored escapably all the same: refused, the
+    // byte goes back and the slot is a dead user's still, as if we had died taking it.
+    result<void> taken = slot_write_ready(u, patient);
+    if (taken) bury_unsealed(s);
+    const std::uint32_t tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
+    if (taken && !stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
+          s.state().store(static_cast<std::uint64_t>(commit_state::idle));
+          s.snapshot().store(0);
+          s.seq().store(0);
+          s.block().store(0);
+          s.block_length().store(0);
+          // A dead user's charge stays charged (safe); an evicted one's cost is no longer
+          // written off.
+          if (ledger) {
+            ledger->leave(u);
+          } else {
+            s.ledger_pin().store(0);
+          }
+          // A user killed while it closed a delta: nobody closes it now.
+          if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
+            h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
+          }
+          s.start_time().store(base::self().start_time);
+          s.tid().store(tid);
+          s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
+        })) {
+      taken = std::unexpected(index_write_refusal());
+    }
+    if (!taken) {
+      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      return std::unexpected(taken.error());
+    }
+    ours[u] = true;
+    return slot_lease{u, gen};
+  }
+  return keel_error(errc::too_many_users);
+}
+
+void store::impl::release_slot(slot_lease s) noexcept {
+  if (s.slotless) {
+    base::lock_guard g(live_mutex);
+    // (One leased before a fork is the parent's: its byte is held through the parent's.)
+    if (s.generation != base::fork_generation() || slotless_generation != s.generation ||
+        slotless_readers == 0) {
+      return;
+    }
+    if (--slotless_readers == 0) {
+      (void)fs->lock(live, slotless_byte, 1, io::lock_request::unlock, false);
+    }
+    return;
+  }
+  if (!s.held()) return;
+  const std::uint64_t gen = base::fork_generation();
+  // A slot leased before a fork is the parent's: the child forgets it and leaves it alone
+  // (even if the child has since leased the same slot afresh, after the parent died).
+  if (s.generation != gen) return;
+  if (s.generation == gen && idle_generation.load(std::memory_order_acquire) == gen) {
+    // Ours (leased in this generation, so ours[s.index] holds): back to a free cell.
+    if (!clear_snapshot(s.index)) return forsake_slot(s);
+    const std::size_t first = my_idle_cell(idle_cells);
+    for (std::size_t k = 0; k < idle_cells; ++k) {
+      auto& cell = idle_slots[(first + k) % idle_cells].slot;
+      std::uint32_t none = max_slots;
+      if (cell.load(std::memory_order_relaxed) == max_slots &&
+          cell.compare_exchange_strong(none, s.index, std::memory_order_release)) {
+        return;
+      }
+    }
+  }
+  {
+    base::lock_guard g(live_mutex);
+    if (live_generation != gen || !ours[s.index]) return;
+    if (clear_snapshot(s.index)) {
+      free_slots.push_back(s.index);
+      return;
+    }
+  }
+  forsake_slot(s);
+}
+
+bool store::impl::clear_snapshot(std::uint32_t u) noexcept {
+  // Only the slot's holder writes its snapshot. Not written when there is none: a slot given
+  // back because its page could not be made writable (acquire_slot) would fault here.
+  const slot_ref me = slot(u);
+  if (me.snapshot().load(std::memory_order_relaxed) != 0) {
+    // Its page written back since the call began, the volume may refuse the write now (a
+    // qgroup at its limit): then the snapshot stays, instead of a SIGBUS, and the caller
+    // gives the slot up (forsake_slot): kept, it would hold every compaction back until the
+    // slot's next call, which an idle process never makes.
+    // (And refused again after that, written back in between, past the deadline: the same.)
+    if (!slot_write_ready(u, false)) return false;
+    return stored_escapably_by_call([&] { me.snapshot().store(0, std::memory_order_release); });
+  }
+  return true;
+}
+
+bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {
+  switch (static_cast<commit_state>(s.state().load(std::memory_order_acquire))) {
+    case commit_state::idle:
+      return true;
+    case commit_state::reserved:
+      // No seq taken: the entries it marked are resolved by their pages' holders from its
+      // block alone, which will never be complete.
+      return true;
+    case commit_state::writing:
+      // Its seq is settled once visible (by itself before it died, or by a settler).
+      return s.seq().load(std::memory_order_acquire) <=
+             h64(hdr::visible).load(std::memory_order_acquire);
+    case commit_state::taking:
+      // It may have taken a seq it never wrote down; once every seq handed out is visible,
+      // that one is settled too (a hole).
+      return h64(hdr::visible).load(std::memory_order_acquire) + 1 >=
+             h64(hdr::next_seq).load(std::memory_order_acquire);
+  }
+  return false;  // not a state: never touched
+}
+
+void store::impl::bury_unsealed(const slot_ref& s) noexcept {
+  const auto state = static_cast<commit_state>(s.state().load(std::memory_order_acquire));
+  if (state == commit_state::idle) return;
+  // Its block is known once its length is (the location is written first).
+  const std::uint64_t length = s.block_length().load(std::memory_order_acquire);
+  const std::uint64_t at = s.block().load(std::memory_order_acquire);
+  if (length == 0 || at == 0) return;
+  auto bytes = bytes_at(at);
+  // (Its pages asked for, and buried escapably: refused, it is left as not buried.)
+  bool buried = false;
+  if (!opts.read_only && bytes && segment_write_ready(at, length, false) &&
+      store_or_refuse([&] { buried = fmt::bury_block(*bytes, length, salt); }) && buried) {
+    return;
+  }
+  if (bytes && fmt::block_seq(*bytes) != 0 && fmt::block_seq(*bytes) != fmt::void_seq) return;
+  // Not buried (read-only, or its segment cannot be reached now): no close may record it as
+  // durable; the next writable rebuild steps over it above durable below.
+  std::uint64_t first = h64(hdr::unvoided_torn).load();
+  (void)store_or_refuse([&] {
+    while ((first == 0 || at < first) &&
+           !h64(hdr::unvoided_torn).compare_exchange_weak(first, at)) {
+    }
+  });
+}
+
+void store::impl::free_dead_slot(std::uint32_t u) noexcept {
+  // Under its byte, so this never frees a slot someone just took (and no commit's escape
+  // may leave with the byte held: io/map_guard.hpp).
+  // Its pages writable first (a commit's escape leaves its slot and block to whoever settles
+  // them, often while the volume still refuses it): refused, the slot stays a dead user's,
+  // reclaimed later, instead of a SIGBUS here.
+  as_dead_users_byte(u, [&] {
+    const slot_ref s = slot(u);
+    if (!slot_write_ready(u, false)) return;
+    if (slot_reclaimable(s)) {
+      bury_unsealed(s);
+      // (Refused again past the deadline, it stays a dead user's, as refused above.)
+      (void)stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
+        s.snapshot().store(0);
+        s.state().store(static_cast<std::uint64_t>(commit_state::idle), std::memory_order_release);
+      });
+    }
+  });
+}
+
+void store::impl::forsake_slot(slot_lease& s) noexcept {
+  // Its byte let go and not ours any more: to every user, this process included, the slot's
+  // user is dead, and what it holds is settled as a dead writer's. The lease holds nothing.
+  if (s.held() && s.generation == base::fork_generation()) {
+    base::lock_guard g(live_mutex);
+    if (live_generation == s.generation && ours[s.index]) {
+      ours[s.index] = false;
+      (void)fs->lock(live, user_byte + s.index, 1, io::lock_request::unlock, false);
+    }
+  }
+  s.index = max_slots;
+}
+
+bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
+  const io::map_guard::no_escape held_back;
+  base::lock_guard g(live_mutex);
+  if (!ensure_live()) return false;
+  if (ours[u]) return false;
+  auto is_free = fs->lock_is_free(live, user_byte + u, 1, io::lock_request::exclusive);
+  return is_free && *is_free;  // unknown: alive
+}
+
+}  // namespace keel::kv
