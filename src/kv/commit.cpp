@@ -20,6 +20,7 @@
 #include "base/spin.hpp"
 #include "io/map_guard.hpp"
 #include "kv/store_impl.hpp"
+#include "kv/transaction_impl.hpp"
 
 namespace keel::kv {
 namespace {
@@ -495,38 +496,6 @@ result<void> store::impl::grow_page(std::uint64_t page, const fmt::key_hash& h,
 }
 
 // ---- Transactions ----
-
-struct transaction::impl {
-  store::impl* s = nullptr;
-  slot_lease lease;
-  std::uint64_t snapshot = 0;
-  struct write {
-    bool erase = false;
-    std::string value;
-  };
-  // Hashed, not ordered: nothing needs the keys in order, and a tree of 65 536 random keys
-  // cost a cache miss per level at every put (a transaction of 65 536 puts ran at half the
-  // rate per put of a single put).
-  struct key_hasher {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view k) const noexcept {
-      return std::hash<std::string_view>{}(k);
-    }
-  };
-  std::unordered_map<std::string, write, key_hasher, std::equal_to<>> writes;
-  std::unordered_set<std::string, key_hasher, std::equal_to<>> reads;
-  // It scanned: its reads are a whole snapshot, which commit does not track key by key, so it
-  // may no longer write (and a transaction that wrote may not scan).
-  bool scanned = false;
-
-  ~impl() { s->release_slot(lease); }
-
-  result<std::span<const std::byte>> view(std::string_view key) noexcept;
-  //! Whether `key` is there at the snapshot (or written by this transaction), from its
-  //! record's header alone: a key whose value is damaged is there. Counts as a read.
-  result<bool> contains(std::string_view key) noexcept;
-  result<std::uint64_t> commit(durability d) noexcept;
-};
 
 result<bool> transaction::impl::contains(std::string_view key) noexcept {
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
@@ -1177,33 +1146,6 @@ result<std::uint64_t> transaction::commit() noexcept {
   return commit(impl_->s->opts.durable);
 }
 
-namespace {
-
-// Runs `attempt` (a commit that only erases) again after each compaction that made room, until
-// it goes in, fails for another reason, or the call's deadline passes: deletes work on a full
-// store, also while other users take the room each compaction frees (with four compactions a
-// call at most, three threads erasing a full 16 MiB store in random order saw a dozen erases
-// fail with no_space that went in when tried again alone). `leave` runs before each
-// compaction (false: not tried again, the attempt's error stands), `back` after it.
-template <class F, class L, class B>
-auto erase_with_room(store::impl& s, F&& attempt, L&& leave, B&& back) noexcept
-    -> decltype(attempt()) {
-  for (;;) {
-    const std::uint64_t seen = s.compaction_runs_now();
-    auto r = attempt();
-    if (r || !out_of_room(r.error()) || io::countdown::clock::now() >= s.call_expiry() ||
-        !leave()) {
-      return r;
-    }
-    auto room = s.make_room(seen);
-    if (!room) return std::unexpected(room.error());  // why no room could be made
-    if (!*room) return r;
-    if (auto b = back(); !b) return std::unexpected(b.error());
-  }
-}
-
-}  // namespace
-
 result<std::uint64_t> transaction::commit(durability d) noexcept {
   if (!impl_) return errc_error(std::errc::invalid_argument);
   const call_scope call(*impl_->s);
@@ -1253,142 +1195,6 @@ void transaction::abort() noexcept {
 
 std::uint64_t transaction::snapshot() const noexcept {
   return impl_ ? impl_->snapshot : 0;
-}
-
-// ---- store's one-key calls ----
-
-result<transaction> store::begin() noexcept {
-  const call_scope call(*impl_);
-  // (A read-only store's transactions only read.)
-  const slot_use use = impl_->opts.read_only ? slot_use::reading : slot_use::writing;
-  auto lease = impl_->acquire_slot(use);
-  if (!lease) return std::unexpected(lease.error());
-  std::unique_ptr<transaction::impl> t;
-  try {
-    t = std::make_unique<transaction::impl>();
-  } catch (const std::bad_alloc&) {
-    impl_->release_slot(*lease);
-    return errc_error(std::errc::not_enough_memory);
-  }
-  t->s = impl_.get();
-  t->lease = *lease;
-  auto snap = impl_->take_snapshot(t->lease, use);
-  if (!snap) return std::unexpected(snap.error());  // (the lease given up: nothing to release)
-  t->snapshot = *snap;
-  return transaction(std::move(t));
-}
-
-result<std::string> store::get(std::string_view key) noexcept {
-  const call_scope call(*impl_);
-  // A snapshot of one read: no transaction to build, nothing to remember.
-  if (auto k = check_key(key); !k) return std::unexpected(k.error());
-  auto lease = impl_->acquire_slot(slot_use::reading);
-  if (!lease) return std::unexpected(lease.error());
-  struct release {
-    store::impl* s;
-    slot_lease l;
-    ~release() { s->release_slot(l); }
-  } hold{impl_.get(), *lease};
-  auto snap = impl_->take_snapshot(hold.l, slot_use::reading);
-  if (!snap) return std::unexpected(snap.error());
-  const auto kb = as_bytes(key);
-  auto r = impl_->read_at_snapshot(kb, impl_->hash_of(kb), *snap, impl_->opts.verify_checksums);
-  if (!r) return std::unexpected(r.error());
-  if (!*r) return keel_error(errc::not_found);
-  auto v = impl_->value_of(**r, impl_->opts.verify_checksums);
-  if (!v) return std::unexpected(v.error());
-  try {
-    return std::string(reinterpret_cast<const char*>(v->data()), v->size());
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-}
-
-namespace {
-
-// How many compactions one put runs on a full store before it gives up (each frees at least
-// a segment). (Erases go on while compactions make room: erase_with_room.)
-constexpr int max_compactions_per_call = 4;
-
-}  // namespace
-
-result<void> store::put(std::string_view key, std::string_view value) noexcept {
-  const call_scope call(*impl_);
-  // A put that finds no room while the log holds at least a segment of dead versions has the
-  // store make room from them (a compaction) and tries again: the store says full when its
-  // live data fills the volume, not its log.
-  for (int compactions = 0;;) {
-    const std::uint64_t seen = impl_->compaction_runs_now();
-    const std::uint64_t checkpoint_seen = impl_->h64(hdr::checkpoint_seq).load();
-    auto t = begin();
-    if (!t) return std::unexpected(t.error());
-    if (auto r = t->put(key, value); !r) return r;
-    // A blind write: it conflicts only with a commit of the same key since its snapshot,
-    // which it then simply follows.
-    auto r = t->commit();
-    if (r) return {};
-    if (r.error() == errc::conflict) continue;
-    if (!out_of_room(r.error()) || compactions++ == max_compactions_per_call) {
-      return std::unexpected(r.error());
-    }
-    // Unless a compaction began since the commit did (make_room then waits for it to end and
-    // retries: it may have made the room, and taken the dead count down), one is worth running
-    // only if the log holds a segment's worth of dead versions. (Not more often: a put on a
-    // store full of live data must fail fast.)
-    const std::uint64_t seg_size = impl_->next_segment_size();
-    // Nothing dead to compact, or a compaction made no room: the checkpoint, a copy of the
-    // index that only makes an open after a crash faster, gives its room on the volume, or
-    // under the budget, to the store's data (with none there, the put fails at once).
-    const auto without_checkpoint = [&]() -> result<void> {
-      const bool volume_full = r.error() == std::errc::no_space_on_device ||
-                               r.error() == std::error_code(EDQUOT, std::system_category()) ||
-                               r.error() == errc::budget_reached;
-      if (!volume_full || checkpoint_seen == 0) return std::unexpected(r.error());
-      auto dropped = impl_->drop_checkpoint_for_room(checkpoint_seen);
-      if (!dropped) return std::unexpected(dropped.error());
-      if (!*dropped) return std::unexpected(r.error());
-      return {};
-    };
-    // Nor when the last compaction found nothing to take and not enough has died since.
-    if (impl_->compaction_runs_now() == seen &&
-        ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
-         impl_->compaction_would_take_nothing())) {
-      if (auto w = without_checkpoint(); !w) return std::unexpected(w.error());
-      continue;
-    }
-    auto room = impl_->make_room(seen);
-    if (!room) return std::unexpected(room.error());  // why no room could be made
-    if (!*room) {
-      // (A store whose dead bytes are spread too thin for any victim: its first put to find
-      // the volume full failed here with the checkpoint still taking room, and the next put,
-      // which the fruitless mark sends the way above, went through.)
-      if (auto w = without_checkpoint(); !w) return std::unexpected(w.error());
-    }
-  }
-}
-
-result<void> store::erase(std::string_view key) noexcept {
-  const call_scope call(*impl_);
-  // Deletes work on a full store: when even the room puts leave for them is used up, a
-  // compaction (whose spare always holds a victim's copies) frees some, and the erase is
-  // tried again, for as long as compactions free something.
-  return erase_with_room(
-      *impl_,
-      [&]() -> result<void> {
-        for (;;) {
-          auto t = begin();
-          if (!t) return std::unexpected(t.error());
-          // Whether it is there, from its record's header: a damaged value is erased like any.
-          auto there = t->impl_->contains(key);
-          if (!there) return std::unexpected(there.error());
-          if (!*there) return keel_error(errc::not_found);
-          if (auto e = t->erase(key); !e) return e;
-          auto r = t->impl_->commit(impl_->opts.durable);
-          if (r) return {};
-          if (r.error() != errc::conflict) return std::unexpected(r.error());
-        }
-      },
-      [] { return true; }, [] { return result<void>{}; });
 }
 
 }  // namespace keel::kv
