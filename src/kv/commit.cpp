@@ -1,5 +1,7 @@
-// Transactions and the commit protocol (doc/kv-format.md, "Committing", "Dead users",
-// "Growth").
+// The commit protocol (doc/kv-format.md, "Committing"): a transaction's writes validated
+// against its snapshot, its block reserved and written, its entries marked and published, and
+// the commit made visible in seq order (visible.cpp) and, for durability::sync, durable
+// (group_sync.cpp).
 
 #include <algorithm>
 #include <array>
@@ -25,512 +27,9 @@
 namespace keel::kv {
 namespace {
 
-using clock = std::chrono::steady_clock;
-
 constexpr auto u64 = [](auto v) { return static_cast<std::uint64_t>(v); };
 
-void step(commit_step at) noexcept {
-  if (commit_hook != nullptr) commit_hook(at);
-}
-
 }  // namespace
-
-// ---- Settling what dead writers left ----
-
-bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
-  const std::uint64_t next = h64(hdr::next_seq).load(std::memory_order_acquire);
-  if (v >= next) return false;  // not handed out yet
-  // (Nothing here needs a destructor: a commit's escape may leave from a store in here.)
-  std::optional<std::uint32_t> owner;
-  std::bitset<max_slots> live_takers;
-  std::bitset<max_slots> dead_takers;
-  for (std::uint32_t u = 0; u < max_slots; ++u) {
-    const slot_ref s = slot(u);
-    const auto state = s.state().load(std::memory_order_acquire);
-    if (state == u64(commit_state::writing) && s.seq().load(std::memory_order_acquire) == v) {
-      owner = u;
-      break;
-    }
-    if (state == u64(commit_state::taking)) (slot_owner_dead(u) ? dead_takers : live_takers).set(u);
-  }
-  std::uint64_t expect = v - 1;
-  const auto make_visible = [&] {
-    if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
-      return false;  // another settler did it (and frees what it may)
-    }
-    wake_visible(v);
-    return true;
-  };
-  if (owner) {
-    const bool dead = slot_owner_dead(*owner);
-    if (!dead) {
-      if (!abandon_live) return false;
-      // Alive, and too slow to wait for (stopped, or starved of CPU past the waiters'
-      // deadline): its block is abandoned unless it is sealed already. Sealed, the commit
-      // is made (its writer publishes it when it goes on; readers read its block meanwhile);
-      // abandoned, it is a hole (its writer finds its seal refused, undoes its marks and
-      // fails). Either way v is settled now.
-      auto block = bytes_at(slot(*owner).block().load(std::memory_order_acquire));
-      if (!block) return false;
-      (void)fmt::void_block(*block);
-      return make_visible();
-    }
-    // Dead: complete or not, its seq is settled now, holding whatever its block holds (its
-    // entries are settled by the next holders of their pages, and readers check its block
-    // meanwhile).
-    if (make_visible()) free_dead_slot(*owner);
-    return true;
-  }
-  if (live_takers.any()) {
-    if (!abandon_live) return false;  // its taker is about to say so
-    // One of them took v (or will: each takes a seq from next_seq, above v) and has not
-    // written it down. Every one's block is abandoned, so none of their commits happens: v
-    // is a hole. One sealed meanwhile went on to write its seq: look again later.
-    for (std::uint32_t u = 0; u < max_slots; ++u) {
-      if (!live_takers.test(u)) continue;
-      auto block = bytes_at(slot(u).block().load(std::memory_order_acquire));
-      if (!block) return false;
-      const std::uint64_t was = fmt::void_block(*block);
-      if (was != 0 && was != fmt::void_seq) return false;
-    }
-  } else if (dead_takers.none()) {
-    return false;  // its taker is about to say so
-  }
-  // Nobody claims v and its taker will never write it: a hole.
-  if (!make_visible()) return true;
-  // A dead taker's seq is below the next seq as of now; once all of those are visible, none
-  // is owed any more and its slot can go (free_dead_slot checks).
-  for (std::uint32_t u = 0; u < max_slots; ++u) {
-    if (dead_takers.test(u)) free_dead_slot(u);
-  }
-  return true;
-}
-
-void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept {
-  auto visible = h64(hdr::visible);
-  if (visible.load(std::memory_order_acquire) >= seq) return;
-  // The commits in front already hold their seqs and are past waiting for anybody: a spin
-  // usually sees them through. Not when more wait than there are CPUs: the spinners would
-  // take the CPUs those commits need.
-  static const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  if (h64(hdr::visible_waiters).load(std::memory_order_relaxed) < cpus &&
-      base::spin_until([&] { return visible.load(std::memory_order_acquire) >= seq; },
-                       std::chrono::microseconds(50))) {
-    return;
-  }
-  // Asleep on the gate of our seq: *visible* moves by one at a time, and each step wakes only
-  // the waiters of its own gate (with a thousand writers queued, waking all of them at every
-  // commit would cost more than the commits). The sleep is bounded: the commit in front may
-  // be a dead writer's, which nobody else settles; the bound grows while it is alive. Once
-  // the caller's deadline has passed, a writer in front that is alive and has not made its
-  // commit visible is not waited for any more either: its commit is settled as its block
-  // says (settle_commit), so no call waits much past options::lock_timeout for a writer
-  // that is stopped.
-  std::uint32_t* const word = visible_gate(seq);
-  const std::atomic_ref<std::uint32_t> gate(*word);
-  auto waiters = h64(hdr::visible_waiters);
-  auto interval = std::chrono::milliseconds(2);
-  auto last_check = clock::now();
-  for (;;) {
-    const std::uint32_t g = gate.load(std::memory_order_seq_cst);
-    if (visible.load(std::memory_order_seq_cst) >= seq) return;
-    waiters.fetch_add(1, std::memory_order_seq_cst);
-    if (visible.load(std::memory_order_seq_cst) < seq) {
-      base::futex_wait(word, g, interval, base::futex_scope::shared);
-    }
-    waiters.fetch_sub(1);
-    const bool late = cd.expired();
-    if (late || clock::now() - last_check >= interval) {
-      last_check = clock::now();
-      const std::uint64_t now = visible.load(std::memory_order_acquire);
-      if (now < seq && (late ? !settle_commit(now + 1, true)
-                             : dead_check_is_taken() || !settle_commit(now + 1, false))) {
-        interval = std::min<std::chrono::milliseconds>(2 * interval, std::chrono::milliseconds(64));
-      }
-      if (late) interval = std::chrono::milliseconds(2);
-    }
-  }
-}
-
-bool store::impl::dead_check_is_taken() noexcept {
-  // One waiter asks at a time: each look asks the kernel about writers' locks, and the
-  // kernel walks the file's list of them, a thousand long with a thousand users. With a
-  // thousand waiters each looking every few milliseconds, that took a fifth of the machine.
-  // A time ahead of this clock (another boot's, another time namespace's) is no one's turn.
-  auto word = h64(hdr::dead_check_ns);
-  const std::uint64_t t = now_ns();
-  std::uint64_t last = word.load(std::memory_order_relaxed);
-  if (t - last < 2'000'000) return true;  // (a time ahead of t: a huge difference)
-  return !word.compare_exchange_strong(last, t, std::memory_order_relaxed);
-}
-
-void store::impl::publish_visible(std::uint64_t seq, counter_delta d,
-                                  const io::countdown& cd) noexcept {
-  wait_visible(seq - 1, cd);
-  // The counters change in the ordered step, marked: a reader that sees *visible* = v
-  // before and after reading them, and the mark not past v, read them exactly as of v.
-  h64(hdr::counting).store(seq, std::memory_order_seq_cst);
-  h64(hdr::live_records)
-      .fetch_add(static_cast<std::uint64_t>(d.records), std::memory_order_seq_cst);
-  h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d.live), std::memory_order_seq_cst);
-  h64(hdr::dead_bytes).fetch_add(d.dead, std::memory_order_seq_cst);
-  // Made visible already by a waiter that found this writer too slow to wait for, its block
-  // sealed (settle_commit): *visible* never goes back. (Its counters then come late.)
-  std::uint64_t before = seq - 1;
-  if (h64(hdr::visible).compare_exchange_strong(before, seq, std::memory_order_seq_cst)) {
-    wake_visible(seq);
-  }
-}
-
-result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledger_hold,
-                                                  std::uint64_t seq, std::uint64_t block,
-                                                  durability d, const io::countdown& cd) noexcept {
-  forsake_slot(lease);
-  ledger_hold = nullptr;
-  // No seq taken (the block perhaps not even reserved): nothing of it will ever be seen.
-  if (seq == 0) return std::unexpected(index_write_refusal());
-  auto bytes = bytes_at(block);
-  if (!bytes || fmt::block_seq(*bytes) != seq) {
-    // Not sealed: never will be (only its writer seals it), so it is a hole, and the marks
-    // go back as their pages' next holders meet them.
-    return std::unexpected(index_write_refusal());
-  }
-  // Made: visible once settled, which our own wait does at once (the slot's user is dead to
-  // it, and the deadline has passed), unless that too meets a refusal; then the next commit
-  // of any user settles it. Not visible yet, it is not acknowledged (a read now would not
-  // see it, nor this caller's next read): the call fails with what the volume says, as a
-  // sync commit whose sync is refused does, the commit perhaps seen later.
-  io::map_guard::escape again;
-  if (sigsetjmp(again.at, 0) == 0) {
-    io::map_guard::arm(again, std::min(cd.expiry(), call_expiry()));
-    wait_visible(seq, cd);
-    io::map_guard::disarm();
-  }
-  if (h64(hdr::visible).load(std::memory_order_acquire) < seq) {
-    return std::unexpected(index_write_refusal());
-  }
-  // Its segment's dirty bit may never have been set after the block landed (the refusal
-  // may have been that very store): synced here, so that no later sync claims it without
-  // it being on disk. Failed, the error is the call's (never retried).
-  auto seg = segment_at(fmt::segment_of(block));
-  if (!seg) return std::unexpected(seg.error());
-  if (auto r = (*seg)->sync(); !r) return std::unexpected(r.error());
-  if (d == durability::sync) {
-    // (Within what is left of the commit's deadline: nothing.)
-    if (auto r = group_sync(false, cd); !r) return std::unexpected(r.error());
-  }
-  return seq;
-}
-
-void store::impl::wake_visible(std::uint64_t seq) noexcept {
-  // The gate moves first: a waiter that read it before and *visible* below seq finds it
-  // moved and does not sleep.
-  std::uint32_t* const word = visible_gate(seq);
-  std::atomic_ref(*word).fetch_add(1, std::memory_order_seq_cst);
-  if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
-    base::futex_wake(word, INT_MAX, base::futex_scope::shared);
-  }
-}
-
-// ---- Group commit ----
-
-void store::impl::gather_sync_batch() noexcept {
-  // A leader that syncs as soon as it can takes only the commits that were quick to come
-  // back after the last sync woke them: the rest wait a whole sync more. So when the last
-  // batch had company, wait (yielding) until as many have asked again, for at most half a
-  // sync's time: a writer gone for good costs a few half-syncs until the batch shrinks.
-  const std::uint64_t mark = h64(hdr::sync_mark).load(std::memory_order_relaxed);
-  const std::uint64_t want = h64(hdr::sync_batch).load(std::memory_order_relaxed);
-  if (want > 1) {
-    const auto limit =
-        clock::now() + std::min(std::chrono::nanoseconds(h64(hdr::sync_ns).load() / 2),
-                                std::chrono::nanoseconds(std::chrono::milliseconds(1)));
-    while (h64(hdr::sync_joined).load(std::memory_order_relaxed) - mark < want &&
-           clock::now() < limit)
-      std::this_thread::yield();
-  }
-  const std::uint64_t joined = h64(hdr::sync_joined).load(std::memory_order_relaxed);
-  h64(hdr::sync_batch).store(joined - mark, std::memory_order_relaxed);
-  h64(hdr::sync_mark).store(joined, std::memory_order_relaxed);
-}
-
-result<void> store::impl::group_sync(bool every_segment) noexcept {
-  return group_sync(every_segment, io::deadline(opts.lock_timeout).start());
-}
-
-result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd) noexcept {
-  // Its stores to the header escape a write fault the volume still refuses at the deadline
-  // (btrfs at a qgroup's limit: io/map_guard.hpp): the call then fails with what the volume
-  // says, the commit visible but not known to be durable. A leader that escapes is a dead
-  // leader to the next (sync_started ahead of sync_done: it syncs every segment).
-  const auto stored = [&](auto&& stores) { return stored_escapably(cd, stores); };
-  // Everything this commit depends on is written (every seq up to ours is visible): a sync
-  // that starts from now on covers it.
-  std::uint64_t s = 0;
-  if (!stored([&] {
-        h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
-        s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
-      })) {
-    return std::unexpected(index_write_refusal());
-  }
-  step(commit_step::sync_waiting);
-  auto* const done_word = futex_word(hdr::sync_done);
-  for (;;) {
-    const std::uint64_t done = h64(hdr::sync_done).load(std::memory_order_acquire);
-    if (done > s) break;
-    // One leader syncs for everyone waiting. The others do not queue on the lock (handing it
-    // on one by one only to find their sync done costs a wake-up each): they sleep until
-    // sync_done moves. A leader that dies lets the lock go without waking anyone, so the
-    // sleep is short and the lock is tried again.
-    auto g = locks->try_lock({lock::entity(entity_sync)});
-    if (!g) {
-      if (g.error() != std::errc::operation_would_block) return std::unexpected(g.error());
-      if (cd.expired()) return sync_without_leader();
-      base::futex_wait(done_word, static_cast<std::uint32_t>(done), std::chrono::milliseconds(2),
-                       base::futex_scope::shared);
-      continue;
-    }
-    if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
-    // A leader whose header stores escaped: gone as a dead one (the lock let go, no wake).
-    const auto refused = [&] {
-      (void)g->unlock();
-      base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
-      return std::unexpected(index_write_refusal());
-    };
-    clock::time_point began{};
-    bool all = false;
-    std::uint64_t mine = 0;
-    // Each entry whose dirty bit is set, or every entry in use (each segment has an entry of
-    // its own: make_segment skips numbers whose entry a live segment holds).
-    std::array<std::uint64_t, dirty_words> taken{};
-    if (!stored([&] {
-          gather_sync_batch();
-          began = clock::now();
-          // A leader before us that started and never finished died, maybe after clearing
-          // dirty words and before syncing: then sync every segment, dirty or not.
-          all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
-          mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
-          for (std::uint64_t w = 0; w < dirty_words; ++w) {
-            const auto word = dirty_word(w * 64);
-            if (word.load(std::memory_order_seq_cst) != 0)
-              taken[w] = word.exchange(0, std::memory_order_seq_cst);
-            if (all) taken[w] = ~std::uint64_t{0};
-          }
-        })) {
-      return refused();
-    }
-    step(commit_step::syncing);
-    result<void> r;
-    // Bits whose segments are not synced yet: given back if a segment cannot be reached.
-    std::array<std::uint64_t, dirty_words> left = taken;
-    std::uint64_t failed_segment = 0;
-    error unreached;
-    for (std::uint64_t w = 0; w < dirty_words && r && !unreached; ++w) {
-      for (std::uint64_t bits = taken[w]; bits != 0; bits &= bits - 1) {
-        const std::uint64_t bit = bits & (~bits + 1);
-        const std::uint64_t i = w * 64 + static_cast<std::uint64_t>(std::countr_zero(bits));
-        if (i >= segtab_entries) break;
-        const std::uint64_t n = segtab(i, 0).load();
-        if (n != 0 && n % segtab_entries == i) {
-          auto seg = segment_at(n);
-          if (!seg) {
-            unreached = seg.error();
-            break;
-          }
-          if (!base::is_planted(base::planted_bug::kv_skips_sync)) r = (*seg)->sync();
-          if (!r) {
-            failed_segment = n;
-            break;
-          }
-        }
-        left[w] &= ~bit;
-      }
-    }
-    if (unreached) {
-      // A segment this process cannot reach (EMFILE, ENOMEM mapping it): nothing failed to
-      // sync, and the store stays writable. The segments not synced go back to the dirty
-      // bitmap, and `done` stays behind `started`, so the next leader (of any process)
-      // syncs every segment. This commit, visible, is not known to be durable: its error.
-      // (Bits the volume refuses to give back are covered by that too.)
-      (void)stored([&] {
-        for (std::uint64_t w = 0; w < dirty_words; ++w) {
-          if (left[w] != 0) dirty_word(w * 64).fetch_or(left[w], std::memory_order_seq_cst);
-        }
-      });
-      (void)g->unlock();
-      base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
-      return std::unexpected(unreached);
-    }
-    const std::uint64_t sync_errno = r ? 0 : static_cast<std::uint64_t>(r.error().value());
-    const auto ns = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - began).count());
-    const bool recorded = stored([&] {
-      if (sync_errno != 0) {
-        // Never retried: the kernel may have dropped the pages it could not write. Every
-        // commit of this group and after fails; the store is read-only until reopened alone.
-        h64(hdr::sync_error_segment).store(failed_segment);
-        h64(hdr::sync_error).store(sync_errno);
-      }
-      h64(hdr::sync_ns).store(ns);
-      h64(hdr::sync_done).store(mine, std::memory_order_release);
-    });
-    if (!r) {
-      // (Not recorded, the failure is this process's alone: its later commits fail, and
-      // other users' next leader syncs every segment, sync_done left behind.)
-      failed.store(true);
-      (void)g->unlock();
-      base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
-      return std::unexpected(r.error());
-    }
-    if (!recorded) return refused();
-    (void)g->unlock();
-    base::futex_wake(done_word, INT_MAX, base::futex_scope::shared);
-  }
-  return writable();
-}
-
-error store::impl::index_write_refusal() noexcept {
-  error why = why_writes_refused(path + "/index");
-  if (why == std::errc::bad_address) return error(std::make_error_code(std::errc::timed_out));
-  return why;
-}
-
-result<void> store::impl::sync_without_leader() noexcept {
-  // The leader is too slow to wait for (stopped, or starved of CPU): this commit is already
-  // visible, so failing it with timed_out would have its caller retry a commit that went in.
-  // It syncs for itself instead, without the lock (a sync covers what was written before it,
-  // whoever asks), every segment in use: the leader may hold the dirty bits it took. A
-  // failed sync is reported as a leader's is, never retried.
-  for (std::uint64_t i = 0; i < segtab_entries; ++i) {
-    const std::uint64_t n = segtab(i, 0).load();
-    if (n == 0 || n % segtab_entries != i) continue;
-    auto seg = segment_at(n);
-    if (!seg) return std::unexpected(seg.error());
-    if (base::is_planted(base::planted_bug::kv_skips_sync)) continue;
-    if (auto r = (*seg)->sync(); !r) {
-      h64(hdr::sync_error_segment).store(n);
-      h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
-      failed.store(true);
-      return std::unexpected(r.error());
-    }
-  }
-  return writable();
-}
-
-result<void> store::impl::writable() noexcept {
-  if (opts.read_only) return keel_error(errc::read_only);
-  if (h64(hdr::sync_error).load(std::memory_order_acquire) == 0 && !failed.load()) return {};
-  failed.store(true);
-  // Which sync failed: its segment, named (the number is written before the errno), or, for
-  // 0, the manifest's directory (write_manifest).
-  const std::uint64_t n = h64(hdr::sync_error_segment).load();
-  if (n == 0) return std::unexpected(error(errc::sync_failed).about(path + "/manifest"));
-  return std::unexpected(error(errc::sync_failed).about(path + "/seg/" + segment_name(n)));
-}
-
-result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use) noexcept {
-  // Without a slot: its byte is held already (slotless_byte).
-  if (lease.slotless) return h64(hdr::visible).load(std::memory_order_seq_cst);
-  // Published in the slot before it is used, so nothing it reads is reclaimed under it
-  // (compaction and page reuse look at every slot's snapshot).
-  const slot_ref me = slot(lease.index);
-  std::uint64_t snap = 0;
-  // (The slot's page was asked for by acquire_slot, but may have been written back since:
-  // refused past the call's deadline, the stores escape.)
-  if (stored_escapably_by_call([&] {
-        // Only this slot's holder writes it: a store, not a locked read-modify-write.
-        me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
-                             std::memory_order_seq_cst);
-        snap = h64(hdr::visible).load(std::memory_order_acquire);
-        for (;;) {
-          me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
-          const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
-          if (again == snap) return;
-          snap = again;
-        }
-      })) {
-    return snap;
-  }
-  // Refused: the slot is given up, a dead user's (its snapshot perhaps half published, which
-  // every user settles as such), and a call that only reads reads without one.
-  forsake_slot(lease);
-  if (use == slot_use::writing) return std::unexpected(index_write_refusal());
-  auto slotless = take_slotless();
-  if (!slotless) return std::unexpected(slotless.error());
-  lease = *slotless;
-  return h64(hdr::visible).load(std::memory_order_seq_cst);
-}
-
-// ---- Growth ----
-
-result<void> store::impl::settle_split(const io::countdown& cd) noexcept {
-  for (;;) {
-    const ix::split_journal j = table->pending_split();
-    if (j.old == 0) return {};
-    const std::array<lock::entity, 4> want{lock::entity(entity_directory), lock::entity(j.old),
-                                           lock::entity(j.low), lock::entity(j.high)};
-    auto g = locks->lock(want, io::deadline(cd.expiry()));
-    if (!g) return std::unexpected(g.error());
-    // Still the same split (a live splitter finishes its own before it lets go): finish it.
-    if (table->pending_split() == j) table->finish_split(*this);
-  }
-}
-
-result<void> store::impl::grow_page(std::uint64_t page, const fmt::key_hash& h,
-                                    std::span<const fmt::key_hash> coming, std::size_t wanted,
-                                    const io::countdown& cd) noexcept {
-  for (;;) {
-    if (auto r = settle_split(cd); !r) return r;
-    const std::array<lock::entity, 2> want{lock::entity(page), lock::entity(entity_directory)};
-    auto g = locks->lock(want, io::deadline(cd.expiry()));
-    if (!g) return std::unexpected(g.error());
-    if (table->pending_split().old != 0) continue;  // a splitter died since: finish it first
-    // Split by someone else meanwhile: the key is routed elsewhere now.
-    if (table->page_of(h) != page) return {};
-    if (table->has_room(page, wanted)) return {};  // grown by someone else meanwhile
-    // A split that separates nothing (keys of one hash) would only double the directory:
-    // the page's chain gets a page more instead.
-    if (table->split_separates(page, coming)) return table->split(page, *this);
-    return table->add_overflow(page, *this);
-  }
-}
-
-// ---- Transactions ----
-
-result<bool> transaction::impl::contains(std::string_view key) noexcept {
-  if (auto k = check_key(key); !k) return std::unexpected(k.error());
-  if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
-  if (auto w = writes.find(key); w != writes.end()) return !w->second.erase;
-  try {
-    reads.emplace(key);
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-  const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, s->hash_of(kb), snapshot, false);
-  if (!r) return std::unexpected(r.error());
-  return r->has_value();
-}
-
-result<std::span<const std::byte>> transaction::impl::view(std::string_view key) noexcept {
-  if (auto k = check_key(key); !k) return std::unexpected(k.error());
-  // Begun before a fork: its snapshot is held by the parent's slot, not ours.
-  if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
-  if (auto w = writes.find(key); w != writes.end()) {
-    if (w->second.erase) return keel_error(errc::not_found);
-    return as_bytes(w->second.value);
-  }
-  try {
-    reads.emplace(key);
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-  const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, s->hash_of(kb), snapshot, s->opts.verify_checksums);
-  if (!r) return std::unexpected(r.error());
-  if (!*r) return keel_error(errc::not_found);
-  return s->value_of(**r, s->opts.verify_checksums);
-}
 
 namespace {
 
@@ -674,7 +173,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     // the commits of the one before.)
     const std::uint64_t index_pages = 2 * puts;
     const std::uint64_t cost = 2 * (need - own_segments) + own_room + index_pages * fmt::page_size;
-    step(commit_step::charging);
+    commit_step_reached(commit_step::charging);
     auto c =
         s->charge(lease, static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
     if (!c) return std::unexpected(c.error());
@@ -683,7 +182,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     charged.lease = &lease;
     charged.cd = &cd;
     charged.s = s;  // last: a hold with no store does nothing
-    step(commit_step::charged);
+    commit_step_reached(commit_step::charged);
   }
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;
@@ -859,7 +358,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
   }
 
-  step(commit_step::locked);
+  commit_step_reached(commit_step::locked);
   // The block: its records (in the write set's order: nothing reads them by key order).
   try {
     records.reserve(keys.size());
@@ -940,7 +439,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   charged.used = true;
   me.block().store(location);
   me.block_length().store(length);
-  step(commit_step::reserved);
+  commit_step_reached(commit_step::reserved);
   {
     const io::map_guard::no_escape held_back;
     auto at = s->bytes_at(location);
@@ -987,16 +486,16 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
   }
 
-  step(commit_step::marked);
+  commit_step_reached(commit_step::marked);
 
   // 6. Sequence.
   me.state().store(u64(commit_state::taking), std::memory_order_seq_cst);
   const std::uint64_t seq = s->h64(hdr::next_seq).fetch_add(1, std::memory_order_seq_cst);
   taken = seq;
-  step(commit_step::took_seq);
+  commit_step_reached(commit_step::took_seq);
   me.seq().store(seq, std::memory_order_seq_cst);
   me.state().store(u64(commit_state::writing), std::memory_order_seq_cst);
-  step(commit_step::recorded);
+  commit_step_reached(commit_step::recorded);
 
   // 7. Write the block (header last), noting its segment for the next group sync.
   // Sealed last (its seq word, from 0): a waiter that found us too slow to wait for may have
@@ -1020,7 +519,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     io::map_guard::disarm();
     return errc_error(std::errc::timed_out);
   }
-  step(commit_step::written);
+  commit_step_reached(commit_step::written);
 
   // 9. Publish: each entry names the new record, then the seq (the pending mark goes last).
   std::int64_t d_records = 0;
@@ -1047,17 +546,17 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       e.location().store(k.record_at, std::memory_order_release);
       e.seq().store(seq, std::memory_order_release);
     });
-    if (ri == 1) step(commit_step::published_one);
+    if (ri == 1) commit_step_reached(commit_step::published_one);
   }
-  step(commit_step::published);
+  commit_step_reached(commit_step::published);
 
   // 10. Visible, in seq order.
   s->publish_visible(seq, {d_records, d_live, d_dead}, cd);
-  step(commit_step::visible);
+  commit_step_reached(commit_step::visible);
   me.state().store(u64(commit_state::idle), std::memory_order_release);
   io::map_guard::disarm();
   (void)held.unlock();
-  step(commit_step::leaving);
+  commit_step_reached(commit_step::leaving);
   charged.done();
 
   // 8. Durable: a sync that starts after every commit up to ours is written covers it.
@@ -1072,129 +571,5 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
 
 transaction::transaction() noexcept = default;
 transaction::transaction(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
-transaction::transaction(transaction&&) noexcept = default;
-transaction& transaction::operator=(transaction&&) noexcept = default;
-transaction::~transaction() = default;
-
-result<std::string> transaction::get(std::string_view key) noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  auto v = impl_->view(key);
-  if (!v) return std::unexpected(v.error());
-  try {
-    return std::string(reinterpret_cast<const char*>(v->data()), v->size());
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-}
-
-result<std::span<const std::byte>> transaction::get_view(std::string_view key) noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  return impl_->view(key);
-}
-
-result<std::size_t> transaction::get_into(std::string_view key, std::span<std::byte> out) noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  auto v = impl_->view(key);
-  if (!v) return std::unexpected(v.error());
-  std::memcpy(out.data(), v->data(), std::min(out.size(), v->size()));
-  return v->size();
-}
-
-result<void> transaction::put(std::string_view key, std::string_view value) noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  if (auto k = check_key(key); !k) return k;
-  if (value.size() > max_value_size) return keel_error(errc::too_large);
-  if (impl_->s->opts.read_only) return keel_error(errc::read_only);
-  if (impl_->scanned) return errc_error(std::errc::invalid_argument);
-  try {
-    auto& w = impl_->writes[std::string(key)];
-    w.erase = false;
-    w.value.assign(value);
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-  return {};
-}
-
-result<scan_page> transaction::scan(std::string_view cursor, std::size_t limit,
-                                    bool keys_only) noexcept {
-  if (!impl_ || !impl_->writes.empty()) return errc_error(std::errc::invalid_argument);
-  if (impl_->lease.generation != base::fork_generation()) {
-    return errc_error(std::errc::invalid_argument);
-  }
-  impl_->scanned = true;
-  return impl_->s->scan_at(cursor, limit, keys_only, impl_->snapshot);
-}
-
-result<void> transaction::erase(std::string_view key) noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  if (auto k = check_key(key); !k) return k;
-  if (impl_->s->opts.read_only) return keel_error(errc::read_only);
-  if (impl_->scanned) return errc_error(std::errc::invalid_argument);
-  try {
-    auto& w = impl_->writes[std::string(key)];
-    w.erase = true;
-    w.value.clear();
-  } catch (const std::bad_alloc&) {
-    return errc_error(std::errc::not_enough_memory);
-  }
-  return {};
-}
-
-result<std::uint64_t> transaction::commit() noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  return commit(impl_->s->opts.durable);
-}
-
-result<std::uint64_t> transaction::commit(durability d) noexcept {
-  if (!impl_) return errc_error(std::errc::invalid_argument);
-  const call_scope call(*impl_->s);
-  store::impl& s = *impl_->s;
-  // A commit that only erases is tried again after a compaction makes room, as store::erase
-  // is (one failed for room changed nothing of the transaction): else, once the deletes' room
-  // was spent, every erase in a transaction failed with no_space, and nothing made room. Its
-  // snapshot's slot is let go meanwhile (compaction waits for every open transaction, this
-  // one too) and taken again after: the commit is judged from the same snapshot (a key
-  // committed since by another is a conflict), and reads only what entries name now. One
-  // that read keys returns conflict instead, once room is made: retried, it goes in.
-  const bool only_erases =
-      !impl_->writes.empty() &&
-      std::ranges::all_of(impl_->writes, [](const auto& w) { return w.second.erase; });
-  auto r = erase_with_room(
-      s, [&] { return impl_->commit(d); },
-      [&] {
-        if (!only_erases || !impl_->lease.held()) return false;
-        s.release_slot(impl_->lease);
-        impl_->lease = {};
-        return true;
-      },
-      [&]() -> result<void> {
-        // One that read keys can no longer be judged from its snapshot: without its slot, the
-        // compaction may have forgotten a key it read that was erased since (its entry
-        // emptied: nothing left to conflict with), and its commit wrote a skew (two
-        // transactions that each read two keys and erased one erased both). It is retried
-        // from a new snapshot by its caller, in the room made.
-        if (!impl_->reads.empty()) return keel_error(errc::conflict);
-        auto lease = s.acquire_slot(slot_use::writing);
-        if (!lease) return std::unexpected(lease.error());
-        impl_->lease = *lease;
-        auto snap = s.take_snapshot(impl_->lease, slot_use::writing);
-        if (!snap) {
-          impl_->lease = {};  // (given up already)
-          return std::unexpected(snap.error());
-        }
-        return {};
-      });
-  impl_.reset();
-  return r;
-}
-
-void transaction::abort() noexcept {
-  impl_.reset();
-}
-
-std::uint64_t transaction::snapshot() const noexcept {
-  return impl_ ? impl_->snapshot : 0;
-}
 
 }  // namespace keel::kv

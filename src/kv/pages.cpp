@@ -212,4 +212,36 @@ void store::impl::collect_free_pages() noexcept {
   }
 }
 
+result<void> store::impl::settle_split(const io::countdown& cd) noexcept {
+  for (;;) {
+    const ix::split_journal j = table->pending_split();
+    if (j.old == 0) return {};
+    const std::array<lock::entity, 4> want{lock::entity(entity_directory), lock::entity(j.old),
+                                           lock::entity(j.low), lock::entity(j.high)};
+    auto g = locks->lock(want, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    // Still the same split (a live splitter finishes its own before it lets go): finish it.
+    if (table->pending_split() == j) table->finish_split(*this);
+  }
+}
+
+result<void> store::impl::grow_page(std::uint64_t page, const fmt::key_hash& h,
+                                    std::span<const fmt::key_hash> coming, std::size_t wanted,
+                                    const io::countdown& cd) noexcept {
+  for (;;) {
+    if (auto r = settle_split(cd); !r) return r;
+    const std::array<lock::entity, 2> want{lock::entity(page), lock::entity(entity_directory)};
+    auto g = locks->lock(want, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    if (table->pending_split().old != 0) continue;  // a splitter died since: finish it first
+    // Split by someone else meanwhile: the key is routed elsewhere now.
+    if (table->page_of(h) != page) return {};
+    if (table->has_room(page, wanted)) return {};  // grown by someone else meanwhile
+    // A split that separates nothing (keys of one hash) would only double the directory:
+    // the page's chain gets a page more instead.
+    if (table->split_separates(page, coming)) return table->split(page, *this);
+    return table->add_overflow(page, *this);
+  }
+}
+
 }  // namespace keel::kv

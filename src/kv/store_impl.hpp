@@ -2,8 +2,10 @@
 // The store's insides, shared by its parts, each a file that says at its top what it owns:
 // open.cpp (opening, the index checked or recovered), users.cpp (liveness and slots),
 // pages.cpp (the index's pages), segments.cpp, rooms.cpp (the spare and the deletes' room),
-// reserve.cpp (where blocks go), budget.cpp (what may still be taken), commit.cpp
-// (transactions), read.cpp (lookups, scans, stats), and the others named by section below.
+// reserve.cpp (where blocks go), budget.cpp (what may still be taken), transaction.cpp and
+// commit.cpp (a transaction's calls, the commit protocol), visible.cpp (commits made visible
+// in order, dead writers' settled), group_sync.cpp (durable commits), read.cpp (lookups,
+// scans, stats), store.cpp (the store's own calls), and the others named by section below.
 // Layouts and protocols are doc/kv-format.md's; the names here follow it.
 
 #include <algorithm>
@@ -1399,6 +1401,10 @@ enum class commit_step : std::uint8_t {
 };
 //! Called at each step of every commit when set (tests only; null otherwise).
 inline void (*commit_hook)(commit_step) noexcept = nullptr;
+//! Where a commit reaches step `at`: calls commit_hook, when set.
+inline void commit_step_reached(commit_step at) noexcept {
+  if (commit_hook != nullptr) commit_hook(at);
+}
 
 [[nodiscard]] inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};

@@ -465,4 +465,37 @@ bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
   return is_free && *is_free;  // unknown: alive
 }
 
+result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use) noexcept {
+  // Without a slot: its byte is held already (slotless_byte).
+  if (lease.slotless) return h64(hdr::visible).load(std::memory_order_seq_cst);
+  // Published in the slot before it is used, so nothing it reads is reclaimed under it
+  // (compaction and page reuse look at every slot's snapshot).
+  const slot_ref me = slot(lease.index);
+  std::uint64_t snap = 0;
+  // (The slot's page was asked for by acquire_slot, but may have been written back since:
+  // refused past the call's deadline, the stores escape.)
+  if (stored_escapably_by_call([&] {
+        // Only this slot's holder writes it: a store, not a locked read-modify-write.
+        me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
+                             std::memory_order_seq_cst);
+        snap = h64(hdr::visible).load(std::memory_order_acquire);
+        for (;;) {
+          me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
+          const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
+          if (again == snap) return;
+          snap = again;
+        }
+      })) {
+    return snap;
+  }
+  // Refused: the slot is given up, a dead user's (its snapshot perhaps half published, which
+  // every user settles as such), and a call that only reads reads without one.
+  forsake_slot(lease);
+  if (use == slot_use::writing) return std::unexpected(index_write_refusal());
+  auto slotless = take_slotless();
+  if (!slotless) return std::unexpected(slotless.error());
+  lease = *slotless;
+  return h64(hdr::visible).load(std::memory_order_seq_cst);
+}
+
 }  // namespace keel::kv
