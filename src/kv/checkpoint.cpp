@@ -267,13 +267,14 @@ void store::impl::join_checkpointer() noexcept {
   checkpointer.reset();
 }
 
-result<void> store::impl::room_for_checkpoint() const noexcept {
+result<void> store::impl::room_for_checkpoint(bool asked) const noexcept {
   const std::uint64_t copy = h64(hdr::pages_used).load() * fmt::page_size;
   // Under a budget, the store's files on the device stay inside it: the checkpoint too (the
-  // one there is counted until the new one replaces it).
+  // one there is counted until the new one replaces it), one asked for as well.
   if (opts.max_bytes != 0 && budget_used(room_for::compaction) + copy > opts.max_bytes) {
     return keel_error(errc::budget_reached);
   }
+  if (asked) return {};
   auto free = fs->statfs(dir.segments);
   if (free && free->available_bytes < copy + 2 * next_segment_size()) {
     return std::unexpected(
@@ -628,7 +629,9 @@ result<void> store::checkpoint() noexcept {
   if (s.opts.read_only) return keel_error(errc::read_only);
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
   if (auto b = s.take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());
-  auto r = s.checkpoint_locked(cd);
+  // (Its room on the volume is not asked for: it is written while the volume has it.)
+  auto r = s.room_for_checkpoint(true);
+  if (r) r = s.checkpoint_locked(cd);
   s.release_checkpoint_byte();
   return r;
 }

@@ -531,9 +531,10 @@ struct store::impl final : ix::page_source {
   load_checkpoint() noexcept;
   //! Whether a checkpoint the store writes by itself (in the background, after a compaction)
   //! may: not while the volume's free space is below the index's pages and two segments,
-  //! which writers and the spare need more than a shorter replay. Errors: no_space. (One
-  //! asked for with store::checkpoint is written regardless.)
-  [[nodiscard]] result<void> room_for_checkpoint() const noexcept;
+  //! which writers and the spare need more than a shorter replay; nor, as one `asked` for
+  //! with store::checkpoint too, where its copy would take the files past options::max_bytes.
+  //! Errors: no_space, budget_reached. (One asked for is written while the volume has room.)
+  [[nodiscard]] result<void> room_for_checkpoint(bool asked = false) const noexcept;
   //! Writes a checkpoint, holding the checkpoint byte (take_checkpoint_byte).
   [[nodiscard]] result<void> checkpoint_locked(const io::countdown& cd) noexcept;
   //! Takes the checkpoint byte of the index file (OFD, for other processes) and this

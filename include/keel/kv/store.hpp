@@ -409,8 +409,9 @@ class store {
   [[nodiscard]] result<compact_stats> compact() noexcept;
   //! Writes a checkpoint now (commits write them by themselves, see
   //! options::checkpoint_bytes): after a power loss, the next open replays only the log
-  //! written since. Readers and writers go on meanwhile. Errors: read_only, timed_out, and
-  //! I/O errors (the previous checkpoint stays).
+  //! written since. Readers and writers go on meanwhile. Errors: read_only, timed_out,
+  //! budget_reached (the copy would take the files past options::max_bytes), and I/O errors
+  //! (the previous checkpoint stays).
   [[nodiscard]] result<void> checkpoint() noexcept;
 
   [[nodiscard]] const std::string& path() const noexcept;
