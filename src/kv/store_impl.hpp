@@ -1270,7 +1270,7 @@ struct store::impl final : ix::page_source {
                                                ix::entry_ref e, std::uint64_t seq, std::uint64_t at,
                                                std::uint64_t snapshot) noexcept;
 
-  // ---- writing (commit.cpp) ----
+  // ---- writing (commit.cpp), made visible (visible.cpp), made durable (group_sync.cpp) ----
   //! Waits until every commit up to `seq` is visible, settling dead writers' commits.
   //! Once `cd` has expired, a writer in front that is alive but has not made its commit
   //! visible is not waited for either (settle_commit abandons or makes its commit).

@@ -1,9 +1,10 @@
 // The users of a store (doc/kv-format.md, "Dead users"): each process's liveness (the open
 // byte of `index`, held shared while it uses the store), the user slots of the index's slot
-// pages (taken, given back, buried when their owner died), and the registry of this process's
-// open stores that a forked child lets go of. Owns `live`, `free_slots`, `ours` and the
-// idle-slot cells, and takes and gives back the slots (a slot's words are written by its
-// holder too, in commit.cpp, probe.cpp, compact.cpp and checkpoint.cpp).
+// pages (taken, given back, buried when their owner died) and the snapshots they hold, and
+// the registry of this process's open stores that a forked child lets go of. Owns `live`,
+// `free_slots`, `ours` and the idle-slot cells, and takes and gives back the slots (a slot's
+// words are written by its holder too, in commit.cpp, probe.cpp, index.cpp, compact.cpp,
+// checkpoint.cpp and open.cpp).
 
 #include <pthread.h>
 #include <unistd.h>
