@@ -32,9 +32,8 @@ result<void> store::impl::ensure_room(const room_file& room, std::uint64_t at_le
   // the files passed it by 240 KB (test
   // `KvBudget.ValuesOfEverySizeComingAndGoingNeverTakeTheFilesPastTheBudget`).
   const auto within_budget = [&](std::uint64_t bytes) {
-    if (opts.max_bytes == 0) return true;
-    const std::uint64_t used = budget_used(room_for::compaction);
-    return used - std::min(used, h64(room.word).load()) + bytes <= opts.max_bytes;
+    const std::uint64_t counted = h64(room.word).load();
+    return check_budget(bytes - std::min(bytes, counted), room_for::compaction).has_value();
   };
   // The word alone could be stale (a taker killed after the rename): the file says.
   for (int attempt = 0; attempt < 2; ++attempt) {
