@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -77,6 +79,18 @@ inline void die_at(commit_step at) noexcept {
 }
 
 //! 1 MiB segments.
+//! Bytes the files under `path` take on their volume (their blocks, as du counts them; `path`
+//! itself left out).
+inline std::uint64_t allocated_under(const std::string& path) {
+  std::uint64_t total = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(path)) {
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) == 0)
+      total += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
 inline options small() {
   options o;
   o.segment_size = std::uint64_t{1} << 20;

@@ -33,17 +33,6 @@ using namespace test_support;
 constexpr std::uint64_t kib = 1024;
 constexpr std::uint64_t mib = kib * kib;
 
-// Bytes the files under `path` take on their volume (their blocks, as du counts them).
-std::uint64_t allocated_under(const std::string& path) {
-  std::uint64_t total = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(path)) {
-    struct stat st {};
-    if (::lstat(e.path().c_str(), &st) == 0)
-      total += static_cast<std::uint64_t>(st.st_blocks) * 512;
-  }
-  return total;
-}
-
 // seg/'s log and blob segments, by number: their sizes.
 std::map<std::uint64_t, std::uint64_t> segment_sizes(const std::string& path) {
   std::map<std::uint64_t, std::uint64_t> out;
