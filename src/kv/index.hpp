@@ -241,7 +241,8 @@ class table {
   [[nodiscard]] bool pages_sound(std::uint64_t first_page, std::uint64_t pages_used) noexcept;
 
   //! The pages splits may add while `keys` new keys of uniform hashes come in: for each page
-  //! the directory names, its entries and the keys its share of the hashes brings (about
+  //! the directory names, the entries it holds (an emptied one is free) and the keys its
+  //! share of the hashes brings (about
   //! Poisson): a page sure to pass a page's entries is halved until each half fits one, the
   //! others add the chance they split, and the sum three standard deviations and two. An estimate,
   //! read racily (pages writers change meanwhile are read as they are); keys of one hash, or

@@ -132,7 +132,10 @@ TEST(KvFullVolume, EveryEraseOfSmallValuesWorksInAnyOrderOnAFullVolume) {
       if (blob > 0 && !s.compact()) return 10;
       const int again = fill(s, n, value);
       std::fprintf(stderr, "%d keys, then %d more after erasing them\n", n, again - n);
-      return again - n >= n * 4 / 5 ? 0 : 9;  // (90 to 96 % here)
+      // (87.6 to 105 % of the first fill at 6 MiB over 30 runs, each store of its own hash
+      // salt; 73 % was seen while the split estimate counted the entries of erased keys
+      // compaction forgot as used, and held room back for splits they spared.)
+      return again - n >= n * 4 / 5 ? 0 : 9;
     });
   }
 }

@@ -166,7 +166,7 @@ struct store_stats {
   //! Pages on the index's free list: retired by splits, taken by later splits once no
   //! snapshot can still be reading them.
   std::uint64_t index_free_pages = 0;
-  double index_load = 0;             //!< used entries / entries, over those pages
+  double index_load = 0;             //!< claimed entries / entries, over those pages
   std::uint64_t visible_seq = 0;     //!< the newest commit visible
   std::uint64_t checkpoint_seq = 0;  //!< the seq the last checkpoint is a copy at (0: none yet)
   //! Log bytes since that checkpoint: what a rebuild after a power loss would replay.
