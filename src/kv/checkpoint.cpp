@@ -508,10 +508,29 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     sum = chain(sum, i, all.subspan(i * fmt::page_size, fmt::page_size), salt);
   }
   put64(out.get() + pages * fmt::page_size, sum);
+  // 6. Under a budget, charged before it is written (the one there stays counted until this
+  // one replaces it), with the check, under the `segment` lock every maker of a segment or a
+  // room holds for its own check: checked alone, its room was taken meanwhile by another
+  // process's puts, which did not count it, and the files passed the budget by the copy's
+  // size for good (164 KB at a 4.8 MB budget).
   io::replace_options ro;
   ro.fs = fs;
   const std::string file = path + "/" + checkpoint_name;
+  if (opts.max_bytes != 0) {
+    auto g = locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
+    if (!g) return std::unexpected(g.error());
+    if (budget_used(room_for::compaction) + all.size() > opts.max_bytes) {
+      return keel_error(errc::budget_reached);
+    }
+    if (!stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).fetch_add(all.size()); })) {
+      return std::unexpected(index_write_refusal());
+    }
+  }
   if (auto r = io::atomic_replace(file.c_str(), all, ro); !r) {
+    // The charge back to what the volume holds: the one before, or this one where the
+    // replace failed after its rename.
+    auto st = fs->stat_at(&dir.dir, checkpoint_name, false);
+    (void)stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(st ? st->size : 0); });
     return std::unexpected(r.error().about(file));
   }
   if (checkpoint_written_hook != nullptr) checkpoint_written_hook();
