@@ -321,13 +321,19 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   }
   // Room for the index as made, a segment to write in and the index pages its keys may need
   // (of 1 KiB records: put_needs), the deletes' room, the spare, and the small files
-  // (budget_used).
-  const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages) {
+  // (budget_used). Segments of a fixed size need one more, below the tail's: compaction
+  // takes only those, and with three a tail's segment full of dead versions was never
+  // taken (every put after was refused, test
+  // `KvBudget.AStoreOfFixedSegmentsAtItsLeastBudgetComesBackFromFull`). Growing segments
+  // need none: near the budget a put makes a smaller one.
+  const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages,
+                                    bool fixed) {
     constexpr std::uint64_t half_page = ix::entries_per_page / 2;
     const std::uint64_t pages = index_pages +
                                 (keys_in_segment(segment_size, 1024) + half_page - 1) / half_page +
                                 small_files_pages;
-    return o.max_bytes != 0 && o.max_bytes < 3 * segment_size + pages * fmt::page_size;
+    const std::uint64_t segments = fixed ? 4 : 3;
+    return o.max_bytes != 0 && o.max_bytes < segments * segment_size + pages * fmt::page_size;
   };
   store_dir_options d;
   d.create_if_missing = false;
@@ -340,7 +346,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     // None yet: judged as the store it would make, then made.
     auto size = new_store_segment_size(path, d);
     if (!size) return std::unexpected(size.error());
-    if (budget_too_small(*size, initial_index_pages)) return invalid();
+    if (budget_too_small(*size, initial_index_pages, o.segment_size != 0)) return invalid();
     d.create_if_missing = true;
     sd = open_store_dir(path, d);
   }
@@ -355,7 +361,10 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     (void)fs.disable_copy_on_write(sd->dir);
     (void)fs.disable_copy_on_write(sd->segments);
   }
-  if (budget_too_small(sd->params.segment_size, initial_index_pages)) return invalid();
+  if (budget_too_small(sd->params.segment_size, initial_index_pages,
+                       sd->params.first_segment_size == 0)) {
+    return invalid();
+  }
   auto p = std::make_unique<impl>();
   p->path = path;
   p->opts = o;
@@ -401,7 +410,8 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
       return std::unexpected(r.error().about(path + "/index"));
     }
   }
-  if (budget_too_small(p->dir.params.segment_size, p->h64(hdr::pages_allocated).load())) {
+  if (budget_too_small(p->dir.params.segment_size, p->h64(hdr::pages_allocated).load(),
+                       p->dir.params.first_segment_size == 0)) {
     return invalid();  // an index grown since
   }
   p->serving = true;

@@ -123,7 +123,7 @@ TEST(KvBudget, DeletesAndCompactionWorkAtTheBudgetAndMakeRoomAgain) {
 // with segments of 1 MiB and 2 MiB.
 TEST(KvBudget, OnceAPutFindsTheBudgetReachedFreshKeysFindItReachedToo) {
   for (const std::uint64_t segment : {mib, 2 * mib}) {
-    for (std::uint64_t budget = 8 * mib; budget < 8 * mib + segment; budget += 64 * 1024) {
+    for (std::uint64_t budget = 10 * mib; budget < 10 * mib + segment; budget += 64 * 1024) {
       keel::test::temp_dir dir;
       options o = budgeted(budget);
       o.segment_size = segment;
@@ -143,16 +143,49 @@ TEST(KvBudget, OnceAPutFindsTheBudgetReachedFreshKeysFindItReachedToo) {
 
 TEST(KvBudget, TheSmallestBudgetOpenAcceptsTakesAPut) {
   keel::test::temp_dir dir;
-  // Three 1 MiB segments, a new index (384 pages), the pages a segment of 1 KiB values' keys
-  // may split into (978 keys, a page for every 63: 16) and the small files (8 pages): one
-  // less page is refused.
-  const std::uint64_t least = 3 * mib + (384 + 16 + 8) * 4096;
+  // Four 1 MiB segments (of a fixed size: see the next test), a new index (384 pages), the
+  // pages a segment of 1 KiB values' keys may split into (978 keys, a page for every 63: 16)
+  // and the small files (8 pages): one less page is refused.
+  const std::uint64_t least = 4 * mib + (384 + 16 + 8) * 4096;
   auto refused = store::open(dir.file("s"), budgeted(least - 4096));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error(), std::errc::invalid_argument);
   auto s = open_ok(dir.file("s"), budgeted(least));
   ASSERT_TRUE(s);
   EXPECT_TRUE(s->put("k", "v"));
+}
+
+// Segments of a fixed size need a fourth under a budget: with three (the tail's, the spare
+// and the deletes' room), the log never had a segment below the tail, which is the only kind
+// compaction takes. Overwriting three keys filled the tail's segment with dead versions, and
+// every put of 1000 bytes after was refused for good, after erases and compactions too
+// (compaction removed nothing). Growing segments need no fourth: near the budget a put makes
+// a smaller one.
+TEST(KvBudget, AStoreOfFixedSegmentsAtItsLeastBudgetComesBackFromFull) {
+  keel::test::temp_dir dir;
+  const std::uint64_t index = (384 + 16 + 8) * 4096;  // as in the test before
+  options o = budgeted(3 * mib + index);
+  o.segment_size = mib;
+  auto three = store::open(dir.file("three"), o);
+  ASSERT_FALSE(three) << "three 1 MiB segments and the index";
+  EXPECT_EQ(three.error(), std::errc::invalid_argument);
+  o.max_bytes = 4 * mib + index;
+  auto s = open_ok(dir.file("four"), o);
+  ASSERT_TRUE(s);
+  const std::string value(1000, 'v');
+  int refused = 0;
+  for (int i = 0; i < 10'000 && refused == 0; ++i) {
+    auto r = s->put(key_of(i % 3), value);
+    if (!r) {
+      ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
+      ++refused;
+    }
+  }
+  ASSERT_TRUE(s->erase(key_of(1)));
+  ASSERT_TRUE(s->erase(key_of(2)));
+  ASSERT_TRUE(s->compact());
+  for (int i = 0; i < 3'000; ++i)
+    ASSERT_TRUE(s->put(key_of(i % 3), value)) << "put " << i << " after the compaction";
 }
 
 TEST(KvBudget, CompactionAtTheBudgetMovesOnlyWhatFitsAndGoesOnPassByPass) {

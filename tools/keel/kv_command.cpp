@@ -206,7 +206,8 @@ int run_kv_command(int argc, char** argv) {
   std::uint64_t max_bytes = 0;
   app.add_option("--max-bytes", max_bytes,
                  "put: fail (exit 6) rather than let the store's files grow past this many "
-                 "bytes; at least three segments (64 MiB each by default) and the index");
+                 "bytes; at least three segments (of the size they grow to: a 1024th of the "
+                 "volume, at most 64 MiB) and the index");
   bool single_host = false;
   app.add_flag("--single-host", single_host,
                "Every user of the store is on this host, through this mount: open it on a "
@@ -337,7 +338,7 @@ int run_kv_command(int argc, char** argv) {
   if (!s && max_bytes != 0 && s.error() == std::errc::invalid_argument) {
     fmt::print(stderr,
                "keel kv: --max-bytes {} is too small for this store: it must hold three of its "
-               "segments and the index\n",
+               "segments (four where their size is fixed) and the index\n",
                max_bytes);
     return exit_usage;
   }

@@ -93,9 +93,11 @@ struct options {
   //! that would need a new segment beyond it fails with errc::budget_reached, before it is
   //! visible and leaving no trace. Puts leave a segment of it for commits that only erase,
   //! and one more (the spare) for compaction, so that deleting and compacting still work when
-  //! the budget is reached: it must be at least three segments, the index, the index pages a
-  //! segment of 1 KiB values' keys may split into (a page for every 63 keys) and 32 KiB for
-  //! the small files, or open fails with invalid_argument.
+  //! the budget is reached: it must be at least three segments (of the size they grow to;
+  //! four where `segment_size` fixes it, so that the log has one below the tail's for
+  //! compaction to take), the index, the index pages a segment of 1 KiB values' keys may
+  //! split into (a page for every 63 keys) and 32 KiB for the small files, or open fails
+  //! with invalid_argument.
   //! Each opener's own cap: give every opener of a store the same.
   std::uint64_t max_bytes = 0;
   //! A checkpoint (a copy of the index, so that a rebuild after a power loss replays only
