@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 namespace keel::lock {
@@ -46,11 +48,18 @@ bool held(const std::vector<held_entry>& v, std::uint64_t dev, std::uint64_t ino
 
 void forget(std::uint64_t dev, std::uint64_t ino, std::span<const entity> set) noexcept {
   auto& v = held_by_this_thread_now();
-  // The common case: one entity, locked last (guards nest like scopes).
-  if (set.size() == 1 && !v.empty() && v.back().value == set[0].value && v.back().ino == ino &&
-      v.back().dev == dev) {
-    v.pop_back();
-    return;
+  // The common case: the set locked last, listed in its order at the end (guards nest like
+  // scopes), cut off whole (one entity by one, a set of a million took hours).
+  if (v.size() >= set.size()) {
+    const std::size_t from = v.size() - set.size();
+    bool last = true;
+    for (std::size_t i = 0; i < set.size() && last; ++i) {
+      last = v[from + i].value == set[i].value && v[from + i].ino == ino && v[from + i].dev == dev;
+    }
+    if (last) {
+      v.resize(from);
+      return;
+    }
   }
   for (const entity e : set) {
     for (std::size_t i = v.size(); i-- > 0;) {
@@ -155,7 +164,12 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
     g.size_ = 1;
     g.inline_data()[0] = set[0];
   } else {
-    g.assign(set);
+    // (Memory running out in a noexcept call is an error, never a terminate.)
+    try {
+      g.assign(set);
+    } catch (const std::bad_alloc&) {
+      return errc_error(std::errc::not_enough_memory);
+    }
     // Sort by value and merge duplicates (exclusive wins): every algorithm sees a canonical
     // set.
     entity* first = g.data();
@@ -179,6 +193,15 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
         return errc_error(std::errc::resource_deadlock_would_occur);
       }
     }
+  }
+  // Room in the thread's list for what it will hold, before anything is taken: once taken,
+  // the set must be listed.
+  try {
+    held_now.reserve(held_now.size() + sorted.size());
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  } catch (const std::length_error&) {
+    return errc_error(std::errc::not_enough_memory);
   }
   const io::countdown cd = d.start();
   auto token = do_lock(sorted, cd, spin_not_sleep);

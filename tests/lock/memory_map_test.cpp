@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -58,6 +61,74 @@ struct lock_place {
   std::string path = dir.file("lock");
   lock_place() { o.map_directory = maps.path().string(); }
 };
+
+// The address space this process takes now (/proc/self/statm), 0 if it cannot tell.
+std::uint64_t address_space_now() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long pages = 0;
+  const bool read = std::fscanf(f, "%llu", &pages) == 1;
+  std::fclose(f);
+  return read ? pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// Memory running out in a lock call of many entities (its sorted copy, the thread's list of
+// what it holds, the map's slot list) is not_enough_memory, not a terminate from a noexcept
+// call (each allocation threw std::bad_alloc through one); an unlock needs no memory; and no
+// entity stays taken either way. Swept over the room the address space leaves (RLIMIT_AS, in
+// a child), so that each allocation in turn is the one refused.
+TEST(MemoryMap, RunningOutOfMemoryInALockOfManyEntitiesIsAnErrorThatTakesNothing) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory does not fit under RLIMIT_AS";
+#endif
+  lock_place at;
+  const pid_t child = fork_child([&] {
+    // Large blocks each mapped on its own and unmapped when freed (not kept in the heap, which
+    // the limit would then not reach): each call's allocations take room of their own. And
+    // one arena: a thread's reserves room malloc falls back on, which the limit cannot see.
+    ::mallopt(M_MMAP_THRESHOLD, 64 << 10);
+    ::mallopt(M_ARENA_MAX, 1);
+    auto m = memory_map::open(at.path, at.o);
+    if (!m) return 2;
+    constexpr std::size_t n = std::size_t{1} << 18;  // 2 MiB of entities, 6 of holds
+    std::vector<entity> set;
+    set.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      set.push_back(entity(i * 7919 + 1));
+    int refused = 0;
+    int taken = 0;
+    for (std::uint64_t room = 0; room <= 16 << 20; room += 512 << 10) {
+      rlimit old{};
+      if (::getrlimit(RLIMIT_AS, &old) != 0) return 3;
+      rlimit tight = old;
+      const std::uint64_t now = address_space_now();
+      if (now == 0) return test::cannot_set_up;
+      tight.rlim_cur = now + room;
+      if (::setrlimit(RLIMIT_AS, &tight) != 0) return 3;
+      auto g = (*m)->lock(set);
+      if (g) {
+        ++taken;
+        if (!g->unlock()) return 4;  // under the limit too
+      } else if (g.error() == std::errc::not_enough_memory) {
+        ++refused;
+      } else {
+        std::fprintf(stderr, "with %ju bytes of room: %s\n", static_cast<std::uintmax_t>(room),
+                     g.error().message().c_str());
+        return 5;
+      }
+      if (::setrlimit(RLIMIT_AS, &old) != 0) return 6;
+      // Nothing stays taken: another thread takes every entity at once.
+      bool free = false;
+      std::thread([&] { free = (*m)->try_lock(set).has_value(); }).join();
+      if (!free) return 7;
+    }
+    std::fprintf(stderr, "%d refused, %d taken\n", refused, taken);
+    return refused > 0 && taken > 0 ? 0 : 8;
+  });
+  const int code = wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "no /proc/self/statm here";
+  EXPECT_EQ(code, 0) << "a signal (128 + 6): a noexcept call terminated";
+}
 
 TEST(MemoryMap, FirstUserCreatesTheMapLastUserRemovesIt) {
   temp_dir dir;

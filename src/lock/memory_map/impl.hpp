@@ -41,6 +41,10 @@ struct thread_user final : base::thread_state, slot_user {
   // When a try (zero deadline) last looked for dead holders: a caller that only polls
   // recovers from a crash too, at most every 10 ms of its polling.
   std::chrono::steady_clock::time_point last_try_recovery{};
+  // The slot list of a set of more than 16 entities (collect_slots' `big`), with room for
+  // the largest this user has locked: a lock call reserves it, and can fail with
+  // not_enough_memory; an unlock, which must not fail, then needs no memory.
+  std::vector<slot_request> slots;
 
   thread_user() = default;
   thread_user(const thread_user&) = delete;

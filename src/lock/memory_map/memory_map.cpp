@@ -4,6 +4,7 @@
 #include "keel/lock/memory_map.hpp"
 
 #include <algorithm>
+#include <new>
 #include <thread>
 
 #include "base/futex.hpp"
@@ -106,8 +107,13 @@ result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<con
     if (auto r = register_user(me); !r) return std::unexpected(r.error());
   }
   std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
-  std::vector<mm::slot_request> big;
-  std::span<mm::slot_request> want = mm::collect_slots(sorted, small, big);
+  try {
+    if (sorted.size() > small.size()) me.slots.reserve(sorted.size());
+  } catch (const std::bad_alloc&) {
+    return errc_error(std::errc::not_enough_memory);
+  }
+  // (Within the room reserved: nothing is allocated.)
+  const std::span<mm::slot_request> want = mm::collect_slots(sorted, small, me.slots);
 
   bool spun = false;        // a lock call spins at most once before it sleeps
   bool have_first = false;  // want[0] was handed to us while we slept
@@ -217,8 +223,8 @@ result<void> memory_map::do_unlock(std::span<const entity> sorted, std::uint64_t
     return {};
   }
   std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
-  std::vector<mm::slot_request> big;
-  for (const mm::slot_request& r : mm::collect_slots(sorted, small, big))
+  // (In the room the lock call reserved for this set: an unlock allocates nothing.)
+  for (const mm::slot_request& r : mm::collect_slots(sorted, small, me.slots))
     p.table.give(me, r);
   if (p.degraded()) p.release_map_in_use_if_idle();
   return {};
