@@ -222,7 +222,9 @@ std::optional<entry_ref> table::claim(std::uint64_t p, const fmt::key_hash& h,
         out = e;
         return false;
       }
-      if (e.location().load() == 0 && e.seq().load() == 0) {
+      // One that holds nothing (as holds_something counts room): emptied, also half way (a
+      // compactor killed between the location's store and the seq's left an old seq).
+      if (e.location().load() == 0 && (e.seq().load() & pending) == 0) {
         change_entry(b, e, [&] {
           if (hi != h.hi || e.lo().load() != h.lo) {
             e.lo().store(h.lo);
