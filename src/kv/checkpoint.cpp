@@ -513,12 +513,21 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   // room holds for its own check: checked alone, its room was taken meanwhile by another
   // process's puts, which did not count it, and the files passed the budget by the copy's
   // size for good (164 KB at a 4.8 MB budget).
+  // A checkpointer killed between naming its copy and the rename left the copy, which no
+  // word counts: removed (no other checkpointer writes one while this one holds the byte),
+  // and the word, which may count it, set back from the file.
   io::replace_options ro;
   ro.fs = fs;
+  ro.hook = checkpoint_replace_hook;
   const std::string file = path + "/" + checkpoint_name;
+  remove_checkpoint_temps();
   if (opts.max_bytes != 0) {
     auto g = locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
+    auto there = fs->stat_at(&dir.dir, checkpoint_name, false);
+    if (!stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(there ? there->size : 0); })) {
+      return std::unexpected(index_write_refusal());
+    }
     if (budget_used(room_for::compaction) + all.size() > opts.max_bytes) {
       return keel_error(errc::budget_reached);
     }

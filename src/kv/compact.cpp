@@ -346,6 +346,9 @@ result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
 }
 
 result<void> store::impl::remove_checkpoint() noexcept {
+  // With any copy a checkpointer killed before its rename left, which the word below may have
+  // counted, and which nothing would count after it is zeroed.
+  remove_checkpoint_temps();
   if (auto r = io::unlink_at(dir.dir, "checkpoint");
       !r && r.error() != std::errc::no_such_file_or_directory) {
     return std::unexpected(r.error().about(path + "/checkpoint"));

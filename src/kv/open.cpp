@@ -277,11 +277,20 @@ result<void> store::impl::recover_alone() noexcept {
 }
 
 void store::impl::remove_checkpoint_leftovers() noexcept {
+  remove_checkpoint_temps();
+  if (auto entries = fs->list_directory(dir.dir)) {
+    for (const auto& e : *entries) {
+      if (e.name.starts_with(".manifest.")) (void)io::unlink_at(dir.dir, e.name.c_str());
+    }
+  }
+}
+
+void store::impl::remove_checkpoint_temps() noexcept {
   // What a checkpointer killed between writing its copy and renaming it left
   // (io::atomic_replace's temporary name).
   if (auto entries = fs->list_directory(dir.dir)) {
     for (const auto& e : *entries) {
-      if (e.name.starts_with(".checkpoint.keel-tmp.") || e.name.starts_with(".manifest.")) {
+      if (e.name.starts_with(".checkpoint.keel-tmp.")) {
         (void)io::unlink_at(dir.dir, e.name.c_str());
       }
     }

@@ -521,6 +521,9 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> reset_index() noexcept;
   //! Removes what checkpointers killed part-way left (alone).
   void remove_checkpoint_leftovers() noexcept;
+  //! Removes the temporary copies checkpointers killed part-way left (holding the
+  //! checkpoint byte: no checkpointer is writing one).
+  void remove_checkpoint_temps() noexcept;
   //! Bytes of log this process's open replayed (0: the index was used as it was).
   std::uint64_t replayed_bytes = 0;
 
@@ -1344,6 +1347,8 @@ inline void (*compact_moved_hook)() noexcept = nullptr;
 inline void (*compact_unlisted_hook)() noexcept = nullptr;
 //! For tests: called by a checkpoint once its file is in place, before the header names it.
 inline void (*checkpoint_written_hook)() noexcept = nullptr;
+//! For tests: io::atomic_replace's hook for the checkpoint's file (may kill the process).
+inline void (*checkpoint_replace_hook)(io::replace_step, void*) noexcept = nullptr;
 
 //! For tests: called by the ledger's closer as it begins to close a delta.
 inline void (*ledger_close_hook)() noexcept = nullptr;

@@ -9,6 +9,7 @@
 
 #include <sys/stat.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -17,6 +18,7 @@
 
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
+#include "kv/small_volume.hpp"
 #include "kv/store_impl.hpp"
 #include "support/process.hpp"
 
@@ -412,13 +414,8 @@ int checkpoint_to_other[2];
 int other_to_checkpoint[2];
 
 TEST(KvBudget, ACheckpointBeingWrittenIsCountedAgainstAnotherProcessesPuts) {
-  keel::test::temp_dir dir;
-  const std::string mnt = dir.file("mnt");
-  std::filesystem::create_directory(mnt);
   const std::uint64_t budget = 4'816'896;
-  const pid_t child = keel::test::fork_child([&] {
-    if (!keel::test::mount_private_tmpfs(mnt, 64 * mib)) return keel::test::cannot_set_up;
-    const std::string path = mnt + "/s";
+  test_support::on_small_volume(64, [&](const std::string& path) {
     options o;
     o.max_bytes = budget;
     o.compact_dead_fraction = 0;
@@ -473,9 +470,69 @@ TEST(KvBudget, ACheckpointBeingWrittenIsCountedAgainstAnotherProcessesPuts) {
     }
     return 0;
   });
-  const int code = keel::test::wait_exit(child);
-  if (code == keel::test::cannot_set_up) GTEST_SKIP() << "cannot mount a private tmpfs here";
-  EXPECT_EQ(code, 0);
+}
+
+// A checkpointer killed between naming its copy and renaming it over `checkpoint` left the
+// copy, which nothing counted once the next checkpoint (or a put that dropped the one there)
+// set the word anew; only an opener alone removed it. Beside another user holding the store,
+// the files stayed 159 232 bytes past a budget of 8 000 000 (found by review). The next
+// checkpointer, or the checkpoint's removal, now removes such copies first.
+TEST(KvBudget, ACheckpointerKilledBeforeItsRenameLeavesNothingPastTheBudget) {
+  const std::uint64_t budget = 8'000'000;
+  test_support::on_small_volume(64, [&](const std::string& path) {
+    options o = budgeted(budget);
+    o.segment_size = mib;
+    {
+      auto made = store::open(path, o);
+      if (!made) return 2;
+      for (int i = 0; i < 3000; ++i)
+        if (!(*made)->put(key_of(i), std::string(300, 'v'))) return 3;
+    }
+    // A holder: no later opener is alone.
+    int go[2];
+    if (::pipe(go) != 0) return 4;
+    const pid_t holder = keel::test::fork_child([&] {
+      auto s = store::open(path, o);
+      char c = 0;
+      return s && ::read(go[0], &c, 1) == 1 ? 0 : 1;
+    });
+    const pid_t killed = keel::test::fork_child([&] {
+      auto s = store::open(path, o);
+      if (!s) return 1;
+      checkpoint_replace_hook = [](io::replace_step step, void*) noexcept {
+        if (step == io::replace_step::rename) ::raise(SIGKILL);
+      };
+      (void)(*s)->checkpoint();
+      return 2;
+    });
+    if (keel::test::wait_exit(killed) != 128 + SIGKILL) return 5;
+    const auto leftovers = [&] {
+      int n = 0;
+      for (const auto& e : std::filesystem::directory_iterator(path))
+        n += e.path().filename().string().starts_with(".checkpoint.keel-tmp.") ? 1 : 0;
+      return n;
+    };
+    if (leftovers() != 1) return 6;  // the case is not made
+    auto s = store::open(path, o);
+    if (!s) return 7;
+    if (!(*s)->checkpoint()) return 8;
+    if (leftovers() != 0) return 9;
+    for (int i = 0;; ++i) {
+      auto r = (*s)->put("more-" + std::to_string(i), std::string(1000, 'm'));
+      if (r) continue;
+      if (r.error() != errc::budget_reached) return 10;
+      break;
+    }
+    const std::uint64_t taken = bytes_taken(path);
+    (void)!::write(go[1], "d", 1);
+    if (keel::test::wait_exit(holder) != 0) return 11;
+    if (taken > budget) {
+      std::fprintf(stderr, "at the budget, the files take %ju bytes\n",
+                   static_cast<std::uintmax_t>(taken));
+      return 12;
+    }
+    return 0;
+  });
 }
 
 }  // namespace
