@@ -45,7 +45,12 @@ std::uint64_t store::impl::room_left(room_for who) const noexcept {
   const std::uint64_t seg_size = next_segment_size();
   const std::uint64_t tail = h64(hdr::tail).load();
   const std::uint64_t left = budget_left(who);
+  // The segment made and never moved into (its maker's commit failed, or it was killed) is
+  // the next one whoever asks, and is counted as used: its room is left too (without it, at
+  // a budget of four fixed segments, every commit with a blob was refused for good).
+  const std::uint64_t last = abandoned_segment();
   return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
+         (last == 0 ? 0 : segtab(last, 1).load() - fmt::segment_header_size) +
          (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
 }
 

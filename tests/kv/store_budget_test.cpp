@@ -9,6 +9,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -172,22 +173,36 @@ TEST(KvBudget, AStoreOfFixedSegmentsAtItsLeastBudgetComesBackFromFull) {
   ASSERT_FALSE(three) << "three 1 MiB segments and the index";
   EXPECT_EQ(three.error(), std::errc::invalid_argument);
   o.max_bytes = 4 * mib + index;
-  auto s = open_ok(dir.file("four"), o);
-  ASSERT_TRUE(s);
-  const std::string value(1000, 'v');
-  int refused = 0;
-  for (int i = 0; i < 10'000 && refused == 0; ++i) {
-    auto r = s->put(key_of(i % 3), value);
-    if (!r) {
-      ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
-      ++refused;
+  // Values of 100 000 bytes (blobs) were refused for good too: a commit with blobs is refused
+  // up front where the room left cannot hold it, and that room left out the segment made and
+  // not yet moved into (its maker's commit failed), which the next commit takes. (Values of
+  // 300 000 bytes, three to a segment, are still refused here after a few puts: the ledger
+  // charges a commit twice its bytes, more than the tail's rest that holds it, and one
+  // segment all dead is counted a few hundred bytes short of the segment's worth of dead a
+  // put asks for before it compacts.)
+  for (const std::size_t size : {std::size_t{1000}, std::size_t{100'000}}) {
+    SCOPED_TRACE("values of " + std::to_string(size) + " bytes");
+    auto s = open_ok(dir.file("four-" + std::to_string(size)), o);
+    ASSERT_TRUE(s);
+    const std::string value(size, 'v');
+    const int tries = static_cast<int>(30'000'000 / size);
+    int refused = 0;
+    for (int i = 0; i < tries && refused == 0; ++i) {
+      auto r = s->put(key_of(i % 3), value);
+      if (!r) {
+        ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
+        ++refused;
+      }
+    }
+    ASSERT_TRUE(s->erase(key_of(1)));
+    ASSERT_TRUE(s->erase(key_of(2)));
+    ASSERT_TRUE(s->compact());
+    const int puts = static_cast<int>(std::max<std::size_t>(60, 3'000'000 / size));
+    for (int i = 0; i < puts; ++i) {
+      auto r = s->put(key_of(i % 3), value);
+      ASSERT_TRUE(r) << "put " << i << " after the compaction: " << r.error().message();
     }
   }
-  ASSERT_TRUE(s->erase(key_of(1)));
-  ASSERT_TRUE(s->erase(key_of(2)));
-  ASSERT_TRUE(s->compact());
-  for (int i = 0; i < 3'000; ++i)
-    ASSERT_TRUE(s->put(key_of(i % 3), value)) << "put " << i << " after the compaction";
 }
 
 TEST(KvBudget, CompactionAtTheBudgetMovesOnlyWhatFitsAndGoesOnPassByPass) {
