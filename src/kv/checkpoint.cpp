@@ -524,8 +524,8 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   if (opts.max_bytes != 0) {
     auto g = locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
-    auto there = fs->stat_at(&dir.dir, checkpoint_name, false);
-    if (!stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(there ? there->size : 0); })) {
+    const std::uint64_t there = checkpoint_file_bytes();
+    if (!stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(there); })) {
       return std::unexpected(index_write_refusal());
     }
     if (budget_used(room_for::compaction) + all.size() > opts.max_bytes) {
@@ -538,8 +538,8 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   if (auto r = io::atomic_replace(file.c_str(), all, ro); !r) {
     // The charge back to what the volume holds: the one before, or this one where the
     // replace failed after its rename.
-    auto st = fs->stat_at(&dir.dir, checkpoint_name, false);
-    (void)stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(st ? st->size : 0); });
+    const std::uint64_t there = checkpoint_file_bytes();
+    (void)stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(there); });
     return std::unexpected(r.error().about(file));
   }
   if (checkpoint_written_hook != nullptr) checkpoint_written_hook();

@@ -266,8 +266,12 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
 }
 
 void store::impl::reconcile_checkpoint_bytes() noexcept {
+  h64(hdr::checkpoint_bytes).store(checkpoint_file_bytes());
+}
+
+std::uint64_t store::impl::checkpoint_file_bytes() const noexcept {
   auto st = fs->stat_at(&dir.dir, "checkpoint", false);
-  h64(hdr::checkpoint_bytes).store(st ? st->size : 0);
+  return st ? st->size : 0;
 }
 
 result<void> store::impl::reconcile_rooms() noexcept {

@@ -879,6 +879,8 @@ struct store::impl final : ix::page_source {
   }
   //! Sets hdr::checkpoint_bytes from `checkpoint` as it is (alone).
   void reconcile_checkpoint_bytes() noexcept;
+  //! The size of `checkpoint` (0: none, or it cannot be told).
+  [[nodiscard]] std::uint64_t checkpoint_file_bytes() const noexcept;
   //! The last segment made, when the tail never moved into it (its maker, or the taker of the
   //! spare, killed or failed in between): nothing was written there (0: none).
   [[nodiscard]] std::uint64_t abandoned_segment() const noexcept;
