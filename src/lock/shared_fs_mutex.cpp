@@ -197,7 +197,10 @@ result<entities_guard> shared_fs_mutex::lock(std::span<const entity> set, deadli
   // Room in the thread's list for what it will hold, before anything is taken: once taken,
   // the set must be listed.
   try {
-    held_now.reserve(held_now.size() + sorted.size());
+    // (Doubling, as push_back would: reserved to the exact size, nested locks one entity at
+    // a time copied the list at each.)
+    const std::size_t need = held_now.size() + sorted.size();
+    if (need > held_now.capacity()) held_now.reserve(std::max(need, 2 * held_now.capacity()));
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   } catch (const std::length_error&) {
