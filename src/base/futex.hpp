@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <ctime>
 
-#include "keel/io/deadline.hpp"
+#include "keel/deadline.hpp"
 
 namespace keel::base {
 
@@ -57,7 +57,7 @@ inline void futex_wait(std::uint32_t* word, std::uint32_t expected,
 
 //! The same until `cd` expires (forever when null or infinite).
 inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
-                       const io::countdown* cd, futex_scope scope = futex_scope::process) noexcept {
+                       const countdown* cd, futex_scope scope = futex_scope::process) noexcept {
   const bool forever = cd == nullptr || cd->is_infinite();
   futex_wait(detail::word_of(word), expected,
              forever ? std::chrono::nanoseconds(-1)

@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-#include "base/process.hpp"
+#include "base/thread_rng.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/kv/batch_writer.hpp"
 #include "kv/store_impl.hpp"

@@ -12,7 +12,7 @@
 
 #include "base/per_thread.hpp"
 #include "base/planted.hpp"
-#include "base/process.hpp"
+#include "io/process.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -58,7 +58,7 @@ result<bool> header_valid(const store::impl& s, error& why) noexcept {
   std::memcpy(&sum, s.base() + hdr::checksum, 8);
   if (sum != fmt::checksum(page.first(hdr::checksummed), s.salt)) return false;
   if (s.h64(hdr::state).load(std::memory_order_acquire) != state_valid) return false;
-  const auto& boot = base::self().boot_id;
+  const auto& boot = io::self().boot_id;
   if (std::all_of(boot.begin(), boot.end(), [](std::uint8_t b) { return b == 0; })) return false;
   if (std::memcmp(s.base() + hdr::boot_id, boot.data(), 16) != 0) return false;
   // Its pages are all in the file (one cut short by hand would be a SIGBUS at the first

@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "base/process.hpp"
+#include "io/process.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -478,7 +478,7 @@ result<void> store::impl::rebuild() noexcept {
   h64(hdr::visible).store(st.max_seq);
   h64(hdr::counting).store(st.max_seq);
   h64(hdr::next_seq).store(st.max_seq + 1);
-  const auto& boot = base::self().boot_id;
+  const auto& boot = io::self().boot_id;
   std::memcpy(base() + hdr::boot_id, boot.data(), 16);
   const std::uint64_t sum =
       fmt::checksum(std::span<const std::byte>(base(), hdr::checksummed), salt);

@@ -18,7 +18,7 @@
 
 #include "base/per_thread.hpp"
 #include "base/planted.hpp"
-#include "base/process.hpp"
+#include "io/process.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -304,7 +304,7 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
           if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
             h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
           }
-          s.start_time().store(base::self().start_time);
+          s.start_time().store(io::self().start_time);
           s.tid().store(tid);
           s.pid().store(static_cast<std::uint32_t>(::getpid()), std::memory_order_release);
         })) {

@@ -419,7 +419,7 @@ result<std::uint64_t> atomic_append::do_lock(std::span<const entity> sorted,
   const std::size_t n_records = records_for(sorted.size());
   if (n_records > 0xffff) return errc_error(std::errc::argument_list_too_long);
   std::vector<record> chunk(n_records);
-  const auto& me = base::self();
+  const auto& me = io::self();
   const auto now_ns =
       static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/format_header.hpp"
-#include "base/process.hpp"
+#include "io/process.hpp"
 #include "keel/lock/atomic_append.hpp"
 #include "keel/result.hpp"
 
@@ -133,7 +133,7 @@ struct chunk_view {
   std::uint64_t time_ns = 0;
   bool released = false;
   bool passed = false;  // released with passed_mark
-  base::process_identity owner;
+  io::process_identity owner;
   std::vector<std::uint64_t> entities;  // sorted, as written
 };
 

@@ -20,9 +20,9 @@
 #include <span>
 #include <string_view>
 
-#include "base/process.hpp"
 #include "detail/common.hpp"
 #include "inspect_parts.hpp"
+#include "io/process.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/fs_info.hpp"
 #include "lock_files_format.hpp"
@@ -384,8 +384,7 @@ struct scan {
         if (it != files.end()) mine.emplace(*fd, std::pair(it->first, it->second));
       }
       if (mine.empty()) continue;
-      const std::uint64_t started =
-          ctx.started_at(base::start_time_of(static_cast<pid_t>(*pid), fs));
+      const std::uint64_t started = ctx.started_at(io::start_time_of(static_cast<pid_t>(*pid), fs));
       std::map<int, role_of_file> roles;
       for (const auto& [fd, f] : mine) {
         look_at_descriptor(*pid, std::to_string(fd), f.first, f.second, started);
@@ -412,16 +411,15 @@ struct scan {
       lf::owner_record rec{};
       auto n = f->read_at(0, std::as_writable_bytes(std::span(&rec, 1)));
       if (!n || *n != sizeof rec || std::memcmp(rec.magic, lf::record_magic, 8) != 0) continue;
-      const base::process_identity who = lf::owner_of(rec);
-      const auto alive = base::check(
-          who, local ? base::recorded_on::local_filesystem : base::recorded_on::shared_filesystem,
-          fs);
+      const io::process_identity who = lf::owner_of(rec);
+      const auto alive = io::check(
+          who, local ? io::recorded_on::local_filesystem : io::recorded_on::shared_filesystem, fs);
       lock_holder h;
-      h.what = alive == base::liveness::dead ? lock_holder::role::stale : lock_holder::role::holds;
+      h.what = alive == io::liveness::dead ? lock_holder::role::stale : lock_holder::role::holds;
       h.algorithm = "lock_files";
       h.pid = rec.pid;
       h.host.assign(rec.host, strnlen(rec.host, sizeof rec.host));
-      const bool this_boot = std::memcmp(rec.boot_id, base::self().boot_id.data(), 16) == 0;
+      const bool this_boot = std::memcmp(rec.boot_id, io::self().boot_id.data(), 16) == 0;
       h.process_started = this_boot ? ctx.started_at(rec.start_time) : 0;
       h.entity = *value;
       holder(std::move(h));

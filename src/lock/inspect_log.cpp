@@ -11,8 +11,8 @@
 
 #include "atomic_append_format.hpp"
 #include "base/format_header.hpp"
-#include "base/process.hpp"
 #include "inspect_parts.hpp"
+#include "io/process.hpp"
 #include "keel/io/file_handle.hpp"
 
 namespace keel::lock::inspecting {
@@ -163,15 +163,15 @@ bool read_log(context& ctx, const std::string& path, lock_state& out) noexcept {
 
   ctx.refresh_kernel_locks();  // after the copy: an owner alive now has its chunk locked
   const std::string name = ctx.kernel_name(st->device, st->inode);
-  const auto& me = base::self();
+  const auto& me = io::self();
   std::vector<const chunk_view*> granted_or_waiting;
   for (const chunk_view& c : live) {
     // Its owner locks its first byte from just after the append (an instant) until it
     // unlocks: unlocked and not alive, it is abandoned.
     const bool locked = ctx.locked(name, static_cast<std::uint64_t>(c.offset));
-    const auto alive = base::check(c.owner, base::recorded_on::local_filesystem, ctx.fs);
-    const bool stale = !locked && (alive == base::liveness::dead ||
-                                   (ctx.kernel_locks_read && alive != base::liveness::alive));
+    const auto alive = io::check(c.owner, io::recorded_on::local_filesystem, ctx.fs);
+    const bool stale = !locked && (alive == io::liveness::dead ||
+                                   (ctx.kernel_locks_read && alive != io::liveness::alive));
     const bool waits =
         !stale && std::ranges::any_of(granted_or_waiting, [&](const chunk_view* earlier) {
           return conflicts(earlier->entities, c.entities);

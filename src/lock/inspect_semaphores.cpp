@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "base/process.hpp"
 #include "inspect_parts.hpp"
+#include "io/process.hpp"
 #include "sysv_key.hpp"
 
 namespace keel::lock::inspecting {
@@ -46,7 +46,7 @@ void read_semaphores(const context& ctx, int semid, lock_state& out) noexcept {
       const int pid = ::semctl(semid, sysv_set::writer_sem(i), GETPID);
       h.pid = pid > 0 ? static_cast<std::uint32_t>(pid) : 0;
       h.process_started =
-          pid > 0 ? ctx.started_at(base::start_time_of(static_cast<pid_t>(pid), ctx.fs)) : 0;
+          pid > 0 ? ctx.started_at(io::start_time_of(static_cast<pid_t>(pid), ctx.fs)) : 0;
       h.exclusive = true;
       out.holders.push_back(h);
     }

@@ -25,7 +25,7 @@ using lf::record_magic;
 owner_record my_record() noexcept {
   owner_record r{};
   std::memcpy(r.magic, record_magic, sizeof r.magic);
-  const auto& me = base::self();
+  const auto& me = io::self();
   r.pid = me.pid;
   r.pid_ns = me.pid_ns;
   r.start_time = me.start_time;
@@ -66,7 +66,7 @@ struct lock_files::impl {
   io::file_handle claimed;  // the directory's claim file, marked as lock_files' while open
   //! Where owner records are: only on a local filesystem is another boot of this machine id
   //! this machine's (unknown counts as shared).
-  base::recorded_on records = base::recorded_on::shared_filesystem;
+  io::recorded_on records = io::recorded_on::shared_filesystem;
   base::per_thread_states threads;
 
   result<thread_files*> mine() noexcept {
@@ -117,7 +117,7 @@ result<std::unique_ptr<lock_files>> lock_files::open(const std::string& dir,
   if (!bid) return std::unexpected(bid.error());
   p->breaker_id = *bid;
   if (auto where = fs.statfs(*d); where && where->is_local) {
-    p->records = base::recorded_on::local_filesystem;
+    p->records = io::recorded_on::local_filesystem;
   }
   return std::unique_ptr<lock_files>(new lock_files(id->dev, id->ino, std::move(p)));
 }
@@ -139,7 +139,7 @@ result<io::temp_file> make_owner_file(const io::file_handle& dir) noexcept {
 
 // Removes `name` if its owner is provably dead. Returns true if it was removed (or is gone).
 result<bool> break_if_stale(thread_files& t, entity e, const char* name,
-                            base::recorded_on records) noexcept {
+                            io::recorded_on records) noexcept {
   // Byte e exclusively: no live user holds the name or is linking it (each holds the byte
   // shared), and breakers of one entity take turns, so the file judged stale is the file
   // removed: nobody else unlinks a dead owner's file, and nobody can create the name while
@@ -183,10 +183,10 @@ result<bool> break_if_stale(thread_files& t, entity e, const char* name,
   if (*n != sizeof rec || std::memcmp(rec.magic, record_magic, sizeof rec.magic) != 0) {
     return false;  // not a record we understand: never guess
   }
-  const base::process_identity who = lf::owner_of(rec);
+  const io::process_identity who = lf::owner_of(rec);
   // Only a proven death breaks a lock: an owner we cannot judge (another machine, another
   // pid namespace, /proc unreadable) is alive.
-  if (base::check(who, records, t.dir.fs()) != base::liveness::dead) return false;
+  if (io::check(who, records, t.dir.fs()) != io::liveness::dead) return false;
   detail::reached("lock_files.judged_stale");
   // Remove only the file judged: the name may have been made again since (by a breaker that
   // did not take turns with us, or an owner judged dead wrongly). Between this look and the

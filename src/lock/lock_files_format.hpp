@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "base/process.hpp"
+#include "io/process.hpp"
 
 namespace keel::lock::lf {
 
@@ -23,9 +23,9 @@ static_assert(sizeof(owner_record) == 104);
 constexpr char record_magic[8] = {'K', 'E', 'E', 'L', 'L', 'F', '0', '2'};
 constexpr const char* breaker_name = ".keel-break";
 
-//! The owner a record names, as base::check judges it.
-inline base::process_identity owner_of(const owner_record& rec) noexcept {
-  base::process_identity who;
+//! The owner a record names, as io::check judges it.
+inline io::process_identity owner_of(const owner_record& rec) noexcept {
+  io::process_identity who;
   who.pid = rec.pid;
   who.pid_ns = rec.pid_ns;
   who.start_time = rec.start_time;

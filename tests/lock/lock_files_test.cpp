@@ -13,7 +13,7 @@
 #include <fstream>
 #include <string>
 
-#include "base/process.hpp"
+#include "io/process.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/filesystem.hpp"
 #include "keel/io/fs_info.hpp"
@@ -149,11 +149,11 @@ TEST(LockFiles, AnOwnerThatCannotBeJudgedIsAlive) {
   // Entity 6's file, written as a process of another namespace: its pid means nothing here.
   std::string rec(104, '\0');
   std::memcpy(rec.data(), "KEELLF02", 8);
-  const std::uint32_t pid = 999999, ns = base::self().pid_ns + 1;
+  const std::uint32_t pid = 999999, ns = io::self().pid_ns + 1;
   std::memcpy(rec.data() + 8, &pid, 4);
   std::memcpy(rec.data() + 12, &ns, 4);
-  std::memcpy(rec.data() + 24, base::self().boot_id.data(), 16);
-  std::memcpy(rec.data() + 40, base::self().machine_id.data(), 16);
+  std::memcpy(rec.data() + 24, io::self().boot_id.data(), 16);
+  std::memcpy(rec.data() + 40, io::self().machine_id.data(), 16);
   std::ofstream(path + "/0000000000000006", std::ios::binary) << rec;
   auto m = lock_files::open(path);
   ASSERT_TRUE(m);
@@ -186,13 +186,13 @@ struct network_share final : io::filesystem_wrapper {
 void write_other_boot_owner(const std::string& path) {
   std::string rec(104, '\0');
   std::memcpy(rec.data(), "KEELLF02", 8);
-  const std::uint32_t pid = 1, ns = base::self().pid_ns;
+  const std::uint32_t pid = 1, ns = io::self().pid_ns;
   std::memcpy(rec.data() + 8, &pid, 4);
   std::memcpy(rec.data() + 12, &ns, 4);
-  std::array<std::uint8_t, 16> boot = base::self().boot_id;
+  std::array<std::uint8_t, 16> boot = io::self().boot_id;
   boot[0] ^= 0xff;
   std::memcpy(rec.data() + 24, boot.data(), 16);
-  std::memcpy(rec.data() + 40, base::self().machine_id.data(), 16);
+  std::memcpy(rec.data() + 40, io::self().machine_id.data(), 16);
   std::ofstream(path + "/0000000000000007", std::ios::binary) << rec;
 }
 

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "base/per_thread.hpp"
-#include "base/process.hpp"
+#include "base/thread_rng.hpp"
 #include "keel/io/deadline.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"

@@ -8,15 +8,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "base/process.hpp"
 #include "impl.hpp"
+#include "io/process.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "lock/detail/common.hpp"
 
 namespace keel::lock {
 
 void memory_map::impl::release_map_in_use_if_idle() noexcept {
-  if (base::self().pid != creator_pid.load()) return;  // the parent's marker, not ours
+  if (io::self().pid != creator_pid.load()) return;  // the parent's marker, not ours
   const base::lock_guard lock(switch_mutex);
   if (map_in_use_released || !degraded()) return;
   if (map.size() != 0 && table.marks_of(my_users)) return;
@@ -29,7 +29,7 @@ namespace mm {
 result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
                                std::uint32_t me) noexcept {
   bool mine_seen = false;
-  const base::process_identity& self = base::self();
+  const io::process_identity& self = io::self();
   const auto tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
   // Whether user `u`, marked in slot `i`, still lives; a dead one's marks are cleared while
   // its liveness byte is held (so nobody takes the index meanwhile).
@@ -98,8 +98,8 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
   std::string looked_at = map_path;
   if (on == nullptr && lock_view.size() != 0) {  // (unmapped on a network filesystem)
     auto state = mm::parse_lock_file(std::span(lock_view.data(), mm::lockfile_page));
-    const bool visible = state && !state->blank && !state->map_path.empty() &&
-                         state->boot_id == base::self().boot_id;
+    const bool visible =
+        state && !state->blank && !state->map_path.empty() && state->boot_id == io::self().boot_id;
     if (visible) {
       auto m = mm::open_map(*fs, state->map_path, their_hold);
       if (m) {

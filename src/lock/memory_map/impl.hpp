@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "base/per_thread.hpp"
-#include "base/process.hpp"
 #include "base/thread_safety.hpp"
 #include "format.hpp"
+#include "io/process.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/io/mapped_file.hpp"
 #include "keel/lock/memory_map.hpp"
@@ -146,7 +146,7 @@ struct memory_map::impl {
   //! through descriptors of its own. Cheap (a pid compare) when there is nothing to do.
   //! Keeps the lock call's deadline `cd` (an opener may hold the init lock).
   result<void> ensure_own_process(const io::countdown& cd) noexcept {
-    if (creator_pid.load(std::memory_order_acquire) == base::self().pid) [[likely]] {
+    if (creator_pid.load(std::memory_order_acquire) == io::self().pid) [[likely]] {
       return {};
     }
     return rejoin_after_fork(cd);

@@ -11,8 +11,9 @@
 #include <cstring>
 #include <optional>
 
-#include "base/process.hpp"
+#include "base/thread_rng.hpp"
 #include "impl.hpp"
+#include "io/process.hpp"
 #include "keel/io/byte_lock.hpp"
 #include "keel/io/fs_info.hpp"
 
@@ -172,14 +173,14 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       // Nobody uses this lock. If its last users died instead of closing, their map is
       // still named in the header and belongs to nobody: remove it, then start afresh.
       if (!old->blank && !old->map_path.empty() &&
-          std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0 &&
+          std::memcmp(old->boot_id.data(), io::self().boot_id.data(), 16) == 0 &&
           old->map_path.starts_with(opts.map_directory + "/") &&
           mm::is_map_name(std::string_view(old->map_path).substr(opts.map_directory.size() + 1))) {
         (void)io::unlink(*fs, old->map_path.c_str());
       }
       mm::lockfile_header h{};
       h.head = mm::lockfile_format.header();
-      std::memcpy(h.boot_id, base::self().boot_id.data(), sizeof h.boot_id);
+      std::memcpy(h.boot_id, io::self().boot_id.data(), sizeof h.boot_id);
       if (local && !opts.force_fallback) {
         // Maps left by users that died (of this lock or of any other, whose lock file may be
         // gone for good): 1.4 MB of memory each, kept until reboot otherwise.
@@ -226,7 +227,7 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
-      const bool same_boot = std::memcmp(old->boot_id.data(), base::self().boot_id.data(), 16) == 0;
+      const bool same_boot = std::memcmp(old->boot_id.data(), io::self().boot_id.data(), 16) == 0;
       if (!old->degraded) {
         if (same_boot && !opts.force_fallback) {
           auto m = mm::open_map(*fs, old->map_path, map_hold);
@@ -278,7 +279,7 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
 
 result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexcept {
   const base::lock_guard lock(rejoin_mutex);
-  const std::uint32_t me = base::self().pid;
+  const std::uint32_t me = io::self().pid;
   if (creator_pid.load() == me) return {};  // another thread of ours did it
   // Removed and made again since the parent opened it: another lock now (ESTALE).
   auto d = detail::reopen(*fs, path, io::open_flags::read_write, {dev, ino});
@@ -429,7 +430,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
   p->ino = id->ino;
   auto must_degrade = p->join();
   if (!must_degrade) return std::unexpected(must_degrade.error());
-  p->creator_pid.store(base::self().pid);
+  p->creator_pid.store(io::self().pid);
   auto m = std::unique_ptr<memory_map>(new memory_map(id->dev, id->ino, std::move(p)));
   if (*must_degrade) {
     // Outside the init lock: users leaving the map must be able to close meanwhile. Only a
@@ -446,7 +447,7 @@ result<std::unique_ptr<memory_map>> memory_map::open(const std::string& path,
 memory_map::~memory_map() {
   impl& p = *impl_;
   // A child that never used it: the markers are the parent's, not ours to drop.
-  if (base::self().pid != p.creator_pid.load()) return;
+  if (io::self().pid != p.creator_pid.load()) return;
   // Leave the map first (so a degrader waiting for it is not held up by our init wait).
   {
     const base::lock_guard lock(p.switch_mutex);

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "base/futex.hpp"
-#include "base/process.hpp"
+#include "base/thread_rng.hpp"
 #include "impl.hpp"
 
 namespace keel::lock {

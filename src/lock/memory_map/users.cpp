@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "base/planted.hpp"
-#include "base/process.hpp"
 #include "impl.hpp"
+#include "io/process.hpp"
 #include "keel/io/byte_lock.hpp"
 
 namespace keel::lock {
@@ -20,7 +20,7 @@ namespace mm {
 // Leaving with nothing held (not even a released guard's slots) spares the next user of
 // this index the sweep of every slot. A forked child's copy is the parent's: hands off.
 thread_user::~thread_user() {
-  if (entry == nullptr || pid != base::self().pid) return;
+  if (entry == nullptr || pid != io::self().pid) return;
   const auto none = [](const std::vector<std::uint32_t>& v) {
     return std::all_of(v.begin(), v.end(), [](std::uint32_t n) { return n == 0; });
   };
@@ -68,9 +68,9 @@ result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
     }
     std::atomic_ref<std::uint32_t>(e->clean).store(0);
     // Read by other threads' degrade switches (is it the switching thread?): atomic stores.
-    std::atomic_ref<std::uint32_t>(e->pid).store(base::self().pid);
+    std::atomic_ref<std::uint32_t>(e->pid).store(io::self().pid);
     std::atomic_ref<std::uint32_t>(e->tid).store(tid);
-    std::atomic_ref<std::uint64_t>(e->start_time).store(base::self().start_time);
+    std::atomic_ref<std::uint64_t>(e->start_time).store(io::self().start_time);
     table.wants_word(u).store(mm::no_slot);
     t.exclusive_holds.assign(mm::slots, 0);
     t.shared_holds.assign(mm::slots, 0);
@@ -80,7 +80,7 @@ result<void> memory_map::impl::register_user(mm::thread_user& t) noexcept {
     }
     t.index = u;
     t.entry = e;
-    t.pid = base::self().pid;
+    t.pid = io::self().pid;
     t.registered = true;
     return {};
   }

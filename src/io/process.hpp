@@ -13,11 +13,10 @@
 
 #include <array>
 #include <cstdint>
-#include <random>
 
 #include "keel/io/filesystem.hpp"
 
-namespace keel::base {
+namespace keel::io {
 
 struct process_identity {
   std::uint32_t pid = 0;
@@ -48,7 +47,4 @@ liveness check(const process_identity& who, recorded_on where,
 //! The start time of `pid`, or 0 if it does not exist or cannot be read.
 std::uint64_t start_time_of(pid_t pid, io::filesystem& fs = io::os()) noexcept;
 
-//! A fast random generator for this thread, seeded from the OS.
-std::minstd_rand& thread_rng() noexcept;
-
-}  // namespace keel::base
+}  // namespace keel::io

@@ -1,8 +1,8 @@
-#include "keel/io/deadline.hpp"
+#include "keel/deadline.hpp"
 
 #include <algorithm>
 
-namespace keel::io {
+namespace keel {
 namespace {
 
 timespec to_timespec(std::chrono::nanoseconds ns) noexcept {
@@ -57,4 +57,4 @@ timespec countdown::remaining_timespec() const noexcept {
   return to_timespec(remaining());
 }
 
-}  // namespace keel::io
+}  // namespace keel

@@ -11,10 +11,10 @@
 #include <cstring>
 #include <optional>
 
+#include "base/per_thread.hpp"
 #include "keel/io/file_handle.hpp"
-#include "per_thread.hpp"
 
-namespace keel::base {
+namespace keel::io {
 namespace {
 
 // The whole of a small /proc file, NUL-terminated; empty on any failure.
@@ -119,7 +119,7 @@ std::uint64_t start_time_of(pid_t pid, io::filesystem& fs) noexcept {
 const process_identity& self() noexcept {
   static thread_local process_identity me;
   static thread_local std::uint64_t generation = ~std::uint64_t{0};
-  const std::uint64_t gen = fork_generation();
+  const std::uint64_t gen = base::fork_generation();
   if (generation != gen || me.pid == 0) {
     static const auto boot = read_id("/proc/sys/kernel/random/boot_id");
     static const auto machine = read_id("/etc/machine-id");
@@ -156,17 +156,4 @@ liveness check(const process_identity& who, recorded_on where, io::filesystem& f
   return started == who.start_time ? liveness::alive : liveness::dead;
 }
 
-std::minstd_rand& thread_rng() noexcept {
-  static thread_local std::minstd_rand rng = [] {
-    std::uint32_t seed = 0;
-    if (::getrandom(&seed, sizeof seed, GRND_NONBLOCK) != sizeof seed) {
-      seed =
-          static_cast<std::uint32_t>(::getpid()) ^
-          static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    }
-    return std::minstd_rand(seed | 1);
-  }();
-  return rng;
-}
-
-}  // namespace keel::base
+}  // namespace keel::io
