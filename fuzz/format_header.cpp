@@ -1,5 +1,5 @@
 // base::check_header, the first check of every file keel reads, against each real format
-// (memory_map's lock file and map, atomic_append's log), and mm::check_map over it.
+// (memory_map's lock file and map, atomic_append's log), and memory_map_detail::check_map over it.
 //
 // Asserts: the verdict follows from the bytes alone (blank: the first min(n, 24) bytes are zero;
 // ours: a whole header equal to the format's; not_keel_file: another magic or a short
@@ -48,12 +48,12 @@ void check_against(std::span<const std::byte> bytes, const base::format& f) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto bytes = std::as_bytes(std::span(data, size));
-  check_against(bytes, lock::mm::lockfile_format);
-  check_against(bytes, lock::mm::map_format);
-  check_against(bytes, lock::aa::log_format);
+  check_against(bytes, lock::memory_map_detail::lockfile_format);
+  check_against(bytes, lock::memory_map_detail::map_format);
+  check_against(bytes, lock::atomic_append_detail::log_format);
 
-  const auto map = lock::mm::check_map(bytes);
-  const auto header = base::check_header(bytes, lock::mm::map_format);
+  const auto map = lock::memory_map_detail::check_map(bytes);
+  const auto header = base::check_header(bytes, lock::memory_map_detail::map_format);
   if (header && *header == base::header_state::blank) {
     KEEL_FUZZ_CHECK(!map && map.error() == errc::corrupt);
   } else {

@@ -13,7 +13,7 @@
 
 namespace {
 
-using namespace keel::kv::fmt;
+using namespace keel::kv::disk;
 
 void check_records_reencode(std::span<const std::byte> block, const block_header& h,
                             std::uint64_t salt) {

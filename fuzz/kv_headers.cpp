@@ -10,7 +10,7 @@
 #include "kv/format.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace keel::kv::fmt;
+  using namespace keel::kv::disk;
   const auto bytes = std::as_bytes(std::span(data, size));
   auto store = parse_store_file(bytes);
   if (store) {

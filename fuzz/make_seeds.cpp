@@ -113,22 +113,23 @@ int main(int argc, char** argv) {
   auto mm = lock::memory_map::open(mm_path, o);
   if (!mm) fail("memory_map::open", mm.error());
   if (auto g = (*mm)->lock({entity(1)}); !g) fail("memory_map lock", g.error());
-  const bytes page = read_file(mm_path, lock::mm::lockfile_page);
-  auto state = lock::mm::parse_lock_file(std::as_bytes(std::span(page)));
+  const bytes page = read_file(mm_path, lock::memory_map_detail::lockfile_page);
+  auto state = lock::memory_map_detail::parse_lock_file(std::as_bytes(std::span(page)));
   if (!state) fail("parse_lock_file", state.error());
   const bytes map_head = read_file(state->map_path, 256);
   o.force_fallback = true;
   const std::string degraded_path = (tmp / "mm-degraded").string();
   auto degraded = lock::memory_map::open(degraded_path, o);
   if (!degraded) fail("memory_map::open (fallback)", degraded.error());
-  const bytes degraded_page = read_file(degraded_path, lock::mm::lockfile_page);
+  const bytes degraded_page = read_file(degraded_path, lock::memory_map_detail::lockfile_page);
 
   write_seed(out / "mm_lock_file", "live", page);
   write_seed(out / "mm_lock_file", "degraded", degraded_page);
   write_seed(out / "mm_lock_file", "header-only", bytes(page.begin(), page.begin() + 256));
   write_seed(out / "mm_lock_file", "blank", bytes(4096, 0));
   write_seed(out / "mm_lock_file", "map-name",
-             bytes(lock::mm::map_name_prefix.begin(), lock::mm::map_name_prefix.end()));
+             bytes(lock::memory_map_detail::map_name_prefix.begin(),
+                   lock::memory_map_detail::map_name_prefix.end()));
   write_seed(out / "format_header", "lock-file", bytes(page.begin(), page.begin() + 32));
   write_seed(out / "format_header", "map", bytes(map_head.begin(), map_head.begin() + 32));
   write_seed(out / "format_header", "log", bytes(log.begin(), log.begin() + 32));
@@ -157,7 +158,7 @@ int main(int argc, char** argv) {
 
   // ---- keel::kv's blocks and headers (fuzz/kv_block.cpp, fuzz/kv_headers.cpp) ----
   {
-    namespace f = kv::fmt;
+    namespace f = kv::disk;
     constexpr std::uint64_t salt = 0x0123456789abcdefULL;
     const auto salted = [&](const std::vector<std::byte>& block) {
       bytes b(8);

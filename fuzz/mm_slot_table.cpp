@@ -28,20 +28,27 @@
 namespace {
 
 using namespace keel;
-namespace mm = keel::lock::mm;
+namespace memory_map_detail = keel::lock::memory_map_detail;
 
 // Slots and users the operations use: few, so that they meet, and the table's edges.
-constexpr std::array<std::uint32_t, 8> slot_choice{
-    0, 1, 2, 3, mm::slots - 4, mm::slots - 3, mm::slots - 2, mm::slots - 1};
+constexpr std::array<std::uint32_t, 8> slot_choice{0,
+                                                   1,
+                                                   2,
+                                                   3,
+                                                   memory_map_detail::slots - 4,
+                                                   memory_map_detail::slots - 3,
+                                                   memory_map_detail::slots - 2,
+                                                   memory_map_detail::slots - 1};
 constexpr std::array<std::uint32_t, 16> user_choice{
-    0, 1, 2, 3, 62, 63, 64, 65, 511, 512, 1018, 1019, 1020, 1021, 1022, mm::max_users - 1};
-static_assert(mm::max_users == 1024);
-constexpr std::size_t slot_words = mm::slot_size / 8;
+    0,   1,   2,    3,    62,   63,   64,   65,
+    511, 512, 1018, 1019, 1020, 1021, 1022, memory_map_detail::max_users - 1};
+static_assert(memory_map_detail::max_users == 1024);
+constexpr std::size_t slot_words = memory_map_detail::slot_size / 8;
 
 struct ours {
-  mm::slot_user su;
+  memory_map_detail::slot_user su;
   bool waiting = false;
-  mm::slot_request want{};
+  memory_map_detail::slot_request want{};
 };
 
 class harness {
@@ -49,11 +56,11 @@ class harness {
   explicit harness(fuzz::input& in) : in_(in), table_(map()) {
     // Only these are ever written (scribbles and operations use no other user or slot), so
     // zeroing them gives each input the zeroed map of the first, at a fraction of the cost.
-    std::memset(map(), 0, mm::users_at);
+    std::memset(map(), 0, memory_map_detail::users_at);
     for (std::uint32_t u : user_choice)
-      std::memset(table_.user(u), 0, mm::user_size);
+      std::memset(table_.user(u), 0, memory_map_detail::user_size);
     for (std::uint32_t i : slot_choice)
-      std::memset(table_.slot(i).base, 0, mm::slot_size);
+      std::memset(table_.slot(i).base, 0, memory_map_detail::slot_size);
   }
 
   void run() {
@@ -113,12 +120,12 @@ class harness {
   void scribble(int kind) {
     switch (kind) {
       case 0: {  // a user entry, whole or in part
-        const auto b = in_.bytes(mm::user_size);
+        const auto b = in_.bytes(memory_map_detail::user_size);
         std::memcpy(table_.user(user()), b.data(), b.size());
         break;
       }
       case 1: {  // any word of a slot
-        const mm::slot_ref s = table_.slot(slot());
+        const memory_map_detail::slot_ref s = table_.slot(slot());
         const std::size_t w = in_.byte() % slot_words;
         std::atomic_ref<std::uint64_t>(s.base[w]).store(in_.take<std::uint64_t>());
         break;
@@ -141,7 +148,7 @@ class harness {
   void scribble_others(int kind) {
     const std::uint32_t u = other();
     const std::uint32_t i = slot();
-    const mm::slot_ref s = table_.slot(i);
+    const memory_map_detail::slot_ref s = table_.slot(i);
     switch (kind % 4) {
       case 0:
         s.waiters(u / 64).fetch_or(bit(u));
@@ -149,10 +156,11 @@ class harness {
         break;
       case 1: {
         const std::uint8_t how = in_.byte();
-        table_.wants_word(u).store((how & 1) != 0 ? mm::no_slot
-                                                  : i | ((how & 2) != 0 ? mm::wants_exclusive : 0));
+        table_.wants_word(u).store(
+            (how & 1) != 0 ? memory_map_detail::no_slot
+                           : i | ((how & 2) != 0 ? memory_map_detail::wants_exclusive : 0));
         std::atomic_ref<std::uint64_t>(table_.user(u)->waiting_since_ns)
-            .store((how & 4) != 0 ? 0 : mm::monotonic_ns());
+            .store((how & 4) != 0 ? 0 : memory_map_detail::monotonic_ns());
         break;
       }
       case 2:
@@ -168,9 +176,9 @@ class harness {
   void register_user(ours& o) {
     for (std::uint32_t i : slot_choice)
       table_.clear_user_in(i, o.su.index);
-    table_.wants_word(o.su.index).store(mm::no_slot);
-    o.su.exclusive_holds.assign(mm::slots, 0);
-    o.su.shared_holds.assign(mm::slots, 0);
+    table_.wants_word(o.su.index).store(memory_map_detail::no_slot);
+    o.su.exclusive_holds.assign(memory_map_detail::slots, 0);
+    o.su.shared_holds.assign(memory_map_detail::slots, 0);
     o.waiting = false;
   }
 
@@ -179,11 +187,11 @@ class harness {
   }
 
   // wait_for's first steps, then its `leave`.
-  void sleep_on(ours& o, const mm::slot_request& r, bool long_ago) {
+  void sleep_on(ours& o, const memory_map_detail::slot_request& r, bool long_ago) {
     const std::uint32_t u = o.su.index;
     std::atomic_ref<std::uint64_t>(table_.user(u)->waiting_since_ns)
-        .store(long_ago ? 0 : mm::monotonic_ns());
-    table_.wants_word(u).store(r.slot | (r.exclusive ? mm::wants_exclusive : 0));
+        .store(long_ago ? 0 : memory_map_detail::monotonic_ns());
+    table_.wants_word(u).store(r.slot | (r.exclusive ? memory_map_detail::wants_exclusive : 0));
     table_.slot(r.slot).waiters(u / 64).fetch_or(bit(u));
     table_.slot(r.slot).maybe_waiters().store(1);
     o.waiting = true;
@@ -191,9 +199,9 @@ class harness {
   }
   void leave(ours& o) {
     const std::uint32_t u = o.su.index;
-    const mm::slot_ref s = table_.slot(o.want.slot);
+    const memory_map_detail::slot_ref s = table_.slot(o.want.slot);
     s.waiters(u / 64).fetch_and(~bit(u));
-    table_.wants_word(u).store(mm::no_slot);
+    table_.wants_word(u).store(memory_map_detail::no_slot);
     std::uint64_t me_woken = u + 1;
     s.woken().compare_exchange_strong(me_woken, 0);
     o.waiting = false;
@@ -218,7 +226,7 @@ class harness {
   void operate() {
     ours& o = one_of_ours();
     const std::uint8_t op = in_.byte();
-    const mm::slot_request r{slot(), (op & 0x80) != 0};
+    const memory_map_detail::slot_request r{slot(), (op & 0x80) != 0};
     switch ((op & 0x3f) % 12) {  // the top bits are flags
       case 0:                    // take (a sleeper retries its own slot, and leaves when it got it)
         if (o.waiting) {
@@ -250,9 +258,10 @@ class harness {
         break;
       case 7: {
         const std::uint32_t from = user();
-        const std::uint32_t w = mm::slot_table::next_waiter(table_.slot(r.slot), from);
-        if (w != mm::no_slot) {
-          KEEL_FUZZ_CHECK(w < mm::max_users && w != from);
+        const std::uint32_t w =
+            memory_map_detail::slot_table::next_waiter(table_.slot(r.slot), from);
+        if (w != memory_map_detail::no_slot) {
+          KEEL_FUZZ_CHECK(w < memory_map_detail::max_users && w != from);
           KEEL_FUZZ_CHECK((table_.slot(r.slot).waiters(w / 64).load() & bit(w)) != 0);
         }
         break;
@@ -280,13 +289,13 @@ class harness {
     for (const ours& o : ours_) {
       const std::uint32_t u = o.su.index;
       for (std::uint32_t i : slot_choice) {
-        const mm::slot_ref s = table_.slot(i);
+        const memory_map_detail::slot_ref s = table_.slot(i);
         const std::uint64_t w = s.writer().load();
         const bool ex = o.su.exclusive_holds[i] != 0;
         const bool sh = o.su.shared_holds[i] != 0;
         const bool reader = (s.readers(u / 64).load() & bit(u)) != 0;
         const bool sleeper = (s.waiters(u / 64).load() & bit(u)) != 0;
-        const bool grant = w == ((u + 1) | mm::granted);
+        const bool grant = w == ((u + 1) | memory_map_detail::granted);
         if (ex) KEEL_FUZZ_CHECK(w == u + 1 && !s.other_readers(u));
         if (sh) KEEL_FUZZ_CHECK(reader && (w == 0 || (w == u + 1 && ex) || grant));
         KEEL_FUZZ_CHECK(reader == sh);
@@ -299,12 +308,12 @@ class harness {
 
   // One map for the process, of exactly map_size bytes, so ASan sees any access past it.
   static std::byte* map() {
-    static const std::unique_ptr<std::byte[]> bytes(new std::byte[mm::map_size]());
+    static const std::unique_ptr<std::byte[]> bytes(new std::byte[memory_map_detail::map_size]());
     return bytes.get();
   }
 
   fuzz::input& in_;
-  mm::slot_table table_;
+  memory_map_detail::slot_table table_;
   std::vector<ours> ours_;
 };
 

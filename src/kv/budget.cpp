@@ -12,15 +12,15 @@ namespace keel::kv {
 std::uint64_t store::impl::budget_used(room_for who) const noexcept {
   const std::uint64_t seg_size = next_segment_size();
   std::uint64_t total =
-      h64(hdr::pages_allocated).load() * fmt::page_size + segments_in_table().allocated;
+      h64(header::pages_allocated).load() * disk::page_size + segments_in_table().allocated;
   // The checkpoint counts as written (a commit that finds the budget reached with nothing
   // dead to compact removes it).
-  total += h64(hdr::checkpoint_bytes).load();
+  total += h64(header::checkpoint_bytes).load();
   // The spare counts, made or still to make (a commit makes it first); so does the deletes'
   // room, made, or for a put still to make.
-  const std::uint64_t spare = h64(hdr::spare).load();
+  const std::uint64_t spare = h64(header::spare).load();
   total += spare != 0 || who == room_for::compaction ? spare : seg_size;
-  const std::uint64_t deletes = h64(hdr::deletes_room).load();
+  const std::uint64_t deletes = h64(header::deletes_room).load();
   total += deletes != 0 || who != room_for::put ? deletes : seg_size;
   // The store's other files as they take the volume (the store file, the manifest, the lock
   // files, the two directories): small, but a budget that left them out was passed by them.
@@ -43,21 +43,21 @@ std::uint64_t store::impl::budget_left(room_for who) const noexcept {
 
 std::uint64_t store::impl::room_left(room_for who) const noexcept {
   const std::uint64_t seg_size = next_segment_size();
-  const std::uint64_t tail = h64(hdr::tail).load();
+  const std::uint64_t tail = h64(header::tail).load();
   const std::uint64_t left = budget_left(who);
   // The segment made and never moved into (its maker's commit failed, or it was killed) is
   // the next one whoever asks, and is counted as used: its room is left too (without it, at
   // a budget of four fixed segments, every commit with a blob was refused for good).
   const std::uint64_t last = abandoned_segment();
-  return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
-         (last == 0 ? 0 : segtab(last, 1).load() - fmt::segment_header_size) +
+  return (tail == 0 ? 0 : log_segment_size_at(tail) - disk::offset_of(tail)) +
+         (last == 0 ? 0 : segtab(last, 1).load() - disk::segment_header_size) +
          (left == UINT64_MAX ? UINT64_MAX / 2 : left / seg_size * seg_size);
 }
 
 std::uint64_t store::impl::compaction_room() const noexcept {
   const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
   const std::uint64_t seg_size = fixed != 0 ? fixed : next_segment_size();
-  const std::uint64_t tail = h64(hdr::tail).load();
+  const std::uint64_t tail = h64(header::tail).load();
   std::uint64_t whole = budget_left(room_for::compaction) / seg_size;
   // The volume's free space (what an unprivileged user may take: the least it may be).
   auto free = fs->statfs(dir.segments);
@@ -65,12 +65,12 @@ std::uint64_t store::impl::compaction_room() const noexcept {
   // Each new segment, the spare too, begins with its header; so does one made and abandoned
   // (the next writer that needs a segment takes it).
   // (The abandoned one at its own size: a victim kept as the next segment keeps its size.)
-  const std::uint64_t spare = h64(hdr::spare).load();
+  const std::uint64_t spare = h64(header::spare).load();
   const std::uint64_t last = abandoned_segment();
-  return (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail)) +
-         (spare == 0 ? 0 : spare - fmt::segment_header_size) +
-         (last == 0 ? 0 : segtab(last, 1).load() - fmt::segment_header_size) +
-         whole * (seg_size - fmt::segment_header_size);
+  return (tail == 0 ? 0 : log_segment_size_at(tail) - disk::offset_of(tail)) +
+         (spare == 0 ? 0 : spare - disk::segment_header_size) +
+         (last == 0 ? 0 : segtab(last, 1).load() - disk::segment_header_size) +
+         whole * (seg_size - disk::segment_header_size);
 }
 
 bool store::impl::short_of_room() const noexcept {
@@ -78,7 +78,7 @@ bool store::impl::short_of_room() const noexcept {
   const std::uint64_t need = put_needs(seg_size);
   if (!check_budget(need, room_for::put)) return true;
   // A spare still to make needs its room too.
-  const std::uint64_t spare = h64(hdr::spare).load() == 0 ? seg_size : 0;
+  const std::uint64_t spare = h64(header::spare).load() == 0 ? seg_size : 0;
   return !check_headroom(need + spare);
 }
 
@@ -91,18 +91,18 @@ std::uint64_t store::impl::put_needs(std::uint64_t more, bool blob) const noexce
   if (more == 0) return 0;
   // A blob's own segment holds one key: a page, if it splits one.
   const std::uint64_t pages = blob ? 1 : index_pages_for(more);
-  return more + pages * fmt::page_size + index_headroom();
+  return more + pages * disk::page_size + index_headroom();
 }
 
 std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept {
   // A put's own block: its header and a record, at least a header and an 8-byte key.
-  constexpr std::uint64_t least_record = sizeof(fmt::record_header) + 8;
-  return size / (sizeof(fmt::block_header) + std::max(least_record, mean));
+  constexpr std::uint64_t least_record = sizeof(disk::record_header) + 8;
+  return size / (sizeof(disk::block_header) + std::max(least_record, mean));
 }
 
 std::uint64_t store::impl::index_pages_for(std::uint64_t size) const noexcept {
-  const std::uint64_t records = h64(hdr::live_records).load(std::memory_order_relaxed);
-  const std::uint64_t directory = h64(hdr::directory).load(std::memory_order_acquire);
+  const std::uint64_t records = h64(header::live_records).load(std::memory_order_relaxed);
+  const std::uint64_t directory = h64(header::directory).load(std::memory_order_acquire);
   const auto at = static_cast<std::size_t>(std::countr_zero(size)) % 64;
   {
     base::lock_guard g(split_estimates_mutex);
@@ -115,29 +115,29 @@ std::uint64_t store::impl::index_pages_for(std::uint64_t size) const noexcept {
   // The live bytes count blobs too; a record in a log segment is at most a header, the
   // longest key and a value below the blob threshold.
   const std::uint64_t longest =
-      sizeof(fmt::record_header) + kv::max_key_size + dir.params.blob_threshold;
+      sizeof(disk::record_header) + kv::max_key_size + dir.params.blob_threshold;
   const std::uint64_t mean =
       records == 0
           ? 1024
-          : std::min(longest, h64(hdr::live_bytes).load(std::memory_order_relaxed) / records);
+          : std::min(longest, h64(header::live_bytes).load(std::memory_order_relaxed) / records);
   // Made for a sixteenth more keys, it holds until that many more are live (or fewer: erased
   // keys split nothing), the directory unchanged.
   const std::uint64_t keys = keys_in_segment(size, mean);
   const std::uint64_t slack = keys / 16;
   const std::uint64_t pages = table->pages_for_keys(
       keys + slack, std::atomic_ref<const std::uint64_t>(
-                        *reinterpret_cast<const std::uint64_t*>(base() + hdr::pages_used)));
+                        *reinterpret_cast<const std::uint64_t*>(base() + header::pages_used)));
   base::lock_guard g(split_estimates_mutex);
   split_estimates[at] = {size, records, directory, slack, pages};
   return pages;
 }
 
 std::uint64_t store::impl::index_headroom() const noexcept {
-  const std::uint64_t doubling = ix::directory_pages(table->depth() + 1);
-  const std::uint64_t allocated = h64(hdr::pages_allocated).load(std::memory_order_relaxed);
-  const std::uint64_t used = h64(hdr::pages_used).load(std::memory_order_relaxed);
+  const std::uint64_t doubling = index::directory_pages(table->depth() + 1);
+  const std::uint64_t allocated = h64(header::pages_allocated).load(std::memory_order_relaxed);
+  const std::uint64_t used = h64(header::pages_used).load(std::memory_order_relaxed);
   const std::uint64_t ahead = allocated > used ? allocated - used : 0;
-  return doubling > ahead ? (doubling - ahead) * fmt::page_size : 0;
+  return doubling > ahead ? (doubling - ahead) * disk::page_size : 0;
 }
 
 result<void> store::impl::check_budget(std::uint64_t more, room_for who) const noexcept {

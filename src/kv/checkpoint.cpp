@@ -52,7 +52,7 @@ std::uint64_t get64(const std::byte* at) noexcept {
 // and the page's number, so that pages cannot trade places.
 std::uint64_t chain(std::uint64_t c, std::uint64_t page, std::span<const std::byte> bytes,
                     std::uint64_t salt) noexcept {
-  return fmt::checksum(bytes, salt ^ (c * 0x9e3779b97f4a7c15ULL) ^ page);
+  return disk::checksum(bytes, salt ^ (c * 0x9e3779b97f4a7c15ULL) ^ page);
 }
 
 }  // namespace
@@ -63,7 +63,7 @@ std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) co
   // the log's; one no longer there counts nothing). Asked at every commit: past a few
   // thousand, each counts the least a log segment is.
   std::uint64_t d = 0;
-  const std::uint64_t first = fmt::segment_of(from), last = fmt::segment_of(to);
+  const std::uint64_t first = disk::segment_of(from), last = disk::segment_of(to);
   const std::uint64_t looked = std::min<std::uint64_t>(last - first, 4096);
   const std::uint64_t least =
       dir.params.first_segment_size != 0 ? dir.params.first_segment_size : dir.params.segment_size;
@@ -74,7 +74,7 @@ std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) co
     if (log_segment_size(size)) d += size;
   }
   d += (last - first - looked) * least;
-  return d + fmt::offset_of(to) - std::min(d + fmt::offset_of(to), fmt::offset_of(from));
+  return d + disk::offset_of(to) - std::min(d + disk::offset_of(to), disk::offset_of(from));
 }
 
 void store::impl::maybe_maintain() noexcept {
@@ -93,14 +93,14 @@ void store::impl::maybe_maintain() noexcept {
           ? opts.checkpoint_bytes
           : std::max<std::uint64_t>(
                 default_checkpoint_bytes,
-                h64(hdr::pages_used).load(std::memory_order_relaxed) * fmt::page_size);
+                h64(header::pages_used).load(std::memory_order_relaxed) * disk::page_size);
   const auto due = [this, interval] {
-    const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_seq_cst);
+    const std::uint64_t tail = h64(header::tail).load(std::memory_order_seq_cst);
     // Not again before the log has grown by half the interval since the last one began: a
     // replay start held back by a long commit, or a failure, does not make every commit
     // write one.
-    const std::uint64_t attempt = h64(hdr::checkpoint_attempt).load(std::memory_order_acquire);
-    return log_distance(h64(hdr::checkpoint_from).load(std::memory_order_acquire), tail) >=
+    const std::uint64_t attempt = h64(header::checkpoint_attempt).load(std::memory_order_acquire);
+    return log_distance(h64(header::checkpoint_from).load(std::memory_order_acquire), tail) >=
                interval &&
            (attempt == 0 || log_distance(attempt, tail) >= interval / 2);
   };
@@ -131,7 +131,7 @@ void store::impl::maybe_maintain() noexcept {
         // One checkpointer at a time; compaction holds the byte while it works.
         const io::countdown cd = io::deadline(opts.lock_timeout).start();
         bool wrote = false;
-        const std::uint64_t from_before = h64(hdr::checkpoint_from).load();
+        const std::uint64_t from_before = h64(header::checkpoint_from).load();
         if (!due()) {
           // Nothing to write.
         } else if (!take_checkpoint_byte(cd, byte_claim::background)) {
@@ -143,12 +143,12 @@ void store::impl::maybe_maintain() noexcept {
           // past the deadline, no checkpoint is tried, or its error goes unnoted.)
           const auto note_error = [&](const error& e) {
             (void)stored_escapably(cd, [&] {
-              h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(e.value()));
+              h64(header::checkpoint_error).store(static_cast<std::uint64_t>(e.value()));
             });
           };
           if (due() && stored_escapably(cd, [&] {
-                h64(hdr::checkpoint_attempt)
-                    .store(std::max<std::uint64_t>(1, h64(hdr::tail).load()),
+                h64(header::checkpoint_attempt)
+                    .store(std::max<std::uint64_t>(1, h64(header::tail).load()),
                            std::memory_order_release);
               })) {
             if (auto room = room_for_checkpoint(); !room) {
@@ -169,7 +169,7 @@ void store::impl::maybe_maintain() noexcept {
         // for a checkpoint when the replay start did not move (a commit in flight holds it
         // back: the next commit tries again), nor once the store is closing.
         const bool checkpoint_again =
-            wrote && h64(hdr::checkpoint_from).load() != from_before && due();
+            wrote && h64(header::checkpoint_from).load() != from_before && due();
         std::uint64_t idle = 0;
         if (closing.load() || (!checkpoint_again && !compaction_due()) ||
             !checkpointing.compare_exchange_strong(idle, mine)) {
@@ -189,11 +189,11 @@ result<void> store::impl::take_checkpoint_byte(const io::countdown& cd, byte_cla
   // A waiter says so while it waits: background work that would take the byte from under it
   // again and again (compactions of several processes, one after another) stands aside.
   // (A hint: not from a read-only user, nor where the volume refuses the header's write.)
-  auto wanted = h64(hdr::maintenance_wanted);
+  auto wanted = h64(header::maintenance_wanted);
   int may_want = -1;  // asked at the first want
   const auto want = [&] {
     if (may_want < 0) {
-      may_want = !opts.read_only && write_ready(index_map, base() + hdr::maintenance_wanted,
+      may_want = !opts.read_only && write_ready(index_map, base() + header::maintenance_wanted,
                                                 sizeof(std::uint64_t), {}, false)
                      ? 1
                      : 0;
@@ -268,7 +268,7 @@ void store::impl::join_checkpointer() noexcept {
 }
 
 result<void> store::impl::room_for_checkpoint(bool asked) const noexcept {
-  const std::uint64_t copy = h64(hdr::pages_used).load() * fmt::page_size;
+  const std::uint64_t copy = h64(header::pages_used).load() * disk::page_size;
   // Under a budget, the store's files on the device stay inside it: the checkpoint too (the
   // one there is counted until the new one replaces it), one asked for as well.
   if (opts.max_bytes != 0 && budget_used(room_for::compaction) + copy > opts.max_bytes) {
@@ -297,7 +297,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   // *reserved* with a lower bound of its location before it takes any space). Read in that
   // order, before S: a commit above S either had its slot in flight when it was read, or
   // took its space after the tail was read.
-  std::uint64_t from = h64(hdr::tail).load(std::memory_order_seq_cst);
+  std::uint64_t from = h64(header::tail).load(std::memory_order_seq_cst);
   for (std::uint32_t u = 0; u < max_slots; ++u) {
     const slot_ref sl = slot(u);
     const std::uint64_t state = sl.state().load(std::memory_order_seq_cst);
@@ -324,11 +324,11 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     auto snap = take_snapshot(held_slot.l, slot_use::writing);
     if (!snap) return std::unexpected(snap.error());
     S = *snap;
-    records = h64(hdr::live_records).load(std::memory_order_seq_cst);
-    live_bytes = h64(hdr::live_bytes).load(std::memory_order_seq_cst);
-    dead_bytes = h64(hdr::dead_bytes).load(std::memory_order_seq_cst);
-    const std::uint64_t mark = h64(hdr::counting).load(std::memory_order_seq_cst);
-    const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
+    records = h64(header::live_records).load(std::memory_order_seq_cst);
+    live_bytes = h64(header::live_bytes).load(std::memory_order_seq_cst);
+    dead_bytes = h64(header::dead_bytes).load(std::memory_order_seq_cst);
+    const std::uint64_t mark = h64(header::counting).load(std::memory_order_seq_cst);
+    const std::uint64_t again = h64(header::visible).load(std::memory_order_seq_cst);
     if (again == S && mark <= S) break;
     if (cd.expired()) return errc_error(std::errc::timed_out);
     // Commit S + 1 is adding its counters. (Its settling stores escape a page the volume
@@ -344,10 +344,10 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   // held, and keeps every version up to the split, so it holds each of its keys' versions
   // at S. Only the directory may be caught half switched (some entries of a split page's
   // range naming it, some its halves): each range goes to the shallowest page named in it.
-  const std::uint64_t word = h64(hdr::directory).load(std::memory_order_seq_cst);
+  const std::uint64_t word = h64(header::directory).load(std::memory_order_seq_cst);
   const unsigned depth = static_cast<unsigned>(word & 0xff);
   const std::uint64_t first = word >> 8;
-  if (depth > ix::max_depth) return keel_error(errc::corrupt);
+  if (depth > index::max_depth) return keel_error(errc::corrupt);
   const std::uint64_t entries = std::uint64_t{1} << depth;
   std::vector<std::uint64_t> named;
   try {
@@ -357,13 +357,13 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   }
   for (std::uint64_t i = 0; i < entries; ++i) {
     named[i] =
-        std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base() + first * fmt::page_size + i * 8))
+        std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base() + first * disk::page_size + i * 8))
             .load(std::memory_order_seq_cst);
   }
   // Read after the directory: every page it names lies below.
-  const std::uint64_t used = h64(hdr::pages_used).load(std::memory_order_acquire);
+  const std::uint64_t used = h64(header::pages_used).load(std::memory_order_acquire);
   const auto in_use = [&](std::uint64_t p) { return p >= first_free_page && p < used; };
-  if (!in_use(first) || first + (entries * 8 + fmt::page_size - 1) / fmt::page_size > used) {
+  if (!in_use(first) || first + (entries * 8 + disk::page_size - 1) / disk::page_size > used) {
     return keel_error(errc::corrupt);
   }
   const auto depth_of = [&](std::uint64_t p) -> unsigned {
@@ -386,10 +386,10 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   // checkpoint is trusted only while they all are: it may name a record in any of them.
   auto listed = segment_numbers(false);
   if (!listed) return std::unexpected(listed.error());
-  const std::uint64_t list_pages = (listed->size() * 8 + fmt::page_size - 1) / fmt::page_size;
+  const std::uint64_t list_pages = (listed->size() * 8 + disk::page_size - 1) / disk::page_size;
   // Not zeroed as a whole: every page is either copied or zeroed.
-  const std::size_t index_end = (1 + used - first_free_page) * fmt::page_size;
-  const std::size_t out_size = index_end + list_pages * fmt::page_size + 8;
+  const std::size_t index_end = (1 + used - first_free_page) * disk::page_size;
+  const std::size_t out_size = index_end + list_pages * disk::page_size + 8;
   std::unique_ptr<std::byte[]> out(new (std::nothrow) std::byte[out_size]);
   std::vector<bool> copied_page;
   try {
@@ -398,17 +398,17 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     out.reset();
   }
   if (!out) return errc_error(std::errc::not_enough_memory);
-  std::memset(out.get(), 0, fmt::page_size);
+  std::memset(out.get(), 0, disk::page_size);
   const auto page_out = [&](std::uint64_t p) -> std::byte* {
-    std::byte* const at = out.get() + (1 + p - first_free_page) * fmt::page_size;
+    std::byte* const at = out.get() + (1 + p - first_free_page) * disk::page_size;
     if (!copied_page[p - first_free_page]) {
       copied_page[p - first_free_page] = true;
-      std::memset(at, 0, fmt::page_size);
+      std::memset(at, 0, disk::page_size);
     }
     return at;
   };
   for (std::uint64_t i = 0; i < entries; ++i) {
-    put64(page_out(first + i * 8 / fmt::page_size) + i * 8 % fmt::page_size, named[i]);
+    put64(page_out(first + i * 8 / disk::page_size) + i * 8 % disk::page_size, named[i]);
   }
   for (std::uint64_t i = 0; i < entries; ++i) {
     if (i > 0 && named[i] == named[i - 1]) continue;
@@ -428,19 +428,19 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     }
     for (std::size_t c = 0; c < chain.size(); ++c) {
       const std::uint64_t p = chain[c];
-      const ix::bucket_ref b = table->page(p);
+      const index::bucket_ref b = table->page(p);
       if (copied_page[p - first_free_page]) return keel_error(errc::corrupt);  // a looped chain
-      const ix::bucket_ref copy{page_out(p)};
+      const index::bucket_ref copy{page_out(p)};
       copy.overflow().store(c + 1 < chain.size() ? chain[c + 1] : 0);
       copy.magic().store(b.magic().load(std::memory_order_acquire));
       copy.local_depth().store(b.local_depth().load(std::memory_order_acquire));
       copy.prefix().store(b.prefix().load(std::memory_order_acquire));
       std::uint64_t n = 0;
-      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-        const ix::entry_ref e = b.entry(k);
+      for (std::size_t k = 0; k < index::entries_per_page; ++k) {
+        const index::entry_ref e = b.entry(k);
         const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
         if (hi == 0) continue;
-        const fmt::key_hash h{hi, e.lo().load(std::memory_order_acquire)};
+        const disk::key_hash h{hi, e.lo().load(std::memory_order_acquire)};
         // The entry as it is, its seq read on both sides of its location: a pair that a
         // publish tore shows a pending mark on one side (it comes between).
         std::uint64_t seq = 0;
@@ -450,7 +450,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
           at = e.location().load(std::memory_order_acquire);
           if (e.seq().load(std::memory_order_acquire) == seq) break;
         }
-        if ((seq & ix::pending) != 0 || seq > S) {
+        if ((seq & index::pending) != 0 || seq > S) {
           // As a reader at S sees it (none: location 0).
           auto resolved = named_by(named_page, h, e, seq, at, S);
           if (!resolved) return std::unexpected(resolved.error());
@@ -465,7 +465,7 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
             seq = *seen ? (*seen)->rec.head.seq : 0;
           }
         }
-        const ix::entry_ref to = copy.entry(k);
+        const index::entry_ref to = copy.entry(k);
         to.hi().store(h.hi);
         to.lo().store(h.lo);
         to.location().store(at);
@@ -473,13 +473,13 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
         ++n;
       }
       copy.used().store(n);
-      copy.sum().store(ix::count_sum(copy));
+      copy.sum().store(index::count_sum(copy));
     }
   }
   for (std::uint64_t i = 0; i < copied_page.size(); ++i) {
-    if (!copied_page[i]) std::memset(out.get() + (1 + i) * fmt::page_size, 0, fmt::page_size);
+    if (!copied_page[i]) std::memset(out.get() + (1 + i) * disk::page_size, 0, disk::page_size);
   }
-  std::memset(out.get() + index_end, 0, list_pages * fmt::page_size);
+  std::memset(out.get() + index_end, 0, list_pages * disk::page_size);
   for (std::size_t i = 0; i < listed->size(); ++i)
     put64(out.get() + index_end + i * 8, (*listed)[i]);
 
@@ -500,14 +500,14 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   put64(head + cp::live_records, records);
   put64(head + cp::live_bytes, live_bytes);
   put64(head + cp::dead_bytes, dead_bytes);
-  put64(head + cp::retired_pages, h64(hdr::retired_pages).load());
+  put64(head + cp::retired_pages, h64(header::retired_pages).load());
   put64(head + cp::segments, listed->size());
   std::uint64_t sum = 0;
   const std::uint64_t pages = 1 + used - first_free_page + list_pages;
   for (std::uint64_t i = 0; i < pages; ++i) {
-    sum = chain(sum, i, all.subspan(i * fmt::page_size, fmt::page_size), salt);
+    sum = chain(sum, i, all.subspan(i * disk::page_size, disk::page_size), salt);
   }
-  put64(out.get() + pages * fmt::page_size, sum);
+  put64(out.get() + pages * disk::page_size, sum);
   // 6. Under a budget, charged before it is written (the one there stays counted until this
   // one replaces it), with the check, under the `segment` lock every maker of a segment or a
   // room holds for its own check: checked alone, its room was taken meanwhile by another
@@ -525,13 +525,13 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     auto g = locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
     const std::uint64_t there = checkpoint_file_bytes();
-    if (!stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(there); })) {
+    if (!stored_escapably(cd, [&] { h64(header::checkpoint_bytes).store(there); })) {
       return std::unexpected(index_write_refusal());
     }
     if (budget_used(room_for::compaction) + all.size() > opts.max_bytes) {
       return keel_error(errc::budget_reached);
     }
-    if (!stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).fetch_add(all.size()); })) {
+    if (!stored_escapably(cd, [&] { h64(header::checkpoint_bytes).fetch_add(all.size()); })) {
       return std::unexpected(index_write_refusal());
     }
   }
@@ -539,17 +539,17 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
     // The charge back to what the volume holds: the one before, or this one where the
     // replace failed after its rename.
     const std::uint64_t there = checkpoint_file_bytes();
-    (void)stored_escapably(cd, [&] { h64(hdr::checkpoint_bytes).store(there); });
+    (void)stored_escapably(cd, [&] { h64(header::checkpoint_bytes).store(there); });
     return std::unexpected(r.error().about(file));
   }
   if (checkpoint_written_hook != nullptr) checkpoint_written_hook();
   // (Refused past the deadline, the words name the checkpoint before, as when a checkpointer
   // is killed here: the file alone says what it holds.)
   if (!stored_escapably(cd, [&] {
-        h64(hdr::checkpoint_seq).store(S);
-        h64(hdr::checkpoint_from).store(from, std::memory_order_release);
-        h64(hdr::checkpoint_error).store(0);
-        h64(hdr::checkpoint_bytes).store(all.size());
+        h64(header::checkpoint_seq).store(S);
+        h64(header::checkpoint_from).store(from, std::memory_order_release);
+        h64(header::checkpoint_error).store(0);
+        h64(header::checkpoint_bytes).store(all.size());
       })) {
     return std::unexpected(index_write_refusal());
   }
@@ -566,7 +566,7 @@ store::impl::load_checkpoint() noexcept {
   if (!f) return loaded{};
   auto size = f->size();
   if (!size) return loaded{};
-  std::array<std::byte, fmt::page_size> head{};
+  std::array<std::byte, disk::page_size> head{};
   const auto read_all = [&](off_t at, std::span<std::byte> into) {
     while (!into.empty()) {
       auto n = f->read_at(at, into);
@@ -576,44 +576,45 @@ store::impl::load_checkpoint() noexcept {
     }
     return true;
   };
-  if (*size < static_cast<off_t>(fmt::page_size + 8) || !read_all(0, head)) return loaded{};
+  if (*size < static_cast<off_t>(disk::page_size + 8) || !read_all(0, head)) return loaded{};
   auto h = base::check_header(head, checkpoint_format);
   if (!h || *h != base::header_state::ours) return loaded{};
   if (std::memcmp(head.data() + cp::store_id, dir.params.id.data(), 16) != 0) return loaded{};
   const std::uint64_t used = get64(head.data() + cp::pages_used);
-  if (used <= first_free_page || used > index_window / fmt::page_size) return loaded{};
+  if (used <= first_free_page || used > index_window / disk::page_size) return loaded{};
   const std::uint64_t count = get64(head.data() + cp::segments);
   if (count > segtab_entries) return loaded{};
-  const std::uint64_t list_pages = (count * 8 + fmt::page_size - 1) / fmt::page_size;
+  const std::uint64_t list_pages = (count * 8 + disk::page_size - 1) / disk::page_size;
   const std::uint64_t pages = 1 + used - first_free_page + list_pages;
-  if (static_cast<std::uint64_t>(*size) != pages * fmt::page_size + 8) return loaded{};
+  if (static_cast<std::uint64_t>(*size) != pages * disk::page_size + 8) return loaded{};
   // Its pages go straight into the index, at their own numbers.
-  if (used > h64(hdr::pages_allocated).load()) {
+  if (used > h64(header::pages_allocated).load()) {
     // No room for it (the log alone needs less): passed over.
-    if (!index_file.allocate(0, static_cast<off_t>(used * fmt::page_size))) return loaded{};
-    h64(hdr::pages_allocated).store(used);
+    if (!index_file.allocate(0, static_cast<off_t>(used * disk::page_size))) return loaded{};
+    h64(header::pages_allocated).store(used);
   }
-  const std::span<std::byte> into(base() + first_free_page * fmt::page_size,
-                                  (used - first_free_page) * fmt::page_size);
+  const std::span<std::byte> into(base() + first_free_page * disk::page_size,
+                                  (used - first_free_page) * disk::page_size);
   std::array<std::byte, 8> trailer{};
   std::vector<std::byte> list;
   try {
-    list.resize(list_pages * fmt::page_size);
+    list.resize(list_pages * disk::page_size);
   } catch (const std::bad_alloc&) {
     return loaded{};
   }
-  const off_t list_at = static_cast<off_t>((1 + used - first_free_page) * fmt::page_size);
-  if (!read_all(static_cast<off_t>(fmt::page_size), into) || !read_all(list_at, list) ||
-      !read_all(static_cast<off_t>(pages * fmt::page_size), trailer)) {
+  const off_t list_at = static_cast<off_t>((1 + used - first_free_page) * disk::page_size);
+  if (!read_all(static_cast<off_t>(disk::page_size), into) || !read_all(list_at, list) ||
+      !read_all(static_cast<off_t>(pages * disk::page_size), trailer)) {
     return loaded{};
   }
   std::uint64_t sum = chain(0, 0, head, salt);
   for (std::uint64_t i = 1; i < 1 + used - first_free_page; ++i) {
-    sum = chain(sum, i, into.subspan((i - 1) * fmt::page_size, fmt::page_size), salt);
+    sum = chain(sum, i, into.subspan((i - 1) * disk::page_size, disk::page_size), salt);
   }
   for (std::uint64_t i = 0; i < list_pages; ++i) {
-    sum = chain(sum, 1 + used - first_free_page + i,
-                std::span<const std::byte>(list).subspan(i * fmt::page_size, fmt::page_size), salt);
+    sum =
+        chain(sum, 1 + used - first_free_page + i,
+              std::span<const std::byte>(list).subspan(i * disk::page_size, disk::page_size), salt);
   }
   if (sum != get64(trailer.data())) return loaded{};
   // Every segment there was must still be: the copy may name records in any of them (a
@@ -628,27 +629,27 @@ store::impl::load_checkpoint() noexcept {
   const std::uint64_t word = get64(head.data() + cp::directory);
   const unsigned depth = static_cast<unsigned>(word & 0xff);
   const std::uint64_t first = word >> 8;
-  if (depth > ix::max_depth || first < first_free_page ||
-      first + ((std::uint64_t{8} << depth) + fmt::page_size - 1) / fmt::page_size > used) {
+  if (depth > index::max_depth || first < first_free_page ||
+      first + ((std::uint64_t{8} << depth) + disk::page_size - 1) / disk::page_size > used) {
     return loaded{};
   }
   for (std::uint64_t i = 0; i < (std::uint64_t{1} << depth); ++i) {
-    const std::uint64_t p = get64(base() + first * fmt::page_size + i * 8);
-    if (p < first_free_page || p >= used || table->page(p).magic().load() != ix::bucket_magic) {
+    const std::uint64_t p = get64(base() + first * disk::page_size + i * 8);
+    if (p < first_free_page || p >= used || table->page(p).magic().load() != index::bucket_magic) {
       return loaded{};
     }
   }
-  h64(hdr::directory).store(word);
-  h64(hdr::pages_used).store(used);
-  h64(hdr::live_records).store(get64(head.data() + cp::live_records));
-  h64(hdr::live_bytes).store(get64(head.data() + cp::live_bytes));
-  h64(hdr::dead_bytes).store(get64(head.data() + cp::dead_bytes));
-  h64(hdr::retired_pages).store(get64(head.data() + cp::retired_pages));
+  h64(header::directory).store(word);
+  h64(header::pages_used).store(used);
+  h64(header::live_records).store(get64(head.data() + cp::live_records));
+  h64(header::live_bytes).store(get64(head.data() + cp::live_bytes));
+  h64(header::dead_bytes).store(get64(head.data() + cp::dead_bytes));
+  h64(header::retired_pages).store(get64(head.data() + cp::retired_pages));
   collect_free_pages();
   const std::uint64_t S = get64(head.data() + cp::seq);
   const std::uint64_t from = get64(head.data() + cp::from);
-  h64(hdr::checkpoint_seq).store(S);
-  h64(hdr::checkpoint_from).store(from);
+  h64(header::checkpoint_seq).store(S);
+  h64(header::checkpoint_from).store(from);
   return loaded{std::pair{from, S}};
 }
 

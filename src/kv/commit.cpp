@@ -36,14 +36,14 @@ namespace {
 // One key of a commit as it goes through the protocol.
 struct key_plan {
   std::string_view key;
-  fmt::key_hash h{};
+  disk::key_hash h{};
   const transaction::impl::write* w = nullptr;  // null: only read
   std::uint64_t page = 0;
-  std::optional<ix::entry_ref> entry;  // its entry, if it has one
-  std::uint64_t prev = 0;              // the entry's location and seq at validation
+  std::optional<index::entry_ref> entry;  // its entry, if it has one
+  std::uint64_t prev = 0;                 // the entry's location and seq at validation
   std::uint64_t prev_seq = 0;
   std::uint64_t prev_size = 0;  // bytes of the previous version, 0 if none or an erase
-  fmt::blob_ref blob{};
+  disk::blob_ref blob{};
   bool own_segment = false;  // its blob in a segment of its own
   std::uint64_t record_at = 0;
 };
@@ -88,48 +88,48 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   const bool only_erases = std::all_of(
       keys.begin(), keys.end(), [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
   bool has_blobs = false;
-  std::uint64_t need = sizeof(fmt::block_header);  // its block and blobs, ideally placed
+  std::uint64_t need = sizeof(disk::block_header);  // its block and blobs, ideally placed
   // Of that, blobs larger than a segment (each in a segment file of its own, header and all),
   // and what each takes of the room for puts, counted in whole segments less their headers:
   // up to one segment more than its file's size, by rounding.
   std::uint64_t own_segments = 0;
   std::uint64_t own_room = 0;
   std::uint64_t puts = 0;
-  std::uint64_t block = sizeof(fmt::block_header);  // the commit block alone
+  std::uint64_t block = sizeof(disk::block_header);  // the commit block alone
   // The segments made now: a blob larger gets a segment of its own, so that no log segment
   // grows past them for it (a 700 KB blob in a 1 MiB log segment beside 256 KiB ones made
   // the spare 1 MiB, and segments made of the spare after were as large: once another
   // program on the volume took the room a pass gave back, the spare shrank to a 256 KiB
   // victim, the 1 MiB segments could never be copied, and erases failed with no_space).
-  const std::uint64_t log_room = s->next_segment_size() - fmt::segment_header_size;
+  const std::uint64_t log_room = s->next_segment_size() - disk::segment_header_size;
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
-    fmt::record_in r;
+    disk::record_in r;
     r.key = as_bytes(k.key);
     if (k.w->erase) {
-      r.what = fmt::op::erase;
+      r.what = disk::op::erase;
     } else if (k.w->value.size() >= threshold) {
-      r.what = fmt::op::put_blob;
-      const std::uint64_t len = fmt::blob_block_size(k.w->value.size());
+      r.what = disk::op::put_blob;
+      const std::uint64_t len = disk::blob_block_size(k.w->value.size());
       need += len;
-      const std::uint64_t seg_size = log_room + fmt::segment_header_size;
+      const std::uint64_t seg_size = log_room + disk::segment_header_size;
       if (len > log_room) {
         k.own_segment = true;
         own_segments += len;
-        own_room += ((fmt::segment_header_size + len + seg_size - 1) / seg_size + 1) *
-                    (seg_size - fmt::segment_header_size);
+        own_room += ((disk::segment_header_size + len + seg_size - 1) / seg_size + 1) *
+                    (seg_size - disk::segment_header_size);
       }
       has_blobs = true;
     } else {
       r.value = as_bytes(k.w->value);
     }
     puts += k.w->erase ? 0 : 1;
-    need += fmt::record_size(r);
-    block += fmt::record_size(r);
+    need += disk::record_size(r);
+    block += disk::record_size(r);
   }
   // A block never spans two segments: one that cannot fit a segment is too large whatever
   // room is left (before any check of the room, which would call it no_space near full).
-  if (block > s->dir.params.segment_size - fmt::segment_header_size) {
+  if (block > s->dir.params.segment_size - disk::segment_header_size) {
     return keel_error(errc::too_large);
   }
   // Under a budget, a commit whose blobs and block cannot all fit in the room left is
@@ -172,7 +172,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     // keys, and a thousand writers closed deltas ten times as often, each close waiting for
     // the commits of the one before.)
     const std::uint64_t index_pages = 2 * puts;
-    const std::uint64_t cost = 2 * (need - own_segments) + own_room + index_pages * fmt::page_size;
+    const std::uint64_t cost = 2 * (need - own_segments) + own_room + index_pages * disk::page_size;
     commit_step_reached(commit_step::charging);
     auto c =
         s->charge(lease, static_cast<std::int64_t>(std::min<std::uint64_t>(cost, INT64_MAX)), cd);
@@ -187,7 +187,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   for (key_plan& k : keys) {
     if (k.w == nullptr || k.w->erase || k.w->value.size() < threshold) continue;
     const auto value = as_bytes(k.w->value);
-    const std::uint64_t len = fmt::blob_block_size(value.size());
+    const std::uint64_t len = disk::blob_block_size(value.size());
     std::uint64_t at = 0;
     if (!k.own_segment) {
       auto r = s->reserve(len);
@@ -198,16 +198,16 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       // more if it would be one: the log's tail is never placed in it).
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
-      std::uint64_t size = fmt::segment_header_size + len;
-      if (s->log_segment_size(size)) size += fmt::page_size;
+      std::uint64_t size = disk::segment_header_size + len;
+      if (s->log_segment_size(size)) size += disk::page_size;
       // The rooms as seg/ has them (see next_active_segment).
       if (auto r = s->reconcile_rooms(); !r) return std::unexpected(r.error());
       // (Its last page is allocated whole: counted so under a budget.)
-      const std::uint64_t pages = (size + fmt::page_size - 1) / fmt::page_size * fmt::page_size;
+      const std::uint64_t pages = (size + disk::page_size - 1) / disk::page_size * disk::page_size;
       if (auto r = s->ready_for_put(pages, true); !r) return std::unexpected(r.error());
       auto n = s->make_segment(size);
       if (!n) return std::unexpected(n.error());
-      at = fmt::make_location(*n, fmt::segment_header_size);
+      at = disk::make_location(*n, disk::segment_header_size);
     }
     charged.used = true;
     if (auto w = s->segment_write_ready(at, len); !w) return std::unexpected(w.error());
@@ -218,7 +218,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     std::uint64_t sum = 0;
     if (auto w = s->store_or_refuse([&] {
           sum = s->write_dirty(
-              at, [&] { return fmt::encode_blob_block(bytes->first(len), value, s->salt); });
+              at, [&] { return disk::encode_blob_block(bytes->first(len), value, s->salt); });
         });
         !w) {
       return std::unexpected(w.error());
@@ -228,7 +228,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
 
   // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
   lock::entities_guard held;
-  std::vector<fmt::record_in> records;
+  std::vector<disk::record_in> records;
   for (;;) {
     std::vector<lock::entity> want;
     try {
@@ -252,7 +252,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     }
     // A split a splitter died in the middle of: nobody may change its pages before it is
     // finished (index.hpp, table::split).
-    if (const ix::split_journal j = s->table->pending_split(); j.old != 0) {
+    if (const index::split_journal j = s->table->pending_split(); j.old != 0) {
       const bool touched = std::ranges::any_of(keys, [&](const key_plan& k) {
         return k.page == j.old || k.page == j.low || k.page == j.high;
       });
@@ -271,7 +271,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       auto found = s->find_locked(k.page, k.h, as_bytes(k.key));
       if (!found) return std::unexpected(found.error());
       if (*found) {
-        const ix::entry_ref e = **found;
+        const index::entry_ref e = **found;
         const std::uint64_t at = e.location().load(std::memory_order_acquire);
         // Its header alone: what it says is all a commit over it needs (a damaged value may
         // be overwritten or erased).
@@ -281,17 +281,17 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
         k.entry = e;
         k.prev = at;
         k.prev_seq = e.seq().load(std::memory_order_acquire);
-        if (rec && rec->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
-          k.prev_size = fmt::stored_size(rec->rec);
+        if (rec && rec->rec.head.op != static_cast<std::uint8_t>(disk::op::erase)) {
+          k.prev_size = disk::stored_size(rec->rec);
         }
       }
       // Anything newer than the snapshot (visible or not yet) was committed by somebody else.
       // (Still pending: its block could not be read; never build on it.)
-      if (k.entry && ((k.prev_seq & ix::pending) != 0 || k.prev_seq > snapshot)) {
+      if (k.entry && ((k.prev_seq & index::pending) != 0 || k.prev_seq > snapshot)) {
         // Not visible yet: wait until it is (settling it if its writer died), so that the
         // retry's snapshot sees it rather than conflicting with it again.
         // (Escapably: settling a dead writer's commit stores to the index.)
-        if ((k.prev_seq & ix::pending) == 0 &&
+        if ((k.prev_seq & index::pending) == 0 &&
             !s->stored_escapably(cd, [&] { s->wait_visible(k.prev_seq, cd); })) {
           return std::unexpected(s->index_write_refusal());
         }
@@ -312,8 +312,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     // 2 000 puts/s against 670 000 in transactions of 16).
     struct growth {
       std::uint64_t page = 0;
-      std::size_t wanted = 0;             // its new keys
-      std::vector<fmt::key_hash> coming;  // its keys the commit writes
+      std::size_t wanted = 0;              // its new keys
+      std::vector<disk::key_hash> coming;  // its keys the commit writes
     };
     std::vector<growth> grow;
     try {
@@ -364,18 +364,18 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     records.reserve(keys.size());
     for (const key_plan& k : keys) {
       if (k.w == nullptr) continue;
-      fmt::record_in r;
+      disk::record_in r;
       r.key = as_bytes(k.key);
       r.prev = k.prev;
       r.prev_seq = k.prev_seq;
       if (k.w->erase) {
-        r.what = fmt::op::erase;
+        r.what = disk::op::erase;
       } else if (k.blob.location != 0) {
-        r.what = fmt::op::put_blob;
+        r.what = disk::op::put_blob;
         r.blob = k.blob;
         r.value_length = k.w->value.size();
       } else {
-        r.what = fmt::op::put;
+        r.what = disk::op::put;
         r.value = as_bytes(k.w->value);
       }
       records.push_back(r);
@@ -383,7 +383,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
-  const std::uint64_t length = fmt::block_size(records);
+  const std::uint64_t length = disk::block_size(records);
   const slot_ref me = s->slot(lease.index);
 
   // From the slot's first store on, a write fault the volume refuses (btrfs at a qgroup's
@@ -423,7 +423,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // The slot says *reserved* before the space is taken, with a location at or below the one
   // it will get (the tail only grows): a checkpointer that sees neither the slot nor the
   // tail move knows where replay must start (doc/kv-format.md, "Checkpoints").
-  me.block().store(s->h64(hdr::tail).load(std::memory_order_seq_cst), std::memory_order_seq_cst);
+  me.block().store(s->h64(header::tail).load(std::memory_order_seq_cst), std::memory_order_seq_cst);
   me.block_length().store(0);
   me.state().store(u64(commit_state::reserved), std::memory_order_seq_cst);
   std::uint64_t location = 0;
@@ -431,9 +431,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   {
     // (Reserving may make a segment or room, under mutexes and locks.)
     const io::map_guard::no_escape held_back;
-    auto L = s->reserve(length, only_erases ? room_for::erase : room_for::put);
-    if (!L) return fail_unmarked(L.error());
-    location = *L;
+    auto room = s->reserve(length, only_erases ? room_for::erase : room_for::put);
+    if (!room) return fail_unmarked(room.error());
+    location = *room;
   }
   reserved = location;
   charged.used = true;
@@ -459,7 +459,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
     // the kernel faults its pages in one call, not one trap each (a fifth of the time of a
     // commit of 65 536 puts went to the traps).
     if (length > store::impl::prefault_chunk)
-      s->prefault(fmt::segment_of(location), fmt::offset_of(location), length);
+      s->prefault(disk::segment_of(location), disk::offset_of(location), length);
     for (std::uint64_t off = 0; off < length; off += 4096) {
       std::atomic_ref(reinterpret_cast<unsigned char&>(bytes[off]))
           .store(0, std::memory_order_relaxed);
@@ -469,20 +469,21 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   }
 
   // 5. Mark: each written key's entry is pending on our block (new keys take an entry).
-  std::uint64_t at = location + sizeof(fmt::block_header);
+  std::uint64_t at = location + sizeof(disk::block_header);
   std::size_t ri = 0;
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
     k.record_at = at;
-    at += fmt::record_size(records[ri++]);
+    at += disk::record_size(records[ri++]);
     if (!k.entry) {
       // A new key takes an empty entry, or one that holds nothing, pending on our block.
       // Room was made under this lock: an entry is always found.
-      k.entry = s->table->claim(k.page, k.h, 0, ix::pending | location);
+      k.entry = s->table->claim(k.page, k.h, 0, index::pending | location);
     } else {
-      const ix::entry_ref e = *k.entry;
-      ix::change_entry(s->table->page_holding(e), e,
-                       [&] { e.seq().store(ix::pending | location, std::memory_order_release); });
+      const index::entry_ref e = *k.entry;
+      index::change_entry(s->table->page_holding(e), e, [&] {
+        e.seq().store(index::pending | location, std::memory_order_release);
+      });
     }
   }
 
@@ -490,7 +491,7 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
 
   // 6. Sequence.
   me.state().store(u64(commit_state::taking), std::memory_order_seq_cst);
-  const std::uint64_t seq = s->h64(hdr::next_seq).fetch_add(1, std::memory_order_seq_cst);
+  const std::uint64_t seq = s->h64(header::next_seq).fetch_add(1, std::memory_order_seq_cst);
   taken = seq;
   commit_step_reached(commit_step::took_seq);
   me.seq().store(seq, std::memory_order_seq_cst);
@@ -501,16 +502,16 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   // Sealed last (its seq word, from 0): a waiter that found us too slow to wait for may have
   // abandoned it first (settle_commit); then this commit never happens.
   const bool sealed = s->write_dirty(location, [&] {
-    fmt::encode_block(bytes.first(length), fmt::block_kind::commit, seq, records, s->salt, false);
-    return fmt::seal_block(bytes, seq);
+    disk::encode_block(bytes.first(length), disk::block_kind::commit, seq, records, s->salt, false);
+    return disk::seal_block(bytes, seq);
   });
   if (!sealed) {
     // Every mark goes back (the entries hold what they held); our seq is a hole, made
     // visible by whoever abandoned the block (or by us in order); the block is dead space.
     for (const key_plan& k : keys) {
       if (k.w == nullptr) continue;
-      const ix::entry_ref e = *k.entry;
-      ix::change_entry(s->table->page_holding(e), e, [&] {
+      const index::entry_ref e = *k.entry;
+      index::change_entry(s->table->page_holding(e), e, [&] {
         e.seq().store(k.prev != 0 ? k.prev_seq : 0, std::memory_order_release);
       });
     }
@@ -528,8 +529,9 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   ri = 0;
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
-    const std::uint64_t size = fmt::record_size(records[ri++]) +
-                               (k.blob.location != 0 ? fmt::blob_block_size(k.w->value.size()) : 0);
+    const std::uint64_t size =
+        disk::record_size(records[ri++]) +
+        (k.blob.location != 0 ? disk::blob_block_size(k.w->value.size()) : 0);
     if (k.prev_size != 0) {
       --d_records;
       d_live -= static_cast<std::int64_t>(k.prev_size);
@@ -541,8 +543,8 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
       ++d_records;
       d_live += static_cast<std::int64_t>(size);
     }
-    const ix::entry_ref e = *k.entry;
-    ix::change_entry(s->table->page_holding(e), e, [&] {
+    const index::entry_ref e = *k.entry;
+    index::change_entry(s->table->page_holding(e), e, [&] {
       e.location().store(k.record_at, std::memory_order_release);
       e.seq().store(seq, std::memory_order_release);
     });

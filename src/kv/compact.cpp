@@ -41,7 +41,7 @@ struct segment_use {
 std::uint64_t copy_need(const segment_use& u) noexcept {
   if (u.copies == u.forgotten) return 0;
   const std::uint64_t kept = u.live - u.forgettable;
-  return kept + 2 * (kept / relocation_batch + 1) * sizeof(fmt::block_header) + u.largest;
+  return kept + 2 * (kept / relocation_batch + 1) * sizeof(disk::block_header) + u.largest;
 }
 
 }  // namespace
@@ -85,7 +85,7 @@ result<void> store::impl::wait_for_transactions(const io::countdown& cd) noexcep
 }
 
 result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countdown& cd) noexcept {
-  auto visible = h64(hdr::visible);
+  auto visible = h64(header::visible);
   auto last_settle = std::chrono::steady_clock::now();
   while (visible.load(std::memory_order_acquire) < seq) {
     if (cd.expired()) return errc_error(std::errc::timed_out);
@@ -101,9 +101,9 @@ result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countd
 }
 
 bool store::impl::named_now(std::uint64_t at, std::span<const std::byte> key) const noexcept {
-  const fmt::key_hash h = hash_of(key);
+  const disk::key_hash h = hash_of(key);
   bool named = false;
-  table->for_chain(table->page_of(h), h, [&](ix::entry_ref e) {
+  table->for_chain(table->page_of(h), h, [&](index::entry_ref e) {
     if (e.location().load(std::memory_order_acquire) != at) return true;
     named = true;
     return false;
@@ -113,13 +113,13 @@ bool store::impl::named_now(std::uint64_t at, std::span<const std::byte> key) co
 
 result<bool> store::impl::repoint(std::uint64_t at, std::span<const std::byte> key,
                                   std::uint64_t to, const io::countdown& cd) noexcept {
-  const fmt::key_hash h = hash_of(key);
+  const disk::key_hash h = hash_of(key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
     auto g = locks->lock({lock::entity(page)}, io::deadline(cd.expiry()));
     if (!g) return std::unexpected(g.error());
     if (table->page_of(h) != page) continue;  // split meanwhile
-    if (const ix::split_journal j = table->pending_split();
+    if (const index::split_journal j = table->pending_split();
         j.old == page || j.low == page || j.high == page) {
       (void)g->unlock();
       if (auto r = settle_split(cd); !r) return std::unexpected(r.error());
@@ -128,22 +128,22 @@ result<bool> store::impl::repoint(std::uint64_t at, std::span<const std::byte> k
     // The entry that names this very record, if any still does (dead writers' marks of
     // the hash settled first: only theirs can be pending while we hold the page).
     if (auto r = settle_chain(page, h); !r) return std::unexpected(r.error());
-    std::optional<ix::entry_ref> entry;
-    table->for_chain(page, h, [&](ix::entry_ref e) {
+    std::optional<index::entry_ref> entry;
+    table->for_chain(page, h, [&](index::entry_ref e) {
       if (e.location().load(std::memory_order_acquire) != at) return true;
       entry = e;
       return false;
     });
     if (!entry) return false;  // superseded: dead
-    const ix::entry_ref e = *entry;
+    const index::entry_ref e = *entry;
     const auto holding =
-        static_cast<std::uint64_t>(table->page_holding(e).base - base()) / fmt::page_size;
+        static_cast<std::uint64_t>(table->page_holding(e).base - base()) / disk::page_size;
     if (auto w = index_write_ready(holding); !w) return std::unexpected(w.error());
     // (Made writable above, the page may be written back and refused again before the
     // stores: then, past the deadline, the move ends where a compactor killed there leaves
     // it, a copy no entry names or an entry that names the whole copy.)
     if (!stored_escapably(cd, [&] {
-          ix::change_entry(table->page_holding(e), e, [&] {
+          index::change_entry(table->page_holding(e), e, [&] {
             // The copy is whole before the entry names it; the seq stays (the same version).
             // An erase forgotten frees the entry for any key: location first.
             e.location().store(to, std::memory_order_release);
@@ -161,7 +161,7 @@ result<void> store::impl::relocate(std::span<const move> moves,
                                    compact_stats& st, std::uint64_t& moved) noexcept {
   // The copies, each with its blob copied first when that lies in a victim (a victim's blobs
   // are only ever its own records' or another victim's: see compact).
-  std::vector<fmt::record_in> records;
+  std::vector<disk::record_in> records;
   std::vector<const move*> of;
   std::vector<std::uint64_t> blob_bytes;
   std::vector<std::uint64_t> cuts;
@@ -174,10 +174,10 @@ result<void> store::impl::relocate(std::span<const move> moves,
     return errc_error(std::errc::not_enough_memory);
   }
   for (const move& m : moves) {
-    const fmt::record_view& rec = m.rec;
-    fmt::record_in r;
+    const disk::record_view& rec = m.rec;
+    disk::record_in r;
     r.key = rec.key;
-    r.what = static_cast<fmt::op>(rec.head.op);
+    r.what = static_cast<disk::op>(rec.head.op);
     r.value = rec.value;
     r.blob = rec.blob;
     r.value_length = rec.head.value_length;
@@ -185,14 +185,14 @@ result<void> store::impl::relocate(std::span<const move> moves,
     r.prev_seq = rec.head.prev_seq;
     r.seq = rec.head.seq;
     std::uint64_t blob = 0;
-    if (fmt::is_blob(rec) && victims.contains(fmt::segment_of(rec.blob.location))) {
+    if (disk::is_blob(rec) && victims.contains(disk::segment_of(rec.blob.location))) {
       auto value = value_of(found_record{m.at, rec, nullptr}, true);  // copies are checked
       if (!value && value.error() == errc::corrupt) {
         st.records_unreadable += 1;  // its blob does not check out: it stays
         continue;
       }
       if (!value) return std::unexpected(value.error());
-      blob = fmt::blob_block_size(value->size());
+      blob = disk::blob_block_size(value->size());
       auto nb = reserve(blob, room_for::compaction);  // it may take the spare
       if (!nb) return std::unexpected(nb.error());
       if (auto w = segment_write_ready(*nb, blob); !w) return std::unexpected(w.error());
@@ -201,7 +201,7 @@ result<void> store::impl::relocate(std::span<const move> moves,
       std::uint64_t made = 0;
       if (!stored_escapably(cd, [&] {
             made = write_dirty(
-                *nb, [&] { return fmt::encode_blob_block(out->first(blob), *value, salt); });
+                *nb, [&] { return disk::encode_blob_block(out->first(blob), *value, salt); });
           })) {
         return std::unexpected(index_write_refusal());
       }
@@ -216,22 +216,22 @@ result<void> store::impl::relocate(std::span<const move> moves,
   // as fit the rest of the tail's segment, and the rest in the next.
   for (std::size_t first = 0; first < records.size();) {
     cuts.clear();
-    std::uint64_t length = sizeof(fmt::block_header);
+    std::uint64_t length = sizeof(disk::block_header);
     for (std::size_t i = first; i < records.size(); ++i) {
-      length += fmt::record_size(records[i]);
+      length += disk::record_size(records[i]);
       cuts.push_back(length);
     }
     auto got = reserve_fitting(cuts, room_for::compaction);
     if (!got) return std::unexpected(got.error());
-    const std::uint64_t L = got->at;
+    const std::uint64_t block_at = got->at;
     length = cuts[got->count - 1];
-    const std::span<const fmt::record_in> part(records.data() + first, got->count);
-    if (auto w = segment_write_ready(L, length); !w) return std::unexpected(w.error());
-    auto out = bytes_at(L);
+    const std::span<const disk::record_in> part(records.data() + first, got->count);
+    if (auto w = segment_write_ready(block_at, length); !w) return std::unexpected(w.error());
+    auto out = bytes_at(block_at);
     if (!out) return std::unexpected(out.error());
     if (!stored_escapably(cd, [&] {
-          write_dirty(L, [&] {
-            fmt::encode_block(out->first(length), fmt::block_kind::relocation, 0, part, salt);
+          write_dirty(block_at, [&] {
+            disk::encode_block(out->first(length), disk::block_kind::relocation, 0, part, salt);
           });
         })) {
       return std::unexpected(index_write_refusal());
@@ -239,12 +239,12 @@ result<void> store::impl::relocate(std::span<const move> moves,
     // Each entry that still names its original now names the copy; a copy whose record was
     // superseded meanwhile is dead, and so is its blob's.
     std::uint64_t dead = 0;
-    std::uint64_t at = L + sizeof(fmt::block_header);
+    std::uint64_t at = block_at + sizeof(disk::block_header);
     for (std::size_t i = first; i < first + got->count; ++i) {
-      const std::uint64_t size = fmt::record_size(records[i]);
+      const std::uint64_t size = disk::record_size(records[i]);
       auto pointed = repoint(of[i]->at, of[i]->rec.key, at, cd);
       if (!pointed) {
-        (void)stored_escapably(cd, [&] { h64(hdr::dead_bytes).fetch_add(dead); });
+        (void)stored_escapably(cd, [&] { h64(header::dead_bytes).fetch_add(dead); });
         return std::unexpected(pointed.error());
       }
       if (*pointed) {
@@ -256,8 +256,8 @@ result<void> store::impl::relocate(std::span<const move> moves,
       }
       at += size;
     }
-    st.bytes_moved += sizeof(fmt::block_header);
-    if (dead != 0 && !stored_escapably(cd, [&] { h64(hdr::dead_bytes).fetch_add(dead); })) {
+    st.bytes_moved += sizeof(disk::block_header);
+    if (dead != 0 && !stored_escapably(cd, [&] { h64(header::dead_bytes).fetch_add(dead); })) {
       return std::unexpected(index_write_refusal());
     }
     first += got->count;
@@ -277,7 +277,7 @@ void store::impl::forget_segment(std::uint64_t number) noexcept {
 }
 
 void store::impl::unmap_removed_segments(bool always) noexcept {
-  const std::uint64_t now = h64(hdr::compactions).load(std::memory_order_acquire);
+  const std::uint64_t now = h64(header::compactions).load(std::memory_order_acquire);
   if (!always && now == compactions_seen.load(std::memory_order_relaxed)) return;
   base::lock_guard g(segments_mutex);
   compactions_seen.store(now, std::memory_order_relaxed);
@@ -294,32 +294,32 @@ void store::impl::unmap_removed_segments(bool always) noexcept {
 
 std::uint64_t store::impl::log_not_live() const noexcept {
   const table_segments t = segments_in_table();
-  const std::uint64_t log = t.bytes - t.count * fmt::segment_header_size;
+  const std::uint64_t log = t.bytes - t.count * disk::segment_header_size;
   // Live records, each counted with a block header and alignment of its own (the most a
   // record's block adds: records committed together share one), and the tail's unwritten
   // rest.
-  const std::uint64_t tail = h64(hdr::tail).load();
-  const std::uint64_t used = h64(hdr::live_bytes).load() +
-                             h64(hdr::live_records).load() * (sizeof(fmt::block_header) + 8) +
-                             (tail == 0 ? 0 : log_segment_size_at(tail) - fmt::offset_of(tail));
+  const std::uint64_t tail = h64(header::tail).load();
+  const std::uint64_t used = h64(header::live_bytes).load() +
+                             h64(header::live_records).load() * (sizeof(disk::block_header) + 8) +
+                             (tail == 0 ? 0 : log_segment_size_at(tail) - disk::offset_of(tail));
   return log > used ? log - used : 0;
 }
 
 bool store::impl::compaction_would_take_nothing() const noexcept {
   // Read between two reads of the threshold: the compactor clears it before it writes the
   // segment, so two equal reads bracket one finding's segment.
-  auto below = h64(hdr::fruitless_below);
+  auto below = h64(header::fruitless_below);
   const std::uint64_t b = below.load(std::memory_order_seq_cst);
   if (b == 0) return false;
-  const std::uint64_t then = h64(hdr::fruitless_tail_segment).load(std::memory_order_seq_cst);
+  const std::uint64_t then = h64(header::fruitless_tail_segment).load(std::memory_order_seq_cst);
   if (below.load(std::memory_order_seq_cst) != b) return false;
-  return h64(hdr::dead_bytes).load(std::memory_order_seq_cst) < b &&
-         fmt::segment_of(h64(hdr::tail).load(std::memory_order_seq_cst)) == then;
+  return h64(header::dead_bytes).load(std::memory_order_seq_cst) < b &&
+         disk::segment_of(h64(header::tail).load(std::memory_order_seq_cst)) == then;
 }
 
 result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   const io::countdown cd = io::deadline(opts.lock_timeout).start();
-  std::uint32_t* const ends = futex_word(hdr::compaction_ends);
+  std::uint32_t* const ends = futex_word(header::compaction_ends);
   bool others_ran = false;
   result<compact_stats> c;
   for (;;) {
@@ -357,9 +357,9 @@ result<void> store::impl::remove_checkpoint() noexcept {
   // (Where the volume may refuse the header's page: an escape leaves words that name a
   // checkpoint no longer there, which is a missing checkpoint to every reader of them.)
   if (!stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
-        h64(hdr::checkpoint_from).store(0);
-        h64(hdr::checkpoint_seq).store(0);
-        h64(hdr::checkpoint_bytes).store(0);
+        h64(header::checkpoint_from).store(0);
+        h64(header::checkpoint_seq).store(0);
+        h64(header::checkpoint_bytes).store(0);
       })) {
     return std::unexpected(index_write_refusal());
   }
@@ -378,7 +378,7 @@ result<bool> store::impl::drop_checkpoint_for_room(std::uint64_t seen_seq) noexc
     }
     // None here: worth a retry only if one was there when the put failed (another user
     // removed it meanwhile).
-    return seen_seq != 0 && h64(hdr::checkpoint_seq).load() == 0;
+    return seen_seq != 0 && h64(header::checkpoint_seq).load() == 0;
   }
   const auto before = fs->statfs(dir.dir);
   if (auto r = remove_checkpoint(); !r) return std::unexpected(r.error());
@@ -401,14 +401,14 @@ bool store::impl::compaction_due() noexcept {
   const double fraction = opts.compact_dead_fraction;
   if (fraction <= 0 || opts.read_only) return false;
   const std::uint64_t seg_size = next_segment_size();
-  const std::uint64_t dead = h64(hdr::dead_bytes).load(std::memory_order_relaxed);
-  if (dead < seg_size || dead < h64(hdr::background_after).load(std::memory_order_relaxed))
+  const std::uint64_t dead = h64(header::dead_bytes).load(std::memory_order_relaxed);
+  if (dead < seg_size || dead < h64(header::background_after).load(std::memory_order_relaxed))
     return false;
   const std::uint64_t now = now_ms();
   if (now < busy_until.load(std::memory_order_relaxed)) return false;
   // The log is about its live and dead records (the block headers and a segment's unused
   // end aside): no walk of the segment table on every commit.
-  const std::uint64_t live_now = h64(hdr::live_bytes).load(std::memory_order_relaxed);
+  const std::uint64_t live_now = h64(header::live_bytes).load(std::memory_order_relaxed);
   if (dead >= 2 * seg_size &&
       static_cast<double>(dead) >= fraction * static_cast<double>(live_now + dead)) {
     return true;
@@ -426,7 +426,7 @@ bool store::impl::compaction_due() noexcept {
 
 void store::impl::compact_in_background() noexcept {
   const std::uint64_t seg_size = next_segment_size();
-  const std::uint64_t dead_before = h64(hdr::dead_bytes).load();
+  const std::uint64_t dead_before = h64(header::dead_bytes).load();
   auto c = compact(std::nullopt, nullptr, byte_claim::background);
   if (!c && held_elsewhere(c.error())) {
     // Another user's compaction, checkpoint or verify: not again for a while.
@@ -439,7 +439,7 @@ void store::impl::compact_in_background() noexcept {
   // every commit walk the index.
   if (!c || c->segments_removed == 0) {
     (void)stored_escapably(io::deadline(opts.lock_timeout).start(),
-                           [&] { h64(hdr::background_after).store(dead_before + seg_size); });
+                           [&] { h64(header::background_after).store(dead_before + seg_size); });
   }
 }
 
@@ -468,7 +468,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   } const sized{s};
   {
     // (No larger than the spare: see next_active_segment.)
-    const std::uint64_t spare = s.h64(hdr::spare).load();
+    const std::uint64_t spare = s.h64(header::spare).load();
     const std::uint64_t next = s.next_segment_size();
     s.compaction_segment_size.store(spare != 0 ? std::min(next, spare) : next,
                                     std::memory_order_relaxed);
@@ -482,7 +482,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // (Also a spare kept smaller than a log segment: it grows once the volume has the room.)
   const auto spare_as_it_must_be = [&] {
     return s.opts.read_only ||
-           (s.has_room(spare_room) && s.h64(hdr::spare).load() >= s.largest_log_segment());
+           (s.has_room(spare_room) && s.h64(header::spare).load() >= s.largest_log_segment());
   };
   const auto spare_again = [&](bool removed) -> result<void> {
     if (spare_as_it_must_be()) return {};
@@ -509,11 +509,11 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // to try first (a crowd of writers finding the volume full runs one compaction, not one
   // each).
   if (unless_since &&
-      s.h64(hdr::compaction_runs).load(std::memory_order_seq_cst) != *unless_since) {
+      s.h64(header::compaction_runs).load(std::memory_order_seq_cst) != *unless_since) {
     if (others_ran != nullptr) *others_ran = true;
     return st;
   }
-  if (!stored([&] { s.h64(hdr::compaction_runs).fetch_add(1, std::memory_order_seq_cst); })) {
+  if (!stored([&] { s.h64(header::compaction_runs).fetch_add(1, std::memory_order_seq_cst); })) {
     return std::unexpected(s.index_write_refusal());
   }
   // However it ends: writers waiting for a compaction to end (make_room) go on (refused, they
@@ -523,24 +523,24 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     const io::countdown* cd;
     ~ended() {
       (void)s->stored_escapably(
-          *cd, [&] { s->h64(hdr::compaction_ends).fetch_add(1, std::memory_order_seq_cst); });
-      base::futex_wake(s->futex_word(hdr::compaction_ends), INT_MAX, base::futex_scope::shared);
+          *cd, [&] { s->h64(header::compaction_ends).fetch_add(1, std::memory_order_seq_cst); });
+      base::futex_wake(s->futex_word(header::compaction_ends), INT_MAX, base::futex_scope::shared);
     }
   } const end{&s, &cd};
 
   // 1. Candidates: every segment but the one the tail is in. Writers that might still be
   // writing into one began before now; wait for them to finish. Once they have, every
   // snapshot is at or above `horizon` (visible only grows).
-  const std::uint64_t horizon = s.h64(hdr::visible).load(std::memory_order_seq_cst);
+  const std::uint64_t horizon = s.h64(header::visible).load(std::memory_order_seq_cst);
   // A segment numbered from here on may be made by a transaction the wait below does not
   // wait for (one begun after it started): never a candidate.
-  const std::uint64_t numbered_before = s.h64(hdr::next_segment).load(std::memory_order_seq_cst);
+  const std::uint64_t numbered_before = s.h64(header::next_segment).load(std::memory_order_seq_cst);
   // Every block below it was reserved by a transaction open now, or one that has ended.
-  const std::uint64_t tail_then = s.h64(hdr::tail).load(std::memory_order_acquire);
-  const std::uint64_t active = fmt::segment_of(tail_then);
+  const std::uint64_t tail_then = s.h64(header::tail).load(std::memory_order_acquire);
+  const std::uint64_t active = disk::segment_of(tail_then);
   // Every commit visible now added the bytes it made dead before it became visible, and the
   // walk below sees its entries: the dead still to come is what has been added since.
-  const std::uint64_t dead_then = s.h64(hdr::dead_bytes).load(std::memory_order_seq_cst);
+  const std::uint64_t dead_then = s.h64(header::dead_bytes).load(std::memory_order_seq_cst);
   auto numbers = s.segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   // Holding the byte, a background run waits for open transactions only a moment: a reader
@@ -577,7 +577,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     auto listed = s.listed_segments();
     if (!listed) return std::unexpected(listed.error());
     std::set<std::uint64_t> in_manifest;
-    for (const fmt::manifest_entry& e : *listed)
+    for (const disk::manifest_entry& e : *listed)
       in_manifest.insert(e.number);
     const std::uint64_t highest_listed = in_manifest.empty() ? 0 : *in_manifest.rbegin();
     for (const std::uint64_t n : *numbers) {
@@ -597,9 +597,9 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // names no blob below the tail that can count (a live writer's blobs were reserved after
     // step 1, at or above it; a dead writer's unsealed block is abandoned, never made).
     const auto pin = [&](std::uint64_t at, bool block) -> result<void> {
-      use[fmt::segment_of(at)].pinned = true;
-      const auto pin_blob = [&](const fmt::record_view& r) {
-        if (fmt::is_blob(r)) use[fmt::segment_of(r.blob.location)].pinned = true;
+      use[disk::segment_of(at)].pinned = true;
+      const auto pin_blob = [&](const disk::record_view& r) {
+        if (disk::is_blob(r)) use[disk::segment_of(r.blob.location)].pinned = true;
       };
       if (!block) {
         auto r = s.record_head_at(at);  // as a settled entry's: damage past its head is not
@@ -610,17 +610,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       }
       auto bytes = s.bytes_at(at);
       if (!bytes) return std::unexpected(bytes.error());
-      if (!candidates.contains(fmt::segment_of(at))) {
-        const std::uint64_t sealed = fmt::block_seq(*bytes);
-        if (sealed == 0 || sealed == fmt::void_seq) return {};
+      if (!candidates.contains(disk::segment_of(at))) {
+        const std::uint64_t sealed = disk::block_seq(*bytes);
+        if (sealed == 0 || sealed == disk::void_seq) return {};
       }
       // A block that does not check out (torn, or abandoned) is never made: its blobs are
       // dead.
-      auto head = fmt::check_block(*bytes, s.salt);
+      auto head = disk::check_block(*bytes, s.salt);
       if (!head) return {};
-      std::uint64_t r = sizeof(fmt::block_header);
+      std::uint64_t r = sizeof(disk::block_header);
       for (std::uint32_t i = 0; i < head->records; ++i) {
-        auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), s.salt, false);
+        auto rec = disk::parse_record(bytes->subspan(r, head->length - r), s.salt, false);
         if (!rec) return {};
         pin_blob(*rec);
         r += rec->size;
@@ -631,27 +631,27 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     auto walking = snapshot_hold::take(s, slot_use::writing);
     if (!walking) return std::unexpected(walking.error());
     auto counted = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-      const ix::bucket_ref b = s.table->page(page);
+      const index::bucket_ref b = s.table->page(page);
       // The page's records lie at random in the log, each a cache miss (and on a big store a
       // TLB miss): ask for all their first lines before reading any, so that the misses
       // overlap (at a gigabyte: 0.31 s a walk reading one record at a time, 0.13 s so; asking
       // a page ahead gained nothing more: the asks themselves wait for the TLB).
-      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-        const ix::entry_ref e = b.entry(k);
+      for (std::size_t k = 0; k < index::entries_per_page; ++k) {
+        const index::entry_ref e = b.entry(k);
         if (e.hi().load(std::memory_order_relaxed) == 0) continue;
         const std::uint64_t at = e.location().load(std::memory_order_relaxed);
         if (at == 0) continue;
         if (auto bytes = s.bytes_at(at)) __builtin_prefetch(bytes->data());
       }
-      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-        const ix::entry_ref e = b.entry(k);
+      for (std::size_t k = 0; k < index::entries_per_page; ++k) {
+        const index::entry_ref e = b.entry(k);
         if (e.hi().load(std::memory_order_acquire) == 0) continue;
         const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
         const std::uint64_t at = e.location().load(std::memory_order_acquire);
-        if ((seq & ix::pending) != 0) {
+        if ((seq & index::pending) != 0) {
           // A dead writer's commit, settled later either way: its block, the record it
           // would restore, and the blobs of both must stay.
-          if (auto p = pin(seq & ~ix::pending, true); !p) return std::unexpected(p.error());
+          if (auto p = pin(seq & ~index::pending, true); !p) return std::unexpected(p.error());
           if (at != 0) {
             if (auto p = pin(at, false); !p) return std::unexpected(p.error());
           }
@@ -660,26 +660,26 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         if (at == 0) continue;
         auto rec = s.record_head_at(at);
         if (!rec) return std::unexpected(rec.error());
-        if (rec->rec.head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
-            rec->rec.head.seq <= horizon && candidates.contains(fmt::segment_of(at))) {
+        if (rec->rec.head.op == static_cast<std::uint8_t>(disk::op::erase) &&
+            rec->rec.head.seq <= horizon && candidates.contains(disk::segment_of(at))) {
           erasures.push_back(
               {std::string(reinterpret_cast<const char*>(rec->rec.key.data()), rec->rec.key.size()),
-               fmt::segment_of(at)});
+               disk::segment_of(at)});
           erasure_sizes.push_back(rec->rec.size);
         }
-        auto& here = use[fmt::segment_of(at)];
+        auto& here = use[disk::segment_of(at)];
         here.live += rec->rec.size;
         here.copies += 1;
-        const std::uint64_t block = rec->rec.size + sizeof(fmt::block_header);
+        const std::uint64_t block = rec->rec.size + sizeof(disk::block_header);
         here.largest = std::max(here.largest, block);
         here.largest_record = std::max(here.largest_record, block);
-        if (fmt::is_blob(rec->rec)) {
-          auto& u = use[fmt::segment_of(rec->rec.blob.location)];
-          const std::uint64_t blob = fmt::blob_block_size(rec->rec.head.value_length);
+        if (disk::is_blob(rec->rec)) {
+          auto& u = use[disk::segment_of(rec->rec.blob.location)];
+          const std::uint64_t blob = disk::blob_block_size(rec->rec.head.value_length);
           u.live += blob;
           u.copies += 1;
           u.largest = std::max(u.largest, blob);
-          u.blob_refs.insert(fmt::segment_of(at));
+          u.blob_refs.insert(disk::segment_of(at));
         }
       }
       return true;
@@ -716,18 +716,18 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       }
       const auto bytes = (*seg)->bytes();
       (void)s.for_each_block_below(
-          **seg, n == active ? fmt::offset_of(tail_then) : UINT64_MAX,
-          [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-            if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) &&
-                head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
+          **seg, n == active ? disk::offset_of(tail_then) : UINT64_MAX,
+          [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
+            if (head.kind != static_cast<std::uint16_t>(disk::block_kind::commit) &&
+                head.kind != static_cast<std::uint16_t>(disk::block_kind::relocation)) {
               return {};
             }
             // Whole or not: a damaged block's records are still versions of their keys (a
             // torn one's are never replayed, and counting them only forgets less). A record
             // whose key cannot be read may be any key's: then nothing is forgotten.
-            std::uint64_t r = off + sizeof(fmt::block_header);
+            std::uint64_t r = off + sizeof(disk::block_header);
             for (std::uint32_t i = 0; i < head.records; ++i) {
-              auto rec = fmt::parse_record_head(bytes.subspan(r, off + head.length - r));
+              auto rec = disk::parse_record_head(bytes.subspan(r, off + head.length - r));
               if (!rec) {
                 known = false;
                 return {};
@@ -799,7 +799,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       // no spare). A sixteenth dead was asked before: erases
       // spread over a large store (512 MiB, 1 KiB values) left none so once the deletes'
       // room was spent, and every erase after failed with no_space.
-      const std::uint64_t room = size - fmt::segment_header_size;
+      const std::uint64_t room = size - disk::segment_header_size;
       const std::uint64_t need = copy_need(u);
       if (short_now ? need + room / 64 < room : kept * 2 <= size) {
         victims.insert(n);
@@ -814,10 +814,10 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // bytes* and takes at most one segment that much closer.
     if (short_now && victims.empty() && !pinned) {
       const std::uint64_t at = closest == UINT64_MAX ? s.next_segment_size() : closest;
-      auto below = s.h64(hdr::fruitless_below);
+      auto below = s.h64(header::fruitless_below);
       if (!stored([&] {
             below.store(0, std::memory_order_seq_cst);
-            s.h64(hdr::fruitless_tail_segment).store(active, std::memory_order_seq_cst);
+            s.h64(header::fruitless_tail_segment).store(active, std::memory_order_seq_cst);
             below.store(std::max<std::uint64_t>(1, dead_then + at), std::memory_order_seq_cst);
           })) {
         return std::unexpected(s.index_write_refusal());
@@ -842,17 +842,17 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         return gain(a) != gain(b) ? gain(a) > gain(b) : use[a].size > use[b].size;
       });
       const std::uint64_t room_all = s.compaction_room();
-      const std::uint64_t spare = s.h64(hdr::spare).load();
-      const std::uint64_t in_spare = spare == 0 ? 0 : spare - fmt::segment_header_size;
+      const std::uint64_t spare = s.h64(header::spare).load();
+      const std::uint64_t in_spare = spare == 0 ? 0 : spare - disk::segment_header_size;
       const std::uint64_t copy_block_room =
-          s.compaction_segment_size.load(std::memory_order_relaxed) - fmt::segment_header_size;
+          s.compaction_segment_size.load(std::memory_order_relaxed) - disk::segment_header_size;
       // Whether a victim may go at all: it frees more than it takes, fits the spare alone (a
       // segment but its header), and its records fit the segments the copies go to, no larger
       // than the spare, which is smaller than some log segments after a pass found only
       // smaller victims.
       const auto may_go = [&](std::uint64_t n) {
         const segment_use& u = use[n];
-        return (u.copies == u.forgotten || copy_need(u) <= u.size - fmt::segment_header_size) &&
+        return (u.copies == u.forgotten || copy_need(u) <= u.size - disk::segment_header_size) &&
                u.largest_record <= copy_block_room;
       };
       // Victims in turn while their copies fit `room`, `first` (when not 0) before the others.
@@ -949,23 +949,23 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
       return r;
     };
     auto walked = s.for_each_block(
-        **seg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+        **seg, [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
           // Every block whose header checks out, record by record: a record an entry names
           // is live whatever the rest of its block is (a commit damaged after it was made
           // stands). A copy is made only of a record that checks out (always: a copy gets a
           // new checksum, and must never make damage look whole); one that does not stays,
           // and so does its segment while an entry names it (below).
-          if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::commit) &&
-              head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) {
+          if (head.kind != static_cast<std::uint16_t>(disk::block_kind::commit) &&
+              head.kind != static_cast<std::uint16_t>(disk::block_kind::relocation)) {
             return {};
           }
-          std::uint64_t r = off + sizeof(fmt::block_header);
+          std::uint64_t r = off + sizeof(disk::block_header);
           for (std::uint32_t i = 0; i < head.records; ++i) {
             const auto rest = bytes.subspan(r, off + head.length - r);
-            auto rec = fmt::parse_record(rest, s.salt, true);
+            auto rec = disk::parse_record(rest, s.salt, true);
             if (!rec) {
               st.records_unreadable += 1;
-              auto shape = fmt::parse_record_head(rest);
+              auto shape = disk::parse_record_head(rest);
               if (!shape) {
                 st.records_unreadable += head.records - i - 1;
                 return {};  // where the next record starts is unknown
@@ -976,13 +976,13 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
             // Most records of a victim are dead: told so without the page lock, which a
             // writer of the same keys holds most of the time (a run that took it for each
             // record fell far behind one fast writer).
-            if (!s.named_now(fmt::make_location(n, r), rec->key)) {
+            if (!s.named_now(disk::make_location(n, r), rec->key)) {
               r += rec->size;
               continue;
             }
-            const std::uint64_t at = fmt::make_location(n, r);
+            const std::uint64_t at = disk::make_location(n, r);
             r += rec->size;
-            if (rec->head.op == static_cast<std::uint8_t>(fmt::op::erase) &&
+            if (rec->head.op == static_cast<std::uint8_t>(disk::op::erase) &&
                 forgettable.contains(std::string_view(
                     reinterpret_cast<const char*>(rec->key.data()), rec->key.size()))) {
               // The key is gone for every snapshot, and no older version of it outlives
@@ -1020,7 +1020,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         close_over_blobs();
         if (!stored([&] {
               for (const std::uint64_t kept : before) {
-                if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+                if (!victims.contains(kept)) s.h64(header::dead_bytes).fetch_add(moved_from[kept]);
               }
             })) {
           return std::unexpected(s.index_write_refusal());
@@ -1043,14 +1043,14 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     if (!hold) return std::unexpected(hold.error());
     try {
       auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-        const ix::bucket_ref b = s.table->page(page);
-        for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-          const ix::entry_ref e = b.entry(k);
+        const index::bucket_ref b = s.table->page(page);
+        for (std::size_t k = 0; k < index::entries_per_page; ++k) {
+          const index::entry_ref e = b.entry(k);
           if (e.hi().load(std::memory_order_acquire) == 0) continue;
           const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
           const std::uint64_t at = e.location().load(std::memory_order_acquire);
-          if (at != 0 && victims.contains(fmt::segment_of(at))) named.insert(fmt::segment_of(at));
-          if ((seq & ix::pending) != 0) named.insert(fmt::segment_of(seq & ~ix::pending));
+          if (at != 0 && victims.contains(disk::segment_of(at))) named.insert(disk::segment_of(at));
+          if ((seq & index::pending) != 0) named.insert(disk::segment_of(seq & ~index::pending));
         }
         return true;
       });
@@ -1061,7 +1061,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         close_over_blobs();
         if (!stored([&] {
               for (const std::uint64_t kept : before) {
-                if (!victims.contains(kept)) s.h64(hdr::dead_bytes).fetch_add(moved_from[kept]);
+                if (!victims.contains(kept)) s.h64(header::dead_bytes).fetch_add(moved_from[kept]);
               }
             })) {
           return std::unexpected(s.index_write_refusal());
@@ -1081,7 +1081,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // previous version: every snapshot from now on must see that commit (so every seq handed
   // out so far is visible first). And every transaction open now must end: it may hold an
   // original's location, or a view into it.
-  const std::uint64_t moved_by = s.h64(hdr::next_seq).load(std::memory_order_seq_cst) - 1;
+  const std::uint64_t moved_by = s.h64(header::next_seq).load(std::memory_order_seq_cst) - 1;
   if (auto w = s.wait_visible_until(moved_by, cd); !w) return std::unexpected(w.error());
   if (auto w = wait_for_transactions(); !w) return std::unexpected(w.error());
 
@@ -1116,7 +1116,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // Whether the spare, there or kept, is as large as every log segment that stays.
     bool spare_whole = true;
     {
-      std::uint64_t spare_size = s.h64(hdr::spare).load();
+      std::uint64_t spare_size = s.h64(header::spare).load();
       if (spare_size == 0) {
         for (const std::uint64_t n : leaving) {
           const std::uint64_t size = victim_size(n);
@@ -1182,11 +1182,11 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
         kept_next = given->number;
         kept_next_size = size;
       }
-      const std::uint64_t dead = size - fmt::segment_header_size > use[n].live
-                                     ? size - fmt::segment_header_size - use[n].live
+      const std::uint64_t dead = size - disk::segment_header_size > use[n].live
+                                     ? size - disk::segment_header_size - use[n].live
                                      : 0;
-      const std::uint64_t was = s.h64(hdr::dead_bytes).load();
-      if (!stored([&] { s.h64(hdr::dead_bytes).fetch_sub(std::min(was, dead)); })) {
+      const std::uint64_t was = s.h64(header::dead_bytes).load();
+      if (!stored([&] { s.h64(header::dead_bytes).fetch_sub(std::min(was, dead)); })) {
         return std::unexpected(s.index_write_refusal());
       }
       freed_dead += std::min(was, dead);
@@ -1196,8 +1196,8 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     }
     if (auto r = s.dir.segments.sync_all(); !r) return std::unexpected(r.error());
     if (!stored([&] {
-          if (kept_spare != 0) s.h64(hdr::spare).store(kept_spare);
-          if (kept_deletes != 0) s.h64(hdr::deletes_room).store(kept_deletes);
+          if (kept_spare != 0) s.h64(header::spare).store(kept_spare);
+          if (kept_deletes != 0) s.h64(header::deletes_room).store(kept_deletes);
         })) {
       return std::unexpected(s.index_write_refusal());
     }
@@ -1217,13 +1217,13 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
     // least as much), when the volume has it.
     if (auto r = spare_again(true); !r) return std::unexpected(r.error());
     if (!stored([&] {
-          s.h64(hdr::compactions).fetch_add(1, std::memory_order_seq_cst);
+          s.h64(header::compactions).fetch_add(1, std::memory_order_seq_cst);
           // What was found before no longer holds (*dead bytes* went down by an estimate).
-          s.h64(hdr::fruitless_below).store(0, std::memory_order_seq_cst);
+          s.h64(header::fruitless_below).store(0, std::memory_order_seq_cst);
           // And no background compaction before a segment more has died than this one left
           // (what died while it ran counts: a run that fell behind a fast writer is followed
           // by the next).
-          s.h64(hdr::background_after)
+          s.h64(header::background_after)
               .store(dead_then - std::min(dead_then, freed_dead) + s.next_segment_size());
         })) {
       return std::unexpected(s.index_write_refusal());
@@ -1243,7 +1243,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // replay after a power loss, nothing wrong: kept for stats.
   const auto note_error = [&](const error& e) {
     (void)stored(
-        [&] { s.h64(hdr::checkpoint_error).store(static_cast<std::uint64_t>(e.value())); });
+        [&] { s.h64(header::checkpoint_error).store(static_cast<std::uint64_t>(e.value())); });
   };
   if (auto r = s.room_for_checkpoint(); !r) {
     note_error(r.error());

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstring>
 
-namespace keel::kv::fmt {
+namespace keel::kv::disk {
 namespace {
 
 // An offset only: the caller, which knows the file, adds it.
@@ -551,4 +551,4 @@ result<block_header> check_block(std::span<const std::byte> bytes, std::uint64_t
   return b;
 }
 
-}  // namespace keel::kv::fmt
+}  // namespace keel::kv::disk

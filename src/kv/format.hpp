@@ -13,7 +13,7 @@
 #include "base/format_header.hpp"
 #include "keel/result.hpp"
 
-namespace keel::kv::fmt {
+namespace keel::kv::disk {
 
 constexpr std::size_t page_size = 4096;
 constexpr std::size_t max_key = 1024;
@@ -360,4 +360,4 @@ constexpr std::uint64_t sector_size = 512;
 [[nodiscard]] result<block_header> check_block(std::span<const std::byte> bytes,
                                                std::uint64_t salt) noexcept;
 
-}  // namespace keel::kv::fmt
+}  // namespace keel::kv::disk

@@ -23,19 +23,19 @@ void store::impl::gather_sync_batch() noexcept {
   // back after the last sync woke them: the rest wait a whole sync more. So when the last
   // batch had company, wait (yielding) until as many have asked again, for at most half a
   // sync's time: a writer gone for good costs a few half-syncs until the batch shrinks.
-  const std::uint64_t mark = h64(hdr::sync_mark).load(std::memory_order_relaxed);
-  const std::uint64_t want = h64(hdr::sync_batch).load(std::memory_order_relaxed);
+  const std::uint64_t mark = h64(header::sync_mark).load(std::memory_order_relaxed);
+  const std::uint64_t want = h64(header::sync_batch).load(std::memory_order_relaxed);
   if (want > 1) {
     const auto limit =
-        clock::now() + std::min(std::chrono::nanoseconds(h64(hdr::sync_ns).load() / 2),
+        clock::now() + std::min(std::chrono::nanoseconds(h64(header::sync_ns).load() / 2),
                                 std::chrono::nanoseconds(std::chrono::milliseconds(1)));
-    while (h64(hdr::sync_joined).load(std::memory_order_relaxed) - mark < want &&
+    while (h64(header::sync_joined).load(std::memory_order_relaxed) - mark < want &&
            clock::now() < limit)
       std::this_thread::yield();
   }
-  const std::uint64_t joined = h64(hdr::sync_joined).load(std::memory_order_relaxed);
-  h64(hdr::sync_batch).store(joined - mark, std::memory_order_relaxed);
-  h64(hdr::sync_mark).store(joined, std::memory_order_relaxed);
+  const std::uint64_t joined = h64(header::sync_joined).load(std::memory_order_relaxed);
+  h64(header::sync_batch).store(joined - mark, std::memory_order_relaxed);
+  h64(header::sync_mark).store(joined, std::memory_order_relaxed);
 }
 
 result<void> store::impl::group_sync(bool every_segment) noexcept {
@@ -52,15 +52,15 @@ result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd
   // that starts from now on covers it.
   std::uint64_t s = 0;
   if (!stored([&] {
-        h64(hdr::sync_joined).fetch_add(1, std::memory_order_relaxed);
-        s = h64(hdr::sync_started).load(std::memory_order_seq_cst);
+        h64(header::sync_joined).fetch_add(1, std::memory_order_relaxed);
+        s = h64(header::sync_started).load(std::memory_order_seq_cst);
       })) {
     return std::unexpected(index_write_refusal());
   }
   commit_step_reached(commit_step::sync_waiting);
-  auto* const done_word = futex_word(hdr::sync_done);
+  auto* const done_word = futex_word(header::sync_done);
   for (;;) {
-    const std::uint64_t done = h64(hdr::sync_done).load(std::memory_order_acquire);
+    const std::uint64_t done = h64(header::sync_done).load(std::memory_order_acquire);
     if (done > s) break;
     // One leader syncs for everyone waiting. The others do not queue on the lock (handing it
     // on one by one only to find their sync done costs a wake-up each): they sleep until
@@ -74,7 +74,7 @@ result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd
                        base::futex_scope::shared);
       continue;
     }
-    if (h64(hdr::sync_done).load(std::memory_order_acquire) > s) break;
+    if (h64(header::sync_done).load(std::memory_order_acquire) > s) break;
     // A leader whose header stores escaped: gone as a dead one (the lock let go, no wake).
     const auto refused = [&] {
       (void)g->unlock();
@@ -92,8 +92,8 @@ result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd
           began = clock::now();
           // A leader before us that started and never finished died, maybe after clearing
           // dirty words and before syncing: then sync every segment, dirty or not.
-          all = every_segment || h64(hdr::sync_started).load() != h64(hdr::sync_done).load();
-          mine = h64(hdr::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
+          all = every_segment || h64(header::sync_started).load() != h64(header::sync_done).load();
+          mine = h64(header::sync_started).fetch_add(1, std::memory_order_seq_cst) + 1;
           for (std::uint64_t w = 0; w < dirty_words; ++w) {
             const auto word = dirty_word(w * 64);
             if (word.load(std::memory_order_seq_cst) != 0)
@@ -152,11 +152,11 @@ result<void> store::impl::group_sync(bool every_segment, const io::countdown& cd
       if (sync_errno != 0) {
         // Never retried: the kernel may have dropped the pages it could not write. Every
         // commit of this group and after fails; the store is read-only until reopened alone.
-        h64(hdr::sync_error_segment).store(failed_segment);
-        h64(hdr::sync_error).store(sync_errno);
+        h64(header::sync_error_segment).store(failed_segment);
+        h64(header::sync_error).store(sync_errno);
       }
-      h64(hdr::sync_ns).store(ns);
-      h64(hdr::sync_done).store(mine, std::memory_order_release);
+      h64(header::sync_ns).store(ns);
+      h64(header::sync_done).store(mine, std::memory_order_release);
     });
     if (!r) {
       // (Not recorded, the failure is this process's alone: its later commits fail, and
@@ -192,8 +192,8 @@ result<void> store::impl::sync_without_leader() noexcept {
     if (!seg) return std::unexpected(seg.error());
     if (base::is_planted(base::planted_bug::kv_skips_sync)) continue;
     if (auto r = (*seg)->sync(); !r) {
-      h64(hdr::sync_error_segment).store(n);
-      h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
+      h64(header::sync_error_segment).store(n);
+      h64(header::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
       failed.store(true);
       return std::unexpected(r.error());
     }
@@ -203,11 +203,11 @@ result<void> store::impl::sync_without_leader() noexcept {
 
 result<void> store::impl::writable() noexcept {
   if (opts.read_only) return keel_error(errc::read_only);
-  if (h64(hdr::sync_error).load(std::memory_order_acquire) == 0 && !failed.load()) return {};
+  if (h64(header::sync_error).load(std::memory_order_acquire) == 0 && !failed.load()) return {};
   failed.store(true);
   // Which sync failed: its segment, named (the number is written before the errno), or, for
   // 0, the manifest's directory (write_manifest).
-  const std::uint64_t n = h64(hdr::sync_error_segment).load();
+  const std::uint64_t n = h64(header::sync_error_segment).load();
   if (n == 0) return std::unexpected(error(errc::sync_failed).about(path + "/manifest"));
   return std::unexpected(error(errc::sync_failed).about(path + "/seg/" + segment_name(n)));
 }

@@ -7,7 +7,7 @@
 #include <system_error>
 #include <vector>
 
-namespace keel::kv::ix {
+namespace keel::kv::index {
 namespace {
 
 constexpr std::size_t words_per_page = page_size / sizeof(std::uint64_t);
@@ -191,7 +191,7 @@ std::uint64_t table::pages_for_keys(std::uint64_t keys,
   return sure + static_cast<std::uint64_t>(std::ceil(expected + 3 * std::sqrt(variance) + 2));
 }
 
-std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {
+std::uint64_t table::page_of(const disk::key_hash& h) const noexcept {
   // Sequentially consistent (a plain load on x86 and ARMv8 alike), as are the switch's
   // stores: a reader's snapshot is published by a seq_cst store before this, and whoever
   // reuses a retired page reads the snapshots with seq_cst loads after the switch
@@ -202,7 +202,7 @@ std::uint64_t table::page_of(const fmt::key_hash& h) const noexcept {
   return directory_entry(dir >> 8, i).load(std::memory_order_seq_cst);
 }
 
-std::optional<entry_ref> table::claim(std::uint64_t p, const fmt::key_hash& h,
+std::optional<entry_ref> table::claim(std::uint64_t p, const disk::key_hash& h,
                                       std::uint64_t location, std::uint64_t seq) const noexcept {
   const std::size_t start = h.lo % entries_per_page;
   std::optional<entry_ref> out;
@@ -265,12 +265,13 @@ std::size_t table::room(std::uint64_t p) const noexcept {
   return free;
 }
 
-bool table::split_separates(std::uint64_t p, std::span<const fmt::key_hash> hashes) const noexcept {
+bool table::split_separates(std::uint64_t p,
+                            std::span<const disk::key_hash> hashes) const noexcept {
   const unsigned local = page(p).local_depth().load();
   if (local >= max_depth) return false;
   bool side[2] = {false, false};
   const auto bit = [&](std::uint64_t hi) { return ((hi >> (63 - local)) & 1) != 0; };
-  for (const fmt::key_hash& h : hashes)
+  for (const disk::key_hash& h : hashes)
     side[bit(h.hi) ? 1 : 0] = true;
   for_page_chain(p, [&](std::uint64_t q) {
     const bucket_ref b = page(q);
@@ -443,4 +444,4 @@ void table::finish_split(page_source& pages) noexcept {
     pages.retire(q, 1);
 }
 
-}  // namespace keel::kv::ix
+}  // namespace keel::kv::index

@@ -20,7 +20,7 @@
 #include "keel/result.hpp"
 #include "kv/format.hpp"
 
-namespace keel::kv::ix {
+namespace keel::kv::index {
 
 constexpr std::size_t page_size = 4096;
 constexpr std::size_t entries_per_page = 126;
@@ -152,7 +152,7 @@ class table {
 
   [[nodiscard]] bucket_ref page(std::uint64_t n) const noexcept { return {base_ + n * page_size}; }
   //! The bucket page a key's hash belongs to, as the directory says now.
-  [[nodiscard]] std::uint64_t page_of(const fmt::key_hash& h) const noexcept;
+  [[nodiscard]] std::uint64_t page_of(const disk::key_hash& h) const noexcept;
 
   //! Calls `f(page number)` (returning false to stop) for page `p` and each page of its
   //! overflow chain, in order.
@@ -172,7 +172,7 @@ class table {
   //! page is in use, so the walk meets every entry an insert of `h` could have taken. Which
   //! entry is which key's is the store's to decide (kv/probe.cpp): two keys may share a hash.
   template <class Visit>
-  void for_chain(std::uint64_t p, const fmt::key_hash& h, Visit&& visit) const noexcept {
+  void for_chain(std::uint64_t p, const disk::key_hash& h, Visit&& visit) const noexcept {
     const std::size_t start = h.lo % entries_per_page;
     bool go_on = true;
     for_page_chain(p, [&](std::uint64_t q) {
@@ -202,7 +202,7 @@ class table {
   //! split that does not would only double the directory (keys of one hash): the page gets
   //! an overflow page instead (add_overflow).
   [[nodiscard]] bool split_separates(std::uint64_t p,
-                                     std::span<const fmt::key_hash> hashes) const noexcept;
+                                     std::span<const disk::key_hash> hashes) const noexcept;
   //! Adds an empty page at the end of page `p`'s chain (the caller holds `p` exclusively and
   //! the directory lock). Errors: the allocation's.
   [[nodiscard]] result<void> add_overflow(std::uint64_t p, page_source& pages) noexcept;
@@ -215,7 +215,7 @@ class table {
   //! a writer killed in between leaves the page counted one too full, never one short); one
   //! that holds nothing gets the new hash while it still holds nothing, then its location,
   //! then its seq (release). nullopt: the page has no room (split it).
-  [[nodiscard]] std::optional<entry_ref> claim(std::uint64_t p, const fmt::key_hash& h,
+  [[nodiscard]] std::optional<entry_ref> claim(std::uint64_t p, const disk::key_hash& h,
                                                std::uint64_t location,
                                                std::uint64_t seq) const noexcept;
 
@@ -279,4 +279,4 @@ class table {
   std::uint64_t* journal_;
 };
 
-}  // namespace keel::kv::ix
+}  // namespace keel::kv::index

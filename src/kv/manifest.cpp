@@ -26,13 +26,13 @@ constexpr std::uint64_t manifest_headroom = 5;
 
 // A slot size the file may have: a page, doubled, up to the largest.
 bool valid_slot(std::uint64_t slot) noexcept {
-  return slot >= fmt::manifest_min_slot && slot <= fmt::manifest_max_slot &&
+  return slot >= disk::manifest_min_slot && slot <= disk::manifest_max_slot &&
          (slot & (slot - 1)) == 0;
 }
 
 }  // namespace
 
-result<fmt::manifest> store::impl::read_manifest() noexcept {
+result<disk::manifest> store::impl::read_manifest() noexcept {
   const std::string named = path + "/" + manifest_name;
   auto f = io::file_handle::open_at(dir.dir, manifest_name,
                                     io::open_flags::read | io::open_flags::no_follow);
@@ -45,7 +45,7 @@ result<fmt::manifest> store::impl::read_manifest() noexcept {
     auto present = segment_numbers(false);
     if (!present) return std::unexpected(present.error());
     if (!present->empty()) return std::unexpected(error(errc::corrupt).about(named));
-    return fmt::manifest{};
+    return disk::manifest{};
   }
   auto size = f->size();
   if (!size) return std::unexpected(size.error().about(named));
@@ -72,7 +72,7 @@ result<fmt::manifest> store::impl::read_manifest() noexcept {
         std::span<const std::byte>(bytes).subspan(slot * slot_bytes, sizeof(base::format_header));
     return std::ranges::all_of(head, [](std::byte b) { return b == std::byte{0}; });
   };
-  std::optional<fmt::manifest> current;
+  std::optional<disk::manifest> current;
   if (blank(0)) {
     current.emplace();
     current->slot_size = slot_bytes;
@@ -80,7 +80,7 @@ result<fmt::manifest> store::impl::read_manifest() noexcept {
   error why;
   for (std::uint64_t slot = 0; slot < 2; ++slot) {
     if (slot == 0 && current) continue;
-    auto m = fmt::parse_manifest(
+    auto m = disk::parse_manifest(
         std::span<const std::byte>(bytes).subspan(slot * slot_bytes, slot_bytes), dir.params.id,
         salt);
     if (!m) {
@@ -95,7 +95,7 @@ result<fmt::manifest> store::impl::read_manifest() noexcept {
   return std::move(*current);
 }
 
-result<std::vector<fmt::manifest_entry>> store::impl::listed_segments() noexcept {
+result<std::vector<disk::manifest_entry>> store::impl::listed_segments() noexcept {
   auto m = read_manifest();
   if (!m) return std::unexpected(m.error());
   return std::move(m->entries);
@@ -112,7 +112,7 @@ result<void> store::impl::ensure_manifest() noexcept {
   // first segment, so that a store with segments and no manifest is one that lost it.
   auto t = io::make_temp_file(dir.dir, ".manifest.", io::open_flags::read_write, 0644);
   if (!t) return std::unexpected(t.error().about(named));
-  auto r = allocate_in(t->file, 0, static_cast<off_t>(2 * fmt::manifest_min_slot));
+  auto r = allocate_in(t->file, 0, static_cast<off_t>(2 * disk::manifest_min_slot));
   if (r) r = t->file.sync_data();
   if (r) {
     r = t->link_as(dir.dir, manifest_name);
@@ -124,28 +124,28 @@ result<void> store::impl::ensure_manifest() noexcept {
   return {};
 }
 
-result<void> store::impl::write_manifest(const fmt::manifest& m) noexcept {
+result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
   const std::string named = path + "/" + manifest_name;
-  if (m.entries.size() > fmt::max_segments) return errc_error(std::errc::file_too_large);
+  if (m.entries.size() > disk::max_segments) return errc_error(std::errc::file_too_large);
   try {
-    fmt::manifest next;
+    disk::manifest next;
     next.generation = m.generation + 1;
     next.durable_below = m.durable_below;
     next.entries = m.entries;
-    const auto bytes = fmt::encode_manifest(dir.params.id, next, salt);
+    const auto bytes = disk::encode_manifest(dir.params.id, next, salt);
     const std::uint64_t slot = next.generation % 2;
     const std::uint64_t count = next.entries.size();
-    const bool fits = m.slot_size != 0 && count <= fmt::manifest_capacity(m.slot_size);
+    const bool fits = m.slot_size != 0 && count <= disk::manifest_capacity(m.slot_size);
     // Slots with room for fewer than manifest_headroom segments more grow while this change
     // may take room (a put's new segment): the segments a full volume's erases and
     // compaction take (the deletes' room, the spare, the next one kept) then fit in place.
-    const bool grow = !fits || (count + manifest_headroom > fmt::manifest_capacity(m.slot_size) &&
-                                m.slot_size < fmt::manifest_max_slot);
+    const bool grow = !fits || (count + manifest_headroom > disk::manifest_capacity(m.slot_size) &&
+                                m.slot_size < disk::manifest_max_slot);
     if (grow) {
       // A new file of slots twice as large (or more), replaced whole.
-      std::uint64_t slot_bytes = std::max(m.slot_size, fmt::manifest_min_slot);
-      while (fmt::manifest_capacity(slot_bytes) < count + manifest_headroom &&
-             slot_bytes < fmt::manifest_max_slot)
+      std::uint64_t slot_bytes = std::max(m.slot_size, disk::manifest_min_slot);
+      while (disk::manifest_capacity(slot_bytes) < count + manifest_headroom &&
+             slot_bytes < disk::manifest_max_slot)
         slot_bytes *= 2;
       std::vector<std::byte> file(2 * slot_bytes);
       std::memcpy(file.data() + slot * slot_bytes, bytes.data(), bytes.size());
@@ -161,8 +161,8 @@ result<void> store::impl::write_manifest(const fmt::manifest& m) noexcept {
         // the manifest naming a segment that is gone); whether the rename survives a power
         // cut is not known: reported as any failed sync is, never retried, and the store is
         // read-only until reopened alone (writable).
-        h64(hdr::sync_error_segment).store(0);
-        h64(hdr::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
+        h64(header::sync_error_segment).store(0);
+        h64(header::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
         failed.store(true);
         return {};
       }
@@ -189,11 +189,11 @@ result<void> store::impl::list_segment(std::uint64_t number, std::uint64_t size)
   auto m = read_manifest();
   if (!m) return std::unexpected(m.error());
   try {
-    auto at = std::ranges::lower_bound(m->entries, number, {}, &fmt::manifest_entry::number);
+    auto at = std::ranges::lower_bound(m->entries, number, {}, &disk::manifest_entry::number);
     if (at != m->entries.end() && at->number == number) {
       at->size = size;
     } else {
-      m->entries.insert(at, fmt::manifest_entry{number, size, 0});
+      m->entries.insert(at, disk::manifest_entry{number, size, 0});
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
@@ -205,7 +205,7 @@ result<void> store::impl::unlist_segments(const std::set<std::uint64_t>& numbers
   auto m = read_manifest();
   if (!m) return std::unexpected(m.error());
   std::erase_if(m->entries,
-                [&](const fmt::manifest_entry& e) { return numbers.contains(e.number); });
+                [&](const disk::manifest_entry& e) { return numbers.contains(e.number); });
   return write_manifest(*m);
 }
 
@@ -221,8 +221,8 @@ result<void> store::impl::seal_durable() noexcept {
   }
   auto m = read_manifest();
   if (!m) return std::unexpected(m.error());
-  std::uint64_t tail = h64(hdr::tail).load();
-  if (const std::uint64_t torn = h64(hdr::unvoided_torn).load(); torn != 0) {
+  std::uint64_t tail = h64(header::tail).load();
+  if (const std::uint64_t torn = h64(header::unvoided_torn).load(); torn != 0) {
     tail = std::min(tail, torn);
   }
   if (m->slot_size == 0 || tail <= m->durable_below) return {};  // nothing new to say
@@ -236,22 +236,22 @@ result<void> store::impl::seal_durable() noexcept {
   // at the end of the last block the walk explains, never inside a block.
   const std::uint64_t from = m->durable_below;
   std::vector<segment*> buried;
-  for (fmt::manifest_entry& e : m->entries) {
+  for (disk::manifest_entry& e : m->entries) {
     const std::uint64_t n = e.number;
-    if (n < fmt::segment_of(from)) continue;
-    if (n > fmt::segment_of(tail)) break;
+    if (n < disk::segment_of(from)) continue;
+    if (n > disk::segment_of(tail)) break;
     auto seg = segment_at(n);
     if (!seg) return std::unexpected(seg.error());
     segment& sg = **seg;
-    std::uint64_t start = n == fmt::segment_of(from) ? fmt::offset_of(from) : 0;
+    std::uint64_t start = n == disk::segment_of(from) ? disk::offset_of(from) : 0;
     std::uint64_t odd = 0;
     for (;;) {
-      std::uint64_t last_end = std::max<std::uint64_t>(start, fmt::segment_header_size);
+      std::uint64_t last_end = std::max<std::uint64_t>(start, disk::segment_header_size);
       std::uint64_t odd_off = 0;
       (void)for_each_block(
           sg, start,
-          [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-            if (fmt::make_location(n, off) >= tail) return keel_error(errc::corrupt);  // done
+          [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
+            if (disk::make_location(n, off) >= tail) return keel_error(errc::corrupt);  // done
             ++e.sealed_blocks;
             last_end = off + head.length;
             return {};
@@ -265,7 +265,7 @@ result<void> store::impl::seal_durable() noexcept {
             last_end = off + length;
             return {};
           });
-      if (odd_off == 0 || fmt::make_location(n, odd_off) >= tail) break;
+      if (odd_off == 0 || disk::make_location(n, odd_off) >= tail) break;
       // Alone, nobody writes: a block whose header was never written is a dead writer's (a
       // blob it wrote value first, or a commit block it was filling): buried, as the one who
       // clears a dead writer's slot buries its commit block, and the walk goes on past it.
@@ -274,7 +274,7 @@ result<void> store::impl::seal_durable() noexcept {
         start = last_end;
         continue;
       }
-      odd = fmt::make_location(n, last_end);
+      odd = disk::make_location(n, last_end);
       break;
     }
     if (odd != 0) {
@@ -295,9 +295,10 @@ bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t od
   // [at, odd) is zeros (the walk stepped over it): a header never written there is 48 zero
   // bytes before the first that is not. Anything else (bytes of a header, damaged) stays,
   // and the mark stops before it.
-  if (odd < at + sizeof(fmt::block_header)) return false;
-  const std::uint64_t limit =
-      s.number == fmt::segment_of(tail) ? fmt::offset_of(tail) : static_cast<std::uint64_t>(s.size);
+  if (odd < at + sizeof(disk::block_header)) return false;
+  const std::uint64_t limit = s.number == disk::segment_of(tail)
+                                  ? disk::offset_of(tail)
+                                  : static_cast<std::uint64_t>(s.size);
   // Up to the next block (or block keel left on purpose), or the end of the written space.
   std::uint64_t next = limit;
   const auto found = [&](std::uint64_t off, std::uint64_t) -> result<void> {
@@ -306,20 +307,20 @@ bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t od
   };
   (void)for_each_block(
       s, odd + 8,
-      [&](std::uint64_t off, const fmt::block_header& head) { return found(off, head.length); }, 0,
+      [&](std::uint64_t off, const disk::block_header& head) { return found(off, head.length); }, 0,
       [](std::uint64_t, std::uint64_t) { return result<void>{}; }, found);
   if (next <= at) return false;
   // A block an index entry names was whole once (its commit published): its header was
   // damaged since, and burying it would make that for good. It stays, and the mark stops.
   const location_range space[] = {
-      {fmt::make_location(s.number, at), fmt::make_location(s.number, next)}};
+      {disk::make_location(s.number, at), disk::make_location(s.number, next)}};
   if (auto named = index_names(space, false); !named || *named) return false;
   // Where the volume may refuse the pages (btrfs at a qgroup's limit), asked for first, and
   // buried escapably: refused, it stays, as when this closer is killed here.
   if (!segment_write_ready(space[0].from, next - at, false)) return false;
   bool buried = false;
   if (!store_or_refuse([&] {
-        buried = fmt::bury_block(s.map.bytes().subspan(at, next - at), next - at, salt);
+        buried = disk::bury_block(s.map.bytes().subspan(at, next - at), next - at, salt);
       })) {
     return false;
   }
@@ -329,10 +330,10 @@ bool store::impl::bury_headerless(segment& s, std::uint64_t at, std::uint64_t od
 store::impl::sealed_census store::impl::count_sealed(const segment& s,
                                                      std::uint64_t below) const noexcept {
   sealed_census c;
-  if (s.number > fmt::segment_of(below)) return c;
+  if (s.number > disk::segment_of(below)) return c;
   const std::uint64_t end =
-      s.number == fmt::segment_of(below) ? fmt::offset_of(below) : ~std::uint64_t{0};
-  std::uint64_t last_end = fmt::segment_header_size;
+      s.number == disk::segment_of(below) ? disk::offset_of(below) : ~std::uint64_t{0};
+  std::uint64_t last_end = disk::segment_header_size;
   const auto next = [&](std::uint64_t off, std::uint64_t length) -> result<void> {
     if (off >= end) return keel_error(errc::corrupt);  // done
     if (off > last_end && c.gap == 0) c.gap = last_end;
@@ -340,8 +341,8 @@ store::impl::sealed_census store::impl::count_sealed(const segment& s,
     return {};
   };
   (void)for_each_block(
-      s, fmt::segment_header_size,
-      [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+      s, disk::segment_header_size,
+      [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
         auto r = next(off, head.length);
         if (r) ++c.blocks;
         return r;
@@ -351,8 +352,8 @@ store::impl::sealed_census store::impl::count_sealed(const segment& s,
   return c;
 }
 
-result<void> store::impl::check_sealed(const segment& s, const fmt::manifest& m) const noexcept {
-  const auto e = std::ranges::lower_bound(m.entries, s.number, {}, &fmt::manifest_entry::number);
+result<void> store::impl::check_sealed(const segment& s, const disk::manifest& m) const noexcept {
+  const auto e = std::ranges::lower_bound(m.entries, s.number, {}, &disk::manifest_entry::number);
   if (e == m.entries.end() || e->number != s.number || e->sealed_blocks == 0) return {};
   const sealed_census c = count_sealed(s, m.durable_below);
   if (c.blocks >= e->sealed_blocks) return {};

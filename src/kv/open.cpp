@@ -45,34 +45,34 @@ result<bool> header_valid(const store::impl& s, error& why) noexcept {
   // (Its first pages there before any is touched: an index just made is empty.)
   auto made = s.index_file.size();
   if (!made) return std::unexpected(made.error());
-  if (static_cast<std::uint64_t>(*made) < first_free_page * fmt::page_size) return false;
-  const std::span<const std::byte> page(s.base(), fmt::page_size);
+  if (static_cast<std::uint64_t>(*made) < first_free_page * disk::page_size) return false;
+  const std::span<const std::byte> page(s.base(), disk::page_size);
   auto h = base::check_header(page, index_format);
   if (!h) {
     why = h.error();
     return false;
   }
   if (*h != base::header_state::ours) return false;
-  if (std::memcmp(s.base() + hdr::store_id, s.dir.params.id.data(), 16) != 0) return false;
+  if (std::memcmp(s.base() + header::store_id, s.dir.params.id.data(), 16) != 0) return false;
   std::uint64_t sum = 0;
-  std::memcpy(&sum, s.base() + hdr::checksum, 8);
-  if (sum != fmt::checksum(page.first(hdr::checksummed), s.salt)) return false;
-  if (s.h64(hdr::state).load(std::memory_order_acquire) != state_valid) return false;
+  std::memcpy(&sum, s.base() + header::checksum, 8);
+  if (sum != disk::checksum(page.first(header::checksummed), s.salt)) return false;
+  if (s.h64(header::state).load(std::memory_order_acquire) != state_valid) return false;
   const auto& boot = io::self().boot_id;
   if (std::all_of(boot.begin(), boot.end(), [](std::uint8_t b) { return b == 0; })) return false;
-  if (std::memcmp(s.base() + hdr::boot_id, boot.data(), 16) != 0) return false;
+  if (std::memcmp(s.base() + header::boot_id, boot.data(), 16) != 0) return false;
   // Its pages are all in the file (one cut short by hand would be a SIGBUS at the first
   // touch past its end) and its directory among them: else it is damaged, and rebuilt by an
   // opener alone, refused by one that is not.
-  const std::uint64_t word = s.h64(hdr::directory).load(std::memory_order_acquire);
-  const std::uint64_t used = s.h64(hdr::pages_used).load(std::memory_order_acquire);
-  const std::uint64_t allocated = s.h64(hdr::pages_allocated).load(std::memory_order_acquire);
+  const std::uint64_t word = s.h64(header::directory).load(std::memory_order_acquire);
+  const std::uint64_t used = s.h64(header::pages_used).load(std::memory_order_acquire);
+  const std::uint64_t allocated = s.h64(header::pages_allocated).load(std::memory_order_acquire);
   auto file_size = s.index_file.size();
   if (!file_size) return std::unexpected(file_size.error());
   const unsigned depth = static_cast<unsigned>(word & 0xff);
-  if (allocated * fmt::page_size > static_cast<std::uint64_t>(*file_size) || used > allocated ||
-      used < first_free_page || depth > ix::max_depth || (word >> 8) < first_free_page ||
-      (word >> 8) + ix::directory_pages(depth) > used) {
+  if (allocated * disk::page_size > static_cast<std::uint64_t>(*file_size) || used > allocated ||
+      used < first_free_page || depth > index::max_depth || (word >> 8) < first_free_page ||
+      (word >> 8) + index::directory_pages(depth) > used) {
     why = error(errc::corrupt);
     return false;
   }
@@ -96,43 +96,44 @@ bool store::impl::index_sound() noexcept {
   // The index outlives its users, on disk: an opener alone checks what it can of it before
   // it trusts it (a flipped bit would otherwise read a present key as absent, or send the
   // next commit over blocks already written). Its bucket pages add up to their sums...
-  if (!table->pages_sound(first_free_page, h64(hdr::pages_used).load())) return false;
+  if (!table->pages_sound(first_free_page, h64(header::pages_used).load())) return false;
   // ...and its tail lies past every block of the tail's segment, with every seq there below
   // the next one.
-  const std::uint64_t tail = h64(hdr::tail).load();
+  const std::uint64_t tail = h64(header::tail).load();
   if (tail == 0) return true;
-  auto seg = segment_at(fmt::segment_of(tail));
+  auto seg = segment_at(disk::segment_of(tail));
   if (!seg) return false;  // the rebuild says why
-  const std::uint64_t at = fmt::offset_of(tail);
-  if (at < fmt::segment_header_size || at > (*seg)->size) return false;
-  const std::uint64_t next = h64(hdr::next_seq).load();
+  const std::uint64_t at = disk::offset_of(tail);
+  if (at < disk::segment_header_size || at > (*seg)->size) return false;
+  const std::uint64_t next = h64(header::next_seq).load();
   const auto bytes = (*seg)->bytes();
-  std::uint64_t off = fmt::segment_header_size;
-  while (off + sizeof(fmt::block_header) <= at) {
-    auto head = fmt::parse_block_header(bytes.subspan(off), salt);
+  std::uint64_t off = disk::segment_header_size;
+  while (off + sizeof(disk::block_header) <= at) {
+    auto head = disk::parse_block_header(bytes.subspan(off), salt);
     if (!head) {
       off += 8;
       continue;
     }
-    if (head->kind == static_cast<std::uint16_t>(fmt::block_kind::commit) && head->seq >= next) {
+    if (head->kind == static_cast<std::uint16_t>(disk::block_kind::commit) && head->seq >= next) {
       return false;
     }
     off += head->length;
   }
   // Not inside a block, and no block right at it (the tail never goes back).
-  return off <= at && !fmt::parse_block_header(bytes.subspan(at), salt) &&
-         h64(hdr::visible).load() < next;
+  return off <= at && !disk::parse_block_header(bytes.subspan(at), salt) &&
+         h64(header::visible).load() < next;
 }
 
 result<void> store::impl::map_index() noexcept {
   auto m = io::mapped_file::map(index_file, io::map_access::read_write, index_window, 0);
   if (!m) return std::unexpected(m.error().about(index_file.shared_path()));
   index_map = std::move(*m);
-  table.emplace(base(), h64(hdr::directory),
-                reinterpret_cast<std::uint64_t*>(base() + hdr::split_journal));
+  table.emplace(base(), h64(header::directory),
+                reinterpret_cast<std::uint64_t*>(base() + header::split_journal));
   // (also for users that charge nothing: they free dead users' pins)
-  ledger.emplace(*reinterpret_cast<space::ledger_words*>(base() + hdr::ledger),
-                 base() + slot_first_page * fmt::page_size + slot_ledger_pin, max_slots, slot_size);
+  ledger.emplace(*reinterpret_cast<space::ledger_words*>(base() + header::ledger),
+                 base() + slot_first_page * disk::page_size + slot_ledger_pin, max_slots,
+                 slot_size);
   return {};
 }
 
@@ -171,9 +172,11 @@ result<void> store::impl::open_index() noexcept {
       if (auto w = store_or_refuse([&] { reset_ledger(); }); !w) return w;
       // A rebuild does not know which segment was made of the deletes' room: on a volume
       // puts could not grow on, the tail's is taken for it.
-      if (h64(hdr::deletes_segment).load() == 0 && h64(hdr::tail).load() != 0 && !could_put(0)) {
-        if (auto w = store_or_refuse(
-                [&] { h64(hdr::deletes_segment).store(fmt::segment_of(h64(hdr::tail).load())); });
+      if (h64(header::deletes_segment).load() == 0 && h64(header::tail).load() != 0 &&
+          !could_put(0)) {
+        if (auto w = store_or_refuse([&] {
+              h64(header::deletes_segment).store(disk::segment_of(h64(header::tail).load()));
+            });
             !w) {
           return w;
         }
@@ -231,18 +234,18 @@ result<void> store::impl::recover_alone() noexcept {
       return w;
     }
   }
-  const std::uint64_t next = h64(hdr::next_seq).load();
+  const std::uint64_t next = h64(header::next_seq).load();
   if (auto w = store_or_refuse([&] {
-        h64(hdr::visible).store(next - 1);
+        h64(header::visible).store(next - 1);
         if (base::is_planted(base::planted_bug::kv_forgets_last_commit) && next > 1) {
-          h64(hdr::visible).store(next - 2);
-          h64(hdr::next_seq).store(next - 1);
+          h64(header::visible).store(next - 2);
+          h64(header::next_seq).store(next - 1);
         }
-        h64(hdr::sync_error).store(0);
-        h64(hdr::sync_error_segment).store(0);
-        h64(hdr::visible_waiters).store(0);
+        h64(header::sync_error).store(0);
+        h64(header::sync_error_segment).store(0);
+        h64(header::visible_waiters).store(0);
         // A hint of the users gone: the next compaction looks.
-        h64(hdr::fruitless_below).store(0);
+        h64(header::fruitless_below).store(0);
       });
       !w) {
     return w;
@@ -263,7 +266,7 @@ result<void> store::impl::recover_alone() noexcept {
     if (!seg) return std::unexpected(seg.error());
     if (auto e = enter_segment(n, (*seg)->size); !e) return std::unexpected(e.error());
     if (auto w = store_or_refuse(
-            [&] { h64(hdr::dead_bytes).fetch_add((*seg)->size - fmt::segment_header_size); });
+            [&] { h64(header::dead_bytes).fetch_add((*seg)->size - disk::segment_header_size); });
         !w) {
       return w;
     }
@@ -337,12 +340,12 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   // need none: near the budget a put makes a smaller one.
   const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages,
                                     bool fixed) {
-    constexpr std::uint64_t half_page = ix::entries_per_page / 2;
+    constexpr std::uint64_t half_page = index::entries_per_page / 2;
     const std::uint64_t pages = index_pages +
                                 (keys_in_segment(segment_size, 1024) + half_page - 1) / half_page +
                                 small_files_pages;
     const std::uint64_t segments = fixed ? 4 : 3;
-    return o.max_bytes != 0 && o.max_bytes < segments * segment_size + pages * fmt::page_size;
+    return o.max_bytes != 0 && o.max_bytes < segments * segment_size + pages * disk::page_size;
   };
   store_dir_options d;
   d.create_if_missing = false;
@@ -419,7 +422,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
       return std::unexpected(r.error().about(path + "/index"));
     }
   }
-  if (budget_too_small(p->dir.params.segment_size, p->h64(hdr::pages_allocated).load(),
+  if (budget_too_small(p->dir.params.segment_size, p->h64(header::pages_allocated).load(),
                        p->dir.params.first_segment_size == 0)) {
     return invalid();  // an index grown since
   }

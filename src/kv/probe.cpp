@@ -29,14 +29,14 @@ bool same(std::span<const std::byte> a, std::span<const std::byte> b) noexcept {
 // of the same key (whose record's seq says so: a read at a snapshot walks back from it); a
 // pending one with either the previous location or the settled one, which name the same key.
 struct seen_entry {
-  ix::entry_ref e{nullptr};
+  index::entry_ref e{nullptr};
   std::uint64_t seq = 0;
   std::uint64_t at = 0;
-  [[nodiscard]] bool pending() const noexcept { return (seq & ix::pending) != 0; }
-  [[nodiscard]] std::uint64_t block() const noexcept { return seq & ~ix::pending; }
+  [[nodiscard]] bool pending() const noexcept { return (seq & index::pending) != 0; }
+  [[nodiscard]] std::uint64_t block() const noexcept { return seq & ~index::pending; }
 };
 
-seen_entry see(ix::entry_ref e) noexcept {
+seen_entry see(index::entry_ref e) noexcept {
   const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
   return {e, seq, e.location().load(std::memory_order_acquire)};
 }
@@ -44,7 +44,7 @@ seen_entry see(ix::entry_ref e) noexcept {
 // The entries of one hash in a page's chain, as read: a page's worth without the heap (more
 // only when keys of one hash overflowed into its chain).
 struct chain {
-  std::array<seen_entry, ix::entries_per_page> first{};
+  std::array<seen_entry, index::entries_per_page> first{};
   std::vector<seen_entry> more;
   std::size_t n = 0;
   bool any_pending = false;
@@ -53,11 +53,12 @@ struct chain {
   }
 };
 
-result<chain> read_chain(const ix::table& t, std::uint64_t page, const fmt::key_hash& h) noexcept {
+result<chain> read_chain(const index::table& t, std::uint64_t page,
+                         const disk::key_hash& h) noexcept {
   result<chain> out{std::in_place};
   chain& c = *out;
   try {
-    t.for_chain(page, h, [&](ix::entry_ref e) {
+    t.for_chain(page, h, [&](index::entry_ref e) {
       const seen_entry se = see(e);
       if (c.n < c.first.size()) {
         c.first[c.n] = se;
@@ -76,9 +77,9 @@ result<chain> read_chain(const ix::table& t, std::uint64_t page, const fmt::key_
 
 // A record of a block that cannot be parsed: corrupt, naming its segment and offset.
 error bad_record(store::impl& s, std::uint64_t location, const error& e) noexcept {
-  auto seg = s.segment_at(fmt::segment_of(location));
+  auto seg = s.segment_at(disk::segment_of(location));
   if (!seg) return e;
-  return e.about((*seg)->path, fmt::offset_of(location));
+  return e.about((*seg)->path, disk::offset_of(location));
 }
 
 // A record of a complete block.
@@ -93,15 +94,15 @@ namespace {
 
 // The records of hash `h` in the complete block at `block`, in block order.
 result<std::vector<block_record>> records_of(store::impl& s, std::uint64_t block,
-                                             const fmt::block_header& head,
-                                             const fmt::key_hash& h) noexcept {
+                                             const disk::block_header& head,
+                                             const disk::key_hash& h) noexcept {
   auto bytes = s.bytes_at(block);
   if (!bytes) return std::unexpected(bytes.error());
   std::vector<block_record> out;
   try {
-    std::uint64_t r = sizeof(fmt::block_header);
+    std::uint64_t r = sizeof(disk::block_header);
     for (std::uint32_t i = 0; i < head.records; ++i) {
-      auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
+      auto rec = disk::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
       if (!rec) return std::unexpected(bad_record(s, block + r, rec.error()));
       if (s.hash_of(rec->key) == h) out.push_back({block + r, rec->key});
       r += rec->size;
@@ -114,13 +115,13 @@ result<std::vector<block_record>> records_of(store::impl& s, std::uint64_t block
 
 // The location of `key`'s record in the complete block at `block`, if it has one.
 result<std::optional<std::uint64_t>> key_in_block(store::impl& s, std::uint64_t block,
-                                                  const fmt::block_header& head,
+                                                  const disk::block_header& head,
                                                   std::span<const std::byte> key) noexcept {
   auto bytes = s.bytes_at(block);
   if (!bytes) return std::unexpected(bytes.error());
-  std::uint64_t r = sizeof(fmt::block_header);
+  std::uint64_t r = sizeof(disk::block_header);
   for (std::uint32_t i = 0; i < head.records; ++i) {
-    auto rec = fmt::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
+    auto rec = disk::parse_record(bytes->subspan(r, head.length - r), s.salt, false);
     if (!rec) return std::unexpected(bad_record(s, block + r, rec.error()));
     if (same(rec->key, key)) return std::optional<std::uint64_t>(block + r);
     r += rec->size;
@@ -196,7 +197,7 @@ result<std::optional<found_record>> keyed_record(store::impl& s, std::uint64_t a
 
 }  // namespace
 
-result<std::optional<found_record>> store::impl::locate(std::uint64_t page, const fmt::key_hash& h,
+result<std::optional<found_record>> store::impl::locate(std::uint64_t page, const disk::key_hash& h,
                                                         std::span<const std::byte> key,
                                                         std::uint64_t snapshot,
                                                         bool verify) noexcept {
@@ -206,7 +207,7 @@ result<std::optional<found_record>> store::impl::locate(std::uint64_t page, cons
   bool pending_seen = false;
   bool done = false;
   result<found> out{found{}};
-  table->for_chain(page, h, [&](ix::entry_ref e) {
+  table->for_chain(page, h, [&](index::entry_ref e) {
     const seen_entry se = see(e);
     if (se.pending()) {
       pending_seen = true;
@@ -256,7 +257,7 @@ result<std::optional<found_record>> store::impl::locate(std::uint64_t page, cons
   return found{};
 }
 
-result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& h) noexcept {
+result<void> store::impl::settle_chain(std::uint64_t page, const disk::key_hash& h) noexcept {
   auto read = read_chain(*table, page, h);
   if (!read) return std::unexpected(read.error());
   const chain& c = *read;
@@ -318,20 +319,20 @@ result<void> store::impl::settle_chain(std::uint64_t page, const fmt::key_hash& 
   return {};
 }
 
-result<std::optional<ix::entry_ref>> store::impl::find_locked(
-    std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept {
+result<std::optional<index::entry_ref>> store::impl::find_locked(
+    std::uint64_t page, const disk::key_hash& h, std::span<const std::byte> key) noexcept {
   // One walk in the common case: a pending entry met on the way (a dead or abandoned
   // writer's) is settled first, with the whole chain, and the walk starts again.
   for (bool settled = false;; settled = true) {
-    result<std::optional<ix::entry_ref>> out{std::optional<ix::entry_ref>{}};
+    result<std::optional<index::entry_ref>> out{std::optional<index::entry_ref>{}};
     // With no entry whose record holds the key, one under its hash whose record does not
     // check out is taken for the key's own (its key's bytes may be what was damaged):
     // writing the key anew repairs it (readers get `corrupt` from it meanwhile, never
     // another answer).
-    std::optional<ix::entry_ref> damaged;
+    std::optional<index::entry_ref> damaged;
     bool pending_met = false;
-    table->for_chain(page, h, [&](ix::entry_ref e) {
-      if (!settled && (e.seq().load(std::memory_order_acquire) & ix::pending) != 0) {
+    table->for_chain(page, h, [&](index::entry_ref e) {
+      if (!settled && (e.seq().load(std::memory_order_acquire) & index::pending) != 0) {
         pending_met = true;
         return false;
       }
@@ -347,7 +348,7 @@ result<std::optional<ix::entry_ref>> store::impl::find_locked(
         return false;
       }
       if (!*mine) return true;
-      out = std::optional<ix::entry_ref>(e);
+      out = std::optional<index::entry_ref>(e);
       return false;
     });
     if (pending_met) {
@@ -359,11 +360,11 @@ result<std::optional<ix::entry_ref>> store::impl::find_locked(
   }
 }
 
-result<std::uint64_t> store::impl::named_by(std::uint64_t page, const fmt::key_hash& h,
-                                            ix::entry_ref e, std::uint64_t seq, std::uint64_t at,
+result<std::uint64_t> store::impl::named_by(std::uint64_t page, const disk::key_hash& h,
+                                            index::entry_ref e, std::uint64_t seq, std::uint64_t at,
                                             std::uint64_t snapshot) noexcept {
-  if ((seq & ix::pending) == 0) return at;
-  const std::uint64_t block = seq & ~ix::pending;
+  if ((seq & index::pending) == 0) return at;
+  const std::uint64_t block = seq & ~index::pending;
   auto counts = settled_block(block, snapshot);
   if (!counts) return std::unexpected(counts.error());
   if (!*counts) return at;

@@ -18,10 +18,10 @@ namespace {
 // the rest of its segment.
 template <class Parse>
 result<found_record> read_record(store::impl& st, std::uint64_t location, Parse&& parse) {
-  auto s = st.segment_at(fmt::segment_of(location));
+  auto s = st.segment_at(disk::segment_of(location));
   if (!s) return std::unexpected(s.error());
-  const std::uint64_t off = fmt::offset_of(location);
-  if (off < fmt::segment_header_size + sizeof(fmt::block_header) || off >= (*s)->size) {
+  const std::uint64_t off = disk::offset_of(location);
+  if (off < disk::segment_header_size + sizeof(disk::block_header) || off >= (*s)->size) {
     return std::unexpected(error(errc::corrupt).about((*s)->path, off));
   }
   auto r = parse((*s)->bytes().subspan(off));
@@ -33,47 +33,47 @@ result<found_record> read_record(store::impl& st, std::uint64_t location, Parse&
 
 result<found_record> store::impl::record_at(std::uint64_t location, bool verify) noexcept {
   return read_record(*this, location, [&](std::span<const std::byte> b) {
-    return fmt::parse_record(b, salt, verify);
+    return disk::parse_record(b, salt, verify);
   });
 }
 
 result<found_record> store::impl::record_head_at(std::uint64_t location) noexcept {
   return read_record(*this, location,
-                     [](std::span<const std::byte> b) { return fmt::parse_record_head(b); });
+                     [](std::span<const std::byte> b) { return disk::parse_record_head(b); });
 }
 
 result<std::span<const std::byte>> store::impl::value_of(const found_record& r,
                                                          bool verify) noexcept {
-  if (!fmt::is_blob(r.rec)) return r.rec.value;
-  auto s = segment_at(fmt::segment_of(r.rec.blob.location));
+  if (!disk::is_blob(r.rec)) return r.rec.value;
+  auto s = segment_at(disk::segment_of(r.rec.blob.location));
   if (!s) return std::unexpected(s.error());
-  const std::uint64_t off = fmt::offset_of(r.rec.blob.location);
+  const std::uint64_t off = disk::offset_of(r.rec.blob.location);
   const auto bad = [&] { return std::unexpected(error(errc::corrupt).about((*s)->path, off)); };
-  if (off < fmt::segment_header_size || off >= (*s)->size) return bad();
+  if (off < disk::segment_header_size || off >= (*s)->size) return bad();
   const auto bytes = (*s)->bytes().subspan(off);
-  auto head = fmt::parse_block_header(bytes, salt);
-  if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::blob) ||
+  auto head = disk::parse_block_header(bytes, salt);
+  if (!head || head->kind != static_cast<std::uint16_t>(disk::block_kind::blob) ||
       head->payload_checksum != r.rec.blob.checksum) {
     return bad();
   }
-  const auto value = fmt::blob_value(bytes, *head);
+  const auto value = disk::blob_value(bytes, *head);
   if (value.size() != r.rec.head.value_length) return bad();
-  if (verify && fmt::checksum(value, salt) != head->payload_checksum) return bad();
+  if (verify && disk::checksum(value, salt) != head->payload_checksum) return bad();
   return value;
 }
 
-result<std::optional<fmt::block_header>> store::impl::complete_block(
+result<std::optional<disk::block_header>> store::impl::complete_block(
     std::uint64_t location) noexcept {
-  using complete = std::optional<fmt::block_header>;
+  using complete = std::optional<disk::block_header>;
   auto bytes = bytes_at(location);
   if (!bytes) return std::unexpected(bytes.error());
   // Never sealed (its writer is still at it, died, or was abandoned): not read further, as
   // its writer or whoever buries it (bury_unsealed) may be writing the rest.
-  if (const std::uint64_t seq = fmt::block_seq(*bytes); seq == 0 || seq == fmt::void_seq) {
+  if (const std::uint64_t seq = disk::block_seq(*bytes); seq == 0 || seq == disk::void_seq) {
     return complete{};
   }
-  auto head = fmt::check_block(*bytes, salt);
-  if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+  auto head = disk::check_block(*bytes, salt);
+  if (!head || head->kind != static_cast<std::uint16_t>(disk::block_kind::commit)) {
     return complete{};
   }
   // A commit is complete only with every blob it names (a `none` commit's blob may not have
@@ -81,11 +81,11 @@ result<std::optional<fmt::block_header>> store::impl::complete_block(
   // gone was removed by a compaction, which removes only blobs no live record names: the
   // commit was complete (a replay that once found it incomplete voided it for good). A blob
   // that cannot be read for another reason (EMFILE, ENOMEM) is an error, never "incomplete".
-  std::uint64_t r = sizeof(fmt::block_header);
+  std::uint64_t r = sizeof(disk::block_header);
   for (std::uint32_t i = 0; i < head->records; ++i) {
-    auto rec = fmt::parse_record(bytes->subspan(r, head->length - r), salt, false);
+    auto rec = disk::parse_record(bytes->subspan(r, head->length - r), salt, false);
     if (!rec) return complete{};
-    if (fmt::is_blob(*rec)) {
+    if (disk::is_blob(*rec)) {
       auto v = value_of(found_record{location + r, *rec, nullptr}, true);
       if (!v && v.error() == errc::corrupt) return complete{};
       if (!v && v.error() != std::errc::no_such_file_or_directory) {
@@ -97,12 +97,12 @@ result<std::optional<fmt::block_header>> store::impl::complete_block(
   return complete(*head);
 }
 
-result<std::optional<fmt::block_header>> store::impl::settled_block(
+result<std::optional<disk::block_header>> store::impl::settled_block(
     std::uint64_t location, std::uint64_t snapshot) noexcept {
   auto bytes = bytes_at(location);
   if (!bytes) return std::unexpected(bytes.error());
-  const std::uint64_t seq = fmt::block_seq(*bytes);
-  if (seq == 0 || seq > snapshot) return std::optional<fmt::block_header>{};
+  const std::uint64_t seq = disk::block_seq(*bytes);
+  if (seq == 0 || seq > snapshot) return std::optional<disk::block_header>{};
   return complete_block(location);
 }
 
@@ -118,7 +118,7 @@ result<std::optional<found_record>> store::impl::back_to(found_record rec, std::
 }
 
 result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<const std::byte> key,
-                                                                  const fmt::key_hash& h,
+                                                                  const disk::key_hash& h,
                                                                   std::uint64_t snapshot,
                                                                   bool verify) noexcept {
   const std::uint64_t page = table->page_of(h);
@@ -126,7 +126,7 @@ result<std::optional<found_record>> store::impl::read_at_snapshot(std::span<cons
   auto rec = locate(page, h, key, snapshot, verify);
   if (!rec || !*rec) return rec;
   auto seen = back_to(**rec, snapshot, verify);
-  if (!seen || !*seen || (*seen)->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
+  if (!seen || !*seen || (*seen)->rec.head.op != static_cast<std::uint8_t>(disk::op::erase)) {
     return seen;
   }
   return std::optional<found_record>{};
@@ -188,8 +188,8 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
     // Every entry of a page's chain (one prefix range of hashes: sorted as one).
     const auto each_entry = [&](std::uint64_t page, auto&& f) {
       table->for_page_chain(page, [&](std::uint64_t q) {
-        const ix::bucket_ref b = table->page(q);
-        for (std::size_t k = 0; k < ix::entries_per_page; ++k)
+        const index::bucket_ref b = table->page(q);
+        for (std::size_t k = 0; k < index::entries_per_page; ++k)
           f(b.entry(k));
         return true;
       });
@@ -198,7 +198,7 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
         after_hi,
         [&](std::uint64_t page) -> result<bool> {
           std::vector<key_entry> keys;
-          each_entry(page, [&](const ix::entry_ref& e) {
+          each_entry(page, [&](const index::entry_ref& e) {
             const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
             if (hi == 0) return;
             const std::uint64_t lo = e.lo().load(std::memory_order_acquire);
@@ -215,16 +215,16 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
                      keys.end());
           for (const key_entry& k : keys) {
             // Every key of this hash in the page (a collision is two of them), each once.
-            const fmt::key_hash h{k.hi, k.lo};
+            const disk::key_hash h{k.hi, k.lo};
             std::vector<std::string> seen_keys;
-            std::vector<ix::entry_ref> entries;
-            each_entry(page, [&](const ix::entry_ref& e) {
+            std::vector<index::entry_ref> entries;
+            each_entry(page, [&](const index::entry_ref& e) {
               if (e.hi().load(std::memory_order_acquire) == k.hi &&
                   e.lo().load(std::memory_order_acquire) == k.lo) {
                 entries.push_back(e);
               }
             });
-            for (const ix::entry_ref& e : entries) {
+            for (const index::entry_ref& e : entries) {
               const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
               const std::uint64_t location = e.location().load(std::memory_order_acquire);
               auto at = named_by(page, h, e, seq, location, snap);
@@ -268,19 +268,19 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
 result<store_stats> store::stats() noexcept {
   const call_scope call(*impl_);
   store_stats st;
-  st.records = impl_->h64(hdr::live_records).load();
-  st.live_bytes = impl_->h64(hdr::live_bytes).load();
-  st.dead_bytes = impl_->h64(hdr::dead_bytes).load();
-  st.visible_seq = impl_->h64(hdr::visible).load();
-  st.checkpoint_seq = impl_->h64(hdr::checkpoint_seq).load();
-  st.unchecked_bytes =
-      impl_->log_distance(impl_->h64(hdr::checkpoint_from).load(), impl_->h64(hdr::tail).load());
+  st.records = impl_->h64(header::live_records).load();
+  st.live_bytes = impl_->h64(header::live_bytes).load();
+  st.dead_bytes = impl_->h64(header::dead_bytes).load();
+  st.visible_seq = impl_->h64(header::visible).load();
+  st.checkpoint_seq = impl_->h64(header::checkpoint_seq).load();
+  st.unchecked_bytes = impl_->log_distance(impl_->h64(header::checkpoint_from).load(),
+                                           impl_->h64(header::tail).load());
   st.replayed_bytes = impl_->replayed_bytes;
-  st.checkpoint_errno = static_cast<int>(impl_->h64(hdr::checkpoint_error).load());
-  st.compactions = impl_->h64(hdr::compactions).load();
+  st.checkpoint_errno = static_cast<int>(impl_->h64(header::checkpoint_error).load());
+  st.compactions = impl_->h64(header::compactions).load();
   st.compaction_errno = impl_->background_errno.load(std::memory_order_relaxed);
-  st.index_bytes = impl_->h64(hdr::pages_allocated).load() * fmt::page_size;
-  st.index_free_pages = impl_->h64(hdr::free_pages).load();
+  st.index_bytes = impl_->h64(header::pages_allocated).load() * disk::page_size;
+  st.index_free_pages = impl_->h64(header::free_pages).load();
   auto numbers = impl_->segment_numbers(false);
   if (!numbers) return std::unexpected(numbers.error());
   for (const std::uint64_t n : *numbers) {
@@ -329,7 +329,7 @@ result<store_stats> store::stats() noexcept {
   });
   if (st.index_pages > 0) {
     st.index_load =
-        static_cast<double>(used) / static_cast<double>(st.index_pages * ix::entries_per_page);
+        static_cast<double>(used) / static_cast<double>(st.index_pages * index::entries_per_page);
   }
   return st;
 }

@@ -60,10 +60,10 @@ struct store::impl::replay_state {
   std::uint64_t max_seq = 0;
   unread_records unread;
   //! Blocks a power cut tore: voided once the replay is done (their magic replaced, synced:
-  //! fmt::void_torn_block), so that no later replay judges them again, when what the bytes show has
-  //! changed: once the blob a whole commit block names is compacted away (its missing
-  //! segment then reads as a removed blob), or once a close has recorded every block below
-  //! the tail as durable (a torn block there would read as damage).
+  //! disk::void_torn_block), so that no later replay judges them again, when what the bytes show
+  //! has changed: once the blob a whole commit block names is compacted away (its missing segment
+  //! then reads as a removed blob), or once a close has recorded every block below the tail as
+  //! durable (a torn block there would read as damage).
   std::vector<std::uint64_t> voids;
   //! Of those, a whole commit block naming a torn blob: it must be voided before anything
   //! else happens to the store (a read-only opener refuses the store).
@@ -74,14 +74,14 @@ result<void> store::impl::reset_index() noexcept {
   if (auto r = index_file.truncate(0); !r) return r;
   const std::uint64_t pages =
       dir.params.first_segment_size != 0 ? initial_index_pages_growing : initial_index_pages;
-  if (auto r = index_file.allocate(0, static_cast<off_t>(pages * fmt::page_size)); !r) return r;
+  if (auto r = index_file.allocate(0, static_cast<off_t>(pages * disk::page_size)); !r) return r;
   const auto head = index_format.header();
   std::memcpy(base(), &head, sizeof head);
-  std::memcpy(base() + hdr::store_id, dir.params.id.data(), 16);
-  h64(hdr::state).store(state_building);
-  h64(hdr::pages_allocated).store(pages);
-  h64(hdr::pages_used).store(first_free_page);
-  h64(hdr::next_segment).store(1);
+  std::memcpy(base() + header::store_id, dir.params.id.data(), 16);
+  h64(header::state).store(state_building);
+  h64(header::pages_allocated).store(pages);
+  h64(header::pages_used).store(first_free_page);
+  h64(header::next_segment).store(1);
   return table->create(*this);
 }
 
@@ -97,7 +97,7 @@ result<store::impl::segment_census> store::impl::check_segments() noexcept {
   if (!present) return std::unexpected(present.error());
   segment_census census;
   try {
-    for (const fmt::manifest_entry& e : *listed) {
+    for (const disk::manifest_entry& e : *listed) {
       if (!std::ranges::binary_search(*present, e.number)) {
         return std::unexpected(error(errc::corrupt).about(path + "/seg/" + segment_name(e.number)));
       }
@@ -126,7 +126,7 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
   std::vector<location_range> ranges;
   try {
     for (const std::uint64_t n : unlisted)
-      ranges.push_back({fmt::make_location(n, 0), fmt::make_location(n + 1, 0)});
+      ranges.push_back({disk::make_location(n, 0), disk::make_location(n + 1, 0)});
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
@@ -144,16 +144,16 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
     const segment& sg = **seg;
     const auto bytes = sg.bytes();
     auto proven =
-        for_each_block(sg, [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-          if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::blob)) return {};
-          std::uint64_t r = off + sizeof(fmt::block_header);
+        for_each_block(sg, [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
+          if (head.kind == static_cast<std::uint16_t>(disk::block_kind::blob)) return {};
+          std::uint64_t r = off + sizeof(disk::block_header);
           for (std::uint32_t i = 0; i < head.records; ++i) {
-            auto rec = fmt::parse_record(bytes.subspan(r, off + head.length - r), salt, true);
+            auto rec = disk::parse_record(bytes.subspan(r, off + head.length - r), salt, true);
             if (!rec) return keel_error(errc::corrupt);
-            const fmt::key_hash h = hash_of(rec->key);
+            const disk::key_hash h = hash_of(rec->key);
             auto e = find_locked(table->page_of(h), h, rec->key);
             if (!e) return std::unexpected(e.error());
-            const bool erase = rec->head.op == static_cast<std::uint8_t>(fmt::op::erase);
+            const bool erase = rec->head.op == static_cast<std::uint8_t>(disk::op::erase);
             if (*e ? (*e)->seq().load() < rec->head.seq : !erase) return keel_error(errc::corrupt);
             r += rec->size;
           }
@@ -201,16 +201,16 @@ result<bool> store::impl::index_names(std::span<const location_range> ranges,
   };
   bool named = false;
   auto walked = for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-    const ix::bucket_ref b = table->page(page);
-    for (std::size_t k = 0; k < ix::entries_per_page && !named; ++k) {
-      const ix::entry_ref e = b.entry(k);
+    const index::bucket_ref b = table->page(page);
+    for (std::size_t k = 0; k < index::entries_per_page && !named; ++k) {
+      const index::entry_ref e = b.entry(k);
       if (e.hi().load() == 0) continue;
       const std::uint64_t seq = e.seq().load();
       const std::uint64_t at = e.location().load();
-      named = (pending && (seq & ix::pending) != 0 && in(seq & ~ix::pending)) || in(at);
+      named = (pending && (seq & index::pending) != 0 && in(seq & ~index::pending)) || in(at);
       if (named || at == 0) continue;
       // (A record that cannot be read is not this walk's to judge: reading it says corrupt.)
-      if (auto rec = record_head_at(at); rec && fmt::is_blob(rec->rec)) {
+      if (auto rec = record_head_at(at); rec && disk::is_blob(rec->rec)) {
         named = in(rec->rec.blob.location);
       }
     }
@@ -221,31 +221,31 @@ result<bool> store::impl::index_names(std::span<const location_range> ranges,
 }
 
 result<store::impl::commit_judgement> store::impl::judge_commit(
-    std::uint64_t location, const fmt::block_header& head) noexcept {
+    std::uint64_t location, const disk::block_header& head) noexcept {
   using kind = commit_judgement::kind;
-  auto seg = segment_at(fmt::segment_of(location));
+  auto seg = segment_at(disk::segment_of(location));
   if (!seg) return std::unexpected(seg.error());
-  const std::uint64_t off = fmt::offset_of(location);
+  const std::uint64_t off = disk::offset_of(location);
   const auto bytes = (*seg)->bytes().subspan(off);
-  if (!fmt::check_block(bytes, salt)) {
-    const bool torn = fmt::has_unwritten_sector((*seg)->bytes(), off, head.length);
+  if (!disk::check_block(bytes, salt)) {
+    const bool torn = disk::has_unwritten_sector((*seg)->bytes(), off, head.length);
     return commit_judgement{torn ? kind::torn : kind::damaged, false};
   }
-  std::uint64_t r = sizeof(fmt::block_header);
+  std::uint64_t r = sizeof(disk::block_header);
   for (std::uint32_t i = 0; i < head.records; ++i) {
-    auto rec = fmt::parse_record(bytes.subspan(r, head.length - r), salt, false);
+    auto rec = disk::parse_record(bytes.subspan(r, head.length - r), salt, false);
     if (!rec) return commit_judgement{kind::damaged, false};  // cannot be: check_block read it
     r += rec->size;
-    if (!fmt::is_blob(*rec)) continue;
+    if (!disk::is_blob(*rec)) continue;
     auto v = value_of(found_record{location + r - rec->size, *rec, nullptr}, true);
     if (v || v.error() == std::errc::no_such_file_or_directory) continue;  // (removed whole)
     if (v.error() != errc::corrupt) return std::unexpected(v.error());
     // The blob does not check out: never written (torn), or written and changed since (the
     // commit stands; reading that value is `corrupt`).
-    auto blob_seg = segment_at(fmt::segment_of(rec->blob.location));
+    auto blob_seg = segment_at(disk::segment_of(rec->blob.location));
     if (!blob_seg) return std::unexpected(blob_seg.error());
-    if (fmt::has_unwritten_sector((*blob_seg)->bytes(), fmt::offset_of(rec->blob.location),
-                                  fmt::blob_block_size(rec->head.value_length))) {
+    if (disk::has_unwritten_sector((*blob_seg)->bytes(), disk::offset_of(rec->blob.location),
+                                   disk::blob_block_size(rec->head.value_length))) {
       return commit_judgement{kind::torn, true};
     }
   }
@@ -261,20 +261,21 @@ namespace {
 // `count` records left in [location, end).
 template <class Apply, class Unread>
 result<void> each_record(std::span<const std::byte> bytes, std::uint64_t segment, std::uint64_t off,
-                         const fmt::block_header& head, std::uint64_t salt, Apply&& apply,
+                         const disk::block_header& head, std::uint64_t salt, Apply&& apply,
                          Unread&& unread) noexcept {
-  std::uint64_t r = off + sizeof(fmt::block_header);
+  std::uint64_t r = off + sizeof(disk::block_header);
   for (std::uint32_t i = 0; i < head.records; ++i) {
     const auto rest = bytes.subspan(r, off + head.length - r);
-    const std::uint64_t at = fmt::make_location(segment, r);
-    auto rec = fmt::parse_record(rest, salt, true);
+    const std::uint64_t at = disk::make_location(segment, r);
+    auto rec = disk::parse_record(rest, salt, true);
     if (rec) {
       if (auto a = apply(at, *rec); !a) return a;
       r += rec->size;
       continue;
     }
-    auto shape = fmt::parse_record_head(rest);
-    if (!shape) return unread(at, fmt::make_location(segment, off + head.length), head.records - i);
+    auto shape = disk::parse_record_head(rest);
+    if (!shape)
+      return unread(at, disk::make_location(segment, off + head.length), head.records - i);
     if (auto u = unread(at, std::uint64_t{0}, 1u); !u) return u;
     r += shape->size;
   }
@@ -320,12 +321,12 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
   };
   return for_each_block(
       s, end,
-      [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
+      [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
         // Every block whose header checks out is stepped over whole, complete or not: its
         // writer reserved all of it, and nothing new may be written inside it.
         end = off + head.length;
-        const std::uint64_t at = fmt::make_location(s.number, off);
-        if (head.kind == static_cast<std::uint16_t>(fmt::block_kind::commit)) {
+        const std::uint64_t at = disk::make_location(s.number, off);
+        if (head.kind == static_cast<std::uint16_t>(disk::block_kind::commit)) {
           auto judged = judge_commit(at, head);
           if (!judged) return std::unexpected(judged.error());
           if (judged->what == kind::torn && at < st.durable_below) judged->what = kind::damaged;
@@ -345,7 +346,7 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
           const bool in_copy = head.seq <= st.checkpoint_seq;
           return each_record(
               bytes, s.number, off, head, salt,
-              [&](std::uint64_t rec_at, const fmt::record_view& rec) {
+              [&](std::uint64_t rec_at, const disk::record_view& rec) {
                 st.unread.superseded(rec.head.prev);
                 return apply_record(rec_at, rec, head.seq);
               },
@@ -353,27 +354,27 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
                 return in_copy ? result<void>{} : note_unread(rec_at, rec_end, count);
               });
         }
-        if (head.kind != static_cast<std::uint16_t>(fmt::block_kind::relocation)) return {};
+        if (head.kind != static_cast<std::uint16_t>(disk::block_kind::relocation)) return {};
         // Records compaction moved, each with its own seq; a copy counts toward *visible*
         // even when its commit block is gone. A copy is synced before its original's segment
         // goes: one a power cut tore (or whose blob copy it tore) still has its original.
-        if (!fmt::check_block(bytes.subspan(off), salt) && at >= st.durable_below &&
-            fmt::has_unwritten_sector(bytes, off, head.length)) {
+        if (!disk::check_block(bytes.subspan(off), salt) && at >= st.durable_below &&
+            disk::has_unwritten_sector(bytes, off, head.length)) {
           return note_void(at);
         }
         return each_record(
             bytes, s.number, off, head, salt,
-            [&](std::uint64_t rec_at, const fmt::record_view& rec) -> result<void> {
+            [&](std::uint64_t rec_at, const disk::record_view& rec) -> result<void> {
               auto blob = value_of(found_record{rec_at, rec, nullptr}, true);
               if (!blob) {
                 if (blob.error() == std::errc::no_such_file_or_directory) return {};
                 if (blob.error() != errc::corrupt) return std::unexpected(blob.error());
-                auto blob_seg = segment_at(fmt::segment_of(rec.blob.location));
+                auto blob_seg = segment_at(disk::segment_of(rec.blob.location));
                 if (!blob_seg) return std::unexpected(blob_seg.error());
                 if (rec.blob.location >= st.durable_below &&
-                    fmt::has_unwritten_sector((*blob_seg)->bytes(),
-                                              fmt::offset_of(rec.blob.location),
-                                              fmt::blob_block_size(rec.head.value_length))) {
+                    disk::has_unwritten_sector((*blob_seg)->bytes(),
+                                               disk::offset_of(rec.blob.location),
+                                               disk::blob_block_size(rec.head.value_length))) {
                   return note_void(at);  // torn: its original is still there
                 }
               }
@@ -406,7 +407,7 @@ result<void> store::impl::rebuild() noexcept {
   auto cp = load_checkpoint();
   if (!cp) return std::unexpected(cp.error());
   if (*cp &&
-      ((*cp)->first == 0 || std::ranges::binary_search(numbers, fmt::segment_of((*cp)->first)))) {
+      ((*cp)->first == 0 || std::ranges::binary_search(numbers, disk::segment_of((*cp)->first)))) {
     std::tie(from, st.checkpoint_seq) = **cp;
     st.max_seq = st.checkpoint_seq;
   } else {
@@ -422,20 +423,20 @@ result<void> store::impl::rebuild() noexcept {
     if (!s) return std::unexpected(s.error());
     segtab(n, 0).store(n);
     segtab(n, 1).store((*s)->size);
-    if (from != 0 && n < fmt::segment_of(from)) continue;  // in the checkpoint's copy
+    if (from != 0 && n < disk::segment_of(from)) continue;  // in the checkpoint's copy
     // Every block the closes counted must still be there (else one was zeroed whole, and
     // what it held would read as space).
     if (auto c = check_sealed(**s, *m); !c) return c;
-    const bool mid = from != 0 && n == fmt::segment_of(from);
-    std::uint64_t end = mid ? fmt::offset_of(from) : fmt::segment_header_size;
+    const bool mid = from != 0 && n == disk::segment_of(from);
+    std::uint64_t end = mid ? disk::offset_of(from) : disk::segment_header_size;
     replayed_bytes += (*s)->size - (mid ? std::min((*s)->size, end) : 0);
     if (auto r = replay_segment(**s, st, end); !r) return r;
     if (log_segment_size((*s)->size)) {
       // The space left at the end of the segment before is dead (as reserve counts it when
       // it moves on). The tail goes after the last block whose header checks out: nothing
       // past it was ever a block, and what is written there next is never inside one.
-      if (tail != 0) h64(hdr::dead_bytes).fetch_add(tail_size - fmt::offset_of(tail));
-      tail = fmt::make_location(n, end);
+      if (tail != 0) h64(header::dead_bytes).fetch_add(tail_size - disk::offset_of(tail));
+      tail = disk::make_location(n, end);
       tail_size = (*s)->size;
     }
   }
@@ -444,61 +445,61 @@ result<void> store::impl::rebuild() noexcept {
   // unless each such record was superseded (unread_records). Never an older version served
   // in its place.
   if (const std::uint64_t first = st.unread.first(); first != 0) {
-    auto s = segment_at(fmt::segment_of(first));
+    auto s = segment_at(disk::segment_of(first));
     if (!s) return std::unexpected(s.error());
-    return std::unexpected(error(errc::corrupt).about((*s)->path, fmt::offset_of(first)));
+    return std::unexpected(error(errc::corrupt).about((*s)->path, disk::offset_of(first)));
   }
   if (auto r = remove_leftovers(checked->unlisted, writable); !r) return r;
-  h64(hdr::unvoided_torn).store(0);
+  h64(header::unvoided_torn).store(0);
   if (!st.voids.empty()) {
     if (!writable && st.must_void) {
       // Voiding writes: a read-only opener cannot recover this store (a writable open can).
-      auto s = segment_at(fmt::segment_of(st.voids.front()));
+      auto s = segment_at(disk::segment_of(st.voids.front()));
       return std::unexpected(error(errc::read_only)
                                  .about(s ? (*s)->path : keel::detail::shared_path{},
-                                        fmt::offset_of(st.voids.front())));
+                                        disk::offset_of(st.voids.front())));
     }
     if (!writable) {
       // Left as they are: no close may record them as durable (seal_durable stops below the
       // first), and the next writable rebuild voids them.
-      h64(hdr::unvoided_torn).store(*std::ranges::min_element(st.voids));
+      h64(header::unvoided_torn).store(*std::ranges::min_element(st.voids));
     } else {
       for (const std::uint64_t at : st.voids) {
-        auto s = segment_at(fmt::segment_of(at));
+        auto s = segment_at(disk::segment_of(at));
         if (!s) return std::unexpected(s.error());
-        fmt::void_torn_block((*s)->map.bytes().subspan(fmt::offset_of(at)));
+        disk::void_torn_block((*s)->map.bytes().subspan(disk::offset_of(at)));
         if (auto synced = (*s)->sync(); !synced) return synced;
       }
     }
   }
-  h64(hdr::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
+  h64(header::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
   if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   reconcile_checkpoint_bytes();
-  h64(hdr::tail).store(tail);
-  h64(hdr::visible).store(st.max_seq);
-  h64(hdr::counting).store(st.max_seq);
-  h64(hdr::next_seq).store(st.max_seq + 1);
+  h64(header::tail).store(tail);
+  h64(header::visible).store(st.max_seq);
+  h64(header::counting).store(st.max_seq);
+  h64(header::next_seq).store(st.max_seq + 1);
   const auto& boot = io::self().boot_id;
-  std::memcpy(base() + hdr::boot_id, boot.data(), 16);
+  std::memcpy(base() + header::boot_id, boot.data(), 16);
   const std::uint64_t sum =
-      fmt::checksum(std::span<const std::byte>(base(), hdr::checksummed), salt);
-  std::memcpy(base() + hdr::checksum, &sum, 8);
-  h64(hdr::state).store(state_valid, std::memory_order_release);
+      disk::checksum(std::span<const std::byte>(base(), header::checksummed), salt);
+  std::memcpy(base() + header::checksum, &sum, 8);
+  h64(header::state).store(state_valid, std::memory_order_release);
   return {};
 }
 
-result<void> store::impl::apply_record(std::uint64_t location, const fmt::record_view& r,
+result<void> store::impl::apply_record(std::uint64_t location, const disk::record_view& r,
                                        std::uint64_t seq) noexcept {
-  const fmt::key_hash h = hash_of(r.key);
+  const disk::key_hash h = hash_of(r.key);
   for (;;) {
     const std::uint64_t page = table->page_of(h);
     auto found = find_locked(page, h, r.key);  // alone: nothing is pending
     if (!found) return std::unexpected(found.error());
-    std::optional<ix::entry_ref> e = *found;
+    std::optional<index::entry_ref> e = *found;
     if (!e) e = table->claim(page, h, 0, 0);  // holds nothing until set below
     if (!e) {
       // Alone: no locks. A split that separates nothing gives the chain a page instead.
-      const std::array<fmt::key_hash, 1> coming{h};
+      const std::array<disk::key_hash, 1> coming{h};
       auto grown = table->split_separates(page, coming) ? table->split(page, *this)
                                                         : table->add_overflow(page, *this);
       if (!grown) return grown;
@@ -507,23 +508,23 @@ result<void> store::impl::apply_record(std::uint64_t location, const fmt::record
     const std::uint64_t old_at = e->location().load();
     const std::uint64_t old_seq = e->seq().load();
     if (old_at != 0 && old_seq >= seq) return {};  // a newer version is there already
-    const std::uint64_t size = fmt::stored_size(r);
+    const std::uint64_t size = disk::stored_size(r);
     if (old_at != 0) {
       auto old = record_at(old_at, false);
-      if (old && old->rec.head.op != static_cast<std::uint8_t>(fmt::op::erase)) {
-        const std::uint64_t old_size = fmt::stored_size(old->rec);
-        h64(hdr::live_records).fetch_sub(1);
-        h64(hdr::live_bytes).fetch_sub(old_size);
-        h64(hdr::dead_bytes).fetch_add(old_size);
+      if (old && old->rec.head.op != static_cast<std::uint8_t>(disk::op::erase)) {
+        const std::uint64_t old_size = disk::stored_size(old->rec);
+        h64(header::live_records).fetch_sub(1);
+        h64(header::live_bytes).fetch_sub(old_size);
+        h64(header::dead_bytes).fetch_add(old_size);
       }
     }
-    if (r.head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
-      h64(hdr::dead_bytes).fetch_add(size);
+    if (r.head.op == static_cast<std::uint8_t>(disk::op::erase)) {
+      h64(header::dead_bytes).fetch_add(size);
     } else {
-      h64(hdr::live_records).fetch_add(1);
-      h64(hdr::live_bytes).fetch_add(size);
+      h64(header::live_records).fetch_add(1);
+      h64(header::live_bytes).fetch_add(size);
     }
-    ix::change_entry(table->page_holding(*e), *e, [&] {
+    index::change_entry(table->page_holding(*e), *e, [&] {
       e->location().store(location);
       e->seq().store(seq);
     });

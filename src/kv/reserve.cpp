@@ -21,7 +21,7 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
   if (who == room_for::compaction) {
     // Never larger than the spare while it is there (each copy is a record of a segment no
     // larger than the spare, so it fits).
-    if (const std::uint64_t spare = h64(hdr::spare).load(); spare != 0) {
+    if (const std::uint64_t spare = h64(header::spare).load(); spare != 0) {
       seg_size = std::min(seg_size, spare);
     }
   }
@@ -52,7 +52,7 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
     if (!spare_ready && (who == room_for::put || !out_of_room(spare_ready.error()))) {
       return std::unexpected(spare_ready.error());
     }
-    if (const std::uint64_t spare = h64(hdr::spare).load(); spare != 0) {
+    if (const std::uint64_t spare = h64(header::spare).load(); spare != 0) {
       seg_size = std::min(seg_size, spare);
     }
     // Near full, a put makes a smaller segment where the volume or the budget no longer has
@@ -127,7 +127,8 @@ result<std::uint64_t> store::impl::mark_for_deletes(result<std::uint64_t> made,
   // A segment a put could not have made is made of the room kept for deletes, whoever made
   // it: puts leave it to erases and compaction (see reserve).
   if (made) {
-    if (auto w = store_or_refuse([&] { h64(hdr::deletes_segment).store(for_deletes ? *made : 0); });
+    if (auto w =
+            store_or_refuse([&] { h64(header::deletes_segment).store(for_deletes ? *made : 0); });
         !w) {
       return std::unexpected(w.error());
     }
@@ -143,20 +144,20 @@ result<std::uint64_t> store::impl::reserve(std::uint64_t length, room_for who) n
 
 result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::uint64_t> lengths,
                                                            room_for who) noexcept {
-  if (lengths.empty() || lengths.front() > dir.params.segment_size - fmt::segment_header_size) {
+  if (lengths.empty() || lengths.front() > dir.params.segment_size - disk::segment_header_size) {
     return keel_error(errc::too_large);
   }
-  auto& tail = *reinterpret_cast<std::uint64_t*>(base() + hdr::tail);
+  auto& tail = *reinterpret_cast<std::uint64_t*>(base() + header::tail);
   std::atomic_ref<std::uint64_t> t(tail);
   for (;;) {
     std::uint64_t at = t.load(std::memory_order_acquire);
-    if (who != room_for::compaction && h64(hdr::spare).load(std::memory_order_acquire) == 0) {
+    if (who != room_for::compaction && h64(header::spare).load(std::memory_order_acquire) == 0) {
       // Compaction took the spare (it cleared the word before it moved the tail into it, so
       // a tail loaded here that is in the taken spare comes with the word at 0): what is
       // left of it is compaction's, until a new spare can be made.
       auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
       if (!g) return std::unexpected(g.error());
-      if (h64(hdr::spare).load() == 0) {
+      if (h64(header::spare).load() == 0) {
         // A put goes on only with the room for deletes left beside the new spare; an erase
         // needs the spare alone.
         const auto ready = [&]() -> result<void> {
@@ -170,13 +171,13 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
     }
     // The segment made of the room kept for deletes is theirs (and compaction's): a put
     // waits for a segment of its own, which needs that room again.
-    const bool theirs =
-        who == room_for::put && at != 0 && fmt::segment_of(at) == h64(hdr::deletes_segment).load();
+    const bool theirs = who == room_for::put && at != 0 &&
+                        disk::segment_of(at) == h64(header::deletes_segment).load();
     // (The tail's segment is in the table before the tail moves into it.)
     const std::uint64_t seg_size = at == 0 ? 0 : log_segment_size_at(at);
     // The longest of `lengths` that fits the rest of the active segment.
     std::size_t fits = 0;
-    while (at != 0 && fits < lengths.size() && fmt::offset_of(at) + lengths[fits] <= seg_size) {
+    while (at != 0 && fits < lengths.size() && disk::offset_of(at) + lengths[fits] <= seg_size) {
       ++fits;
     }
     if (!theirs && fits != 0) {
@@ -192,9 +193,9 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
       if (!took) continue;
       // Crossing into the next chunk: fault in the one after it now, so that writers never
       // take page faults on fresh pages (nor wait for each other's, on the same page).
-      const std::uint64_t off = fmt::offset_of(at);
+      const std::uint64_t off = disk::offset_of(at);
       if (off / prefault_chunk != (off + length) / prefault_chunk) {
-        prefault(fmt::segment_of(at), ((off + length) / prefault_chunk + 1) * prefault_chunk);
+        prefault(disk::segment_of(at), ((off + length) / prefault_chunk + 1) * prefault_chunk);
       }
       return reserved{at, fits};
     }
@@ -202,7 +203,7 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
     auto g = locks->lock({lock::entity(entity_segment)}, opts.lock_timeout);
     if (!g) return std::unexpected(g.error());
     if (t.load(std::memory_order_acquire) != at) continue;
-    auto n = next_active_segment(who, fmt::segment_header_size + lengths.front());
+    auto n = next_active_segment(who, disk::segment_header_size + lengths.front());
     if (!n) return std::unexpected(n.error());
     prefault(*n, 0);
     prefault(*n, prefault_chunk);
@@ -211,9 +212,9 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
     if (auto w = store_or_refuse([&] {
           if (at != 0) {
             // What is left at the end of the old one is dead space.
-            h64(hdr::dead_bytes).fetch_add(seg_size - fmt::offset_of(at));
+            h64(header::dead_bytes).fetch_add(seg_size - disk::offset_of(at));
           }
-          t.store(fmt::make_location(*n, fmt::segment_header_size), std::memory_order_release);
+          t.store(disk::make_location(*n, disk::segment_header_size), std::memory_order_release);
         });
         !w) {
       return std::unexpected(w.error());

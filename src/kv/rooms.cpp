@@ -155,7 +155,7 @@ result<std::uint64_t> store::impl::adopt_room(const room_file& room) noexcept {
   const std::string name = segment_name(number);
   // Its header (into room allocated with the file: no new block), synced, then its name:
   // a named segment is always whole.
-  const auto head = fmt::encode_segment_header({dir.params.id, number, size}, salt);
+  const auto head = disk::encode_segment_header({dir.params.id, number, size}, salt);
   auto r = f->write_at(0, head);
   if (r) r = f->sync_data();
   if (r) {
@@ -236,7 +236,7 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
       if (!picked) return std::unexpected(picked.error());
       kept.number = *picked;
       new_name = segment_name(kept.number);
-      z = f->write_at(0, fmt::encode_segment_header({dir.params.id, kept.number, size}, salt));
+      z = f->write_at(0, disk::encode_segment_header({dir.params.id, kept.number, size}, salt));
     }
     if (z) z = f->sync_data();
     if (z) {
@@ -266,7 +266,7 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
 }
 
 void store::impl::reconcile_checkpoint_bytes() noexcept {
-  h64(hdr::checkpoint_bytes).store(checkpoint_file_bytes());
+  h64(header::checkpoint_bytes).store(checkpoint_file_bytes());
 }
 
 std::uint64_t store::impl::checkpoint_file_bytes() const noexcept {
@@ -289,8 +289,8 @@ result<void> store::impl::reconcile_rooms() noexcept {
 }
 
 std::uint64_t store::impl::abandoned_segment() const noexcept {
-  const std::uint64_t last = h64(hdr::next_segment).load() - 1;
-  const bool abandoned = last != 0 && last > fmt::segment_of(h64(hdr::tail).load()) &&
+  const std::uint64_t last = h64(header::next_segment).load() - 1;
+  const bool abandoned = last != 0 && last > disk::segment_of(h64(header::tail).load()) &&
                          segtab(last, 0).load() == last && log_segment_size(segtab(last, 1).load());
   return abandoned ? last : 0;
 }
@@ -301,7 +301,7 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   // we hold now. Nothing was written into it (nothing is before it is listed), and it holds
   // a segment's room, which a full volume needs: listed and entered, it is the abandoned
   // segment the next writer takes.
-  const std::uint64_t last = h64(hdr::next_segment).load() - 1;
+  const std::uint64_t last = h64(header::next_segment).load() - 1;
   if (last == 0 || segtab(last, 0).load() != 0) return {};
   const std::string name = segment_name(last);
   auto st = fs->stat_at(&dir.segments, name.c_str(), false);
@@ -309,7 +309,7 @@ result<void> store::impl::adopt_named_leftover() noexcept {
   auto seg = segment_at(last);
   if (!seg) return {};  // not a segment of ours at all: left alone
   // Nothing written: its first block's place still zero (else it is no maker's leftover).
-  const auto first = (*seg)->bytes().subspan(fmt::segment_header_size, sizeof(fmt::block_header));
+  const auto first = (*seg)->bytes().subspan(disk::segment_header_size, sizeof(disk::block_header));
   if (!std::ranges::all_of(first, [](std::byte b) { return b == std::byte{0}; })) return {};
   if (auto l = list_segment(last, (*seg)->size); !l) return l;
   return enter_segment(last, (*seg)->size);

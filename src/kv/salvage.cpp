@@ -77,12 +77,12 @@ class salvager {
         continue;
       }
       auto m = io::mapped_file::map(*f, io::map_access::read_only);
-      if (!m || m->size() < fmt::segment_header_size) {
+      if (!m || m->size() < disk::segment_header_size) {
         note(named, 0,
              m ? "shorter than a segment header" : "cannot be mapped: " + m.error().message());
         continue;
       }
-      if (auto head = fmt::parse_segment_header(m->bytes(), from_.params.id, n, salt_); !head) {
+      if (auto head = disk::parse_segment_header(m->bytes(), from_.params.id, n, salt_); !head) {
         note(named, head.error().has_offset() ? head.error().offset() : 0,
              "a segment header that does not check out: its blocks are read anyway");
       }
@@ -102,9 +102,9 @@ class salvager {
       for (std::size_t i = 0; i < versions.size() && !copied; ++i) {
         const version& v = versions[i];
         const mapped_segment& seg = segments_[v.segment];
-        auto rec = fmt::parse_record(seg.bytes().subspan(v.offset), salt_, true);
+        auto rec = disk::parse_record(seg.bytes().subspan(v.offset), salt_, true);
         if (!rec) continue;  // cannot be: it was read so
-        if (rec->head.op == static_cast<std::uint8_t>(fmt::op::erase)) {
+        if (rec->head.op == static_cast<std::uint8_t>(disk::op::erase)) {
           ++out_.erased;
           copied = true;
           break;
@@ -153,25 +153,25 @@ class salvager {
   void walk(std::size_t i) {
     const mapped_segment& seg = segments_[i];
     const auto bytes = seg.bytes();
-    std::uint64_t off = fmt::segment_header_size;
-    while (off + sizeof(fmt::block_header) <= bytes.size()) {
-      auto head = fmt::parse_block_header(bytes.subspan(off), salt_);
+    std::uint64_t off = disk::segment_header_size;
+    while (off + sizeof(disk::block_header) <= bytes.size()) {
+      auto head = disk::parse_block_header(bytes.subspan(off), salt_);
       if (!head) {
-        if (auto spanned = fmt::spanned_block(bytes.subspan(off), salt_)) {
+        if (auto spanned = disk::spanned_block(bytes.subspan(off), salt_)) {
           off += *spanned;  // voided or abandoned: never happened
         } else {
           off += 8;
         }
         continue;
       }
-      const auto kind = static_cast<fmt::block_kind>(head->kind);
-      if (kind == fmt::block_kind::commit || kind == fmt::block_kind::relocation) {
-        const bool whole = static_cast<bool>(fmt::check_block(bytes.subspan(off), salt_));
-        if (!whole && fmt::has_unwritten_sector(bytes, off, head->length)) {
+      const auto kind = static_cast<disk::block_kind>(head->kind);
+      if (kind == disk::block_kind::commit || kind == disk::block_kind::relocation) {
+        const bool whole = static_cast<bool>(disk::check_block(bytes.subspan(off), salt_));
+        if (!whole && disk::has_unwritten_sector(bytes, off, head->length)) {
           // A power cut tore it: it never happened (a torn copy's original is elsewhere).
-          if (kind == fmt::block_kind::commit) ++out_.torn;
+          if (kind == disk::block_kind::commit) ++out_.torn;
         } else {
-          if (kind == fmt::block_kind::commit) ++out_.commits;
+          if (kind == disk::block_kind::commit) ++out_.commits;
           records(i, off, *head);
         }
       }
@@ -179,20 +179,20 @@ class salvager {
     }
   }
 
-  void records(std::size_t i, std::uint64_t off, const fmt::block_header& head) {
+  void records(std::size_t i, std::uint64_t off, const disk::block_header& head) {
     const mapped_segment& seg = segments_[i];
     const auto bytes = seg.bytes();
-    std::uint64_t r = off + sizeof(fmt::block_header);
+    std::uint64_t r = off + sizeof(disk::block_header);
     for (std::uint32_t k = 0; k < head.records; ++k) {
       const auto rest = bytes.subspan(r, off + head.length - r);
-      auto rec = fmt::parse_record(rest, salt_, true);
+      auto rec = disk::parse_record(rest, salt_, true);
       if (rec) {
         const std::string key(reinterpret_cast<const char*>(rec->key.data()), rec->key.size());
         versions_[key].push_back({rec->head.seq, i, r});
         r += rec->size;
         continue;
       }
-      auto shape = fmt::parse_record_head(rest);
+      auto shape = disk::parse_record_head(rest);
       if (!shape) {
         note(seg.path, r, "a record that cannot be read (nor can the rest of its block)");
         return;
@@ -207,23 +207,23 @@ class salvager {
     }
   }
 
-  result<std::span<const std::byte>> value_of(const fmt::record_view& rec) {
-    if (!fmt::is_blob(rec)) return rec.value;
-    const std::uint64_t n = fmt::segment_of(rec.blob.location);
-    const std::uint64_t off = fmt::offset_of(rec.blob.location);
+  result<std::span<const std::byte>> value_of(const disk::record_view& rec) {
+    if (!disk::is_blob(rec)) return rec.value;
+    const std::uint64_t n = disk::segment_of(rec.blob.location);
+    const std::uint64_t off = disk::offset_of(rec.blob.location);
     for (const mapped_segment& seg : segments_) {
       if (seg.number != n) continue;
       const auto bad = [&] { return std::unexpected(error(errc::corrupt).about(seg.path, off)); };
-      if (off < fmt::segment_header_size || off >= seg.bytes().size()) return bad();
+      if (off < disk::segment_header_size || off >= seg.bytes().size()) return bad();
       const auto at = seg.bytes().subspan(off);
-      auto head = fmt::parse_block_header(at, salt_);
-      if (!head || head->kind != static_cast<std::uint16_t>(fmt::block_kind::blob) ||
+      auto head = disk::parse_block_header(at, salt_);
+      if (!head || head->kind != static_cast<std::uint16_t>(disk::block_kind::blob) ||
           head->payload_checksum != rec.blob.checksum) {
         return bad();
       }
-      const auto value = fmt::blob_value(at, *head);
+      const auto value = disk::blob_value(at, *head);
       if (value.size() != rec.head.value_length ||
-          fmt::checksum(value, salt_) != head->payload_checksum) {
+          disk::checksum(value, salt_) != head->payload_checksum) {
         return bad();
       }
       return value;

@@ -21,7 +21,7 @@ std::string segment_name(std::uint64_t n) {
 }
 
 result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
-  if (number == 0 || number > fmt::max_segment_number) {
+  if (number == 0 || number > disk::max_segment_number) {
     return std::unexpected(error(errc::corrupt).about(path));
   }
   auto* chunk = segment_chunks[number >> chunk_bits].load(std::memory_order_acquire);
@@ -50,14 +50,14 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
   if (!f) return std::unexpected(f.error().about(path + "/seg/" + name));
   auto size = f->size();
   if (!size) return std::unexpected(size.error());
-  if (static_cast<std::uint64_t>(*size) < fmt::segment_header_size) {
+  if (static_cast<std::uint64_t>(*size) < disk::segment_header_size) {
     return std::unexpected(error(errc::corrupt).about(f->shared_path(), 0));
   }
   auto m =
       io::mapped_file::map(*f, writable ? io::map_access::read_write : io::map_access::read_only,
                            static_cast<std::size_t>(*size));
   if (!m) return std::unexpected(m.error().about(f->shared_path()));
-  auto head = fmt::parse_segment_header(m->bytes(), dir.params.id, number, salt);
+  auto head = disk::parse_segment_header(m->bytes(), dir.params.id, number, salt);
   if (!head) return std::unexpected(head.error().about(f->shared_path()));
   if (head->size != static_cast<std::uint64_t>(*size)) {
     return std::unexpected(error(errc::corrupt).about(f->shared_path(), 48));
@@ -77,15 +77,15 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
 result<std::uint64_t> store::impl::new_segment_number() noexcept {
   // A number whose segment table entry no live segment holds (compaction leaves live
   // segments far apart in numbers; two must never share an entry).
-  std::uint64_t number = h64(hdr::next_segment).load();
+  std::uint64_t number = h64(header::next_segment).load();
   for (std::size_t skipped = 0;; ++number, ++skipped) {
     if (skipped >= segtab_entries) return errc_error(std::errc::file_too_large);
     const std::uint64_t holder = segtab(number, 0).load();
     if (holder == 0 || holder == number) break;
   }
-  if (number > fmt::max_segment_number) return errc_error(std::errc::file_too_large);
+  if (number > disk::max_segment_number) return errc_error(std::errc::file_too_large);
   // (A maker that dies leaves a gap, no harm; so does one refused here.)
-  if (auto r = store_or_refuse([&] { h64(hdr::next_segment).store(number + 1); }); !r) {
+  if (auto r = store_or_refuse([&] { h64(header::next_segment).store(number + 1); }); !r) {
     return std::unexpected(r.error());
   }
   return number;
@@ -135,7 +135,7 @@ result<std::uint64_t> store::impl::make_segment(std::uint64_t size) noexcept {
   if (!picked) return picked;
   const std::uint64_t number = *picked;
   const std::string name = segment_name(number);
-  const auto head = fmt::encode_segment_header({dir.params.id, number, size}, salt);
+  const auto head = disk::encode_segment_header({dir.params.id, number, size}, salt);
   if (auto r = make_whole_file(name.c_str(), size, head); !r) {
     // Named as the segment being made (the unnamed file's own path says only "seg/.").
     return std::unexpected(error(r.error().code()).about(path + "/seg/" + name));
@@ -171,7 +171,8 @@ store::impl::table_segments store::impl::segments_in_table() const noexcept {
       t.bytes += segtab(n, 1).load();
       // (A blob's segment of its own is header and blob long, not a whole number of pages:
       // the volume allocates the last page whole.)
-      t.allocated += (segtab(n, 1).load() + fmt::page_size - 1) / fmt::page_size * fmt::page_size;
+      t.allocated +=
+          (segtab(n, 1).load() + disk::page_size - 1) / disk::page_size * disk::page_size;
     }
   }
   return t;
@@ -191,15 +192,15 @@ std::uint64_t store::impl::next_segment_size(std::uint64_t at_least) const noexc
   // A sixteenth of what the log holds, live and dead (the counters: asked at every commit):
   // what the rooms and the tail's unwritten rest hold back stays a small part of a store of
   // any size, and a large store has few segments.
-  const std::uint64_t log = h64(hdr::live_bytes).load(std::memory_order_relaxed) +
-                            h64(hdr::dead_bytes).load(std::memory_order_relaxed);
+  const std::uint64_t log = h64(header::live_bytes).load(std::memory_order_relaxed) +
+                            h64(header::dead_bytes).load(std::memory_order_relaxed);
   while (size < most && size * 2 <= log / 16)
     size *= 2;
   return std::max(size, least_segment_size(at_least));
 }
 
 std::uint64_t store::impl::log_segment_size_at(std::uint64_t location) const noexcept {
-  const std::uint64_t n = fmt::segment_of(location);
+  const std::uint64_t n = disk::segment_of(location);
   if (n != 0 && segtab(n, 0).load() == n) return segtab(n, 1).load();
   const std::uint64_t first = dir.params.first_segment_size;
   return first != 0 ? first : dir.params.segment_size;
@@ -236,10 +237,10 @@ void store::impl::prefault(std::uint64_t segment, std::uint64_t offset,
 }
 
 result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexcept {
-  auto s = segment_at(fmt::segment_of(location));
+  auto s = segment_at(disk::segment_of(location));
   if (!s) return std::unexpected(s.error());
-  const std::uint64_t off = fmt::offset_of(location);
-  if (off < fmt::segment_header_size || off >= (*s)->size) {
+  const std::uint64_t off = disk::offset_of(location);
+  if (off < disk::segment_header_size || off >= (*s)->size) {
     return std::unexpected(error(errc::corrupt).about((*s)->path, off));
   }
   return (*s)->map.bytes().subspan(off);

@@ -17,11 +17,11 @@ namespace keel::kv {
 
 store::impl::put_room store::impl::room_for_puts() const noexcept {
   const std::uint64_t seg_size = next_segment_size();
-  const std::uint64_t tail = h64(hdr::tail).load(std::memory_order_acquire);
+  const std::uint64_t tail = h64(header::tail).load(std::memory_order_acquire);
   put_room r;
   // The rest of the tail's segment, unless puts keep off it.
-  if (tail != 0 && fmt::segment_of(tail) != h64(hdr::deletes_segment).load()) {
-    r.bytes = log_segment_size_at(tail) - fmt::offset_of(tail);
+  if (tail != 0 && disk::segment_of(tail) != h64(header::deletes_segment).load()) {
+    r.bytes = log_segment_size_at(tail) - disk::offset_of(tail);
   }
   // Whole segments: a put makes one only with the spare and the deletes' room made, and
   // what check_headroom keeps free left; under a budget, the same of the budget. The index
@@ -30,7 +30,7 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   // their charges (two pages each), and a blob's own segment needs none. In a store whose
   // segments grow, what is left below a segment of this size still takes smaller ones
   // (next_active_segment makes them near full), down to the first size.
-  const std::uint64_t each = seg_size - fmt::segment_header_size;
+  const std::uint64_t each = seg_size - disk::segment_header_size;
   const std::uint64_t first = dir.params.first_segment_size;
   // (What a segment of this size needs beside it: smaller ones hold fewer keys.)
   const std::uint64_t index_room = put_needs(seg_size) - seg_size;
@@ -42,7 +42,7 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
     for (std::uint64_t size = seg_size / 2; first != 0 && size >= first && out != unbounded;
          size /= 2) {
       if (rest >= size) {
-        out += size - fmt::segment_header_size;
+        out += size - disk::segment_header_size;
         rest -= size;
       }
     }
@@ -68,7 +68,7 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   r.bytes = made >= cap ? cap : std::min(cap, r.bytes + made);
   // Less the pages of the directory doubled once: a split of any commit in the delta may
   // double it (commits are charged their own splits' pages only).
-  const std::uint64_t doubling = ix::directory_pages(table->depth() + 1) * fmt::page_size;
+  const std::uint64_t doubling = index::directory_pages(table->depth() + 1) * disk::page_size;
   r.bytes = r.bytes == cap ? cap : r.bytes - std::min(r.bytes, doubling);
   // Less what evicted writers may still use (space::ledger::evict).
   if (ledger && r.bytes != cap) {
@@ -105,8 +105,8 @@ result<void> store::impl::after_failed_charge(slot_lease& lease, std::uint64_t s
   // The mark: the slot in the high half, the pid in the low half (the futex word), so that a
   // new user of a dead closer's slot, closing in turn, never has its mark taken for the dead
   // one's (and waiters see the futex word change).
-  auto closer = h64(hdr::ledger_closer);
-  auto* word = futex_word(hdr::ledger_closer);
+  auto closer = h64(header::ledger_closer);
+  auto* word = futex_word(header::ledger_closer);
   const std::uint64_t me = (std::uint64_t{who} + 1) << 32 | static_cast<std::uint32_t>(::getpid());
   auto interval = std::chrono::milliseconds(8);
   auto last_check = std::chrono::steady_clock::now();
@@ -300,8 +300,8 @@ void store::impl::free_dead_pins(std::uint64_t d, const io::countdown& cd) noexc
 }
 
 void store::impl::reset_ledger() noexcept {
-  std::memset(base() + hdr::ledger, 0, sizeof(space::ledger_words));
-  h64(hdr::ledger_closer).store(0);
+  std::memset(base() + header::ledger, 0, sizeof(space::ledger_words));
+  h64(header::ledger_closer).store(0);
   for (std::uint32_t u = 0; u < max_slots; ++u)
     slot(u).ledger_pin().store(0);
 }

@@ -86,7 +86,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
   // live data fills the volume, not its log.
   for (int compactions = 0;;) {
     const std::uint64_t seen = impl_->compaction_runs_now();
-    const std::uint64_t checkpoint_seen = impl_->h64(hdr::checkpoint_seq).load();
+    const std::uint64_t checkpoint_seen = impl_->h64(header::checkpoint_seq).load();
     auto t = begin();
     if (!t) return std::unexpected(t.error());
     if (auto r = t->put(key, value); !r) return r;
@@ -118,7 +118,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
     };
     // Nor when the last compaction found nothing to take and not enough has died since.
     if (impl_->compaction_runs_now() == seen &&
-        ((impl_->h64(hdr::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
+        ((impl_->h64(header::dead_bytes).load() < seg_size && impl_->log_not_live() < seg_size) ||
          impl_->compaction_would_take_nothing())) {
       if (auto w = without_checkpoint(); !w) return std::unexpected(w.error());
       continue;

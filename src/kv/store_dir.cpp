@@ -32,11 +32,11 @@ result<void> fill_random(std::span<std::uint8_t> out) noexcept {
   return {};
 }
 
-result<fmt::store_params> read_store_file(const io::file_handle& f) noexcept {
-  std::array<std::byte, fmt::store_file_size> page{};
+result<disk::store_params> read_store_file(const io::file_handle& f) noexcept {
+  std::array<std::byte, disk::store_file_size> page{};
   auto n = f.read_at(0, page);
   if (!n) return std::unexpected(n.error());
-  auto p = fmt::parse_store_file(std::span(page).first(*n));
+  auto p = disk::parse_store_file(std::span(page).first(*n));
   if (!p) return std::unexpected(p.error().about(f.shared_path()));
   return p;
 }
@@ -47,8 +47,8 @@ result<fmt::store_params> read_store_file(const io::file_handle& f) noexcept {
 // 1024th of the volume, a power of two from 1 MiB to 64 MiB. The room kept for deletes and
 // compaction (two segments) is then 0.2 % of a volume of 1 GiB or more.
 std::uint64_t segment_size_of_volume(std::uint64_t total_bytes) noexcept {
-  std::uint64_t size = fmt::min_segment_size;
-  while (size < fmt::default_segment_size && size * 2 <= total_bytes / 1024)
+  std::uint64_t size = disk::min_segment_size;
+  while (size < disk::default_segment_size && size * 2 <= total_bytes / 1024)
     size *= 2;
   return size;
 }
@@ -59,16 +59,16 @@ result<std::uint64_t> segment_size_for(io::filesystem& fs, const io::file_handle
   return segment_size_of_volume(info->total_bytes);
 }
 
-result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_handle& dir,
-                                            const store_dir_options& o) noexcept {
-  fmt::store_params p;
+result<disk::store_params> create_store_file(io::filesystem& fs, const io::file_handle& dir,
+                                             const store_dir_options& o) noexcept {
+  disk::store_params p;
   p.segment_size = o.segment_size;
   if (p.segment_size == 0) {
     auto chosen = segment_size_for(fs, dir);
     if (!chosen) return std::unexpected(chosen.error());
     p.segment_size = *chosen;
     // Chosen for the volume, it is what segments grow to: a new store starts small.
-    p.first_segment_size = fmt::min_first_segment_size;
+    p.first_segment_size = disk::min_first_segment_size;
   }
   p.created_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
@@ -79,7 +79,7 @@ result<fmt::store_params> create_store_file(io::filesystem& fs, const io::file_h
     if (auto r = fill_random(salt); !r) return std::unexpected(r.error());
     std::memcpy(&p.salt, salt.data(), salt.size());
   }
-  const auto bytes = fmt::encode_store_file(p);
+  const auto bytes = disk::encode_store_file(p);
   auto t = io::make_temp_file(dir, temp_prefix, io::open_flags::read_write, 0644);
   if (!t) return std::unexpected(t.error());
   auto written = t->file.write_at(0, bytes);
@@ -101,7 +101,7 @@ std::optional<std::uint64_t> segment_number_of(std::string_view name) noexcept {
     if (digit < 0) return std::nullopt;
     n = n << 4 | static_cast<std::uint64_t>(digit);
   }
-  if (n == 0 || n > fmt::max_segment_number) return std::nullopt;
+  if (n == 0 || n > disk::max_segment_number) return std::nullopt;
   return n;
 }
 
@@ -131,8 +131,8 @@ result<std::uint64_t> new_store_segment_size(const std::string& path,
 result<store_dir> open_store_dir(const std::string& path,
                                  const store_dir_options& options) noexcept {
   io::filesystem& fs = options.fs != nullptr ? *options.fs : io::os();
-  if (options.segment_size != 0 && (options.segment_size < fmt::min_segment_size ||
-                                    options.segment_size > fmt::max_segment_size ||
+  if (options.segment_size != 0 && (options.segment_size < disk::min_segment_size ||
+                                    options.segment_size > disk::max_segment_size ||
                                     (options.segment_size & (options.segment_size - 1)) != 0)) {
     return errc_error(std::errc::invalid_argument);
   }

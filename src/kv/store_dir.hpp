@@ -37,7 +37,7 @@ struct store_dir {
   //! Its store file, read only: what private readers hold their bytes on
   //! (store::impl::private_index), there from the store's first moment to its last.
   io::file_handle store_file;
-  fmt::store_params params;
+  disk::store_params params;
   bool created = false;  //!< this call made the store
 };
 

@@ -45,7 +45,7 @@ namespace keel::kv {
 
 // ---- The index file's fixed part (doc/kv-format.md, "The index") ----
 
-namespace hdr {
+namespace header {
 constexpr std::size_t store_id = 24;
 constexpr std::size_t boot_id = 40;
 constexpr std::size_t state = 56;
@@ -93,7 +93,7 @@ constexpr std::size_t spare = 312;
 // Read by every lookup, written seldom: a cache line apart from the words every commit
 // writes.
 constexpr std::size_t directory = 320;
-constexpr std::size_t split_journal = 328;  // old, low, high: ix::split_journal
+constexpr std::size_t split_journal = 328;  // old, low, high: index::split_journal
 constexpr std::size_t compactions = 352;    // segments removed by compaction so far (batches)
 // When a caller last waited for the maintenance byte (steady clock, ns; 0: never): background
 // work does not take it within maintenance_yield_ns of that, so that asked-for checkpoints,
@@ -135,7 +135,7 @@ constexpr std::size_t visible_gate_count = 128;
 constexpr std::size_t dirty_segments = 1024;
 constexpr std::size_t checksum = 4088;
 constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
-}  // namespace hdr
+}  // namespace header
 
 constexpr std::uint64_t state_building = 0;
 constexpr std::uint64_t state_valid = 1;
@@ -152,8 +152,8 @@ constexpr std::size_t segtab_first_page = 65;
 constexpr std::size_t segtab_entries = 8064;
 constexpr std::size_t segtab_entry_size = 32;
 constexpr std::size_t dirty_words = (segtab_entries + 63) / 64;
-static_assert(hdr::visible_gates + 4 * hdr::visible_gate_count <= hdr::dirty_segments);
-static_assert(hdr::dirty_segments + dirty_words * 8 <= hdr::checksum);
+static_assert(header::visible_gates + 4 * header::visible_gate_count <= header::dirty_segments);
+static_assert(header::dirty_segments + dirty_words * 8 <= header::checksum);
 constexpr std::size_t first_free_page = 128;
 //! A new (or rebuilt) index file's pages (the most: a store whose segments grow starts with
 //! initial_index_pages_growing, as small as its first buckets allow).
@@ -203,34 +203,34 @@ constexpr std::uint64_t entity_sync = entity_base + 4;
 constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
 
 inline constexpr base::format index_format{"KEELKVX1", 6,
-                                           base::layout_of({fmt::page_size,
+                                           base::layout_of({disk::page_size,
                                                             first_free_page,
                                                             max_slots,
                                                             slot_size,
                                                             segtab_entries,
-                                                            ix::entries_per_page,
-                                                            hdr::retired_pages,
-                                                            hdr::free_head,
-                                                            hdr::free_tail,
-                                                            hdr::free_changing,
-                                                            hdr::free_pages,
-                                                            hdr::directory,
-                                                            hdr::split_journal,
-                                                            hdr::compactions,
-                                                            hdr::checkpoint_attempt,
-                                                            hdr::dirty_segments,
-                                                            hdr::sync_ns,
-                                                            hdr::deletes_segment,
-                                                            hdr::spare,
-                                                            hdr::deletes_room,
-                                                            hdr::ledger,
-                                                            hdr::ledger_closer,
-                                                            hdr::compaction_runs,
-                                                            hdr::compaction_ends,
+                                                            index::entries_per_page,
+                                                            header::retired_pages,
+                                                            header::free_head,
+                                                            header::free_tail,
+                                                            header::free_changing,
+                                                            header::free_pages,
+                                                            header::directory,
+                                                            header::split_journal,
+                                                            header::compactions,
+                                                            header::checkpoint_attempt,
+                                                            header::dirty_segments,
+                                                            header::sync_ns,
+                                                            header::deletes_segment,
+                                                            header::spare,
+                                                            header::deletes_room,
+                                                            header::ledger,
+                                                            header::ledger_closer,
+                                                            header::compaction_runs,
+                                                            header::compaction_ends,
                                                             slot_ledger_pin,
                                                             slot_ledger_cost,
-                                                            hdr::visible_gates,
-                                                            hdr::visible_gate_count,
+                                                            header::visible_gates,
+                                                            header::visible_gate_count,
                                                             index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
@@ -254,10 +254,10 @@ struct room_file {
   std::size_t word;
 };
 //! What compaction moves a victim into when no segment can be made.
-inline constexpr room_file spare_room{"spare", hdr::spare};
+inline constexpr room_file spare_room{"spare", header::spare};
 //! What a commit that only erases writes into when no segment can be made: the room puts
 //! leave for deletes, held as a file so that another program on the volume cannot take it.
-inline constexpr room_file deletes_room{"deletes", hdr::deletes_room};
+inline constexpr room_file deletes_room{"deletes", header::deletes_room};
 
 enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
 
@@ -308,7 +308,7 @@ struct segment {
 //! A record found by a lookup, with its location.
 struct found_record {
   std::uint64_t location = 0;
-  fmt::record_view rec;
+  disk::record_view rec;
   segment* seg = nullptr;
 };
 
@@ -325,7 +325,7 @@ struct slot_lease {
 //! without (slotless_byte) where the volume refuses the slot's write.
 enum class slot_use : std::uint8_t { writing, reading };
 
-struct store::impl final : ix::page_source {
+struct store::impl final : index::page_source {
   impl() = default;
   impl(const impl&) = delete;
   impl& operator=(const impl&) = delete;
@@ -345,11 +345,11 @@ struct store::impl final : ix::page_source {
   //! in an unnamed file (open_private_index), and shows the store as it was then.
   bool private_index = false;
   //! That reader holds private_reading_byte on dir.store_file while it lives.
-  std::optional<ix::table> table;
+  std::optional<index::table> table;
   std::uint64_t salt = 0;
-  //! The hash of a key in this store (seeded with its salt: fmt::hash_key).
-  [[nodiscard]] fmt::key_hash hash_of(std::span<const std::byte> key) const noexcept {
-    return fmt::hash_key(key, salt);
+  //! The hash of a key in this store (seeded with its salt: disk::hash_key).
+  [[nodiscard]] disk::key_hash hash_of(std::span<const std::byte> key) const noexcept {
+    return disk::hash_key(key, salt);
   }
   //! The space ledger in the index header, its pins in the user slots (every user has the
   //! view; only writers with options::ledger on charge it).
@@ -414,14 +414,14 @@ struct store::impl final : ix::page_source {
     return reinterpret_cast<std::uint32_t*>(base() + at);
   }
   [[nodiscard]] slot_ref slot(std::size_t u) const noexcept {
-    return {base() + slot_first_page * fmt::page_size + u * slot_size};
+    return {base() + slot_first_page * disk::page_size + u * slot_size};
   }
   //! The segment table entry of segment `n`: number, size, dead bytes, reserved (its dirty
   //! bit is in the header: dirty_word).
   [[nodiscard]] std::atomic_ref<std::uint64_t> segtab(std::uint64_t n,
                                                       std::size_t field) const noexcept {
     return std::atomic_ref(
-        *reinterpret_cast<std::uint64_t*>(base() + segtab_first_page * fmt::page_size +
+        *reinterpret_cast<std::uint64_t*>(base() + segtab_first_page * disk::page_size +
                                           (n % segtab_entries) * segtab_entry_size + field * 8));
   }
 
@@ -469,7 +469,7 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] std::vector<std::uint64_t> table_segment_numbers() const;
   [[nodiscard]] result<void> recover_alone() noexcept;
   //! Whether an index found valid on disk looks like what its users left (alone, before it
-  //! is used): its pages add up (ix::table::pages_sound) and its tail lies past the log's
+  //! is used): its pages add up (index::table::pages_sound) and its tail lies past the log's
   //! last block. False: it is rebuilt.
   [[nodiscard]] bool index_sound() noexcept;
 
@@ -516,7 +516,7 @@ struct store::impl final : ix::page_source {
     bool blob_torn = false;
   };
   [[nodiscard]] result<commit_judgement> judge_commit(std::uint64_t location,
-                                                      const fmt::block_header& head) noexcept;
+                                                      const disk::block_header& head) noexcept;
   //! Makes the index empty (a directory of depth 0 and its page), state `building`.
   [[nodiscard]] result<void> reset_index() noexcept;
   //! Removes what checkpointers killed part-way left (alone).
@@ -600,8 +600,8 @@ struct store::impl final : ix::page_source {
   // ---- the manifest (manifest.cpp): which segments the store has ----
   //! The segments the manifest lists, ascending. A store with no manifest and no segment
   //! file has none (one just made); one with segment files and no manifest is corrupt.
-  [[nodiscard]] result<fmt::manifest> read_manifest() noexcept;
-  [[nodiscard]] result<std::vector<fmt::manifest_entry>> listed_segments() noexcept;
+  [[nodiscard]] result<disk::manifest> read_manifest() noexcept;
+  [[nodiscard]] result<std::vector<disk::manifest_entry>> listed_segments() noexcept;
   //! Adds (or updates) segment `number` of `size` bytes: before anything is written into it
   //! (under the `segment` lock, or alone). The file is durable when this returns.
   [[nodiscard]] result<void> list_segment(std::uint64_t number, std::uint64_t size) noexcept;
@@ -612,7 +612,7 @@ struct store::impl final : ix::page_source {
   //! the first segment is named.
   [[nodiscard]] result<void> ensure_manifest() noexcept;
   //! The last user closing (alone, writable): syncs every segment, then records in the
-  //! manifest that every block below the tail is durable (fmt::manifest::durable_below), so
+  //! manifest that every block below the tail is durable (disk::manifest::durable_below), so
   //! that a later rebuild takes a block there that does not check out for damage, never for
   //! one a power cut tore. Errors: the syncs', the manifest's (nothing is claimed then).
   [[nodiscard]] result<void> seal_durable() noexcept;
@@ -630,17 +630,17 @@ struct store::impl final : ix::page_source {
     std::uint64_t gap = 0;
   };
   [[nodiscard]] sealed_census count_sealed(const segment& s, std::uint64_t below) const noexcept;
-  //! Whether `s` still has every block `m` counted in it (fmt::manifest_entry::sealed_blocks).
+  //! Whether `s` still has every block `m` counted in it (disk::manifest_entry::sealed_blocks).
   //! Errors: corrupt, naming the segment and count_sealed's gap.
-  [[nodiscard]] result<void> check_sealed(const segment& s, const fmt::manifest& m) const noexcept;
+  [[nodiscard]] result<void> check_sealed(const segment& s, const disk::manifest& m) const noexcept;
   //! Replaces the manifest with `m`, its generation one more.
-  [[nodiscard]] result<void> write_manifest(const fmt::manifest& m) noexcept;
+  [[nodiscard]] result<void> write_manifest(const disk::manifest& m) noexcept;
   //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header
   //! checks out, complete or not, in order; space between them is stepped over 8 bytes at a
   //! time, and a block by its length (its writer reserved all of it).
   template <class F>
   [[nodiscard]] result<void> for_each_block(const segment& s, F&& f) const noexcept {
-    return for_each_block(s, fmt::segment_header_size, std::forward<F>(f));
+    return for_each_block(s, disk::segment_header_size, std::forward<F>(f));
   }
   //! The same from offset `from` (a block's, or space to step over) on.
   template <class F>
@@ -655,11 +655,11 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<void> for_each_block_below(const segment& s, std::uint64_t end,
                                                   F&& f) const noexcept {
     const auto nothing = [](std::uint64_t, std::uint64_t) noexcept { return result<void>{}; };
-    return for_each_block(s, fmt::segment_header_size, std::forward<F>(f), 0, nothing, nothing,
+    return for_each_block(s, disk::segment_header_size, std::forward<F>(f), 0, nothing, nothing,
                           end);
   }
   //! The same, telling what lies between blocks: a block keel left on purpose
-  //! (fmt::spanned_block: voided, abandoned) is stepped over whole, after
+  //! (disk::spanned_block: voided, abandoned) is stepped over whole, after
   //! `spanned(offset, length)`; and the space below location `known_below` (written whole:
   //! the manifest's durable below) must be blocks, zeros or such blocks: at any other byte
   //! there, `unexplained(offset, 8)` is called before stepping on (a block whose header was
@@ -671,12 +671,12 @@ struct store::impl final : ix::page_source {
                                             Spanned&& spanned,
                                             std::uint64_t end = UINT64_MAX) const noexcept {
     const std::span<const std::byte> bytes = s.bytes();
-    std::uint64_t off = std::max<std::uint64_t>(from, fmt::segment_header_size);
-    while (off < end && off + sizeof(fmt::block_header) <= s.size) {
+    std::uint64_t off = std::max<std::uint64_t>(from, disk::segment_header_size);
+    while (off < end && off + sizeof(disk::block_header) <= s.size) {
       std::uint32_t magic = 0;
       std::memcpy(&magic, bytes.data() + off, 4);
-      auto head = magic == fmt::block_magic ? fmt::parse_block_header(bytes.subspan(off), salt)
-                                            : keel_error(errc::corrupt);
+      auto head = magic == disk::block_magic ? disk::parse_block_header(bytes.subspan(off), salt)
+                                             : keel_error(errc::corrupt);
       if (head) {
         if (auto r = f(off, *head); !r) return r;
         off += head->length;
@@ -685,12 +685,12 @@ struct store::impl final : ix::page_source {
       std::uint64_t word = 0;
       std::memcpy(&word, bytes.data() + off, 8);
       if (word != 0) {
-        if (auto length = fmt::spanned_block(bytes.subspan(off), salt)) {
+        if (auto length = disk::spanned_block(bytes.subspan(off), salt)) {
           if (auto r = spanned(off, *length); !r) return r;
           off += *length;
           continue;
         }
-        if (fmt::make_location(s.number, off) < known_below) {
+        if (disk::make_location(s.number, off) < known_below) {
           if (auto r = unexplained(off, std::uint64_t{8}); !r) return r;
         }
       }
@@ -700,14 +700,14 @@ struct store::impl final : ix::page_source {
   }
   //! The word of the dirty bitmap that holds segment table entry `entry`'s bit.
   [[nodiscard]] std::atomic_ref<std::uint64_t> dirty_word(std::uint64_t entry) const noexcept {
-    return h64(hdr::dirty_segments + (entry / 64) * 8);
+    return h64(header::dirty_segments + (entry / 64) * 8);
   }
   //! Sets the dirty bit of the segment holding `location`. Before a write, a load first (the
   //! word is shared by 64 segments and every commit of the active one sets it); after one,
   //! always a fetch_or: a leader's exchange then either reads it (and so sees the write) or
   //! came before it (and leaves the bit for the next leader).
   void mark_dirty(std::uint64_t location, bool written) const noexcept {
-    const std::uint64_t entry = fmt::segment_of(location) % segtab_entries;
+    const std::uint64_t entry = disk::segment_of(location) % segtab_entries;
     const std::uint64_t bit = std::uint64_t{1} << (entry % 64);
     const auto word = dirty_word(entry);
     if (written || (word.load(std::memory_order_seq_cst) & bit) == 0)
@@ -740,14 +740,15 @@ struct store::impl final : ix::page_source {
   template <class Visit>
   result<void> for_each_bucket_page(std::uint64_t from_hi, Visit&& visit,
                                     bool chains = true) const {
-    const std::uint64_t word = h64(hdr::directory).load(std::memory_order_seq_cst);
+    const std::uint64_t word = h64(header::directory).load(std::memory_order_seq_cst);
     const unsigned depth = static_cast<unsigned>(word & 0xff);
     const std::uint64_t n = std::uint64_t{1} << depth;
     std::uint64_t last = 0;
     for (std::uint64_t i = depth == 0 ? 0 : from_hi >> (64 - depth); i < n; ++i) {
-      const std::uint64_t page = std::atomic_ref(*reinterpret_cast<std::uint64_t*>(
-                                                     base() + (word >> 8) * fmt::page_size + i * 8))
-                                     .load(std::memory_order_seq_cst);
+      const std::uint64_t page =
+          std::atomic_ref(
+              *reinterpret_cast<std::uint64_t*>(base() + (word >> 8) * disk::page_size + i * 8))
+              .load(std::memory_order_seq_cst);
       if (page == last) continue;
       last = page;
       result<bool> go = true;
@@ -760,7 +761,7 @@ struct store::impl final : ix::page_source {
     }
     return {};
   }
-  [[nodiscard]] result<void> apply_record(std::uint64_t location, const fmt::record_view& r,
+  [[nodiscard]] result<void> apply_record(std::uint64_t location, const disk::record_view& r,
                                           std::uint64_t seq) noexcept;
   //! The liveness descriptor of this process (opened again in a forked child).
   [[nodiscard]] result<void> ensure_live() noexcept;
@@ -789,7 +790,7 @@ struct store::impl final : ix::page_source {
   //! Frees slot `u` of a dead user if it is reclaimable, holding its byte meanwhile.
   void free_dead_slot(std::uint32_t u) noexcept;
   //! Before a dead user's slot is cleared (its byte held, or alone): the commit block it was
-  //! writing, if it never sealed it, is buried (fmt::bury_block), so that no later walk takes
+  //! writing, if it never sealed it, is buried (disk::bury_block), so that no later walk takes
   //! what it left for damage once a close records the space as durable. A read-only user
   //! writes no segment: the first such block is noted as unvoided torn instead (no close
   //! records it as durable).
@@ -877,7 +878,7 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] bool has_room(const room_file& f) const noexcept {
     return h64(f.word).load(std::memory_order_acquire) != 0;
   }
-  //! Sets hdr::checkpoint_bytes from `checkpoint` as it is (alone).
+  //! Sets header::checkpoint_bytes from `checkpoint` as it is (alone).
   void reconcile_checkpoint_bytes() noexcept;
   //! The size of `checkpoint` (0: none, or it cannot be told).
   [[nodiscard]] std::uint64_t checkpoint_file_bytes() const noexcept;
@@ -906,7 +907,7 @@ struct store::impl final : ix::page_source {
   //! volume's last room left none for them, and the first key whose page was full failed
   //! while the next went in.
   [[nodiscard]] std::uint64_t put_needs(std::uint64_t more, bool blob = false) const noexcept;
-  //! Index pages puts filling a new log segment of `size` may split into (ix::table::
+  //! Index pages puts filling a new log segment of `size` may split into (index::table::
   //! pages_for_keys, from the pages as they are now), for the keys it holds as single puts of
   //! the live records' mean size (keys_in_segment; a log record at most, blobs' bytes aside;
   //! 1 KiB with none yet). An estimate, not a bound: records smaller than the mean, several
@@ -979,7 +980,7 @@ struct store::impl final : ix::page_source {
   //! A live record compaction moves: where it is, and what it holds.
   struct move {
     std::uint64_t at = 0;
-    fmt::record_view rec;
+    disk::record_view rec;
   };
   //! Copies `moves` to the tail, many to a relocation block (and each one's blob, if that
   //! lies in a victim), then points each one's entry at its copy if the entry still names
@@ -1005,7 +1006,7 @@ struct store::impl final : ix::page_source {
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often). With
   //! `always`, whether or not one ended since the last look: for holders of the maintenance
   //! byte, which no compaction holds meanwhile, and which may meet segments a compactor
-  //! killed part-way through step 7 removed (before it counted its run: hdr::compactions).
+  //! killed part-way through step 7 removed (before it counted its run: header::compactions).
   void unmap_removed_segments(bool always = false) noexcept;
   // ---- the space ledger (space.cpp) ----
   //! The room puts may still take: the rest of the tail's segment (unless it is the
@@ -1025,7 +1026,7 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<space::charge> charge(slot_lease& lease, std::int64_t cost,
                                              const io::countdown& cd) noexcept;
   //! After a charge of `cost` to delta `seen` failed (by the user in slot `lease`): becomes
-  //! the closer (hdr::ledger_closer) and closes it with close_delta, or waits while another
+  //! the closer (header::ledger_closer) and closes it with close_delta, or waits while another
   //! closes it (taking over from a dead one). Returns once the front has moved on. A closer
   //! that cannot clear its mark (the volume refuses the page) forsakes its slot: to the
   //! others, a dead closer.
@@ -1055,17 +1056,17 @@ struct store::impl final : ix::page_source {
   //! Zeroes the ledger and every pin: alone, before anyone charges.
   void reset_ledger() noexcept;
 
-  //! store::compact; with `unless_since` (hdr::compaction_runs as the caller last saw it),
+  //! store::compact; with `unless_since` (header::compaction_runs as the caller last saw it),
   //! none when another compaction has begun since, which `others_ran` then says.
   //! Unless `how` waits, a maintenance byte held by another fails at once with
   //! resource_unavailable_try_again.
   [[nodiscard]] result<compact_stats> compact(std::optional<std::uint64_t> unless_since,
                                               bool* others_ran, byte_claim how) noexcept;
   //! What compaction had done when a commit began: runs begun, and runs that removed
-  //! segments (hdr::compactions).
-  //! Compaction runs begun so far (hdr::compaction_runs).
+  //! segments (header::compactions).
+  //! Compaction runs begun so far (header::compaction_runs).
   [[nodiscard]] std::uint64_t compaction_runs_now() const noexcept {
-    return h64(hdr::compaction_runs).load(std::memory_order_seq_cst);
+    return h64(header::compaction_runs).load(std::memory_order_seq_cst);
   }
   //! After a commit that began when `seen_runs` compactions had begun failed for room: a
   //! compaction, unless one began since. Whether a retry may find room: another began since,
@@ -1074,7 +1075,7 @@ struct store::impl final : ix::page_source {
   //! Removes the checkpoint (a copy of the index kept only so that an open after a crash of
   //! every user need not replay the log) for a put the volume has no room for. Whether a
   //! retry may find room: this call, or another user since `seen_seq` was read from
-  //! hdr::checkpoint_seq, removed one. Errors: taking the maintenance byte, the unlink, the
+  //! header::checkpoint_seq, removed one. Errors: taking the maintenance byte, the unlink, the
   //! directory's sync.
   [[nodiscard]] result<bool> drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept;
   //! Removes the checkpoint file, syncs the directory and forgets the checkpoint in the
@@ -1165,18 +1166,18 @@ struct store::impl final : ix::page_source {
     if (io::map_guard::run_escapable(call_expiry(), stores)) return {};
     return std::unexpected(index_write_refusal());
   }
-  //! ix::change_entry of `e`, its page asked for first and the change stored with
+  //! index::change_entry of `e`, its page asked for first and the change stored with
   //! store_or_refuse, where the volume may refuse it: for a change outside a commit's escape
   //! (settling a dead writer's entry). Errors: the page's refusal, index_write_refusal.
   template <class Change>
-  [[nodiscard]] result<void> change_entry_escapably(const ix::entry_ref& e,
+  [[nodiscard]] result<void> change_entry_escapably(const index::entry_ref& e,
                                                     Change&& change) noexcept {
-    const ix::bucket_ref b = table->page_holding(e);
+    const index::bucket_ref b = table->page_holding(e);
     if (writes_refusable.load(std::memory_order_relaxed)) {
-      const auto page = static_cast<std::uint64_t>(b.base - base()) / fmt::page_size;
+      const auto page = static_cast<std::uint64_t>(b.base - base()) / disk::page_size;
       if (auto w = index_write_ready(page); !w) return w;
     }
-    return store_or_refuse([&] { ix::change_entry(b, e, change); });
+    return store_or_refuse([&] { index::change_entry(b, e, change); });
   }
   //! Runs `stores` so that a write fault the volume still refuses at `cd`'s deadline (or the
   //! call's, call_scope, if sooner) ends them rather than the process
@@ -1208,7 +1209,7 @@ struct store::impl final : ix::page_source {
   // ---- reading (read.cpp) ----
   //! The record at `location`, checked as the options say. Errors: corrupt (file, offset).
   [[nodiscard]] result<found_record> record_at(std::uint64_t location, bool verify) noexcept;
-  //! The record at `location`, its header checked alone (fmt::parse_record_head: its padding
+  //! The record at `location`, its header checked alone (disk::parse_record_head: its padding
   //! and checksum unread). Errors: corrupt (file, offset).
   [[nodiscard]] result<found_record> record_head_at(std::uint64_t location) noexcept;
   //! A value's bytes (inline, or its blob's, checked as the options say).
@@ -1225,20 +1226,20 @@ struct store::impl final : ix::page_source {
   [[nodiscard]] result<scan_page> scan_at(std::string_view cursor, std::size_t limit,
                                           bool keys_only, std::uint64_t snapshot) noexcept;
   [[nodiscard]] result<std::optional<found_record>> read_at_snapshot(std::span<const std::byte> key,
-                                                                     const fmt::key_hash& h,
+                                                                     const disk::key_hash& h,
                                                                      std::uint64_t snapshot,
                                                                      bool verify) noexcept;
   //! The complete commit block at `location`, if it is one (with every blob it names): its
   //! header; nullopt when it is not complete. Errors: what kept it from being read (a
   //! segment that cannot be opened or mapped, EMFILE, ENOMEM...): never taken for "not
   //! complete", which would roll a commit back.
-  [[nodiscard]] result<std::optional<fmt::block_header>> complete_block(
+  [[nodiscard]] result<std::optional<disk::block_header>> complete_block(
       std::uint64_t location) noexcept;
   //! The complete commit block at `location` if its seq is at most `snapshot`: how a reader
   //! looks at the block of an entry still marked pending. Its writer may be writing it right
   //! now; then its seq word is 0 or above any snapshot (a live writer clears the mark before
   //! its seq is visible), and nothing past that word is read. Errors: complete_block's.
-  [[nodiscard]] result<std::optional<fmt::block_header>> settled_block(
+  [[nodiscard]] result<std::optional<disk::block_header>> settled_block(
       std::uint64_t location, std::uint64_t snapshot) noexcept;
 
   // ---- probing (probe.cpp): which entry of a probe chain is which key's ----
@@ -1252,28 +1253,28 @@ struct store::impl final : ix::page_source {
   //! or a dead writer's insert not settled at the snapshot). Errors: a record or block that
   //! cannot be read (a damaged record of another key of the hash is passed over).
   [[nodiscard]] result<std::optional<found_record>> locate(std::uint64_t page,
-                                                           const fmt::key_hash& h,
+                                                           const disk::key_hash& h,
                                                            std::span<const std::byte> key,
                                                            std::uint64_t snapshot,
                                                            bool verify) noexcept;
   //! For the holder of `page` (exclusively): the entry of `key`, if it has one, once every
   //! pending entry of hash `h` a dead writer left before it in the chain (all of them, when
   //! the key has none) is settled (settle_chain). Errors: as settle_chain's.
-  [[nodiscard]] result<std::optional<ix::entry_ref>> find_locked(
-      std::uint64_t page, const fmt::key_hash& h, std::span<const std::byte> key) noexcept;
+  [[nodiscard]] result<std::optional<index::entry_ref>> find_locked(
+      std::uint64_t page, const disk::key_hash& h, std::span<const std::byte> key) noexcept;
   //! For the holder of `page` (exclusively): every entry of hash `h` a dead writer left
   //! pending is settled: its block complete, it names its own key's record there and the
   //! block's seq; else it goes back to the version its location names (new keys' entries to
   //! holding nothing). Errors: a block or record that cannot be read: those entries stay
   //! pending, nothing is guessed.
-  [[nodiscard]] result<void> settle_chain(std::uint64_t page, const fmt::key_hash& h) noexcept;
+  [[nodiscard]] result<void> settle_chain(std::uint64_t page, const disk::key_hash& h) noexcept;
   //! What entry `e` (of hash `h` in `page`, its seq and location as read) names for a reader
   //! at `snapshot`: its location, or for a pending entry whose block is settled at or below
   //! the snapshot, its own key's record there (0: none). For walks that meet entries, not
   //! keys: checkpoints and scans.
-  [[nodiscard]] result<std::uint64_t> named_by(std::uint64_t page, const fmt::key_hash& h,
-                                               ix::entry_ref e, std::uint64_t seq, std::uint64_t at,
-                                               std::uint64_t snapshot) noexcept;
+  [[nodiscard]] result<std::uint64_t> named_by(std::uint64_t page, const disk::key_hash& h,
+                                               index::entry_ref e, std::uint64_t seq,
+                                               std::uint64_t at, std::uint64_t snapshot) noexcept;
 
   // ---- writing (commit.cpp), made visible (visible.cpp), made durable (group_sync.cpp) ----
   //! Waits until every commit up to `seq` is visible, settling dead writers' commits.
@@ -1281,7 +1282,7 @@ struct store::impl final : ix::page_source {
   //! visible is not waited for either (settle_commit abandons or makes its commit).
   void wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept;
   //! Settles commit `v` (= visible + 1) if its writer is dead, or, with `abandon_live`, alive
-  //! but too slow to wait for: a block not sealed yet is abandoned (fmt::void_block: v is a
+  //! but too slow to wait for: a block not sealed yet is abandoned (disk::void_block: v is a
   //! hole, and its writer's seal fails), a sealed one is made visible. Returns whether it did.
   bool settle_commit(std::uint64_t v, bool abandon_live) noexcept;
   //! The end of a commit through `lease` whose write fault the volume refused past its
@@ -1310,10 +1311,10 @@ struct store::impl final : ix::page_source {
   //! Wakes every thread sleeping on *visible* (all processes).
   //! *visible* has become `seq`: wakes its waiters.
   void wake_visible(std::uint64_t seq) noexcept;
-  //! The futex word of seq's gate (see hdr::visible_gates).
+  //! The futex word of seq's gate (see header::visible_gates).
   [[nodiscard]] std::uint32_t* visible_gate(std::uint64_t seq) const noexcept {
-    return reinterpret_cast<std::uint32_t*>(base() + hdr::visible_gates +
-                                            4 * (seq % hdr::visible_gate_count));
+    return reinterpret_cast<std::uint32_t*>(base() + header::visible_gates +
+                                            4 * (seq % header::visible_gate_count));
   }
   //! `every_segment`: syncs every segment, dirty or not (a checkpoint: a dead writer's
   //! block may have landed after a leader took its dirty bit, and nobody set it again).
@@ -1333,8 +1334,8 @@ struct store::impl final : ix::page_source {
   //! one of them): splits it when a split separates its keys, else gives its chain a page
   //! more (keys of one hash: no directory doubling for nothing). Takes the page's and the
   //! directory's locks.
-  [[nodiscard]] result<void> grow_page(std::uint64_t page, const fmt::key_hash& h,
-                                       std::span<const fmt::key_hash> coming, std::size_t wanted,
+  [[nodiscard]] result<void> grow_page(std::uint64_t page, const disk::key_hash& h,
+                                       std::span<const disk::key_hash> coming, std::size_t wanted,
                                        const io::countdown& cd) noexcept;
   //! Finishes the split a dead splitter left half done, if any, taking the locks it needs
   //! (a live splitter's is waited for).

@@ -94,7 +94,7 @@ store::impl::~impl() {
     // The last user out (its shared hold of the open byte turns exclusive only when nobody
     // else holds it) leaves what it can prove durable in the manifest. Best effort: without
     // it a rebuild only knows less.
-    if (!opts.read_only && !failed.load() && h64(hdr::sync_error).load() == 0 &&
+    if (!opts.read_only && !failed.load() && h64(header::sync_error).load() == 0 &&
         fs->lock(live, open_byte, 1, io::lock_request::exclusive, false)) {
       (void)seal_durable();
     }
@@ -254,7 +254,7 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
   // A slot taken is written (and a dead user's cleared first): all of them writable now
   // where the volume may refuse it.
   if (auto w = write_ready(index_map, base(),
-                           slot_first_page * fmt::page_size + max_slots * slot_size, {}, patient);
+                           slot_first_page * disk::page_size + max_slots * slot_size, {}, patient);
       !w) {
     return std::unexpected(w.error().about(path + "/index"));
   }
@@ -301,8 +301,8 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
             s.ledger_pin().store(0);
           }
           // A user killed while it closed a delta: nobody closes it now.
-          if (std::uint64_t closer = h64(hdr::ledger_closer).load(); (closer >> 32) == u + 1) {
-            h64(hdr::ledger_closer).compare_exchange_strong(closer, 0);
+          if (std::uint64_t closer = h64(header::ledger_closer).load(); (closer >> 32) == u + 1) {
+            h64(header::ledger_closer).compare_exchange_strong(closer, 0);
           }
           s.start_time().store(io::self().start_time);
           s.tid().store(tid);
@@ -389,12 +389,12 @@ bool store::impl::slot_reclaimable(const slot_ref& s) noexcept {
     case commit_state::writing:
       // Its seq is settled once visible (by itself before it died, or by a settler).
       return s.seq().load(std::memory_order_acquire) <=
-             h64(hdr::visible).load(std::memory_order_acquire);
+             h64(header::visible).load(std::memory_order_acquire);
     case commit_state::taking:
       // It may have taken a seq it never wrote down; once every seq handed out is visible,
       // that one is settled too (a hole).
-      return h64(hdr::visible).load(std::memory_order_acquire) + 1 >=
-             h64(hdr::next_seq).load(std::memory_order_acquire);
+      return h64(header::visible).load(std::memory_order_acquire) + 1 >=
+             h64(header::next_seq).load(std::memory_order_acquire);
   }
   return false;  // not a state: never touched
 }
@@ -410,16 +410,16 @@ void store::impl::bury_unsealed(const slot_ref& s) noexcept {
   // (Its pages asked for, and buried escapably: refused, it is left as not buried.)
   bool buried = false;
   if (!opts.read_only && bytes && segment_write_ready(at, length, false) &&
-      store_or_refuse([&] { buried = fmt::bury_block(*bytes, length, salt); }) && buried) {
+      store_or_refuse([&] { buried = disk::bury_block(*bytes, length, salt); }) && buried) {
     return;
   }
-  if (bytes && fmt::block_seq(*bytes) != 0 && fmt::block_seq(*bytes) != fmt::void_seq) return;
+  if (bytes && disk::block_seq(*bytes) != 0 && disk::block_seq(*bytes) != disk::void_seq) return;
   // Not buried (read-only, or its segment cannot be reached now): no close may record it as
   // durable; the next writable rebuild steps over it above durable below.
-  std::uint64_t first = h64(hdr::unvoided_torn).load();
+  std::uint64_t first = h64(header::unvoided_torn).load();
   (void)store_or_refuse([&] {
     while ((first == 0 || at < first) &&
-           !h64(hdr::unvoided_torn).compare_exchange_weak(first, at)) {
+           !h64(header::unvoided_torn).compare_exchange_weak(first, at)) {
     }
   });
 }
@@ -468,7 +468,7 @@ bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
 
 result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use) noexcept {
   // Without a slot: its byte is held already (slotless_byte).
-  if (lease.slotless) return h64(hdr::visible).load(std::memory_order_seq_cst);
+  if (lease.slotless) return h64(header::visible).load(std::memory_order_seq_cst);
   // Published in the slot before it is used, so nothing it reads is reclaimed under it
   // (compaction and page reuse look at every slot's snapshot).
   const slot_ref me = slot(lease.index);
@@ -479,10 +479,10 @@ result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use
         // Only this slot's holder writes it: a store, not a locked read-modify-write.
         me.snapshots().store(me.snapshots().load(std::memory_order_relaxed) + 1,
                              std::memory_order_seq_cst);
-        snap = h64(hdr::visible).load(std::memory_order_acquire);
+        snap = h64(header::visible).load(std::memory_order_acquire);
         for (;;) {
           me.snapshot().store(snap + 1, std::memory_order_seq_cst);  // 0 means none held
-          const std::uint64_t again = h64(hdr::visible).load(std::memory_order_seq_cst);
+          const std::uint64_t again = h64(header::visible).load(std::memory_order_seq_cst);
           if (again == snap) return;
           snap = again;
         }
@@ -496,7 +496,7 @@ result<std::uint64_t> store::impl::take_snapshot(slot_lease& lease, slot_use use
   auto slotless = take_slotless();
   if (!slotless) return std::unexpected(slotless.error());
   lease = *slotless;
-  return h64(hdr::visible).load(std::memory_order_seq_cst);
+  return h64(header::visible).load(std::memory_order_seq_cst);
 }
 
 }  // namespace keel::kv

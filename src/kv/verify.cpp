@@ -68,7 +68,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     findings found(out);
     // Every commit visible now has its block in a segment listed below (later ones may land
     // where the walk has passed).
-    const std::uint64_t walked_after = s.h64(hdr::visible).load(std::memory_order_seq_cst);
+    const std::uint64_t walked_after = s.h64(header::visible).load(std::memory_order_seq_cst);
     // Every segment the manifest lists is there. (The manifest first: a segment is made before
     // it is listed, so one a writer lists meanwhile is among those found after.)
     auto listed = s.read_manifest();
@@ -87,7 +87,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
                  listed.error().has_offset() ? listed.error().offset() : 0,
                  "the manifest (the list of the store's segments) does not check out");
     } else if (listed && !s.private_index) {
-      for (const fmt::manifest_entry& e : listed->entries) {
+      for (const disk::manifest_entry& e : listed->entries) {
         if (std::ranges::binary_search(*numbers, e.number)) continue;
         found.note(keel::detail::shared_path(s.path + "/seg/" + segment_name(e.number)), 0,
                    "a segment the manifest lists is missing");
@@ -95,34 +95,34 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     }
 
     // A record's blob, if it has one, must check out too.
-    const auto check_value = [&](std::uint64_t at, const fmt::record_view& rec) -> result<void> {
-      if (!fmt::is_blob(rec)) return {};
+    const auto check_value = [&](std::uint64_t at, const disk::record_view& rec) -> result<void> {
+      if (!disk::is_blob(rec)) return {};
       auto v = s.value_of(found_record{at, rec, nullptr}, true);
       if (v || v.error() == std::errc::no_such_file_or_directory) return {};  // removed whole
       if (v.error() != errc::corrupt) return std::unexpected(v.error());
-      auto blob_seg = s.segment_at(fmt::segment_of(rec.blob.location));
+      auto blob_seg = s.segment_at(disk::segment_of(rec.blob.location));
       if (!blob_seg) return std::unexpected(blob_seg.error());
-      found.note((*blob_seg)->path, fmt::offset_of(rec.blob.location),
+      found.note((*blob_seg)->path, disk::offset_of(rec.blob.location),
                  "the value of " + describe(rec.key) + " (seq " + std::to_string(rec.head.seq) +
                      ") does not check out");
       return {};
     };
     // Each record of a block whose header checks out, by its own checksum.
     const auto check_records = [&](const segment& seg, std::uint64_t off,
-                                   const fmt::block_header& head) -> result<void> {
+                                   const disk::block_header& head) -> result<void> {
       const auto bytes = seg.bytes();
-      std::uint64_t r = off + sizeof(fmt::block_header);
+      std::uint64_t r = off + sizeof(disk::block_header);
       bool any = false;
       for (std::uint32_t i = 0; i < head.records; ++i) {
         const auto rest = bytes.subspan(r, off + head.length - r);
-        auto rec = fmt::parse_record(rest, s.salt, true);
+        auto rec = disk::parse_record(rest, s.salt, true);
         if (rec) {
-          if (auto v = check_value(fmt::make_location(seg.number, r), *rec); !v) return v;
+          if (auto v = check_value(disk::make_location(seg.number, r), *rec); !v) return v;
           r += rec->size;
           continue;
         }
         any = true;
-        auto shape = fmt::parse_record_head(rest);
+        auto shape = disk::parse_record_head(rest);
         if (!shape) {
           found.note(seg.path, r, "a record that cannot be read (nor can the rest of its block)");
           return {};
@@ -132,7 +132,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
                        std::to_string(shape->head.seq) + ") does not check out");
         r += shape->size;
       }
-      if (!any && !fmt::check_block(bytes.subspan(off), s.salt)) {
+      if (!any && !disk::check_block(bytes.subspan(off), s.salt)) {
         found.note(seg.path, off, "a block whose checksums do not match its records");
       }
       return {};
@@ -146,30 +146,30 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
       const segment& sg = **seg;
       std::uint64_t unexplained_to = 0;  // the end of the run last noted
       auto walked = s.for_each_block(
-          sg, fmt::segment_header_size,
-          [&](std::uint64_t off, const fmt::block_header& head) -> result<void> {
-            const auto kind = static_cast<fmt::block_kind>(head.kind);
-            if (kind == fmt::block_kind::commit) {
-              auto judged = s.judge_commit(fmt::make_location(n, off), head);
+          sg, disk::segment_header_size,
+          [&](std::uint64_t off, const disk::block_header& head) -> result<void> {
+            const auto kind = static_cast<disk::block_kind>(head.kind);
+            if (kind == disk::block_kind::commit) {
+              auto judged = s.judge_commit(disk::make_location(n, off), head);
               if (!judged) return std::unexpected(judged.error());
               if (judged->what == impl::commit_judgement::kind::torn &&
-                  fmt::make_location(n, off) >= durable_below) {
+                  disk::make_location(n, off) >= durable_below) {
                 ++out.torn;  // never happened: not damage
                 return {};
               }
               ++out.commits;
               blocks.push_back(
-                  {fmt::make_location(n, off), fmt::make_location(n, off + head.length)});
+                  {disk::make_location(n, off), disk::make_location(n, off + head.length)});
               return check_records(sg, off, head);
             }
-            if (kind == fmt::block_kind::relocation) {
-              if (!fmt::check_block(sg.bytes().subspan(off), s.salt) &&
-                  fmt::make_location(n, off) >= durable_below &&
-                  fmt::has_unwritten_sector(sg.bytes(), off, head.length)) {
+            if (kind == disk::block_kind::relocation) {
+              if (!disk::check_block(sg.bytes().subspan(off), s.salt) &&
+                  disk::make_location(n, off) >= durable_below &&
+                  disk::has_unwritten_sector(sg.bytes(), off, head.length)) {
                 return {};  // a copy a power cut tore: its original stayed
               }
               blocks.push_back(
-                  {fmt::make_location(n, off), fmt::make_location(n, off + head.length)});
+                  {disk::make_location(n, off), disk::make_location(n, off + head.length)});
               return check_records(sg, off, head);
             }
             return {};  // a blob is checked through the record that names it
@@ -197,9 +197,9 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     auto hold = snapshot_hold::take(s);
     if (!hold) return std::unexpected(hold.error());
     auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-      const ix::bucket_ref b = s.table->page(page);
-      for (std::size_t k = 0; k < ix::entries_per_page; ++k) {
-        const ix::entry_ref e = b.entry(k);
+      const index::bucket_ref b = s.table->page(page);
+      for (std::size_t k = 0; k < index::entries_per_page; ++k) {
+        const index::entry_ref e = b.entry(k);
         // The entry as one state, its seq read on both sides: a writer publishing meanwhile
         // stores the location before the seq, so a seq read before it with a location read
         // after would pair a commit older than the walk with a record newer than it. (A key
@@ -218,12 +218,12 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
           if (e.seq().load(std::memory_order_acquire) == seq) break;
         }
         if (hi == 0) continue;
-        if ((seq & ix::pending) != 0 || at == 0) continue;  // settled when used
+        if ((seq & index::pending) != 0 || at == 0) continue;  // settled when used
         auto rec = s.record_head_at(at);
-        auto seg = s.segment_at(fmt::segment_of(at));
+        auto seg = s.segment_at(disk::segment_of(at));
         if (!seg) return std::unexpected(seg.error());
         if (!rec) {
-          found.note((*seg)->path, fmt::offset_of(at),
+          found.note((*seg)->path, disk::offset_of(at),
                      "no record where an index entry (page " + std::to_string(page) + ") says");
           continue;
         }
@@ -231,13 +231,13 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
         // commit was published, and a rebuild would take the block for space.
         const auto after = std::ranges::upper_bound(blocks, at, {}, &impl::location_range::from);
         if (seq <= walked_after && (after == blocks.begin() || std::prev(after)->to <= at)) {
-          found.note((*seg)->path, fmt::offset_of(at),
+          found.note((*seg)->path, disk::offset_of(at),
                      "a record an index entry names lies in no block that checks out (its block "
                      "header damaged?)");
         }
-        const fmt::key_hash h = s.hash_of(rec->rec.key);
+        const disk::key_hash h = s.hash_of(rec->rec.key);
         if (h.hi != hi || h.lo != lo) {
-          found.note((*seg)->path, fmt::offset_of(at),
+          found.note((*seg)->path, disk::offset_of(at),
                      "an index entry (page " + std::to_string(page) +
                          ") of another hash names the record of " + describe(rec->rec.key));
         }

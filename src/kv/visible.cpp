@@ -22,7 +22,7 @@ constexpr auto u64 = [](auto v) { return static_cast<std::uint64_t>(v); };
 }  // namespace
 
 bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
-  const std::uint64_t next = h64(hdr::next_seq).load(std::memory_order_acquire);
+  const std::uint64_t next = h64(header::next_seq).load(std::memory_order_acquire);
   if (v >= next) return false;  // not handed out yet
   // (Nothing here needs a destructor: a commit's escape may leave from a store in here.)
   std::optional<std::uint32_t> owner;
@@ -39,7 +39,7 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
   }
   std::uint64_t expect = v - 1;
   const auto make_visible = [&] {
-    if (!h64(hdr::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
+    if (!h64(header::visible).compare_exchange_strong(expect, v, std::memory_order_acq_rel)) {
       return false;  // another settler did it (and frees what it may)
     }
     wake_visible(v);
@@ -56,7 +56,7 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
       // fails). Either way v is settled now.
       auto block = bytes_at(slot(*owner).block().load(std::memory_order_acquire));
       if (!block) return false;
-      (void)fmt::void_block(*block);
+      (void)disk::void_block(*block);
       return make_visible();
     }
     // Dead: complete or not, its seq is settled now, holding whatever its block holds (its
@@ -74,8 +74,8 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
       if (!live_takers.test(u)) continue;
       auto block = bytes_at(slot(u).block().load(std::memory_order_acquire));
       if (!block) return false;
-      const std::uint64_t was = fmt::void_block(*block);
-      if (was != 0 && was != fmt::void_seq) return false;
+      const std::uint64_t was = disk::void_block(*block);
+      if (was != 0 && was != disk::void_seq) return false;
     }
   } else if (dead_takers.none()) {
     return false;  // its taker is about to say so
@@ -91,13 +91,13 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
 }
 
 void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept {
-  auto visible = h64(hdr::visible);
+  auto visible = h64(header::visible);
   if (visible.load(std::memory_order_acquire) >= seq) return;
   // The commits in front already hold their seqs and are past waiting for anybody: a spin
   // usually sees them through. Not when more wait than there are CPUs: the spinners would
   // take the CPUs those commits need.
   static const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  if (h64(hdr::visible_waiters).load(std::memory_order_relaxed) < cpus &&
+  if (h64(header::visible_waiters).load(std::memory_order_relaxed) < cpus &&
       base::spin_until([&] { return visible.load(std::memory_order_acquire) >= seq; },
                        std::chrono::microseconds(50))) {
     return;
@@ -112,7 +112,7 @@ void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexc
   // that is stopped.
   std::uint32_t* const word = visible_gate(seq);
   const std::atomic_ref<std::uint32_t> gate(*word);
-  auto waiters = h64(hdr::visible_waiters);
+  auto waiters = h64(header::visible_waiters);
   auto interval = std::chrono::milliseconds(2);
   auto last_check = clock::now();
   for (;;) {
@@ -141,7 +141,7 @@ bool store::impl::dead_check_is_taken() noexcept {
   // kernel walks the file's list of them, a thousand long with a thousand users. With a
   // thousand waiters each looking every few milliseconds, that took a fifth of the machine.
   // A time ahead of this clock (another boot's, another time namespace's) is no one's turn.
-  auto word = h64(hdr::dead_check_ns);
+  auto word = h64(header::dead_check_ns);
   const std::uint64_t t = now_ns();
   std::uint64_t last = word.load(std::memory_order_relaxed);
   if (t - last < 2'000'000) return true;  // (a time ahead of t: a huge difference)
@@ -153,15 +153,15 @@ void store::impl::publish_visible(std::uint64_t seq, counter_delta d,
   wait_visible(seq - 1, cd);
   // The counters change in the ordered step, marked: a reader that sees *visible* = v
   // before and after reading them, and the mark not past v, read them exactly as of v.
-  h64(hdr::counting).store(seq, std::memory_order_seq_cst);
-  h64(hdr::live_records)
+  h64(header::counting).store(seq, std::memory_order_seq_cst);
+  h64(header::live_records)
       .fetch_add(static_cast<std::uint64_t>(d.records), std::memory_order_seq_cst);
-  h64(hdr::live_bytes).fetch_add(static_cast<std::uint64_t>(d.live), std::memory_order_seq_cst);
-  h64(hdr::dead_bytes).fetch_add(d.dead, std::memory_order_seq_cst);
+  h64(header::live_bytes).fetch_add(static_cast<std::uint64_t>(d.live), std::memory_order_seq_cst);
+  h64(header::dead_bytes).fetch_add(d.dead, std::memory_order_seq_cst);
   // Made visible already by a waiter that found this writer too slow to wait for, its block
   // sealed (settle_commit): *visible* never goes back. (Its counters then come late.)
   std::uint64_t before = seq - 1;
-  if (h64(hdr::visible).compare_exchange_strong(before, seq, std::memory_order_seq_cst)) {
+  if (h64(header::visible).compare_exchange_strong(before, seq, std::memory_order_seq_cst)) {
     wake_visible(seq);
   }
 }
@@ -174,7 +174,7 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
   // No seq taken (the block perhaps not even reserved): nothing of it will ever be seen.
   if (seq == 0) return std::unexpected(index_write_refusal());
   auto bytes = bytes_at(block);
-  if (!bytes || fmt::block_seq(*bytes) != seq) {
+  if (!bytes || disk::block_seq(*bytes) != seq) {
     // Not sealed: never will be (only its writer seals it), so it is a hole, and the marks
     // go back as their pages' next holders meet them.
     return std::unexpected(index_write_refusal());
@@ -190,13 +190,13 @@ result<std::uint64_t> store::impl::escaped_commit(slot_lease& lease, impl*& ledg
     wait_visible(seq, cd);
     io::map_guard::disarm();
   }
-  if (h64(hdr::visible).load(std::memory_order_acquire) < seq) {
+  if (h64(header::visible).load(std::memory_order_acquire) < seq) {
     return std::unexpected(index_write_refusal());
   }
   // Its segment's dirty bit may never have been set after the block landed (the refusal
   // may have been that very store): synced here, so that no later sync claims it without
   // it being on disk. Failed, the error is the call's (never retried).
-  auto seg = segment_at(fmt::segment_of(block));
+  auto seg = segment_at(disk::segment_of(block));
   if (!seg) return std::unexpected(seg.error());
   if (auto r = (*seg)->sync(); !r) return std::unexpected(r.error());
   if (d == durability::sync) {
@@ -211,7 +211,7 @@ void store::impl::wake_visible(std::uint64_t seq) noexcept {
   // moved and does not sleep.
   std::uint32_t* const word = visible_gate(seq);
   std::atomic_ref(*word).fetch_add(1, std::memory_order_seq_cst);
-  if (h64(hdr::visible_waiters).load(std::memory_order_seq_cst) != 0) {
+  if (h64(header::visible_waiters).load(std::memory_order_seq_cst) != 0) {
     base::futex_wake(word, INT_MAX, base::futex_scope::shared);
   }
 }

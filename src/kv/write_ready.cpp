@@ -46,7 +46,7 @@ error store::impl::why_writes_refused(std::string_view file) noexcept {
   auto t = io::make_temp_file(dir.dir, ".probe.", io::open_flags::read_write, 0600);
   if (!t && out_of_room(t.error())) return t.error().about(path);
   if (!t) return error(std::make_error_code(std::errc::bad_address)).about(file);
-  static const std::array<std::byte, fmt::page_size> page{};
+  static const std::array<std::byte, disk::page_size> page{};
   auto w = t->file.write_at(0, page);
   (void)t->remove_name(dir.dir);
   if (!w) return w.error().about(file);
@@ -100,7 +100,7 @@ result<void> store::impl::touch_writable(const io::mapped_file& map, std::size_t
   // another user makes to it meanwhile. (The map is page-aligned: the first page's start is in
   // it, before `offset` perhaps.) A touch the volume refuses escapes at the call's deadline,
   // or, not patient, as soon as the guard lets it: then what the volume says, as above.
-  constexpr std::uintptr_t page = fmt::page_size;
+  constexpr std::uintptr_t page = disk::page_size;
   std::uintptr_t at = reinterpret_cast<std::uintptr_t>(map.data() + offset) & ~(page - 1);
   const auto end = reinterpret_cast<std::uintptr_t>(map.data() + offset + n);
   const auto until = patient ? call_expiry() : io::countdown::clock::now();
@@ -117,8 +117,8 @@ result<void> store::impl::touch_writable(const io::mapped_file& map, std::size_t
 
 result<void> store::impl::slot_write_ready(std::uint32_t u, bool patient) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
-  const std::byte* at = base() + slot_first_page * fmt::page_size + std::size_t{u} * slot_size;
-  auto r = write_ready(index_map, base(), fmt::page_size, {}, patient);
+  const std::byte* at = base() + slot_first_page * disk::page_size + std::size_t{u} * slot_size;
+  auto r = write_ready(index_map, base(), disk::page_size, {}, patient);
   if (r) r = write_ready(index_map, at, slot_size, {}, patient);
   if (!r) return std::unexpected(r.error().about(path + "/index"));
   return {};
@@ -126,24 +126,24 @@ result<void> store::impl::slot_write_ready(std::uint32_t u, bool patient) noexce
 
 result<void> store::impl::alone_write_ready() noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
-  auto r = write_ready(index_map, base(), first_free_page * fmt::page_size, {});
+  auto r = write_ready(index_map, base(), first_free_page * disk::page_size, {});
   if (!r) return std::unexpected(r.error().about(path + "/index"));
   return {};
 }
 
 result<void> store::impl::index_write_ready(std::uint64_t p) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
-  auto r = write_ready(index_map, base() + p * fmt::page_size, fmt::page_size, {});
-  if (!r) return std::unexpected(r.error().about(path + "/index", p * fmt::page_size));
+  auto r = write_ready(index_map, base() + p * disk::page_size, disk::page_size, {});
+  if (!r) return std::unexpected(r.error().about(path + "/index", p * disk::page_size));
   return {};
 }
 
 result<void> store::impl::segment_write_ready(std::uint64_t location, std::size_t n,
                                               bool patient) noexcept {
   if (!writes_refusable.load(std::memory_order_relaxed)) return {};
-  auto s = segment_at(fmt::segment_of(location));
+  auto s = segment_at(disk::segment_of(location));
   if (!s) return std::unexpected(s.error());
-  const std::uint64_t off = fmt::offset_of(location);
+  const std::uint64_t off = disk::offset_of(location);
   if (off >= (*s)->size || n > (*s)->size - off) return keel_error(errc::corrupt);
   return write_ready((*s)->map, (*s)->map.data() + off, n, (*s)->path.view(), patient);
 }

@@ -20,7 +20,7 @@ namespace keel::lock {
 namespace {
 
 // The format is atomic_append_format.hpp's; these are the protocol's own numbers.
-using namespace aa;
+using namespace atomic_append_detail;
 constexpr off_t truncate_above = 256 * 1024;
 constexpr off_t punch_every = 1 << 20;
 constexpr std::uint64_t stale_after_ns = 1'000'000'000;

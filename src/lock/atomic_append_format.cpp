@@ -7,7 +7,7 @@
 
 #include "base/planted.hpp"
 
-namespace keel::lock::aa {
+namespace keel::lock::atomic_append_detail {
 
 std::uint64_t checksum_of(record r) noexcept {
   r.checksum = 0;
@@ -72,4 +72,4 @@ result<chunk_view> parse_chunk(off_t offset, std::span<const record> records) no
   return c;
 }
 
-}  // namespace keel::lock::aa
+}  // namespace keel::lock::atomic_append_detail

@@ -16,7 +16,7 @@
 #include "keel/lock/atomic_append.hpp"
 #include "keel/result.hpp"
 
-namespace keel::lock::aa {
+namespace keel::lock::atomic_append_detail {
 
 // The header is one page; records follow.
 constexpr off_t header_size = 4096;
@@ -145,4 +145,4 @@ struct chunk_view {
 [[nodiscard]] result<chunk_view> parse_chunk(off_t offset,
                                              std::span<const record> records) noexcept;
 
-}  // namespace keel::lock::aa
+}  // namespace keel::lock::atomic_append_detail

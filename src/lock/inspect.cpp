@@ -492,8 +492,9 @@ std::uint64_t context::started_at(std::uint64_t ticks) const noexcept {
 bool lock_holder::could_be(std::uint64_t value) const noexcept {
   if (whole_file) return false;
   if (slot >= 0 && slots > 0) {
-    const std::uint64_t s = algorithm == "sysv" ? sysv_set::slot_of(value, slots)
-                                                : static_cast<std::uint64_t>(mm::slot_of(value));
+    const std::uint64_t s = algorithm == "sysv"
+                                ? sysv_set::slot_of(value, slots)
+                                : static_cast<std::uint64_t>(memory_map_detail::slot_of(value));
     return s == static_cast<std::uint64_t>(slot);
   }
   return !entity_known || entity == value;

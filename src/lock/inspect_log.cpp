@@ -18,7 +18,7 @@
 namespace keel::lock::inspecting {
 namespace {
 
-using namespace aa;
+using namespace atomic_append_detail;
 
 // Bytes of log read at most: a log that is never quiet grows, and a look must end.
 constexpr off_t most_scanned = off_t{256} << 20;

@@ -18,10 +18,10 @@ std::string map_of(io::filesystem& fs, const std::string& path) noexcept {
       fs, path.c_str(),
       io::open_flags::read | io::open_flags::non_blocking);  // through a link, as inspect
   if (!f) return {};
-  std::vector<std::byte> page(mm::lockfile_page);
+  std::vector<std::byte> page(memory_map_detail::lockfile_page);
   auto n = f->read_at(0, page);
   if (!n) return {};
-  auto state = mm::parse_lock_file(std::span(page).first(*n));
+  auto state = memory_map_detail::parse_lock_file(std::span(page).first(*n));
   if (!state || state->blank || state->degraded) return {};
   return state->map_path;
 }
@@ -37,23 +37,23 @@ void read_map(context& ctx, const std::string& map, lock_state& out) noexcept {
   auto st = f->status();
   if (!st) return cannot("its map cannot be read: " + st.error().message());
   // A copy, read while users change it: each word is as one moment saw it.
-  std::vector<std::uint64_t> words(mm::map_size / sizeof(std::uint64_t));
+  std::vector<std::uint64_t> words(memory_map_detail::map_size / sizeof(std::uint64_t));
   auto n = f->read_at(0, std::as_writable_bytes(std::span(words)));
   if (!n) return cannot("its map cannot be read: " + n.error().message());
   const auto bytes = std::as_bytes(std::span(words)).first(*n);
-  if (*n != mm::map_size || !mm::check_map(bytes)) {
+  if (*n != memory_map_detail::map_size || !memory_map_detail::check_map(bytes)) {
     return cannot("its map " + map + " is truncated, or not a memory_map map of this version");
   }
-  const mm::slot_table table(reinterpret_cast<std::byte*>(words.data()));
+  const memory_map_detail::slot_table table(reinterpret_cast<std::byte*>(words.data()));
   if (table.degraded_word().load() != 0) return;  // its holders are the fallback's byte locks
 
   ctx.refresh_kernel_locks();  // after the copy: a user alive now holds its liveness byte
   const std::string name = ctx.kernel_name(st->device, st->inode);
   const auto add = [&](std::size_t slot, std::uint32_t u, lock_holder::role what, bool exclusive,
                        bool mode_known) {
-    if (u >= mm::max_users) return;
-    const mm::user_entry* e = table.user(u);
-    const auto byte = static_cast<std::uint64_t>(mm::liveness_base) + u;
+    if (u >= memory_map_detail::max_users) return;
+    const memory_map_detail::user_entry* e = table.user(u);
+    const auto byte = static_cast<std::uint64_t>(memory_map_detail::liveness_base) + u;
     const bool alive = !ctx.kernel_locks_read || ctx.locked(name, byte);
     const auto seen = ctx.lock_owner.find({name, byte});
     lock_holder h;
@@ -66,7 +66,7 @@ void read_map(context& ctx, const std::string& map, lock_state& out) noexcept {
     h.exclusive = exclusive;
     h.mode_known = mode_known;
     h.slot = static_cast<std::int64_t>(slot);
-    h.slots = mm::slots;
+    h.slots = memory_map_detail::slots;
     out.holders.push_back(std::move(h));
   };
   const auto each_bit = [](std::uint64_t bits, std::size_t word, auto&& visit) {
@@ -76,18 +76,20 @@ void read_map(context& ctx, const std::string& map, lock_state& out) noexcept {
       visit(static_cast<std::uint32_t>(word * 64 + b));
     }
   };
-  for (std::size_t i = 0; i < mm::slots; ++i) {
-    const mm::slot_ref s = table.slot(i);
-    if (const std::uint32_t w = s.writer_user(); w != mm::no_slot) {
+  for (std::size_t i = 0; i < memory_map_detail::slots; ++i) {
+    const memory_map_detail::slot_ref s = table.slot(i);
+    if (const std::uint32_t w = s.writer_user(); w != memory_map_detail::no_slot) {
       add(i, w, lock_holder::role::holds, true, true);  // held, or handed to it
     }
-    for (std::size_t word = 0; word < mm::bitset_words; ++word) {
+    for (std::size_t word = 0; word < memory_map_detail::bitset_words; ++word) {
       each_bit(s.readers(word).load(), word,
                [&](std::uint32_t u) { add(i, u, lock_holder::role::holds, false, true); });
       each_bit(s.waiters(word).load(), word, [&](std::uint32_t u) {
         const std::uint32_t wants = table.user(u)->wants;
-        const bool known = u < mm::max_users && (wants & ~mm::wants_exclusive) == i;
-        add(i, u, lock_holder::role::waits, known && (wants & mm::wants_exclusive) != 0, known);
+        const bool known =
+            u < memory_map_detail::max_users && (wants & ~memory_map_detail::wants_exclusive) == i;
+        add(i, u, lock_holder::role::waits,
+            known && (wants & memory_map_detail::wants_exclusive) != 0, known);
       });
     }
   }

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace keel::kv::fmt {
+namespace keel::kv::disk {
 namespace {
 
 constexpr std::uint64_t salt = 0x5eed'1234'abcd'0001ULL;
@@ -422,4 +422,4 @@ TEST(KvFormat, KeyHashesDependOnTheStoresSeed) {
 }
 
 }  // namespace
-}  // namespace keel::kv::fmt
+}  // namespace keel::kv::disk

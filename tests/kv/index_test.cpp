@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-namespace keel::kv::ix {
+namespace keel::kv::index {
 namespace {
 
 // Pages of a fixed arena, handed out from a bump pointer. Retired pages are only counted:
@@ -41,7 +41,7 @@ class arena_pages final : public page_source {
 
 // The store's probe (kv/probe.cpp) tells keys apart by their bytes; here a key is a number
 // and its entry's location is that number.
-std::optional<entry_ref> find_in(const table& t, std::uint64_t p, const fmt::key_hash& h,
+std::optional<entry_ref> find_in(const table& t, std::uint64_t p, const disk::key_hash& h,
                                  std::uint64_t key) {
   std::optional<entry_ref> found;
   t.for_chain(p, h, [&](entry_ref e) {
@@ -53,7 +53,7 @@ std::optional<entry_ref> find_in(const table& t, std::uint64_t p, const fmt::key
 }
 
 // The key's entry, or one claimed for it (holding nothing until the caller publishes).
-std::optional<entry_ref> entry_for(const table& t, std::uint64_t p, const fmt::key_hash& h,
+std::optional<entry_ref> entry_for(const table& t, std::uint64_t p, const disk::key_hash& h,
                                    std::uint64_t key) {
   if (auto e = find_in(t, p, h, key)) return e;
   return t.claim(p, h, 0, 0);
@@ -68,7 +68,7 @@ struct fixture {
     if (!t.create(pages)) std::abort();
   }
   // Inserts key k with hash h at location k, splitting as the store's writer would.
-  void insert(std::uint64_t k, const fmt::key_hash& h) {
+  void insert(std::uint64_t k, const disk::key_hash& h) {
     for (;;) {
       const std::uint64_t p = t.page_of(h);
       if (auto e = entry_for(t, p, h, k)) {
@@ -81,13 +81,13 @@ struct fixture {
     }
   }
   std::uint64_t splits = 0;  // each adds a bucket page
-  [[nodiscard]] bool found(std::uint64_t k, const fmt::key_hash& h) const {
+  [[nodiscard]] bool found(std::uint64_t k, const disk::key_hash& h) const {
     return find_in(t, t.page_of(h), h, k).has_value();
   }
 };
 
-fmt::key_hash hash_of(std::uint64_t k) {
-  return fmt::hash_key(std::as_bytes(std::span(&k, 1)), 0x5eed);
+disk::key_hash hash_of(std::uint64_t k) {
+  return disk::hash_key(std::as_bytes(std::span(&k, 1)), 0x5eed);
 }
 
 TEST(KvIndex, EveryKeyIsFoundThroughSplitsAndDoublings) {
@@ -208,7 +208,7 @@ TEST(KvIndex, AKeysEntryIsFoundAgainNotDuplicated) {
 // happen): each has its own entry, told apart by the key at the location.
 TEST(KvIndex, KeysWithTheSameHashLiveSideBySide) {
   fixture f;
-  const fmt::key_hash h{0x8000'0000'0000'0001ULL, 99};
+  const disk::key_hash h{0x8000'0000'0000'0001ULL, 99};
   f.insert(1, h);
   f.insert(2, h);
   EXPECT_TRUE(f.found(1, h));
@@ -314,4 +314,4 @@ TEST(KvIndex, ReadersFindEveryKeyWhileSplitsHappen) {
 }
 
 }  // namespace
-}  // namespace keel::kv::ix
+}  // namespace keel::kv::index

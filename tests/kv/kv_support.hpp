@@ -59,12 +59,12 @@ inline void PrintTo(commit_step at, std::ostream* os) {
 
 namespace keel::kv::test_support {
 
-//! While it lives, a new index has one bucket page (not ix::initial_depth's 64): for tests
+//! While it lives, a new index has one bucket page (not index::initial_depth's 64): for tests
 //! that split that page on purpose.
 struct one_page_index {
-  unsigned was = ix::initial_depth;
-  one_page_index() noexcept { ix::initial_depth = 0; }
-  ~one_page_index() { ix::initial_depth = was; }
+  unsigned was = index::initial_depth;
+  one_page_index() noexcept { index::initial_depth = 0; }
+  ~one_page_index() { index::initial_depth = was; }
   one_page_index(const one_page_index&) = delete;
   one_page_index& operator=(const one_page_index&) = delete;
 };

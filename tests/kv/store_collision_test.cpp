@@ -1,7 +1,7 @@
 // Keys whose 128-bit hashes are equal: a collision costs a probe, never an error nor another
 // key's value. Every step that settles, scans, checkpoints or compacts an entry tells the
 // keys apart by their bytes, also when the commit that wrote them was left half published by
-// a writer that died. The hashes are made equal through fmt::hash_hook.
+// a writer that died. The hashes are made equal through disk::hash_hook.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -23,20 +23,20 @@ using test_support::open_ok;
 using test_support::small;
 
 // Keys that start with "c" all hash alike; the others hash as ever.
-constexpr fmt::key_hash shared_hash{0x5a5a5a5a5a5a5a5aULL, 42};
+constexpr disk::key_hash shared_hash{0x5a5a5a5a5a5a5a5aULL, 42};
 
 struct colliding_hashes {
   colliding_hashes() noexcept {
-    fmt::hash_hook = [](std::span<const std::byte> key, std::uint64_t seed) noexcept {
+    disk::hash_hook = [](std::span<const std::byte> key, std::uint64_t seed) noexcept {
       if (!key.empty() && key[0] == std::byte{'c'}) return shared_hash;
-      const auto was = fmt::hash_hook;
-      fmt::hash_hook = nullptr;
-      const fmt::key_hash h = fmt::hash_key(key, seed);
-      fmt::hash_hook = was;
+      const auto was = disk::hash_hook;
+      disk::hash_hook = nullptr;
+      const disk::key_hash h = disk::hash_key(key, seed);
+      disk::hash_hook = was;
       return h;
     };
   }
-  ~colliding_hashes() { fmt::hash_hook = nullptr; }
+  ~colliding_hashes() { disk::hash_hook = nullptr; }
   colliding_hashes(const colliding_hashes&) = delete;
   colliding_hashes& operator=(const colliding_hashes&) = delete;
 };

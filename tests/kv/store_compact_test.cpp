@@ -248,7 +248,7 @@ TEST_P(KvCompactPending, KeepsTheBlobOfADeadWritersEntryWhoseBlockIsInTheTailsSe
   auto s = open_ok(path, o);
   ASSERT_TRUE(s);
   // A fresh store's first segment: its header, then this blob's block to the very end.
-  const std::string blob(o.segment_size - fmt::segment_header_size - sizeof(fmt::block_header),
+  const std::string blob(o.segment_size - disk::segment_header_size - sizeof(disk::block_header),
                          'B');
   const commit_step kill_at = GetParam();
   if (kill_at == commit_step::marked) {
@@ -338,8 +338,8 @@ TEST(KvCompact, TheHighestSegmentTheManifestListsStaysAndItsNumberIsNeverUsedAga
   {
     auto d = open_store_dir(path, {.create_if_missing = false});
     ASSERT_TRUE(d) << d.error().message();
-    const fmt::segment_params leftover{d->params.id, 4, fmt::segment_header_size + big.size()};
-    const auto head = fmt::encode_segment_header(leftover, d->params.salt);
+    const disk::segment_params leftover{d->params.id, 4, disk::segment_header_size + big.size()};
+    const auto head = disk::encode_segment_header(leftover, d->params.salt);
     std::ofstream f(path + "/seg/0000000000000004", std::ios::binary);
     f.write(reinterpret_cast<const char*>(head.data()), static_cast<std::streamsize>(head.size()));
     f.seekp(static_cast<std::streamoff>(leftover.size) - 1);
@@ -626,7 +626,7 @@ TEST(KvCompact, HoldsNoLockSlotAWriterMayNeed) {
       std::vector<std::uint64_t> of_slot(lock::memory_map::slots, 0);
       std::size_t found = 0;
       for (std::uint64_t v = 1; found < of_slot.size(); ++v) {
-        auto& o = of_slot[lock::mm::slot_of(v)];
+        auto& o = of_slot[lock::memory_map_detail::slot_of(v)];
         if (o == 0) {
           o = v;
           ++found;
@@ -841,7 +841,7 @@ TEST(KvCompact, ARenameRefusedForRoomGivesTheVictimBackAndCompactionWorks) {
 // (This process compacts only when asked: the compactor is the child, and a process with a
 // thread of its own running cannot fork one under ThreadSanitizer.)
 // A compactor killed in step 7, at the unlink of its second victim: the first is already
-// emptied and gone, and its run not yet counted (hdr::compactions), which is what tells other
+// emptied and gone, and its run not yet counted (header::compactions), which is what tells other
 // users to drop their maps of removed segments. A user that mapped it (it wrote the values)
 // then verified, and verify read an old commit's dead blob through that map, past the file's
 // end: SIGBUS.

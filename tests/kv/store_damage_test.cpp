@@ -146,13 +146,13 @@ TEST_P(KvDeadWriterBlock, IsAHoleNotDamageAfterACleanCloseAndAReboot) {
   ASSERT_EQ(block % 8, 0u);
   switch (GetParam()) {
     case 0:
-      std::memset(bytes.data() + block + offsetof(fmt::block_header, seq), 0, 8);
+      std::memset(bytes.data() + block + offsetof(disk::block_header, seq), 0, 8);
       break;
     case 1:
-      std::memset(bytes.data() + block, 0, sizeof(fmt::block_header));
+      std::memset(bytes.data() + block, 0, sizeof(disk::block_header));
       break;
     default:
-      std::memset(bytes.data() + block, 0, sizeof(fmt::block_header));
+      std::memset(bytes.data() + block, 0, sizeof(disk::block_header));
       std::memset(bytes.data() + marker.offset + 300, 0, 300);
       break;
   }
@@ -205,9 +205,9 @@ TEST(KvDeadWriterBlob, IsBuriedAtTheCloseAndLaterDamageIsStillFound) {
   {
     // Its header not written yet.
     std::string bytes = read_file(blob.file);
-    ASSERT_GE(blob.offset, sizeof(fmt::block_header));
-    std::memset(bytes.data() + blob.offset - sizeof(fmt::block_header), 0,
-                sizeof(fmt::block_header));
+    ASSERT_GE(blob.offset, sizeof(disk::block_header));
+    std::memset(bytes.data() + blob.offset - sizeof(disk::block_header), 0,
+                sizeof(disk::block_header));
     write_file(blob.file, bytes);
   }
   for (int session = 0; session < 3; ++session) {
@@ -814,9 +814,9 @@ TEST(KvDamage, AFlippedBitInTheIndexIsRebuiltNeverAWrongAnswer) {
         ASSERT_TRUE(s->put("k" + std::to_string(k), "v" + std::to_string(k)));
     }
     const std::string key = "k500";
-    auto params = fmt::parse_store_file(as_bytes(std::string_view(read_file(path + "/keel-kv"))));
+    auto params = disk::parse_store_file(as_bytes(std::string_view(read_file(path + "/keel-kv"))));
     ASSERT_TRUE(params);
-    const fmt::key_hash h = fmt::hash_key(as_bytes(key), params->salt);
+    const disk::key_hash h = disk::hash_key(as_bytes(key), params->salt);
     std::string index = read_file(path + "/index");
     std::string hi(8, '\0');
     std::memcpy(hi.data(), &h.hi, 8);
@@ -969,9 +969,9 @@ TEST_P(KvDamagedUnclosedHeader, IsListedByVerifyAndNeverBuried) {
     std::string bytes = read_file(marker.file);
     ASSERT_EQ(bytes.compare(block, 4, "VBK1"), 0);
     if (zeroed) {
-      std::memset(bytes.data() + block, 0, sizeof(fmt::block_header));
+      std::memset(bytes.data() + block, 0, sizeof(disk::block_header));
     } else {
-      bytes[block + offsetof(fmt::block_header, seq)] ^= 0x01;
+      bytes[block + offsetof(disk::block_header, seq)] ^= 0x01;
     }
     write_file(marker.file, bytes);
   }
@@ -990,8 +990,8 @@ TEST_P(KvDamagedUnclosedHeader, IsListedByVerifyAndNeverBuried) {
   }  // each session's close: the block stays as it is
   std::string bytes = read_file(marker.file);
   if (zeroed) {
-    EXPECT_EQ(bytes.substr(block, sizeof(fmt::block_header)),
-              std::string(sizeof(fmt::block_header), '\0'))
+    EXPECT_EQ(bytes.substr(block, sizeof(disk::block_header)),
+              std::string(sizeof(disk::block_header), '\0'))
         << "buried";
   }
 }

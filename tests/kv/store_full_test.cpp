@@ -445,11 +445,11 @@ TEST(KvFullVolume, TheDefaultSegmentSizeFitsTheVolume) {
     if (f == nullptr) return 3;
     file.resize(std::fread(file.data(), 1, file.size(), f));
     std::fclose(f);
-    auto params = fmt::parse_store_file(std::as_bytes(std::span(file.data(), file.size())));
+    auto params = disk::parse_store_file(std::as_bytes(std::span(file.data(), file.size())));
     if (!params || params->segment_size != (std::uint64_t{4} << 20)) return 4;
     std::uint64_t sizes = 0;
     for (const auto& e : std::filesystem::directory_iterator(path + "/seg")) {
-      if (e.file_size() != fmt::min_first_segment_size) return 5;
+      if (e.file_size() != disk::min_first_segment_size) return 5;
       ++sizes;
     }
     return sizes == 0 ? 6 : 0;
@@ -470,7 +470,7 @@ std::uint64_t header_word(const std::string& path, std::size_t offset) {
 
 // The compactions begun on the store at `path` so far (the index header's count).
 std::uint64_t compaction_runs(const std::string& path) {
-  return header_word(path, hdr::compaction_runs);
+  return header_word(path, header::compaction_runs);
 }
 
 // A full store whose dead versions are spread thinly fails its puts fast: once compaction
@@ -729,7 +729,7 @@ TEST_P(KvDeletesTakerKilled, LeavesTheBudgetCountedOnce) {
     ASSERT_TRUE(r || r.error() == errc::not_found) << i << ": " << r.error().message();
   }
   // These erases moved on to the segment left: the room's word says what seg/ holds.
-  EXPECT_EQ(header_word(path, hdr::deletes_room), 0u) << "the room taken still counted";
+  EXPECT_EQ(header_word(path, header::deletes_room), 0u) << "the room taken still counted";
   for (int pass = 0; pass < 50; ++pass) {
     auto c = s->compact();
     ASSERT_TRUE(c) << c.error().message();

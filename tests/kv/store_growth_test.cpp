@@ -73,9 +73,9 @@ TEST(KvGrowth, ANewStoreWithOneKeyTakesAtMostTwoMiBOnALargeVolume) {
       if (!(*s)->put("k", "v")) return 2;
     }
     const std::string file = test::slurp(path + "/keel-kv");
-    auto params = fmt::parse_store_file(std::as_bytes(std::span(file.data(), file.size())));
-    if (!params || params->segment_size != fmt::default_segment_size) return 3;
-    if (params->first_segment_size != fmt::min_first_segment_size) return 4;
+    auto params = disk::parse_store_file(std::as_bytes(std::span(file.data(), file.size())));
+    if (!params || params->segment_size != disk::default_segment_size) return 3;
+    if (params->first_segment_size != disk::min_first_segment_size) return 4;
     const std::uint64_t used = allocated_under(path);
     std::fprintf(stderr, "a one-key store takes %llu bytes\n",
                  static_cast<unsigned long long>(used));
@@ -107,13 +107,13 @@ TEST(KvGrowth, SegmentsAndRoomsGrowWithTheLogAndHoldEverythingThroughRebuildAndC
     std::uint64_t last = 0;
     for (const auto& [number, size] : sizes) {
       // The log's segments grow, each a power of two from the first size up.
-      if (!power_of_two(size) || size < fmt::min_first_segment_size || size < last) return 4;
+      if (!power_of_two(size) || size < disk::min_first_segment_size || size < last) return 4;
       last = size;
     }
-    if (sizes.begin()->second != fmt::min_first_segment_size || last < 2 * mib) return 5;
+    if (sizes.begin()->second != disk::min_first_segment_size || last < 2 * mib) return 5;
     // The spare grew with them, never smaller than the largest; the deletes' room did not.
     if (size_of(path + "/seg/spare") < last ||
-        size_of(path + "/seg/deletes") != fmt::min_first_segment_size) {
+        size_of(path + "/seg/deletes") != disk::min_first_segment_size) {
       return 6;
     }
     const auto check = [&](int from, int step) {
@@ -489,8 +489,8 @@ TEST(KvGrowth, ABlobLargerThanTheSegmentsMadeNowGetsASegmentOfItsOwn) {
   on_small_volume(64, [](const std::string& path) {
     // The value length whose segment would be 1 MiB exactly.
     std::size_t exact = 0;
-    for (std::size_t v = mib - fmt::segment_header_size; v > 512 * kib && exact == 0; --v) {
-      if (fmt::segment_header_size + fmt::blob_block_size(v) == mib) exact = v;
+    for (std::size_t v = mib - disk::segment_header_size; v > 512 * kib && exact == 0; --v) {
+      if (disk::segment_header_size + disk::blob_block_size(v) == mib) exact = v;
     }
     if (exact == 0) return 1;
     const std::string a(700'000, 'a');

@@ -1679,7 +1679,7 @@ TEST(KvQgroup, AWaiterForTheMaintenanceByteDiesOfNoSignal) {
       ::close(index);
       if (header == MAP_FAILED) return 7;
       const auto* wanted = reinterpret_cast<const volatile std::uint64_t*>(
-          static_cast<const std::byte*>(header) + hdr::maintenance_wanted);
+          static_cast<const std::byte*>(header) + header::maintenance_wanted);
       while (*wanted == 0)
         std::this_thread::yield();
       ::munmap(header, 4096);

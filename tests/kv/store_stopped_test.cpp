@@ -40,17 +40,17 @@ options short_timeout() {
 // is unrelated whatever the store's seed. (It once shared a page with "a" now and then.)
 struct pages_apart {
   pages_apart() noexcept {
-    fmt::hash_hook = [](std::span<const std::byte> key, std::uint64_t seed) noexcept {
-      const auto was = fmt::hash_hook;
-      fmt::hash_hook = nullptr;
-      fmt::key_hash h = fmt::hash_key(key, seed);
-      fmt::hash_hook = was;
+    disk::hash_hook = [](std::span<const std::byte> key, std::uint64_t seed) noexcept {
+      const auto was = disk::hash_hook;
+      disk::hash_hook = nullptr;
+      disk::key_hash h = disk::hash_key(key, seed);
+      disk::hash_hook = was;
       constexpr std::uint64_t top = std::uint64_t{1} << 63;
       h.hi = (!key.empty() && key[0] == std::byte{'a'}) ? (h.hi & ~top) | 1 : h.hi | top;
       return h;
     };
   }
-  ~pages_apart() { fmt::hash_hook = nullptr; }
+  ~pages_apart() { disk::hash_hook = nullptr; }
   pages_apart(const pages_apart&) = delete;
   pages_apart& operator=(const pages_apart&) = delete;
 };
@@ -200,8 +200,8 @@ pid_t a_writer_stopped_when_charged(const std::string& path, const options& o,
 std::int64_t written_off_in(const std::string& path) {
   const std::string index = test::slurp(path + "/index");
   std::int64_t written_off = -1;
-  std::memcpy(&written_off, index.data() + hdr::ledger + offsetof(space::ledger_words, written_off),
-              8);
+  std::memcpy(&written_off,
+              index.data() + header::ledger + offsetof(space::ledger_words, written_off), 8);
   return written_off;
 }
 

@@ -737,7 +737,7 @@ int put_killed_at(const std::string& path, commit_step at) {
 }
 
 // Waiters take turns to look whether the writer in front died (a hint in the index header,
-// hdr::dead_check_ns). Whatever the hint says, a look comes: a time just now delays it by
+// header::dead_check_ns). Whatever the hint says, a look comes: a time just now delays it by
 // at most 2 ms, and a time ahead of this clock (another boot's) is no one's turn.
 TEST(KvStoreKilled, ADeadWritersCommitIsSettledWhateverTheLookHintSays) {
   const auto now_ns = [] {
@@ -760,7 +760,7 @@ TEST(KvStoreKilled, ADeadWritersCommitIsSettledWhateverTheLookHintSays) {
     const int fd = ::open((path + "/index").c_str(), O_RDWR | O_CLOEXEC);
     ASSERT_GE(fd, 0);
     const std::uint64_t hint = ahead ? now_ns() + (std::uint64_t{1} << 62) : now_ns();
-    ASSERT_EQ(::pwrite(fd, &hint, sizeof hint, hdr::dead_check_ns), 8);
+    ASSERT_EQ(::pwrite(fd, &hint, sizeof hint, header::dead_check_ns), 8);
     ::close(fd);
     const auto start = std::chrono::steady_clock::now();
     ASSERT_TRUE(s->put("a", "2"));
@@ -830,7 +830,7 @@ TEST(KvStoreKilled, ASplitHalfDoneIsFinishedAndLosesNoUpdate) {
   const pid_t victim = fork_child([&] {
     auto mine = store::open(path, small());
     if (!mine) return 2;
-    ix::split_hook = []() noexcept { ::raise(SIGKILL); };
+    index::split_hook = []() noexcept { ::raise(SIGKILL); };
     for (int i = 100; i < 200; ++i) {
       if (!(*mine)->put(key("k", i), "v1")) return 3;
     }
@@ -876,7 +876,7 @@ TEST(KvStoreKilled, ALoneOpenerFinishesAHalfDoneSplit) {
   const pid_t victim = fork_child([&] {
     auto mine = store::open(path, small());
     if (!mine) return 2;
-    ix::split_hook = []() noexcept { ::raise(SIGKILL); };
+    index::split_hook = []() noexcept { ::raise(SIGKILL); };
     for (int i = 0; i < 200; ++i) {
       if (!(*mine)->put(key(i), "v1")) return 3;
     }

@@ -548,12 +548,12 @@ TEST(MemoryMap, AMapFileAMakerLeftBeforeItsHeaderIsRemoved) {
   const std::string sized = p.o.map_directory + "/keel-mm-00000000000000dd";
   const std::string making = p.o.map_directory + "/keel-mm-00000000000000ee";
   write_all(empty, "");
-  write_all(sized, std::string(mm::map_size, '\0'));
+  write_all(sized, std::string(memory_map_detail::map_size, '\0'));
   write_all(making, "");
   // A maker at work on the third: it holds the byte from before its header is written.
   auto f = io::file_handle::open(making.c_str(), io::open_flags::read_write);
   ASSERT_TRUE(f);
-  auto held = io::try_lock_extent(*f, mm::map_held_byte, 1, io::lock_kind::shared);
+  auto held = io::try_lock_extent(*f, memory_map_detail::map_held_byte, 1, io::lock_kind::shared);
   ASSERT_TRUE(held);
   {
     auto m = memory_map::open(p.path, p.o);
@@ -898,7 +898,7 @@ TEST(MemoryMap, AForkedChildsFirstLockKeepsItsDeadlineWhileAnOpenerIsStuck) {
   // A stuck opener: the init lock held through a description of another "process".
   auto stuck = io::file_handle::open(at.path.c_str(), io::open_flags::read_write);
   ASSERT_TRUE(stuck);
-  auto init = io::lock_extent(*stuck, mm::init_byte, 1, io::lock_kind::exclusive);
+  auto init = io::lock_extent(*stuck, memory_map_detail::init_byte, 1, io::lock_kind::exclusive);
   ASSERT_TRUE(init);
   signal_pipe tried, timed, go_on, locked;
   const pid_t child = fork_child([&] {
@@ -956,7 +956,7 @@ TEST(MemoryMap, AForkedChildThatCouldNotJoinYetKeepsItsDeadParentsMap) {
   ASSERT_TRUE(std::filesystem::exists(map));
   auto stuck = io::file_handle::open(at.path.c_str(), io::open_flags::read_write);
   ASSERT_TRUE(stuck);
-  auto init = io::lock_extent(*stuck, mm::init_byte, 1, io::lock_kind::exclusive);
+  auto init = io::lock_extent(*stuck, memory_map_detail::init_byte, 1, io::lock_kind::exclusive);
   ASSERT_TRUE(init);
   go.notify();
   ASSERT_TRUE(arrives(tried));
@@ -1014,19 +1014,20 @@ struct mapped_table {
       if (e.path().filename().string().rfind("keel-mm-", 0) != 0) continue;
       const int fd = ::open(e.path().c_str(), O_RDWR | O_CLOEXEC);
       if (fd < 0) break;
-      void* p = ::mmap(nullptr, mm::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      void* p =
+          ::mmap(nullptr, memory_map_detail::map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       ::close(fd);
       if (p != MAP_FAILED) base = static_cast<std::byte*>(p);
       break;
     }
   }
   ~mapped_table() {
-    if (base != nullptr) ::munmap(base, mm::map_size);
+    if (base != nullptr) ::munmap(base, memory_map_detail::map_size);
   }
   mapped_table(const mapped_table&) = delete;
   mapped_table& operator=(const mapped_table&) = delete;
-  [[nodiscard]] mm::slot_ref slot_of_entity(std::uint64_t v) const {
-    return mm::slot_table(base).slot(mm::slot_of(v));
+  [[nodiscard]] memory_map_detail::slot_ref slot_of_entity(std::uint64_t v) const {
+    return memory_map_detail::slot_table(base).slot(memory_map_detail::slot_of(v));
   }
   std::byte* base = nullptr;
 };
@@ -1044,7 +1045,7 @@ TEST(MemoryMap, AKilledSharedSleeperIsClearedFromItsSlot) {
   ASSERT_TRUE(g);
   const mapped_table map(o.map_directory);
   ASSERT_NE(map.base, nullptr);
-  const mm::slot_ref s = map.slot_of_entity(9);
+  const memory_map_detail::slot_ref s = map.slot_of_entity(9);
   signal_pipe about_to_lock;
   const pid_t sleeper = fork_child([&] {
     auto mine = memory_map::open(path, o);
@@ -1069,7 +1070,7 @@ TEST(MemoryMap, AKilledSharedSleeperIsClearedFromItsSlot) {
   ASSERT_TRUE(g->unlock());
   other.join();
   EXPECT_FALSE(s.has_waiters()) << "the dead sleeper is still counted";
-  for (std::size_t w = 0; w < mm::bitset_words; ++w)
+  for (std::size_t w = 0; w < memory_map_detail::bitset_words; ++w)
     EXPECT_EQ(s.waiters(w).load(), 0u) << "a dead sleeper's bit in word " << w;
 }
 
@@ -1085,12 +1086,12 @@ std::pair<pid_t, std::uint32_t> start_idle_user(const lock_place& at, const mapp
     ::pause();
     return 0;
   });
-  if (registered.wait() != '!') return {child, mm::max_users};
-  for (std::uint32_t i = 0; i < mm::max_users; ++i) {
-    if (mm::slot_table(map.base).user(i)->pid == static_cast<std::uint32_t>(child))
+  if (registered.wait() != '!') return {child, memory_map_detail::max_users};
+  for (std::uint32_t i = 0; i < memory_map_detail::max_users; ++i) {
+    if (memory_map_detail::slot_table(map.base).user(i)->pid == static_cast<std::uint32_t>(child))
       return {child, i};
   }
-  return {child, mm::max_users};
+  return {child, memory_map_detail::max_users};
 }
 
 // Review finding (issue 15, second review #3): the spinner word was a count, so a process
@@ -1106,11 +1107,11 @@ TEST(MemoryMap, AProcessKilledWhileSpinningDoesNotStopSpinningForGood) {
   const mapped_table map(o.map_directory);
   ASSERT_NE(map.base, nullptr);
   const auto [spinner, u] = start_idle_user(at, map, 12);
-  ASSERT_LT(u, mm::max_users) << "the child's user entry";
+  ASSERT_LT(u, memory_map_detail::max_users) << "the child's user entry";
   // Killed as it spun on the slot of entity 11: its index in the spinner word, its liveness
   // lock gone with it (the state a SIGKILL inside spin_for leaves; made directly, as the
   // budget is too short to aim a kill at).
-  const mm::slot_ref s = map.slot_of_entity(11);
+  const memory_map_detail::slot_ref s = map.slot_of_entity(11);
   s.spinner().store(u + 1);
   ::kill(spinner, SIGKILL);
   ASSERT_EQ(wait_exit(spinner), 128 + SIGKILL);
@@ -1141,12 +1142,12 @@ TEST(MemoryMap, ASleeperKilledBetweenItsTwoMarksLeavesNoWaiterBehind) {
   const mapped_table map(o.map_directory);
   ASSERT_NE(map.base, nullptr);
   const auto [sleeper, u] = start_idle_user(at, map, 14);
-  ASSERT_LT(u, mm::max_users) << "the child's user entry";
+  ASSERT_LT(u, memory_map_detail::max_users) << "the child's user entry";
   // Killed after it set its waiter bit, before the next step (made directly: the window is
   // two instructions wide).
-  const mm::slot_ref s = map.slot_of_entity(13);
-  mm::slot_table(map.base).wants_word(u).store(
-      static_cast<std::uint32_t>(mm::slot_of(13) | mm::wants_exclusive));
+  const memory_map_detail::slot_ref s = map.slot_of_entity(13);
+  memory_map_detail::slot_table(map.base).wants_word(u).store(static_cast<std::uint32_t>(
+      memory_map_detail::slot_of(13) | memory_map_detail::wants_exclusive));
   s.waiters(u / 64).fetch_or(std::uint64_t{1} << (u % 64));
   ::kill(sleeper, SIGKILL);
   ASSERT_EQ(wait_exit(sleeper), 128 + SIGKILL);
@@ -1181,12 +1182,12 @@ TEST(MemoryMap, ADeadThreadWhoseTidWasReusedIsClearedNotTakenForThisThread) {
   }).join();
   const mapped_table map(at.o.map_directory);
   ASSERT_NE(map.base, nullptr);
-  const mm::slot_table table(map.base);
-  std::uint32_t u = mm::max_users;
-  for (std::uint32_t i = 0; i < mm::max_users; ++i) {
+  const memory_map_detail::slot_table table(map.base);
+  std::uint32_t u = memory_map_detail::max_users;
+  for (std::uint32_t i = 0; i < memory_map_detail::max_users; ++i) {
     if (table.user(i)->tid == dead_tid) u = i;
   }
-  ASSERT_LT(u, mm::max_users) << "the dead thread's user entry";
+  ASSERT_LT(u, memory_map_detail::max_users) << "the dead thread's user entry";
   // Its tid reused by this thread (made directly: tids wrap only after ~4 million threads).
   table.user(u)->tid = static_cast<std::uint32_t>(::syscall(SYS_gettid));
   memory_map::options f = at.o;
@@ -1210,7 +1211,7 @@ TEST(MemoryMap, ClosingDoesNotHangBehindAStuckOpener) {
   ASSERT_TRUE((*m)->lock({entity(1)}));
   auto stuck = io::file_handle::open(at.path.c_str(), io::open_flags::read_write);
   ASSERT_TRUE(stuck);
-  auto init = io::lock_extent(*stuck, mm::init_byte, 1, io::lock_kind::exclusive);
+  auto init = io::lock_extent(*stuck, memory_map_detail::init_byte, 1, io::lock_kind::exclusive);
   ASSERT_TRUE(init);
   std::atomic<bool> closed{false};
   std::thread closer([&] {

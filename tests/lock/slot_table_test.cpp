@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-namespace keel::lock::mm {
+namespace keel::lock::memory_map_detail {
 namespace {
 
 using namespace std::chrono_literals;
@@ -243,4 +243,4 @@ TEST(SlotTable, AnUpgradingReaderIsWokenWhenTheLastOtherReaderLeaves) {
 }
 
 }  // namespace
-}  // namespace keel::lock::mm
+}  // namespace keel::lock::memory_map_detail

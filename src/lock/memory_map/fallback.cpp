@@ -20,11 +20,11 @@ void memory_map::impl::release_map_in_use_if_idle() noexcept {
   const base::lock_guard lock(switch_mutex);
   if (map_in_use_released || !degraded()) return;
   if (map.size() != 0 && table.marks_of(my_users)) return;
-  (void)io::unlock_extent(marker, mm::map_in_use_byte, 1);
+  (void)io::unlock_extent(marker, memory_map_detail::map_in_use_byte, 1);
   map_in_use_released = true;
 }
 
-namespace mm {
+namespace memory_map_detail {
 
 result<map_holders> holders_of(const slot_table& table, const io::file_handle& map_fd,
                                std::uint32_t me) noexcept {
@@ -80,37 +80,38 @@ result<map_holders> holders_of(const slot_table& table, const io::file_handle& m
   return mine_seen ? map_holders::only_me : map_holders::none;
 }
 
-}  // namespace mm
+}  // namespace memory_map_detail
 
 result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool spin) noexcept {
   if (fallback_ready.load(std::memory_order_acquire)) return {};
   release_map_in_use_if_idle();
   auto t = mine();
   if (!t) return std::unexpected(t.error());
-  mm::thread_user& me = **t;
+  memory_map_detail::thread_user& me = **t;
   // The map to look at: ours, or (an instance that never used it, as a forced degrader) the
   // one the lock file names, if it is visible here.
-  const mm::slot_table* on = map.size() != 0 ? &table : nullptr;
+  const memory_map_detail::slot_table* on = map.size() != 0 ? &table : nullptr;
   io::file_handle their_hold;
   io::mapped_file theirs;
-  mm::slot_table their_table;
+  memory_map_detail::slot_table their_table;
   io::file_handle probe_fd;
   std::string looked_at = map_path;
   if (on == nullptr && lock_view.size() != 0) {  // (unmapped on a network filesystem)
-    auto state = mm::parse_lock_file(std::span(lock_view.data(), mm::lockfile_page));
+    auto state = memory_map_detail::parse_lock_file(
+        std::span(lock_view.data(), memory_map_detail::lockfile_page));
     const bool visible =
         state && !state->blank && !state->map_path.empty() && state->boot_id == io::self().boot_id;
     if (visible) {
-      auto m = mm::open_map(*fs, state->map_path, their_hold);
+      auto m = memory_map_detail::open_map(*fs, state->map_path, their_hold);
       if (m) {
         theirs = std::move(*m);
-        their_table = mm::slot_table(theirs.data());
+        their_table = memory_map_detail::slot_table(theirs.data());
         on = &their_table;
         looked_at = state->map_path;
         // The flag goes into their map before the look, as a store that orders before our
         // loads of its slots (the lock file's flag was written by pwrite: no such order).
         their_table.degraded_word().store(1);
-      } else if (!mm::map_not_ours(m.error())) {
+      } else if (!memory_map_detail::map_not_ours(m.error())) {
         return std::unexpected(m.error());
       }
     }
@@ -127,11 +128,11 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
     }
     detail::backoff pause(spin);
     for (;;) {
-      auto holders =
-          mm::holders_of(*on, *fd, me.registered && on == &table ? me.index : mm::no_slot);
+      auto holders = memory_map_detail::holders_of(
+          *on, *fd, me.registered && on == &table ? me.index : memory_map_detail::no_slot);
       if (!holders) return std::unexpected(holders.error());
-      if (*holders == mm::map_holders::none) break;
-      if (*holders == mm::map_holders::only_me) {
+      if (*holders == memory_map_detail::map_holders::none) break;
+      if (*holders == memory_map_detail::map_holders::only_me) {
         // This thread holds a map guard: the switch waits for it, and it for the switch.
         return errc_error(std::errc::resource_deadlock_would_occur);
       }
@@ -141,8 +142,8 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
     // The map is not visible here (another machine's memory): every user on it holds the
     // map-in-use marker shared, so getting it exclusively proves they all left it. (Idle
     // users there are waited for, within the deadline.)
-    auto probe = io::lock_extent(me.lock_fd, mm::map_in_use_byte, 1, io::lock_kind::exclusive,
-                                 detail::rest_of(cd));
+    auto probe = io::lock_extent(me.lock_fd, memory_map_detail::map_in_use_byte, 1,
+                                 io::lock_kind::exclusive, detail::rest_of(cd));
     if (!probe) return std::unexpected(probe.error());
     (void)probe->unlock();
   }
@@ -152,7 +153,9 @@ result<void> memory_map::impl::switch_to_fallback(const io::countdown& cd, bool 
 
 result<void> memory_map::impl::mark_degraded() noexcept {
   const std::uint64_t one = 1;
-  if (auto w = marker.write_at(mm::lockfile_degraded_at, std::as_bytes(std::span(&one, 1))); !w) {
+  if (auto w = marker.write_at(memory_map_detail::lockfile_degraded_at,
+                               std::as_bytes(std::span(&one, 1)));
+      !w) {
     return w;
   }
   // Other clients of a network filesystem read the flag from the server (see open).
@@ -170,7 +173,7 @@ result<std::uint64_t> memory_map::impl::lock_on_fallback(std::span<const entity>
                                                          bool spin) noexcept {
   auto t = mine();
   if (!t) return std::unexpected(t.error());
-  mm::thread_user& me = **t;
+  memory_map_detail::thread_user& me = **t;
   if (!me.fallback_fd.is_open()) {
     const base::making_descriptors making;  // (opened and the state's as one step to a fork)
     auto f = detail::reopen(*fs, fallback_path, io::open_flags::read_write, fallback_id);
@@ -180,7 +183,7 @@ result<std::uint64_t> memory_map::impl::lock_on_fallback(std::span<const entity>
   if (auto r = detail::lock_entity_bytes(me.fallback_fd, sorted, cd, spin); !r) {
     return std::unexpected(r.error());
   }
-  return mm::fallback_token;
+  return memory_map_detail::fallback_token;
 }
 
 result<void> memory_map::impl::unlock_on_fallback(std::span<const entity> sorted) noexcept {

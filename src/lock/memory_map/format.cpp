@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace keel::lock::mm {
+namespace keel::lock::memory_map_detail {
 
 bool is_map_name(std::string_view name) noexcept {
   if (name.size() != map_name_prefix.size() + 16 || !name.starts_with(map_name_prefix)) {
@@ -50,4 +50,4 @@ result<void> check_map(std::span<const std::byte> bytes) noexcept {
   return {};
 }
 
-}  // namespace keel::lock::mm
+}  // namespace keel::lock::memory_map_detail

@@ -16,7 +16,7 @@
 #include "keel/lock/memory_map.hpp"
 #include "keel/result.hpp"
 
-namespace keel::lock::mm {
+namespace keel::lock::memory_map_detail {
 
 // ---- The lock file: one page of header, and three marker bytes far beyond it ----
 
@@ -89,4 +89,4 @@ struct lock_file_state {
 //! Whether `name` (the last component of a path) is a map file's name.
 [[nodiscard]] bool is_map_name(std::string_view name) noexcept;
 
-}  // namespace keel::lock::mm
+}  // namespace keel::lock::memory_map_detail

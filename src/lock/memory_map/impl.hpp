@@ -27,7 +27,7 @@
 
 namespace keel::lock {
 
-namespace mm {
+namespace memory_map_detail {
 
 //! One thread's use of one instance: its user index and holds, and its own descriptors
 //! (OFD locks belong to an open file description, so threads must not share one).
@@ -92,14 +92,14 @@ result<map_holders> holders_of(const slot_table& table, const io::file_handle& m
 //! never odd).
 constexpr std::uint64_t fallback_token = 1;
 
-}  // namespace mm
+}  // namespace memory_map_detail
 
 struct memory_map::impl {
   std::string path;
   options opts;
   io::filesystem* fs = &io::os();
-  //! The map file, holding mm::map_held_byte shared while this instance lives (on the map).
-  //! Declared before `marker`, so that it is closed after it: the hold outlives *in use*.
+  //! The map file, holding memory_map_detail::map_held_byte shared while this instance lives (on
+  //! the map). Declared before `marker`, so that it is closed after it: the hold outlives *in use*.
   io::file_handle map_hold;
   io::file_handle marker;  // the markers only: nothing else ever unlocks through it
   //! The lock file is on a filesystem other machines may share (io::fs_info::is_local false,
@@ -108,7 +108,7 @@ struct memory_map::impl {
   std::atomic<bool> shared_filesystem{false};
   io::mapped_file lock_view;
   io::mapped_file map;
-  mm::slot_table table;
+  memory_map_detail::slot_table table;
   std::string map_path;
   std::string fallback_path;
   detail::file_id fallback_id;  // threads reopen it by path: it must still be this file
@@ -133,7 +133,8 @@ struct memory_map::impl {
   //! Whether the lock degraded (either flag set, or no map). On every lock: inline.
   [[nodiscard]] bool degraded() const noexcept {
     if (map.size() == 0) return true;  // (and lock_view may be unmapped: network filesystem)
-    auto* lv = reinterpret_cast<std::uint64_t*>(lock_view.data() + mm::lockfile_degraded_at);
+    auto* lv = reinterpret_cast<std::uint64_t*>(lock_view.data() +
+                                                memory_map_detail::lockfile_degraded_at);
     if (std::atomic_ref<std::uint64_t>(*lv).load() != 0) return true;
     return table.degraded_word().load() != 0;
   }
@@ -153,13 +154,15 @@ struct memory_map::impl {
   }
   result<void> rejoin_after_fork(const io::countdown& cd) noexcept
       KEEL_EXCLUDES(rejoin_mutex, switch_mutex);
-  result<mm::thread_user*> mine() noexcept;
+  result<memory_map_detail::thread_user*> mine() noexcept;
 
   // users.cpp
-  result<void> register_user(mm::thread_user& t) noexcept KEEL_EXCLUDES(switch_mutex);
-  result<bool> recover_if_dead(const mm::thread_user& t, std::uint32_t u,
+  result<void> register_user(memory_map_detail::thread_user& t) noexcept
+      KEEL_EXCLUDES(switch_mutex);
+  result<bool> recover_if_dead(const memory_map_detail::thread_user& t, std::uint32_t u,
                                std::size_t i) const noexcept;
-  result<bool> recover_blockers(const mm::thread_user& t, std::size_t i) const noexcept;
+  result<bool> recover_blockers(const memory_map_detail::thread_user& t,
+                                std::size_t i) const noexcept;
 
   // fallback.cpp
   void release_map_in_use_if_idle() noexcept KEEL_EXCLUDES(switch_mutex);
@@ -178,10 +181,11 @@ struct memory_map::impl {
   enum class wait_outcome { taken, expired, degraded };
   result<std::optional<std::uint64_t>> lock_on_map(std::span<const entity> sorted,
                                                    const io::countdown& cd, bool spin) noexcept;
-  result<wait_outcome> wait_for(mm::thread_user& me, const mm::slot_request& r,
-                                const io::countdown& cd,
+  result<wait_outcome> wait_for(memory_map_detail::thread_user& me,
+                                const memory_map_detail::slot_request& r, const io::countdown& cd,
                                 std::chrono::milliseconds& recovery) const noexcept;
-  void give_up_turn(const mm::thread_user& me, const mm::slot_request& r) const noexcept;
+  void give_up_turn(const memory_map_detail::thread_user& me,
+                    const memory_map_detail::slot_request& r) const noexcept;
 };
 
 }  // namespace keel::lock

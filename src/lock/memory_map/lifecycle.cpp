@@ -42,8 +42,8 @@ result<bool> still_named(io::filesystem& fs, const io::file_handle* dir, const c
 // part-way: each byte of the common header's place is either the header's or zero, and some
 // are the header's. Anything else is not ours to set up, whatever follows.
 bool lock_file_torn(std::span<const std::byte> bytes) noexcept {
-  if (bytes.empty() || bytes.size() > mm::lockfile_page) return false;
-  const auto common = mm::lockfile_format.header();
+  if (bytes.empty() || bytes.size() > memory_map_detail::lockfile_page) return false;
+  const auto common = memory_map_detail::lockfile_format.header();
   const auto* c = reinterpret_cast<const std::byte*>(&common);
   bool ours = false;
   for (std::size_t i = 0; i < std::min(bytes.size(), sizeof common); ++i) {
@@ -62,8 +62,10 @@ result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
                                    std::string& path_out, io::file_handle& hold) noexcept {
   for (int attempt = 0; attempt < 16; ++attempt) {
     char name[64];
-    std::snprintf(name, sizeof name, "/%.*s%08x%08x", static_cast<int>(mm::map_name_prefix.size()),
-                  mm::map_name_prefix.data(), static_cast<unsigned>(base::thread_rng()()),
+    std::snprintf(name, sizeof name, "/%.*s%08x%08x",
+                  static_cast<int>(memory_map_detail::map_name_prefix.size()),
+                  memory_map_detail::map_name_prefix.data(),
+                  static_cast<unsigned>(base::thread_rng()()),
                   static_cast<unsigned>(base::thread_rng()()));
     const std::string p = dir + name;
     auto f = io::file_handle::open(
@@ -77,7 +79,7 @@ result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
     // making for one nobody uses. Before we hold it, it may take our file for one a maker
     // left (killed, or failed to remove it): then it holds the byte while it removes it, or
     // has removed it, and we make another.
-    auto held = io::try_lock_extent(*f, mm::map_held_byte, 1, io::lock_kind::shared);
+    auto held = io::try_lock_extent(*f, memory_map_detail::map_held_byte, 1, io::lock_kind::shared);
     if (!held && detail::is_contention(held.error())) continue;
     if (held) {
       auto named = still_named(fs, nullptr, p.c_str(), *f);
@@ -85,14 +87,14 @@ result<io::mapped_file> create_map(io::filesystem& fs, const std::string& dir,
       if (!named) held = std::unexpected(named.error());
     }
     // Reserve the blocks before mapping: a full /dev/shm is an error here, never a SIGBUS.
-    auto m = held ? io::allocate_and_map(*f, mm::map_size)
+    auto m = held ? io::allocate_and_map(*f, memory_map_detail::map_size)
                   : result<io::mapped_file>(std::unexpected(held.error()));
     if (!m) {
       (void)io::unlink(fs, p.c_str());
       return std::unexpected(m.error());
     }
     held->release();  // held through `hold` from now on
-    const base::format_header h = mm::map_format.header();
+    const base::format_header h = memory_map_detail::map_format.header();
     std::memcpy(m->data(), &h, sizeof h);
     path_out = p;
     hold = std::move(*f);
@@ -129,7 +131,8 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
   {
     // One opener or closer at a time: the first user's set-up and the last user's tear-down
     // never interleave with anyone reading the header.
-    auto init = io::lock_extent(marker, mm::init_byte, 1, io::lock_kind::exclusive, d);
+    auto init =
+        io::lock_extent(marker, memory_map_detail::init_byte, 1, io::lock_kind::exclusive, d);
     if (!init) return std::unexpected(init.error());
     remove_map_on_failure cleanup{*this, made_map};  // before the init lock is let go
     auto fsi = io::stat_fs(marker);
@@ -140,7 +143,7 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       // (and synced) under the init lock: read what the server holds.
       if (auto dc = marker.drop_cached(); !dc) return std::unexpected(dc.error());
     }
-    std::vector<std::byte> page(mm::lockfile_page + 1);
+    std::vector<std::byte> page(memory_map_detail::lockfile_page + 1);
     auto got = marker.read_at(0, page);
     if (!got) return std::unexpected(got.error());
     // Whatever the file holds, it must be a lock file of ours before we write to it: empty,
@@ -149,21 +152,22 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
     // Such a set-up or reset never happened: if nobody uses the lock, the first user sets it
     // up afresh; a user meanwhile is refused, as for any damage.
     const auto read = std::span<const std::byte>(page).first(*got);
-    auto old = mm::parse_lock_file(read);
+    auto old = memory_map_detail::parse_lock_file(read);
     const bool blank_with_more =
         old && old->blank && *got != 0 &&
-        (*got != mm::lockfile_page ||
+        (*got != memory_map_detail::lockfile_page ||
          std::any_of(page.begin(), page.end(), [](std::byte b) { return b != std::byte{0}; }));
     std::optional<error> unreadable;
     if (!old || blank_with_more) {
       unreadable = old ? error(errc::not_keel_file) : old.error();
       if (!lock_file_torn(read)) return corrupt_here(*unreadable);
     }
-    auto first = io::try_lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
+    auto first =
+        io::try_lock_extent(marker, memory_map_detail::in_use_byte, 1, io::lock_kind::exclusive);
     if (!first && !detail::is_contention(first.error())) return std::unexpected(first.error());
     if (unreadable) {
       if (!first) return corrupt_here(*unreadable);
-      old = mm::parse_lock_file({});  // blank: set up afresh
+      old = memory_map_detail::parse_lock_file({});  // blank: set up afresh
       if (!old) return corrupt_here(old.error());
     }
     if (first) {
@@ -175,16 +179,17 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       if (!old->blank && !old->map_path.empty() &&
           std::memcmp(old->boot_id.data(), io::self().boot_id.data(), 16) == 0 &&
           old->map_path.starts_with(opts.map_directory + "/") &&
-          mm::is_map_name(std::string_view(old->map_path).substr(opts.map_directory.size() + 1))) {
+          memory_map_detail::is_map_name(
+              std::string_view(old->map_path).substr(opts.map_directory.size() + 1))) {
         (void)io::unlink(*fs, old->map_path.c_str());
       }
-      mm::lockfile_header h{};
-      h.head = mm::lockfile_format.header();
+      memory_map_detail::lockfile_header h{};
+      h.head = memory_map_detail::lockfile_format.header();
       std::memcpy(h.boot_id, io::self().boot_id.data(), sizeof h.boot_id);
       if (local && !opts.force_fallback) {
         // Maps left by users that died (of this lock or of any other, whose lock file may be
         // gone for good): 1.4 MB of memory each, kept until reboot otherwise.
-        mm::remove_orphan_maps(*fs, opts.map_directory);
+        memory_map_detail::remove_orphan_maps(*fs, opts.map_directory);
         auto m = create_map(*fs, opts.map_directory, map_path, map_hold);
         if (!m) return std::unexpected(m.error());
         map = std::move(*m);
@@ -198,7 +203,7 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       } else {
         h.degraded = 1;
       }
-      std::vector<std::byte> whole(mm::lockfile_page);
+      std::vector<std::byte> whole(memory_map_detail::lockfile_page);
       std::memcpy(whole.data(), &h, sizeof h);
       if (auto w = marker.write_at(0, whole); !w) return std::unexpected(w.error());
       // On a filesystem other machines may share, the client may hold the write back (in
@@ -208,7 +213,8 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
         if (auto s = marker.sync_data(); !s) return std::unexpected(s.error());
       }
       // Converting our exclusive marker to shared keeps it held throughout.
-      auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      auto shared =
+          io::lock_extent(marker, memory_map_detail::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
       first->release();  // converted: nothing of it left to unlock
@@ -218,23 +224,25 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       // size and bytes up to a second old, whatever the locks and caches are told): a
       // header that looks blank, or that names a map, is never believed. The lock degrades;
       // what decides who holds what is then byte-range locks, which the server keeps.
-      auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      auto shared =
+          io::lock_extent(marker, memory_map_detail::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
       must_degrade = true;
     } else {
       if (old->blank) return corrupt_here(error(errc::corrupt));  // in use, yet never set up
-      auto shared = io::lock_extent(marker, mm::in_use_byte, 1, io::lock_kind::shared);
+      auto shared =
+          io::lock_extent(marker, memory_map_detail::in_use_byte, 1, io::lock_kind::shared);
       if (!shared) return std::unexpected(shared.error());
       shared->release();
       const bool same_boot = std::memcmp(old->boot_id.data(), io::self().boot_id.data(), 16) == 0;
       if (!old->degraded) {
         if (same_boot && !opts.force_fallback) {
-          auto m = mm::open_map(*fs, old->map_path, map_hold);
+          auto m = memory_map_detail::open_map(*fs, old->map_path, map_hold);
           if (m) {
             map = std::move(*m);
             map_path = old->map_path;
-          } else if (mm::map_not_ours(m.error())) {
+          } else if (memory_map_detail::map_not_ours(m.error())) {
             must_degrade = true;
           } else {
             return std::unexpected(m.error());
@@ -245,8 +253,9 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
       }
     }
     if (map.size() != 0) {
-      table = mm::slot_table(map.data());
-      auto miu = io::lock_extent(marker, mm::map_in_use_byte, 1, io::lock_kind::shared);
+      table = memory_map_detail::slot_table(map.data());
+      auto miu =
+          io::lock_extent(marker, memory_map_detail::map_in_use_byte, 1, io::lock_kind::shared);
       if (!miu) return std::unexpected(miu.error());
       miu->release();
     }
@@ -257,11 +266,12 @@ result<bool> memory_map::impl::join(io::deadline d) noexcept {
     if (local) {
       auto size = marker.size();
       if (!size) return std::unexpected(size.error());
-      if (*size < static_cast<off_t>(mm::lockfile_page)) {
+      if (*size < static_cast<off_t>(memory_map_detail::lockfile_page)) {
         return corrupt_here(error(make_error_code(errc::corrupt), std::string_view{},
                                   static_cast<std::uint64_t>(*size)));
       }
-      auto view = io::mapped_file::map(marker, io::map_access::read_only, mm::lockfile_page, 0);
+      auto view = io::mapped_file::map(marker, io::map_access::read_only,
+                                       memory_map_detail::lockfile_page, 0);
       if (!view) return std::unexpected(view.error());
       lock_view = std::move(*view);
     }
@@ -296,7 +306,7 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
   // last hold on the map its lock file names, which a remover would take for nobody's.
   io::file_handle parents_hold = std::move(map_hold);
   map_path.clear();
-  table = mm::slot_table();
+  table = memory_map_detail::slot_table();
   lock_view = io::mapped_file{};
   {
     const base::lock_guard sw(switch_mutex);
@@ -323,7 +333,7 @@ result<void> memory_map::impl::rejoin_after_fork(const io::countdown& cd) noexce
   return {};
 }
 
-namespace mm {
+namespace memory_map_detail {
 
 result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p,
                                  io::file_handle& hold) noexcept {
@@ -335,7 +345,7 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p,
     return std::unexpected(
         error(std::make_error_code(std::errc::no_such_file_or_directory)).about(f->shared_path()));
   };
-  auto held = io::try_lock_extent(*f, mm::map_held_byte, 1, io::lock_kind::shared);
+  auto held = io::try_lock_extent(*f, memory_map_detail::map_held_byte, 1, io::lock_kind::shared);
   if (!held) {
     if (!detail::is_contention(held.error())) return std::unexpected(held.error());
     return gone();  // a remover holds it: the map has no user left, and its name is going
@@ -351,14 +361,14 @@ result<io::mapped_file> open_map(io::filesystem& fs, const std::string& p,
   std::array<std::byte, sizeof(base::format_header)> head{};
   auto n = f->read_at(0, head);
   if (!n) return std::unexpected(n.error());
-  if (auto c = mm::check_map(std::span(head).first(*n)); !c) {
+  if (auto c = memory_map_detail::check_map(std::span(head).first(*n)); !c) {
     return std::unexpected(c.error().about(f->shared_path(), 0));
   }
-  if (*size < static_cast<off_t>(mm::map_size)) {
+  if (*size < static_cast<off_t>(memory_map_detail::map_size)) {
     return std::unexpected(
         error(errc::corrupt).about(f->shared_path(), static_cast<std::uint64_t>(*size)));
   }
-  auto m = io::mapped_file::map(*f, io::map_access::read_write, mm::map_size, 0);
+  auto m = io::mapped_file::map(*f, io::map_access::read_write, memory_map_detail::map_size, 0);
   if (!m) return std::unexpected(m.error());
   held->release();  // held through `hold` from now on
   hold = std::move(*f);
@@ -404,7 +414,7 @@ bool map_not_ours(const error& e) noexcept {
          e == keel::errc::unsupported_version || e == keel::errc::corrupt;
 }
 
-}  // namespace mm
+}  // namespace memory_map_detail
 
 memory_map::memory_map(std::uint64_t dev, std::uint64_t ino, std::unique_ptr<impl> p) noexcept
     : shared_fs_mutex(dev, ino), impl_(std::move(p)) {}
@@ -451,23 +461,25 @@ memory_map::~memory_map() {
   // Leave the map first (so a degrader waiting for it is not held up by our init wait).
   {
     const base::lock_guard lock(p.switch_mutex);
-    if (!p.map_in_use_released) (void)io::unlock_extent(p.marker, mm::map_in_use_byte, 1);
+    if (!p.map_in_use_released)
+      (void)io::unlock_extent(p.marker, memory_map_detail::map_in_use_byte, 1);
   }
   // A destructor cannot fail, nor may it hang behind an opener stuck in its set-up: after
   // close_init_wait it leaves without the last user's clean-up, which the next first user
   // does instead (it removes a map of this boot that the lock file still names).
-  auto init = io::lock_extent(p.marker, mm::init_byte, 1, io::lock_kind::exclusive,
-                              io::deadline(mm::close_init_wait));
-  (void)io::unlock_extent(p.marker, mm::in_use_byte, 1);
+  auto init = io::lock_extent(p.marker, memory_map_detail::init_byte, 1, io::lock_kind::exclusive,
+                              io::deadline(memory_map_detail::close_init_wait));
+  (void)io::unlock_extent(p.marker, memory_map_detail::in_use_byte, 1);
   if (!init) return;
-  auto last = io::try_lock_extent(p.marker, mm::in_use_byte, 1, io::lock_kind::exclusive);
+  auto last =
+      io::try_lock_extent(p.marker, memory_map_detail::in_use_byte, 1, io::lock_kind::exclusive);
   if (last) {
     // The last user: remove the map and reset the lock file for the next first user. The
     // common header goes last, so that a write failed part-way leaves what the next first
     // user knows for a reset torn (lock_file_torn), never bytes it must refuse.
     if (!p.map_path.empty()) (void)io::unlink(*p.fs, p.map_path.c_str());
     const std::size_t common = sizeof(base::format_header);
-    std::vector<std::byte> zeros(mm::lockfile_page);
+    std::vector<std::byte> zeros(memory_map_detail::lockfile_page);
     if (p.marker.write_at(common, std::span(zeros).subspan(common))) {
       (void)p.marker.write_at(0, std::span(zeros).first(common));
     }

@@ -31,8 +31,8 @@ std::chrono::nanoseconds recovery_pause(std::chrono::milliseconds own,
 
 // A waiter that leaves without the slot passes on what reached it meanwhile: a grant, or the
 // wake-up to compete that another sleeper may now need.
-void memory_map::impl::give_up_turn(const mm::thread_user& me,
-                                    const mm::slot_request& r) const noexcept {
+void memory_map::impl::give_up_turn(const memory_map_detail::thread_user& me,
+                                    const memory_map_detail::slot_request& r) const noexcept {
   if (r.exclusive && me.exclusive_holds[r.slot] == 0 && table.withdraw_grant(r.slot, me.index)) {
     return;
   }
@@ -42,18 +42,19 @@ void memory_map::impl::give_up_turn(const mm::thread_user& me,
 // Sleeps until slot `r` is `me`'s (taken), the deadline passes, or the lock degrades.
 // Holders that died are looked for every `recovery` (doubling up to 320 ms).
 result<memory_map::impl::wait_outcome> memory_map::impl::wait_for(
-    mm::thread_user& me, const mm::slot_request& r, const io::countdown& cd,
-    std::chrono::milliseconds& recovery) const noexcept {
-  const mm::slot_ref s = table.slot(r.slot);
+    memory_map_detail::thread_user& me, const memory_map_detail::slot_request& r,
+    const io::countdown& cd, std::chrono::milliseconds& recovery) const noexcept {
+  const memory_map_detail::slot_ref s = table.slot(r.slot);
   const std::uint32_t u = me.index;
   const std::uint64_t bit = std::uint64_t{1} << (u % 64);
-  std::atomic_ref<std::uint64_t>(table.user(u)->waiting_since_ns).store(mm::monotonic_ns());
-  table.wants_word(u).store(r.slot | (r.exclusive ? mm::wants_exclusive : 0));
+  std::atomic_ref<std::uint64_t>(table.user(u)->waiting_since_ns)
+      .store(memory_map_detail::monotonic_ns());
+  table.wants_word(u).store(r.slot | (r.exclusive ? memory_map_detail::wants_exclusive : 0));
   s.waiters(u / 64).fetch_or(bit);
   s.maybe_waiters().store(1);  // after the bit: a releaser that reads it finds us
   const auto leave = [&]() noexcept {
     s.waiters(u / 64).fetch_and(~bit);
-    table.wants_word(u).store(mm::no_slot);
+    table.wants_word(u).store(memory_map_detail::no_slot);
     std::uint64_t me_woken = u + 1;
     s.woken().compare_exchange_strong(me_woken, 0);
   };
@@ -102,18 +103,19 @@ result<std::optional<std::uint64_t>> memory_map::impl::lock_on_map(std::span<con
                                                                    bool spin) noexcept {
   auto t = mine();
   if (!t) return std::unexpected(t.error());
-  mm::thread_user& me = **t;
+  memory_map_detail::thread_user& me = **t;
   if (!me.registered) {
     if (auto r = register_user(me); !r) return std::unexpected(r.error());
   }
-  std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
+  std::array<memory_map_detail::slot_request, 16> small;  // filled by collect_slots: no zeroing
   try {
     if (sorted.size() > small.size()) me.slots.reserve(sorted.size());
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
   // (Within the room reserved: nothing is allocated.)
-  const std::span<mm::slot_request> want = mm::collect_slots(sorted, small, me.slots);
+  const std::span<memory_map_detail::slot_request> want =
+      memory_map_detail::collect_slots(sorted, small, me.slots);
 
   bool spun = false;        // a lock call spins at most once before it sleeps
   bool have_first = false;  // want[0] was handed to us while we slept
@@ -177,9 +179,10 @@ std::optional<std::uint64_t> memory_map::impl::take_one_fast(entity e) noexcept 
   if (fallback_ready.load(std::memory_order_acquire)) return std::nullopt;
   // A state of this thread exists only in the process that made it (a forked child starts
   // without), and it is made after ensure_own_process succeeded there: no pid check needed.
-  mm::thread_user* me = threads.existing<mm::thread_user>();
+  memory_map_detail::thread_user* me = threads.existing<memory_map_detail::thread_user>();
   if (me == nullptr || !me->registered) return std::nullopt;
-  const mm::slot_request r{static_cast<std::uint32_t>(mm::slot_of(e.value)), e.is_exclusive()};
+  const memory_map_detail::slot_request r{
+      static_cast<std::uint32_t>(memory_map_detail::slot_of(e.value)), e.is_exclusive()};
   if (!table.take(*me, r)) return std::nullopt;
   // Published (seq_cst), then looked: a degrade that began meanwhile waits for this mark to
   // go, or this thread sees the flag and leaves for the fallback.
@@ -212,19 +215,20 @@ result<std::uint64_t> memory_map::do_lock(std::span<const entity> sorted, const 
 
 result<void> memory_map::do_unlock(std::span<const entity> sorted, std::uint64_t token) noexcept {
   impl& p = *impl_;
-  if (token == mm::fallback_token) return p.unlock_on_fallback(sorted);
+  if (token == memory_map_detail::fallback_token) return p.unlock_on_fallback(sorted);
   // This thread's user (unlocks happen on the locking thread, which keeps its state).
-  auto& me = *reinterpret_cast<mm::thread_user*>(token);
+  auto& me = *reinterpret_cast<memory_map_detail::thread_user*>(token);
   if (sorted.size() == 1) [[likely]] {
-    p.table.give(
-        me, {static_cast<std::uint32_t>(mm::slot_of(sorted[0].value)), sorted[0].is_exclusive()});
+    p.table.give(me, {static_cast<std::uint32_t>(memory_map_detail::slot_of(sorted[0].value)),
+                      sorted[0].is_exclusive()});
     if (p.degraded()) [[unlikely]]
       p.release_map_in_use_if_idle();
     return {};
   }
-  std::array<mm::slot_request, 16> small;  // filled by collect_slots: no zeroing
+  std::array<memory_map_detail::slot_request, 16> small;  // filled by collect_slots: no zeroing
   // (In the room the lock call reserved for this set: an unlock allocates nothing.)
-  for (const mm::slot_request& r : mm::collect_slots(sorted, small, me.slots))
+  for (const memory_map_detail::slot_request& r :
+       memory_map_detail::collect_slots(sorted, small, me.slots))
     p.table.give(me, r);
   if (p.degraded()) p.release_map_in_use_if_idle();
   return {};

@@ -6,7 +6,7 @@
 #include "base/futex.hpp"
 #include "base/spin.hpp"
 
-namespace keel::lock::mm {
+namespace keel::lock::memory_map_detail {
 
 std::atomic<hand_on_hook> test_hand_on_hook{nullptr};
 
@@ -345,4 +345,4 @@ bool slot_table::marks_of(std::span<const std::uint32_t> users) const noexcept {
   return false;
 }
 
-}  // namespace keel::lock::mm
+}  // namespace keel::lock::memory_map_detail

@@ -28,7 +28,7 @@
 #include "keel/io/deadline.hpp"
 #include "keel/lock/shared_fs_mutex.hpp"
 
-namespace keel::lock::mm {
+namespace keel::lock::memory_map_detail {
 
 constexpr std::uint32_t no_slot = 0xffffffffu;
 constexpr std::uint32_t wants_exclusive = 0x80000000u;
@@ -203,4 +203,4 @@ class slot_table {
   std::byte* map_;
 };
 
-}  // namespace keel::lock::mm
+}  // namespace keel::lock::memory_map_detail
