@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/planted.hpp"
+#include "detail.hpp"
 
 namespace keel::aio::detail {
 namespace {

@@ -37,11 +37,12 @@
 #include <mutex>
 #include <optional>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "base/thread_safety.hpp"
-#include "detail.hpp"
 #include "engine.hpp"
+#include "file_state.hpp"
 #include "radix_tree.hpp"
 
 namespace keel::aio::detail {

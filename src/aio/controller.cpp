@@ -78,7 +78,7 @@ void controller::stop() noexcept {
   impl& c = *impl_;
   if (c.inherited()) return;  // the parent's to stop
   if (const detail::worker* w = detail::worker::of_this_thread();
-      w != nullptr && &w->owner() == &c) {
+      w != nullptr && &w->owner() == &c.context) {
     // A completion or task on one of its own workers: stopping joins that very thread.
     std::fputs(
         "keel::aio: a controller was stopped or destroyed from a completion or task on "
@@ -96,7 +96,7 @@ void controller::stop() noexcept {
   // Every request still queued or held back is cancelled by the workers; running ones end.
   // A completion on this controller may wait for a request that only this thread runs (this
   // is another controller's worker, or took that request from an inbox): help meanwhile.
-  c.outstanding.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
+  c.outstanding.wait_for_zero([&] { return detail::worker::help_waiting(&c.context); },
                               detail::worker::longest_sleep());
   for (auto& w : c.workers) {
     w->wake();
@@ -127,6 +127,20 @@ engine_stats controller::engine_counts() const noexcept {
     w->add_counts(s);
   if (impl_->engine) impl_->engine->add_counts(s);
   return s;
+}
+
+// How the controller hands requests to its workers.
+bool controller::impl::help() noexcept {
+  for (auto& w : workers) {
+    if (w->help()) return true;
+  }
+  return false;
+}
+
+void controller::impl::dispatch(detail::op* o, unsigned& next_worker) noexcept {
+  detail::worker& w = *workers[next_worker++ % workers.size()];
+  o->next = nullptr;
+  w.push(o, o);
 }
 
 }  // namespace keel::aio

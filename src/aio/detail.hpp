@@ -1,7 +1,8 @@
 #pragma once
-// The controller's insides: its files and its own state, over the pieces they are made of
-// (op.hpp: requests; stream.hpp: per-thread ordering; worker.hpp: the workers' inboxes;
-// engine.hpp: engines; cache.hpp: the write-back cache).
+// The controller's insides: its own state, over the pieces it is made of (op.hpp: requests;
+// stream.hpp: per-thread ordering; file_state.hpp: open files; worker.hpp: the workers'
+// inboxes; engine.hpp: engines; cache.hpp: the write-back cache). Only the controller's own
+// files include it: engines and workers see the controller through engine_context.hpp.
 //
 // Life of a request (request.cpp): the submitting thread makes an op, appends it to its
 // stream on the file (under the stream's mutex) and, if no earlier unfinished op of the
@@ -27,6 +28,8 @@
 #include "base/sharded_count.hpp"
 #include "base/thread_safety.hpp"
 #include "engine.hpp"
+#include "engine_context.hpp"
+#include "file_state.hpp"
 #include "keel/aio/controller.hpp"
 #include "keel/io/file_handle.hpp"
 #include "keel/result.hpp"
@@ -36,48 +39,7 @@
 
 namespace keel::aio::detail {
 
-struct file_cache;
 class write_back_cache;
-
-struct file_state {
-  std::shared_ptr<controller::impl> owner;  // a file may outlive its controller object
-  std::uint64_t id = 0;                     // never reused (io_uring's table of files)
-  io::file_handle handle;                   // through the controller's filesystem (options::fs)
-  bool readable = false;
-  bool writable = false;
-  bool direct = false;
-  std::size_t align = 1;
-  std::unique_ptr<engine_file> engine_data;  // goes before the descriptor closes
-  std::unique_ptr<file_cache> cache;         // open_options::cache
-
-  std::atomic<bool> closed{false};           // set by the first file::close
-  std::atomic<std::uint32_t> close_done{0};  // 1 once it has closed; other closers wait for it
-  base::sharded_count in_flight;             // file::close waits for zero (after setting `closed`)
-
-  // Kept after their thread exits: its requests may still be running.
-  base::per_thread_states streams{true};
-  // Open file descriptions of the file that threads read through on their own
-  // (stream::reader, options::reader_descriptions), closed with it.
-  base::mutex readers_mutex;
-  std::vector<std::unique_ptr<io::file_handle>> readers KEEL_GUARDED_BY(readers_mutex);
-
-  ~file_state();
-  //! The calling thread's stream on this file (made on first use: not_enough_memory).
-  result<stream*> stream_of_this_thread() noexcept;
-};
-
-//! Whether `o` must meet the cache in a worker (before_engine) before its engine sees it: a
-//! cached file's request the cache has not passed on yet (an fsync, whose cached bytes go
-//! out first), unlike a write it stepped aside for or a read it does not hold.
-inline bool for_the_cache(const op& o) noexcept {
-  return o.file->cache != nullptr && !o.cache_checked;
-}
-
-//! How a request that reached a worker ends before its engine sees it (before_engine).
-struct early_end {
-  result<std::size_t> outcome;
-  bool cancelled = false;
-};
 
 }  // namespace keel::aio::detail
 
@@ -103,6 +65,8 @@ struct controller::impl {
   // The process's forks when it started: in a child forked since, the controller is the
   // parent's (its threads, their requests and locks stayed there) and nothing of it runs.
   const std::uint64_t forks_at_start = base::fork_generation();
+  // All the engine and its workers see of this controller.
+  detail::engine_context context{*this};
 
   impl();
   ~impl();

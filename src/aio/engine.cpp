@@ -44,13 +44,13 @@ std::unique_ptr<engine> make_engine(controller::impl& c, engine_kind k,
                                     std::vector<std::span<std::byte>>& buffers) noexcept {
   switch (k) {
     case engine_kind::io_uring:
-      return make_uring_engine(c, std::move(buffers));
+      return make_uring_engine(c.context, std::move(buffers));
     case engine_kind::posix:
-      return make_posix_engine();
+      return make_posix_engine(c.context);
     case engine_kind::stdio:
-      return make_stdio_engine();
+      return make_stdio_engine(c.context);
     case engine_kind::null:
-      return make_null_engine();
+      return make_null_engine(c.context);
   }
   return nullptr;
 }
@@ -62,7 +62,7 @@ result<void> start_workers(controller::impl& c, engine_kind k, unsigned n,
   c.engine = make_engine(c, k, buffers);
   if (!c.engine) return errc_error(std::errc::not_enough_memory);
   for (unsigned i = 0; i < n; ++i) {
-    auto w = c.engine->make_worker(c, i);
+    auto w = c.engine->make_worker(i);
     auto s = w ? w->start() : result<void>(errc_error(std::errc::not_enough_memory));
     if (!s) {
       c.stopping.store(true);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_context.hpp"
 #include "keel/aio/controller.hpp"
 #include "keel/result.hpp"
 
@@ -30,7 +31,7 @@ struct engine_file {
 
 class engine {
  public:
-  explicit engine(engine_kind k) noexcept : kind_(k) {}
+  engine(engine_kind k, engine_context& c) noexcept : kind_(k), context_(c) {}
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
   virtual ~engine() = default;
@@ -40,8 +41,7 @@ class engine {
   //! them, to wait in their worker (file::submit), rather than wait in its stream.
   [[nodiscard]] virtual bool chains_batches() const noexcept { return false; }
   //! Makes worker `index` of the controller (not started yet); null when out of memory.
-  [[nodiscard]] virtual std::unique_ptr<worker> make_worker(controller::impl& c,
-                                                            unsigned index) noexcept = 0;
+  [[nodiscard]] virtual std::unique_ptr<worker> make_worker(unsigned index) noexcept = 0;
   //! Whether files opened as `how` can run here: not_supported_by_engine otherwise.
   [[nodiscard]] virtual result<void> accepts(const open_options& how) const noexcept {
     (void)how;
@@ -83,8 +83,13 @@ class engine {
   //! Adds what the engine did outside its workers to `s`.
   virtual void add_counts(engine_stats& s) const noexcept { (void)s; }
 
+ protected:
+  //! The controller this engine serves, as engines see it.
+  [[nodiscard]] engine_context& context() const noexcept { return context_; }
+
  private:
   engine_kind kind_;
+  engine_context& context_;
 };
 
 //! Chooses the engine (options::engine, KEEL_AIO_ENGINE, else io_uring with posix as the
@@ -93,13 +98,13 @@ class engine {
 [[nodiscard]] result<void> start_engine(controller::impl& c,
                                         std::vector<std::span<std::byte>> buffers) noexcept;
 
-std::unique_ptr<engine> make_uring_engine(controller::impl& c,
+std::unique_ptr<engine> make_uring_engine(engine_context& c,
                                           std::vector<std::span<std::byte>> buffers) noexcept;
-std::unique_ptr<engine> make_posix_engine() noexcept;
+std::unique_ptr<engine> make_posix_engine(engine_context& c) noexcept;
 //! The open file descriptions of threads' own the process can spare a controller
 //! (options::reader_descriptions): a thirty-second of RLIMIT_NOFILE's soft limit.
 [[nodiscard]] unsigned descriptor_share() noexcept;
-std::unique_ptr<engine> make_stdio_engine() noexcept;
-std::unique_ptr<engine> make_null_engine() noexcept;
+std::unique_ptr<engine> make_stdio_engine(engine_context& c) noexcept;
+std::unique_ptr<engine> make_null_engine(engine_context& c) noexcept;
 
 }  // namespace keel::aio::detail

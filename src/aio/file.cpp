@@ -98,12 +98,12 @@ result<void> file::close() noexcept {
     if (closes_here != nullptr) return {};
     // Another thread closes it, and waits for the file's requests: those this thread holds
     // (taken from an inbox by a wait it is inside of, on its ring) must run here meanwhile.
-    f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
+    f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c.context); },
                               detail::worker::longest_sleep());
     // The first closer may then wait for this thread: a worker's ring must let go of the
     // file, and the cache's bytes go out through the workers.
     while (f.close_done.load() == 0) {
-      if (detail::worker::help_waiting(&c)) continue;
+      if (detail::worker::help_waiting(&c.context)) continue;
       base::futex_wait(base::detail::word_of(f.close_done), 0, detail::worker::longest_sleep());
     }
     return {};
@@ -111,7 +111,7 @@ result<void> file::close() noexcept {
   // From a completion or a task, this thread may hold some of the file's requests itself.
   closing_here mine{&f, closes_here};
   closes_here = &mine;
-  f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c); },
+  f.in_flight.wait_for_zero([&] { return detail::worker::help_waiting(&c.context); },
                             detail::worker::longest_sleep());
   closes_here = mine.outer;
   // The cache's bytes go out first, then the engine lets go (a ring that registered the

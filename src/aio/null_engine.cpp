@@ -3,7 +3,7 @@
 
 #include <new>
 
-#include "detail.hpp"
+#include "file_state.hpp"
 #include "sync_engine.hpp"
 
 namespace keel::aio::detail {
@@ -11,7 +11,7 @@ namespace {
 
 class null_engine final : public sync_engine {
  public:
-  null_engine() noexcept : sync_engine(engine_kind::null) {}
+  explicit null_engine(engine_context& c) noexcept : sync_engine(engine_kind::null, c) {}
 
   result<std::size_t> run(op& o) noexcept override {
     switch (o.kind) {
@@ -38,8 +38,8 @@ class null_engine final : public sync_engine {
 
 }  // namespace
 
-std::unique_ptr<engine> make_null_engine() noexcept {
-  return std::unique_ptr<engine>(new (std::nothrow) null_engine);
+std::unique_ptr<engine> make_null_engine(engine_context& c) noexcept {
+  return std::unique_ptr<engine>(new (std::nothrow) null_engine(c));
 }
 
 }  // namespace keel::aio::detail

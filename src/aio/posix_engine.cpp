@@ -8,7 +8,7 @@
 #include <limits>
 #include <new>
 
-#include "detail.hpp"
+#include "file_state.hpp"
 #include "sync_engine.hpp"
 
 namespace keel::aio::detail {
@@ -58,7 +58,7 @@ const io::file_handle* reopen_for_reads(file_state& f, bool& kept) noexcept {
 
 // The description the submitting thread of `o` reads through: its own once it has one (made
 // here, one of the controller's readers_left), else null (the file's).
-const io::file_handle* reader_of(op& o) noexcept {
+const io::file_handle* reader_of(engine_context& c, op& o) noexcept {
   if (o.owner == nullptr) return nullptr;
   stream& s = *o.owner;
   if (s.reader != nullptr || s.reader_tried) return s.reader;
@@ -67,20 +67,16 @@ const io::file_handle* reader_of(op& o) noexcept {
   file_state& f = *o.file;
   // Only the OS's descriptors can be reopened: another filesystem's are its own business.
   if (&f.handle.fs() != &io::os()) return nullptr;
-  controller::impl& c = *f.owner;
-  unsigned left = c.readers_left.load(std::memory_order_relaxed);
-  do {
-    if (left == 0) return nullptr;
-  } while (!c.readers_left.compare_exchange_weak(left, left - 1, std::memory_order_relaxed));
+  if (!c.take_reader_description()) return nullptr;
   bool kept = false;
   s.reader = reopen_for_reads(f, kept);
-  if (!kept) c.readers_left.fetch_add(1, std::memory_order_relaxed);
+  if (!kept) c.give_back_reader_description();
   return s.reader;
 }
 
 class posix_engine final : public sync_engine {
  public:
-  posix_engine() noexcept : sync_engine(engine_kind::posix) {}
+  explicit posix_engine(engine_context& c) noexcept : sync_engine(engine_kind::posix, c) {}
 
   // Through the file's handle, so through the controller's filesystem (options::fs): the
   // handle continues short transfers and retries EINTR; its errors name the file.
@@ -114,7 +110,7 @@ class posix_engine final : public sync_engine {
   // kernel reports to it.
   result<std::size_t> run_here(op& o) noexcept override {
     if (o.kind == op_kind::read) {
-      if (const io::file_handle* own = reader_of(o)) return read_through(*own, o);
+      if (const io::file_handle* own = reader_of(context(), o)) return read_through(*own, o);
     }
     return run(o);
   }
@@ -129,8 +125,8 @@ unsigned descriptor_share() noexcept {
   return static_cast<unsigned>(std::min<rlim_t>(r.rlim_cur / 32, UINT32_MAX));
 }
 
-std::unique_ptr<engine> make_posix_engine() noexcept {
-  return std::unique_ptr<engine>(new (std::nothrow) posix_engine);
+std::unique_ptr<engine> make_posix_engine(engine_context& c) noexcept {
+  return std::unique_ptr<engine>(new (std::nothrow) posix_engine(c));
 }
 
 }  // namespace keel::aio::detail

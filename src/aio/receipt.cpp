@@ -90,7 +90,7 @@ result<std::size_t> receipt::wait(io::deadline d) const noexcept {
     // Inside a completion, also with a deadline: what it lets go of may be queued for this
     // very thread, which nobody else runs (the wait may then end later than its deadline).
     const bool helps = cd.is_infinite() || detail::completing_here != nullptr;
-    if (helps && detail::worker::help_waiting(c)) continue;
+    if (helps && detail::worker::help_waiting(c != nullptr ? &c->context : nullptr)) continue;
     // A request started on this thread's own ring: reap it here (rather than sleep until a
     // worker does).
     if (cd.is_infinite() && op_->ring != nullptr && c->engine->wait_here(*op_)) continue;

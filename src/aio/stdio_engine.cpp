@@ -8,7 +8,7 @@
 #include <new>
 
 #include "base/thread_safety.hpp"
-#include "detail.hpp"
+#include "file_state.hpp"
 #include "keel/aio/errors.hpp"
 #include "sync_engine.hpp"
 
@@ -29,7 +29,7 @@ stdio_file& of(file_state& f) noexcept {
 
 class stdio_engine final : public sync_engine {
  public:
-  stdio_engine() noexcept : sync_engine(engine_kind::stdio) {}
+  explicit stdio_engine(engine_context& c) noexcept : sync_engine(engine_kind::stdio, c) {}
 
   result<void> accepts(const open_options& how) const noexcept override {
     if (how.direct) return std::unexpected(make_error_code(errc::not_supported_by_engine));
@@ -172,8 +172,8 @@ class stdio_engine final : public sync_engine {
 
 }  // namespace
 
-std::unique_ptr<engine> make_stdio_engine() noexcept {
-  return std::unique_ptr<engine>(new (std::nothrow) stdio_engine);
+std::unique_ptr<engine> make_stdio_engine(engine_context& c) noexcept {
+  return std::unique_ptr<engine>(new (std::nothrow) stdio_engine(c));
 }
 
 }  // namespace keel::aio::detail

@@ -8,7 +8,8 @@
 #include <system_error>
 
 #include "caller_clock.hpp"
-#include "detail.hpp"
+#include "file_state.hpp"
+#include "worker.hpp"
 
 namespace keel::aio::detail {
 namespace {
@@ -28,7 +29,7 @@ thread_local taken* taken_here = nullptr;
 
 class sync_worker final : public worker {
  public:
-  sync_worker(controller::impl& c, sync_engine& e) : worker(c), engine_(e) {}
+  sync_worker(engine_context& c, sync_engine& e) : worker(c), engine_(e) {}
   ~sync_worker() override { join(); }
 
   void wake() noexcept override {
@@ -49,7 +50,7 @@ class sync_worker final : public worker {
     // Tasks run on the controller's threads only: on one of its workers, here too.
     op* list = take_all();
     const worker* here = of_this_thread();
-    return list != nullptr && run_list(list, here != nullptr && &here->owner() == &ctl_);
+    return list != nullptr && run_list(list, here != nullptr && &here->owner() == &ctx_);
   }
 
   result<void> start() noexcept override {
@@ -107,11 +108,11 @@ class sync_worker final : public worker {
   }
 
   void execute(op& o) noexcept {
-    if (auto early = ctl_.before_engine(o)) {
-      ctl_.finish(&o, std::move(early->outcome), early->cancelled);
+    if (auto early = ctx_.before_engine(o)) {
+      ctx_.finish(&o, std::move(early->outcome), early->cancelled);
       return;
     }
-    ctl_.finish(&o, engine_.run(o));
+    ctx_.finish(&o, engine_.run(o));
   }
 
   sync_engine& engine_;
@@ -129,12 +130,12 @@ std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
     return 0;
   }
   op& o = *ops[0];
-  controller::impl& c = *o.file->owner;
-  switch (c.opts.submit_on) {
+  engine_context& c = context();
+  switch (c.opts().submit_on) {
     case submitter::workers:
       return 0;
     case submitter::adaptive: {
-      if (!waiting_bound(c.timed_callers)) return 0;
+      if (!waiting_bound(c.timed_callers())) return 0;
       const base::lock_guard lock(o.owner->mutex);
       if (o.owner->unfinished.size() != 1) return 0;
       break;
@@ -151,9 +152,9 @@ std::size_t sync_engine::submit_here(std::span<op* const> ops) noexcept {
   return 1;
 }
 
-std::unique_ptr<worker> sync_engine::make_worker(controller::impl& c, unsigned index) noexcept {
+std::unique_ptr<worker> sync_engine::make_worker(unsigned index) noexcept {
   (void)index;
-  return std::unique_ptr<worker>(new (std::nothrow) sync_worker(c, *this));
+  return std::unique_ptr<worker>(new (std::nothrow) sync_worker(context(), *this));
 }
 
 }  // namespace keel::aio::detail

@@ -14,8 +14,7 @@ class sync_engine : public engine {
   [[nodiscard]] virtual result<std::size_t> run(op& o) noexcept = 0;
   //! Runs `o`, not a task, on the thread that submitted it (submit_here).
   [[nodiscard]] virtual result<std::size_t> run_here(op& o) noexcept { return run(o); }
-  [[nodiscard]] std::unique_ptr<worker> make_worker(controller::impl& c,
-                                                    unsigned index) noexcept override;
+  [[nodiscard]] std::unique_ptr<worker> make_worker(unsigned index) noexcept override;
   //! Runs a request on the submitting thread, then and there, if options::submit_on says
   //! so: always with submitter::caller; with adaptive, when the thread spends most of its
   //! time in keel's calls and has no other request of the file unfinished (it submits and

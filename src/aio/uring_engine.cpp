@@ -43,7 +43,8 @@
 #include "base/per_thread.hpp"
 #include "base/thread_safety.hpp"
 #include "caller_clock.hpp"
-#include "detail.hpp"
+#include "file_state.hpp"
+#include "worker.hpp"
 
 namespace keel::aio::detail {
 namespace {
@@ -344,9 +345,9 @@ class ring_files {
 //! the rings' tables of files.
 class uring_engine final : public engine {
  public:
-  uring_engine(controller::impl& c, std::vector<std::span<std::byte>> buffers) noexcept
-      : engine(engine_kind::io_uring), buffers_(std::move(buffers)), ctl_(c) {
-    if (c.opts.register_files) {
+  uring_engine(engine_context& c, std::vector<std::span<std::byte>> buffers) noexcept
+      : engine(engine_kind::io_uring, c), buffers_(std::move(buffers)) {
+    if (c.opts().register_files) {
       // The kernel refuses a table larger than RLIMIT_NOFILE.
       rlimit nofile{};
       file_slots_ = 1024;
@@ -359,13 +360,13 @@ class uring_engine final : public engine {
         file_slots_ = 0;  // files go by descriptor
       }
     }
-    if (c.opts.submit_on != submitter::workers) {
-      lists_.reset(new (std::nothrow) ring_list[c.opts.workers]);  // none: only workers
+    if (c.opts().submit_on != submitter::workers) {
+      lists_.reset(new (std::nothrow) ring_list[c.opts().workers]);  // none: only workers
     }
   }
 
   [[nodiscard]] bool chains_batches() const noexcept override { return true; }
-  std::unique_ptr<worker> make_worker(controller::impl& c, unsigned index) noexcept override;
+  std::unique_ptr<worker> make_worker(unsigned index) noexcept override;
 
   result<void> opened(file_state& f, const open_options& how) noexcept override {
     (void)how;
@@ -430,7 +431,7 @@ class uring_engine final : public engine {
   [[nodiscard]] int buffer_of(const op& o) const noexcept {
     return buffers_.empty() ? -1 : buffer_index(o.buffer + o.done, o.length - o.done);
   }
-  [[nodiscard]] controller::impl& owner() const noexcept { return ctl_; }
+  [[nodiscard]] engine_context& owner() const noexcept { return context(); }
 
  private:
   //! The calling thread's caller ring, made if `make` and there is none; null when there is
@@ -455,7 +456,6 @@ class uring_engine final : public engine {
   int next_slot_ KEEL_GUARDED_BY(slots_mutex_) = 0;
   std::vector<uring_worker*> workers_;  // owned by the controller, which outlives the files
 
-  controller::impl& ctl_;
   // The caller rings, each listed with the worker that reaps what its thread leaves.
   struct ring_list {
     base::mutex mutex;
@@ -477,8 +477,8 @@ class uring_engine final : public engine {
 
 class uring_worker final : public worker {
  public:
-  uring_worker(controller::impl& c, uring_engine& e, unsigned index)
-      : worker(c), engine_(e), depth_(c.opts.queue_depth), index_(index) {}
+  uring_worker(engine_context& c, uring_engine& e, unsigned index)
+      : worker(c), engine_(e), depth_(c.opts().queue_depth), index_(index) {}
   ~uring_worker() override {
     join();
     if (efd_ >= 0) ::close(efd_);  // the wake-up eventfd: not a file, not the seam's
@@ -775,7 +775,7 @@ class uring_worker final : public worker {
     while (taken_ != nullptr) {
       op& o = *taken_;
       taken_ = o.next;
-      if (auto early = ctl_.before_engine(o)) {
+      if (auto early = ctx_.before_engine(o)) {
         done(o, std::move(early->outcome), early->cancelled);
       } else if (o.kind == op_kind::task) {
         done(o, o.task());
@@ -787,7 +787,7 @@ class uring_worker final : public worker {
   }
 
   void intake(op& o) noexcept {
-    if (auto early = ctl_.before_engine(o)) {
+    if (auto early = ctx_.before_engine(o)) {
       done(o, std::move(early->outcome), early->cancelled);
       return;
     }
@@ -859,7 +859,7 @@ class uring_worker final : public worker {
       }
       if (--ch->refs == 0) delete ch;
     }
-    ctl_.finish(&o, std::move(outcome), cancelled);
+    ctx_.finish(&o, std::move(outcome), cancelled);
   }
 
   void prepare(io_uring_sqe* sqe, op& o) noexcept {
@@ -1139,7 +1139,7 @@ caller_ring* uring_engine::ring_of_this_thread(bool make) noexcept {
     // trying again on every request.
     if (lists_ && caller_rings_.fetch_add(1) < max_caller_rings) {
       made->counted();
-      (void)made->start(ctl_.opts.queue_depth, file_slots_);
+      (void)made->start(context().opts().queue_depth, file_slots_);
     } else if (lists_) {
       caller_rings_.fetch_sub(1);
     }
@@ -1192,9 +1192,9 @@ void uring_engine::kick(unsigned w) noexcept {
 }
 
 std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
-  const submitter policy = ctl_.opts.submit_on;
+  const submitter policy = context().opts().submit_on;
   if (running_here != nullptr || policy == submitter::workers || !lists_) return 0;
-  if (policy == submitter::adaptive && !waiting_bound(ctl_.timed_callers)) return 0;
+  if (policy == submitter::adaptive && !waiting_bound(context().timed_callers())) return 0;
   caller_ring* r = ring_of_this_thread(true);
   if (r == nullptr) return 0;
   std::size_t taken = 0;
@@ -1248,7 +1248,7 @@ std::size_t uring_engine::submit_here(std::span<op* const> ops) noexcept {
   // Taken, then given back by a ring that could not be entered: started by the workers.
   unsigned next = 0;
   for (op* o : r->given_back)
-    ctl_.dispatch(o, next);
+    context().dispatch(o, next);
   r->given_back.clear();
   return taken;
 }
@@ -1320,9 +1320,9 @@ bool uring_engine::settle_one_left() noexcept {
     const auto [o, res] = u->rest.front();
     u->rest = u->rest.subspan(1);
     if (auto end = outcome_of(*o, res)) {
-      u->engine->ctl_.finish(o, std::move(*end));
+      u->engine->owner().finish(o, std::move(*end));
     } else {
-      u->engine->ctl_.dispatch(o, u->next_worker);  // the rest goes in again, by a worker
+      u->engine->owner().dispatch(o, u->next_worker);  // the rest goes in again, by a worker
     }
     return true;
   }
@@ -1350,13 +1350,13 @@ uring_file::~uring_file() {
   if (slot >= 0) owner.release_slot(*this);
 }
 
-std::unique_ptr<worker> uring_engine::make_worker(controller::impl& c, unsigned index) noexcept {
+std::unique_ptr<worker> uring_engine::make_worker(unsigned index) noexcept {
   try {
     workers_.reserve(workers_.size() + 1);
   } catch (const std::bad_alloc&) {
     return nullptr;
   }
-  auto w = std::unique_ptr<uring_worker>(new (std::nothrow) uring_worker(c, *this, index));
+  auto w = std::unique_ptr<uring_worker>(new (std::nothrow) uring_worker(context(), *this, index));
   if (w) workers_.push_back(w.get());
   return w;
 }
@@ -1381,7 +1381,7 @@ void uring_engine::release_slot(uring_file& f) noexcept {
 
 }  // namespace
 
-std::unique_ptr<engine> make_uring_engine(controller::impl& c,
+std::unique_ptr<engine> make_uring_engine(engine_context& c,
                                           std::vector<std::span<std::byte>> buffers) noexcept {
   return std::unique_ptr<engine>(new (std::nothrow) uring_engine(c, std::move(buffers)));
 }

@@ -1,8 +1,6 @@
-// The workers' inboxes (worker.hpp), and how the controller hands requests to them.
+// The workers' inboxes (worker.hpp).
 
 #include "worker.hpp"
-
-#include "detail.hpp"
 
 namespace keel::aio::detail {
 
@@ -39,36 +37,18 @@ op* worker::take_all() noexcept {
 
 thread_local worker* worker::this_threads_ = nullptr;
 
-bool worker::help_waiting(controller::impl* c) noexcept {
+bool worker::help_waiting(engine_context* c) noexcept {
   if (c != nullptr && c->help()) return true;
   worker* own = this_threads_;
-  return own != nullptr && &own->ctl_ != c && own->help();
+  return own != nullptr && &own->ctx_ != c && own->help();
 }
 
 bool worker::spin_for_work() noexcept {
-  return idle_spin_.spin(
-      [&] { return !inbox_empty() || ctl_.stopping.load(std::memory_order_relaxed); });
+  return idle_spin_.spin([&] { return !inbox_empty() || ctx_.stopping_hint(); });
 }
 
 bool worker::may_exit() const noexcept {
-  return ctl_.stopping.load() && ctl_.outstanding.sum() == 0;
+  return ctx_.may_exit();
 }
 
 }  // namespace keel::aio::detail
-
-namespace keel::aio {
-
-bool controller::impl::help() noexcept {
-  for (auto& w : workers) {
-    if (w->help()) return true;
-  }
-  return false;
-}
-
-void controller::impl::dispatch(detail::op* o, unsigned& next_worker) noexcept {
-  detail::worker& w = *workers[next_worker++ % workers.size()];
-  o->next = nullptr;
-  w.push(o, o);
-}
-
-}  // namespace keel::aio

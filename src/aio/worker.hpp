@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "base/spin.hpp"
+#include "engine_context.hpp"
 #include "keel/aio/controller.hpp"
 #include "keel/result.hpp"
 #include "op.hpp"
@@ -16,7 +17,7 @@ namespace keel::aio::detail {
 
 class worker {
  public:
-  explicit worker(controller::impl& c) : ctl_(c) {}
+  explicit worker(engine_context& c) : ctx_(c) {}
   worker(const worker&) = delete;
   worker& operator=(const worker&) = delete;
   virtual ~worker() = default;
@@ -33,7 +34,7 @@ class worker {
   virtual result<void> start() noexcept = 0;
   //! Adds what this worker's engine did to `s`.
   virtual void add_counts(engine_stats& s) const noexcept { (void)s; }
-  [[nodiscard]] controller::impl& owner() const noexcept { return ctl_; }
+  [[nodiscard]] engine_context& owner() const noexcept { return ctx_; }
 
   //! The worker whose thread the calling thread is (of any controller), or null.
   [[nodiscard]] static worker* of_this_thread() noexcept { return this_threads_; }
@@ -41,7 +42,7 @@ class worker {
   //! `c`'s workers have queued (c may be null) and, on a worker's thread, what that worker
   //! holds, which no other thread would run (completions and tasks may wait). Whether it
   //! ran anything.
-  static bool help_waiting(controller::impl* c) noexcept;
+  static bool help_waiting(engine_context* c) noexcept;
   //! How long such a wait may sleep at a time: a millisecond on a worker's thread (the only
   //! one that runs what reaches its inbox or ring), else without a limit (negative).
   [[nodiscard]] static std::chrono::nanoseconds longest_sleep() noexcept {
@@ -68,7 +69,7 @@ class worker {
   //! Called first on the worker's thread.
   void this_thread_is_mine() noexcept { this_threads_ = this; }
 
-  controller::impl& ctl_;
+  engine_context& ctx_;
   std::thread thread_;
   base::adaptive_spin idle_spin_;
   // Set (seq_cst) before the thread checks its inbox for the last time and sleeps; a pusher
