@@ -84,22 +84,6 @@ result<void> store::impl::wait_for_transactions(const io::countdown& cd) noexcep
   }
 }
 
-result<void> store::impl::wait_visible_until(std::uint64_t seq, const io::countdown& cd) noexcept {
-  auto visible = h64(header::visible);
-  auto last_settle = std::chrono::steady_clock::now();
-  while (visible.load(std::memory_order_acquire) < seq) {
-    if (cd.expired()) return errc_error(std::errc::timed_out);
-    if (std::chrono::steady_clock::now() - last_settle >= std::chrono::milliseconds(2)) {
-      // (Refused past the deadline: the wait times out.)
-      (void)stored_escapably(
-          cd, [&] { (void)settle_commit(visible.load(std::memory_order_acquire) + 1, false); });
-      last_settle = std::chrono::steady_clock::now();
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return {};
-}
-
 bool store::impl::named_now(std::uint64_t at, std::span<const std::byte> key) const noexcept {
   const disk::key_hash h = hash_of(key);
   bool named = false;
@@ -1082,7 +1066,11 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // out so far is visible first). And every transaction open now must end: it may hold an
   // original's location, or a view into it.
   const std::uint64_t moved_by = s.h64(header::next_seq).load(std::memory_order_seq_cst) - 1;
-  if (auto w = s.wait_visible_until(moved_by, cd); !w) return std::unexpected(w.error());
+  // (A store refused past the deadline escapes the wait: it times out.)
+  bool visible = false;
+  (void)s.stored_escapably(
+      cd, [&] { visible = s.wait_visible(moved_by, cd, store::impl::past_deadline::give_up); });
+  if (!visible) return errc_error(std::errc::timed_out);
   if (auto w = wait_for_transactions(); !w) return std::unexpected(w.error());
 
   // 7. Remove them, under the sync lock (a group sync never meets a half-removed segment).

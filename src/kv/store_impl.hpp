@@ -966,9 +966,6 @@ struct store::impl final : index::page_source {
   // ---- compaction (compact.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;
-  //! Waits, settling dead writers' commits, until every seq up to `seq` is visible.
-  [[nodiscard]] result<void> wait_visible_until(std::uint64_t seq,
-                                                const io::countdown& cd) noexcept;
   //! Whether an entry names the record at `at` (of `key`), looked up with no lock: a record
   //! none names is dead for good (a location superseded is never named again). A look that
   //! meets a split may miss one that is named: compaction then keeps its segment (step 5b).
@@ -1277,10 +1274,17 @@ struct store::impl final : index::page_source {
                                                std::uint64_t at, std::uint64_t snapshot) noexcept;
 
   // ---- writing (commit.cpp), made visible (visible.cpp), made durable (group_sync.cpp) ----
-  //! Waits until every commit up to `seq` is visible, settling dead writers' commits.
-  //! Once `cd` has expired, a writer in front that is alive but has not made its commit
-  //! visible is not waited for either (settle_commit abandons or makes its commit).
-  void wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept;
+  //! What a wait for *visible* does once its deadline has passed.
+  enum class past_deadline : bool {
+    settle,   // settles the writer in front, alive or not: the wait never fails (commits')
+    give_up,  // returns false (compaction's, which then fails with timed_out)
+  };
+  //! Waits until every commit up to `seq` is visible, settling dead writers' commits: whether
+  //! they are. Once `cd` has expired, a writer in front that is alive but has not made its
+  //! commit visible is not waited for either: settled (settle_commit abandons or makes its
+  //! commit), or the wait gives up, as `then` says. The one wait for *visible* (visible.cpp).
+  bool wait_visible(std::uint64_t seq, const io::countdown& cd,
+                    past_deadline then = past_deadline::settle) noexcept;
   //! Settles commit `v` (= visible + 1) if its writer is dead, or, with `abandon_live`, alive
   //! but too slow to wait for: a block not sealed yet is abandoned (disk::void_block: v is a
   //! hole, and its writer's seal fails), a sealed one is made visible. Returns whether it did.

@@ -90,9 +90,10 @@ bool store::impl::settle_commit(std::uint64_t v, bool abandon_live) noexcept {
   return true;
 }
 
-void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexcept {
+bool store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd,
+                               past_deadline then) noexcept {
   auto visible = h64(header::visible);
-  if (visible.load(std::memory_order_acquire) >= seq) return;
+  if (visible.load(std::memory_order_acquire) >= seq) return true;
   // The commits in front already hold their seqs and are past waiting for anybody: a spin
   // usually sees them through. Not when more wait than there are CPUs: the spinners would
   // take the CPUs those commits need.
@@ -100,7 +101,7 @@ void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexc
   if (h64(header::visible_waiters).load(std::memory_order_relaxed) < cpus &&
       base::spin_until([&] { return visible.load(std::memory_order_acquire) >= seq; },
                        std::chrono::microseconds(50))) {
-    return;
+    return true;
   }
   // Asleep on the gate of our seq: *visible* moves by one at a time, and each step wakes only
   // the waiters of its own gate (with a thousand writers queued, waking all of them at every
@@ -109,7 +110,7 @@ void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexc
   // the caller's deadline has passed, a writer in front that is alive and has not made its
   // commit visible is not waited for any more either: its commit is settled as its block
   // says (settle_commit), so no call waits much past options::lock_timeout for a writer
-  // that is stopped.
+  // that is stopped. Or, where the caller says so, the wait gives up there.
   std::uint32_t* const word = visible_gate(seq);
   const std::atomic_ref<std::uint32_t> gate(*word);
   auto waiters = h64(header::visible_waiters);
@@ -117,13 +118,16 @@ void store::impl::wait_visible(std::uint64_t seq, const io::countdown& cd) noexc
   auto last_check = clock::now();
   for (;;) {
     const std::uint32_t g = gate.load(std::memory_order_seq_cst);
-    if (visible.load(std::memory_order_seq_cst) >= seq) return;
+    if (visible.load(std::memory_order_seq_cst) >= seq) return true;
     waiters.fetch_add(1, std::memory_order_seq_cst);
     if (visible.load(std::memory_order_seq_cst) < seq) {
       base::futex_wait(word, g, interval, base::futex_scope::shared);
     }
     waiters.fetch_sub(1);
     const bool late = cd.expired();
+    if (late && then == past_deadline::give_up) {
+      return visible.load(std::memory_order_seq_cst) >= seq;
+    }
     if (late || clock::now() - last_check >= interval) {
       last_check = clock::now();
       const std::uint64_t now = visible.load(std::memory_order_acquire);
