@@ -47,6 +47,9 @@ namespace keel::aio {
 
 struct controller::impl {
   options opts;  // without registered_buffers (the io_uring engine has them); fs set
+  // All the engine and its workers see of this controller: made before them, so it outlives
+  // them.
+  detail::engine_context context{*this};
   std::unique_ptr<detail::engine> engine;
   std::string fallback_reason;
   std::vector<std::unique_ptr<detail::worker>> workers;
@@ -65,8 +68,6 @@ struct controller::impl {
   // The process's forks when it started: in a child forked since, the controller is the
   // parent's (its threads, their requests and locks stayed there) and nothing of it runs.
   const std::uint64_t forks_at_start = base::fork_generation();
-  // All the engine and its workers see of this controller.
-  detail::engine_context context{*this};
 
   impl();
   ~impl();
