@@ -329,47 +329,6 @@ result<bool> store::impl::make_room(std::uint64_t seen_runs) noexcept {
   return c->segments_removed != 0 || !short_of_room();
 }
 
-result<void> store::impl::remove_checkpoint() noexcept {
-  // With any copy a checkpointer killed before its rename left, which the word below may have
-  // counted, and which nothing would count after it is zeroed.
-  remove_checkpoint_temps();
-  if (auto r = io::unlink_at(dir.dir, "checkpoint");
-      !r && r.error() != std::errc::no_such_file_or_directory) {
-    return std::unexpected(r.error().about(path + "/checkpoint"));
-  }
-  if (auto r = dir.dir.sync_all(); !r) return std::unexpected(r.error().about(path));
-  // (Where the volume may refuse the header's page: an escape leaves words that name a
-  // checkpoint no longer there, which is a missing checkpoint to every reader of them.)
-  if (!stored_escapably(io::deadline(opts.lock_timeout).start(), [&] {
-        h64(header::checkpoint_from).store(0);
-        h64(header::checkpoint_seq).store(0);
-        h64(header::checkpoint_bytes).store(0);
-      })) {
-    return std::unexpected(index_write_refusal());
-  }
-  return {};
-}
-
-result<bool> store::impl::drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept {
-  if (opts.read_only) return false;
-  const io::countdown cd = io::deadline(opts.lock_timeout).start();
-  if (auto b = take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());
-  const maintenance_hold held{this};
-  auto st = fs->stat_at(&dir.dir, "checkpoint", false);
-  if (!st) {
-    if (st.error() != std::errc::no_such_file_or_directory) {
-      return std::unexpected(st.error().about(path + "/checkpoint"));
-    }
-    // None here: worth a retry only if one was there when the put failed (another user
-    // removed it meanwhile).
-    return seen_seq != 0 && h64(header::checkpoint_seq).load() == 0;
-  }
-  const auto before = fs->statfs(dir.dir);
-  if (auto r = remove_checkpoint(); !r) return std::unexpected(r.error());
-  if (auto r = show_freed_room(before, st->size); !r) return std::unexpected(r.error());
-  return true;
-}
-
 result<void> store::impl::show_freed_room(const result<io::fs_info>& before,
                                           std::uint64_t freed) noexcept {
   // btrfs shows the room an unlink frees only once its transaction commits: then sync, or
@@ -1229,15 +1188,7 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   // A checkpoint of the entries as they are now, naming the copies. Its failure (no_space
   // on a nearly full volume, where the copy would take the room just freed) leaves a longer
   // replay after a power loss, nothing wrong: kept for stats.
-  const auto note_error = [&](const error& e) {
-    (void)stored(
-        [&] { s.h64(header::checkpoint_error).store(static_cast<std::uint64_t>(e.value())); });
-  };
-  if (auto r = s.room_for_checkpoint(); !r) {
-    note_error(r.error());
-  } else if (auto w = s.checkpoint_locked(cd); !w) {
-    note_error(w.error());
-  }
+  s.checkpoint_after_compaction(cd);
   return st;
 }
 

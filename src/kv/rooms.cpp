@@ -265,15 +265,6 @@ result<store::impl::room_kept> store::impl::give_back_segment(std::uint64_t numb
   return room_kept{};
 }
 
-void store::impl::reconcile_checkpoint_bytes() noexcept {
-  h64(header::checkpoint_bytes).store(checkpoint_file_bytes());
-}
-
-std::uint64_t store::impl::checkpoint_file_bytes() const noexcept {
-  auto st = fs->stat_at(&dir.dir, "checkpoint", false);
-  return st ? st->size : 0;
-}
-
 result<void> store::impl::reconcile_rooms() noexcept {
   for (const room_file* room : {&spare_room, &deletes_room}) {
     auto st = fs->stat_at(&dir.segments, room->name, false);

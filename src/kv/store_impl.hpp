@@ -6,6 +6,8 @@
 // commit.cpp (a transaction's calls, the commit protocol), visible.cpp (commits made visible
 // in order, dead writers' settled), group_sync.cpp (durable commits), read.cpp (lookups,
 // scans, stats), store.cpp (the store's own calls), and the others named by section below.
+// index_file.hpp is the index file's fixed part: its header's words, and which file writes
+// each.
 // Layouts and protocols are doc/kv-format.md's; the names here follow it.
 
 #include <algorithm>
@@ -39,199 +41,10 @@
 #include "keel/space/ledger.hpp"
 #include "kv/format.hpp"
 #include "kv/index.hpp"
+#include "kv/index_file.hpp"
 #include "kv/store_dir.hpp"
 
 namespace keel::kv {
-
-// ---- The index file's fixed part (doc/kv-format.md, "The index") ----
-
-namespace header {
-constexpr std::size_t store_id = 24;
-constexpr std::size_t boot_id = 40;
-constexpr std::size_t state = 56;
-constexpr std::size_t visible = 64;
-constexpr std::size_t next_seq = 72;
-constexpr std::size_t tail = 80;
-constexpr std::size_t next_segment = 88;
-constexpr std::size_t sync_started = 96;
-constexpr std::size_t sync_done = 104;
-constexpr std::size_t sync_error = 112;
-// When a waiter on *visible* last looked whether the writer in front is dead (steady clock,
-// ns; a hint: see store::impl::dead_check_is_taken).
-constexpr std::size_t dead_check_ns = 120;
-constexpr std::size_t pages_allocated = 128;
-constexpr std::size_t pages_used = 136;
-// The free page list (retired bucket pages, oldest first, linked through the pages): its
-// first page, its last, and how many (doc/kv-format.md, "Growth").
-constexpr std::size_t free_head = 144;
-constexpr std::size_t live_records = 160;
-constexpr std::size_t live_bytes = 168;
-constexpr std::size_t dead_bytes = 176;
-constexpr std::size_t visible_waiters = 184;
-constexpr std::size_t retired_pages = 192;
-constexpr std::size_t free_tail = 200;
-// 1 while the list is being changed: the next to change it finds its changer died there.
-constexpr std::size_t free_changing = 208;
-constexpr std::size_t free_pages = 216;
-// The size of seg/deletes while it is there and whole (0: none): see room_file.
-constexpr std::size_t deletes_room = 224;
-constexpr std::size_t checkpoint_from = 232;     // where the replay from the last checkpoint starts
-constexpr std::size_t checkpoint_seq = 240;      // the seq the last checkpoint is a copy at
-constexpr std::size_t counting = 248;            // the seq whose counter changes are being added
-constexpr std::size_t checkpoint_error = 256;    // errno of the last failed checkpoint, or 0
-constexpr std::size_t checkpoint_attempt = 264;  // tail when a background checkpoint began
-// Group commit's batching hints (see group_sync).
-constexpr std::size_t sync_joined = 272;  // durable commits that have asked for a sync so far
-constexpr std::size_t sync_batch = 280;   // how many asked between the last two syncs' starts
-constexpr std::size_t sync_mark = 288;    // sync_joined when the last sync started
-constexpr std::size_t sync_ns = 296;      // how long the last sync took
-// The segment an erase made from the room puts leave for deletes (0: none): puts do not
-// write into it (see room_for).
-constexpr std::size_t deletes_segment = 304;
-// The size of seg/spare while it is there and whole (0: none): see room_file.
-constexpr std::size_t spare = 312;
-// Read by every lookup, written seldom: a cache line apart from the words every commit
-// writes.
-constexpr std::size_t directory = 320;
-constexpr std::size_t split_journal = 328;  // old, low, high: index::split_journal
-constexpr std::size_t compactions = 352;    // segments removed by compaction so far (batches)
-// When a caller last waited for the maintenance byte (steady clock, ns; 0: never): background
-// work does not take it within maintenance_yield_ns of that, so that asked-for checkpoints,
-// compactions and verifies are not kept waiting by it (a hint).
-constexpr std::size_t maintenance_wanted = 360;
-// *Dead bytes* below which no background compaction begins: a segment above what the last
-// compaction left (0: none yet; a hint, see store::impl::compaction_due).
-constexpr std::size_t background_after = 368;
-// The space ledger's words (keel/space/ledger.hpp): a cache line of their own, charged by
-// every commit that puts.
-constexpr std::size_t ledger = 384;
-// The ledger's closer: (1 + the slot of the user closing a delta) << 32 | its pid (0: none). Not a
-// keel::lock entity: one sharing a lock slot with a bucket page would wait for that page's writer,
-// who may be inside the delta being closed.
-constexpr std::size_t ledger_closer = 448;
-// Compaction runs begun so far (whether they removed anything: see make_room).
-constexpr std::size_t compaction_runs = 456;
-// Compaction runs ended so far: a futex (low 32 bits) for writers waiting for one to end.
-constexpr std::size_t compaction_ends = 464;
-// A compaction short of room that found nothing to take: it could take something only once
-// *dead bytes* reach this (0: no such finding), or a segment is sealed after the one the tail
-// was in then (whose number is in the next word). A hint that spares a full store's puts a
-// walk of the whole index each (see compaction_would_take_nothing).
-constexpr std::size_t fruitless_below = 472;
-constexpr std::size_t fruitless_tail_segment = 480;
-// The segment whose fdatasync failed (with *sync error*: written before it).
-constexpr std::size_t sync_error_segment = 488;
-// The first block a read-only rebuild found torn and could not void (0: none): no close
-// records it, or anything after it, as durable (seal_durable).
-constexpr std::size_t unvoided_torn = 496;
-// The size of `checkpoint` as last written (0: none): counted under options::max_bytes.
-constexpr std::size_t checkpoint_bytes = 504;
-// Futex words for waiters on *visible*: the gate of seq s (4 bytes at visible_gates + 4 ×
-// (s % visible_gate_count)) moves on when *visible* becomes s, and only its waiters wake.
-constexpr std::size_t visible_gates = 512;
-constexpr std::size_t visible_gate_count = 128;
-// One bit per segment table entry: a block was written into that segment since the last
-// group sync began.
-constexpr std::size_t dirty_segments = 1024;
-constexpr std::size_t checksum = 4088;
-constexpr std::size_t checksummed = 56;  // bytes 0-55 never change while the index is in use
-}  // namespace header
-
-constexpr std::uint64_t state_building = 0;
-constexpr std::uint64_t state_valid = 1;
-
-constexpr std::size_t slot_first_page = 1;
-constexpr std::size_t max_slots = 1024;
-constexpr std::size_t slot_size = 256;
-//! Where in a slot its user's ledger words are (space::writer_words: the delta it is
-//! charging, 0: none; and its cost).
-constexpr std::size_t slot_ledger_pin = 64;
-constexpr std::size_t slot_ledger_cost = 72;
-static_assert(slot_ledger_cost == slot_ledger_pin + offsetof(space::writer_words, cost));
-constexpr std::size_t segtab_first_page = 65;
-constexpr std::size_t segtab_entries = 8064;
-constexpr std::size_t segtab_entry_size = 32;
-constexpr std::size_t dirty_words = (segtab_entries + 63) / 64;
-static_assert(header::visible_gates + 4 * header::visible_gate_count <= header::dirty_segments);
-static_assert(header::dirty_segments + dirty_words * 8 <= header::checksum);
-constexpr std::size_t first_free_page = 128;
-//! A new (or rebuilt) index file's pages (the most: a store whose segments grow starts with
-//! initial_index_pages_growing, as small as its first buckets allow).
-constexpr std::size_t initial_index_pages = first_free_page + 256;
-constexpr std::size_t initial_index_pages_growing = first_free_page + 96;
-//! Keys a log segment of `size` holds as single puts, each record of `mean` bytes in a block
-//! of its own (at least the smallest record: a header and an 8-byte key).
-[[nodiscard]] std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept;
-
-// Byte-range locks on the index file (through the liveness descriptor).
-constexpr off_t user_byte = off_t{1} << 40;  // + slot: held while the slot's user lives
-constexpr off_t open_byte = off_t{1} << 41;  // shared by every open store; exclusive: alone
-// The maintenance byte: held by the one checkpointer, compactor or verifier at a time.
-constexpr off_t checkpoint_byte = open_byte + 1;
-// Held shared by a process while any of its calls reads without a slot, the volume having
-// refused the slot's write (btrfs at its quota: a reader never needs to write). Such a reader
-// takes the byte, then the visible seq: whoever finds the byte free after reading *visible*
-// knows every reader without a slot that comes later reads at or above it, as a slot's
-// snapshot says (reuse_horizon, wait_for_transactions).
-constexpr off_t slotless_byte = open_byte + 2;
-// Byte-range locks on the store file (`keel-kv`, there before any other file and after: an
-// index may be missing), held shared by readers with an index of their own
-// (store::impl::private_index): the first while one builds it from the log (an opener that
-// would write waits: the log must not move under the build), the second for as long as one
-// lives (compaction then only unlinks the segments it gives back, never zeroes or truncates
-// them: such a reader maps them without a slot that would make compaction wait for it).
-constexpr off_t private_opening_byte = 0;
-constexpr off_t private_reading_byte = 1;
-// Held shared by an opener that found a private reader building and waits for it: no new
-// such reader starts meanwhile (one after another, their builds would keep it out for ever).
-constexpr off_t opener_waiting_byte = 2;
-//! How the maintenance byte is asked for (store::impl::take_checkpoint_byte).
-enum class byte_claim : std::uint8_t {
-  wait,        //!< until the countdown expires (announced: background work stands aside)
-  try_once,    //!< fails at once when it is held
-  background,  //!< as try_once, and not while a caller waits for it
-};
-
-// Lock entities beside the bucket pages' numbers.
-constexpr std::uint64_t entity_base = std::uint64_t{1} << 62;
-constexpr std::uint64_t entity_segment = entity_base + 2;
-constexpr std::uint64_t entity_directory = entity_base + 3;
-constexpr std::uint64_t entity_sync = entity_base + 4;
-
-//! How far the index may grow: the size of the window every user maps (pages past the file's
-//! end are never touched).
-constexpr std::uint64_t index_window = std::uint64_t{1} << 36;
-
-inline constexpr base::format index_format{"KEELKVX1", 6,
-                                           base::layout_of({disk::page_size,
-                                                            first_free_page,
-                                                            max_slots,
-                                                            slot_size,
-                                                            segtab_entries,
-                                                            index::entries_per_page,
-                                                            header::retired_pages,
-                                                            header::free_head,
-                                                            header::free_tail,
-                                                            header::free_changing,
-                                                            header::free_pages,
-                                                            header::directory,
-                                                            header::split_journal,
-                                                            header::compactions,
-                                                            header::checkpoint_attempt,
-                                                            header::dirty_segments,
-                                                            header::sync_ns,
-                                                            header::deletes_segment,
-                                                            header::spare,
-                                                            header::deletes_room,
-                                                            header::ledger,
-                                                            header::ledger_closer,
-                                                            header::compaction_runs,
-                                                            header::compaction_ends,
-                                                            slot_ledger_pin,
-                                                            slot_ledger_cost,
-                                                            header::visible_gates,
-                                                            header::visible_gate_count,
-                                                            index_window})};
 
 //! Who asks for room, from the most bound to the least (doc/kv-format.md, Space). A commit
 //! that puts leaves the spare and the deletes' room; one that only erases leaves the spare,
@@ -597,6 +410,24 @@ struct store::impl final : index::page_source {
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
   [[nodiscard]] result<std::vector<std::uint64_t>> segment_numbers(bool remove_leftovers) noexcept;
 
+  //! Removes the checkpoint (a copy of the index kept only so that an open after a crash of
+  //! every user need not replay the log) for a put the volume has no room for. Whether a
+  //! retry may find room: this call, or another user since `seen_seq` was read from
+  //! header::checkpoint_seq, removed one. Errors: taking the maintenance byte, the unlink, the
+  //! directory's sync.
+  [[nodiscard]] result<bool> drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept;
+  //! Removes the checkpoint file, syncs the directory and forgets the checkpoint in the
+  //! header (holding the maintenance byte).
+  [[nodiscard]] result<void> remove_checkpoint() noexcept;
+  //! Sets header::checkpoint_bytes from `checkpoint` as it is (alone).
+  void reconcile_checkpoint_bytes() noexcept;
+  //! The size of `checkpoint` (0: none, or it cannot be told).
+  [[nodiscard]] std::uint64_t checkpoint_file_bytes() const noexcept;
+  //! Writes a checkpoint of the entries as they are after a compaction (which holds the
+  //! maintenance byte), naming the copies. Its failure (no_space on a nearly full volume,
+  //! where the copy would take the room just freed) leaves a longer replay after a power loss,
+  //! nothing wrong: noted in header::checkpoint_error, for stats.
+  void checkpoint_after_compaction(const io::countdown& cd) noexcept;
   // ---- the manifest (manifest.cpp): which segments the store has ----
   //! The segments the manifest lists, ascending. A store with no manifest and no segment
   //! file has none (one just made); one with segment files and no manifest is corrupt.
@@ -878,10 +709,6 @@ struct store::impl final : index::page_source {
   [[nodiscard]] bool has_room(const room_file& f) const noexcept {
     return h64(f.word).load(std::memory_order_acquire) != 0;
   }
-  //! Sets header::checkpoint_bytes from `checkpoint` as it is (alone).
-  void reconcile_checkpoint_bytes() noexcept;
-  //! The size of `checkpoint` (0: none, or it cannot be told).
-  [[nodiscard]] std::uint64_t checkpoint_file_bytes() const noexcept;
   //! The last segment made, when the tail never moved into it (its maker, or the taker of the
   //! spare, killed or failed in between): nothing was written there (0: none).
   [[nodiscard]] std::uint64_t abandoned_segment() const noexcept;
@@ -1069,15 +896,6 @@ struct store::impl final : index::page_source {
   //! compaction, unless one began since. Whether a retry may find room: another began since,
   //! ours removed segments, or a put could make a segment now. Errors: the compaction's.
   [[nodiscard]] result<bool> make_room(std::uint64_t seen_runs) noexcept;
-  //! Removes the checkpoint (a copy of the index kept only so that an open after a crash of
-  //! every user need not replay the log) for a put the volume has no room for. Whether a
-  //! retry may find room: this call, or another user since `seen_seq` was read from
-  //! header::checkpoint_seq, removed one. Errors: taking the maintenance byte, the unlink, the
-  //! directory's sync.
-  [[nodiscard]] result<bool> drop_checkpoint_for_room(std::uint64_t seen_seq) noexcept;
-  //! Removes the checkpoint file, syncs the directory and forgets the checkpoint in the
-  //! header (holding the maintenance byte).
-  [[nodiscard]] result<void> remove_checkpoint() noexcept;
   //! After `freed` bytes were unlinked, with `before` what statfs said first: syncs the
   //! filesystem when statfs does not show at least half of them free (btrfs frees them when
   //! its transaction commits). Errors: the sync's.
