@@ -438,18 +438,11 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
       std::uint64_t n = 0;
       for (std::size_t k = 0; k < index::entries_per_page; ++k) {
         const index::entry_ref e = b.entry(k);
-        const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-        if (hi == 0) continue;
-        const disk::key_hash h{hi, e.lo().load(std::memory_order_acquire)};
-        // The entry as it is, its seq read on both sides of its location: a pair that a
-        // publish tore shows a pending mark on one side (it comes between).
-        std::uint64_t seq = 0;
-        std::uint64_t at = 0;
-        for (;;) {
-          seq = e.seq().load(std::memory_order_acquire);
-          at = e.location().load(std::memory_order_acquire);
-          if (e.seq().load(std::memory_order_acquire) == seq) break;
-        }
+        const index::entry_ref::state whole = e.read_whole();
+        if (whole.hi == 0) continue;
+        const disk::key_hash h{whole.hi, whole.lo};
+        std::uint64_t seq = whole.seq;
+        std::uint64_t at = whole.location;
         if ((seq & index::pending) != 0 || seq > S) {
           // As a reader at S sees it (none: location 0).
           auto resolved = named_by(named_page, h, e, seq, at, S);

@@ -44,6 +44,28 @@ struct entry_ref {
   [[nodiscard]] std::atomic_ref<std::uint64_t> seq() const noexcept {
     return std::atomic_ref(w[3]);
   }
+
+  //! An entry's four words as one state.
+  struct state {
+    std::uint64_t hi = 0;
+    std::uint64_t lo = 0;
+    std::uint64_t location = 0;
+    std::uint64_t seq = 0;
+  };
+  //! The entry as one state, for a reader holding no lock of its page: its words read between
+  //! two reads of its seq that agree. A writer publishing stores the location before the seq,
+  //! so a seq read before a publish with a location read after it would pair an older commit
+  //! with a newer record. A key taking over an entry that held nothing changes its hash while
+  //! its seq and location are 0, and names a record only after marking its seq: a state with
+  //! a location has the hash of that record's key.
+  [[nodiscard]] state read_whole() const noexcept {
+    for (;;) {
+      const std::uint64_t s = seq().load(std::memory_order_acquire);
+      const state whole{hi().load(std::memory_order_acquire), lo().load(std::memory_order_acquire),
+                        location().load(std::memory_order_acquire), s};
+      if (seq().load(std::memory_order_acquire) == s) return whole;
+    }
+  }
 };
 
 //! A bucket page: 64 bytes of header, then its entries.

@@ -199,24 +199,12 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
       const index::bucket_ref b = s.table->page(page);
       for (std::size_t k = 0; k < index::entries_per_page; ++k) {
-        const index::entry_ref e = b.entry(k);
-        // The entry as one state, its seq read on both sides: a writer publishing meanwhile
-        // stores the location before the seq, so a seq read before it with a location read
-        // after would pair a commit older than the walk with a record newer than it. (A key
-        // taking over an entry that held nothing changes its hash while its seq and location
-        // are 0, and names a record only after marking its seq: a pair read with a location
-        // also has the hash read between them.)
-        std::uint64_t seq = 0;
-        std::uint64_t hi = 0;
-        std::uint64_t lo = 0;
-        std::uint64_t at = 0;
-        for (;;) {
-          seq = e.seq().load(std::memory_order_acquire);
-          hi = e.hi().load(std::memory_order_acquire);
-          lo = e.lo().load(std::memory_order_acquire);
-          at = e.location().load(std::memory_order_acquire);
-          if (e.seq().load(std::memory_order_acquire) == seq) break;
-        }
+        // The entry as one state (entry_ref::read_whole: never a torn publish).
+        const index::entry_ref::state whole = b.entry(k).read_whole();
+        const std::uint64_t seq = whole.seq;
+        const std::uint64_t hi = whole.hi;
+        const std::uint64_t lo = whole.lo;
+        const std::uint64_t at = whole.location;
         if (hi == 0) continue;
         if ((seq & index::pending) != 0 || at == 0) continue;  // settled when used
         auto rec = s.record_head_at(at);

@@ -283,6 +283,40 @@ TEST(KvIndex, AFailedAllocationChangesNothing) {
 
 // Readers look keys up while a writer inserts and splits: every key inserted before a reader
 // started looking is found by it, whatever the splits do meanwhile.
+// A walk with no lock of the page reads each entry whole while a writer publishes into it
+// as commits do: marks the seq pending, stores the location, then the seq. A state with a
+// settled seq always has that commit's location (a seq and location read once each would
+// pair a seq with the next commit's location).
+TEST(KvIndex, AnEntryIsReadWholeWhileAWriterPublishes) {
+  alignas(64) std::uint64_t words[4] = {1, 2, 0, 0};
+  const entry_ref e{words};
+  constexpr std::uint64_t publishes = 200'000;
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (std::uint64_t i = 1; i <= publishes; ++i) {
+      e.seq().store(pending | i, std::memory_order_seq_cst);
+      e.location().store(i * 8, std::memory_order_seq_cst);
+      e.seq().store(i, std::memory_order_seq_cst);
+    }
+    done.store(true);
+  });
+  std::uint64_t settled = 0;
+  std::uint64_t torn = 0;
+  while (!done.load()) {
+    const entry_ref::state whole = e.read_whole();
+    if ((whole.seq & pending) != 0) continue;
+    ++settled;
+    if (whole.location != whole.seq * 8) ++torn;
+    EXPECT_EQ(whole.hi, 1u);
+    EXPECT_EQ(whole.lo, 2u);
+  }
+  writer.join();
+  const entry_ref::state last = e.read_whole();
+  EXPECT_EQ(last.seq, publishes);
+  EXPECT_EQ(last.location, publishes * 8);
+  EXPECT_EQ(torn, 0u) << "of " << settled << " settled states read";
+}
+
 TEST(KvIndex, ReadersFindEveryKeyWhileSplitsHappen) {
   fixture f;
   constexpr std::uint64_t n = 60'000;
