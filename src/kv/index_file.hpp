@@ -44,8 +44,12 @@ namespace keel::kv {
 //   group_sync.cpp: sync_started sync_done sync_error sync_error_segment sync_joined
 //     sync_batch sync_mark sync_ns
 //   manifest.cpp: sync_error sync_error_segment (a segment's failed sync at its sealing)
-//   compact.cpp: compactions compaction_runs compaction_ends background_after fruitless_below
-//     fruitless_tail_segment spare deletes_room dead_bytes
+//   compaction.cpp: compaction_runs compaction_ends dead_bytes (of a victim that stays)
+//   compaction_victims.cpp: fruitless_below fruitless_tail_segment
+//   compaction_removal.cpp: compactions background_after fruitless_below spare deletes_room
+//     dead_bytes
+//   compaction_schedule.cpp: background_after
+//   relocate.cpp: dead_bytes (a copy none names)
 //   space.cpp: ledger ledger_closer
 //   users.cpp: ledger_closer (a dead closer's) unvoided_torn
 namespace header {

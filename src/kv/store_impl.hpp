@@ -790,7 +790,7 @@ struct store::impl final : index::page_source {
   //! Whether a put that needs a new segment would fail for room now (budget or volume): then
   //! compaction takes any victim with some dead room that fits, not only those half dead.
   [[nodiscard]] bool short_of_room() const noexcept;
-  // ---- compaction (compact.cpp) ----
+  // ---- compaction (compaction.hpp runs it; compaction_schedule.cpp, relocate.cpp) ----
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;
   //! Whether an entry names the record at `at` (of `key`), looked up with no lock: a record
