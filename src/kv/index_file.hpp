@@ -37,7 +37,7 @@ namespace keel::kv {
 //     free_changing
 //   segments.cpp: next_segment
 //   reserve.cpp: tail deletes_segment dead_bytes (the end of a segment a block skips)
-//   commit.cpp: next_seq
+//   commit_write.cpp: next_seq
 //   visible.cpp: visible visible_waiters dead_check_ns counting live_records live_bytes
 //     dead_bytes
 //   store_impl.hpp: visible_gates (their addresses, for visible.cpp's waits and wakes)

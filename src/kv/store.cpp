@@ -1,8 +1,9 @@
 // The store's public calls (include/keel/kv/store.hpp) that are not one part's own: the
 // object itself, the check every key passes, and the one-key calls (get, and put and erase,
 // each a transaction of one key that makes room when the store is full). Each other public
-// call lives with the part it drives: opening in open.cpp, transactions in commit.cpp,
-// reading in read.cpp, compaction, checkpoints, backup, salvage and verify in theirs.
+// call lives with the part it drives: opening in open.cpp, transactions in commit.cpp
+// (commit_run.hpp), reading in read.cpp, compaction, checkpoints, backup, salvage and verify in
+// theirs.
 
 #include "kv/store_impl.hpp"
 #include "kv/transaction_impl.hpp"

@@ -3,9 +3,10 @@
 // open.cpp (opening, the index checked or recovered), users.cpp (liveness and slots),
 // pages.cpp (the index's pages), segments.cpp, rooms.cpp (the spare and the deletes' room),
 // reserve.cpp (where blocks go), budget.cpp (what may still be taken), transaction.cpp and
-// commit.cpp (a transaction's calls, the commit protocol), visible.cpp (commits made visible
-// in order, dead writers' settled), group_sync.cpp (durable commits), read.cpp (lookups,
-// scans, stats), store.cpp (the store's own calls), and the others named by section below.
+// commit_run.hpp (a transaction's calls, the commit protocol's steps), compaction.hpp (a
+// compaction's steps), visible.cpp (commits made visible in order, dead writers' settled),
+// group_sync.cpp (durable commits), read.cpp (lookups, scans, stats), store.cpp (the store's
+// own calls), and the others named by section below.
 // index_file.hpp is the index file's fixed part: its header's words, and which file writes
 // each.
 // Layouts and protocols are doc/kv-format.md's; the names here follow it.
@@ -1091,7 +1092,7 @@ struct store::impl final : index::page_source {
                                                index::entry_ref e, std::uint64_t seq,
                                                std::uint64_t at, std::uint64_t snapshot) noexcept;
 
-  // ---- writing (commit.cpp), made visible (visible.cpp), made durable (group_sync.cpp) ----
+  // ---- writing (commit_run.hpp), made visible (visible.cpp), made durable (group_sync.cpp) ----
   //! What a wait for *visible* does once its deadline has passed.
   enum class past_deadline : bool {
     settle,   // settles the writer in front, alive or not: the wait never fails (commits')

@@ -1,5 +1,5 @@
 // A transaction's calls (include/keel/kv/store.hpp, class transaction): reads at its snapshot,
-// writes kept in memory until commit (commit.cpp), scans, abort.
+// writes kept in memory until commit (commit.cpp, commit_run.hpp), scans, abort.
 
 #include <string>
 #include <string_view>

@@ -1,7 +1,7 @@
 #pragma once
 // A transaction's insides (doc/kv-format.md, "Committing"): its snapshot's slot, the keys it
-// wrote and read, shared by transaction.cpp (its calls), commit.cpp (the commit protocol) and
-// store.cpp (the one-key calls, each a transaction of one key).
+// wrote and read, shared by transaction.cpp (its calls), commit.cpp and commit_run.hpp (the commit
+// protocol) and store.cpp (the one-key calls, each a transaction of one key).
 
 #include <string>
 #include <string_view>

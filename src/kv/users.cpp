@@ -3,7 +3,7 @@
 // pages (taken, given back, buried when their owner died) and the snapshots they hold, and
 // the registry of this process's open stores that a forked child lets go of. Owns `live`,
 // `free_slots`, `ours` and the idle-slot cells, and takes and gives back the slots (a slot's
-// words are written by its holder too, in commit.cpp, probe.cpp, index.cpp,
+// words are written by its holder too, in commit_write.cpp, probe.cpp, index.cpp,
 // compaction_schedule.cpp, checkpoint.cpp and open.cpp).
 
 #include <pthread.h>
