@@ -33,6 +33,8 @@ namespace keel::kv {
 //   checkpoint.cpp: checkpoint_from checkpoint_seq checkpoint_bytes checkpoint_error
 //     checkpoint_attempt maintenance_wanted; directory live_records live_bytes dead_bytes
 //     retired_pages pages_allocated pages_used (a checkpoint loaded at open, alone)
+//   checkpoint_write.cpp: checkpoint_from checkpoint_seq checkpoint_bytes checkpoint_error (a
+//     checkpoint written)
 //   pages.cpp: pages_allocated pages_used retired_pages free_head free_tail free_pages
 //     free_changing
 //   segments.cpp: next_segment
