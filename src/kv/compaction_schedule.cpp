@@ -55,31 +55,11 @@ result<void> store::impl::wait_for_transactions(const io::countdown& cd) noexcep
   }
 }
 
-void store::impl::forget_segment(std::uint64_t number) noexcept {
-  base::lock_guard g(segments_mutex);
-  auto* chunk = segment_chunks[number >> chunk_bits].load();
-  if (chunk == nullptr) return;
-  auto& cell = chunk[number & ((1u << chunk_bits) - 1)];
-  segment* s = cell.load();
-  if (s == nullptr) return;
-  cell.store(nullptr, std::memory_order_release);
-  (void)s->map.unmap();  // the object stays (see unmap_removed_segments)
-}
-
 void store::impl::unmap_removed_segments(bool always) noexcept {
-  const std::uint64_t now = h64(header::compactions).load(std::memory_order_acquire);
-  if (!always && now == compactions_seen.load(std::memory_order_relaxed)) return;
-  base::lock_guard g(segments_mutex);
-  compactions_seen.store(now, std::memory_order_relaxed);
-  for (auto& s : segments_owned) {
-    if (!s->map.data() || segtab(s->number, 0).load() == s->number) continue;
-    // Removed by a compaction that waited until no snapshot could reach it: nobody here is
-    // reading it. The object stays (pointers to it are never kept past a snapshot).
-    auto& cell =
-        segment_chunks[s->number >> chunk_bits].load()[s->number & ((1u << chunk_bits) - 1)];
-    cell.store(nullptr, std::memory_order_release);
-    (void)s->map.unmap();
-  }
+  // Removed by a compaction that waited until no snapshot could reach it: its entry in the
+  // segment table is another's, or empty.
+  mapped.forget_removed(h64(header::compactions).load(std::memory_order_acquire), always,
+                        [&](const segment& s) { return segtab(s.number, 0).load() != s.number; });
 }
 
 std::uint64_t store::impl::log_not_live() const noexcept {

@@ -182,7 +182,7 @@ result<void> store::impl::remove_leftovers(const std::vector<std::uint64_t>& unl
         !w) {
       return w;
     }
-    forget_segment(n);  // its room comes back only once nobody maps it
+    mapped.forget(n);  // its room comes back only once nobody maps it
     removed = io::unlink_at(dir.segments, segment_name(n).c_str()) || removed;
   }
   if (removed) {

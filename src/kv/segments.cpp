@@ -1,7 +1,7 @@
 // The log's segments (doc/kv-format.md, "Segments"): their files (made whole, entered in the
 // segment table, mapped), their numbers, and the sizes they are made at (segments that start
-// small and grow with the log). Owns the process's map of segments (`segments`, under
-// segments_mutex) and enters segments in the segment table (compaction and recovery empty
+// small and grow with the log). Maps segments into the process's segment_map (segment_map.hpp)
+// and enters segments in the segment table (compaction and recovery empty
 // entries).
 
 #include <algorithm>
@@ -24,54 +24,39 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
   if (number == 0 || number > disk::max_segment_number) {
     return std::unexpected(error(errc::corrupt).about(path));
   }
-  auto* chunk = segment_chunks[number >> chunk_bits].load(std::memory_order_acquire);
-  if (chunk != nullptr) {
-    if (segment* s = chunk[number & ((1u << chunk_bits) - 1)].load(std::memory_order_acquire)) {
-      return s;
+  if (segment* s = mapped.find(number)) return s;
+  const io::map_guard::no_escape held_back;  // no escape leaves the map's mutex held
+  return mapped.find_or_map(number, [&]() -> result<std::unique_ptr<segment>> {
+    if (segment_map_hook) segment_map_hook();
+    const std::string name = segment_name(number);
+    const bool writable = !opts.read_only;
+    auto f = io::file_handle::open_at(
+        dir.segments, name.c_str(),
+        (writable ? io::open_flags::read_write : io::open_flags::read) | io::open_flags::no_follow);
+    if (!f) return std::unexpected(f.error().about(path + "/seg/" + name));
+    auto size = f->size();
+    if (!size) return std::unexpected(size.error());
+    if (static_cast<std::uint64_t>(*size) < disk::segment_header_size) {
+      return std::unexpected(error(errc::corrupt).about(f->shared_path(), 0));
     }
-  }
-  const io::map_guard::no_escape held_back;  // no escape leaves the mutex held
-  base::lock_guard g(segments_mutex);
-  chunk = segment_chunks[number >> chunk_bits].load(std::memory_order_acquire);
-  if (chunk == nullptr) {
-    auto fresh = std::make_unique<std::atomic<segment*>[]>(std::size_t{1} << chunk_bits);
-    chunk = fresh.get();
-    chunks_owned.push_back(std::move(fresh));
-    segment_chunks[number >> chunk_bits].store(chunk, std::memory_order_release);
-  }
-  auto& cell = chunk[number & ((1u << chunk_bits) - 1)];
-  if (segment* s = cell.load(std::memory_order_acquire)) return s;
-  if (segment_map_hook) segment_map_hook();
-  const std::string name = segment_name(number);
-  const bool writable = !opts.read_only;
-  auto f = io::file_handle::open_at(
-      dir.segments, name.c_str(),
-      (writable ? io::open_flags::read_write : io::open_flags::read) | io::open_flags::no_follow);
-  if (!f) return std::unexpected(f.error().about(path + "/seg/" + name));
-  auto size = f->size();
-  if (!size) return std::unexpected(size.error());
-  if (static_cast<std::uint64_t>(*size) < disk::segment_header_size) {
-    return std::unexpected(error(errc::corrupt).about(f->shared_path(), 0));
-  }
-  auto m =
-      io::mapped_file::map(*f, writable ? io::map_access::read_write : io::map_access::read_only,
-                           static_cast<std::size_t>(*size));
-  if (!m) return std::unexpected(m.error().about(f->shared_path()));
-  auto head = disk::parse_segment_header(m->bytes(), dir.params.id, number, salt);
-  if (!head) return std::unexpected(head.error().about(f->shared_path()));
-  if (head->size != static_cast<std::uint64_t>(*size)) {
-    return std::unexpected(error(errc::corrupt).about(f->shared_path(), 48));
-  }
-  auto s = std::make_unique<segment>();
-  s->number = number;
-  s->size = head->size;
-  s->path = f->shared_path();
-  s->map = std::move(*m);
-  (void)f->close();  // the map stays; so does no descriptor
-  segment* raw = s.get();
-  segments_owned.push_back(std::move(s));
-  cell.store(raw, std::memory_order_release);
-  return raw;
+    auto m =
+        io::mapped_file::map(*f, writable ? io::map_access::read_write : io::map_access::read_only,
+                             static_cast<std::size_t>(*size));
+    if (!m) return std::unexpected(m.error().about(f->shared_path()));
+    auto head = disk::parse_segment_header(m->bytes(), dir.params.id, number, salt);
+    if (!head) return std::unexpected(head.error().about(f->shared_path()));
+    if (head->size != static_cast<std::uint64_t>(*size)) {
+      return std::unexpected(error(errc::corrupt).about(f->shared_path(), 48));
+    }
+    std::unique_ptr<segment> s(new (std::nothrow) segment());
+    if (!s) return errc_error(std::errc::not_enough_memory);
+    s->number = number;
+    s->size = head->size;
+    s->path = f->shared_path();
+    s->map = std::move(*m);
+    (void)f->close();  // the map stays; so does no descriptor
+    return s;
+  });
 }
 
 result<std::uint64_t> store::impl::new_segment_number() noexcept {

@@ -43,6 +43,7 @@
 #include "kv/format.hpp"
 #include "kv/index.hpp"
 #include "kv/index_file.hpp"
+#include "kv/segment_map.hpp"
 #include "kv/store_dir.hpp"
 
 namespace keel::kv {
@@ -97,25 +98,6 @@ struct slot_ref {
   }
   std::atomic_ref<std::uint64_t> u64(std::size_t at) const noexcept {
     return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base + at));
-  }
-};
-
-//! A segment as this process has it: a map of all of it, and no descriptor (its file is
-//! closed once mapped: a store of 8064 segments holds no more descriptors than one of one,
-//! whatever RLIMIT_NOFILE says).
-struct segment {
-  std::uint64_t number = 0;
-  std::uint64_t size = 0;
-  keel::detail::shared_path path;  //!< what errors about it name
-  io::mapped_file map;
-  [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
-    return {map.data(), map.size()};
-  }
-  //! Its data on stable storage (msync MS_SYNC: fdatasync of the mapped range, through the
-  //! seam). Errors: the sync's, naming the file; never retried.
-  [[nodiscard]] result<void> sync() const noexcept {
-    if (auto r = map.sync(0, 0, true); !r) return std::unexpected(r.error().about(path));
-    return {};
   }
 };
 
@@ -208,13 +190,8 @@ struct store::impl final : index::page_source {
   std::atomic<std::uint64_t> horizon_seen{0};
   std::atomic<std::uint64_t> horizon_looked_at{0};
 
-  // ---- segments mapped in this process ----
-  static constexpr std::size_t chunk_bits = 12;
-  std::array<std::atomic<std::atomic<segment*>*>, std::size_t{1} << chunk_bits> segment_chunks{};
-  base::mutex segments_mutex;
-  std::vector<std::unique_ptr<segment>> segments_owned KEEL_GUARDED_BY(segments_mutex);
-  std::vector<std::unique_ptr<std::atomic<segment*>[]>> chunks_owned
-      KEEL_GUARDED_BY(segments_mutex);
+  // ---- segments mapped in this process (segment_map.hpp owns them) ----
+  segment_map mapped;
 
   // ---- the index ----
   [[nodiscard]] std::byte* base() const noexcept { return index_map.data(); }
@@ -826,8 +803,6 @@ struct store::impl final : index::page_source {
   //! other process's map of it holds its blocks. Under the `segment` lock.
   [[nodiscard]] result<room_kept> give_back_segment(std::uint64_t number, std::uint64_t size,
                                                     room_kept may_keep) noexcept;
-  //! Unmaps segment `number` in this process (one it removed, nobody else using it).
-  void forget_segment(std::uint64_t number) noexcept;
   //! Unmaps segments a compaction removed (once per compaction, cheap to call often). With
   //! `always`, whether or not one ended since the last look: for holders of the maintenance
   //! byte, which no compaction holds meanwhile, and which may meet segments a compactor
@@ -910,7 +885,6 @@ struct store::impl final : index::page_source {
   //! Whether the last compaction short of room found nothing it could take, and no byte has
   //! died since that could change it (the hint the header's *fruitless* words keep).
   [[nodiscard]] bool compaction_would_take_nothing() const noexcept;
-  std::atomic<std::uint64_t> compactions_seen{0};
 
   //! Faults in (without dirtying) `prefault_chunk` bytes of a segment from `offset`, or
   //! `length` bytes when given.
@@ -1211,7 +1185,7 @@ class call_scope {
 
 //! For tests: called by acquire_slot once the slot's page is asked for, before the call uses it.
 inline void (*slot_ready_hook)() noexcept = nullptr;
-//! For tests: called by segment_at while it maps a segment, holding segments_mutex.
+//! For tests: called by segment_at while it maps a segment, holding the segment map's mutex.
 inline void (*segment_map_hook)() noexcept = nullptr;
 
 //! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).

@@ -40,12 +40,12 @@ void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     // A child must not inherit any of them held (the order is the one threads take them in).
     s->checkpointer_mutex.lock();
     s->live_mutex.lock();
-    s->segments_mutex.lock();
+    s->mapped.lock_for_fork();
   }
 }
 void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
-    s->segments_mutex.unlock();
+    s->mapped.unlock_after_fork();
     s->live_mutex.unlock();
     s->checkpointer_mutex.unlock();
   }
@@ -59,7 +59,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     s->free_slots.clear();
     s->ours.fill(false);
     s->forget_idle_slots();
-    s->segments_mutex.unlock();
+    s->mapped.unlock_after_fork();
     s->live_mutex.unlock();
     s->checkpointer_mutex.unlock();
   }
