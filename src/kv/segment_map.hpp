@@ -8,6 +8,7 @@
 // recovery unmap what they removed, and the fork handlers (users.cpp) hold the mutex across
 // a fork.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -111,10 +112,12 @@ class segment_map {
   [[nodiscard]] static std::size_t cell_of(std::uint64_t number) noexcept {
     return static_cast<std::size_t>(number) & ((std::size_t{1} << chunk_bits) - 1);
   }
+  //! Room for one more in `v`, grown as push_back grows it (by doubling: a reserve of one
+  //! more each time would move every element at every map).
   template <class V>
   [[nodiscard]] static bool reserve_one(V& v) noexcept {
     try {
-      v.reserve(v.size() + 1);
+      if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(16, 2 * v.capacity()));
       return true;
     } catch (const std::bad_alloc&) {
       return false;
