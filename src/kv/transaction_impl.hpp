@@ -53,16 +53,32 @@ struct transaction::impl {
 template <class F, class L, class B>
 auto erase_with_room(store::impl& s, F&& attempt, L&& leave, B&& back) noexcept
     -> decltype(attempt()) {
+  // The call's deadline, read once: outside a call_scope (a volume that never refuses writes)
+  // each reading is lock_timeout from then, which never comes.
+  const io::countdown::clock::time_point end = s.call_expiry();
+  std::uint64_t removed = s.h64(header::compactions).load(std::memory_order_seq_cst);
+  bool hoped = false;
   for (;;) {
     const std::uint64_t seen = s.compaction_runs_now();
     auto r = attempt();
-    if (r || !out_of_room(r.error()) || io::countdown::clock::now() >= s.call_expiry() ||
-        !leave()) {
+    if (r || !out_of_room(r.error()) || io::countdown::clock::now() >= end || !leave()) {
       return r;
     }
     auto room = s.make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
     if (!*room) return r;
+    // A compaction (ours or another user's) that removed segments made room. One that removed
+    // none leaves only the volume's word that it has room (statfs: another program freed
+    // some, or a quota, or a fault, it does not show): worth one retry, not one after another
+    // (a writer whose every new file in seg/ failed with EDQUOT compacted for ever).
+    const std::uint64_t removed_now = s.h64(header::compactions).load(std::memory_order_seq_cst);
+    if (removed_now == removed) {
+      if (hoped) return r;
+      hoped = true;
+    } else {
+      hoped = false;
+      removed = removed_now;
+    }
     if (auto b = back(); !b) return std::unexpected(b.error());
   }
 }
