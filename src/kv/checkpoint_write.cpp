@@ -300,11 +300,9 @@ void checkpoint_run::seal() noexcept {
 // room holds for its own check: checked alone, its room was taken meanwhile by another
 // process's puts, which did not count it, and the files passed the budget by the copy's
 // size for good (164 KB at a 4.8 MB budget).
-// A checkpointer killed between naming its copy and the rename left the copy, which no
-// word counts: removed (no other checkpointer writes one while this one holds the byte),
-// and the word, which may count it, set back from the file.
+// The word, which may count a copy a killed checkpointer left (removed before this), is set
+// back from the file first.
 result<void> checkpoint_run::charge_budget() noexcept {
-  s.remove_checkpoint_temps();
   if (s.opts.max_bytes == 0) return {};
   auto g = s.locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
   if (!g) return std::unexpected(g.error());
@@ -368,6 +366,9 @@ result<void> store::impl::checkpoint_locked(const io::countdown& cd) noexcept {
   // so a group sync that starts now covers it, blobs included.
   if (auto r = group_sync(true); !r) return r;
   run.seal();
+  // A checkpointer killed between naming its copy and the rename left the copy, which no
+  // word counts: removed (no other checkpointer writes one while this one holds the byte).
+  remove_checkpoint_temps();
   if (auto r = run.charge_budget(); !r) return r;
   return run.put_in_place();
 }

@@ -65,7 +65,9 @@ struct ledger_hold {
   ledger_hold() = default;
   ledger_hold(const ledger_hold&) = delete;
   ledger_hold& operator=(const ledger_hold&) = delete;
-  ~ledger_hold() { done(); }
+  ~ledger_hold() {
+    if (s != nullptr) done();
+  }
 };
 
 struct commit_run {

@@ -52,10 +52,9 @@ class segment_map {
 
   //! The segment mapped here as `number`; if there is none, what `map()` makes (a
   //! result<std::unique_ptr<segment>>), called under the mutex, so by one thread at a time.
-  //! Errors: map's; not_enough_memory.
+  //! For a caller whose find() found nothing. Errors: map's; not_enough_memory.
   template <class Map>
   [[nodiscard]] result<segment*> find_or_map(std::uint64_t number, Map&& map) noexcept {
-    if (segment* s = find(number)) return s;
     const base::lock_guard g(mutex_);
     auto* chunk = chunks_[chunk_of(number)].load(std::memory_order_acquire);
     if (chunk == nullptr) {
