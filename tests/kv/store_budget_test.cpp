@@ -16,6 +16,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "keel/kv/store.hpp"
 #include "kv/kv_support.hpp"
@@ -503,14 +504,27 @@ TEST(KvBudget, ACheckpointerKilledBeforeItsRenameLeavesNothingPastTheBudget) {
       for (int i = 0; i < 3000; ++i)
         if (!(*made)->put(key_of(i), std::string(300, 'v'))) return 3;
     }
-    // A holder: no later opener is alone.
-    int go[2];
-    if (::pipe(go) != 0) return 4;
-    const pid_t holder = keel::test::fork_child([&] {
+    // A holder, open before the checkpointer starts: no later opener is alone (one alone
+    // removes the copy itself; a holder opened late, on a busy machine, was alone after the
+    // kill, and the case was not made). Killed if the test ends early, so that nothing waits
+    // for it.
+    const keel::test::signal_pipe ready, go;
+    struct holding {
+      pid_t pid = 0;
+      ~holding() {
+        if (pid > 0) {
+          ::kill(pid, SIGKILL);
+          (void)keel::test::wait_exit(pid);
+        }
+      }
+    } holder;
+    holder.pid = keel::test::fork_child([&] {
       auto s = store::open(path, o);
-      char c = 0;
-      return s && ::read(go[0], &c, 1) == 1 ? 0 : 1;
+      if (!s) return 1;
+      ready.notify();
+      return go.wait() == 'd' ? 0 : 1;
     });
+    if (ready.wait() != '!') return 4;
     const pid_t killed = keel::test::fork_child([&] {
       auto s = store::open(path, o);
       if (!s) return 1;
@@ -539,8 +553,9 @@ TEST(KvBudget, ACheckpointerKilledBeforeItsRenameLeavesNothingPastTheBudget) {
       break;
     }
     const std::uint64_t taken = bytes_taken(path);
-    (void)!::write(go[1], "d", 1);
-    if (keel::test::wait_exit(holder) != 0) return 11;
+    go.notify('d');
+    const pid_t was = std::exchange(holder.pid, 0);
+    if (keel::test::wait_exit(was) != 0) return 11;
     if (taken > budget) {
       std::fprintf(stderr, "at the budget, the files take %ju bytes\n",
                    static_cast<std::uintmax_t>(taken));
