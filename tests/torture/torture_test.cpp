@@ -37,6 +37,23 @@ std::string describe(const outcome& out) {
   return s;
 }
 
+// Whether this build cannot fork a process with threads safely. This compiler's
+// AddressSanitizer (GCC 12's libasan) takes no lock of its allocator across fork(2), as glibc's
+// malloc does: a child forked while another thread of the parent held one of the allocator's
+// locks deadlocks in its first malloc of that size. Seen in CI (fork_cache, seed 5: two
+// children asleep in SizeClassAllocator64::GetFromAllocator under pthread_getattr_np, starting
+// their first thread), and here in one run of 15 under load. The fork mode forks up to 400
+// times a cycle from a process with two aio threads at work; the release build runs it whole.
+constexpr bool fork_deadlocks_in_malloc =
+#if defined(__SANITIZE_ADDRESS__)
+    true;
+#else
+    false;
+#endif
+constexpr const char* fork_skip_reason =
+    "AddressSanitizer's allocator is not fork-safe (a child of a threaded parent can deadlock "
+    "in malloc); the release build runs this pass";
+
 // Every mode on every workload it applies to (the cache has no file format to corrupt).
 std::vector<std::tuple<mode, workload>> passes() {
   std::vector<std::tuple<mode, workload>> out;
@@ -61,6 +78,7 @@ constexpr std::uint64_t sanitized_share = 1;
 
 TEST_P(TorturePass, RealCodePasses) {
   const auto [how, what] = GetParam();
+  if (how == mode::fork && fork_deadlocks_in_malloc) GTEST_SKIP() << fork_skip_reason;
   // (fork: each cycle forks up to 400 children, slow under the sanitizers.)
   const std::uint64_t cycles = (how == mode::corrupt || how == mode::kill ? 40
                                 : how == mode::fork || how == mode::mixed ? 30
@@ -93,6 +111,7 @@ class TortureCatches : public ::testing::TestWithParam<planted_case> {};
 
 TEST_P(TortureCatches, ThePlantedBug) {
   const planted_case p = GetParam();
+  if (p.how == mode::fork && fork_deadlocks_in_malloc) GTEST_SKIP() << fork_skip_reason;
   config c = config_for(p.how, p.what, p.at_most);
   c.plant = p.bug;
   const outcome out = run(c);
