@@ -134,7 +134,7 @@ bool store::impl::compaction_due() noexcept {
   if (dead < seg_size || dead < h64(header::background_after).load(std::memory_order_relaxed))
     return false;
   const std::uint64_t now = now_ms();
-  if (now < busy_until.load(std::memory_order_relaxed)) return false;
+  if (now < maintenance.busy_until.load(std::memory_order_relaxed)) return false;
   // The log is about its live and dead records (the block headers and a segment's unused
   // end aside): no walk of the segment table on every commit.
   const std::uint64_t live_now = h64(header::live_bytes).load(std::memory_order_relaxed);
@@ -159,7 +159,8 @@ void store::impl::compact_in_background() noexcept {
   auto c = compact(std::nullopt, nullptr, byte_claim::background);
   if (!c && held_elsewhere(c.error())) {
     // Another user's compaction, checkpoint or verify: not again for a while.
-    busy_until.store(now_ms() + busy_backoff_ms, std::memory_order_relaxed);
+    maintenance.busy_until.store(now_ms() + process_maintenance::busy_backoff_ms,
+                                 std::memory_order_relaxed);
     return;
   }
   background_errno.store(c ? 0 : c.error().value(), std::memory_order_relaxed);

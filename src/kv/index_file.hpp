@@ -30,9 +30,11 @@ namespace keel::kv {
 //   recovery.cpp: store_id boot_id checksum state tail next_seq visible counting next_segment
 //     live_records live_bytes dead_bytes pages_allocated pages_used unvoided_torn (a rebuild
 //     from the log, alone)
-//   checkpoint.cpp: checkpoint_from checkpoint_seq checkpoint_bytes checkpoint_error
-//     checkpoint_attempt maintenance_wanted; directory live_records live_bytes dead_bytes
-//     retired_pages pages_allocated pages_used (a checkpoint loaded at open, alone)
+//   checkpoint.cpp: checkpoint_from checkpoint_seq checkpoint_bytes checkpoint_error;
+//     directory live_records live_bytes dead_bytes retired_pages pages_allocated pages_used
+//     (a checkpoint loaded at open, alone)
+//   maintenance.cpp: checkpoint_error checkpoint_attempt (a background checkpoint begun, or
+//     failed) maintenance_wanted
 //   checkpoint_write.cpp: checkpoint_from checkpoint_seq checkpoint_bytes checkpoint_error (a
 //     checkpoint written)
 //   pages.cpp: pages_allocated pages_used retired_pages free_head free_tail free_pages

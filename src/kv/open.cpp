@@ -206,9 +206,8 @@ result<void> store::impl::open_index() noexcept {
     if (now_ms() > until) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  base::lock_guard g(live_mutex);
-  live = std::move(*probe);
-  live_generation = base::fork_generation();
+  base::lock_guard g(users.mutex);
+  users.adopt(std::move(*probe));
   return {};
 }
 

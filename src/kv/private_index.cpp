@@ -90,12 +90,11 @@ result<void> store::impl::build_private_index(const char* where, bool& place_fai
   reset_ledger();
   // Its liveness descriptor now, while /proc and this process's rights allow reopening the
   // unnamed file (a forked child reopens it the same way, at its first call).
-  base::lock_guard g(live_mutex);
+  base::lock_guard g(users.mutex);
   const std::string reopened = "/proc/self/fd/" + std::to_string(index_file.fd());
   auto l = fs->open(nullptr, reopened.c_str(), io::open_flags::read_write, 0600);
   if (!l) return fail(l.error().about(reopened));
-  live = std::move(*l);
-  live_generation = base::fork_generation();
+  users.adopt(std::move(*l));
   return {};
 }
 

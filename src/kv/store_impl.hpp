@@ -5,8 +5,9 @@
 // reserve.cpp (where blocks go), budget.cpp (what may still be taken), transaction.cpp and
 // commit_run.hpp (a transaction's calls, the commit protocol's steps), compaction.hpp (a
 // compaction's steps), visible.cpp (commits made visible in order, dead writers' settled),
-// group_sync.cpp (durable commits), read.cpp (lookups, scans, stats), store.cpp (the store's
-// own calls), and the others named by section below.
+// group_sync.cpp (durable commits), read.cpp (lookups, scans, stats), maintenance.cpp (the
+// background thread and the maintenance byte), store.cpp (the store's own calls), and the
+// others named by section below.
 // index_file.hpp is the index file's fixed part: its header's words, and which file writes
 // each.
 // Layouts and protocols are doc/kv-format.md's; the names here follow it.
@@ -43,8 +44,10 @@
 #include "kv/format.hpp"
 #include "kv/index.hpp"
 #include "kv/index_file.hpp"
+#include "kv/maintenance.hpp"
 #include "kv/segment_map.hpp"
 #include "kv/store_dir.hpp"
+#include "kv/users.hpp"
 
 namespace keel::kv {
 
@@ -160,30 +163,8 @@ struct store::impl final : index::page_source {
   };
   mutable base::mutex split_estimates_mutex;
   mutable std::array<split_estimate, 64> split_estimates KEEL_GUARDED_BY(split_estimates_mutex){};
-  base::mutex live_mutex;
-  io::file_handle live KEEL_GUARDED_BY(live_mutex);  // holds the open byte and our slots' bytes
-  std::uint64_t live_generation KEEL_GUARDED_BY(live_mutex) = 0;
-  std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(live_mutex);
-  std::array<bool, max_slots> ours KEEL_GUARDED_BY(live_mutex){};
-  //! This process's calls reading without a slot now (slotless_byte held through `live` while
-  //! there are any), of fork generation `slotless_generation`.
-  std::uint32_t slotless_readers KEEL_GUARDED_BY(live_mutex) = 0;
-  std::uint64_t slotless_generation KEEL_GUARDED_BY(live_mutex) = 0;
-  //! Until when (now_ms) a read goes without a slot at once: the volume refused one's write
-  //! then, and is asked again only every slots_refused_ms.
-  std::atomic<std::uint64_t> slots_refused_until_ms{0};
-  static constexpr std::uint64_t slots_refused_ms = 100;
-  //! Idle slots of this process, leased and released without live_mutex (each cell holds a
-  //! slot's index, or max_slots; a thread tries its own cell first). They belong to fork
-  //! generation `idle_generation`: a child's copies are not its slots.
-  struct alignas(64) idle_cell {
-    std::atomic<std::uint32_t> slot{max_slots};
-  };
-  static constexpr std::size_t idle_cells = 16;
-  std::array<idle_cell, idle_cells> idle_slots{};
-  std::atomic<std::uint64_t> idle_generation{0};
-  //! Empties the idle cells (live_mutex held, or the only thread).
-  void forget_idle_slots() noexcept;
+  //! This process's liveness descriptor and user slots (users.hpp owns them).
+  process_users users;
   std::atomic<bool> failed{false};  // a sync failed: read-only until reopened
   //! The last reuse_horizon this process saw (it only grows: a cache, not a promise), and
   //! *visible* when it last looked.
@@ -318,6 +299,27 @@ struct store::impl final : index::page_source {
   //! Bytes of log this process's open replayed (0: the index was used as it was).
   std::uint64_t replayed_bytes = 0;
 
+  // ---- background maintenance (maintenance.cpp) ----
+  //! Takes the checkpoint byte of the index file (OFD, for other processes) and this
+  //! process's claim on it (for its other threads), waiting until `cd` expires if `wait`.
+  //! Not a keel::lock entity: one that shares a lock slot with bucket pages would stall
+  //! their writers for as long as a checkpoint or a compaction runs. Errors: timed_out (or
+  //! resource_unavailable_try_again when not waiting), the lock's.
+  [[nodiscard]] result<void> take_checkpoint_byte(const io::countdown& cd, byte_claim how) noexcept;
+  //! How long background work leaves the byte to a caller that waited for it.
+  static constexpr std::uint64_t maintenance_yield_ns = 50'000'000;
+  void release_checkpoint_byte() noexcept;
+  //! After a commit: by a thread of this process's own (none when one is running here, or
+  //! another user holds the maintenance byte), a compaction if one is due
+  //! (compaction_due), then a checkpoint if the log has grown by the interval since the last
+  //! one. A failure is kept for stats.
+  void maybe_maintain() noexcept;
+  //! Waits for this process's maintenance thread, if any (a forked child forgets its
+  //! parent's).
+  void join_maintenance() noexcept;
+  //! This process's maintenance thread and its claim on the byte (maintenance.hpp owns them).
+  process_maintenance maintenance;
+
   // ---- checkpoints (checkpoint.cpp) ----
   //! Loads `checkpoint` into the reset index, alone: where the replay starts and the seq it
   //! is a copy at. nullopt: none, or one that does not check out (replay everything).
@@ -331,22 +333,6 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> room_for_checkpoint(bool asked = false) const noexcept;
   //! Writes a checkpoint, holding the checkpoint byte (take_checkpoint_byte).
   [[nodiscard]] result<void> checkpoint_locked(const io::countdown& cd) noexcept;
-  //! Takes the checkpoint byte of the index file (OFD, for other processes) and this
-  //! process's claim on it (for its other threads), waiting until `cd` expires if `wait`.
-  //! Not a keel::lock entity: one that shares a lock slot with bucket pages would stall
-  //! their writers for as long as a checkpoint or a compaction runs. Errors: timed_out (or
-  //! resource_unavailable_try_again when not waiting), the lock's.
-  [[nodiscard]] result<void> take_checkpoint_byte(const io::countdown& cd, byte_claim how) noexcept;
-  //! How long background work leaves the byte to a caller that waited for it.
-  static constexpr std::uint64_t maintenance_yield_ns = 50'000'000;
-  void release_checkpoint_byte() noexcept;
-  //! Which fork generation of this process holds the byte, plus 1 (0: none).
-  std::atomic<std::uint64_t> checkpoint_holder{0};
-  //! After a commit: by a thread of this process's own (none when one is running here, or
-  //! another user holds the maintenance byte), a compaction if one is due
-  //! (compaction_due), then a checkpoint if the log has grown by the interval since the last
-  //! one. A failure is kept for stats.
-  void maybe_maintain() noexcept;
   //! Whether the background compaction's policy (options::compact_dead_fraction) asks for
   //! one now: the dead are that fraction of the log and at least two segments, or a segment
   //! and the store is short of room (checked at most every room_check_ms). Not again before
@@ -367,22 +353,8 @@ struct store::impl final : index::page_source {
   static constexpr std::chrono::milliseconds background_patience{250};
   //! The error of this process's last background compaction (0: none, or it succeeded).
   std::atomic<int> background_errno{0};
-  //! Waits for this process's checkpoint thread, if any (a forked child forgets its
-  //! parent's).
-  void join_checkpointer() noexcept;
-  base::mutex checkpointer_mutex;
-  std::unique_ptr<std::thread> checkpointer KEEL_GUARDED_BY(checkpointer_mutex);
-  std::uint64_t checkpointer_generation KEEL_GUARDED_BY(checkpointer_mutex) = 0;
-  //! When this process's checkpoint thread last found the maintenance byte taken: not again
-  //! before then (steady clock, ms).
-  std::atomic<std::uint64_t> busy_until{0};
-  static constexpr std::uint64_t busy_backoff_ms = 20;
-  //! Set when the store closes: the checkpoint thread writes no further one.
-  std::atomic<bool> closing{false};
   //! Set once open is done: from then on index growth leaves the room kept for deletes.
   bool serving = false;
-  //! Whose thread is writing a checkpoint: fork generation + 1 (0: none).
-  std::atomic<std::uint64_t> checkpointing{0};
   //! Log bytes between two locations (whole segments counted at the segment size).
   [[nodiscard]] std::uint64_t log_distance(std::uint64_t from, std::uint64_t to) const noexcept;
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
@@ -573,7 +545,7 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> apply_record(std::uint64_t location, const disk::record_view& r,
                                           std::uint64_t seq) noexcept;
   //! The liveness descriptor of this process (opened again in a forked child).
-  [[nodiscard]] result<void> ensure_live() noexcept;
+  [[nodiscard]] result<void> ensure_live() noexcept KEEL_REQUIRES(users.mutex);
   //! A slot, its pages made writable (write_ready). For `reading`, where the volume refused
   //! that (no_space, EDQUOT), a slotless lease instead: a reader never needs to write.
   [[nodiscard]] result<slot_lease> acquire_slot(slot_use use = slot_use::writing) noexcept;
@@ -610,11 +582,11 @@ struct store::impl final : index::page_source {
   template <class F>
   void as_dead_users_byte(std::uint32_t u, F&& f) noexcept {
     const io::map_guard::no_escape held_back;  // no commit's escape leaves these held
-    base::lock_guard g(live_mutex);
-    if (!ensure_live() || ours[u]) return;
-    if (!fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
+    base::lock_guard g(users.mutex);
+    if (!ensure_live() || users.ours[u]) return;
+    if (!fs->lock(users.live, user_byte + u, 1, io::lock_request::exclusive, false)) return;
     f();
-    (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+    (void)fs->lock(users.live, user_byte + u, 1, io::lock_request::unlock, false);
   }
   //! Gives slot `s` up while this process lives on: its byte let go and no longer one of ours,
   //! so every user (this process too) settles what it holds as a dead writer's. `s` then

@@ -1,10 +1,11 @@
 // The users of a store (doc/kv-format.md, "Dead users"): each process's liveness (the open
 // byte of `index`, held shared while it uses the store), the user slots of the index's slot
 // pages (taken, given back, buried when their owner died) and the snapshots they hold, and
-// the registry of this process's open stores that a forked child lets go of. Owns `live`,
-// `free_slots`, `ours` and the idle-slot cells, and takes and gives back the slots (a slot's
-// words are written by its holder too, in commit_write.cpp, probe.cpp, index.cpp,
-// compaction_schedule.cpp, checkpoint.cpp and open.cpp).
+// the registry of this process's open stores that a forked child lets go of. Changes
+// process_users (users.hpp: the liveness descriptor, the slots held, the idle-slot cells),
+// and takes and gives back the slots (a slot's words are written by its holder too, in
+// commit_write.cpp, probe.cpp, index.cpp, compaction_schedule.cpp, checkpoint.cpp and
+// open.cpp).
 
 #include <pthread.h>
 #include <unistd.h>
@@ -38,16 +39,16 @@ void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.lock();
   for (store::impl* s : registry()) {
     // A child must not inherit any of them held (the order is the one threads take them in).
-    s->checkpointer_mutex.lock();
-    s->live_mutex.lock();
+    s->maintenance.mutex.lock();
+    s->users.mutex.lock();
     s->mapped.lock_for_fork();
   }
 }
 void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
     s->mapped.unlock_after_fork();
-    s->live_mutex.unlock();
-    s->checkpointer_mutex.unlock();
+    s->users.mutex.unlock();
+    s->maintenance.mutex.unlock();
   }
   registry_mutex.unlock();
 }
@@ -55,13 +56,11 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
     // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
     // slots are the parent's, not ours.
-    (void)s->live.close();
-    s->free_slots.clear();
-    s->ours.fill(false);
-    s->forget_idle_slots();
+    (void)s->users.live.close();
+    s->users.forget_slots();
     s->mapped.unlock_after_fork();
-    s->live_mutex.unlock();
-    s->checkpointer_mutex.unlock();
+    s->users.mutex.unlock();
+    s->maintenance.mutex.unlock();
   }
   registry_mutex.unlock();
 }
@@ -86,20 +85,20 @@ void register_store(store::impl* s) noexcept {
 
 store::impl::~impl() {
   const call_scope call(*this);
-  closing.store(true, std::memory_order_seq_cst);
-  join_checkpointer();
+  maintenance.closing.store(true, std::memory_order_seq_cst);
+  join_maintenance();
   unregister_store(this);
-  base::lock_guard g(live_mutex);
-  if (live.is_open() && live_generation == base::fork_generation() && index_map.data()) {
+  base::lock_guard g(users.mutex);
+  if (users.live_is_ours() && index_map.data()) {
     // The last user out (its shared hold of the open byte turns exclusive only when nobody
     // else holds it) leaves what it can prove durable in the manifest. Best effort: without
     // it a rebuild only knows less.
     if (!opts.read_only && !failed.load() && h64(header::sync_error).load() == 0 &&
-        fs->lock(live, open_byte, 1, io::lock_request::exclusive, false)) {
+        fs->lock(users.live, open_byte, 1, io::lock_request::exclusive, false)) {
       (void)seal_durable();
     }
     for (std::uint32_t u = 0; u < max_slots; ++u) {
-      if (!ours[u]) continue;
+      if (!users.ours[u]) continue;
       // On a volume that refuses writes through the maps (btrfs at its quota) a refused
       // write would kill the process (SIGBUS): a slot it may not write is left as a dead
       // user's, which the next user takes back once its byte is free.
@@ -111,23 +110,22 @@ store::impl::~impl() {
           s.pid().store(0, std::memory_order_release);
         });
       }
-      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      (void)fs->lock(users.live, user_byte + u, 1, io::lock_request::unlock, false);
     }
   }
   // Closing `live` drops the open byte: the last user out leaves the index as it is (valid,
   // and used as it is by the next opener of this boot).
 }
 
-result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS {
-  // Called with live_mutex held.
-  if (live.is_open() && live_generation == base::fork_generation()) return {};
-  if (live.is_open()) {
+result<void> store::impl::ensure_live() noexcept {
+  if (users.live_is_ours()) return {};
+  if (users.live.is_open()) {
     // A forked child whose atfork handler did not run (vfork-like paths): never unlock through
     // the parent's description; just stop using it.
-    (void)live.close();
+    (void)users.live.close();
   }
-  free_slots.clear();
-  ours.fill(false);
+  users.free_slots.clear();
+  users.ours.fill(false);
   // (A reader with an index of its own reopens that unnamed file through the descriptor a
   // forked child inherited: permission denied to a child of one that dropped its rights.)
   const std::string reopened = "/proc/self/fd/" + std::to_string(index_file.fd());
@@ -152,8 +150,7 @@ result<void> store::impl::ensure_live() noexcept KEEL_NO_THREAD_SAFETY_ANALYSIS 
     if (now_ms() > until) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  live = std::move(*f);
-  live_generation = base::fork_generation();
+  users.adopt(std::move(*f));
   return {};
 }
 
@@ -168,17 +165,11 @@ std::size_t my_idle_cell(std::size_t cells) noexcept {
 
 }  // namespace
 
-void store::impl::forget_idle_slots() noexcept {
-  for (auto& c : idle_slots)
-    c.slot.store(max_slots, std::memory_order_relaxed);
-  idle_generation.store(base::fork_generation(), std::memory_order_release);
-}
-
 result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
   // Refused a moment ago: a reader does not ask again at every call (each asking writes a
   // page of a file made for it, to learn why).
   if (use == slot_use::reading &&
-      now_ms() < slots_refused_until_ms.load(std::memory_order_relaxed)) {
+      now_ms() < users.slots_refused_until_ms.load(std::memory_order_relaxed)) {
     return take_slotless();
   }
   // A reader does not wait out a refusal that may be a moment's: it goes on without a slot.
@@ -199,7 +190,8 @@ result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
   if (use == slot_use::reading &&
       (lease.error() == std::errc::no_space_on_device || lease.error() == std::errc::bad_address ||
        lease.error() == std::error_code(EDQUOT, std::system_category()))) {
-    slots_refused_until_ms.store(now_ms() + slots_refused_ms, std::memory_order_relaxed);
+    users.slots_refused_until_ms.store(now_ms() + users.slots_refused_ms,
+                                       std::memory_order_relaxed);
     return take_slotless();
   }
   return lease;
@@ -207,20 +199,20 @@ result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
 
 result<slot_lease> store::impl::take_slotless() noexcept {
   unmap_removed_segments();  // as take_slot does: maps of segments removed since go first
-  base::lock_guard g(live_mutex);
+  base::lock_guard g(users.mutex);
   if (auto r = ensure_live(); !r) return std::unexpected(r.error());
   const std::uint64_t gen = base::fork_generation();
-  if (slotless_generation != gen) {  // a forked child's count is not its own
-    slotless_generation = gen;
-    slotless_readers = 0;
+  if (users.slotless_generation != gen) {  // a forked child's count is not its own
+    users.slotless_generation = gen;
+    users.slotless_readers = 0;
   }
   // (Shared: nobody takes it exclusively, it is only tested; a file lock needs no room.)
-  if (slotless_readers == 0) {
-    if (auto r = fs->lock(live, slotless_byte, 1, io::lock_request::shared, false); !r) {
+  if (users.slotless_readers == 0) {
+    if (auto r = fs->lock(users.live, slotless_byte, 1, io::lock_request::shared, false); !r) {
       return std::unexpected(r.error().about(path + "/index"));
     }
   }
-  ++slotless_readers;
+  ++users.slotless_readers;
   return slot_lease{max_slots, gen, true};
 }
 
@@ -234,21 +226,21 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
   unmap_removed_segments();
   const std::uint64_t gen = base::fork_generation();
   // The fast way: an idle slot of ours from the cells, without the mutex.
-  if (idle_generation.load(std::memory_order_acquire) == gen) {
-    const std::size_t first = my_idle_cell(idle_cells);
-    for (std::size_t k = 0; k < idle_cells; ++k) {
-      auto& cell = idle_slots[(first + k) % idle_cells].slot;
+  if (users.idle_generation.load(std::memory_order_acquire) == gen) {
+    const std::size_t first = my_idle_cell(process_users::idle_cells);
+    for (std::size_t k = 0; k < process_users::idle_cells; ++k) {
+      auto& cell = users.idle_slots[(first + k) % process_users::idle_cells].slot;
       if (cell.load(std::memory_order_relaxed) == max_slots) continue;
       const std::uint32_t u = cell.exchange(max_slots, std::memory_order_acquire);
       if (u != max_slots) return slot_lease{u, gen};
     }
   }
-  base::lock_guard g(live_mutex);
+  base::lock_guard g(users.mutex);
   if (auto r = ensure_live(); !r) return std::unexpected(r.error());
-  if (idle_generation.load() != gen) forget_idle_slots();  // a forked child's copies
-  if (!free_slots.empty()) {
-    const std::uint32_t u = free_slots.back();
-    free_slots.pop_back();
+  if (users.idle_generation.load() != gen) users.forget_idle_slots();  // a forked child's copies
+  if (!users.free_slots.empty()) {
+    const std::uint32_t u = users.free_slots.back();
+    users.free_slots.pop_back();
     return slot_lease{u, gen};
   }
   // A slot taken is written (and a dead user's cleared first): all of them writable now
@@ -263,11 +255,11 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
   const std::uint32_t start = static_cast<std::uint32_t>(::getpid()) % max_slots;
   for (std::uint32_t k = 0; k < 2 * max_slots; ++k) {
     const std::uint32_t u = (start + k) % max_slots;
-    if (ours[u]) continue;
+    if (users.ours[u]) continue;
     const slot_ref s = slot(u);
     if (k < max_slots && s.pid().load(std::memory_order_acquire) != 0) continue;
     if (!slot_reclaimable(s)) continue;  // in use, or a dead writer's still needed
-    auto got = fs->lock(live, user_byte + u, 1, io::lock_request::exclusive, false);
+    auto got = fs->lock(users.live, user_byte + u, 1, io::lock_request::exclusive, false);
     if (!got) {
       if (got.error() == std::errc::operation_would_block ||
           got.error() == std::errc::resource_unavailable_try_again) {
@@ -278,7 +270,7 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
     // Its byte is ours: whoever had the slot is gone. A dead writer's slot is left to the
     // commits that settle it while they need what it says.
     if (!slot_reclaimable(s)) {
-      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      (void)fs->lock(users.live, user_byte + u, 1, io::lock_request::unlock, false);
       continue;
     }
     // Its page and the header's asked for again now that the byte is ours (the volume may
@@ -311,10 +303,10 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
       taken = std::unexpected(index_write_refusal());
     }
     if (!taken) {
-      (void)fs->lock(live, user_byte + u, 1, io::lock_request::unlock, false);
+      (void)fs->lock(users.live, user_byte + u, 1, io::lock_request::unlock, false);
       return std::unexpected(taken.error());
     }
-    ours[u] = true;
+    users.ours[u] = true;
     return slot_lease{u, gen};
   }
   return keel_error(errc::too_many_users);
@@ -322,14 +314,14 @@ result<slot_lease> store::impl::take_slot(bool patient) noexcept {
 
 void store::impl::release_slot(slot_lease s) noexcept {
   if (s.slotless) {
-    base::lock_guard g(live_mutex);
+    base::lock_guard g(users.mutex);
     // (One leased before a fork is the parent's: its byte is held through the parent's.)
-    if (s.generation != base::fork_generation() || slotless_generation != s.generation ||
-        slotless_readers == 0) {
+    if (s.generation != base::fork_generation() || users.slotless_generation != s.generation ||
+        users.slotless_readers == 0) {
       return;
     }
-    if (--slotless_readers == 0) {
-      (void)fs->lock(live, slotless_byte, 1, io::lock_request::unlock, false);
+    if (--users.slotless_readers == 0) {
+      (void)fs->lock(users.live, slotless_byte, 1, io::lock_request::unlock, false);
     }
     return;
   }
@@ -338,12 +330,12 @@ void store::impl::release_slot(slot_lease s) noexcept {
   // A slot leased before a fork is the parent's: the child forgets it and leaves it alone
   // (even if the child has since leased the same slot afresh, after the parent died).
   if (s.generation != gen) return;
-  if (s.generation == gen && idle_generation.load(std::memory_order_acquire) == gen) {
-    // Ours (leased in this generation, so ours[s.index] holds): back to a free cell.
+  if (s.generation == gen && users.idle_generation.load(std::memory_order_acquire) == gen) {
+    // Ours (leased in this generation, so users.ours[s.index] holds): back to a free cell.
     if (!clear_snapshot(s.index)) return forsake_slot(s);
-    const std::size_t first = my_idle_cell(idle_cells);
-    for (std::size_t k = 0; k < idle_cells; ++k) {
-      auto& cell = idle_slots[(first + k) % idle_cells].slot;
+    const std::size_t first = my_idle_cell(process_users::idle_cells);
+    for (std::size_t k = 0; k < process_users::idle_cells; ++k) {
+      auto& cell = users.idle_slots[(first + k) % process_users::idle_cells].slot;
       std::uint32_t none = max_slots;
       if (cell.load(std::memory_order_relaxed) == max_slots &&
           cell.compare_exchange_strong(none, s.index, std::memory_order_release)) {
@@ -352,10 +344,10 @@ void store::impl::release_slot(slot_lease s) noexcept {
     }
   }
   {
-    base::lock_guard g(live_mutex);
-    if (live_generation != gen || !ours[s.index]) return;
+    base::lock_guard g(users.mutex);
+    if (users.generation != gen || !users.ours[s.index]) return;
     if (clear_snapshot(s.index)) {
-      free_slots.push_back(s.index);
+      users.free_slots.push_back(s.index);
       return;
     }
   }
@@ -448,10 +440,10 @@ void store::impl::forsake_slot(slot_lease& s) noexcept {
   // Its byte let go and not ours any more: to every user, this process included, the slot's
   // user is dead, and what it holds is settled as a dead writer's. The lease holds nothing.
   if (s.held() && s.generation == base::fork_generation()) {
-    base::lock_guard g(live_mutex);
-    if (live_generation == s.generation && ours[s.index]) {
-      ours[s.index] = false;
-      (void)fs->lock(live, user_byte + s.index, 1, io::lock_request::unlock, false);
+    base::lock_guard g(users.mutex);
+    if (users.generation == s.generation && users.ours[s.index]) {
+      users.ours[s.index] = false;
+      (void)fs->lock(users.live, user_byte + s.index, 1, io::lock_request::unlock, false);
     }
   }
   s.index = max_slots;
@@ -459,10 +451,10 @@ void store::impl::forsake_slot(slot_lease& s) noexcept {
 
 bool store::impl::slot_owner_dead(std::uint32_t u) noexcept {
   const io::map_guard::no_escape held_back;
-  base::lock_guard g(live_mutex);
+  base::lock_guard g(users.mutex);
   if (!ensure_live()) return false;
-  if (ours[u]) return false;
-  auto is_free = fs->lock_is_free(live, user_byte + u, 1, io::lock_request::exclusive);
+  if (users.ours[u]) return false;
+  auto is_free = fs->lock_is_free(users.live, user_byte + u, 1, io::lock_request::exclusive);
   return is_free && *is_free;  // unknown: alive
 }
 

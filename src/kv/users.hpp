@@ -1,0 +1,77 @@
+#pragma once
+// This process's side of a store's users (doc/kv-format.md, "Users" and "Dead users"): its
+// liveness descriptor, through which it holds the open byte of `index` shared and the byte
+// of each user slot it leases, the slots it holds (idle or busy), and its calls reading
+// without a slot. Owns all of it: users.cpp takes and gives back the slots, the fork
+// handlers there make a forked child forget its parent's, and opening (open.cpp,
+// private_index.cpp) hands over the first descriptor (adopt). The slots' words in the index
+// are not here: a slot's holder writes them (slot_ref).
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "base/fork.hpp"
+#include "base/thread_safety.hpp"
+#include "keel/io/file_handle.hpp"
+#include "kv/index_file.hpp"
+
+namespace keel::kv {
+
+struct process_users {
+  //! Taken after the store's maintenance mutex and before its segment map's (the order the
+  //! fork handlers take all three in).
+  base::mutex mutex;
+  //! Holds the open byte and our slots' bytes; a forked child's copy is its parent's.
+  io::file_handle live KEEL_GUARDED_BY(mutex);
+  //! The fork generation `live` was opened in.
+  std::uint64_t generation KEEL_GUARDED_BY(mutex) = 0;
+  //! Slots of ours that no call uses now (beside the idle cells).
+  std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(mutex);
+  //! Which slots are ours (their bytes held through `live`).
+  std::array<bool, max_slots> ours KEEL_GUARDED_BY(mutex){};
+  //! This process's calls reading without a slot now (slotless_byte held through `live` while
+  //! there are any), of fork generation `slotless_generation`.
+  std::uint32_t slotless_readers KEEL_GUARDED_BY(mutex) = 0;
+  std::uint64_t slotless_generation KEEL_GUARDED_BY(mutex) = 0;
+  //! Until when (now_ms) a read goes without a slot at once: the volume refused one's write
+  //! then, and is asked again only every slots_refused_ms.
+  std::atomic<std::uint64_t> slots_refused_until_ms{0};
+  static constexpr std::uint64_t slots_refused_ms = 100;
+  //! Idle slots of this process, leased and released without the mutex (each cell holds a
+  //! slot's index, or max_slots; a thread tries its own cell first). They belong to fork
+  //! generation `idle_generation`: a child's copies are not its slots.
+  struct alignas(64) idle_cell {
+    std::atomic<std::uint32_t> slot{max_slots};
+  };
+  static constexpr std::size_t idle_cells = 16;
+  std::array<idle_cell, idle_cells> idle_slots{};
+  std::atomic<std::uint64_t> idle_generation{0};
+
+  //! Whether `live` is open and this process's own (not a forked child's copy).
+  [[nodiscard]] bool live_is_ours() const noexcept KEEL_REQUIRES(mutex) {
+    return live.is_open() && generation == base::fork_generation();
+  }
+  //! Takes `f`, which holds the open byte shared, as this process's liveness descriptor.
+  void adopt(io::file_handle f) noexcept KEEL_REQUIRES(mutex) {
+    live = std::move(f);
+    generation = base::fork_generation();
+  }
+  //! Forgets the slots held (the descriptor closed first, or a forked child's copy closed):
+  //! none is ours any more.
+  void forget_slots() noexcept KEEL_REQUIRES(mutex) {
+    free_slots.clear();
+    ours.fill(false);
+    forget_idle_slots();
+  }
+  //! Empties the idle cells (the mutex held, or the only thread).
+  void forget_idle_slots() noexcept {
+    for (auto& c : idle_slots)
+      c.slot.store(max_slots, std::memory_order_relaxed);
+    idle_generation.store(base::fork_generation(), std::memory_order_release);
+  }
+};
+
+}  // namespace keel::kv
