@@ -1286,4 +1286,11 @@ class snapshot_hold {
   lock::entities_guard directory_;  // only when no slot was free
 };
 
+//! The insides of a store or a transaction handed out (for keel's own code that holds the
+//! public object, and for the tests of the parts).
+struct store_internals {
+  [[nodiscard]] static store::impl& of(store& s) noexcept { return *s.impl_; }
+  [[nodiscard]] static transaction::impl& of(transaction& t) noexcept { return *t.impl_; }
+};
+
 }  // namespace keel::kv

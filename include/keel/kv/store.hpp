@@ -318,6 +318,7 @@ class transaction {
 
  private:
   friend class store;
+  friend struct store_internals;  // (keel's own code and tests: src/kv/store_impl.hpp)
   explicit transaction(std::unique_ptr<impl> p) noexcept;
   std::unique_ptr<impl> impl_;
 };
@@ -421,6 +422,7 @@ class store {
   struct impl;
 
  private:
+  friend struct store_internals;  // (keel's own code and tests: src/kv/store_impl.hpp)
   explicit store(std::unique_ptr<impl> p) noexcept;
   std::unique_ptr<impl> impl_;
 };
