@@ -70,6 +70,9 @@ struct checkpoint_run {
   [[nodiscard]] result<void> copy_chain(std::uint64_t named_page) noexcept;
   [[nodiscard]] result<void> copy_page(std::uint64_t named_page, std::uint64_t p,
                                        std::uint64_t next) noexcept;
+  [[nodiscard]] result<std::pair<std::uint64_t, std::uint64_t>> seen_at_s(
+      std::uint64_t named_page, const disk::key_hash& h, const index::entry_ref& e,
+      const index::entry_ref::state& whole) noexcept;
   [[nodiscard]] std::span<const std::byte> all() const noexcept { return {out.get(), out_size}; }
 };
 
@@ -227,6 +230,29 @@ result<void> checkpoint_run::copy_chain(std::uint64_t named_page) noexcept {
   return {};
 }
 
+// What entry `e` of hash `h` (in the chain of `named_page`, read as `whole`) names for a
+// reader at S: the location and seq of its record then (location 0: none).
+result<std::pair<std::uint64_t, std::uint64_t>> checkpoint_run::seen_at_s(
+    std::uint64_t named_page, const disk::key_hash& h, const index::entry_ref& e,
+    const index::entry_ref::state& whole) noexcept {
+  std::uint64_t seq = whole.seq;
+  std::uint64_t at = whole.location;
+  if ((seq & index::pending) == 0 && seq <= S) return std::pair{at, seq};
+  auto resolved = s.named_by(named_page, h, e, seq, at, S);
+  if (!resolved) return std::unexpected(resolved.error());
+  at = *resolved;
+  seq = 0;
+  if (at != 0) {
+    auto rec = s.record_at(at, false);
+    if (!rec) return std::unexpected(rec.error());
+    auto seen = s.back_to(*rec, S, false);
+    if (!seen) return std::unexpected(seen.error());
+    at = *seen ? (*seen)->location : 0;
+    seq = *seen ? (*seen)->rec.head.seq : 0;
+  }
+  return std::pair{at, seq};
+}
+
 // Page `p` of the chain of `named_page`, linked to `next`: each entry as a reader at S sees
 // it (none: location 0).
 result<void> checkpoint_run::copy_page(std::uint64_t named_page, std::uint64_t p,
@@ -239,34 +265,25 @@ result<void> checkpoint_run::copy_page(std::uint64_t named_page, std::uint64_t p
   copy.local_depth().store(b.local_depth().load(std::memory_order_acquire));
   copy.prefix().store(b.prefix().load(std::memory_order_acquire));
   std::uint64_t n = 0;
-  for (std::size_t k = 0; k < index::entries_per_page; ++k) {
-    const index::entry_ref e = b.entry(k);
-    const index::entry_ref::state whole = e.read_whole();
-    if (whole.hi == 0) continue;
-    const disk::key_hash h{whole.hi, whole.lo};
-    std::uint64_t seq = whole.seq;
-    std::uint64_t at = whole.location;
-    if ((seq & index::pending) != 0 || seq > S) {
-      auto resolved = s.named_by(named_page, h, e, seq, at, S);
-      if (!resolved) return std::unexpected(resolved.error());
-      at = *resolved;
-      seq = 0;
-      if (at != 0) {
-        auto rec = s.record_at(at, false);
-        if (!rec) return std::unexpected(rec.error());
-        auto seen = s.back_to(*rec, S, false);
-        if (!seen) return std::unexpected(seen.error());
-        at = *seen ? (*seen)->location : 0;
-        seq = *seen ? (*seen)->rec.head.seq : 0;
-      }
-    }
-    const index::entry_ref to = copy.entry(k);
-    to.hi().store(h.hi);
-    to.lo().store(h.lo);
-    to.location().store(at);
-    to.seq().store(at == 0 ? 0 : seq);
-    ++n;
-  }
+  result<void> copied;
+  b.for_each_key(
+      [&](std::size_t k, const index::entry_ref& e, const index::entry_ref::state& whole) {
+        const disk::key_hash h{whole.hi, whole.lo};
+        auto seen = seen_at_s(named_page, h, e, whole);
+        if (!seen) {
+          copied = std::unexpected(seen.error());
+          return false;
+        }
+        const auto [at, seq] = *seen;
+        const index::entry_ref to = copy.entry(k);
+        to.hi().store(h.hi);
+        to.lo().store(h.lo);
+        to.location().store(at);
+        to.seq().store(at == 0 ? 0 : seq);
+        ++n;
+        return true;
+      });
+  if (!copied) return copied;
   copy.used().store(n);
   copy.sum().store(index::count_sum(copy));
   return {};

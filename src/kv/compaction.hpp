@@ -124,6 +124,7 @@ struct compaction_run {
   [[nodiscard]] result<void> choose_candidates();
   [[nodiscard]] result<void> pin(std::uint64_t at, bool block);
   [[nodiscard]] result<void> count_page(std::uint64_t page);
+  [[nodiscard]] result<void> count_entry(std::uint64_t seq, std::uint64_t at);
   // step 4
   [[nodiscard]] result<void> take_eligible();
   void fit_victims_to_room();

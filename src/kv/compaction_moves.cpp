@@ -126,15 +126,16 @@ result<void> compaction_run::keep_named_victims() noexcept {
   if (!hold) return std::unexpected(hold.error());
   try {
     auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-      const index::bucket_ref b = s.table->page(page);
-      for (std::size_t k = 0; k < index::entries_per_page; ++k) {
-        const index::entry_ref e = b.entry(k);
-        if (e.hi().load(std::memory_order_acquire) == 0) continue;
-        const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-        const std::uint64_t at = e.location().load(std::memory_order_acquire);
-        if (at != 0 && victims.contains(disk::segment_of(at))) named.insert(disk::segment_of(at));
-        if ((seq & index::pending) != 0) named.insert(disk::segment_of(seq & ~index::pending));
-      }
+      s.table->page(page).for_each_key(
+          [&](std::size_t, const index::entry_ref&, const index::entry_ref::state& e) {
+            if (e.location != 0 && victims.contains(disk::segment_of(e.location))) {
+              named.insert(disk::segment_of(e.location));
+            }
+            if ((e.seq & index::pending) != 0) {
+              named.insert(disk::segment_of(e.seq & ~index::pending));
+            }
+            return true;
+          });
       return true;
     });
     if (!walked) return std::unexpected(walked.error());

@@ -91,6 +91,21 @@ struct bucket_ref {
   [[nodiscard]] entry_ref entry(std::size_t i) const noexcept {
     return {reinterpret_cast<std::uint64_t*>(base + 64 + i * 32)};
   }
+  //! Each of its entries that holds a key, as one state (entry_ref::read_whole), with its
+  //! place: f(k, entry, state) returns whether to go on. Every walk of a whole page's entries
+  //! outside the table (scan, compaction, checkpoint, verify, recovery) reads it through here.
+  //! Whether the walk went on to the end.
+  template <class F>
+  bool for_each_key(F&& f) const {
+    for (std::size_t k = 0; k < entries_per_page; ++k) {
+      const entry_ref e = entry(k);
+      if (e.hi().load(std::memory_order_acquire) == 0) continue;
+      const entry_ref::state whole = e.read_whole();
+      if (whole.hi == 0) continue;
+      if (!f(k, e, whole)) return false;
+    }
+    return true;
+  }
 
  private:
   [[nodiscard]] std::atomic_ref<std::uint32_t> u32(std::size_t at) const noexcept {

@@ -188,9 +188,11 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
     // Every entry of a page's chain (one prefix range of hashes: sorted as one).
     const auto each_entry = [&](std::uint64_t page, auto&& f) {
       table->for_page_chain(page, [&](std::uint64_t q) {
-        const index::bucket_ref b = table->page(q);
-        for (std::size_t k = 0; k < index::entries_per_page; ++k)
-          f(b.entry(k));
+        table->page(q).for_each_key(
+            [&](std::size_t, const index::entry_ref& e, const index::entry_ref::state& whole) {
+              f(e, whole);
+              return true;
+            });
         return true;
       });
     };
@@ -198,10 +200,9 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
         after_hi,
         [&](std::uint64_t page) -> result<bool> {
           std::vector<key_entry> keys;
-          each_entry(page, [&](const index::entry_ref& e) {
-            const std::uint64_t hi = e.hi().load(std::memory_order_acquire);
-            if (hi == 0) return;
-            const std::uint64_t lo = e.lo().load(std::memory_order_acquire);
+          each_entry(page, [&](const index::entry_ref&, const index::entry_ref::state& whole) {
+            const std::uint64_t hi = whole.hi;
+            const std::uint64_t lo = whole.lo;
             if (!from_start && (hi < after_hi || (hi == after_hi && lo <= after_lo))) return;
             keys.push_back({hi, lo});
           });
@@ -217,17 +218,12 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
             // Every key of this hash in the page (a collision is two of them), each once.
             const disk::key_hash h{k.hi, k.lo};
             std::vector<std::string> seen_keys;
-            std::vector<index::entry_ref> entries;
-            each_entry(page, [&](const index::entry_ref& e) {
-              if (e.hi().load(std::memory_order_acquire) == k.hi &&
-                  e.lo().load(std::memory_order_acquire) == k.lo) {
-                entries.push_back(e);
-              }
+            std::vector<std::pair<index::entry_ref, index::entry_ref::state>> entries;
+            each_entry(page, [&](const index::entry_ref& e, const index::entry_ref::state& whole) {
+              if (whole.hi == k.hi && whole.lo == k.lo) entries.emplace_back(e, whole);
             });
-            for (const index::entry_ref& e : entries) {
-              const std::uint64_t seq = e.seq().load(std::memory_order_acquire);
-              const std::uint64_t location = e.location().load(std::memory_order_acquire);
-              auto at = named_by(page, h, e, seq, location, snap);
+            for (const auto& [e, whole] : entries) {
+              auto at = named_by(page, h, e, whole.seq, whole.location, snap);
               if (!at) return std::unexpected(at.error());
               if (*at == 0) continue;
               auto named = record_head_at(*at);

@@ -201,19 +201,19 @@ result<bool> store::impl::index_names(std::span<const location_range> ranges,
   };
   bool named = false;
   auto walked = for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-    const index::bucket_ref b = table->page(page);
-    for (std::size_t k = 0; k < index::entries_per_page && !named; ++k) {
-      const index::entry_ref e = b.entry(k);
-      if (e.hi().load() == 0) continue;
-      const std::uint64_t seq = e.seq().load();
-      const std::uint64_t at = e.location().load();
-      named = (pending && (seq & index::pending) != 0 && in(seq & ~index::pending)) || in(at);
-      if (named || at == 0) continue;
-      // (A record that cannot be read is not this walk's to judge: reading it says corrupt.)
-      if (auto rec = record_head_at(at); rec && disk::is_blob(rec->rec)) {
-        named = in(rec->rec.blob.location);
-      }
-    }
+    table->page(page).for_each_key(
+        [&](std::size_t, const index::entry_ref&, const index::entry_ref::state& e) {
+          const std::uint64_t seq = e.seq;
+          const std::uint64_t at = e.location;
+          named = (pending && (seq & index::pending) != 0 && in(seq & ~index::pending)) || in(at);
+          if (named || at == 0) return !named;
+          // (A record that cannot be read is not this walk's to judge: reading it says
+          // corrupt.)
+          if (auto rec = record_head_at(at); rec && disk::is_blob(rec->rec)) {
+            named = in(rec->rec.blob.location);
+          }
+          return !named;
+        });
     return !named;
   });
   if (!walked) return std::unexpected(walked.error());

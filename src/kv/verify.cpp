@@ -196,40 +196,45 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
     // Every index entry names a record of its own hash.
     auto hold = snapshot_hold::take(s);
     if (!hold) return std::unexpected(hold.error());
-    auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
-      const index::bucket_ref b = s.table->page(page);
-      for (std::size_t k = 0; k < index::entries_per_page; ++k) {
-        // The entry as one state (entry_ref::read_whole: never a torn publish).
-        const index::entry_ref::state whole = b.entry(k).read_whole();
-        const std::uint64_t seq = whole.seq;
-        const std::uint64_t hi = whole.hi;
-        const std::uint64_t lo = whole.lo;
-        const std::uint64_t at = whole.location;
-        if (hi == 0) continue;
-        if ((seq & index::pending) != 0 || at == 0) continue;  // settled when used
-        auto rec = s.record_head_at(at);
-        auto seg = s.segment_at(disk::segment_of(at));
-        if (!seg) return std::unexpected(seg.error());
-        if (!rec) {
-          found.note((*seg)->path, disk::offset_of(at),
-                     "no record where an index entry (page " + std::to_string(page) + ") says");
-          continue;
-        }
-        // Inside a block the walk found: else the header of its block was damaged since its
-        // commit was published, and a rebuild would take the block for space.
-        const auto after = std::ranges::upper_bound(blocks, at, {}, &impl::location_range::from);
-        if (seq <= walked_after && (after == blocks.begin() || std::prev(after)->to <= at)) {
-          found.note((*seg)->path, disk::offset_of(at),
-                     "a record an index entry names lies in no block that checks out (its block "
-                     "header damaged?)");
-        }
-        const disk::key_hash h = s.hash_of(rec->rec.key);
-        if (h.hi != hi || h.lo != lo) {
-          found.note((*seg)->path, disk::offset_of(at),
-                     "an index entry (page " + std::to_string(page) +
-                         ") of another hash names the record of " + describe(rec->rec.key));
-        }
+    // Each entry as one state (entry_ref::read_whole: never a torn publish): it names a
+    // record of its own hash, in a block that checks out.
+    const auto check_entry = [&](std::uint64_t page,
+                                 const index::entry_ref::state& whole) -> result<void> {
+      const std::uint64_t seq = whole.seq;
+      const std::uint64_t at = whole.location;
+      if ((seq & index::pending) != 0 || at == 0) return {};  // settled when used
+      auto rec = s.record_head_at(at);
+      auto seg = s.segment_at(disk::segment_of(at));
+      if (!seg) return std::unexpected(seg.error());
+      if (!rec) {
+        found.note((*seg)->path, disk::offset_of(at),
+                   "no record where an index entry (page " + std::to_string(page) + ") says");
+        return {};
       }
+      // Inside a block the walk found: else the header of its block was damaged since its
+      // commit was published, and a rebuild would take the block for space.
+      const auto after = std::ranges::upper_bound(blocks, at, {}, &impl::location_range::from);
+      if (seq <= walked_after && (after == blocks.begin() || std::prev(after)->to <= at)) {
+        found.note((*seg)->path, disk::offset_of(at),
+                   "a record an index entry names lies in no block that checks out (its block "
+                   "header damaged?)");
+      }
+      const disk::key_hash h = s.hash_of(rec->rec.key);
+      if (h.hi != whole.hi || h.lo != whole.lo) {
+        found.note((*seg)->path, disk::offset_of(at),
+                   "an index entry (page " + std::to_string(page) +
+                       ") of another hash names the record of " + describe(rec->rec.key));
+      }
+      return {};
+    };
+    auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+      result<void> checked;
+      s.table->page(page).for_each_key(
+          [&](std::size_t, const index::entry_ref&, const index::entry_ref::state& whole) {
+            checked = check_entry(page, whole);
+            return static_cast<bool>(checked);
+          });
+      if (!checked) return std::unexpected(checked.error());
       return true;
     });
     if (!walked) return std::unexpected(walked.error());

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -101,6 +102,35 @@ TEST(KvIndex, EveryKeyIsFoundThroughSplitsAndDoublings) {
     ASSERT_TRUE(f.found(k, hash_of(k))) << k;
   for (std::uint64_t k = n + 1; k <= n + 1000; ++k)
     EXPECT_FALSE(f.found(k, hash_of(k))) << k;
+}
+
+// The walks of a whole page outside the table (scan, compaction, checkpoint, verify,
+// recovery) read it through bucket_ref::for_each_key: each entry holding a key once, whole,
+// with its place; empty entries skipped; a walk that stops says so.
+TEST(KvIndex, EachKeyOfAPageIsWalkedOnceWholeAndAWalkStopsWhenAsked) {
+  const test_support::one_page_index one_page;
+  fixture f;
+  std::map<std::uint64_t, std::uint64_t> expected;  // location (the key) -> its hash's hi
+  for (std::uint64_t k = 1; k <= 40; ++k) {
+    f.insert(k, hash_of(k));
+    expected[k] = hash_of(k).hi;
+  }
+  ASSERT_EQ(f.splits, 0U);
+  const bucket_ref b = f.t.page(f.t.page_of(hash_of(1)));
+  std::map<std::uint64_t, std::uint64_t> seen;
+  std::set<std::size_t> places;
+  EXPECT_TRUE(b.for_each_key([&](std::size_t k, const entry_ref& e, const entry_ref::state& s) {
+    EXPECT_EQ(e.w, b.entry(k).w);
+    EXPECT_TRUE(places.insert(k).second) << "place " << k << " twice";
+    EXPECT_EQ(s.seq, 7U);
+    seen[s.location] = s.hi;
+    return true;
+  }));
+  EXPECT_EQ(seen, expected);
+  std::size_t visited = 0;
+  EXPECT_FALSE(b.for_each_key(
+      [&](std::size_t, const entry_ref&, const entry_ref::state&) { return ++visited < 2; }));
+  EXPECT_EQ(visited, 2U);
 }
 
 // The store keeps room beside each new segment for the pages its keys may split into
