@@ -55,7 +55,7 @@ std::uint64_t store::impl::room_left(room_for who) const noexcept {
 }
 
 std::uint64_t store::impl::compaction_room() const noexcept {
-  const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
+  const std::uint64_t fixed = compacting.segment_size.load(std::memory_order_relaxed);
   const std::uint64_t seg_size = fixed != 0 ? fixed : next_segment_size();
   const std::uint64_t tail = h64(header::tail).load();
   std::uint64_t whole = budget_left(room_for::compaction) / seg_size;

@@ -38,15 +38,15 @@ result<compact_stats> store::impl::compact(std::optional<std::uint64_t> unless_s
   struct segment_size_hold {
     impl& s;
     ~segment_size_hold() {
-      s.compaction_segment_size.store(0, std::memory_order_relaxed);
-      s.compaction_keeps_off_spare.store(false, std::memory_order_relaxed);
+      s.compacting.segment_size.store(0, std::memory_order_relaxed);
+      s.compacting.keeps_off_spare.store(false, std::memory_order_relaxed);
     }
   } const sized{s};
   {
     // (No larger than the spare: see next_active_segment.)
     const std::uint64_t spare = s.h64(header::spare).load();
     const std::uint64_t next = s.next_segment_size();
-    s.compaction_segment_size.store(spare != 0 ? std::min(next, spare) : next,
+    s.compacting.segment_size.store(spare != 0 ? std::min(next, spare) : next,
                                     std::memory_order_relaxed);
   }
   compaction_run run(s, cd, how);
@@ -101,8 +101,8 @@ result<void> compaction_run::wait_for_transactions() noexcept {
   // verifies waiting, and this process's close, for the whole lock timeout.
   if (how != byte_claim::background) return s.wait_for_transactions(cd);
   return s.wait_for_transactions(
-      io::deadline(std::min<std::chrono::milliseconds>(s.opts.lock_timeout,
-                                                       store::impl::background_patience))
+      io::deadline(std::min<std::chrono::milliseconds>(
+                       s.opts.lock_timeout, store::impl::process_compaction::background_patience))
           .start());
 }
 

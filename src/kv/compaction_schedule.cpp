@@ -145,9 +145,9 @@ bool store::impl::compaction_due() noexcept {
   // Short of room, compaction takes any segment a sixteenth dead (see compact): a segment's
   // worth of dead is then worth a run before a put finds the volume full. statfs is a call:
   // not on every commit.
-  std::uint64_t next = next_room_check.load(std::memory_order_relaxed);
-  if (now < next || !next_room_check.compare_exchange_strong(next, now + room_check_ms,
-                                                             std::memory_order_relaxed)) {
+  std::uint64_t next = compacting.next_room_check.load(std::memory_order_relaxed);
+  if (now < next || !compacting.next_room_check.compare_exchange_strong(
+                        next, now + process_compaction::room_check_ms, std::memory_order_relaxed)) {
     return false;
   }
   return short_of_room();
@@ -163,7 +163,7 @@ void store::impl::compact_in_background() noexcept {
                                  std::memory_order_relaxed);
     return;
   }
-  background_errno.store(c ? 0 : c.error().value(), std::memory_order_relaxed);
+  compacting.background_errno.store(c ? 0 : c.error().value(), std::memory_order_relaxed);
   // One that removed segments set the mark itself. Else not again before a segment more has
   // died: a policy met by dead spread too thinly to take (or by a failure) does not make
   // every commit walk the index.

@@ -95,7 +95,7 @@ void compaction_run::fit_victims_to_room() {
   const std::uint64_t spare = s.h64(header::spare).load();
   const std::uint64_t in_spare = spare == 0 ? 0 : spare - disk::segment_header_size;
   const std::uint64_t copy_block_room =
-      s.compaction_segment_size.load(std::memory_order_relaxed) - disk::segment_header_size;
+      s.compacting.segment_size.load(std::memory_order_relaxed) - disk::segment_header_size;
   // Whether a victim may go at all: it frees more than it takes, fits the spare alone (a
   // segment but its header), and its records fit the segments the copies go to, no larger
   // than the spare, which is smaller than some log segments after a pass found only
@@ -172,7 +172,7 @@ void compaction_run::fit_victims_to_room() {
   // The room counted is an estimate (the copies may cross into a new segment elsewhere
   // than counted, and other writers use the room meanwhile): the copies of a pass that
   // frees less than the spare never take it, whatever they find (next_active_segment).
-  s.compaction_keeps_off_spare.store(keeps_off_spare(), std::memory_order_relaxed);
+  s.compacting.keeps_off_spare.store(keeps_off_spare(), std::memory_order_relaxed);
 }
 
 }  // namespace keel::kv

@@ -274,7 +274,7 @@ result<store_stats> store::stats() noexcept {
   st.replayed_bytes = impl_->replayed_bytes;
   st.checkpoint_errno = static_cast<int>(impl_->h64(header::checkpoint_error).load());
   st.compactions = impl_->h64(header::compactions).load();
-  st.compaction_errno = impl_->background_errno.load(std::memory_order_relaxed);
+  st.compaction_errno = impl_->compacting.background_errno.load(std::memory_order_relaxed);
   st.index_bytes = impl_->h64(header::pages_allocated).load() * disk::page_size;
   st.index_free_pages = impl_->h64(header::free_pages).load();
   auto numbers = impl_->segment_numbers(false);

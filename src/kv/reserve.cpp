@@ -13,7 +13,7 @@ namespace keel::kv {
 result<std::uint64_t> store::impl::next_active_segment(room_for who,
                                                        std::uint64_t at_least) noexcept {
   std::uint64_t seg_size = next_segment_size(at_least);
-  const std::uint64_t fixed = compaction_segment_size.load(std::memory_order_relaxed);
+  const std::uint64_t fixed = compacting.segment_size.load(std::memory_order_relaxed);
   if (who == room_for::compaction && fixed != 0) {
     // Compaction's at the size its room was counted in (its copies grow the log meanwhile).
     seg_size = std::max(fixed, least_segment_size(at_least));
@@ -107,7 +107,7 @@ result<std::uint64_t> store::impl::next_active_segment(room_for who,
   }
   // Puts could never have taken the spare. Nor may a pass that frees less than the spare's
   // size (the spare could not be made again of its room): it stops where its room ran out.
-  if (compaction_keeps_off_spare.load(std::memory_order_relaxed)) return std::unexpected(why);
+  if (compacting.keeps_off_spare.load(std::memory_order_relaxed)) return std::unexpected(why);
   auto a = adopt_room(spare_room);
   if (a) return mark_for_deletes(a, true);
   if (a.error() != std::errc::no_space_on_device) return a;

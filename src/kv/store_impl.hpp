@@ -153,11 +153,14 @@ struct store::impl final : index::page_source {
   //! The space ledger in the index header, its pins in the user slots (every user has the
   //! view; only writers with options::ledger on charge it).
   std::optional<space::ledger> ledger;
+  //! Set once open is done: from then on index growth leaves the room kept for deletes
+  //! (pages.cpp).
+  bool serving = false;
 
   // ---- per process (reopened after fork) ----
   //! index_pages_for's last figure for each segment size (by its power of two): a walk of
   //! every bucket page, taken for `slack` more keys than asked and kept until that many more
-  //! records are live or the directory changes.
+  //! records are live or the directory changes (budget.cpp's).
   struct split_estimate {
     std::uint64_t size = 0, records = 0, directory = 0, slack = 0, pages = 0;
   };
@@ -165,9 +168,11 @@ struct store::impl final : index::page_source {
   mutable std::array<split_estimate, 64> split_estimates KEEL_GUARDED_BY(split_estimates_mutex){};
   //! This process's liveness descriptor and user slots (users.hpp owns them).
   process_users users;
-  std::atomic<bool> failed{false};  // a sync failed: read-only until reopened
+  //! A sync failed: read-only until reopened (set by group_sync.cpp and manifest.cpp, where
+  //! a sync fails; every writer reads it).
+  std::atomic<bool> failed{false};
   //! The last reuse_horizon this process saw (it only grows: a cache, not a promise), and
-  //! *visible* when it last looked.
+  //! *visible* when it last looked (pages.cpp's).
   std::atomic<std::uint64_t> horizon_seen{0};
   std::atomic<std::uint64_t> horizon_looked_at{0};
 
@@ -333,28 +338,6 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> room_for_checkpoint(bool asked = false) const noexcept;
   //! Writes a checkpoint, holding the checkpoint byte (take_checkpoint_byte).
   [[nodiscard]] result<void> checkpoint_locked(const io::countdown& cd) noexcept;
-  //! Whether the background compaction's policy (options::compact_dead_fraction) asks for
-  //! one now: the dead are that fraction of the log and at least two segments, or a segment
-  //! and the store is short of room (checked at most every room_check_ms). Not again before
-  //! the dead have grown by a segment since the last one here.
-  [[nodiscard]] bool compaction_due() noexcept;
-  //! Runs one compaction for the background thread, and keeps what it found.
-  void compact_in_background() noexcept;
-  //! While this process compacts (it holds the maintenance byte): the size of the segments
-  //! its copies go to, as compaction_room counted them (0: not compacting).
-  std::atomic<std::uint64_t> compaction_segment_size{0};
-  //! While this process compacts: whether its copies must keep off the spare (the pass frees
-  //! less than the spare's size, so the spare could not be made again of its room).
-  std::atomic<bool> compaction_keeps_off_spare{false};
-  //! When this process may next ask whether the store is short of room (steady clock, ms).
-  std::atomic<std::uint64_t> next_room_check{0};
-  static constexpr std::uint64_t room_check_ms = 100;
-  //! How long a background compaction waits for the transactions open when it looks.
-  static constexpr std::chrono::milliseconds background_patience{250};
-  //! The error of this process's last background compaction (0: none, or it succeeded).
-  std::atomic<int> background_errno{0};
-  //! Set once open is done: from then on index growth leaves the room kept for deletes.
-  bool serving = false;
   //! Log bytes between two locations (whole segments counted at the segment size).
   [[nodiscard]] std::uint64_t log_distance(std::uint64_t from, std::uint64_t to) const noexcept;
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
@@ -741,6 +724,33 @@ struct store::impl final : index::page_source {
   //! compaction takes any victim with some dead room that fits, not only those half dead.
   [[nodiscard]] bool short_of_room() const noexcept;
   // ---- compaction (compaction.hpp runs it; compaction_schedule.cpp, relocate.cpp) ----
+  //! Whether the background compaction's policy (options::compact_dead_fraction) asks for
+  //! one now: the dead are that fraction of the log and at least two segments, or a segment
+  //! and the store is short of room (checked at most every room_check_ms). Not again before
+  //! the dead have grown by a segment since the last one here.
+  [[nodiscard]] bool compaction_due() noexcept;
+  //! Runs one compaction for the background thread, and keeps what it found.
+  void compact_in_background() noexcept;
+  //! This process's compaction as its writers and its background thread see it: while it
+  //! runs (holding the maintenance byte), what it tells the writers (compaction.cpp and
+  //! compaction_victims.cpp set it, reserve.cpp and budget.cpp read it); when the background
+  //! compaction next looks, and what it last found (compaction_schedule.cpp).
+  struct process_compaction {
+    //! The size of the segments its copies go to, as compaction_room counted them (0: not
+    //! compacting).
+    std::atomic<std::uint64_t> segment_size{0};
+    //! Whether its copies must keep off the spare (the pass frees less than the spare's size,
+    //! so the spare could not be made again of its room).
+    std::atomic<bool> keeps_off_spare{false};
+    //! When this process may next ask whether the store is short of room (steady clock, ms).
+    std::atomic<std::uint64_t> next_room_check{0};
+    static constexpr std::uint64_t room_check_ms = 100;
+    //! How long a background compaction waits for the transactions open when it looks.
+    static constexpr std::chrono::milliseconds background_patience{250};
+    //! The error of this process's last background compaction (0: none, or it succeeded).
+    std::atomic<int> background_errno{0};
+  };
+  process_compaction compacting;
   //! Waits until every transaction open now (of a live user) has ended. Errors: timed_out.
   [[nodiscard]] result<void> wait_for_transactions(const io::countdown& cd) noexcept;
   //! Whether an entry names the record at `at` (of `key`), looked up with no lock: a record
