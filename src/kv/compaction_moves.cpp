@@ -125,7 +125,7 @@ result<void> compaction_run::keep_named_victims() noexcept {
   auto hold = snapshot_hold::take(s, slot_use::writing);
   if (!hold) return std::unexpected(hold.error());
   try {
-    auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+    auto walked = s.table->for_each_page(0, [&](std::uint64_t page) -> result<bool> {
       s.table->page(page).for_each_key(
           [&](std::size_t, const index::entry_ref&, const index::entry_ref::state& e) {
             if (e.location != 0 && victims.contains(disk::segment_of(e.location))) {

@@ -38,7 +38,7 @@ result<void> compaction_run::count_live() noexcept {
     // Let go at the end of this step: step 6 waits for every snapshot held.
     auto walking = snapshot_hold::take(s, slot_use::writing);
     if (!walking) return std::unexpected(walking.error());
-    auto counted = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+    auto counted = s.table->for_each_page(0, [&](std::uint64_t page) -> result<bool> {
       if (auto c = count_page(page); !c) return std::unexpected(c.error());
       return true;
     });

@@ -202,6 +202,34 @@ class table {
     }
   }
 
+  //! Visits the bucket pages one directory word names, in directory order from the entry of
+  //! hash prefix `from_hi` (0: the first), each run of entries naming one page once, each
+  //! followed by the pages of its overflow chain (`chains`; else the caller walks a chain
+  //! itself, for_page_chain); `visit(page)` returns result<bool> (false: stop there). The
+  //! word is read once: pages a split retires meanwhile still hold their entries, as long as
+  //! the caller holds a snapshot taken before (the store's snapshot_hold, or a
+  //! transaction's), which keeps them from reuse.
+  template <class Visit>
+  result<void> for_each_page(std::uint64_t from_hi, Visit&& visit, bool chains = true) const {
+    const std::uint64_t word = directory_.load(std::memory_order_seq_cst);
+    const unsigned depth = static_cast<unsigned>(word & 0xff);
+    const std::uint64_t n = std::uint64_t{1} << depth;
+    std::uint64_t last = 0;
+    for (std::uint64_t i = depth == 0 ? 0 : from_hi >> (64 - depth); i < n; ++i) {
+      const std::uint64_t p = directory_entry(word >> 8, i).load(std::memory_order_seq_cst);
+      if (p == last) continue;
+      last = p;
+      result<bool> go = true;
+      for_page_chain(p, [&](std::uint64_t q) {
+        go = visit(q);
+        return go && *go && chains;
+      });
+      if (!go) return std::unexpected(go.error());
+      if (!*go) return {};
+    }
+    return {};
+  }
+
   //! The one walk of a probe chain: calls `visit(entry)` (returning false to stop) for each
   //! entry of hash `h` in page `p`, from the hash's home slot on, wrapping, up to the first
   //! empty entry (`hi` = 0), and on into the next page of the page's chain when a page has

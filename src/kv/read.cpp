@@ -196,7 +196,7 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
         return true;
       });
     };
-    auto walked = for_each_bucket_page(
+    auto walked = table->for_each_page(
         after_hi,
         [&](std::uint64_t page) -> result<bool> {
           std::vector<key_entry> keys;
@@ -318,7 +318,7 @@ result<store_stats> store::stats() noexcept {
   std::uint64_t used = 0;
   auto snap = snapshot_hold::take(*impl_);
   if (!snap) return std::unexpected(snap.error());
-  (void)impl_->for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+  (void)impl_->table->for_each_page(0, [&](std::uint64_t page) -> result<bool> {
     ++st.index_pages;
     used += impl_->table->page(page).used().load();
     return true;

@@ -200,7 +200,7 @@ result<bool> store::impl::index_names(std::span<const location_range> ranges,
            });
   };
   bool named = false;
-  auto walked = for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+  auto walked = table->for_each_page(0, [&](std::uint64_t page) -> result<bool> {
     table->page(page).for_each_key(
         [&](std::size_t, const index::entry_ref&, const index::entry_ref::state& e) {
           const std::uint64_t seq = e.seq;

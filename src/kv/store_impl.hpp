@@ -9,7 +9,11 @@
 // background thread and the maintenance byte), store.cpp (the store's own calls), and the
 // others named by section below.
 // index_file.hpp is the index file's fixed part: its header's words, and which file writes
-// each.
+// each. The state a part owns per process is a type of its own, in its header: users.hpp,
+// maintenance.hpp, segment_map.hpp, and process_compaction below.
+// (Over 500 lines: the declarations of the one object whose calls the parts' files define,
+// each with its contract. The walks and views that need no store are elsewhere:
+// block_walk.hpp, index.hpp, test_hooks.hpp.)
 // Layouts and protocols are doc/kv-format.md's; the names here follow it.
 
 #include <algorithm>
@@ -41,12 +45,14 @@
 #include "keel/kv/store.hpp"
 #include "keel/lock/memory_map.hpp"
 #include "keel/space/ledger.hpp"
+#include "kv/block_walk.hpp"
 #include "kv/format.hpp"
 #include "kv/index.hpp"
 #include "kv/index_file.hpp"
 #include "kv/maintenance.hpp"
 #include "kv/segment_map.hpp"
 #include "kv/store_dir.hpp"
+#include "kv/test_hooks.hpp"
 #include "kv/users.hpp"
 
 namespace keel::kv {
@@ -77,52 +83,12 @@ inline constexpr room_file spare_room{"spare", header::spare};
 //! leave for deletes, held as a file so that another program on the volume cannot take it.
 inline constexpr room_file deletes_room{"deletes", header::deletes_room};
 
-enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
-
-//! A user slot (256 bytes at page 1 + slot × 256).
-struct slot_ref {
-  std::byte* base;
-  std::atomic_ref<std::uint32_t> pid() const noexcept { return u32(0); }
-  std::atomic_ref<std::uint32_t> tid() const noexcept { return u32(4); }
-  std::atomic_ref<std::uint64_t> start_time() const noexcept { return u64(8); }
-  std::atomic_ref<std::uint64_t> snapshot() const noexcept { return u64(16); }
-  std::atomic_ref<std::uint64_t> state() const noexcept { return u64(24); }
-  std::atomic_ref<std::uint64_t> seq() const noexcept { return u64(32); }
-  std::atomic_ref<std::uint64_t> block() const noexcept { return u64(40); }
-  std::atomic_ref<std::uint64_t> block_length() const noexcept { return u64(48); }
-  //! Snapshots taken in this slot so far: a waiter sees a new transaction begin.
-  std::atomic_ref<std::uint64_t> snapshots() const noexcept { return u64(56); }
-  //! The delta its user is charging in the space ledger (0: none).
-  std::atomic_ref<std::uint64_t> ledger_pin() const noexcept { return u64(slot_ledger_pin); }
-
- private:
-  std::atomic_ref<std::uint32_t> u32(std::size_t at) const noexcept {
-    return std::atomic_ref(*reinterpret_cast<std::uint32_t*>(base + at));
-  }
-  std::atomic_ref<std::uint64_t> u64(std::size_t at) const noexcept {
-    return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base + at));
-  }
-};
-
 //! A record found by a lookup, with its location.
 struct found_record {
   std::uint64_t location = 0;
   disk::record_view rec;
   segment* seg = nullptr;
 };
-
-//! A slot this process holds (its byte locked through the liveness descriptor); or, for a
-//! read the volume refused a slot's write to, none, with the slotless byte held instead.
-struct slot_lease {
-  std::uint32_t index = max_slots;
-  std::uint64_t generation = 0;  // the fork generation it was leased in
-  bool slotless = false;
-  [[nodiscard]] bool held() const noexcept { return index < max_slots; }
-};
-
-//! What a slot is taken for: a call that may write needs one; one that only reads can do
-//! without (slotless_byte) where the volume refuses the slot's write.
-enum class slot_use : std::uint8_t { writing, reading };
 
 struct store::impl final : index::page_source {
   impl() = default;
@@ -277,6 +243,9 @@ struct store::impl final : index::page_source {
   //! blob, or (with `pending`) its pending block (alone: no snapshot is taken).
   [[nodiscard]] result<bool> index_names(std::span<const location_range> ranges,
                                          bool pending) noexcept;
+  //! Applies a replayed record at `location` of commit `seq` to the index (alone).
+  [[nodiscard]] result<void> apply_record(std::uint64_t location, const disk::record_view& r,
+                                          std::uint64_t seq) noexcept;
   struct replay_state;
   //! Replays the blocks of `s` from offset `end` on; `end` ends after its last block whose
   //! header checks out (complete or not: its writer reserved all of it).
@@ -361,6 +330,7 @@ struct store::impl final : index::page_source {
   //! where the copy would take the room just freed) leaves a longer replay after a power loss,
   //! nothing wrong: noted in header::checkpoint_error, for stats.
   void checkpoint_after_compaction(const io::countdown& cd) noexcept;
+
   // ---- the manifest (manifest.cpp): which segments the store has ----
   //! The segments the manifest lists, ascending. A store with no manifest and no segment
   //! file has none (one just made); one with segment files and no manifest is corrupt.
@@ -399,6 +369,8 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> check_sealed(const segment& s, const disk::manifest& m) const noexcept;
   //! Replaces the manifest with `m`, its generation one more.
   [[nodiscard]] result<void> write_manifest(const disk::manifest& m) noexcept;
+
+  // ---- the log's blocks, walked (block_walk.hpp) ----
   //! Calls `f(offset, header)` (returning result<void>) for every block of `s` whose header
   //! checks out, complete or not, in order; space between them is stepped over 8 bytes at a
   //! time, and a block by its length (its writer reserved all of it).
@@ -422,46 +394,17 @@ struct store::impl final : index::page_source {
     return for_each_block(s, disk::segment_header_size, std::forward<F>(f), 0, nothing, nothing,
                           end);
   }
-  //! The same, telling what lies between blocks: a block keel left on purpose
-  //! (disk::spanned_block: voided, abandoned) is stepped over whole, after
-  //! `spanned(offset, length)`; and the space below location `known_below` (written whole:
-  //! the manifest's durable below) must be blocks, zeros or such blocks: at any other byte
-  //! there, `unexplained(offset, 8)` is called before stepping on (a block whose header was
-  //! damaged is found so, never taken for space nobody wrote). Each callback returns
-  //! result<void>; an error stops the walk (as does offset `end`).
+  //! The same, telling what lies between blocks (walk_blocks, block_walk.hpp).
   template <class F, class Unexplained, class Spanned>
   [[nodiscard]] result<void> for_each_block(const segment& s, std::uint64_t from, F&& f,
                                             std::uint64_t known_below, Unexplained&& unexplained,
                                             Spanned&& spanned,
                                             std::uint64_t end = UINT64_MAX) const noexcept {
-    const std::span<const std::byte> bytes = s.bytes();
-    std::uint64_t off = std::max<std::uint64_t>(from, disk::segment_header_size);
-    while (off < end && off + sizeof(disk::block_header) <= s.size) {
-      std::uint32_t magic = 0;
-      std::memcpy(&magic, bytes.data() + off, 4);
-      auto head = magic == disk::block_magic ? disk::parse_block_header(bytes.subspan(off), salt)
-                                             : keel_error(errc::corrupt);
-      if (head) {
-        if (auto r = f(off, *head); !r) return r;
-        off += head->length;
-        continue;
-      }
-      std::uint64_t word = 0;
-      std::memcpy(&word, bytes.data() + off, 8);
-      if (word != 0) {
-        if (auto length = disk::spanned_block(bytes.subspan(off), salt)) {
-          if (auto r = spanned(off, *length); !r) return r;
-          off += *length;
-          continue;
-        }
-        if (disk::make_location(s.number, off) < known_below) {
-          if (auto r = unexplained(off, std::uint64_t{8}); !r) return r;
-        }
-      }
-      off += 8;
-    }
-    return {};
+    return walk_blocks(s, salt, from, std::forward<F>(f), known_below,
+                       std::forward<Unexplained>(unexplained), std::forward<Spanned>(spanned), end);
   }
+
+  // ---- the dirty bitmap: segments written since the last group sync ----
   //! The word of the dirty bitmap that holds segment table entry `entry`'s bit.
   [[nodiscard]] std::atomic_ref<std::uint64_t> dirty_word(std::uint64_t entry) const noexcept {
     return h64(header::dirty_segments + (entry / 64) * 8);
@@ -494,39 +437,8 @@ struct store::impl final : index::page_source {
       return r;
     }
   }
-  //! Visits the bucket pages one directory word names, in directory order from the entry of
-  //! hash prefix `from_hi` (0: the first), each run of entries naming one page once, each
-  //! followed by the pages of its overflow chain (`chains`; else the caller walks a chain
-  //! itself, table::for_page_chain); `visit(page)` returns result<bool> (false: stop there).
-  //! The word is read once: pages a split retires meanwhile still hold their entries, as long
-  //! as the caller holds a snapshot taken before (snapshot_hold, or a transaction's), which
-  //! keeps them from reuse.
-  template <class Visit>
-  result<void> for_each_bucket_page(std::uint64_t from_hi, Visit&& visit,
-                                    bool chains = true) const {
-    const std::uint64_t word = h64(header::directory).load(std::memory_order_seq_cst);
-    const unsigned depth = static_cast<unsigned>(word & 0xff);
-    const std::uint64_t n = std::uint64_t{1} << depth;
-    std::uint64_t last = 0;
-    for (std::uint64_t i = depth == 0 ? 0 : from_hi >> (64 - depth); i < n; ++i) {
-      const std::uint64_t page =
-          std::atomic_ref(
-              *reinterpret_cast<std::uint64_t*>(base() + (word >> 8) * disk::page_size + i * 8))
-              .load(std::memory_order_seq_cst);
-      if (page == last) continue;
-      last = page;
-      result<bool> go = true;
-      table->for_page_chain(page, [&](std::uint64_t q) {
-        go = visit(q);
-        return go && *go && chains;
-      });
-      if (!go) return std::unexpected(go.error());
-      if (!*go) return {};
-    }
-    return {};
-  }
-  [[nodiscard]] result<void> apply_record(std::uint64_t location, const disk::record_view& r,
-                                          std::uint64_t seq) noexcept;
+
+  // ---- users (users.cpp): slots taken, given back, and a dead user's settled ----
   //! The liveness descriptor of this process (opened again in a forked child).
   [[nodiscard]] result<void> ensure_live() noexcept KEEL_REQUIRES(users.mutex);
   //! A slot, its pages made writable (write_ready). For `reading`, where the volume refused
@@ -1121,27 +1033,6 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> settle_split(const io::countdown& cd) noexcept;
 };
 
-//! For tests: called by compact after it moved the live records, before it waits for the
-//! snapshots that may still read the originals.
-inline void (*compact_moved_hook)() noexcept = nullptr;
-//! For tests: called by compact once its victims are off the manifest, before their entries
-//! in the segment table are emptied and their files removed.
-inline void (*compact_unlisted_hook)() noexcept = nullptr;
-//! For tests: called by a checkpoint once its file is in place, before the header names it.
-inline void (*checkpoint_written_hook)() noexcept = nullptr;
-//! For tests: io::atomic_replace's hook for the checkpoint's file (may kill the process).
-inline void (*checkpoint_replace_hook)(io::replace_step, void*) noexcept = nullptr;
-
-//! For tests: called by the ledger's closer as it begins to close a delta.
-inline void (*ledger_close_hook)() noexcept = nullptr;
-
-//! For tests: called by a reader between finding a key's page and looking in it (to let
-//! splits run there).
-inline void (*read_page_hook)() noexcept = nullptr;
-
-//! For tests: called while the free page list is marked as being changed (to kill there).
-inline void (*free_list_hook)() noexcept = nullptr;
-
 //! The store call this thread is in, set at the top of the calls a user makes one after
 //! another (open, close, begin, get, put, erase, scan, stats, commit; not compact, backup,
 //! verify or checkpoint, which run long and whose stores keep a lock_timeout each): its
@@ -1164,35 +1055,6 @@ class call_scope {
   const store::impl* outer_store_;
   io::countdown::clock::time_point outer_expiry_;
 };
-
-//! For tests: called by acquire_slot once the slot's page is asked for, before the call uses it.
-inline void (*slot_ready_hook)() noexcept = nullptr;
-//! For tests: called by segment_at while it maps a segment, holding the segment map's mutex.
-inline void (*segment_map_hook)() noexcept = nullptr;
-
-//! The steps of a commit, for tests that kill a writer at each one (`commit_hook`).
-enum class commit_step : std::uint8_t {
-  charging,       //!< (a put, with the ledger on) about to charge the ledger, nothing stored
-  charged,        //!< (a put, with the ledger on) charged and pinned in a delta, no lock taken
-  locked,         //!< its pages locked and validated
-  reserved,       //!< its block's space reserved
-  marked,         //!< its entries marked pending
-  took_seq,       //!< its seq taken, not yet written in its slot
-  recorded,       //!< its seq in its slot, its block not yet written
-  written,        //!< its block complete, nothing published
-  published_one,  //!< its first entry published
-  published,      //!< every entry published, not yet visible
-  visible,        //!< visible, pages still locked
-  leaving,        //!< visible, pages unlocked, its charge (if any) not yet left in the ledger
-  sync_waiting,   //!< (sync commits) it has noted the sync count it waits to see pass
-  syncing,        //!< (a sync leader) its sync started and the dirty bits taken, no file synced
-};
-//! Called at each step of every commit when set (tests only; null otherwise).
-inline void (*commit_hook)(commit_step) noexcept = nullptr;
-//! Where a commit reaches step `at`: calls commit_hook, when set.
-inline void commit_step_reached(commit_step at) noexcept {
-  if (commit_hook != nullptr) commit_hook(at);
-}
 
 [[nodiscard]] inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};

@@ -5,7 +5,7 @@
 // without a slot. Owns all of it: users.cpp takes and gives back the slots, the fork
 // handlers there make a forked child forget its parent's, and opening (open.cpp,
 // private_index.cpp) hands over the first descriptor (adopt). The slots' words in the index
-// are not here: a slot's holder writes them (slot_ref).
+// are not owned here: a slot's holder writes them (slot_ref, their layout).
 
 #include <array>
 #include <atomic>
@@ -19,6 +19,47 @@
 #include "kv/index_file.hpp"
 
 namespace keel::kv {
+
+//! What a slot's writer is doing (its state word).
+enum class commit_state : std::uint64_t { idle = 0, reserved = 1, taking = 2, writing = 3 };
+
+//! A user slot (256 bytes at page 1 + slot × 256).
+struct slot_ref {
+  std::byte* base;
+  std::atomic_ref<std::uint32_t> pid() const noexcept { return u32(0); }
+  std::atomic_ref<std::uint32_t> tid() const noexcept { return u32(4); }
+  std::atomic_ref<std::uint64_t> start_time() const noexcept { return u64(8); }
+  std::atomic_ref<std::uint64_t> snapshot() const noexcept { return u64(16); }
+  std::atomic_ref<std::uint64_t> state() const noexcept { return u64(24); }
+  std::atomic_ref<std::uint64_t> seq() const noexcept { return u64(32); }
+  std::atomic_ref<std::uint64_t> block() const noexcept { return u64(40); }
+  std::atomic_ref<std::uint64_t> block_length() const noexcept { return u64(48); }
+  //! Snapshots taken in this slot so far: a waiter sees a new transaction begin.
+  std::atomic_ref<std::uint64_t> snapshots() const noexcept { return u64(56); }
+  //! The delta its user is charging in the space ledger (0: none).
+  std::atomic_ref<std::uint64_t> ledger_pin() const noexcept { return u64(slot_ledger_pin); }
+
+ private:
+  std::atomic_ref<std::uint32_t> u32(std::size_t at) const noexcept {
+    return std::atomic_ref(*reinterpret_cast<std::uint32_t*>(base + at));
+  }
+  std::atomic_ref<std::uint64_t> u64(std::size_t at) const noexcept {
+    return std::atomic_ref(*reinterpret_cast<std::uint64_t*>(base + at));
+  }
+};
+
+//! A slot this process holds (its byte locked through the liveness descriptor); or, for a
+//! read the volume refused a slot's write to, none, with the slotless byte held instead.
+struct slot_lease {
+  std::uint32_t index = max_slots;
+  std::uint64_t generation = 0;  // the fork generation it was leased in
+  bool slotless = false;
+  [[nodiscard]] bool held() const noexcept { return index < max_slots; }
+};
+
+//! What a slot is taken for: a call that may write needs one; one that only reads can do
+//! without (slotless_byte) where the volume refuses the slot's write.
+enum class slot_use : std::uint8_t { writing, reading };
 
 struct process_users {
   //! Taken after the store's maintenance mutex and before its segment map's (the order the

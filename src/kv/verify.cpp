@@ -227,7 +227,7 @@ result<std::uint64_t> store::verify(verify_report* report) noexcept {
       }
       return {};
     };
-    auto walked = s.for_each_bucket_page(0, [&](std::uint64_t page) -> result<bool> {
+    auto walked = s.table->for_each_page(0, [&](std::uint64_t page) -> result<bool> {
       result<void> checked;
       s.table->page(page).for_each_key(
           [&](std::size_t, const index::entry_ref&, const index::entry_ref::state& whole) {
