@@ -3,6 +3,7 @@
 // wrote and read, shared by transaction.cpp (its calls), commit.cpp and commit_run.hpp (the commit
 // protocol) and store.cpp (the one-key calls, each a transaction of one key).
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -53,17 +54,22 @@ struct transaction::impl {
 template <class F, class L, class B>
 auto erase_with_room(store::impl& s, F&& attempt, L&& leave, B&& back) noexcept
     -> decltype(attempt()) {
-  // The call's deadline, read once: outside a call_scope (a volume that never refuses writes)
-  // each reading is lock_timeout from then, which never comes.
-  const io::countdown::clock::time_point end = s.call_expiry();
-  std::uint64_t removed = s.h64(header::compactions).load(std::memory_order_seq_cst);
+  // The call's deadline and the count of compactions that removed segments, each read once,
+  // at the first failure for room (a commit that finds room reads neither: a clock read and a
+  // header word on every put). Read once: outside a call_scope (a volume that never refuses
+  // writes) each reading of the deadline is lock_timeout from then, which never comes.
+  std::optional<io::countdown::clock::time_point> end;
+  std::uint64_t removed = 0;
   bool hoped = false;
   for (;;) {
     const std::uint64_t seen = s.compaction_runs_now();
     auto r = attempt();
-    if (r || !out_of_room(r.error()) || io::countdown::clock::now() >= end || !leave()) {
-      return r;
+    if (r || !out_of_room(r.error())) return r;
+    if (!end) {
+      end = s.call_expiry();
+      removed = s.h64(header::compactions).load(std::memory_order_seq_cst);
     }
+    if (io::countdown::clock::now() >= *end || !leave()) return r;
     auto room = s.make_room(seen);
     if (!room) return std::unexpected(room.error());  // why no room could be made
     if (!*room) return r;
