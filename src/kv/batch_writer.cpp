@@ -1,3 +1,7 @@
+// batch_writer (include/keel/kv/batch_writer.hpp): puts gathered into transactions of at most
+// max_keys keys and max_bytes bytes, each committed when the next would not fit. Owns only its
+// open transaction and what it holds.
+
 #include "keel/kv/batch_writer.hpp"
 
 namespace keel::kv {

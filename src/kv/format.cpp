@@ -1,3 +1,7 @@
+// keel::kv's bytes on disk (format.hpp, doc/kv-format.md): encoding, parsing and checking the
+// store file, segment headers, blocks, records and blobs, and the key hash. Pure functions of
+// bytes; no state.
+
 #include "kv/format.hpp"
 #include "base/planted.hpp"
 

@@ -1,3 +1,8 @@
+// The index's hash table (index.hpp, doc/kv-format.md "The index", "Growth"): claiming an
+// entry, splitting a page, doubling the directory, overflow chains, and the checks an opener
+// makes. Writes bucket pages and the directory; the store decides which entry is which key's
+// (probe.cpp).
+
 #include "kv/index.hpp"
 
 #include <algorithm>

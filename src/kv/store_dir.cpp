@@ -1,3 +1,6 @@
+// A store's directory (store_dir.hpp, doc/kv-format.md "Files"): made whole or not at all,
+// opened and checked to be keel's, its store file's parameters read. Owns the store file.
+
 #include "kv/store_dir.hpp"
 
 #include <sys/random.h>

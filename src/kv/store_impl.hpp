@@ -124,14 +124,6 @@ struct store::impl final : index::page_source {
   bool serving = false;
 
   // ---- per process (reopened after fork) ----
-  //! index_pages_for's last figure for each segment size (by its power of two): a walk of
-  //! every bucket page, taken for `slack` more keys than asked and kept until that many more
-  //! records are live or the directory changes (budget.cpp's).
-  struct split_estimate {
-    std::uint64_t size = 0, records = 0, directory = 0, slack = 0, pages = 0;
-  };
-  mutable base::mutex split_estimates_mutex;
-  mutable std::array<split_estimate, 64> split_estimates KEEL_GUARDED_BY(split_estimates_mutex){};
   //! This process's liveness descriptor and user slots (users.hpp owns them).
   process_users users;
   //! A sync failed: read-only until reopened (set by group_sync.cpp and manifest.cpp, where
@@ -141,6 +133,16 @@ struct store::impl final : index::page_source {
   //! *visible* when it last looked (pages.cpp's).
   std::atomic<std::uint64_t> horizon_seen{0};
   std::atomic<std::uint64_t> horizon_looked_at{0};
+
+  //! index_pages_for's last figure for each segment size (by its power of two): a walk of
+  //! every bucket page, taken for `slack` more keys than asked and kept until that many more
+  //! records are live or the directory changes (budget.cpp's). After the users' part: 2.5 KiB read
+  //! only when a segment is made, kept off the pages every call touches (the idle-slot cells).
+  struct split_estimate {
+    std::uint64_t size = 0, records = 0, directory = 0, slack = 0, pages = 0;
+  };
+  mutable base::mutex split_estimates_mutex;
+  mutable std::array<split_estimate, 64> split_estimates KEEL_GUARDED_BY(split_estimates_mutex){};
 
   // ---- segments mapped in this process (segment_map.hpp owns them) ----
   segment_map mapped;
