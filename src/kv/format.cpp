@@ -71,10 +71,14 @@ std::uint64_t header_checksum(const block_header& h, std::uint64_t salt) noexcep
 
 }  // namespace
 
-key_hash hash_key(std::span<const std::byte> key, std::uint64_t seed) noexcept {
-  if (hash_hook != nullptr) return hash_hook(key, seed);
+key_hash unhooked_hash_key(std::span<const std::byte> key, std::uint64_t seed) noexcept {
   const XXH128_hash_t h = XXH3_128bits_withSeed(key.data(), key.size(), seed);
   return {h.high64 == 0 ? 1 : h.high64, h.low64};
+}
+
+key_hash hash_key(std::span<const std::byte> key, std::uint64_t seed) noexcept {
+  if (hash_hook != nullptr) return hash_hook(key, seed);
+  return unhooked_hash_key(key, seed);
 }
 
 std::uint64_t checksum(std::span<const std::byte> bytes, std::uint64_t salt) noexcept {

@@ -52,8 +52,12 @@ struct key_hash {
 //! by the thousand to slow every lookup of their page.
 [[nodiscard]] key_hash hash_key(std::span<const std::byte> key, std::uint64_t seed) noexcept;
 //! For tests: when set, the hash of every key, so that keys can be made to collide on purpose
-//! (returns what hash_key returns, `hi` never 0).
+//! (returns what hash_key returns, `hi` never 0). Set before the store's threads start and
+//! never changed while they run.
 inline key_hash (*hash_hook)(std::span<const std::byte> key, std::uint64_t seed) noexcept = nullptr;
+//! hash_key as it is without the hook: what a hook returns for the keys it leaves alone.
+[[nodiscard]] key_hash unhooked_hash_key(std::span<const std::byte> key,
+                                         std::uint64_t seed) noexcept;
 
 //! XXH3-64 seeded with the store's salt: what every checksum of a store is.
 [[nodiscard]] std::uint64_t checksum(std::span<const std::byte> bytes, std::uint64_t salt) noexcept;
