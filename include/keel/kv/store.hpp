@@ -155,8 +155,12 @@ struct store_user {
 };
 
 struct store_stats {
-  std::uint64_t records = 0;     //!< live keys
-  std::uint64_t live_bytes = 0;  //!< bytes of their newest records (keys, values, headers)
+  //! Live keys, and the bytes of their newest records (keys, values, headers). Exact, but
+  //! for a commit whose writer was killed after sealing it and before making it visible:
+  //! made visible by another user, it is not counted here until the index is rebuilt
+  //! (doc/kv-format.md, Committing, step 9).
+  std::uint64_t records = 0;
+  std::uint64_t live_bytes = 0;
   //! Bytes of superseded records and abandoned space (an estimate: space a dead writer
   //! reserved and never wrote is not counted, and a rebuild counts a segment's abandoned end
   //! again when it was switched during the checkpoint's copy).
