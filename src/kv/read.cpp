@@ -181,49 +181,40 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
   if (limit == 0) return errc_error(std::errc::invalid_argument);
   scan_page out;
   try {
+    // Every entry of a page's chain (one prefix range of hashes: sorted as one) past the
+    // cursor, read once, in hash order (and, within a hash, in the chain's order).
     struct key_entry {
-      std::uint64_t hi, lo;
+      index::entry_ref e;
+      index::entry_ref::state whole;
     };
     // From the directory entry of the cursor's prefix.
-    // Every entry of a page's chain (one prefix range of hashes: sorted as one).
-    const auto each_entry = [&](std::uint64_t page, auto&& f) {
-      table->for_page_chain(page, [&](std::uint64_t q) {
-        table->page(q).for_each_key(
-            [&](std::size_t, const index::entry_ref& e, const index::entry_ref::state& whole) {
-              f(e, whole);
-              return true;
-            });
-        return true;
-      });
-    };
     auto walked = table->for_each_page(
         after_hi,
         [&](std::uint64_t page) -> result<bool> {
-          std::vector<key_entry> keys;
-          each_entry(page, [&](const index::entry_ref&, const index::entry_ref::state& whole) {
-            const std::uint64_t hi = whole.hi;
-            const std::uint64_t lo = whole.lo;
-            if (!from_start && (hi < after_hi || (hi == after_hi && lo <= after_lo))) return;
-            keys.push_back({hi, lo});
+          std::vector<key_entry> entries;
+          table->for_page_chain(page, [&](std::uint64_t q) {
+            table->page(q).for_each_key(
+                [&](std::size_t, const index::entry_ref& e, const index::entry_ref::state& w) {
+                  if (from_start || w.hi > after_hi || (w.hi == after_hi && w.lo > after_lo)) {
+                    entries.push_back({e, w});
+                  }
+                  return true;
+                });
+            return true;
           });
-          std::sort(keys.begin(), keys.end(), [](const key_entry& x, const key_entry& y) {
-            return x.hi != y.hi ? x.hi < y.hi : x.lo < y.lo;
-          });
-          keys.erase(std::unique(keys.begin(), keys.end(),
-                                 [](const key_entry& x, const key_entry& y) {
-                                   return x.hi == y.hi && x.lo == y.lo;
-                                 }),
-                     keys.end());
-          for (const key_entry& k : keys) {
-            // Every key of this hash in the page (a collision is two of them), each once.
-            const disk::key_hash h{k.hi, k.lo};
-            std::vector<std::string> seen_keys;
-            std::vector<std::pair<index::entry_ref, index::entry_ref::state>> entries;
-            each_entry(page, [&](const index::entry_ref& e, const index::entry_ref::state& whole) {
-              if (whole.hi == k.hi && whole.lo == k.lo) entries.emplace_back(e, whole);
+          std::stable_sort(
+              entries.begin(), entries.end(), [](const key_entry& x, const key_entry& y) {
+                return x.whole.hi != y.whole.hi ? x.whole.hi < y.whole.hi : x.whole.lo < y.whole.lo;
+              });
+          for (auto group = entries.begin(); group != entries.end();) {
+            const disk::key_hash h{group->whole.hi, group->whole.lo};
+            const auto end = std::find_if(group, entries.end(), [&](const key_entry& x) {
+              return x.whole.hi != h.hi || x.whole.lo != h.lo;
             });
-            for (const auto& [e, whole] : entries) {
-              auto at = named_by(page, h, e, whole.seq, whole.location, snap);
+            // Every key of this hash in the page (a collision is two of them), each once.
+            std::vector<std::string> seen_keys;
+            for (auto x = group; x != end; ++x) {
+              auto at = named_by(page, h, x->e, x->whole.seq, x->whole.location, snap);
               if (!at) return std::unexpected(at.error());
               if (*at == 0) continue;
               auto named = record_head_at(*at);
@@ -244,11 +235,12 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
               }
               out.items.push_back(std::move(it));
             }
-            out.cursor = cursor_of(k.hi, k.lo);
-            after_hi = k.hi;
-            after_lo = k.lo;
+            out.cursor = cursor_of(h.hi, h.lo);
+            after_hi = h.hi;
+            after_lo = h.lo;
             from_start = false;
             if (out.items.size() >= limit) return false;
+            group = end;
           }
           return true;
         },
