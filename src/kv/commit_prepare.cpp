@@ -11,17 +11,25 @@ namespace keel::kv {
 result<void> commit_run::plan_keys() noexcept {
   try {
     keys.reserve(t.writes.size() + t.reads.size());
-    const auto plan = [this](std::string_view k, const transaction::impl::write* w) {
-      key_plan p;
-      p.key = k;
-      p.h = s->hash_of(as_bytes(k));
-      p.w = w;
-      return p;
-    };
-    for (const auto& [k, w] : t.writes)
-      keys.push_back(plan(k, &w));
+    for (const write_set::write& w : t.writes) {
+      key_plan& p = keys.emplace_back();
+      p.key = w.key;
+      p.h = w.h;
+      p.w = &w;
+    }
     for (const auto& k : t.reads) {
-      if (!t.writes.contains(k)) keys.push_back(plan(k, nullptr));
+      const disk::key_hash h = s->hash_of(as_bytes(k));
+      if (t.writes.find(k, h) != nullptr) continue;
+      key_plan& p = keys.emplace_back();
+      p.key = k;
+      p.h = h;
+    }
+    // In the order of their pages (the directory routes a key by its hash's top bits): the
+    // steps that follow visit each page's keys together, while it is in the cache (in a
+    // transaction of 65 536 puts, each page of the index took some 30 keys, each a miss).
+    if (keys.size() > 64) {
+      std::sort(keys.begin(), keys.end(),
+                [](const key_plan& a, const key_plan& b) { return a.h.hi < b.h.hi; });
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);

@@ -41,7 +41,7 @@ namespace keel::kv {
 struct key_plan {
   std::string_view key;
   disk::key_hash h{};
-  const transaction::impl::write* w = nullptr;  // null: only read
+  const write_set::write* w = nullptr;  // null: only read
   std::uint64_t page = 0;
   std::optional<index::entry_ref> entry;  // its entry, if it has one
   std::uint64_t prev = 0;                 // the entry's location and seq at validation

@@ -13,14 +13,15 @@ namespace keel::kv {
 result<bool> transaction::impl::contains(std::string_view key) noexcept {
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
   if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
-  if (auto w = writes.find(key); w != writes.end()) return !w->second.erase;
+  const auto kb = as_bytes(key);
+  const disk::key_hash h = s->hash_of(kb);
+  if (const auto* w = writes.find(key, h)) return !w->erase;
   try {
     reads.emplace(key);
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
-  const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, s->hash_of(kb), snapshot, false);
+  auto r = s->read_at_snapshot(kb, h, snapshot, false);
   if (!r) return std::unexpected(r.error());
   return r->has_value();
 }
@@ -29,17 +30,18 @@ result<std::span<const std::byte>> transaction::impl::view(std::string_view key)
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
   // Begun before a fork: its snapshot is held by the parent's slot, not ours.
   if (lease.generation != base::fork_generation()) return errc_error(std::errc::invalid_argument);
-  if (auto w = writes.find(key); w != writes.end()) {
-    if (w->second.erase) return keel_error(errc::not_found);
-    return as_bytes(w->second.value);
+  const auto kb = as_bytes(key);
+  const disk::key_hash h = s->hash_of(kb);
+  if (const auto* w = writes.find(key, h)) {
+    if (w->erase) return keel_error(errc::not_found);
+    return as_bytes(w->value);
   }
   try {
     reads.emplace(key);
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
-  const auto kb = as_bytes(key);
-  auto r = s->read_at_snapshot(kb, s->hash_of(kb), snapshot, s->opts.verify_checksums);
+  auto r = s->read_at_snapshot(kb, h, snapshot, s->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   return s->value_of(**r, s->opts.verify_checksums);
@@ -80,9 +82,7 @@ result<void> transaction::put(std::string_view key, std::string_view value) noex
   if (impl_->s->opts.read_only) return keel_error(errc::read_only);
   if (impl_->scanned) return errc_error(std::errc::invalid_argument);
   try {
-    auto& w = impl_->writes[std::string(key)];
-    w.erase = false;
-    w.value.assign(value);
+    impl_->writes.put(key, impl_->s->hash_of(as_bytes(key)), value);
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
@@ -105,9 +105,7 @@ result<void> transaction::erase(std::string_view key) noexcept {
   if (impl_->s->opts.read_only) return keel_error(errc::read_only);
   if (impl_->scanned) return errc_error(std::errc::invalid_argument);
   try {
-    auto& w = impl_->writes[std::string(key)];
-    w.erase = true;
-    w.value.clear();
+    impl_->writes.erase(key, impl_->s->hash_of(as_bytes(key)));
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }
@@ -130,9 +128,7 @@ result<std::uint64_t> transaction::commit(durability d) noexcept {
   // one too) and taken again after: the commit is judged from the same snapshot (a key
   // committed since by another is a conflict), and reads only what entries name now. One
   // that read keys returns conflict instead, once room is made: retried, it goes in.
-  const bool only_erases =
-      !impl_->writes.empty() &&
-      std::ranges::all_of(impl_->writes, [](const auto& w) { return w.second.erase; });
+  const bool only_erases = impl_->writes.only_erases();
   auto r = erase_with_room(
       s, [&] { return impl_->commit(d); },
       [&] {

@@ -6,10 +6,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "kv/store_impl.hpp"
+#include "kv/write_set.hpp"
 
 namespace keel::kv {
 
@@ -17,20 +17,16 @@ struct transaction::impl {
   store::impl* s = nullptr;
   slot_lease lease;
   std::uint64_t snapshot = 0;
-  struct write {
-    bool erase = false;
-    std::string value;
-  };
   // Hashed, not ordered: nothing needs the keys in order, and a tree of 65 536 random keys
   // cost a cache miss per level at every put (a transaction of 65 536 puts ran at half the
   // rate per put of a single put).
+  write_set writes;
   struct key_hasher {
     using is_transparent = void;
     std::size_t operator()(std::string_view k) const noexcept {
       return std::hash<std::string_view>{}(k);
     }
   };
-  std::unordered_map<std::string, write, key_hasher, std::equal_to<>> writes;
   std::unordered_set<std::string, key_hasher, std::equal_to<>> reads;
   // It scanned: its reads are a whole snapshot, which commit does not track key by key, so it
   // may no longer write (and a transaction that wrote may not scan).

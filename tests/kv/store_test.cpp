@@ -116,6 +116,95 @@ TEST(KvStore, ACommitOverAKeyCommittedSinceItsSnapshotConflictsAndLeavesNoTrace)
   EXPECT_TRUE(v->commit());
 }
 
+// A large transaction (its keys planned in the order of their pages): each key's last write
+// is what it commits, whether written once, written again larger or smaller, erased, or put
+// after an erase; a key it only read and another commit changed is a conflict, and a
+// conflict leaves nothing of it.
+TEST(KvStore, ALargeTransactionCommitsEachKeysLastWriteAndConflictsOnAKeyItRead) {
+  const auto is_absent = [](const result<std::string>& g) {
+    return !g && g.error() == errc::not_found;
+  };
+  temp_dir dir;
+  auto s = open_ok(dir.file("s"));
+  ASSERT_TRUE(s);
+  constexpr int n = 5'000;
+  for (int i = 0; i < n; i += 7)
+    ASSERT_TRUE(s->put("k" + std::to_string(i), "before"));
+  std::map<std::string, std::string> want;  // ("": absent)
+  for (int i = 0; i < n; i += 7)
+    want["k" + std::to_string(i)] = "before";
+  const auto build = [&](transaction& t, std::map<std::string, std::string>& model) {
+    for (int i = 0; i < n; ++i) {
+      const std::string k = "k" + std::to_string(i);
+      const std::string v(static_cast<std::size_t>(2 + i % 97), static_cast<char>('a' + i % 26));
+      switch (i % 5) {
+        case 0:  // read only
+          if (auto g = t.get(k); g) {
+            EXPECT_EQ(*g, want[k]) << k;
+          } else {
+            EXPECT_TRUE(is_absent(g)) << k;
+            EXPECT_FALSE(want.contains(k)) << k;
+          }
+          break;
+        case 1:  // once
+          ASSERT_TRUE(t.put(k, v));
+          model[k] = v;
+          break;
+        case 2:  // again, larger
+          ASSERT_TRUE(t.put(k, "x"));
+          ASSERT_TRUE(t.put(k, v + v + v));
+          model[k] = v + v + v;
+          break;
+        case 3:  // erased, then put smaller
+          ASSERT_TRUE(t.put(k, v + v));
+          ASSERT_TRUE(t.erase(k));
+          EXPECT_TRUE(is_absent(t.get(k))) << k;
+          ASSERT_TRUE(t.put(k, v.substr(0, v.size() / 2)));
+          model[k] = v.substr(0, v.size() / 2);
+          break;
+        default:  // erased
+          ASSERT_TRUE(t.put(k, v));
+          ASSERT_TRUE(t.erase(k));
+          model[k] = "";
+      }
+      if (model.contains(k) && !model[k].empty()) {
+        EXPECT_EQ(*t.get(k), model[k]);
+      }
+    }
+  };
+  {
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    std::map<std::string, std::string> lost;
+    build(*t, lost);
+    ASSERT_TRUE(s->put("k35", "changed"));  // a key t only read (35 % 5 == 0)
+    auto r = t->commit();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error(), errc::conflict);
+    want["k35"] = "changed";
+  }
+  for (const auto& [k, v] : want) {
+    auto g = s->get(k);
+    ASSERT_TRUE(g) << k;
+    EXPECT_EQ(*g, v) << k << ": nothing of a failed commit is applied";
+  }
+  auto t = s->begin();
+  ASSERT_TRUE(t);
+  build(*t, want);
+  ASSERT_TRUE(t->commit());
+  for (int i = 0; i < n; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    auto g = s->get(k);
+    const auto it = want.find(k);
+    if (it == want.end() || it->second.empty()) {
+      EXPECT_TRUE(is_absent(g)) << k;
+    } else {
+      ASSERT_TRUE(g) << k;
+      EXPECT_EQ(*g, it->second) << k;
+    }
+  }
+}
+
 TEST(KvStore, ManyKeysGrowTheIndexAndAScanReturnsEachOnce) {
   temp_dir dir;
   const std::string path = dir.file("s");
