@@ -54,6 +54,7 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   }
   if (engines.contains("tdb")) {
     EXPECT_TRUE(engines["tdb"]["fetch_threads"].is_null());
+    EXPECT_TRUE(engines["tdb"]["mixed_threads"].is_null());
   }
   // The bulk loads, in transactions of 1, 1 024 and (all 3 000 keys) one: every engine with
   // transactions of several keys; tkrzw's HashDBM has none.
@@ -70,6 +71,8 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   }
   EXPECT_NE(r.out.find("load, txns of 3000"), std::string::npos) << r.out;
   EXPECT_GT(engines["keel"]["fetch_threads"].get<double>(), 0.0);
+  EXPECT_GT(engines["keel"]["mixed_threads"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("mixed 90/10, 2 threads"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("durable, 3 writers"), std::string::npos) << r.out;
   // Nothing of the stores is left behind.
   for (const auto& entry : std::filesystem::directory_iterator(dir.path()))

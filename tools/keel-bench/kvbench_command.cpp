@@ -5,7 +5,8 @@
 // Each engine runs in a process of its own (its peak RSS is its own, and a crash is a failed
 // row, not a failed run):
 // - inserts, one put per transaction, then fetches in random order, on one thread, and the
-//   fetches again on several threads; peak RSS and bytes on disk after them;
+//   fetches again on several threads; peak RSS and bytes on disk after them; then, on that
+//   store, a read-mostly load (nine gets to a put) from several threads;
 // - inserts from several threads into a fresh store;
 // - writers in 1 and in several processes on one store, for a fixed time (engines that allow
 //   several processes);
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -192,6 +194,11 @@ class engine_run {
     // Closed: whatever it buffers is in its files now. The records the insert row put, as
     // they are: not scaled, so that every engine is compared on what it allocates for them.
     out["disk_bytes"] = allocated_bytes(one);
+    {
+      // (After the size: its overwrites leave dead versions in the stores that log them.)
+      auto h = open_store(one, false);
+      out["mixed_threads"] = mixed_in_threads(*h, one);
+    }
     remove_store(one);
     out["insert_threads"] = insert_in_threads();
     out["insert_process"] = in_processes(1);
@@ -244,6 +251,48 @@ class engine_run {
                    });
     if (bad) throw std::runtime_error(what + ": a fetch failed");
     return row(what, per_second(n, took));
+  }
+
+  // c_.threads threads for c_.seconds, each going through its share of the keys in random
+  // order: nine gets, then a put of a new value over the next key, and again (a read-mostly
+  // service's load). Gets and puts together, per second.
+  json mixed_in_threads(kv_handle& shared, const std::string& dir) const {
+    const std::string what = fmt::format("mixed 90/10, {} threads", c_.threads);
+    if (e_.threading == engine::threads::none) return skipped(what, "not for threads");
+    if (fetch_order_.empty()) return skipped(what, "no keys were inserted");
+    std::vector<std::unique_ptr<kv_handle>> own;
+    for (unsigned t = 0; e_.threading == engine::threads::own_handle && t < c_.threads; ++t)
+      own.push_back(open_store(dir, false));
+    std::string other = w_.value;
+    std::ranges::reverse(other);  // (the same size: a get still checks it)
+    std::atomic<bool> stop{false};
+    std::atomic<std::uint64_t> done{0};
+    std::atomic<bool> bad{false};
+    const auto start = clock_type::now();
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < c_.threads; ++t) {
+      ts.emplace_back([&, t] {
+        kv_handle& h = own.empty() ? shared : *own[t];
+        std::string v;
+        std::uint64_t mine = 0;
+        for (std::size_t i = t; !stop.load(std::memory_order_relaxed); i += c_.threads, ++mine) {
+          const std::string& key = w_.keys[fetch_order_[i % fetch_order_.size()]];
+          const bool ok = mine % 10 == 9 ? h.put(key, (mine / 10) % 2 == 0 ? other : w_.value)
+                                         : h.get(key, v) && v.size() == w_.value.size();
+          if (!ok) {
+            bad = true;
+            break;
+          }
+        }
+        done += mine;
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(c_.seconds));
+    stop = true;
+    for (auto& t : ts)
+      t.join();
+    if (bad) throw std::runtime_error(what + ": a get or put failed");
+    return row(what, per_second(done.load(), clock_type::now() - start));
   }
 
   json insert_in_threads() const {
@@ -403,6 +452,7 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       {"fetch", "fetch, 1 thread"},
       {"fetch_threads", fmt::format("fetch, {} threads", doc["threads"].get<unsigned>())},
       {"insert_threads", fmt::format("insert, {} threads", doc["threads"].get<unsigned>())},
+      {"mixed_threads", fmt::format("mixed 90/10, {} threads", doc["threads"].get<unsigned>())},
       {"insert_process", "insert, 1 process"},
       {"insert_processes", fmt::format("insert, {} processes", doc["processes"].get<unsigned>())},
       {"durable_1", "durable, 1 writer"},
