@@ -34,6 +34,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cli_util.hpp"
@@ -151,6 +152,39 @@ std::pair<std::size_t, clock_type::duration> in_threads(std::size_t n, unsigned 
   return {done.load(), clock_type::now() - start};
 }
 
+// Runs op(t, i) for i = t, t + threads, ... on `threads` threads for `seconds`, each thread
+// at least once (a thread that starts only after the window, on a busy machine or under a
+// sanitizer, would otherwise make the rate 0), until it returns false. Returns how many ran,
+// the wall time, and whether any returned false.
+template <class Op>
+std::tuple<std::uint64_t, clock_type::duration, bool> for_seconds(unsigned threads, double seconds,
+                                                                  Op&& op) {
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> done{0};
+  std::atomic<bool> bad{false};
+  const auto start = clock_type::now();
+  std::vector<std::thread> ts;
+  for (unsigned t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::uint64_t mine = 0;
+      for (std::size_t i = t;; i += threads) {
+        if (!op(t, i)) {
+          bad = true;
+          break;
+        }
+        ++mine;
+        if (stop.load(std::memory_order_relaxed)) break;
+      }
+      done += mine;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  for (auto& t : ts)
+    t.join();
+  return {done.load(), clock_type::now() - start, bad.load()};
+}
+
 // One engine's runs, in its own process.
 class engine_run {
  public:
@@ -265,34 +299,16 @@ class engine_run {
       own.push_back(open_store(dir, false));
     std::string other = w_.value;
     std::ranges::reverse(other);  // (the same size: a get still checks it)
-    std::atomic<bool> stop{false};
-    std::atomic<std::uint64_t> done{0};
-    std::atomic<bool> bad{false};
-    const auto start = clock_type::now();
-    std::vector<std::thread> ts;
-    for (unsigned t = 0; t < c_.threads; ++t) {
-      ts.emplace_back([&, t] {
-        kv_handle& h = own.empty() ? shared : *own[t];
-        std::string v;
-        std::uint64_t mine = 0;
-        for (std::size_t i = t; !stop.load(std::memory_order_relaxed); i += c_.threads, ++mine) {
-          const std::string& key = w_.keys[fetch_order_[i % fetch_order_.size()]];
-          const bool ok = mine % 10 == 9 ? h.put(key, (mine / 10) % 2 == 0 ? other : w_.value)
-                                         : h.get(key, v) && v.size() == w_.value.size();
-          if (!ok) {
-            bad = true;
-            break;
-          }
-        }
-        done += mine;
-      });
-    }
-    std::this_thread::sleep_for(std::chrono::duration<double>(c_.seconds));
-    stop = true;
-    for (auto& t : ts)
-      t.join();
+    const auto [n, took, bad] = for_seconds(c_.threads, c_.seconds, [&](unsigned t, std::size_t i) {
+      thread_local std::string v;
+      kv_handle& h = own.empty() ? shared : *own[t];
+      const std::string& key = w_.keys[fetch_order_[i % fetch_order_.size()]];
+      const std::size_t op = i / c_.threads;  // this thread's count
+      return op % 10 == 9 ? h.put(key, (op / 10) % 2 == 0 ? other : w_.value)
+                          : h.get(key, v) && v.size() == w_.value.size();
+    });
     if (bad) throw std::runtime_error(what + ": a get or put failed");
-    return row(what, per_second(done.load(), clock_type::now() - start));
+    return row(what, per_second(n, took));
   }
 
   json insert_in_threads() const {
@@ -367,35 +383,14 @@ class engine_run {
       std::vector<std::unique_ptr<kv_handle>> own;
       for (unsigned t = 0; e_.threading == engine::threads::own_handle && t < writers; ++t)
         own.push_back(open_store(dir, true));
-      std::atomic<bool> stop{false};
-      std::atomic<std::uint64_t> done{0};
-      std::atomic<bool> bad{false};
       const std::size_t n = w_.keys.size();
-      const auto start = clock_type::now();
-      std::vector<std::thread> ts;
-      for (unsigned t = 0; t < writers; ++t) {
-        ts.emplace_back([&, t] {
-          kv_handle& h = own.empty() ? *shared : *own[t];
-          // At least one put each: a writer that starts only after the window (a busy
-          // machine, a sanitizer build) would otherwise make the rate 0.
-          std::uint64_t mine = 0;
-          for (std::size_t i = t;; i += writers) {
-            if (!h.put(w_.keys[i % n], w_.value)) {
-              bad = true;
-              break;
-            }
-            ++mine;
-            if (stop.load(std::memory_order_relaxed)) break;
-          }
-          done += mine;
-        });
-      }
-      std::this_thread::sleep_for(std::chrono::duration<double>(c_.seconds));
-      stop = true;
-      for (auto& t : ts)
-        t.join();
+      const auto [puts, took, bad] =
+          for_seconds(writers, c_.seconds, [&](unsigned t, std::size_t i) {
+            kv_handle& h = own.empty() ? *shared : *own[t];
+            return h.put(w_.keys[i % n], w_.value);
+          });
       if (bad) throw std::runtime_error(what + ": a put failed");
-      rate = row(what, per_second(done.load(), clock_type::now() - start));
+      rate = row(what, per_second(puts, took));
     }
     remove_store(dir);
     return rate;
