@@ -14,8 +14,11 @@ namespace {
 
 // Up to this many writes, a search walks them (one or a few: the one-key calls).
 constexpr std::size_t few = 8;
-// The largest chunk the arena grows to (a value larger gets one of its own size).
+// The largest chunk the arena grows to.
 constexpr std::size_t largest_chunk = std::size_t{1} << 20;
+// A value with more room than this has memory of its own (not a chunk's: one that did not
+// fit the chunk's rest left that rest unused, and its old copies could never be freed).
+constexpr std::size_t large_value = 4096;
 
 // Room for one more in `v`, doubling it when full (reserve(size() + 1) grows by one).
 template <class T>
@@ -56,21 +59,20 @@ void write_set::place(std::size_t index) noexcept {
   table_[at] = static_cast<std::uint32_t>(index + 1);
 }
 
-char* write_set::keep(std::string_view bytes) {
-  if (bytes.empty()) return nullptr;
-  if (bytes.size() > left_) {
-    const std::size_t size = std::max(bytes.size(), next_chunk_);
+char* write_set::take(std::size_t size) {
+  if (size == 0) return nullptr;
+  if (size > left_) {
+    const std::size_t chunk_size = std::max(size, next_chunk_);
     grow(chunks_);  // (so that the push below cannot throw)
-    auto chunk = std::make_unique_for_overwrite<char[]>(size);
+    auto chunk = std::make_unique_for_overwrite<char[]>(chunk_size);
     free_ = chunk.get();
-    left_ = size;
+    left_ = chunk_size;
     chunks_.push_back(std::move(chunk));
     next_chunk_ = std::min(next_chunk_ * 2, largest_chunk);
   }
   char* out = free_;
-  std::memcpy(out, bytes.data(), bytes.size());
-  free_ += bytes.size();
-  left_ -= bytes.size();
+  free_ += size;
+  left_ -= size;
   return out;
 }
 
@@ -87,17 +89,18 @@ write_set::write& write_set::at(std::string_view key, const disk::key_hash& h) {
   }
   grow(writes_);
   write w;
-  w.key = std::string_view(keep(key), key.size());
+  char* kept = take(key.size());
+  std::memcpy(kept, key.data(), key.size());
+  w.key = std::string_view(kept, key.size());
   w.h = h;
   w.erase = true;  // (a new write is counted as an erase until its caller says otherwise)
-  writes_.push_back(w);
+  writes_.push_back(std::move(w));
   ++erases_;
   if (!table_.empty()) place(writes_.size() - 1);
   return writes_.back();
 }
 
 void write_set::put(std::string_view key, const disk::key_hash& h, std::string_view value) {
-  // The value kept before the key is entered: a failure leaves no key without its value.
   const write* old = find(key, h);
   if (old != nullptr && value.size() <= old->room) {
     write& w = writes_[static_cast<std::size_t>(old - writes_.data())];
@@ -107,10 +110,23 @@ void write_set::put(std::string_view key, const disk::key_hash& h, std::string_v
     w.erase = false;
     return;
   }
-  char* kept = keep(value);
+  const std::size_t room =
+      old == nullptr ? value.size() : std::max(value.size(), old->room + old->room / 2);
+  // The value copied before the key is entered (a failure leaves no key without its value),
+  // and before its last copy is freed (`value` may be a view of it).
+  std::unique_ptr<char[]> own;
+  char* kept = nullptr;
+  if (room > large_value) {
+    own = std::make_unique_for_overwrite<char[]>(room);
+    kept = own.get();
+  } else {
+    kept = take(room);
+  }
+  if (!value.empty()) std::memcpy(kept, value.data(), value.size());
   write& w = at(key, h);
   w.value = std::string_view(kept, value.size());
-  w.room = value.size();
+  w.room = room;
+  w.own = std::move(own);
   if (w.erase) --erases_;
   w.erase = false;
 }

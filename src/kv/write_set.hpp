@@ -23,16 +23,21 @@ class write_set {
   struct write {
     std::string_view key;    // in the arena
     disk::key_hash h{};      // the key's hash in the store
-    std::string_view value;  // in the arena (empty for an erase)
-    std::size_t room = 0;    // bytes of the arena the value may take in place
+    std::string_view value;  // in the arena or `own` (empty for an erase)
+    std::size_t room = 0;    // bytes the value may take where it is
+    //! A large value's memory, its own (freed when the key is written again larger).
+    std::unique_ptr<char[]> own;
     bool erase = false;
   };
 
   //! The key's write, or null. `h` is the key's hash in the store.
   [[nodiscard]] const write* find(std::string_view key, const disk::key_hash& h) const noexcept;
   //! The key's value is `value` from now on (or, `erase`, it is erased). Throws
-  //! std::bad_alloc, and the set is then as it was (a value written over in place is the
-  //! one exception: it is there whole, or the old one is).
+  //! std::bad_alloc, and the set is then as it was. A value written again goes where the
+  //! last was if it fits (a view of the last then shows the new bytes), else anew, with room
+  //! to grow by half again: a value that grows a little at a time is copied a logarithmic
+  //! number of times, and its old copies take at most twice its size in the arena (a large
+  //! value's are freed: a view of it is valid until the key is written again).
   void put(std::string_view key, const disk::key_hash& h, std::string_view value);
   void erase(std::string_view key, const disk::key_hash& h);
 
@@ -48,8 +53,8 @@ class write_set {
  private:
   //! The key's write, made (with its key kept) if it has none.
   write& at(std::string_view key, const disk::key_hash& h);
-  //! `bytes` copied into the arena; where they now are.
-  char* keep(std::string_view bytes);
+  //! `size` bytes of the arena.
+  char* take(std::size_t size);
   [[nodiscard]] std::size_t find_index(std::string_view key,
                                        const disk::key_hash& h) const noexcept;
   void place(std::size_t index) noexcept;  // into table_, which has room

@@ -81,8 +81,8 @@ TEST(KvWriteSet, KeysThatShareAHashAreKeptApart) {
   }
 }
 
-// A value written again fits where the last was, or goes anew: a view of an earlier value
-// never points at freed memory, and no key's value runs into another's.
+// A value written again fits where the last was, or goes anew (a small value's old bytes
+// stay where they were until the set ends), and no key's value runs into another's.
 TEST(KvWriteSet, ValuesWrittenAgainInPlaceOrAnew) {
   write_set set;
   const disk::key_hash h = hash_of("a");
@@ -110,6 +110,30 @@ TEST(KvWriteSet, ValuesWrittenAgainInPlaceOrAnew) {
   const std::string_view own = set.find("c", hash_of("c"))->value;
   set.put("c", hash_of("c"), own.substr(2));
   EXPECT_EQ(set.find("c", hash_of("c"))->value, "cdef");
+}
+
+// A value that grows a little at each write (a log appended to in a transaction) is copied
+// anew a logarithmic number of times: each copy was kept to the end, and 2 000 writes of a
+// value growing by 1 000 bytes took 1.9 GB for a value of 2 MB.
+TEST(KvWriteSet, AValueThatGrowsIsCopiedALogarithmicNumberOfTimes) {
+  write_set set;
+  const disk::key_hash h = hash_of("log");
+  set.put("other", hash_of("other"), "o");
+  std::string value;
+  int copies = 0;
+  const char* at = nullptr;
+  for (int i = 0; i < 2'000; ++i) {
+    value.append(1'000, static_cast<char>('a' + i % 26));
+    set.put("log", h, value);
+    const write_set::write* w = set.find("log", h);
+    ASSERT_EQ(w->value, value);
+    ASSERT_GE(w->room, value.size());
+    ASSERT_LE(w->room, 2 * value.size() + 1'000);
+    copies += w->value.data() != at ? 1 : 0;
+    at = w->value.data();
+  }
+  EXPECT_LE(copies, 40);
+  EXPECT_EQ(set.find("other", hash_of("other"))->value, "o");
 }
 
 }  // namespace
