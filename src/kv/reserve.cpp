@@ -191,11 +191,13 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
         return std::unexpected(w.error());
       }
       if (!took) continue;
-      // Crossing into the next chunk: fault in the one after it now, so that writers never
-      // take page faults on fresh pages (nor wait for each other's, on the same page).
+      // Crossing into the next chunk: the one after it is faulted in now, by the supplier's
+      // thread, so that writers never take page faults on fresh pages (nor wait for each
+      // other's, on the same page), nor pay for their zeroing.
       const std::uint64_t off = disk::offset_of(at);
       if (off / prefault_chunk != (off + length) / prefault_chunk) {
-        prefault(disk::segment_of(at), ((off + length) / prefault_chunk + 1) * prefault_chunk);
+        supply_ahead(disk::make_location(disk::segment_of(at),
+                                         ((off + length) / prefault_chunk + 1) * prefault_chunk));
       }
       return reserved{at, fits};
     }

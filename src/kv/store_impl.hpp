@@ -52,6 +52,7 @@
 #include "kv/maintenance.hpp"
 #include "kv/segment_map.hpp"
 #include "kv/store_dir.hpp"
+#include "kv/supplier.hpp"
 #include "kv/test_hooks.hpp"
 #include "kv/users.hpp"
 
@@ -295,6 +296,18 @@ struct store::impl final : index::page_source {
   void join_maintenance() noexcept;
   //! This process's maintenance thread and its claim on the byte (maintenance.hpp owns them).
   process_maintenance maintenance;
+
+  // ---- fresh log pages (supplier.cpp) ----
+  //! Has the chunk of the log at `location` faulted in by the supplier's thread (started
+  //! here if this process has none), or, with no thread to be had, now.
+  void supply_ahead(std::uint64_t location) noexcept;
+  //! Whether a supplier thread of this process serves requests now (false: none could start,
+  //! or the store is closing).
+  [[nodiscard]] bool start_supplier() noexcept;
+  //! Ends this process's supplier thread, if any (a forked child forgets its parent's).
+  void join_supplier() noexcept;
+  //! This process's supplier of fresh log pages (supplier.hpp owns it).
+  log_supplier supplier;
 
   // ---- checkpoints (checkpoint.cpp) ----
   //! Loads `checkpoint` into the reset index, alone: where the replay starts and the seq it

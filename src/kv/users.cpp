@@ -42,10 +42,12 @@ void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     s->maintenance.mutex.lock();
     s->users.mutex.lock();
     s->mapped.lock_for_fork();
+    s->supplier.mutex.lock();
   }
 }
 void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
+    s->supplier.mutex.unlock();
     s->mapped.unlock_after_fork();
     s->users.mutex.unlock();
     s->maintenance.mutex.unlock();
@@ -58,6 +60,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     // slots are the parent's, not ours.
     (void)s->users.live.close();
     s->users.forget_slots();
+    s->supplier.mutex.unlock();
     s->mapped.unlock_after_fork();
     s->users.mutex.unlock();
     s->maintenance.mutex.unlock();
@@ -86,6 +89,7 @@ void register_store(store::impl* s) noexcept {
 store::impl::~impl() {
   const call_scope call(*this);
   maintenance.closing.store(true, std::memory_order_seq_cst);
+  join_supplier();
   join_maintenance();
   unregister_store(this);
   base::lock_guard g(users.mutex);
