@@ -53,22 +53,15 @@ void store::impl::maybe_maintain() noexcept {
     return;
   }
   base::lock_guard g(maintenance.mutex);
-  if (maintenance.thread && maintenance.generation != base::fork_generation()) {
-    // A forked child's copy of its parent's thread, which does not run here.
-    (void)maintenance.thread.release();
-  }
   // The flag is claimed, not set: the thread may claim it back to go on (below).
   if (std::uint64_t seen = maintenance.running.load();
       seen == mine || !maintenance.running.compare_exchange_strong(seen, mine)) {
     return;
   }
-  if (maintenance.thread) {
-    maintenance.thread->join();  // done: it gave up the flag last
-    maintenance.thread.reset();
-  }
-  // Off the committing thread: the commit that crossed the mark has returned its result.
+  // Off the committing thread: the commit that crossed the mark has returned its result. (One
+  // of this process's that was there is done: it gave up the flag last; start joins it.)
   try {
-    maintenance.thread = std::make_unique<std::thread>([this, due, mine] {
+    maintenance.thread.start([this, due, mine] {
       for (;;) {
         // The compaction first: it removes the checkpoint (which may name the records it
         // moves), and the one written next is then a copy of the compacted store.
@@ -123,7 +116,6 @@ void store::impl::maybe_maintain() noexcept {
         }
       }
     });
-    maintenance.generation = base::fork_generation();
   } catch (const std::exception&) {
     maintenance.running.store(0);  // no thread to be had: the next commit tries again
   }
@@ -205,13 +197,7 @@ void store::impl::release_checkpoint_byte() noexcept {
 
 void store::impl::join_maintenance() noexcept {
   base::lock_guard g(maintenance.mutex);
-  if (!maintenance.thread) return;
-  if (maintenance.generation != base::fork_generation()) {
-    (void)maintenance.thread.release();  // the parent's thread, not ours to join
-    return;
-  }
-  maintenance.thread->join();
-  maintenance.thread.reset();
+  maintenance.thread.join();
 }
 
 }  // namespace keel::kv

@@ -9,20 +9,17 @@
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
-#include <thread>
 
 #include "base/thread_safety.hpp"
+#include "kv/process_thread.hpp"
 
 namespace keel::kv {
 
 struct process_maintenance {
   //! Taken before the users' mutex (the fork handlers' order).
   base::mutex mutex;
-  //! The thread, and the fork generation it was started in (a forked child's copy of its
-  //! parent's thread does not run in the child).
-  std::unique_ptr<std::thread> thread KEEL_GUARDED_BY(mutex);
-  std::uint64_t generation KEEL_GUARDED_BY(mutex) = 0;
+  //! The thread (a forked child's copy of its parent's does not run in the child).
+  process_thread thread KEEL_GUARDED_BY(mutex);
   //! Whose thread is at work: fork generation + 1 (0: none). A commit claims it to start one;
   //! the thread gives it up when done, and may claim it back to go on.
   std::atomic<std::uint64_t> running{0};

@@ -28,12 +28,8 @@ bool store::impl::start_supplier() noexcept {
   base::lock_guard g(supplier.mutex);
   if (supplier.serving.load() == mine) return true;
   if (supplier.closing.load()) return false;
-  if (supplier.thread) {
-    // A forked child's copy of its parent's thread, which does not run here.
-    (void)supplier.thread.release();
-  }
   try {
-    supplier.thread = std::make_unique<std::thread>([this] {
+    supplier.thread.start([this] {
       for (;;) {
         const std::uint32_t seen = supplier.asks.load(std::memory_order_seq_cst);
         if (supplier.closing.load(std::memory_order_seq_cst)) return;
@@ -48,7 +44,6 @@ bool store::impl::start_supplier() noexcept {
   } catch (const std::exception&) {
     return false;
   }
-  supplier.generation = base::fork_generation();
   supplier.serving.store(mine, std::memory_order_release);
   return true;
 }
@@ -58,13 +53,7 @@ void store::impl::join_supplier() noexcept {
   supplier.asks.fetch_add(1, std::memory_order_seq_cst);
   base::futex_wake(supplier.asks);
   base::lock_guard g(supplier.mutex);
-  if (!supplier.thread) return;
-  if (supplier.generation != base::fork_generation()) {
-    (void)supplier.thread.release();  // the parent's thread, not ours to join
-    return;
-  }
-  supplier.thread->join();
-  supplier.thread.reset();
+  supplier.thread.join();
   supplier.serving.store(0);  // (an asker after this faults its chunk in itself)
 }
 

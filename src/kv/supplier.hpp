@@ -3,16 +3,15 @@
 // faults in the next chunk of the log a writer has asked for, so that the kernel's zeroing of
 // fresh pages (on tmpfs, a third of a put's time at a million 1 KiB puts) is off the writers'
 // path. A hint only: a chunk not supplied in time faults in at the writers' first touch, as
-// without it. Owns the thread, its generation, the request word and the wake word:
+// without it. Owns the thread, the request word and the wake word:
 // supplier.cpp starts and joins the thread and serves the requests; the store's close ends it
 // (users.cpp), and the fork handlers there hold the mutex across a fork.
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
-#include <thread>
 
 #include "base/thread_safety.hpp"
+#include "kv/process_thread.hpp"
 
 namespace keel::kv {
 
@@ -20,10 +19,8 @@ struct log_supplier {
   //! Taken only to start or join the thread, and by the fork handlers (after every other of
   //! the store's mutexes: nothing is held while it is taken).
   base::mutex mutex;
-  //! The thread, and the fork generation it was started in (a forked child's copy of its
-  //! parent's thread does not run in the child).
-  std::unique_ptr<std::thread> thread KEEL_GUARDED_BY(mutex);
-  std::uint64_t generation KEEL_GUARDED_BY(mutex) = 0;
+  //! The thread (a forked child's copy of its parent's does not run in the child).
+  process_thread thread KEEL_GUARDED_BY(mutex);
   //! Whose thread serves requests: fork generation + 1 (0: none, or it could not start).
   std::atomic<std::uint64_t> serving{0};
   //! The newest request: a log location whose chunk (store::impl::prefault_chunk) to fault
