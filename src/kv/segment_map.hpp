@@ -34,6 +34,12 @@ struct segment {
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
     return {map.data(), map.size()};
   }
+  //! Faults in (without dirtying) its bytes [offset, offset + length), cut at its end. A
+  //! hint: where the kernel has no MADV_POPULATE_READ, the pages fault in on first touch.
+  void populate(std::uint64_t offset, std::uint64_t length) const noexcept {
+    if (offset >= size) return;
+    (void)map.advise(io::map_advice::populate_read, offset, std::min(length, size - offset));
+  }
   //! Its data on stable storage (msync MS_SYNC: fdatasync of the mapped range, through the
   //! seam). Errors: the sync's, naming the file; never retried.
   [[nodiscard]] result<void> sync() const noexcept {
@@ -80,6 +86,16 @@ class segment_map {
 
   //! Unmaps segment `number` here, if it is mapped (the object stays).
   void forget(std::uint64_t number) noexcept;
+
+  //! Runs `f(const segment&)` on segment `number` if it is mapped here, under the mutex, so
+  //! that no unmap (forget, forget_removed) comes meanwhile; maps nothing. For a thread that
+  //! holds no snapshot, which would keep a segment it reads from being removed (the log
+  //! supplier's).
+  template <class F>
+  void with_mapped(std::uint64_t number, F&& f) noexcept {
+    const base::lock_guard g(mutex_);
+    if (const segment* s = find(number); s != nullptr && s->map.data() != nullptr) f(*s);
+  }
 
   //! Unmaps every segment mapped here that `removed(const segment&)` says is gone: once for
   //! each `generation` (the store's count of compactions: none is removed between two), or

@@ -214,11 +214,7 @@ std::uint64_t store::impl::largest_log_segment(
 
 void store::impl::prefault(std::uint64_t segment, std::uint64_t offset,
                            std::uint64_t length) noexcept {
-  auto s = segment_at(segment);
-  if (!s || offset >= (*s)->size) return;
-  // A hint: where the kernel has no MADV_POPULATE_READ, the pages fault in on first touch.
-  (void)(*s)->map.advise(io::map_advice::populate_read, offset,
-                         std::min<std::uint64_t>(length, (*s)->size - offset));
+  if (auto s = segment_at(segment)) (*s)->populate(offset, length);
 }
 
 result<std::span<std::byte>> store::impl::bytes_at(std::uint64_t location) noexcept {

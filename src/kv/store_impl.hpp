@@ -302,8 +302,10 @@ struct store::impl final : index::page_source {
   //! here if this process has none), or, with no thread to be had, now.
   void supply_ahead(std::uint64_t location) noexcept;
   //! Whether a supplier thread of this process serves requests now (false: none could start,
-  //! or the store is closing).
+  //! the store is closing, or another holds the supplier's mutex: never waited for).
   [[nodiscard]] bool start_supplier() noexcept;
+  //! The supplier's thread: serves requests until the store closes.
+  void serve_supply() noexcept;
   //! Ends this process's supplier thread, if any (a forked child forgets its parent's).
   void join_supplier() noexcept;
   //! This process's supplier of fresh log pages (supplier.hpp owns it).

@@ -16,8 +16,10 @@
 namespace keel::kv {
 
 struct log_supplier {
-  //! Taken only to start or join the thread, and by the fork handlers (after every other of
-  //! the store's mutexes: nothing is held while it is taken).
+  //! Taken only to start or join the thread, and by the fork handlers, first of the store's
+  //! mutexes: nothing is held while it is taken, and its holder may wait for the thread,
+  //! which takes the segment map's (a close joining it under the mapped mutex's fork order
+  //! deadlocked with a fork and the thread).
   base::mutex mutex;
   //! The thread (a forked child's copy of its parent's does not run in the child).
   process_thread thread KEEL_GUARDED_BY(mutex);

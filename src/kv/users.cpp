@@ -38,19 +38,20 @@ std::vector<store::impl*>& registry() noexcept {
 void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.lock();
   for (store::impl* s : registry()) {
-    // A child must not inherit any of them held (the order is the one threads take them in).
+    // A child must not inherit any of them held (the order is the one threads take them in:
+    // the supplier's is held while its thread is joined, which may take the segment map's).
+    s->supplier.mutex.lock();
     s->maintenance.mutex.lock();
     s->users.mutex.lock();
     s->mapped.lock_for_fork();
-    s->supplier.mutex.lock();
   }
 }
 void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
-    s->supplier.mutex.unlock();
     s->mapped.unlock_after_fork();
     s->users.mutex.unlock();
     s->maintenance.mutex.unlock();
+    s->supplier.mutex.unlock();
   }
   registry_mutex.unlock();
 }
@@ -60,10 +61,10 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
     // slots are the parent's, not ours.
     (void)s->users.live.close();
     s->users.forget_slots();
-    s->supplier.mutex.unlock();
     s->mapped.unlock_after_fork();
     s->users.mutex.unlock();
     s->maintenance.mutex.unlock();
+    s->supplier.mutex.unlock();
   }
   registry_mutex.unlock();
 }
