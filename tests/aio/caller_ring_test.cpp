@@ -94,7 +94,10 @@ TEST(AioCallerRings, RequestsStartOnTheSubmittingThreadsRing) {
   const engine_stats st = c->engine_counts();
   EXPECT_GE(st.requests_on_caller_rings, 3u);
   EXPECT_GE(st.requests_on_caller_rings + st.buffered_writes_by_threads, 4u);
-  EXPECT_EQ(st.caller_requests_reaped_by_workers, 0u);  // the thread was always there
+  // (A worker may still reap some: a caller ring's completions wake its worker, which takes
+  // them when it gets the ring before the thread comes back to wait. It was asserted none
+  // did, "the thread was always there", and a busy machine made it 1, under TSan.)
+  EXPECT_LE(st.caller_requests_reaped_by_workers, st.requests_on_caller_rings);
 }
 
 // A cached file's writes that the cache steps aside for (nothing comes back to them) start
