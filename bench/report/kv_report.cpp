@@ -51,6 +51,7 @@ std::vector<row_spec> rows_of(const json& doc) {
   return {
       {"insert", "insert, 1 thread (one put per transaction)"},
       {"fetch", "fetch, 1 thread, random order"},
+      {"fetch_unchecked", "fetch, 1 thread, checksums off (keel only: the peers check nothing)"},
       {"fetch_threads", fmt::format("fetch, {} threads", t)},
       {"insert_threads", fmt::format("insert, {} threads", t)},
       {"mixed_threads", fmt::format("mixed, 9 gets to 1 put, {} threads", t)},
@@ -281,6 +282,8 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
                "Puts one at a time against tkrzw's HashDBM, a hash table in one file that "
                "checks nothing on read: the fastest single-threaded peer."),
       versus_fastest("kv fetch, 1 thread (checksums checked)", "fetch", 1.0),
+      ratio_row("kv fetch, 1 thread, checksums off, vs tkrzw HashDBM", k("fetch_unchecked"),
+                value_of(doc, "tkrzw", "fetch"), 1.5),
       versus_fastest(fmt::format("kv mixed, 9 gets to 1 put, {} threads", t), "mixed_threads", 1.0),
       ratio_row("kv durable, 1 writer, vs LMDB", k("durable_1"), value_of(doc, "lmdb", "durable_1"),
                 2),

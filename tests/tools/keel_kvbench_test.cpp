@@ -72,6 +72,8 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   EXPECT_NE(r.out.find("load, txns of 3000"), std::string::npos) << r.out;
   EXPECT_GT(engines["keel"]["fetch_threads"].get<double>(), 0.0);
   EXPECT_GT(engines["keel"]["mixed_threads"].get<double>(), 0.0);
+  EXPECT_GT(engines["keel"]["fetch_unchecked"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("fetch, checksums off"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mixed 90/10, 2 threads"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("durable, 3 writers"), std::string::npos) << r.out;
   // Nothing of the stores is left behind.

@@ -67,6 +67,7 @@ class keel_handle final : public kv_handle {
 std::unique_ptr<kv_handle> open_keel(const open_request& r, std::string& why) {
   kv::options o;
   o.durable = r.durable ? kv::durability::sync : kv::durability::none;
+  o.verify_checksums = r.verify;
   auto s = kv::store::open(r.dir, o);
   if (!s) {
     why = s.error().message();

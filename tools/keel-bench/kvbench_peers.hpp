@@ -51,6 +51,8 @@ struct open_request {
   bool durable = false;  //!< every put on stable storage when it returns
   std::size_t keys = 0;  //!< how many keys it will hold (for stores sized up front)
   std::size_t value_size = 0;
+  //! Reads check what they read (keel's checksums; the peers check nothing on read anyway).
+  bool verify = true;
 };
 
 struct engine {
