@@ -78,6 +78,10 @@ char* write_set::take(std::size_t size) {
 
 write_set::write& write_set::at(std::string_view key, const disk::key_hash& h) {
   if (const std::size_t i = find_index(key, h); i < writes_.size()) return writes_[i];
+  return add(key, h);
+}
+
+write_set::write& write_set::add(std::string_view key, const disk::key_hash& h) {
   if (writes_.size() >= std::numeric_limits<std::uint32_t>::max() - 1) throw std::bad_alloc();
   // Room first, in the table and the list, so that nothing below throws once the key is in.
   const std::size_t n = writes_.size() + 1;
@@ -123,7 +127,8 @@ void write_set::put(std::string_view key, const disk::key_hash& h, std::string_v
     kept = take(room);
   }
   if (!value.empty()) std::memcpy(kept, value.data(), value.size());
-  write& w = at(key, h);
+  // (`old` still points into writes_: only the arena was taken from.)
+  write& w = old != nullptr ? writes_[static_cast<std::size_t>(old - writes_.data())] : add(key, h);
   w.value = std::string_view(kept, value.size());
   w.room = room;
   w.own = std::move(own);

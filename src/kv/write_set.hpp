@@ -53,6 +53,8 @@ class write_set {
  private:
   //! The key's write, made (with its key kept) if it has none.
   write& at(std::string_view key, const disk::key_hash& h);
+  //! A write made for a key that has none (with its key kept).
+  write& add(std::string_view key, const disk::key_hash& h);
   //! `size` bytes of the arena.
   char* take(std::size_t size);
   [[nodiscard]] std::size_t find_index(std::string_view key,
