@@ -35,6 +35,8 @@ result<commit_run::round> commit_run::lock_pages() noexcept {
   }
   for (key_plan& k : keys) {
     k.page = s->table->page_of(k.h);
+    // (A few keys' lines at once: a large commit's would only push each other out.)
+    if (keys.size() <= 16) s->table->prefetch_for_write(k.page, k.h);
     want.emplace_back(k.page, k.w != nullptr);
   }
   auto g = s->locks->lock(want, io::deadline(cd.expiry()));
