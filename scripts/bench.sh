@@ -170,17 +170,21 @@ step 7/11 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${
 # The issue's 1 M records; an engine too slow to put them all within kv_fill seconds goes on
 # with those it put (the report says so). Durable rows on a disk: fdatasync on tmpfs is free.
 # The bulk-load rows (transactions of 1, 1 024 and 65 536 puts) load 300 000 keys of 100 B
-# (70 000 in a quick run: still one whole transaction of 65 536).
+# (70 000 in a quick run: still one whole transaction of 65 536). The small-value rows put and
+# fetch 10 M keys of 100 B (100 000 in a quick run).
 kv_keys=1000000
 kv_seconds=2
 kv_fill=60
 kv_txn_keys=300000
-[ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5 && kv_fill=10 && kv_txn_keys=70000
+kv_small_keys=10000000
+[ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5 && kv_fill=10 && kv_txn_keys=70000 &&
+  kv_small_keys=100000
 kv_sync_dir=${KV_SYNC_DIR:-build/kvbench}
 mkdir -p "$kv_sync_dir"
 step 8/11 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
 "$keel_bench" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
-  --txn-keys "$kv_txn_keys" --dir "$dir" --sync-dir "$kv_sync_dir" \
+  --txn-keys "$kv_txn_keys" --small-keys "$kv_small_keys" --small-value-size 100 \
+  --dir "$dir" --sync-dir "$kv_sync_dir" \
   --json "$out/raw/kvbench.json" >&2
 
 # keel::space's out-of-space figures (issue 13): a store fills small volumes made for the run

@@ -28,20 +28,35 @@ double value_of(const json& doc, const std::string& id, const std::string& key) 
 struct row_spec {
   std::string key;
   std::string label;
-  bool per_second = true;  // else MiB (lower is better), for the records the engine put
+  bool per_second = true;  // else a size (lower is better), for the records the engine put
+  // The row's records, as the engine's figure and the run's: the insert row's, or the small
+  // values' (whose sizes are shown per record rather than in MiB).
+  std::string keys = "keys";
 };
 
-// How many records engine `id` put in the insert row (the run's key count for a file of an
-// older kvbench, which did not say).
-double keys_of(const json& doc, const std::string& id) {
+// How many records engine `id` put in the insert row, or in the row `keys` names (the run's
+// key count for a file of an older kvbench, which did not say).
+double keys_of(const json& doc, const std::string& id, const std::string& keys = "keys") {
   const auto& e = doc["engines"][id];
-  return e.contains("keys") && e["keys"].is_number() ? e["keys"].get<double>()
-                                                     : doc["keys"].get<double>();
+  if (e.contains(keys) && e[keys].is_number()) return e[keys].get<double>();
+  return doc.contains(keys) ? doc[keys].get<double>() : NAN;
+}
+
+// Whether the run had the small-value rows (a kvbench from before them had not).
+bool has_small(const json& doc) {
+  return doc.contains("small_keys") && doc["small_keys"].get<std::size_t>() > 0;
 }
 
 // The puts per transaction of the load rows: `size`, or all the keys they load when fewer.
 std::size_t txn_size(const json& doc, std::size_t size) {
   return doc.contains("txn_keys") ? std::min(size, doc["txn_keys"].get<std::size_t>()) : size;
+}
+
+// A small-value row's label: what it does, and on what.
+std::string small_label(const json& doc, const std::string& what) {
+  if (!has_small(doc)) return what + ", small values";
+  return fmt::format("{}, {} keys of {} B values", what, doc["small_keys"].get<std::size_t>(),
+                     doc["small_value_size"].get<std::size_t>());
 }
 
 std::vector<row_spec> rows_of(const json& doc) {
@@ -64,6 +79,12 @@ std::vector<row_spec> rows_of(const json& doc) {
       {"txn_65536", fmt::format("load, {} puts per transaction", txn_size(doc, 65536))},
       {"disk_bytes", "on disk once closed, the insert row's records (MiB)", false},
       {"rss_bytes", "peak RSS growth, the insert row's records (MiB)", false},
+      {"small_insert", small_label(doc, "insert, 1 thread")},
+      {"small_fetch", small_label(doc, "fetch, 1 thread, random order")},
+      {"small_disk_bytes", small_label(doc, "on disk once closed, bytes per record"), false,
+       "small_keys"},
+      {"small_rss_bytes", small_label(doc, "peak RSS growth, bytes per record"), false,
+       "small_keys"},
   };
 }
 
@@ -76,7 +97,7 @@ std::pair<double, std::string> best_peer(const json& doc, const row_spec& r) {
     if (id == "keel") continue;
     const double v = value_of(doc, id.get<std::string>(), r.key);
     if (!std::isfinite(v)) continue;
-    if (!r.per_second && keys_of(doc, id) != keys_of(doc, "keel")) continue;
+    if (!r.per_second && keys_of(doc, id, r.keys) != keys_of(doc, "keel", r.keys)) continue;
     if (!std::isfinite(best) || (r.per_second ? v > best : v < best)) {
       best = v;
       who = doc["engines"][id.get<std::string>()]["name"].get<std::string>();
@@ -101,17 +122,21 @@ std::string table_html(const json& doc) {
   head += "<th>keel vs the best peer</th></tr>\n";
   std::string body;
   for (const auto& r : rows_of(doc)) {
+    if (r.key.starts_with("small_") && !has_small(doc)) continue;
     body += fmt::format("<tr><td>{}</td>", html_escape(r.label));
     for (const auto& id : doc["order"]) {
       const auto& e = doc["engines"][id.get<std::string>()];
       const double v = value_of(doc, id.get<std::string>(), r.key);
-      const double keys = keys_of(doc, id.get<std::string>());
+      const double keys = keys_of(doc, id.get<std::string>(), r.keys);
+      const bool all = keys == doc[r.keys].get<double>();
       body += e.contains("error") ? "<td>failed</td>"
               : !std::isfinite(v) ? "<td>n/a</td>"
               : r.per_second      ? fmt::format("<td>{:.0f}/s</td>", v)
-              : keys != doc["keys"].get<double>()
-                  ? fmt::format("<td>{:.1f} ({:.0f} records)</td>", v / 1048576.0, keys)
-                  : fmt::format("<td>{:.1f}</td>", v / 1048576.0);
+              : r.keys != "keys"
+                  ? (all ? fmt::format("<td>{:.1f}</td>", v / keys)
+                         : fmt::format("<td>{:.1f} ({:.0f} records)</td>", v / keys, keys))
+              : all ? fmt::format("<td>{:.1f}</td>", v / 1048576.0)
+                    : fmt::format("<td>{:.1f} ({:.0f} records)</td>", v / 1048576.0, keys);
     }
     body += fmt::format("<td>{}</td></tr>\n", html_escape(versus_best(doc, r)));
   }
@@ -125,6 +150,12 @@ std::string table_html(const json& doc) {
           " — put only {} of the {} keys in the {} s an insert row may take; its "
           "rows ran on those",
           e["keys"].dump(), doc["keys"].dump(), doc["fill_seconds"].dump());
+    }
+    if (has_small(doc) && e.contains("small_keys") && e["small_keys"] != doc["small_keys"]) {
+      remark += fmt::format(
+          " — put only {} of the {} small values' keys in the {} s an insert row may take; "
+          "their fetches and sizes are of those",
+          e["small_keys"].dump(), doc["small_keys"].dump(), doc["fill_seconds"].dump());
     }
     if (e.contains("txn_failed")) {
       for (const auto& [row, why] : e["txn_failed"].items())
@@ -150,7 +181,18 @@ std::string table_html(const json& doc) {
                 "The load rows put {} keys of 16 bytes with {} B values into a fresh store "
                 "each, in transactions of the size the row says (n/a: tkrzw's HashDBM has no "
                 "transactions of several keys).",
-                doc["txn_keys"].get<std::size_t>(), doc["txn_value_size"].get<std::size_t>())
+                doc["txn_keys"].get<std::size_t>(), doc["txn_value_size"].get<std::size_t>()) +
+                (has_small(doc)
+                     ? fmt::format(
+                           " The small-value rows put {} keys of 16 bytes with {} B values into "
+                           "a fresh store on one thread, fetch them in random order, and give "
+                           "what the store takes per record ({} B of key and value: the floor) "
+                           "on disk once closed and in memory (peak RSS growth, which counts "
+                           "the pages of files an engine maps).",
+                           doc["small_keys"].get<std::size_t>(),
+                           doc["small_value_size"].get<std::size_t>(),
+                           16 + doc["small_value_size"].get<std::size_t>())
+                     : std::string())
           : std::string(),
       head, body, setups);
 }
@@ -159,11 +201,22 @@ std::string table_html(const json& doc) {
 // load by transaction size; the seed's one-thread figures as reference lines.
 figure plot(const std::string& out, const json& doc) {
   const auto rows = rows_of(doc);
+  // Each panel's rows, named by key (the rows' order in the table is another matter).
+  const auto at = [&](std::initializer_list<const char*> keys) {
+    std::vector<std::size_t> which;
+    for (const char* key : keys) {
+      const auto it = std::ranges::find(rows, std::string(key), &row_spec::key);
+      if (it != rows.end()) which.push_back(static_cast<std::size_t>(it - rows.begin()));
+    }
+    return which;
+  };
   std::vector<std::pair<std::string, std::vector<std::size_t>>> panels{
-      {"one thread", {0, 1}},
-      {"threads and processes", {2, 3, 4, 5}},
-      {"durable", {6, 7}},
-      {"bulk load, puts per transaction", {8, 9, 10}}};
+      {"one thread", at({"insert", "fetch", "fetch_unchecked"})},
+      {"threads and processes", at({"fetch_threads", "insert_threads", "mixed_threads",
+                                    "insert_process", "insert_processes"})},
+      {"durable", at({"durable_1", "durable_n"})},
+      {"bulk load, puts per transaction", at({"txn_1", "txn_1024", "txn_65536"})},
+      {"small values, one thread", at({"small_insert", "small_fetch"})}};
   // A panel no engine has a figure in (the bulk loads of a kvbench from before them) is left
   // out: gnuplot refuses a chart with no valid point.
   std::erase_if(panels, [&](const auto& p) {
@@ -184,7 +237,10 @@ figure plot(const std::string& out, const json& doc) {
       f.print("\n");
       std::vector<bool>& none = absent.emplace_back(doc["order"].size(), true);
       for (const std::size_t r : which) {
-        f.print("\"{}\"", rows[r].label.substr(0, rows[r].label.find(" (")));
+        std::string shown = rows[r].label.substr(0, rows[r].label.find(" ("));
+        // (The small values' panel says what they are: its bars need only the workload.)
+        if (rows[r].key.starts_with("small_")) shown = shown.substr(0, shown.find(", 1 thread"));
+        f.print("\"{}\"", shown);
         for (std::size_t e = 0; e < doc["order"].size(); ++e) {
           if (std::isfinite(value_of(doc, doc["order"][e].get<std::string>(), rows[r].key))) {
             none[e] = false;
@@ -220,8 +276,9 @@ figure plot(const std::string& out, const json& doc) {
     names += (names.empty() ? "" : ", ") +
              doc["engines"][id.get<std::string>()]["name"].get<std::string>();
   return {"kv.png",
-          fmt::format("Bar charts in up to four panels (one thread; threads and processes; "
-                      "durable commits; a bulk load in transactions of growing size): operations "
+          fmt::format("Bar charts in up to five panels (one thread; threads and processes; "
+                      "durable commits; a bulk load in transactions of growing size; small "
+                      "values on one thread): operations "
                       "per second of each engine ({}) for each workload, "
                       "log scale, higher is better; dashed lines mark the seed's one-thread "
                       "figures. The table below gives the figures.",
@@ -245,6 +302,22 @@ target_row txn_linearity(const json& doc) {
                       txn_size(doc, 1024), txn_size(doc, 65536)),
           fmt::format("{} ({:.0f} against {:.0f} puts/s)", fmt_ratio(r), best, worst), "≤ 1.5×",
           r <= 1.5, true};
+}
+
+// What keel's store takes on disk per record of the small-value rows, against the peer that
+// takes least for as many records (no target: a figure to compare).
+target_row small_size_row(const json& doc) {
+  const row_spec r{"small_disk_bytes", "", false, "small_keys"};
+  const auto [best, who] = best_peer(doc, r);
+  const double keys = keys_of(doc, "keel", "small_keys");
+  const double k = value_of(doc, "keel", r.key);
+  const bool known = std::isfinite(k) && std::isfinite(best) && keys > 0;
+  return target_row{fmt::format("{} on disk per record, vs {}", small_label(doc, "kv"),
+                                who.empty() ? "the smallest peer" : who),
+                    known ? fmt::format("{:.0f} B against {:.0f} B ({} as large)", k / keys,
+                                        best / keys, fmt_ratio(k / best))
+                          : "n/a",
+                    "", false, known};
 }
 
 }  // namespace
@@ -285,6 +358,8 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
       ratio_row("kv fetch, 1 thread, checksums off, vs tkrzw HashDBM", k("fetch_unchecked"),
                 value_of(doc, "tkrzw", "fetch"), 1.5),
       versus_fastest(fmt::format("kv mixed, 9 gets to 1 put, {} threads", t), "mixed_threads", 1.0),
+      versus_fastest(small_label(doc, "kv insert, 1 thread"), "small_insert", 1.0),
+      versus_fastest(small_label(doc, "kv fetch, 1 thread"), "small_fetch", 1.0),
       ratio_row("kv durable, 1 writer, vs LMDB", k("durable_1"), value_of(doc, "lmdb", "durable_1"),
                 2),
       headline(ratio_row("kv insert, 1 thread, vs LMDB", k("insert"),
@@ -323,6 +398,7 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
                      "", false, std::isfinite(keel_size) && std::isfinite(best_size)},
           "What the same records take on disk (no target yet: keel allocates its segments and "
           "their reserve whole, up front)."),
+      small_size_row(doc),
   };
   section s;
   s.results = doc;

@@ -26,10 +26,25 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
 #else
   const std::vector<std::string> peers;
 #endif
-  std::vector<std::string> args{
-      "kvbench",           "--keys", "2000",  "--seconds",         "0.2",
-      "--durable-writers", "3",      "--dir", dir.path().string(), "--sync-dir",
-      dir.path().string(), "--json", json,    "--txn-keys",        "3000"};
+  std::vector<std::string> args{"kvbench",
+                                "--keys",
+                                "2000",
+                                "--seconds",
+                                "0.2",
+                                "--durable-writers",
+                                "3",
+                                "--dir",
+                                dir.path().string(),
+                                "--sync-dir",
+                                dir.path().string(),
+                                "--json",
+                                json,
+                                "--txn-keys",
+                                "3000",
+                                "--small-keys",
+                                "1500",
+                                "--small-value-size",
+                                "100"};
   args.insert(args.end(), peers.begin(), peers.end());
   const auto r = run_program(KEEL_BENCH_BINARY, args, dir.path().string());
   ASSERT_EQ(r.code, 0) << r.err;
@@ -41,8 +56,12 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
     ASSERT_FALSE(e.contains("error")) << e.dump();
     EXPECT_EQ(e["keys"].get<std::size_t>(), 2000u) << id;
     // Every engine does these; the rest only where it can (threads, several processes).
-    for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_bytes"})
+    for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_bytes",
+                             "small_insert", "small_fetch", "small_disk_bytes"})
       EXPECT_GT(e[what].get<double>(), 0.0) << id << " " << what;
+    // The small values' own store: as many keys as asked, each taking at least its bytes.
+    EXPECT_EQ(e["small_keys"].get<std::size_t>(), 1500u) << id;
+    EXPECT_GE(e["small_disk_bytes"].get<double>(), 1500.0 * (16 + 100)) << id;
   }
   for (const char* who : {"keel", "lmdb", "sqlite", "tdb"}) {
     if (!engines.contains(who)) continue;
@@ -76,6 +95,8 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   EXPECT_NE(r.out.find("fetch, checksums off"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mixed 90/10, 2 threads"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("durable, 3 writers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("insert, 100 B values"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("on disk B/record"), std::string::npos) << r.out;
   // Nothing of the stores is left behind.
   for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
     EXPECT_FALSE(entry.is_directory()) << entry.path();

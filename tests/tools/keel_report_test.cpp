@@ -122,4 +122,48 @@ TEST_F(KeelReport, SizesAreOfTheRecordsAsTheyAreNotScaled) {
   EXPECT_EQ(kv.find("per 1 M records"), std::string::npos);
 }
 
+TEST_F(KeelReport, SmallValuesAreComparedPerRecordAmongEnginesThatPutThemAll) {
+  const std::string kv = html_.substr(html_.find("<h2>keel::kv"));
+  const std::string row = between(
+      kv, "<td>on disk once closed, bytes per record, 10000000 keys of 100 B values</td>", "</tr>");
+  ASSERT_FALSE(row.empty()) << kv;
+  // keel's and tkrzw's per record; LMDB, which put fewer, says how many and is not compared.
+  EXPECT_NE(row.find("<td>337.0</td>"), std::string::npos) << row;
+  EXPECT_NE(row.find("<td>136.0</td>"), std::string::npos) << row;
+  EXPECT_NE(row.find("(9938943 records)"), std::string::npos) << row;
+  EXPECT_NE(row.find("(tkrzw HashDBM)"), std::string::npos) << row;
+  EXPECT_NE(html_.find("337 B against 136 B"), std::string::npos);
+  EXPECT_NE(html_.find("kv insert, 1 thread, 10000000 keys of 100 B values, vs the fastest peer "
+                       "(tkrzw HashDBM)"),
+            std::string::npos);
+}
+
+TEST_F(KeelReport, EachPanelOfTheKvPlotHoldsItsOwnRows) {
+  const std::string dat = keel::test::slurp(dir_.file("kv.dat"));
+  // Panels are separated by two blank lines; each row's label starts its line.
+  std::vector<std::string> panels;
+  for (std::size_t at = 0; at < dat.size();) {
+    const std::size_t end = std::min(dat.find("\n\n\n", at), dat.size());
+    panels.push_back(dat.substr(at, end - at));
+    at = end + 3;
+  }
+  const auto labels = [](const std::string& panel) {
+    std::vector<std::string> out;
+    std::size_t at = panel.find('\n');  // past the header
+    while (at != std::string::npos && at + 1 < panel.size()) {
+      const std::size_t q = panel.find('"', at + 2);
+      out.push_back(panel.substr(at + 2, q - at - 2));
+      at = panel.find('\n', q);
+    }
+    return out;
+  };
+  ASSERT_EQ(panels.size(), 4u) << dat;  // the fixture has no bulk-load rows
+  EXPECT_EQ(labels(panels[0]),
+            (std::vector<std::string>{"insert, 1 thread", "fetch, 1 thread, random order",
+                                      "fetch, 1 thread, checksums off"}));
+  EXPECT_EQ(labels(panels[2]),
+            (std::vector<std::string>{"durable commits, 1 writer", "durable commits, 8 writers"}));
+  EXPECT_EQ(labels(panels[3]), (std::vector<std::string>{"insert", "fetch"}));
+}
+
 }  // namespace

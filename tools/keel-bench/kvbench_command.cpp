@@ -15,7 +15,10 @@
 //   several writers, for a fixed time, on a disk-backed directory;
 // - a bulk load of a workload of its own (300 000 keys of 100-byte values by default) in
 //   transactions of 1, 1 024 and 65 536 puts, each into a fresh store: what a transaction
-//   costs per put as it grows (engines with transactions of several keys).
+//   costs per put as it grows (engines with transactions of several keys);
+// - small values: inserts and fetches of a workload of its own (10 M keys of 100-byte values
+//   in `make bench`) into a fresh store, on one thread, and what the store takes per record,
+//   on disk and in memory.
 
 #include "kvbench_command.hpp"
 
@@ -92,6 +95,8 @@ struct config {
   std::string sync_dir;           // where the stores of the durable rows go
   std::size_t txn_keys = 300000;  // the transaction rows' workload
   std::size_t txn_value_size = 100;
+  std::size_t small_keys = 2'000'000;  // the small-value rows' workload (0: no such rows)
+  std::size_t small_value_size = 100;
 };
 
 // The sizes of the transaction rows' transactions (puts each), and their keys in the JSON.
@@ -189,8 +194,9 @@ std::tuple<std::uint64_t, clock_type::duration, bool> for_seconds(unsigned threa
 // One engine's runs, in its own process.
 class engine_run {
  public:
-  engine_run(const engine& e, const config& c, const workload& w, const workload& tw)
-      : e_(e), c_(c), w_(w), tw_(tw) {}
+  engine_run(const engine& e, const config& c, const workload& w, const workload& tw,
+             const workload& sw)
+      : e_(e), c_(c), w_(w), tw_(tw), sw_(sw) {}
 
   json run() {
     json out{{"name", e_.name}, {"setup", e_.setup}};
@@ -243,6 +249,7 @@ class engine_run {
     out["durable_n"] = durable(c_.durable_writers);
     for (const std::size_t size : txn_sizes)
       out[txn_key(size)] = in_transactions(size, out);
+    if (!sw_.keys.empty()) small_values(out);
     return out;
   }
 
@@ -454,10 +461,54 @@ class engine_run {
     return rate;
   }
 
+  // The small-value workload put into a fresh store on one thread (until the fill limit),
+  // then fetched in random order; with the peak RSS growth and the bytes on disk of those
+  // records. Figures as "small_*" in `out`.
+  void small_values(json& out) const {
+    const std::string what = fmt::format("{} B values", sw_.value.size());
+    const std::string dir = c_.dir + "/" + e_.id + "-small";
+    { std::ofstream("/proc/self/clear_refs") << "5"; }  // the peak RSS counted from here
+    const std::uint64_t rss_before = status_bytes("VmRSS");
+    {
+      std::string why;
+      auto h = e_.open({dir, false, sw_.keys.size(), sw_.value.size()}, why);
+      if (!h) throw std::runtime_error(fmt::format("open {}: {}", dir, why));
+      auto start = clock_type::now();
+      std::size_t n = 0;
+      for (; n < sw_.keys.size(); ++n) {
+        if ((n & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
+        check(h->put(sw_.keys[n], sw_.value), *h, "insert");
+      }
+      out["small_insert"] = row("insert, " + what, per_second(n, clock_type::now() - start));
+      out["small_keys"] = n;
+      if (n < sw_.keys.size()) {
+        fmt::print(stderr,
+                   "keel-bench kvbench: {}: {} of {} small keys in {} s; the rest is left out\n",
+                   e_.name, n, sw_.keys.size(), c_.fill_seconds);
+      }
+      std::string v;
+      std::size_t fetched = 0;
+      start = clock_type::now();
+      for (const std::size_t i : sw_.fetch_order) {
+        if (i >= n) continue;
+        check(h->get(sw_.keys[i], v), *h, "fetch");
+        if (v.size() != sw_.value.size())
+          throw std::runtime_error("fetch: a value came back short");
+        ++fetched;
+      }
+      out["small_fetch"] = row("fetch, " + what, per_second(fetched, clock_type::now() - start));
+      const std::uint64_t hwm = status_bytes("VmHWM");
+      if (hwm > rss_before) out["small_rss_bytes"] = hwm - rss_before;
+    }
+    out["small_disk_bytes"] = allocated_bytes(dir);
+    remove_store(dir);
+  }
+
   const engine& e_;
   const config& c_;
   const workload& w_;
   const workload& tw_;
+  const workload& sw_;
   std::vector<std::size_t> fetch_order_;  // the workload's, of the keys the insert row put
 };
 
@@ -482,6 +533,12 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       {txn_key(txn_sizes[2]), txn_label(txn_sizes[2])},
       {"rss_bytes", "peak RSS growth MiB"},
       {"disk_bytes", "on disk MiB"},
+      {"small_insert",
+       fmt::format("insert, {} B values", doc["small_value_size"].get<std::size_t>())},
+      {"small_fetch",
+       fmt::format("fetch, {} B values", doc["small_value_size"].get<std::size_t>())},
+      {"small_rss_bytes", "  peak RSS growth B/record"},
+      {"small_disk_bytes", "  on disk B/record"},
   };
   fmt::print("{:<28}", "ops/s");
   for (const auto* e : chosen)
@@ -490,6 +547,7 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
   for (const auto& [key, label] : rows) {
     fmt::print("{:<28}", label);
     const bool mib = key.ends_with("_bytes");
+    const bool per_record = key.starts_with("small_") && mib;
     for (const auto* e : chosen) {
       const auto& r = doc["engines"][e->id];
       if (r.contains("error")) {
@@ -497,7 +555,9 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       } else if (!r.contains(key) || r[key].is_null()) {
         fmt::print(" {:>13}", "n/a");
       } else {
-        if (mib) {
+        if (per_record) {
+          fmt::print(" {:>13.1f}", r[key].get<double>() / r["small_keys"].get<double>());
+        } else if (mib) {
           fmt::print(" {:>13.1f}", r[key].get<double>() / 1048576.0);
         } else {
           fmt::print(" {:>13.0f}", r[key].get<double>());
@@ -544,6 +604,12 @@ int run_kvbench_command(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}));
   app.add_option("--txn-value-size", c.txn_value_size, "Bytes per value of the transaction rows")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
+  app.add_option("--small-keys", c.small_keys,
+                 "Keys the small-value rows insert and fetch (0: no such rows)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{100'000'000}));
+  app.add_option("--small-value-size", c.small_value_size,
+                 "Bytes per value of the small-value rows")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20));
   app.add_option("--json", json_path, "Write the figures as JSON to this file (- for stdout)");
   try {
     app.parse(argc, argv);
@@ -586,6 +652,7 @@ int run_kvbench_command(int argc, char** argv) {
   };
   const workload w = make_workload(c.keys, c.value_size);
   const workload tw = make_workload(c.txn_keys, c.txn_value_size);
+  const workload sw = make_workload(c.small_keys, c.small_value_size);
   fmt::print(stderr,
              "keel-bench kvbench: {} keys, {} B values, in {} ({}); durable rows in {} ({})\n",
              c.keys, c.value_size, c.dir, fs_name(c.dir), c.sync_dir, fs_name(c.sync_dir));
@@ -598,14 +665,16 @@ int run_kvbench_command(int argc, char** argv) {
            {"fill_seconds", c.fill_seconds},
            {"txn_keys", c.txn_keys},
            {"txn_value_size", c.txn_value_size},
+           {"small_keys", c.small_keys},
+           {"small_value_size", c.small_value_size},
            {"filesystem", fs_name(c.dir)},
            {"sync_filesystem", fs_name(c.sync_dir)},
            {"order", json::array()},
            {"engines", json::object()}};
   for (const auto* e : chosen) {
     // The figures come back through a file of the scratch directory.
-    const child_outcome got = run_in_child([&] { return engine_run(*e, c, w, tw).run().dump(); },
-                                           c.dir + "/" + e->id + ".json");
+    const child_outcome got = run_in_child(
+        [&] { return engine_run(*e, c, w, tw, sw).run().dump(); }, c.dir + "/" + e->id + ".json");
     doc["order"].push_back(e->id);
     if (got.ok) {
       doc["engines"][e->id] = json::parse(got.output);
