@@ -32,6 +32,7 @@ struct row_spec {
   // The row's records, as the engine's figure and the run's: the insert row's, or the small
   // values' (whose sizes are shown per record rather than in MiB).
   std::string keys = "keys";
+  bool cpus = false;  // CPUs kept busy (a figure, not compared)
 };
 
 // How many records engine `id` put in the insert row, or in the row `keys` names (the run's
@@ -65,6 +66,8 @@ std::vector<row_spec> rows_of(const json& doc) {
   const auto w = doc["durable_writers"].get<unsigned>();
   return {
       {"insert", "insert, 1 thread (one put per transaction)"},
+      {"insert_cores", "CPUs kept busy by the insert on 1 thread (the engine's own threads count)",
+       false, "keys", true},
       {"fetch", "fetch, 1 thread, random order"},
       {"fetch_unchecked", "fetch, 1 thread, checksums off (keel only: the peers check nothing)"},
       {"fetch_threads", fmt::format("fetch, {} threads", t)},
@@ -72,6 +75,9 @@ std::vector<row_spec> rows_of(const json& doc) {
       {"mixed_threads", fmt::format("mixed, 9 gets to 1 put, {} threads", t)},
       {"insert_process", "insert, 1 process (timed)"},
       {"insert_processes", fmt::format("insert, {} processes on one store", p)},
+      {"insert_process_cores", "CPUs kept busy by the insert from 1 process", false, "keys", true},
+      {"insert_processes_cores", fmt::format("CPUs kept busy by the insert from {} processes", p),
+       false, "keys", true},
       {"durable_1", "durable commits, 1 writer"},
       {"durable_n", fmt::format("durable commits, {} writers", w)},
       {"txn_1", "load, 1 put per transaction"},
@@ -109,6 +115,7 @@ std::pair<double, std::string> best_peer(const json& doc, const row_spec& r) {
 // keel's figure over the best peer's (for sizes: the best peer's over keel's, so that above 1
 // is better either way).
 std::string versus_best(const json& doc, const row_spec& r) {
+  if (r.cpus) return "";
   const double k = value_of(doc, "keel", r.key);
   const auto [best, who] = best_peer(doc, r);
   if (!std::isfinite(k) || !std::isfinite(best)) return "n/a";
@@ -132,6 +139,7 @@ std::string table_html(const json& doc) {
       body += e.contains("error") ? "<td>failed</td>"
               : !std::isfinite(v) ? "<td>n/a</td>"
               : r.per_second      ? fmt::format("<td>{:.0f}/s</td>", v)
+              : r.cpus            ? fmt::format("<td>{:.2f}</td>", v)
               : r.keys != "keys"
                   ? (all ? fmt::format("<td>{:.1f}</td>", v / keys)
                          : fmt::format("<td>{:.1f} ({:.0f} records)</td>", v / keys, keys))
@@ -320,6 +328,20 @@ target_row small_size_row(const json& doc) {
                     "", false, known};
 }
 
+// The processes' row, with the most the machine allows it: one writer process that keeps c
+// CPUs busy (its supplier of log pages is a thread of its own) leaves the machine's n CPUs
+// room for n / c writers' work, so p processes can do at most min(p, n / c) times one.
+target_row processes_scaling(const json& doc, target_row r) {
+  const double one = value_of(doc, "keel", "insert_process_cores");
+  if (!doc.contains("cpus") || !std::isfinite(one) || one <= 0) return r;
+  const auto cpus = doc["cpus"].get<double>();
+  const auto p = doc["processes"].get<double>();
+  r.measured +=
+      fmt::format(" (1 process kept {:.2f} CPUs busy: {:.0f} CPUs allow {:.0f} at most {})", one,
+                  cpus, p, fmt_ratio(std::min(p, cpus / one)));
+  return r;
+}
+
 }  // namespace
 
 section render_kv(const std::string& out, const std::string& kvbench_file) {
@@ -372,8 +394,8 @@ section render_kv(const std::string& out, const std::string& kvbench_file) {
           "memory it maps."),
       ratio_row(fmt::format("kv fetch, {} threads, vs 1 thread", t), k("fetch_threads"), k("fetch"),
                 1.8),
-      ratio_row(fmt::format("kv insert, {} processes, vs 1 process", p), k("insert_processes"),
-                k("insert_process"), 1.6),
+      processes_scaling(doc, ratio_row(fmt::format("kv insert, {} processes, vs 1 process", p),
+                                       k("insert_processes"), k("insert_process"), 1.6)),
       headline(ratio_row(fmt::format("kv insert, {} processes, vs TDB's {}", p, p),
                          k("insert_processes"), value_of(doc, "tdb", "insert_processes"), 2),
                "Several processes writing one store at once, against TDB (Samba's store): the "

@@ -57,7 +57,7 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
     EXPECT_EQ(e["keys"].get<std::size_t>(), 2000u) << id;
     // Every engine does these; the rest only where it can (threads, several processes).
     for (const char* what : {"insert", "fetch", "durable_1", "durable_n", "disk_bytes",
-                             "small_insert", "small_fetch", "small_disk_bytes"})
+                             "small_insert", "small_fetch", "small_disk_bytes", "insert_cores"})
       EXPECT_GT(e[what].get<double>(), 0.0) << id << " " << what;
     // The small values' own store: as many keys as asked, each taking at least its bytes.
     EXPECT_EQ(e["small_keys"].get<std::size_t>(), 1500u) << id;
@@ -66,6 +66,8 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
   for (const char* who : {"keel", "lmdb", "sqlite", "tdb"}) {
     if (!engines.contains(who)) continue;
     EXPECT_GT(engines[who]["insert_processes"].get<double>(), 0.0) << who;
+    EXPECT_GT(engines[who]["insert_processes_cores"].get<double>(), 0.0) << who;
+    EXPECT_GT(engines[who]["insert_process_cores"].get<double>(), 0.0) << who;
   }
   for (const char* who : {"tkrzw", "rocksdb", "leveldb"}) {
     if (!engines.contains(who)) continue;

@@ -138,6 +138,17 @@ TEST_F(KeelReport, SmallValuesAreComparedPerRecordAmongEnginesThatPutThemAll) {
             std::string::npos);
 }
 
+TEST_F(KeelReport, TheProcessesRowSaysWhatTheMachineAllowsIt) {
+  // One writer process kept 1.32 CPUs busy: two CPUs leave room for 2 / 1.32 of it.
+  EXPECT_NE(html_.find("1 process kept 1.32 CPUs busy: 2 CPUs allow 2 at most 1.515×"),
+            std::string::npos);
+  const std::string kv = html_.substr(html_.find("<h2>keel::kv"));
+  const std::string row =
+      between(kv, "<td>CPUs kept busy by the insert from 2 processes</td>", "</tr>");
+  EXPECT_NE(row.find("<td>1.95</td>"), std::string::npos) << row;
+  EXPECT_NE(row.find("<td>1.90</td>"), std::string::npos) << row;
+}
+
 TEST_F(KeelReport, EachPanelOfTheKvPlotHoldsItsOwnRows) {
   const std::string dat = keel::test::slurp(dir_.file("kv.dat"));
   // Panels are separated by two blank lines; each row's label starts its line.

@@ -23,6 +23,8 @@
 #include "kvbench_command.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -130,6 +132,23 @@ std::uint64_t allocated_bytes(const std::string& dir) {
   return total;
 }
 
+// CPU time this process has used so far, all its threads (an engine's own threads, such as
+// keel's supplier of log pages, count), in seconds.
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  const auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
+
+// The CPUs this process may run on.
+unsigned online_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return std::thread::hardware_concurrency();
+  return static_cast<unsigned>(CPU_COUNT(&set));
+}
+
 void remove_store(const std::string& dir) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -206,13 +225,18 @@ class engine_run {
     const std::string one = c_.dir + "/" + e_.id + "-one";
     {
       auto h = open_store(one, false);
+      const double cpu_start = cpu_seconds();
       auto start = clock_type::now();
       std::size_t n = 0;
       for (; n < w_.keys.size(); ++n) {
         if ((n & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
         check(h->put(w_.keys[n], w_.value), *h, "insert");
       }
-      out["insert"] = row("insert, 1 thread", per_second(n, clock_type::now() - start));
+      const auto took = clock_type::now() - start;
+      out["insert"] = row("insert, 1 thread", per_second(n, took));
+      // The CPUs the engine kept busy meanwhile (its own threads too), in CPUs.
+      out["insert_cores"] =
+          (cpu_seconds() - cpu_start) / std::chrono::duration<double>(took).count();
       out["keys"] = n;
       if (n < w_.keys.size()) {
         fmt::print(stderr, "keel-bench kvbench: {}: {} of {} keys in {} s; the rest is left out\n",
@@ -243,8 +267,8 @@ class engine_run {
     }
     remove_store(one);
     out["insert_threads"] = insert_in_threads();
-    out["insert_process"] = in_processes(1);
-    out["insert_processes"] = in_processes(c_.processes);
+    out["insert_process"] = in_processes(1, false, &out["insert_process_cores"]);
+    out["insert_processes"] = in_processes(c_.processes, false, &out["insert_processes_cores"]);
     out["durable_1"] = durable(1);
     out["durable_n"] = durable(c_.durable_writers);
     for (const std::size_t size : txn_sizes)
@@ -367,7 +391,9 @@ class engine_run {
 
   // `processes` forked writers, each with its own handle on one store, each putting its
   // share of the keys (over and over) for c_.seconds: puts per second, all together.
-  json in_processes(unsigned processes, bool durable = false) const {
+  // `cores`, when given, gets the CPUs the writers kept busy (their CPU time, all their
+  // threads, over the run's time).
+  json in_processes(unsigned processes, bool durable = false, json* cores = nullptr) const {
     const std::string what =
         durable ? fmt::format("durable, {} processes", processes)
                 : fmt::format("insert, {} process{}", processes, processes == 1 ? "" : "es");
@@ -399,6 +425,7 @@ class engine_run {
     });
     remove_store(dir);
     if (r.failures != 0) throw std::runtime_error(what + ": " + r.first_error);
+    if (cores != nullptr) *cores = (r.user_cpu + r.system_cpu) / r.seconds;
     return row(what, static_cast<double>(r.total()) / r.seconds);
   }
 
@@ -519,6 +546,7 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
   };
   const std::vector<std::pair<std::string, std::string>> rows{
       {"insert", "insert, 1 thread"},
+      {"insert_cores", "  CPUs busy, 1 thread"},
       {"fetch", "fetch, 1 thread"},
       {"fetch_unchecked", "fetch, checksums off"},
       {"fetch_threads", fmt::format("fetch, {} threads", doc["threads"].get<unsigned>())},
@@ -526,6 +554,9 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       {"mixed_threads", fmt::format("mixed 90/10, {} threads", doc["threads"].get<unsigned>())},
       {"insert_process", "insert, 1 process"},
       {"insert_processes", fmt::format("insert, {} processes", doc["processes"].get<unsigned>())},
+      {"insert_process_cores", "  CPUs busy, 1 process"},
+      {"insert_processes_cores",
+       fmt::format("  CPUs busy, {} processes", doc["processes"].get<unsigned>())},
       {"durable_1", "durable, 1 writer"},
       {"durable_n", fmt::format("durable, {} writers", doc["durable_writers"].get<unsigned>())},
       {txn_key(txn_sizes[0]), txn_label(txn_sizes[0])},
@@ -555,7 +586,9 @@ void print_table(const json& doc, const std::vector<const engine*>& chosen) {
       } else if (!r.contains(key) || r[key].is_null()) {
         fmt::print(" {:>13}", "n/a");
       } else {
-        if (per_record) {
+        if (key.ends_with("_cores")) {
+          fmt::print(" {:>13.2f}", r[key].get<double>());
+        } else if (per_record) {
           fmt::print(" {:>13.1f}", r[key].get<double>() / r["small_keys"].get<double>());
         } else if (mib) {
           fmt::print(" {:>13.1f}", r[key].get<double>() / 1048576.0);
@@ -667,6 +700,7 @@ int run_kvbench_command(int argc, char** argv) {
            {"txn_value_size", c.txn_value_size},
            {"small_keys", c.small_keys},
            {"small_value_size", c.small_value_size},
+           {"cpus", online_cpus()},
            {"filesystem", fs_name(c.dir)},
            {"sync_filesystem", fs_name(c.sync_dir)},
            {"order", json::array()},
