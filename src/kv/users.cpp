@@ -173,9 +173,10 @@ std::size_t my_idle_cell(std::size_t cells) noexcept {
 result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
   // Refused a moment ago: a reader does not ask again at every call (each asking writes a
   // page of a file made for it, to learn why).
-  if (use == slot_use::reading &&
-      now_ms() < users.slots_refused_until_ms.load(std::memory_order_relaxed)) {
-    return take_slotless();
+  // (The clock is read only once a refusal was seen: a get reads no clock.)
+  if (use == slot_use::reading) {
+    const std::uint64_t until = users.slots_refused_until_ms.load(std::memory_order_relaxed);
+    if (until != 0 && now_ms() < until) return take_slotless();
   }
   // A reader does not wait out a refusal that may be a moment's: it goes on without a slot.
   const bool patient = use == slot_use::writing;
