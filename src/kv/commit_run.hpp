@@ -26,10 +26,8 @@
 // a destructor run (what does lives in a scope that holds the escape back), and what the
 // escape reads after the jump (`taken`, `reserved`) is volatile.
 
-#include <array>
 #include <cstdint>
 #include <map>
-#include <memory_resource>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -82,12 +80,7 @@ struct commit_run {
   const durability d;
   const io::countdown& cd;
 
-  // The run's own lists (its keys, their pages, its records) are taken from room of its own
-  // first: a commit of a few keys allocates none of them (a one-key put made five allocations
-  // here, a tenth of its time). Freed all at once when the run ends.
-  alignas(std::max_align_t) std::array<std::byte, 4096> arena_room;
-  std::pmr::monotonic_buffer_resource arena{arena_room.data(), arena_room.size()};
-  std::pmr::vector<key_plan> keys{&arena};
+  std::vector<key_plan> keys;
   // ---- step 1 ----
   bool only_erases = false;  // it may use the deletes' room
   bool has_blobs = false;
@@ -102,7 +95,7 @@ struct commit_run {
   ledger_hold charged;
   // ---- steps 2 to 4 ----
   lock::entities_guard held;
-  std::pmr::vector<disk::record_in> records{&arena};
+  std::vector<disk::record_in> records;
   std::uint64_t length = 0;  // the block's
   // ---- steps 5 to 10 ----
   bool escapable = false;               // the escape is armed
@@ -140,9 +133,9 @@ struct commit_run {
   // steps 2 to 4
   enum class round : std::uint8_t { done, again };
   [[nodiscard]] result<round> lock_pages() noexcept;
-  [[nodiscard]] result<void> look_up(std::pmr::map<std::uint64_t, std::size_t>& new_keys) noexcept;
+  [[nodiscard]] result<void> look_up(std::map<std::uint64_t, std::size_t>& new_keys) noexcept;
   [[nodiscard]] result<round> grow_pages(
-      const std::pmr::map<std::uint64_t, std::size_t>& new_keys) noexcept;
+      const std::map<std::uint64_t, std::size_t>& new_keys) noexcept;
 };
 
 }  // namespace keel::kv

@@ -16,7 +16,7 @@ result<void> commit_run::lock_and_validate() noexcept {
     auto locked = lock_pages();
     if (!locked) return std::unexpected(locked.error());
     if (*locked == round::again) continue;
-    std::pmr::map<std::uint64_t, std::size_t> new_keys{&arena};  // per page
+    std::map<std::uint64_t, std::size_t> new_keys;  // per page
     if (auto found = look_up(new_keys); !found) return found;
     auto grown = grow_pages(new_keys);
     if (!grown) return std::unexpected(grown.error());
@@ -27,7 +27,7 @@ result<void> commit_run::lock_and_validate() noexcept {
 // The keys' pages locked (a page that moved meanwhile, or one of a split its splitter died
 // in: again).
 result<commit_run::round> commit_run::lock_pages() noexcept {
-  std::pmr::vector<lock::entity> want{&arena};
+  std::vector<lock::entity> want;
   try {
     want.reserve(keys.size());
   } catch (const std::bad_alloc&) {
@@ -66,7 +66,7 @@ result<commit_run::round> commit_run::lock_pages() noexcept {
 
 // Each key's entry and previous version; a key committed past the snapshot is a conflict.
 // Counts the new keys each page must take.
-result<void> commit_run::look_up(std::pmr::map<std::uint64_t, std::size_t>& new_keys) noexcept {
+result<void> commit_run::look_up(std::map<std::uint64_t, std::size_t>& new_keys) noexcept {
   for (key_plan& k : keys) {
     k.entry.reset();
     k.prev = k.prev_seq = k.prev_size = 0;
@@ -118,7 +118,7 @@ result<void> commit_run::look_up(std::pmr::map<std::uint64_t, std::size_t>& new_
 // transaction's cost grow with its square: 65 536 new keys took about a thousand rounds,
 // 2 000 puts/s against 670 000 in transactions of 16). Done when none must.
 result<commit_run::round> commit_run::grow_pages(
-    const std::pmr::map<std::uint64_t, std::size_t>& new_keys) noexcept {
+    const std::map<std::uint64_t, std::size_t>& new_keys) noexcept {
   struct growth {
     std::uint64_t page = 0;
     std::size_t wanted = 0;              // its new keys
