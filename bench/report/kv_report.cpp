@@ -45,7 +45,8 @@ double keys_of(const json& doc, const std::string& id, const std::string& keys =
 
 // Whether the run had the small-value rows (a kvbench from before them had not).
 bool has_small(const json& doc) {
-  return doc.contains("small_keys") && doc["small_keys"].get<std::size_t>() > 0;
+  return doc.contains("small_keys") && doc.contains("small_value_size") &&
+         doc["small_keys"].get<std::size_t>() > 0;
 }
 
 // The puts per transaction of the load rows: `size`, or all the keys they load when fewer.
@@ -136,10 +137,11 @@ std::string table_html(const json& doc) {
       const double v = value_of(doc, id.get<std::string>(), r.key);
       const double keys = keys_of(doc, id.get<std::string>(), r.keys);
       const bool all = keys == doc[r.keys].get<double>();
-      body += e.contains("error") ? "<td>failed</td>"
-              : !std::isfinite(v) ? "<td>n/a</td>"
-              : r.per_second      ? fmt::format("<td>{:.0f}/s</td>", v)
-              : r.cpus            ? fmt::format("<td>{:.2f}</td>", v)
+      body += e.contains("error")               ? "<td>failed</td>"
+              : !std::isfinite(v)               ? "<td>n/a</td>"
+              : r.per_second                    ? fmt::format("<td>{:.0f}/s</td>", v)
+              : r.cpus                          ? fmt::format("<td>{:.2f}</td>", v)
+              : r.keys != "keys" && !(keys > 0) ? fmt::format("<td>n/a ({:.0f} records)</td>", keys)
               : r.keys != "keys"
                   ? (all ? fmt::format("<td>{:.1f}</td>", v / keys)
                          : fmt::format("<td>{:.1f} ({:.0f} records)</td>", v / keys, keys))
@@ -276,8 +278,12 @@ figure plot(const std::string& out, const json& doc) {
       seed_inserts, seed_fetches);
   plot_clustered_bars(
       out, "kv", dat, titles, doc["order"].size(),
-      fmt::format("keel::kv beside its peers ({} keys, {} B values)",
-                  doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>()),
+      fmt::format("keel::kv beside its peers ({} keys, {} B values{})",
+                  doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>(),
+                  has_small(doc) ? fmt::format("; small values: {} keys of {} B",
+                                               doc["small_keys"].get<std::size_t>(),
+                                               doc["small_value_size"].get<std::size_t>())
+                                 : std::string()),
       "operations/s (log scale)", 460, style, absent);
   std::string names;
   for (const auto& id : doc["order"])

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -175,6 +177,41 @@ TEST_F(KeelReport, EachPanelOfTheKvPlotHoldsItsOwnRows) {
   EXPECT_EQ(labels(panels[2]),
             (std::vector<std::string>{"durable commits, 1 writer", "durable commits, 8 writers"}));
   EXPECT_EQ(labels(panels[3]), (std::vector<std::string>{"insert", "fetch"}));
+}
+
+// The kv section alone, rendered from the fixture's kvbench figures as `edit` leaves them.
+template <class Edit>
+std::string kv_section_of(Edit&& edit) {
+  keel::test::temp_dir dir;
+  auto doc = nlohmann::json::parse(keel::test::slurp(inputs + "kvbench.json"));
+  edit(doc);
+  const std::string kvbench = dir.file("kvbench.json");
+  std::ofstream(kvbench) << doc.dump();
+  std::string targets = KEEL_SOURCE_DIR;
+  targets.append("/bench/targets.json");
+  const auto r = run_program(KEEL_REPORT_BINARY,
+                             {"--out", dir.path().string(), "--targets", targets, "--kvbench",
+                              kvbench, inputs + "io.json"},
+                             dir.path().string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  const std::string html = keel::test::slurp(dir.file("index.html"));
+  const auto at = html.find("<h2>keel::kv");
+  return at == std::string::npos ? std::string() : html.substr(at);
+}
+
+TEST(KeelReportKv, AnEngineWithNoSmallValuesHasNoFigurePerRecord) {
+  const std::string kv =
+      kv_section_of([](nlohmann::json& doc) { doc["engines"]["tkrzw"]["small_keys"] = 0; });
+  const std::string row = between(
+      kv, "<td>on disk once closed, bytes per record, 10000000 keys of 100 B values</td>", "</tr>");
+  EXPECT_NE(row.find("<td>n/a (0 records)</td>"), std::string::npos) << row;
+  EXPECT_EQ(row.find("inf"), std::string::npos) << row;
+}
+
+TEST(KeelReportKv, ARunWithoutTheSmallValuesSizeHasNoSmallValueRows) {
+  const std::string kv = kv_section_of([](nlohmann::json& doc) { doc.erase("small_value_size"); });
+  ASSERT_FALSE(kv.empty());
+  EXPECT_EQ(kv.find("bytes per record"), std::string::npos);
 }
 
 }  // namespace
