@@ -167,6 +167,12 @@ std::string table_html(const json& doc) {
           "their fetches and sizes are of those",
           e["small_keys"].dump(), doc["small_keys"].dump(), doc["fill_seconds"].dump());
     }
+    if (has_small(doc) && e.contains("small_fetched") && e.contains("small_keys") &&
+        e["small_fetched"] != e["small_keys"]) {
+      remark += fmt::format(
+          " — fetched {} of its small values' keys, a random sample, in the {} s a row may take",
+          e["small_fetched"].dump(), doc["fill_seconds"].dump());
+    }
     if (e.contains("txn_failed")) {
       for (const auto& [row, why] : e["txn_failed"].items())
         remark += fmt::format(" — {} failed: {}", row, html_escape(why.get<std::string>()));

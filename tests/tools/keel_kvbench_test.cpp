@@ -61,6 +61,7 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
       EXPECT_GT(e[what].get<double>(), 0.0) << id << " " << what;
     // The small values' own store: as many keys as asked, each taking at least its bytes.
     EXPECT_EQ(e["small_keys"].get<std::size_t>(), 1500u) << id;
+    EXPECT_EQ(e["small_fetched"].get<std::size_t>(), 1500u) << id;
     EXPECT_GE(e["small_disk_bytes"].get<double>(), 1500.0 * (16 + 100)) << id;
   }
   for (const char* who : {"keel", "lmdb", "sqlite", "tdb"}) {

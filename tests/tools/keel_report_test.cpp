@@ -208,6 +208,13 @@ TEST(KeelReportKv, AnEngineWithNoSmallValuesHasNoFigurePerRecord) {
   EXPECT_EQ(row.find("inf"), std::string::npos) << row;
 }
 
+TEST(KeelReportKv, AFetchCutShortByTheLimitSaysItFetchedASample) {
+  const std::string kv =
+      kv_section_of([](nlohmann::json& doc) { doc["engines"]["keel"]["small_fetched"] = 4000000; });
+  EXPECT_NE(kv.find("fetched 4000000 of its small values' keys, a random sample"),
+            std::string::npos);
+}
+
 TEST(KeelReportKv, ARunWithoutTheSmallValuesSizeHasNoSmallValueRows) {
   const std::string kv = kv_section_of([](nlohmann::json& doc) { doc.erase("small_value_size"); });
   ASSERT_FALSE(kv.empty());
