@@ -182,7 +182,7 @@ std::string table_html(const json& doc) {
   }
   return fmt::format(
       "<p>{} keys of 16 bytes, {} B values; stores on {}, the durable rows' on {}; timed rows "
-      "ran {} s each. n/a: the engine does not offer it (tkrzw, RocksDB and LevelDB allow one "
+      "ran {} s each{}. n/a: the engine does not offer it (tkrzw, RocksDB and LevelDB allow one "
       "process at a time; TDB no threads, so its durable writers are processes). Sizes are "
       "those of the records the insert row put, as they are ({:.1f} MiB of keys and values: "
       "the floor), not scaled; a store with few records shows what it allocates up front. "
@@ -190,6 +190,10 @@ std::string table_html(const json& doc) {
       "<table>{}{}</table>\n<ul>{}</ul>\n",
       doc["keys"].get<std::size_t>(), doc["value_size"].get<std::size_t>(),
       html_escape(doc["filesystem"]), html_escape(doc["sync_filesystem"]), doc["seconds"].dump(),
+      doc["engines"].contains("keel") && doc["engines"]["keel"].contains("durable_keys")
+          ? ", the durable ones on a store loaded with the run's keys first (each put then "
+            "changes a key's value)"
+          : "",
       keys_of(doc, "keel") * static_cast<double>(16 + doc["value_size"].get<std::size_t>()) /
           1048576.0,
       doc.contains("txn_keys")

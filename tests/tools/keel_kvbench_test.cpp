@@ -62,6 +62,8 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
     // The small values' own store: as many keys as asked, each taking at least its bytes.
     EXPECT_EQ(e["small_keys"].get<std::size_t>(), 1500u) << id;
     EXPECT_EQ(e["small_fetched"].get<std::size_t>(), 1500u) << id;
+    // The durable rows' stores held the workload's keys before their timed commits.
+    EXPECT_EQ(e["durable_keys"].get<std::size_t>(), 2000u) << id;
     EXPECT_GE(e["small_disk_bytes"].get<double>(), 1500.0 * (16 + 100)) << id;
   }
   for (const char* who : {"keel", "lmdb", "sqlite", "tdb"}) {

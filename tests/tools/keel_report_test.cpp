@@ -215,6 +215,16 @@ TEST(KeelReportKv, AFetchCutShortByTheLimitSaysItFetchedASample) {
             std::string::npos);
 }
 
+TEST(KeelReportKv, DurableRowsSayTheirStoresHeldTheKeys) {
+  const std::string kv =
+      kv_section_of([](nlohmann::json& doc) { doc["engines"]["keel"]["durable_keys"] = 20000; });
+  EXPECT_NE(kv.find("the durable ones on a store loaded with the run's keys first"),
+            std::string::npos);
+  // (A kvbench from before the preload says nothing of it.)
+  EXPECT_EQ(kv_section_of([](nlohmann::json&) {}).find("loaded with the run's keys"),
+            std::string::npos);
+}
+
 TEST(KeelReportKv, ARunWithoutTheSmallValuesSizeHasNoSmallValueRows) {
   const std::string kv = kv_section_of([](nlohmann::json& doc) { doc.erase("small_value_size"); });
   ASSERT_FALSE(kv.empty());
