@@ -142,6 +142,19 @@ double cpu_seconds() {
   return s(ru.ru_utime) + s(ru.ru_stime);
 }
 
+// The peak RSS counted from now on (clear_refs 5 resets it): what this process holds now,
+// its baseline.
+std::uint64_t rss_baseline() {
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  return status_bytes("VmRSS");
+}
+
+// The peak RSS's growth over `baseline` as out[key] (left out when there is none).
+void put_rss_growth(json& out, const char* key, std::uint64_t baseline) {
+  const std::uint64_t hwm = status_bytes("VmHWM");
+  if (hwm > baseline) out[key] = hwm - baseline;
+}
+
 // The CPUs this process may run on.
 unsigned online_cpus() {
   cpu_set_t set;
@@ -221,19 +234,12 @@ class engine_run {
   json run() {
     json out{{"name", e_.name}, {"setup", e_.setup}};
     // The peak RSS counted from here: what the workload's own arrays take is the baseline.
-    { std::ofstream("/proc/self/clear_refs") << "5"; }
-    const std::uint64_t rss_before = status_bytes("VmRSS");
+    const std::uint64_t rss_before = rss_baseline();
     const std::string one = c_.dir + "/" + e_.id + "-one";
     {
       auto h = open_store(one, false);
       const double cpu_start = cpu_seconds();
-      auto start = clock_type::now();
-      std::size_t n = 0;
-      for (; n < w_.keys.size(); ++n) {
-        if ((n & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
-        check(h->put(w_.keys[n], w_.value), *h, "insert");
-      }
-      const auto took = clock_type::now() - start;
+      const auto [n, took] = insert_all(*h, w_);
       out["insert"] = row("insert, 1 thread", per_second(n, took));
       // The CPUs the engine kept busy meanwhile (its own threads too), in CPUs.
       out["insert_cores"] =
@@ -246,16 +252,11 @@ class engine_run {
       for (const std::size_t i : w_.fetch_order) {
         if (i < n) fetch_order_.push_back(i);
       }
-      std::string v;
-      start = clock_type::now();
-      for (const std::size_t i : fetch_order_) {
-        check(h->get(w_.keys[i], v), *h, "fetch");
-        if (v.size() != w_.value.size()) throw std::runtime_error("fetch: a value came back short");
-      }
+      const auto start = clock_type::now();
+      fetch_each(*h, w_, fetch_order_, n, clock_type::duration::max());
       out["fetch"] = row("fetch, 1 thread", per_second(n, clock_type::now() - start));
       out["fetch_threads"] = fetch_in_threads(*h, one);
-      const std::uint64_t hwm = status_bytes("VmHWM");
-      if (hwm > rss_before) out["rss_bytes"] = hwm - rss_before;
+      put_rss_growth(out, "rss_bytes", rss_before);
     }
     // Closed: whatever it buffers is in its files now. The records the insert row put, as
     // they are: not scaled, so that every engine is compared on what it allocates for them.
@@ -280,6 +281,35 @@ class engine_run {
   }
 
  private:
+  // Puts w's keys, in order, until every one is in or the fill limit has passed: how many,
+  // and how long that took.
+  std::pair<std::size_t, clock_type::duration> insert_all(kv_handle& h, const workload& w) const {
+    const auto start = clock_type::now();
+    std::size_t n = 0;
+    for (; n < w.keys.size(); ++n) {
+      if ((n & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
+      check(h.put(w.keys[n], w.value), h, "insert");
+    }
+    return {n, clock_type::now() - start};
+  }
+
+  // Gets the keys of w that `order` names below `n`, in that order, each checked to come back
+  // whole, until `limit` has passed (looked at every 1 024 gets): how many.
+  std::size_t fetch_each(kv_handle& h, const workload& w, std::span<const std::size_t> order,
+                         std::size_t n, clock_type::duration limit) const {
+    std::string v;
+    std::size_t fetched = 0;
+    const auto start = clock_type::now();
+    for (const std::size_t i : order) {
+      if (i >= n) continue;
+      if ((fetched & 1023) == 1023 && clock_type::now() - start > limit) break;
+      check(h.get(w.keys[i], v), h, "fetch");
+      if (v.size() != w.value.size()) throw std::runtime_error("fetch: a value came back short");
+      ++fetched;
+    }
+    return fetched;
+  }
+
   [[nodiscard]] clock_type::duration fill_limit() const {
     return std::chrono::duration_cast<clock_type::duration>(
         std::chrono::duration<double>(c_.fill_seconds));
@@ -329,12 +359,8 @@ class engine_run {
     std::string why;
     auto h = e_.open({dir, false, w_.keys.size(), w_.value.size(), false}, why);
     if (!h) throw std::runtime_error(fmt::format("open {}: {}", dir, why));
-    std::string v;
     const auto fetch_all = [&] {
-      for (const std::size_t i : fetch_order_) {
-        check(h->get(w_.keys[i], v), *h, "fetch");
-        if (v.size() != w_.value.size()) throw std::runtime_error("fetch: a value came back short");
-      }
+      fetch_each(*h, w_, fetch_order_, w_.keys.size(), clock_type::duration::max());
     };
     // Once untimed: the reopened store maps its segments afresh, and the first touch of each
     // page is a fault the checked row (on the store that wrote them) did not take.
@@ -536,19 +562,13 @@ class engine_run {
   void small_values(json& out) const {
     const std::string what = fmt::format("{} B values", sw_.value.size());
     const std::string dir = c_.dir + "/" + e_.id + "-small";
-    { std::ofstream("/proc/self/clear_refs") << "5"; }  // the peak RSS counted from here
-    const std::uint64_t rss_before = status_bytes("VmRSS");
+    const std::uint64_t rss_before = rss_baseline();  // the peak RSS counted from here
     {
       std::string why;
       auto h = e_.open({dir, false, sw_.keys.size(), sw_.value.size()}, why);
       if (!h) throw std::runtime_error(fmt::format("open {}: {}", dir, why));
-      auto start = clock_type::now();
-      std::size_t n = 0;
-      for (; n < sw_.keys.size(); ++n) {
-        if ((n & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
-        check(h->put(sw_.keys[n], sw_.value), *h, "insert");
-      }
-      out["small_insert"] = row("insert, " + what, per_second(n, clock_type::now() - start));
+      const auto [n, took] = insert_all(*h, sw_);
+      out["small_insert"] = row("insert, " + what, per_second(n, took));
       out["small_keys"] = n;
       if (n < sw_.keys.size()) {
         fmt::print(stderr,
@@ -557,25 +577,15 @@ class engine_run {
       }
       // In random order, so a fetch cut short by the fill limit (an engine whose gets of
       // 10 M keys would take minutes) has fetched a random sample.
-      std::string v;
-      std::size_t fetched = 0;
-      start = clock_type::now();
-      for (const std::size_t i : sw_.fetch_order) {
-        if (i >= n) continue;
-        if ((fetched & 1023) == 1023 && clock_type::now() - start > fill_limit()) break;
-        check(h->get(sw_.keys[i], v), *h, "fetch");
-        if (v.size() != sw_.value.size())
-          throw std::runtime_error("fetch: a value came back short");
-        ++fetched;
-      }
+      const auto start = clock_type::now();
+      const std::size_t fetched = fetch_each(*h, sw_, sw_.fetch_order, n, fill_limit());
       out["small_fetch"] = row("fetch, " + what, per_second(fetched, clock_type::now() - start));
       out["small_fetched"] = fetched;
       if (fetched < n) {
         fmt::print(stderr, "keel-bench kvbench: {}: fetched {} of its {} small keys in {} s\n",
                    e_.name, fetched, n, c_.fill_seconds);
       }
-      const std::uint64_t hwm = status_bytes("VmHWM");
-      if (hwm > rss_before) out["small_rss_bytes"] = hwm - rss_before;
+      put_rss_growth(out, "small_rss_bytes", rss_before);
     }
     out["small_disk_bytes"] = allocated_bytes(dir);
     remove_store(dir);
