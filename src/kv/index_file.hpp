@@ -167,9 +167,9 @@ static_assert(header::visible_gates + 4 * header::visible_gate_count <= header::
 static_assert(header::dirty_segments + dirty_words * 8 <= header::checksum);
 constexpr std::size_t first_free_page = 128;
 //! A new (or rebuilt) index file's pages (the most: a store whose segments grow starts with
-//! initial_index_pages_growing, as small as its first buckets allow).
+//! initial_index_pages_growing, its first directory page and buckets and no more).
 constexpr std::size_t initial_index_pages = first_free_page + 256;
-constexpr std::size_t initial_index_pages_growing = first_free_page + 96;
+constexpr std::size_t initial_index_pages_growing = first_free_page + 1 + 64;
 //! Keys a log segment of `size` holds as single puts, each record of `mean` bytes in a block
 //! of its own (at least the smallest record: a header and an 8-byte key).
 [[nodiscard]] std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept;

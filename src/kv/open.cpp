@@ -336,9 +336,17 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   // takes only those, and with three a tail's segment full of dead versions was never
   // taken (every put after was refused, test
   // `KvBudget.AStoreOfFixedSegmentsAtItsLeastBudgetComesBackFromFull`). Growing segments
-  // need none: near the budget a put makes a smaller one.
-  const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t index_pages,
-                                    bool fixed) {
+  // need none: near the budget a put makes a smaller one, and they grow to no more than a
+  // 256th of the budget (store::impl::room_scale).
+  const auto budget_too_small = [&](std::uint64_t segment_size, std::uint64_t first_size,
+                                    std::uint64_t index_pages) {
+    const bool fixed = first_size == 0;
+    if (!fixed && o.max_bytes != 0) {
+      std::uint64_t most = first_size;
+      while (most < segment_size && most * 2 <= o.max_bytes / 256)
+        most *= 2;
+      segment_size = most;
+    }
     constexpr std::uint64_t half_page = index::entries_per_page / 2;
     const std::uint64_t pages = index_pages +
                                 (keys_in_segment(segment_size, 1024) + half_page - 1) / half_page +
@@ -357,7 +365,10 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     // None yet: judged as the store it would make, then made.
     auto size = new_store_segment_size(path, d);
     if (!size) return std::unexpected(size.error());
-    if (budget_too_small(*size, initial_index_pages, o.segment_size != 0)) return invalid();
+    if (budget_too_small(*size, o.segment_size != 0 ? 0 : disk::min_first_segment_size,
+                         initial_index_pages)) {
+      return invalid();
+    }
     d.create_if_missing = true;
     sd = open_store_dir(path, d);
   }
@@ -372,8 +383,8 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     (void)fs.disable_copy_on_write(sd->dir);
     (void)fs.disable_copy_on_write(sd->segments);
   }
-  if (budget_too_small(sd->params.segment_size, initial_index_pages,
-                       sd->params.first_segment_size == 0)) {
+  if (budget_too_small(sd->params.segment_size, sd->params.first_segment_size,
+                       initial_index_pages)) {
     return invalid();
   }
   auto p = std::make_unique<impl>();
@@ -382,9 +393,11 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
   p->fs = o.fs != nullptr ? o.fs : &io::os();
   p->dir = std::move(*sd);
   p->salt = p->dir.params.salt;
-  if (auto fsi = p->fs->statfs(p->dir.segments); fsi && fsi->type == io::fs_type::btrfs) {
-    p->writes_refusable.store(true);
+  if (auto fsi = p->fs->statfs(p->dir.segments)) {
+    if (fsi->type == io::fs_type::btrfs) p->writes_refusable.store(true);
+    p->room_scale = fsi->total_bytes;
   }
+  if (o.max_bytes != 0) p->room_scale = std::min(p->room_scale, o.max_bytes);
   const call_scope call(*p);
   // A reader that may not write the lock or the index (a read-only filesystem, files it may
   // only read, a volume full or at its quota: btrfs refuses even a rewrite in place under a
@@ -421,8 +434,8 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
       return std::unexpected(r.error().about(path + "/index"));
     }
   }
-  if (budget_too_small(p->dir.params.segment_size, p->h64(header::pages_allocated).load(),
-                       p->dir.params.first_segment_size == 0)) {
+  if (budget_too_small(p->dir.params.segment_size, p->dir.params.first_segment_size,
+                       p->h64(header::pages_allocated).load())) {
     return invalid();  // an index grown since
   }
   p->serving = true;

@@ -28,12 +28,15 @@ result<std::uint64_t> store::impl::allocate(std::size_t count) noexcept {
     const std::uint64_t left = budget_left(room_for::put) / disk::page_size;
     if (need - have > left) return keel_error(errc::budget_reached);
     grow = std::min(grow, have + left);
-    // Ahead of need only while the volume has room to spare: near full, pages allocated
-    // ahead would hold room the log needs.
+    // Ahead of need only while the volume has room to spare, and at most a 256th of it: near
+    // full, pages allocated ahead would hold room the log needs (on a 64 MiB volume, 66 pages
+    // ahead were 0.4 % of it when it filled).
     if (grow > need) {
       auto free = fs->statfs(dir.segments);
       const std::uint64_t ahead = (grow - need) * disk::page_size;
-      if (free && free->available_bytes < 16 * ahead + 4 * dir.params.segment_size) grow = need;
+      if (free && free->available_bytes < 16 * ahead + 4 * dir.params.segment_size) {
+        grow = std::max(need, std::min(grow, need + free->available_bytes / 256 / disk::page_size));
+      }
     }
     // Puts leave a segment of the volume for deletes (room_for), and so do the pages their
     // keys need. Not while opening: a rebuild must fit in what the store had.

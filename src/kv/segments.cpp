@@ -176,10 +176,12 @@ std::uint64_t store::impl::next_segment_size(std::uint64_t at_least) const noexc
   if (size == 0) return most;
   // A sixteenth of what the log holds, live and dead (the counters: asked at every commit):
   // what the rooms and the tail's unwritten rest hold back stays a small part of a store of
-  // any size, and a large store has few segments.
+  // any size, and a large store has few segments. And past the first size, a 256th of what
+  // the store could ever take (room_scale), so that on a small volume the spare stays a
+  // small part of it when full.
   const std::uint64_t log = h64(header::live_bytes).load(std::memory_order_relaxed) +
                             h64(header::dead_bytes).load(std::memory_order_relaxed);
-  while (size < most && size * 2 <= log / 16)
+  while (size < most && size * 2 <= log / 16 && size * 2 <= room_scale / 256)
     size *= 2;
   return std::max(size, least_segment_size(at_least));
 }

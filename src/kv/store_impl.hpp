@@ -517,8 +517,9 @@ struct store::impl final : index::page_source {
   [[nodiscard]] bool log_segment_size(std::uint64_t size) const noexcept;
   //! How long a log segment (or a room) made now is: the segment size, or in a store whose
   //! segments grow, the largest power of two from its first segment size up to the segment
-  //! size that is at most a sixteenth of what the log holds (live and dead bytes); and at
-  //! least `at_least`, rounded up to a power of two (at most the segment size).
+  //! size that is at most a sixteenth of what the log holds (live and dead bytes) and, past
+  //! the first segment size, at most a 256th of room_scale; and at least `at_least`, rounded
+  //! up to a power of two (at most the segment size).
   [[nodiscard]] std::uint64_t next_segment_size(std::uint64_t at_least = 0) const noexcept;
   //! The size of the log segment `location` is in, by the segment table (the least a log
   //! segment may be when the table does not hold it).
@@ -814,6 +815,13 @@ struct store::impl final : index::page_source {
   //! escape a refusal that outlasts their deadline (stored_escapably: a page the kernel wrote
   //! back in between faults again). Set by open (a btrfs volume); never on elsewhere.
   std::atomic<bool> writes_refusable{false};
+  //! The most the store could ever take, as open found it: the volume's size, or the budget
+  //! (options::max_bytes) if smaller; UINT64_MAX when statfs could not tell. Set by open,
+  //! read only after. A log segment grows past the first segment size to at most a 256th of
+  //! it (next_segment_size): the spare, as large as the largest segment, then holds back at
+  //! most that much of a full volume (on a 64 MiB tmpfs it was 1 MiB, a sixty-fourth, with
+  //! segments of a sixteenth of the log).
+  std::uint64_t room_scale = UINT64_MAX;
   //! The kernel has no MADV_POPULATE_WRITE (before 5.14): write_ready touches the pages
   //! itself (touch_writable).
   std::atomic<bool> no_populate_write{false};
