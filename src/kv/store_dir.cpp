@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "keel/io/fs_info.hpp"
+#include "kv/index_file.hpp"
 
 namespace keel::kv {
 namespace {
@@ -48,10 +49,15 @@ result<disk::store_params> read_store_file(const io::file_handle& f) noexcept {
 // another creator was first (its store is the one to open).
 // The segment size a new store in `dir` gets when its options leave it to the store: a
 // 1024th of the volume, a power of two from 1 MiB to 64 MiB. The room kept for deletes and
-// compaction (two segments) is then 0.2 % of a volume of 1 GiB or more.
+// compaction (two segments) is then 0.2 % of a volume of 1 GiB or more. And large enough
+// that half the segment table holds the whole volume, up to 1 GiB: at 64 MiB the table's
+// 8064 segments held 504 GiB, and a store on a 1 TiB volume would have failed with
+// file_too_large half full.
 std::uint64_t segment_size_of_volume(std::uint64_t total_bytes) noexcept {
   std::uint64_t size = disk::min_segment_size;
   while (size < disk::default_segment_size && size * 2 <= total_bytes / 1024)
+    size *= 2;
+  while (size < disk::max_segment_size && size * (segtab_entries / 2) < total_bytes)
     size *= 2;
   return size;
 }

@@ -20,6 +20,7 @@
 
 #include "keel/kv/store.hpp"
 #include "kv/format.hpp"
+#include "kv/index_file.hpp"
 #include "kv/kv_support.hpp"
 #include "kv/small_volume.hpp"
 #include "support/process.hpp"
@@ -85,6 +86,50 @@ TEST(KvGrowth, ANewStoreWithOneKeyTakesAtMostTwoMiBOnALargeVolume) {
     auto v = (*again)->get("k");
     return v && *v == "v" ? 0 : 7;
   });
+}
+
+// Issue 42 asks for stores that fill volumes up to 1 TiB. The segment table holds 8064
+// segments, and a store made on a volume of 1 TiB or more chose 64 MiB segments: 504 GiB,
+// and then every put that needed a segment failed with file_too_large. The segment size
+// chosen now lets half the table hold the volume (tmpfs may be mounted larger than memory:
+// nothing is written beyond a small store).
+TEST(KvGrowth, TheSegmentsChosenForAVolumeOfTerabytesLetHalfTheSegmentTableHoldIt) {
+  for (const std::uint64_t tib : {1, 2, 3}) {
+    SCOPED_TRACE(tib);
+    on_small_volume(tib << 20, [tib](const std::string& path) {
+      {
+        auto s = store::open(path);
+        if (!s || !(*s)->put("k", "v")) return 1;
+      }
+      const std::string file = test::slurp(path + "/keel-kv");
+      auto params = disk::parse_store_file(std::as_bytes(std::span(file.data(), file.size())));
+      if (!params) return 2;
+      std::fprintf(stderr, "%llu TiB: segments up to %llu MiB\n",
+                   static_cast<unsigned long long>(tib),
+                   static_cast<unsigned long long>(params->segment_size >> 20));
+      if (params->segment_size * (segtab_entries / 2) < (tib << 40)) return 3;
+      // No larger than that needs: the spare grows as large, and a sixteenth of the log too.
+      if (params->segment_size / 2 * (segtab_entries / 2) >= (tib << 40)) return 4;
+      if (allocated_under(path) > 2 * mib) return 5;
+      // A small budget on such a volume still opens, and its segments stay within it (past
+      // the first size they grow to a 256th of the budget): a budget is judged by the
+      // segments it will get.
+      options o;
+      o.max_bytes = 16 * mib;
+      auto budgeted = store::open(path + "/budgeted", o);
+      if (!budgeted) {
+        std::fprintf(stderr, "a 16 MiB budget: %s\n", budgeted.error().message().c_str());
+        return 6;
+      }
+      for (int i = 0; i < 2000; ++i) {
+        if (!(*budgeted)->put(key_of(i), std::string(1000, 'v'))) return 7;
+      }
+      for (const auto& [number, size] : segment_sizes(path + "/budgeted")) {
+        if (size > disk::min_first_segment_size) return 8;
+      }
+      return 0;
+    });
+  }
 }
 
 TEST(KvGrowth, SegmentsAndRoomsGrowWithTheLogAndHoldEverythingThroughRebuildAndCompaction) {
