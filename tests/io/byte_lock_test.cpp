@@ -268,7 +268,12 @@ TEST(ByteLock, GuardMoveAndRelease) {
   EXPECT_TRUE(try_lock_extent(other, 0, 1, lock_kind::exclusive));
 }
 
-// Timed waits in several threads at once: each thread's timer wakes that thread only.
+// Timed waits in several threads at once: each thread's timer wakes that thread only. None
+// gives up before its own deadline (another's timer did not end its wait), and none waits on
+// for good (its own timer was not lost). How soon after its deadline a thread runs again is
+// the scheduler's: "within 50 ms" failed under a loaded clean-clone run (5 of 6 on time).
+constexpr double a_lost_timer_ms = 10'000;
+
 TEST(ByteLock, ConcurrentTimedWaitsInThreads) {
   temp_dir dir;
   holder h(dir.file("lock"), 0, 1, lock_kind::exclusive);
@@ -282,7 +287,8 @@ TEST(ByteLock, ConcurrentTimedWaitsInThreads) {
       auto r = lock_extent(f, 0, 1, lock_kind::shared, wait);
       const double took = ms_since(t0);
       const double want = std::chrono::duration<double, std::milli>(wait).count();
-      if (!r && r.error() == std::errc::timed_out && took >= want && took < want + 50.0) {
+      if (!r && r.error() == std::errc::timed_out && took >= want &&
+          took < want + a_lost_timer_ms) {
         ++on_time;
       }
     });
@@ -311,7 +317,7 @@ int app_owned_signal_body(const char* path) {
   auto r = lock_extent(f, 0, 1, lock_kind::exclusive, 100ms);
   const double took = ms_since(t0);
   if (r || r.error() != std::errc::timed_out) return 21;
-  if (took < 100.0 || took > 150.0) return 22;
+  if (took < 100.0 || took > 100.0 + a_lost_timer_ms) return 22;
   struct sigaction now {};
   ::sigaction(SIGRTMAX - 1, nullptr, &now);
   if ((now.sa_flags & SA_RESTART) == 0) return 23;  // left as the application set it
