@@ -75,12 +75,8 @@ result<std::string> store::get(std::string_view key) noexcept {
 namespace {
 
 // How many compactions one put runs on a full store before it gives up (each frees at least
-// a segment, and when none can, the put fails at once). Not 4: with 64 KiB segments, records
-// of about 1 KiB leave each segment's end unused, and compaction short of room takes such
-// segments a little at a time; a put gave up after 4, and one after it, going on from there,
-// went in (18 of 20 puts retried after no_space on a 12 MiB tmpfs). (Erases go on while
-// compactions make room: erase_with_room.)
-constexpr int max_compactions_per_call = 64;
+// a segment). (Erases go on while compactions make room: erase_with_room.)
+constexpr int max_compactions_per_call = 4;
 
 }  // namespace
 
