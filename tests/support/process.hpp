@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,6 +120,21 @@ inline int wait_exit(pid_t pid) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return -1;
+}
+
+//! Kills `pid`, which need not be our child (a grandchild, say), and returns once it has
+//! exited, so that the files it held, and the locks on them, are closed. kill(2) returns
+//! before that happens; a pidfd is readable once it has.
+inline void kill_and_await_exit(pid_t pid) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0 && errno == ESRCH) return;
+  if (fd < 0) std::abort();  // Linux >= 5.3: every kernel keel supports has pidfd_open
+  ::kill(pid, SIGKILL);
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, -1) < 0) {
+    if (errno != EINTR) std::abort();
+  }
+  ::close(fd);
 }
 
 }  // namespace keel::test

@@ -194,7 +194,7 @@ class KeelLockFile : public ::testing::Test {
   }
   // Ends the holder and its command (flock(1)'s runs as its child, holding the lock too).
   void end(pid_t pid) {
-    if (commands_[pid] > 0) ::kill(commands_[pid], SIGKILL);
+    if (commands_[pid] > 0) keel::test::kill_and_await_exit(commands_[pid]);
     ::kill(pid, SIGKILL);
     (void)keel::test::wait_exit(pid);
   }
