@@ -54,21 +54,21 @@ result<void> compaction_run::choose_candidates() {
   // to be written. Above it, a blob's segment of its own (never a log segment's size), numbered
   // before step 1, so by a transaction open then (waited for) or one that has ended: an
   // overwritten or interrupted large value dies there, and was never reclaimed while the
-  // tail stayed below it. Never the highest segment the manifest lists: a rebuild numbers
-  // new segments after it, and a removed number used again would give an old commit's
-  // dead blob location a stranger's bytes (its commit then reads as torn). The manifest is
-  // read after the listing: what it lists then is named in seg/, and its highest only
-  // grows.
+  // tail stayed below it. The highest the manifest lists too (a large value erased last
+  // once stayed whole, "removed 0 segments"): the manifest's change that takes it off says
+  // its number was handed out (numbered below), and a rebuild numbers new segments from
+  // there, never with a removed number (an old commit's dead blob location would point into
+  // a stranger's bytes, and its commit read as torn). The manifest is read after the
+  // listing: what it lists then is named in seg/.
   auto listed = s.listed_segments();
   if (!listed) return std::unexpected(listed.error());
   std::set<std::uint64_t> in_manifest;
   for (const disk::manifest_entry& e : *listed)
     in_manifest.insert(e.number);
-  const std::uint64_t highest_listed = in_manifest.empty() ? 0 : *in_manifest.rbegin();
   for (const std::uint64_t n : numbers) {
     if (n < active) {
       candidates.insert(n);
-    } else if (n > active && n < numbered_before && n < highest_listed && in_manifest.contains(n) &&
+    } else if (n > active && n < numbered_before && in_manifest.contains(n) &&
                s.segtab(n, 0).load() == n && !s.log_segment_size(s.segtab(n, 1).load())) {
       candidates.insert(n);
     }

@@ -184,7 +184,8 @@ result<segment_params> parse_segment_header(std::span<const std::byte> bytes,
 
 namespace {
 constexpr std::size_t manifest_id_at = 24, manifest_generation_at = 40, manifest_count_at = 48,
-                      manifest_durable_at = 56, manifest_header = 64;
+                      manifest_durable_at = 56, manifest_numbered_at = 64, manifest_header = 72,
+                      manifest_header_v2 = 64;
 }  // namespace
 
 std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id, const manifest& m,
@@ -198,6 +199,7 @@ std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id, c
   store(s, manifest_generation_at, m.generation);
   store(s, manifest_count_at, static_cast<std::uint64_t>(m.entries.size()));
   store(s, manifest_durable_at, m.durable_below);
+  store(s, manifest_numbered_at, m.numbered_below);
   for (std::size_t i = 0; i < m.entries.size(); ++i)
     store(s, manifest_header + i * sizeof(manifest_entry), m.entries[i]);
   const std::size_t end = out.size() - 8;
@@ -209,16 +211,19 @@ result<manifest> parse_manifest(std::span<const std::byte> bytes,
                                 const std::array<std::uint8_t, 16>& id,
                                 std::uint64_t salt) noexcept {
   auto head = base::check_header(bytes, manifest_format);
+  const bool v2 = !head && head.error() == errc::unsupported_version &&
+                  base::check_header(bytes, manifest_format_v2).has_value();
+  if (v2) head = base::header_state::ours;
   if (!head) return std::unexpected(head.error());
-  if (*head == base::header_state::blank || bytes.size() < manifest_header + 8) {
+  const std::size_t header = v2 ? manifest_header_v2 : manifest_header;
+  if (*head == base::header_state::blank || bytes.size() < header + 8) {
     return std::unexpected(corrupt_at(0).error());
   }
   const auto count = load<std::uint64_t>(bytes, manifest_count_at);
-  if (count > max_segments ||
-      count > (bytes.size() - manifest_header - 8) / sizeof(manifest_entry)) {
+  if (count > max_segments || count > (bytes.size() - header - 8) / sizeof(manifest_entry)) {
     return std::unexpected(corrupt_at(manifest_count_at).error());
   }
-  const std::size_t end = manifest_header + count * sizeof(manifest_entry);
+  const std::size_t end = header + count * sizeof(manifest_entry);
   if (load<std::uint64_t>(bytes, end) != checksum(bytes.first(end), salt)) {
     return std::unexpected(corrupt_at(end).error());
   }
@@ -228,10 +233,14 @@ result<manifest> parse_manifest(std::span<const std::byte> bytes,
   manifest m;
   m.generation = load<std::uint64_t>(bytes, manifest_generation_at);
   m.durable_below = load<std::uint64_t>(bytes, manifest_durable_at);
+  if (!v2) m.numbered_below = load<std::uint64_t>(bytes, manifest_numbered_at);
+  if (m.numbered_below > max_segment_number + 1) {
+    return std::unexpected(corrupt_at(manifest_numbered_at).error());
+  }
   try {
     m.entries.reserve(count);
     for (std::uint64_t i = 0; i < count; ++i) {
-      const std::size_t at = manifest_header + i * sizeof(manifest_entry);
+      const std::size_t at = header + i * sizeof(manifest_entry);
       const auto e = load<manifest_entry>(bytes, at);
       if (e.number == 0 || e.number > max_segment_number || e.size < segment_header_size ||
           e.size > max_segment_offset || e.sealed_blocks > e.size / sizeof(block_header) ||

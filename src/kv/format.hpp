@@ -146,13 +146,19 @@ constexpr std::uint64_t manifest_min_slot = 4096;
 constexpr std::uint64_t manifest_max_slot = 256 * 1024;
 //! The segments a slot of `slot_size` bytes holds.
 [[nodiscard]] constexpr std::uint64_t manifest_capacity(std::uint64_t slot_size) noexcept {
-  return (slot_size - 72) / 24;
+  return (slot_size - 80) / 24;
 }
 static_assert(manifest_capacity(manifest_max_slot) >= max_segments);
+// Version 3: the slot says which segment numbers were handed out (*numbered below*), so that
+// the highest segment it lists may go (a dead large value's) and a rebuild still never numbers
+// a new segment with a number used before. Version 2 (read, never written; its slots held as
+// many segments) had no such word: every number up to its highest listed was handed out.
 // Version 2: each entry counts the segment's blocks below durable_below (version 1 did not:
 // a block zeroed whole there went unseen). Version 1 manifests are refused as unsupported.
-inline constexpr base::format manifest_format{"KEELKVM1", 2,
-                                              base::layout_of({64, 24, 8, max_segments})};
+inline constexpr base::format manifest_format{"KEELKVM1", 3,
+                                              base::layout_of({72, 24, 8, max_segments})};
+inline constexpr base::format manifest_format_v2{"KEELKVM1", 2,
+                                                 base::layout_of({64, 24, 8, max_segments})};
 
 //! A segment the manifest lists.
 struct manifest_entry {
@@ -172,11 +178,15 @@ struct manifest {
   //! closed the store, after syncing every segment; 0: nothing known): a block there that
   //! does not check out was damaged, never torn by a power cut.
   std::uint64_t durable_below = 0;
+  //! Every segment number below it has been handed out (a version 2 slot: 0), so a rebuild
+  //! numbers new segments from it, or past the highest listed if higher.
+  std::uint64_t numbered_below = 0;
   std::vector<manifest_entry> entries;  //!< ascending
   std::uint64_t slot_size = 0;          //!< of the file it was read from (0: none yet)
 };
 
-//! A slot's bytes: its 64-byte header (common header, store id, generation, count), the
+//! A slot's bytes: its 72-byte header (common header, store id, generation, count, durable
+//! below, numbered below), the
 //! entries in number order, and a checksum of all of it. At most max_segments entries.
 [[nodiscard]] std::vector<std::byte> encode_manifest(const std::array<std::uint8_t, 16>& id,
                                                      const manifest& m, std::uint64_t salt);

@@ -92,6 +92,11 @@ result<disk::manifest> store::impl::read_manifest() noexcept {
     if (!current || m->generation > current->generation) current = std::move(*m);
   }
   if (!current) return std::unexpected(why ? why : error(errc::corrupt).about(named));
+  // Every number up to the highest listed was handed out (all a version 2 slot says): so the
+  // changes made of this reading, removing that one too, keep it handed out.
+  if (!current->entries.empty()) {
+    current->numbered_below = std::max(current->numbered_below, current->entries.back().number + 1);
+  }
   return std::move(*current);
 }
 
@@ -131,6 +136,7 @@ result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
     disk::manifest next;
     next.generation = m.generation + 1;
     next.durable_below = m.durable_below;
+    next.numbered_below = m.numbered_below;
     next.entries = m.entries;
     const auto bytes = disk::encode_manifest(dir.params.id, next, salt);
     const std::uint64_t slot = next.generation % 2;

@@ -91,13 +91,14 @@ result<store::impl::segment_census> store::impl::check_segments() noexcept {
   // maker's or a compactor's leftover (nothing is written into a segment before it is
   // listed, and a compacted one is taken off before it is removed), never replayed, and
   // removed once proven dead (remove_leftovers).
-  auto listed = listed_segments();
+  auto listed = read_manifest();
   if (!listed) return std::unexpected(listed.error());
   auto present = segment_numbers(!opts.read_only);
   if (!present) return std::unexpected(present.error());
   segment_census census;
+  census.numbered_below = std::max<std::uint64_t>(1, listed->numbered_below);
   try {
-    for (const disk::manifest_entry& e : *listed) {
+    for (const disk::manifest_entry& e : listed->entries) {
       if (!std::ranges::binary_search(*present, e.number)) {
         return std::unexpected(error(errc::corrupt).about(path + "/seg/" + segment_name(e.number)));
       }
@@ -472,7 +473,10 @@ result<void> store::impl::rebuild() noexcept {
       }
     }
   }
-  h64(header::next_segment).store(numbers.empty() ? 1 : numbers.back() + 1);
+  // Never a number handed out before, even one whose segment compaction removed: an old
+  // commit's dead blob location would point into a stranger's bytes, and read as torn.
+  h64(header::next_segment)
+      .store(std::max(checked->numbered_below, numbers.empty() ? 1 : numbers.back() + 1));
   if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   reconcile_checkpoint_bytes();
   h64(header::tail).store(tail);

@@ -230,6 +230,7 @@ struct store::impl final : index::page_source {
   struct segment_census {
     std::vector<std::uint64_t> listed;    //!< the manifest's, all there
     std::vector<std::uint64_t> unlisted;  //!< named in seg/, not listed: leftovers
+    std::uint64_t numbered_below = 1;     //!< the manifest's: no new segment is numbered lower
   };
   [[nodiscard]] result<segment_census> check_segments() noexcept;
   //! Proves each leftover holds nothing live (alone, the index built), and with `remove`

@@ -6,13 +6,17 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -311,13 +315,15 @@ TEST(KvCompact, SegmentsOfOverwrittenOrInterruptedLargeValuesAreRemovedBelowOrAb
   EXPECT_EQ(rebuilt->get("other").error(), errc::not_found);
 }
 
-// The highest segment the manifest lists stays, dead or not: a rebuild numbers new segments
-// after it. Here it is a dead large value's, above the tail, and seg/ also holds a leftover
-// numbered above it (a maker killed after naming its file, before listing it: made here by
-// hand). Taken for the highest by its name, the manifest's highest went; the rebuild then
-// numbered a new log segment with the removed number, the old commit's dead blob location
-// pointed into it, and the next rebuild judged that commit torn: its other key was lost.
-TEST(KvCompact, TheHighestSegmentTheManifestListsStaysAndItsNumberIsNeverUsedAgain) {
+// The highest segment the manifest lists goes too once it is dead (a large value erased or
+// overwritten last stayed whole before, and `compact` said "removed 0 segments"), and its number
+// is never used again: a rebuild numbers new segments from the manifest's *numbered below*. Here
+// it is a dead large value's, above the tail, and seg/ also holds a leftover numbered above it
+// (a maker killed after naming its file, before listing it: made here by hand). Before the
+// manifest kept it, a rebuild once numbered a new log segment with a removed number, the old
+// commit's dead blob location pointed into it, and the next rebuild judged that commit torn: its
+// other key was lost.
+TEST(KvCompact, TheHighestSegmentTheManifestListsGoesWhenDeadAndItsNumberIsNeverUsedAgain) {
   temp_dir dir;
   const std::string path = dir.file("s");
   const options o = manual_compaction();
@@ -346,10 +352,12 @@ TEST(KvCompact, TheHighestSegmentTheManifestListsStaysAndItsNumberIsNeverUsedAga
     f.put('\0');
     ASSERT_TRUE(f.flush());
   }
+  const files before = segments_of(path);
   auto c = s->compact();
   ASSERT_TRUE(c) << c.error().message();
-  EXPECT_EQ(c->segments_removed, 1u) << "the first large value's segment, not the highest";
-  EXPECT_TRUE(std::filesystem::exists(path + "/seg/0000000000000003"));
+  EXPECT_EQ(c->segments_removed, 2u) << "both large values' segments, the highest listed too";
+  EXPECT_GE(before.bytes - segments_of(path).bytes, 2 * big.size());
+  EXPECT_FALSE(std::filesystem::exists(path + "/seg/0000000000000003"));
   EXPECT_EQ(*s->get("k"), "v");
   s.reset();
   for (int round = 0; round < 2; ++round) {
@@ -367,7 +375,77 @@ TEST(KvCompact, TheHighestSegmentTheManifestListsStaysAndItsNumberIsNeverUsedAga
     EXPECT_TRUE(checked) << checked.error().message();
     for (int i = 0; i < 1200; ++i)  // new log segments, numbered by the rebuild
       ASSERT_TRUE(r->put("f" + std::to_string(i), value_of(i, round)));
+    EXPECT_FALSE(std::filesystem::exists(path + "/seg/0000000000000002"));
+    EXPECT_FALSE(std::filesystem::exists(path + "/seg/0000000000000003"))
+        << "a removed segment's number used again";
   }
+}
+
+// A store whose manifest is version 2 (no *numbered below*; what keel wrote before): read as
+// if every number up to its highest listed was handed out, so the dead highest goes and its
+// number is kept by the version 3 slot that change writes.
+TEST(KvCompact, AVersionTwoManifestKeepsItsHighestNumberHandedOut) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const options o = manual_compaction();
+  const std::string big((std::size_t{3} << 20) / 2, 'a');
+  {
+    auto s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("small", "kept"));
+    ASSERT_TRUE(s->put("big", big));
+    ASSERT_TRUE(s->put("big", "tiny"));
+  }
+  ASSERT_EQ(segments_of(path).count, 2u);
+  // Each slot written as version 2 would have: the header 8 bytes shorter, no numbered below.
+  auto d = open_store_dir(path, {.create_if_missing = false});
+  ASSERT_TRUE(d) << d.error().message();
+  {
+    std::fstream f(path + "/manifest", std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<char> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::size_t slot = file.size() / 2;
+    int rewritten = 0;
+    for (std::size_t at = 0; at < file.size(); at += slot) {
+      const auto bytes = std::as_bytes(std::span(file).subspan(at, slot));
+      auto m = disk::parse_manifest(bytes, d->params.id, d->params.salt);
+      if (!m) continue;  // blank, or a generation never written
+      auto v3 = disk::encode_manifest(d->params.id, *m, d->params.salt);
+      std::vector<std::byte> v2(v3.begin(), v3.end() - 16);  // less numbered below and checksum
+      std::copy(v3.begin() + 72, v3.end() - 8, v2.begin() + 64);
+      const base::format_header h = disk::manifest_format_v2.header();
+      std::memcpy(v2.data(), &h, sizeof h);
+      const std::uint64_t sum = disk::checksum(std::span<const std::byte>(v2), d->params.salt);
+      v2.resize(v2.size() + 8);
+      std::memcpy(v2.data() + v2.size() - 8, &sum, 8);
+      ASSERT_TRUE(disk::parse_manifest(v2, d->params.id, d->params.salt)) << "not a version 2 slot";
+      std::fill(file.begin() + static_cast<std::ptrdiff_t>(at),
+                file.begin() + static_cast<std::ptrdiff_t>(at + slot), '\0');
+      std::memcpy(file.data() + at, v2.data(), v2.size());
+      ++rewritten;
+    }
+    ASSERT_GT(rewritten, 0);
+    f.seekp(0);
+    f.write(file.data(), static_cast<std::streamsize>(file.size()));
+    ASSERT_TRUE(f.flush());
+  }
+  {
+    auto s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    auto c = s->compact();
+    ASSERT_TRUE(c) << c.error().message();
+    EXPECT_EQ(c->segments_removed, 1u) << "the dead large value's, the highest listed";
+    EXPECT_FALSE(std::filesystem::exists(path + "/seg/0000000000000002"));
+  }
+  std::filesystem::remove(path + "/index");
+  std::filesystem::remove(path + "/checkpoint");
+  auto r = open_ok(path, o);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(*r->get("big"), "tiny");
+  EXPECT_EQ(*r->get("small"), "kept");
+  for (int i = 0; i < 1200; ++i)
+    ASSERT_TRUE(r->put("f" + std::to_string(i), value_of(i, 0)));
+  EXPECT_FALSE(std::filesystem::exists(path + "/seg/0000000000000002"))
+      << "a removed segment's number used again";
 }
 
 // A dead writer's entry, pending, and a value of its own segment above the tail: the one it
