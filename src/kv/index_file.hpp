@@ -170,6 +170,12 @@ constexpr std::size_t first_free_page = 128;
 //! initial_index_pages_growing, its first directory page and buckets and no more).
 constexpr std::size_t initial_index_pages = first_free_page + 256;
 constexpr std::size_t initial_index_pages_growing = first_free_page + 1 + 64;
+//! A new index's pages for a store whose first segment size is `first_segment_size` (0: fixed
+//! segments).
+[[nodiscard]] constexpr std::size_t initial_index_pages_for(
+    std::uint64_t first_segment_size) noexcept {
+  return first_segment_size != 0 ? initial_index_pages_growing : initial_index_pages;
+}
 //! Keys a log segment of `size` holds as single puts, each record of `mean` bytes in a block
 //! of its own (at least the smallest record: a header and an 8-byte key).
 [[nodiscard]] std::uint64_t keys_in_segment(std::uint64_t size, std::uint64_t mean) noexcept;

@@ -365,8 +365,8 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     // None yet: judged as the store it would make, then made.
     auto size = new_store_segment_size(path, d);
     if (!size) return std::unexpected(size.error());
-    if (budget_too_small(*size, o.segment_size != 0 ? 0 : disk::min_first_segment_size,
-                         initial_index_pages)) {
+    const std::uint64_t first_size = o.segment_size != 0 ? 0 : disk::min_first_segment_size;
+    if (budget_too_small(*size, first_size, initial_index_pages_for(first_size))) {
       return invalid();
     }
     d.create_if_missing = true;
@@ -384,7 +384,7 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     (void)fs.disable_copy_on_write(sd->segments);
   }
   if (budget_too_small(sd->params.segment_size, sd->params.first_segment_size,
-                       initial_index_pages)) {
+                       initial_index_pages_for(sd->params.first_segment_size))) {
     return invalid();
   }
   auto p = std::make_unique<impl>();

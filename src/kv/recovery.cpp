@@ -72,8 +72,7 @@ struct store::impl::replay_state {
 
 result<void> store::impl::reset_index() noexcept {
   if (auto r = index_file.truncate(0); !r) return r;
-  const std::uint64_t pages =
-      dir.params.first_segment_size != 0 ? initial_index_pages_growing : initial_index_pages;
+  const std::uint64_t pages = initial_index_pages_for(dir.params.first_segment_size);
   if (auto r = index_file.allocate(0, static_cast<off_t>(pages * disk::page_size)); !r) return r;
   const auto head = index_format.header();
   std::memcpy(base(), &head, sizeof head);

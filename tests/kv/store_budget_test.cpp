@@ -159,6 +159,27 @@ TEST(KvBudget, TheSmallestBudgetOpenAcceptsTakesAPut) {
   EXPECT_TRUE(s->put("k", "v"));
 }
 
+// A store whose segments grow (the segment size left to it) is judged by the index it makes
+// (193 pages), not by a fixed store's (384): a budget of 2 MiB, which holds a one-key store of
+// 1.5 MiB, was refused with invalid_argument.
+TEST(KvBudget, AStoreWhoseSegmentsGrowOpensUnderTwoMiB) {
+  keel::test::temp_dir dir;
+  options o = budgeted(0);
+  o.segment_size = 0;
+  // Three 256 KiB segments, a new index (193 pages), a segment's keys' pages (4) and the small
+  // files (8): one less page is refused.
+  const std::uint64_t least = 3 * 256 * 1024 + (193 + 4 + 8) * 4096;
+  o.max_bytes = least - 4096;
+  auto refused = store::open(dir.file("s"), o);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), std::errc::invalid_argument);
+  o.max_bytes = least;
+  auto s = open_ok(dir.file("s"), o);
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->put("k", "v"));
+  EXPECT_LE(test_support::allocated_under(dir.file("s")), least);
+}
+
 // Segments of a fixed size need a fourth under a budget: with three (the tail's, the spare
 // and the deletes' room), the log never had a segment below the tail, which is the only kind
 // compaction takes. Overwriting three keys filled the tail's segment with dead versions, and
