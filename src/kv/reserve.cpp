@@ -169,10 +169,14 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
       }
       continue;
     }
-    // The segment made of the room kept for deletes is theirs (and compaction's): a put
-    // waits for a segment of its own, which needs that room again.
+    // The segment made of the room kept for deletes is theirs (and compaction's) while that
+    // room is not there again: a put waits for a segment of its own, which needs that room
+    // again. Once it is (a compaction kept a victim as it), the segment is any log segment:
+    // a put that left its rest behind abandoned all but the erases in it (under a 2 MiB
+    // budget, half the room a store erased whole and compacted gave back).
     const bool theirs = who == room_for::put && at != 0 &&
-                        disk::segment_of(at) == h64(header::deletes_segment).load();
+                        disk::segment_of(at) == h64(header::deletes_segment).load() &&
+                        h64(header::deletes_room).load(std::memory_order_acquire) == 0;
     // (The tail's segment is in the table before the tail moves into it.)
     const std::uint64_t seg_size = at == 0 ? 0 : log_segment_size_at(at);
     // The longest of `lengths` that fits the rest of the active segment.
