@@ -233,6 +233,7 @@ result<manifest> parse_manifest(std::span<const std::byte> bytes,
   manifest m;
   m.generation = load<std::uint64_t>(bytes, manifest_generation_at);
   m.durable_below = load<std::uint64_t>(bytes, manifest_durable_at);
+  m.version = v2 ? 2 : 3;
   if (!v2) m.numbered_below = load<std::uint64_t>(bytes, manifest_numbered_at);
   if (m.numbered_below > max_segment_number + 1) {
     return std::unexpected(corrupt_at(manifest_numbered_at).error());

@@ -183,6 +183,11 @@ struct manifest {
   std::uint64_t numbered_below = 0;
   std::vector<manifest_entry> entries;  //!< ascending
   std::uint64_t slot_size = 0;          //!< of the file it was read from (0: none yet)
+  std::uint32_t version = 3;            //!< of the slot as read (2 or 3)
+  //! A slot of version 2 is in the file beside it (set by the store's read): the change
+  //! written next is written into both slots, so that no version 2 slot stays for keel
+  //! before version 3 to fall back on (it would find the segments since gone, `corrupt`).
+  bool older_slot = false;
 };
 
 //! A slot's bytes: its 72-byte header (common header, store id, generation, count, durable

@@ -78,6 +78,7 @@ result<disk::manifest> store::impl::read_manifest() noexcept {
     current->slot_size = slot_bytes;
   }
   error why;
+  bool older = false;
   for (std::uint64_t slot = 0; slot < 2; ++slot) {
     if (slot == 0 && current) continue;
     auto m = disk::parse_manifest(
@@ -88,10 +89,12 @@ result<disk::manifest> store::impl::read_manifest() noexcept {
       continue;
     }
     m->slot_size = slot_bytes;
+    if (m->version < disk::manifest_format.version) older = true;
     if (m->generation % 2 != slot) continue;  // not where that generation is written
     if (!current || m->generation > current->generation) current = std::move(*m);
   }
   if (!current) return std::unexpected(why ? why : error(errc::corrupt).about(named));
+  current->older_slot = older;
   // Every number up to the highest listed was handed out (all a version 2 slot says): so the
   // changes made of this reading, removing that one too, keep it handed out.
   if (!current->entries.empty()) {
@@ -185,6 +188,23 @@ result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
     auto r = f->write_at(at, bytes);
     if (r) r = f->sync_data();
     if (!r) return std::unexpected(r.error().about(named, static_cast<std::uint64_t>(at)));
+    if (m.older_slot) {
+      // The other slot, still version 2, gets the change too (the next generation): keel
+      // before version 3 then refuses the store (unsupported_version) instead of falling back
+      // on it and finding segments since removed gone (`corrupt`, naming one). The change is
+      // made already: a failure here is reported as a failed sync is, never retried, and the
+      // store is read-only until reopened alone.
+      next.generation += 1;
+      const auto again = disk::encode_manifest(dir.params.id, next, salt);
+      const auto other = static_cast<off_t>((1 - slot) * m.slot_size);
+      auto w = f->write_at(other, again);
+      if (w) w = f->sync_data();
+      if (!w) {
+        h64(header::sync_error_segment).store(0);
+        h64(header::sync_error).store(static_cast<std::uint64_t>(w.error().value()));
+        failed.store(true);
+      }
+    }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);
   }

@@ -436,6 +436,18 @@ TEST(KvCompact, AVersionTwoManifestKeepsItsHighestNumberHandedOut) {
     EXPECT_EQ(c->segments_removed, 1u) << "the dead large value's, the highest listed";
     EXPECT_FALSE(std::filesystem::exists(path + "/seg/0000000000000002"));
   }
+  // Both slots are version 3 now: keel before it, which would fall back on a version 2 slot
+  // and find segment 2 gone (`corrupt`), refuses the store as unsupported instead.
+  {
+    std::ifstream f(path + "/manifest", std::ios::binary);
+    std::vector<char> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::size_t slot = file.size() / 2;
+    for (std::size_t at = 0; at < file.size(); at += slot) {
+      base::format_header h{};
+      std::memcpy(&h, file.data() + at, sizeof h);
+      EXPECT_EQ(h.version, disk::manifest_format.version) << "the slot at " << at;
+    }
+  }
   std::filesystem::remove(path + "/index");
   std::filesystem::remove(path + "/checkpoint");
   auto r = open_ok(path, o);
