@@ -122,20 +122,37 @@ inline int wait_exit(pid_t pid) {
   return -1;
 }
 
-//! Kills `pid`, which need not be our child (a grandchild, say), and returns once it has
-//! exited, so that the files it held, and the locks on them, are closed. kill(2) returns
-//! before that happens; a pidfd is readable once it has.
-inline void kill_and_await_exit(pid_t pid) {
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0 && errno == ESRCH) return;
-  if (fd < 0) std::abort();  // Linux >= 5.3: every kernel keel supports has pidfd_open
-  ::kill(pid, SIGKILL);
-  pollfd p{fd, POLLIN, 0};
-  while (::poll(&p, 1, -1) < 0) {
-    if (errno != EINTR) std::abort();
+//! A process that need not be our child (a grandchild, say), held by a pidfd opened while it
+//! is known to live, so that a pid reused after it is gone is never taken for it.
+class watched_process {
+ public:
+  watched_process() = default;
+  //! `pid` must be alive (or a zombie) now.
+  explicit watched_process(pid_t pid) : fd_(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))) {
+    if (fd_ < 0) std::abort();  // Linux >= 5.3: every kernel keel supports has pidfd_open
   }
-  ::close(fd);
-}
+  watched_process(watched_process&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  watched_process& operator=(watched_process&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~watched_process() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  //! Kills it and returns once it has exited, so that the files it held, and the locks on
+  //! them, are closed: kill(2) returns before that happens; a pidfd is readable once it has.
+  void kill_and_await_exit() const {
+    if (fd_ < 0) return;
+    (void)::syscall(SYS_pidfd_send_signal, fd_, SIGKILL, nullptr, 0);  // ESRCH: gone already
+    pollfd p{fd_, POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0) {
+      if (errno != EINTR) std::abort();
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 }  // namespace keel::test
 

@@ -177,28 +177,33 @@ class KeelLockFile : public ::testing::Test {
     return run("/bin/sh", {"-c", script});
   }
   // `program args... sh -c <mark ready; exec sleep 30>` in the background; returns once the
-  // command runs (so holds the lock).
+  // command runs (so holds the lock). The mark is the shell's own write (no child of it
+  // holds the lock's descriptor once the holder is ended), complete once it ends its line.
   pid_t hold(const std::string& program, std::vector<std::string> args) {
     const std::string ready = dir_.file("ready." + std::to_string(runs_++));
-    args.insert(args.end(), {"sh", "-c",
-                             "echo $$ > '" + ready + ".tmp'; mv '" + ready + ".tmp' '" + ready +
-                                 "'; exec sleep 30"});
+    args.insert(args.end(), {"sh", "-c", "echo $$ > '" + ready + "'; exec sleep 30"});
     const pid_t pid = keel::test::start_program(program, args, ready + ".out", ready + ".err");
+    const auto marked = [&] {
+      const std::string s = keel::test::slurp(ready);
+      return !s.empty() && s.back() == '\n';
+    };
     const auto t0 = clock_type::now();
-    while (!std::filesystem::exists(ready) && clock_type::now() - t0 < 10s) {
+    while (!marked() && clock_type::now() - t0 < 60s) {
       std::this_thread::sleep_for(5ms);
     }
-    EXPECT_TRUE(std::filesystem::exists(ready)) << "the holder never got the lock";
-    commands_[pid] = std::atoi(keel::test::slurp(ready).c_str());
+    EXPECT_TRUE(marked()) << "the holder never got the lock";
+    if (const pid_t command = std::atoi(keel::test::slurp(ready).c_str()); command > 0) {
+      commands_.emplace(pid, keel::test::watched_process(command));  // alive: it sleeps
+    }
     return pid;
   }
   // Ends the holder and its command (flock(1)'s runs as its child, holding the lock too).
   void end(pid_t pid) {
-    if (commands_[pid] > 0) keel::test::kill_and_await_exit(commands_[pid]);
+    if (auto c = commands_.find(pid); c != commands_.end()) c->second.kill_and_await_exit();
     ::kill(pid, SIGKILL);
     (void)keel::test::wait_exit(pid);
   }
-  std::map<pid_t, pid_t> commands_;
+  std::map<pid_t, keel::test::watched_process> commands_;
   keel::test::temp_dir dir_;
   int runs_ = 0;
 };
