@@ -340,12 +340,9 @@ std::uint64_t void_block(std::span<std::byte> block) noexcept {
   return seen;
 }
 
-bool bury_block(std::span<std::byte> block, std::uint64_t length, std::uint64_t salt) noexcept {
-  if (length < sizeof(block_header) || length % 8 != 0 || length > block.size()) return false;
-  const std::uint64_t was = void_block(block);
-  if (was != 0 && was != void_seq) return false;
-  // A reader loads the seq word first (void_seq: not a commit) and a settler checks the
-  // whole block (never whole now): neither takes the header written around it for anything.
+namespace {
+// The header of a block keel left on purpose, `length` bytes long (spanned_block reads it).
+block_header spanning_header(std::uint64_t length, std::uint64_t salt) noexcept {
   block_header b{};
   b.magic = block_magic;
   b.kind = static_cast<std::uint16_t>(block_kind::commit);
@@ -353,11 +350,27 @@ bool bury_block(std::span<std::byte> block, std::uint64_t length, std::uint64_t 
   b.length = length;
   b.header_checksum = header_checksum(b, salt);
   b.magic = void_magic;
+  return b;
+}
+}  // namespace
+
+bool bury_block(std::span<std::byte> block, std::uint64_t length, std::uint64_t salt) noexcept {
+  if (length < sizeof(block_header) || length % 8 != 0 || length > block.size()) return false;
+  const std::uint64_t was = void_block(block);
+  if (was != 0 && was != void_seq) return false;
+  // A reader loads the seq word first (void_seq: not a commit) and a settler checks the
+  // whole block (never whole now): neither takes the header written around it for anything.
+  const block_header b = spanning_header(length, salt);
   constexpr std::size_t seq_at = offsetof(block_header, seq);
   std::memcpy(block.data(), &b, seq_at);
   std::memcpy(block.data() + seq_at + 8, reinterpret_cast<const std::byte*>(&b) + seq_at + 8,
               sizeof b - seq_at - 8);
   return true;
+}
+
+void span_unwritten(std::span<std::byte> space, std::uint64_t length, std::uint64_t salt) noexcept {
+  const block_header b = spanning_header(length, salt);
+  std::memcpy(space.data(), &b, sizeof b);
 }
 
 std::uint64_t block_seq(std::span<const std::byte> block) noexcept {

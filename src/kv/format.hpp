@@ -295,6 +295,11 @@ constexpr std::uint64_t void_seq = ~std::uint64_t{0};
 //! commit happened. Only for a block whose writer is dead (nobody writes it any more).
 [[nodiscard]] bool bury_block(std::span<std::byte> block, std::uint64_t length,
                               std::uint64_t salt) noexcept;
+//! Writes, at `space`, the header of a block keel left on purpose (magic void_magic) of
+//! `length` bytes (at least a header, a multiple of 8), so that every walk steps over it
+//! whatever lies there: for space past the last block a rebuild found, which a writer killed
+//! before its block's header (or seq word) was written left bytes in. Only by a rebuild alone.
+void span_unwritten(std::span<std::byte> space, std::uint64_t length, std::uint64_t salt) noexcept;
 //! The seq word of the commit block that starts at `block` (8-aligned), loaded with acquire
 //! order: 0 while its writer has not finished it. Safe to call while a writer in this or
 //! another process is still writing the block, which no other read of it is.

@@ -389,6 +389,52 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
       st.durable_below, unexplained, spanned);
 }
 
+result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint64_t tail_size,
+                                                  bool writable) noexcept {
+  // Bytes past the last block found in the tail's segment: a writer (or a compactor, its
+  // copies) killed before its block's header was written. Never a block (its header never
+  // checked out; a relocation's originals are still there), so nothing reads them; but a
+  // block written over them could not be sealed (its seq word was not zero), and every put
+  // there failed with timed_out until the tail had passed them (31 in a row after a
+  // compactor killed mid-copy). Spanned as a block keel left on purpose (a read-only rebuild
+  // writes nothing: the first such byte is noted, so that no close records it as durable),
+  // and the tail goes past them.
+  if (tail == 0) return std::uint64_t{0};
+  auto s = segment_at(disk::segment_of(tail));
+  if (!s) return std::unexpected(s.error());
+  const std::span<const std::byte> bytes = (*s)->bytes();
+  const std::uint64_t off = disk::offset_of(tail);
+  std::uint64_t last = std::min<std::uint64_t>(tail_size, bytes.size()) / 8 * 8;
+  const auto zero_before = [&](std::uint64_t at) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, bytes.data() + at - 8, 8);
+    return word == 0;
+  };
+  while (last > off && zero_before(last))
+    last -= 8;
+  if (last <= off) return std::uint64_t{0};
+  const std::uint64_t length = std::min<std::uint64_t>(
+      std::max<std::uint64_t>(last - off, sizeof(disk::block_header)), tail_size - off);
+  // Written over only where a header would be is all zero (a header never written): bytes
+  // there that are not a header that checks out are left as they are, noted like a read-only
+  // rebuild's.
+  const auto header_place =
+      bytes.subspan(off, std::min<std::uint64_t>(length, sizeof(disk::block_header)));
+  const bool unwritten =
+      length >= sizeof(disk::block_header) &&
+      std::ranges::all_of(header_place, [](std::byte b) { return b == std::byte{0}; });
+  if (writable && unwritten) {
+    disk::span_unwritten((*s)->map.bytes().subspan(off), length, salt);
+    if (auto synced = (*s)->sync(); !synced) return std::unexpected(synced.error());
+  } else {
+    const std::uint64_t first = h64(header::unvoided_torn).load();
+    if (first == 0 || tail < first) h64(header::unvoided_torn).store(tail);
+  }
+  h64(header::dead_bytes).fetch_add(length);
+  tail += length;
+  return length;
+}
+
 result<void> store::impl::rebuild() noexcept {
   const bool writable = !opts.read_only;
   if (writable) remove_checkpoint_leftovers();
@@ -472,6 +518,7 @@ result<void> store::impl::rebuild() noexcept {
       }
     }
   }
+  if (auto r = span_past_tail(tail, tail_size, writable); !r) return std::unexpected(r.error());
   // Never a number handed out before, even one whose segment compaction removed: an old
   // commit's dead blob location would point into a stranger's bytes, and read as torn.
   h64(header::next_segment)

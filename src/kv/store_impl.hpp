@@ -233,6 +233,11 @@ struct store::impl final : index::page_source {
     std::uint64_t numbered_below = 1;     //!< the manifest's: no new segment is numbered lower
   };
   [[nodiscard]] result<segment_census> check_segments() noexcept;
+  //! Puts the rebuilt `tail` (in a segment of `tail_size` bytes) past any bytes written after
+  //! the last block there, spanned as a block keel left on purpose (recovery.cpp). Returns
+  //! the bytes stepped over.
+  [[nodiscard]] result<std::uint64_t> span_past_tail(std::uint64_t& tail, std::uint64_t tail_size,
+                                                     bool writable) noexcept;
   //! Proves each leftover holds nothing live (alone, the index built), and with `remove`
   //! (writable) removes it; else corrupt, naming the manifest (it lost a segment that matters,
   //! or was damaged: a read-only opener never serves the store without it either).
