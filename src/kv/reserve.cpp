@@ -174,9 +174,7 @@ result<store::impl::reserved> store::impl::reserve_fitting(std::span<const std::
     // again. Once it is (a compaction kept a victim as it), the segment is any log segment:
     // a put that left its rest behind abandoned all but the erases in it (under a 2 MiB
     // budget, half the room a store erased whole and compacted gave back).
-    const bool theirs = who == room_for::put && at != 0 &&
-                        disk::segment_of(at) == h64(header::deletes_segment).load() &&
-                        h64(header::deletes_room).load(std::memory_order_acquire) == 0;
+    const bool theirs = who == room_for::put && puts_keep_off(at);
     // (The tail's segment is in the table before the tail moves into it.)
     const std::uint64_t seg_size = at == 0 ? 0 : log_segment_size_at(at);
     // The longest of `lengths` that fits the rest of the active segment.

@@ -19,8 +19,10 @@ store::impl::put_room store::impl::room_for_puts() const noexcept {
   const std::uint64_t seg_size = next_segment_size();
   const std::uint64_t tail = h64(header::tail).load(std::memory_order_acquire);
   put_room r;
-  // The rest of the tail's segment, unless puts keep off it.
-  if (tail != 0 && disk::segment_of(tail) != h64(header::deletes_segment).load()) {
+  // The rest of the tail's segment, unless puts keep off it (the ledger offered none of the
+  // deletes' segment once puts went on in it: at the least budget, a store erased whole and
+  // compacted refused every put for good).
+  if (tail != 0 && !puts_keep_off(tail)) {
     r.bytes = log_segment_size_at(tail) - disk::offset_of(tail);
   }
   // Whole segments: a put makes one only with the spare and the deletes' room made, and

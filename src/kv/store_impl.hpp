@@ -596,6 +596,15 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> ready_for_put(std::uint64_t more, bool blob = false) noexcept;
   //! Whether a put could make `more` bytes of new segment now (budget and volume room).
   [[nodiscard]] bool could_put(std::uint64_t more) const noexcept;
+  //! Whether puts keep off the segment of `location`: the deletes' segment (made of the room
+  //! kept for deletes, or taken for it), while the deletes' room is not there again. Once it
+  //! is, that segment is a log segment like any (reserve.cpp; the ledger's room, space.cpp).
+  [[nodiscard]] bool puts_keep_off(std::uint64_t location) const noexcept {
+    return location != 0 &&
+           disk::segment_of(location) ==
+               h64(header::deletes_segment).load(std::memory_order_acquire) &&
+           h64(header::deletes_room).load(std::memory_order_acquire) == 0;
+  }
   //! What a put that makes `more` bytes of new segment needs of the budget and the volume:
   //! `more`, and (when `more` is not 0) the index's pages that puts filling it may split into
   //! (index_pages_for; a blob's own segment, one) and index_headroom. Their pages come from
