@@ -211,6 +211,17 @@ result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
   return {};
 }
 
+result<void> store::impl::finish_manifest_upgrade() noexcept {
+  // A version 2 slot beside a current version 3 one: a user was killed between the two
+  // writes of the first change (write_manifest). Written over now, or keel before version 3
+  // would fall back on it, and find segments since removed gone (`corrupt`). A store whose
+  // slots are all version 2 stays so until it changes.
+  auto m = read_manifest();
+  if (!m) return std::unexpected(m.error());
+  if (!m->older_slot || m->version < disk::manifest_format.version) return {};
+  return write_manifest(*m);
+}
+
 result<void> store::impl::list_segment(std::uint64_t number, std::uint64_t size) noexcept {
   auto m = read_manifest();
   if (!m) return std::unexpected(m.error());

@@ -168,6 +168,9 @@ result<void> store::impl::open_index() noexcept {
       }
       auto r = valid ? recover_alone() : rebuild();
       if (!r) return r;
+      if (!opts.read_only) {
+        if (auto u = finish_manifest_upgrade(); !u) return u;
+      }
       // What dead users charged is nobody's now.
       if (auto w = store_or_refuse([&] { reset_ledger(); }); !w) return w;
       // A rebuild does not know which segment was made of the deletes' room: on a volume

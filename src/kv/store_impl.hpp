@@ -390,6 +390,9 @@ struct store::impl final : index::page_source {
   //! Whether `s` still has every block `m` counted in it (disk::manifest_entry::sealed_blocks).
   //! Errors: corrupt, naming the segment and count_sealed's gap.
   [[nodiscard]] result<void> check_sealed(const segment& s, const disk::manifest& m) const noexcept;
+  //! Alone and writable: a version 2 manifest slot left beside a current version 3 one is
+  //! written over (manifest.cpp).
+  [[nodiscard]] result<void> finish_manifest_upgrade() noexcept;
   //! Replaces the manifest with `m`, its generation one more.
   [[nodiscard]] result<void> write_manifest(const disk::manifest& m) noexcept;
 

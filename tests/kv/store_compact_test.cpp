@@ -428,6 +428,21 @@ TEST(KvCompact, AVersionTwoManifestKeepsItsHighestNumberHandedOut) {
     f.write(file.data(), static_cast<std::streamsize>(file.size()));
     ASSERT_TRUE(f.flush());
   }
+  const auto read_file = [&] {
+    std::ifstream f(path + "/manifest", std::ios::binary);
+    return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::vector<char> as_version_two = read_file();
+  const auto versions = [&] {
+    const std::vector<char> file = read_file();
+    std::vector<std::uint32_t> v;
+    for (std::size_t at = 0; at < file.size(); at += file.size() / 2) {
+      base::format_header h{};
+      std::memcpy(&h, file.data() + at, sizeof h);
+      v.push_back(h.version);
+    }
+    return v;
+  };
   {
     auto s = open_ok(path, o);
     ASSERT_TRUE(s);
@@ -438,16 +453,31 @@ TEST(KvCompact, AVersionTwoManifestKeepsItsHighestNumberHandedOut) {
   }
   // Both slots are version 3 now: keel before it, which would fall back on a version 2 slot
   // and find segment 2 gone (`corrupt`), refuses the store as unsupported instead.
+  const std::vector<std::uint32_t> both_three(2, disk::manifest_format.version);
+  EXPECT_EQ(versions(), both_three);
+  // As a user killed between the change's two writes leaves it: the second slot written (the
+  // higher generation) still as version 2 had it. A writable opener alone writes it over.
   {
-    std::ifstream f(path + "/manifest", std::ios::binary);
-    std::vector<char> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<char> file = read_file();
+    ASSERT_EQ(file.size(), as_version_two.size());
     const std::size_t slot = file.size() / 2;
-    for (std::size_t at = 0; at < file.size(); at += slot) {
-      base::format_header h{};
-      std::memcpy(&h, file.data() + at, sizeof h);
-      EXPECT_EQ(h.version, disk::manifest_format.version) << "the slot at " << at;
-    }
+    std::uint64_t generation[2] = {};
+    for (std::size_t i = 0; i < 2; ++i)
+      std::memcpy(&generation[i], file.data() + i * slot + 40, 8);
+    const std::size_t second = generation[0] > generation[1] ? 0 : 1;
+    std::copy_n(as_version_two.begin() + static_cast<std::ptrdiff_t>(second * slot), slot,
+                file.begin() + static_cast<std::ptrdiff_t>(second * slot));
+    std::ofstream f(path + "/manifest", std::ios::binary | std::ios::in);
+    f.write(file.data(), static_cast<std::streamsize>(file.size()));
+    ASSERT_TRUE(f.flush());
   }
+  ASSERT_NE(versions(), both_three);
+  {
+    auto s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(*s->get("small"), "kept");
+  }
+  EXPECT_EQ(versions(), both_three) << "a version 2 slot left beside a version 3 one";
   std::filesystem::remove(path + "/index");
   std::filesystem::remove(path + "/checkpoint");
   auto r = open_ok(path, o);
