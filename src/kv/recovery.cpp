@@ -396,9 +396,8 @@ result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint
   // checked out; a relocation's originals are still there), so nothing reads them; but a
   // block written over them could not be sealed (its seq word was not zero), and every put
   // there failed with timed_out until the tail had passed them (31 in a row after a
-  // compactor killed mid-copy). Spanned as a block keel left on purpose (a read-only rebuild
-  // writes nothing: the first such byte is noted, so that no close records it as durable),
-  // and the tail goes past them.
+  // compactor killed mid-copy). Spanned as a block keel left on purpose, and the tail goes
+  // past them.
   if (tail == 0) return std::uint64_t{0};
   auto s = segment_at(disk::segment_of(tail));
   if (!s) return std::unexpected(s.error());
@@ -415,21 +414,19 @@ result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint
   if (last <= off) return std::uint64_t{0};
   const std::uint64_t length = std::min<std::uint64_t>(
       std::max<std::uint64_t>(last - off, sizeof(disk::block_header)), tail_size - off);
-  // Written over only where a header would be is all zero (a header never written): bytes
-  // there that are not a header that checks out are left as they are, noted like a read-only
-  // rebuild's.
+  // Only where a header would be is all zero (a header never written), and by a writable
+  // rebuild. Else the tail stays: bytes there that are not a header that checks out may be a
+  // block whose header was damaged (kept for salvage), and stepping over them unspanned kept
+  // every later close from recording anything past them as durable, so that damage there was
+  // later taken for a torn write (found by review); a read-only rebuild writes nothing.
   const auto header_place =
       bytes.subspan(off, std::min<std::uint64_t>(length, sizeof(disk::block_header)));
   const bool unwritten =
       length >= sizeof(disk::block_header) &&
       std::ranges::all_of(header_place, [](std::byte b) { return b == std::byte{0}; });
-  if (writable && unwritten) {
-    disk::span_unwritten((*s)->map.bytes().subspan(off), length, salt);
-    if (auto synced = (*s)->sync(); !synced) return std::unexpected(synced.error());
-  } else {
-    const std::uint64_t first = h64(header::unvoided_torn).load();
-    if (first == 0 || tail < first) h64(header::unvoided_torn).store(tail);
-  }
+  if (!writable || !unwritten) return std::uint64_t{0};
+  disk::span_unwritten((*s)->map.bytes().subspan(off), length, salt);
+  if (auto synced = (*s)->sync(); !synced) return std::unexpected(synced.error());
   h64(header::dead_bytes).fetch_add(length);
   tail += length;
   return length;
