@@ -206,8 +206,8 @@ int run_kv_command(int argc, char** argv) {
   std::uint64_t max_bytes = 0;
   app.add_option("--max-bytes", max_bytes,
                  "put: fail (exit 6) rather than let the store's files grow past this many "
-                 "bytes; at least three segments (of the size they grow to: a 1024th of the "
-                 "volume, at most 64 MiB) and the index");
+                 "bytes; at least three of its segments (a new store's start at 256 KiB and "
+                 "grow to a 256th of this) and its index: 1626112 for a new store");
   bool single_host = false;
   app.add_flag("--single-host", single_host,
                "Every user of the store is on this host, through this mount: open it on a "
@@ -338,7 +338,8 @@ int run_kv_command(int argc, char** argv) {
   if (!s && max_bytes != 0 && s.error() == std::errc::invalid_argument) {
     fmt::print(stderr,
                "keel kv: --max-bytes {} is too small for this store: it must hold three of its "
-               "segments (four where their size is fixed) and the index\n",
+               "segments (four where their size is fixed) and the index (a new store: at "
+               "least 1626112)\n",
                max_bytes);
     return exit_usage;
   }
