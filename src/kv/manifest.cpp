@@ -135,6 +135,13 @@ result<void> store::impl::ensure_manifest() noexcept {
 result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
   const std::string named = path + "/" + manifest_name;
   if (m.entries.size() > disk::max_segments) return errc_error(std::errc::file_too_large);
+  // A change made whose durability is not known: reported as any failed sync is, never
+  // retried, and the store is read-only until reopened alone (writable).
+  const auto made_unsynced = [&](const error& e) {
+    h64(header::sync_error_segment).store(0);
+    h64(header::sync_error).store(static_cast<std::uint64_t>(e.value()));
+    failed.store(true);
+  };
   try {
     disk::manifest next;
     next.generation = m.generation + 1;
@@ -168,11 +175,8 @@ result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
       if (st && st->size == file.size()) {
         // In place, so the change is made (a caller that undid what it listed would leave
         // the manifest naming a segment that is gone); whether the rename survives a power
-        // cut is not known: reported as any failed sync is, never retried, and the store is
-        // read-only until reopened alone (writable).
-        h64(header::sync_error_segment).store(0);
-        h64(header::sync_error).store(static_cast<std::uint64_t>(r.error().value()));
-        failed.store(true);
+        // cut is not known.
+        made_unsynced(r.error());
         return {};
       }
       // Early, and refused for room: in place after all, into the file as it was.
@@ -192,18 +196,13 @@ result<void> store::impl::write_manifest(const disk::manifest& m) noexcept {
       // The other slot, still version 2, gets the change too (the next generation): keel
       // before version 3 then refuses the store (unsupported_version) instead of falling back
       // on it and finding segments since removed gone (`corrupt`, naming one). The change is
-      // made already: a failure here is reported as a failed sync is, never retried, and the
-      // store is read-only until reopened alone.
+      // made already: a failure here makes it one whose durability is not known.
       next.generation += 1;
       const auto again = disk::encode_manifest(dir.params.id, next, salt);
       const auto other = static_cast<off_t>((1 - slot) * m.slot_size);
       auto w = f->write_at(other, again);
       if (w) w = f->sync_data();
-      if (!w) {
-        h64(header::sync_error_segment).store(0);
-        h64(header::sync_error).store(static_cast<std::uint64_t>(w.error().value()));
-        failed.store(true);
-      }
+      if (!w) made_unsynced(w.error());
     }
   } catch (const std::bad_alloc&) {
     return errc_error(std::errc::not_enough_memory);

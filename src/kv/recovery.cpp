@@ -389,8 +389,8 @@ result<void> store::impl::replay_segment(segment& s, replay_state& st,
       st.durable_below, unexplained, spanned);
 }
 
-result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint64_t tail_size,
-                                                  bool writable) noexcept {
+result<void> store::impl::span_past_tail(std::uint64_t& tail, std::uint64_t tail_size,
+                                         bool writable) noexcept {
   // Bytes past the last block found in the tail's segment: a writer (or a compactor, its
   // copies) killed before its block's header was written. Never a block (its header never
   // checked out; a relocation's originals are still there), so nothing reads them; but a
@@ -398,7 +398,7 @@ result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint
   // there failed with timed_out until the tail had passed them (31 in a row after a
   // compactor killed mid-copy). Spanned as a block keel left on purpose, and the tail goes
   // past them.
-  if (tail == 0) return std::uint64_t{0};
+  if (tail == 0) return {};
   auto s = segment_at(disk::segment_of(tail));
   if (!s) return std::unexpected(s.error());
   const std::span<const std::byte> bytes = (*s)->bytes();
@@ -411,7 +411,7 @@ result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint
   };
   while (last > off && zero_before(last))
     last -= 8;
-  if (last <= off) return std::uint64_t{0};
+  if (last <= off) return {};
   const std::uint64_t length = std::min<std::uint64_t>(
       std::max<std::uint64_t>(last - off, sizeof(disk::block_header)), tail_size - off);
   // Only where a header would be is all zero (a header never written), and by a writable
@@ -424,12 +424,12 @@ result<std::uint64_t> store::impl::span_past_tail(std::uint64_t& tail, std::uint
   const bool unwritten =
       length >= sizeof(disk::block_header) &&
       std::ranges::all_of(header_place, [](std::byte b) { return b == std::byte{0}; });
-  if (!writable || !unwritten) return std::uint64_t{0};
+  if (!writable || !unwritten) return {};
   disk::span_unwritten((*s)->map.bytes().subspan(off), length, salt);
-  if (auto synced = (*s)->sync(); !synced) return std::unexpected(synced.error());
+  if (auto synced = (*s)->sync(); !synced) return synced;
   h64(header::dead_bytes).fetch_add(length);
   tail += length;
-  return length;
+  return {};
 }
 
 result<void> store::impl::rebuild() noexcept {
@@ -515,11 +515,11 @@ result<void> store::impl::rebuild() noexcept {
       }
     }
   }
-  if (auto r = span_past_tail(tail, tail_size, writable); !r) return std::unexpected(r.error());
+  if (auto r = span_past_tail(tail, tail_size, writable); !r) return r;
   // Never a number handed out before, even one whose segment compaction removed: an old
   // commit's dead blob location would point into a stranger's bytes, and read as torn.
-  h64(header::next_segment)
-      .store(std::max(checked->numbered_below, numbers.empty() ? 1 : numbers.back() + 1));
+  // (The manifest as read says at least the highest listed plus one.)
+  h64(header::next_segment).store(checked->numbered_below);
   if (auto r = reconcile_rooms(); !r) return std::unexpected(r.error());
   reconcile_checkpoint_bytes();
   h64(header::tail).store(tail);

@@ -230,14 +230,14 @@ struct store::impl final : index::page_source {
   struct segment_census {
     std::vector<std::uint64_t> listed;    //!< the manifest's, all there
     std::vector<std::uint64_t> unlisted;  //!< named in seg/, not listed: leftovers
-    std::uint64_t numbered_below = 1;     //!< the manifest's: no new segment is numbered lower
+    //! The manifest's (at least the highest listed plus one): no new segment is numbered lower.
+    std::uint64_t numbered_below = 1;
   };
   [[nodiscard]] result<segment_census> check_segments() noexcept;
   //! Puts the rebuilt `tail` (in a segment of `tail_size` bytes) past any bytes written after
-  //! the last block there, spanned as a block keel left on purpose (recovery.cpp). Returns
-  //! the bytes stepped over.
-  [[nodiscard]] result<std::uint64_t> span_past_tail(std::uint64_t& tail, std::uint64_t tail_size,
-                                                     bool writable) noexcept;
+  //! the last block there, spanned as a block keel left on purpose (recovery.cpp).
+  [[nodiscard]] result<void> span_past_tail(std::uint64_t& tail, std::uint64_t tail_size,
+                                            bool writable) noexcept;
   //! Proves each leftover holds nothing live (alone, the index built), and with `remove`
   //! (writable) removes it; else corrupt, naming the manifest (it lost a segment that matters,
   //! or was damaged: a read-only opener never serves the store without it either).
