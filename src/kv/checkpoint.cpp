@@ -23,20 +23,30 @@ using namespace checkpoint_file;
 std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) const noexcept {
   if (to <= from) return 0;
   // The segments between, at their sizes in the table (a blob's segment of its own is not
-  // the log's; one no longer there counts nothing). Asked at every commit: past a few
-  // thousand, each counts the least a log segment is.
-  std::uint64_t d = 0;
+  // the log's; one no longer there counts nothing). Asked at every commit: summed once for
+  // each run of segments (segment_sum_memo), and past a few thousand, each counts the least
+  // a log segment is.
   const std::uint64_t first = disk::segment_of(from), last = disk::segment_of(to);
-  const std::uint64_t looked = std::min<std::uint64_t>(last - first, 4096);
-  const std::uint64_t least =
-      dir.params.first_segment_size != 0 ? dir.params.first_segment_size : dir.params.segment_size;
-  for (std::uint64_t n = first; n < first + looked; ++n) {
-    // (Before the first, none yet: a segment's worth, so that a store's first checkpoint
-    // comes early.)
-    const std::uint64_t size = n == 0 ? least : segtab(n, 0).load() == n ? segtab(n, 1).load() : 0;
-    if (log_segment_size(size)) d += size;
+  const segment_sum_memo::key k{first, last,
+                                h64(header::compactions).load(std::memory_order_relaxed)};
+  std::uint64_t d = 0;
+  if (const auto kept = segment_sums.find(k)) {
+    d = *kept;
+  } else {
+    const std::uint64_t looked = std::min<std::uint64_t>(last - first, 4096);
+    const std::uint64_t least = dir.params.first_segment_size != 0 ? dir.params.first_segment_size
+                                                                   : dir.params.segment_size;
+    for (std::uint64_t n = first; n < first + looked; ++n) {
+      // (Before the first, none yet: a segment's worth, so that a store's first checkpoint
+      // comes early.)
+      const std::uint64_t size = n == 0                     ? least
+                                 : segtab(n, 0).load() == n ? segtab(n, 1).load()
+                                                            : 0;
+      if (log_segment_size(size)) d += size;
+    }
+    d += (last - first - looked) * least;
+    segment_sums.keep(k, d);
   }
-  d += (last - first - looked) * least;
   return d + disk::offset_of(to) - std::min(d + disk::offset_of(to), disk::offset_of(from));
 }
 

@@ -10,7 +10,7 @@
 // others named by section below.
 // index_file.hpp is the index file's fixed part: its header's words, and which file writes
 // each. The state a part owns per process is a type of its own, in its header: users.hpp,
-// maintenance.hpp, segment_map.hpp, and process_compaction below.
+// maintenance.hpp, segment_map.hpp, segment_sum_memo.hpp, and process_compaction below.
 // (Over 500 lines: the declarations of the one object whose calls the parts' files define,
 // each with its contract. The walks and views that need no store are elsewhere:
 // block_walk.hpp, index.hpp, test_hooks.hpp.)
@@ -51,6 +51,7 @@
 #include "kv/index_file.hpp"
 #include "kv/maintenance.hpp"
 #include "kv/segment_map.hpp"
+#include "kv/segment_sum_memo.hpp"
 #include "kv/store_dir.hpp"
 #include "kv/supplier.hpp"
 #include "kv/test_hooks.hpp"
@@ -332,6 +333,8 @@ struct store::impl final : index::page_source {
   [[nodiscard]] result<void> checkpoint_locked(const io::countdown& cd) noexcept;
   //! Log bytes between two locations (whole segments counted at the segment size).
   [[nodiscard]] std::uint64_t log_distance(std::uint64_t from, std::uint64_t to) const noexcept;
+  //! log_distance's sums of whole segments (segment_sum_memo.hpp).
+  mutable segment_sum_memo segment_sums;
   //! The segments in `seg/`, by number (removing makers' leftovers, when alone).
   [[nodiscard]] result<std::vector<std::uint64_t>> segment_numbers(bool remove_leftovers) noexcept;
 
