@@ -10,6 +10,7 @@
 #                  (they need root)
 #   AIO_DIR=DIR    where keel-bench aiobench puts its files (default build/aiobench: a real disk,
 #                  for O_DIRECT; the randread file is kept there for the next run)
+#   KV_ROUNDS=N    kvbench's rounds, each figure the median of them (default 3; 1 with QUICK=1)
 #   KV_SYNC_DIR=DIR  where keel-bench kvbench's durable rows put their stores (default
 #                  build/kvbench: a real disk, for fdatasync to cost what it costs)
 set -euo pipefail
@@ -171,18 +172,23 @@ step 7/11 "aiobench in $aio_dir: fio, POSIX, cstdio, POSIX AIO and keel::aio (${
 # with those it put (the report says so). Durable rows on a disk: fdatasync on tmpfs is free.
 # The bulk-load rows (transactions of 1, 1 024 and 65 536 puts) load 300 000 keys of 100 B
 # (70 000 in a quick run: still one whole transaction of 65 536). The small-value rows put and
-# fetch 10 M keys of 100 B (100 000 in a quick run).
+# fetch 10 M keys of 100 B (100 000 in a quick run). Three rounds, the engines in turn each
+# round, every figure the median of its rounds: this machine's slow spells last minutes, and one
+# that fell on keel's or a peer's only run decided the ratio (one round in a quick run;
+# KV_ROUNDS=N sets it, from 1 to 15: each round takes as long as the first).
+kv_rounds=${KV_ROUNDS:-3}
 kv_keys=1000000
 kv_seconds=2
 kv_fill=60
 kv_txn_keys=300000
 kv_small_keys=10000000
 [ "${QUICK:-}" = 1 ] && kv_keys=20000 && kv_seconds=0.5 && kv_fill=10 && kv_txn_keys=70000 &&
-  kv_small_keys=100000
+  kv_small_keys=100000 && kv_rounds=${KV_ROUNDS:-1}
 kv_sync_dir=${KV_SYNC_DIR:-build/kvbench}
 mkdir -p "$kv_sync_dir"
-step 8/11 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys"
-"$keel_bench" kvbench --keys "$kv_keys" --seconds "$kv_seconds" --fill-seconds "$kv_fill" \
+step 8/11 "kvbench on $dir: keel::kv beside its peers, $kv_keys keys, $kv_rounds round(s)"
+"$keel_bench" kvbench --rounds "$kv_rounds" --keys "$kv_keys" --seconds "$kv_seconds" \
+  --fill-seconds "$kv_fill" \
   --txn-keys "$kv_txn_keys" --small-keys "$kv_small_keys" --small-value-size 100 \
   --dir "$dir" --sync-dir "$kv_sync_dir" \
   --json "$out/raw/kvbench.json" >&2

@@ -182,7 +182,7 @@ std::string table_html(const json& doc) {
   }
   return fmt::format(
       "<p>{} keys of 16 bytes, {} B values; stores on {}, the durable rows' on {}; timed rows "
-      "ran {} s each{}. n/a: the engine does not offer it (tkrzw, RocksDB and LevelDB allow one "
+      "ran {} s each{}.{} n/a: the engine does not offer it (tkrzw, RocksDB and LevelDB allow one "
       "process at a time; TDB no threads, so its durable writers are processes). Sizes are "
       "those of the records the insert row put, as they are ({:.1f} MiB of keys and values: "
       "the floor), not scaled; a store with few records shows what it allocates up front. "
@@ -193,6 +193,12 @@ std::string table_html(const json& doc) {
       doc["engines"].contains("keel") && doc["engines"]["keel"].contains("durable_keys")
           ? ", the durable ones on a store loaded with the run's keys first (each put then "
             "changes a key's value)"
+          : "",
+      doc.value("rounds", 1) > 1
+          ? fmt::format(" Every engine ran all its rows {} times, the engines in turn each round, "
+                        "and each figure is the median of its rounds (each round's figures are in "
+                        "the raw JSON, as each_round).",
+                        doc["rounds"].get<int>())
           : "",
       keys_of(doc, "keel") * static_cast<double>(16 + doc["value_size"].get<std::size_t>()) /
           1048576.0,

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -107,6 +108,51 @@ TEST(KeelKvbench, MeasuresKeelAndEveryPeerOnTheSameWorkload) {
     EXPECT_FALSE(entry.is_directory()) << entry.path();
 }
 
+TEST(KeelKvbench, SeveralRoundsGiveEachFigureAsTheMedianOfItsRounds) {
+  keel::test::temp_dir dir;
+  const std::string json = dir.file("kv.json");
+  const auto r = run_program(KEEL_BENCH_BINARY,
+                             {"kvbench",
+                              "--peers",
+                              "keel",
+                              "--rounds",
+                              "3",
+                              "--keys",
+                              "1000",
+                              "--seconds",
+                              "0.1",
+                              "--durable-writers",
+                              "2",
+                              "--txn-keys",
+                              "1000",
+                              "--small-keys",
+                              "500",
+                              "--dir",
+                              dir.path().string(),
+                              "--sync-dir",
+                              dir.path().string(),
+                              "--json",
+                              json},
+                             dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("round 3 of 3"), std::string::npos) << r.err;
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  EXPECT_EQ(doc["rounds"], 3);
+  const auto& e = doc["engines"]["keel"];
+  ASSERT_EQ(e["each_round"].size(), 3u) << e.dump();
+  std::size_t numbers = 0;
+  for (const auto& [name, value] : e.items()) {
+    if (!value.is_number()) continue;
+    ++numbers;
+    std::vector<double> seen;
+    for (const auto& round : e["each_round"])
+      seen.push_back(round[name].get<double>());
+    std::ranges::sort(seen);
+    EXPECT_EQ(value.get<double>(), seen[1]) << name;
+  }
+  EXPECT_GT(numbers, 20u) << e.dump();
+}
+
 TEST(KeelKvbench, RefusesBadArguments) {
   keel::test::temp_dir dir;
   EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"kvbench", "--keys", "0"}, dir.path().string()).code,
@@ -115,6 +161,8 @@ TEST(KeelKvbench, RefusesBadArguments) {
                              dir.path().string());
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("berkeleydb"), std::string::npos) << r.err;
+  EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"kvbench", "--rounds", "0"}, dir.path().string()).code,
+            2);
 }
 
 }  // namespace

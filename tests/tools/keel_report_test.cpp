@@ -225,6 +225,17 @@ TEST(KeelReportKv, DurableRowsSayTheirStoresHeldTheKeys) {
             std::string::npos);
 }
 
+TEST(KeelReportKv, FiguresOfSeveralRoundsSayTheyAreMedians) {
+  const std::string kv = kv_section_of([](nlohmann::json& doc) { doc["rounds"] = 3; });
+  EXPECT_NE(kv.find("ran all its rows 3 times, the engines in turn each round, and each figure "
+                    "is the median of its rounds"),
+            std::string::npos);
+  // (One round, or a kvbench from before rounds, says nothing of them.)
+  EXPECT_EQ(kv_section_of([](nlohmann::json&) {}).find("median of its rounds"), std::string::npos);
+  EXPECT_EQ(kv_section_of([](nlohmann::json& doc) { doc["rounds"] = 1; }).find("median of its"),
+            std::string::npos);
+}
+
 TEST(KeelReportKv, ARunWithoutTheSmallValuesSizeHasNoSmallValueRows) {
   const std::string kv = kv_section_of([](nlohmann::json& doc) { doc.erase("small_value_size"); });
   ASSERT_FALSE(kv.empty());
