@@ -76,6 +76,13 @@ TEST(KeelKv, MaxBytesStopsPutsWithItsOwnExitCodeAndLetsDelete) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--max-bytes"), std::string::npos) << r.err;
   EXPECT_EQ(kv(dir, {s, "get", "k1"}).out, std::string(1024, 'v'));
+  // A negative budget is no budget a user meant (CLI11 read "-1" as 2^64 - 1: no cap at all).
+  for (const char* bad : {"-1", "-5", "1e9"}) {
+    r = kv(dir, {"--max-bytes", bad, dir.file("fresh"), "put", "k", "v"});
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_NE(r.err.find("a number of bytes"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("fresh"))) << bad;
+  }
 }
 
 TEST(KeelKv, PutGetDelScanStatsVerifyCompactWithTheirExitCodes) {
@@ -165,6 +172,10 @@ TEST(KeelKv, BackupCopiesTheStoreAndRefusesAnExistingDestination) {
   EXPECT_EQ(kv(dir, {dir.file("copy"), "verify"}).code, 0);
   for (const char* k : {"a", "b", "c"})
     EXPECT_EQ(kv(dir, {dir.file("copy"), "get", k}).out, std::string("value of ") + k);
+  // --compact, as mdb_copy -c users ask: what every backup writes.
+  r = kv(dir, {s, "backup", "--compact", dir.file("compacted")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(kv(dir, {dir.file("compacted"), "get", "b"}).out, "value of b");
   std::ofstream(dir.file("mine")) << "mine";
   r = kv(dir, {s, "backup", dir.file("mine")});
   EXPECT_EQ(r.code, 5);

@@ -44,6 +44,12 @@ int fail(const std::string& what, const error& e) {
     fmt::print(stderr,
                "keel kv: another user kept the store busy past the lock timeout (while it opened "
                "the store, or built a read-only index of its own); try again\n");
+  } else if (e == std::errc::timed_out) {
+    fmt::print(stderr,
+               "keel kv: a lock of the store stayed held past the lock timeout (30 s): another "
+               "user holds it, perhaps a process stopped mid-commit (`keel kv PATH stats` lists "
+               "the users); nothing of this {} was done\n",
+               what);
   }
   if (e == errc::not_found) return exit_not_found;
   if (e == errc::corrupt || e == errc::not_keel_file || e == errc::unsupported_version) {
@@ -207,7 +213,16 @@ int run_kv_command(int argc, char** argv) {
   app.add_option("--max-bytes", max_bytes,
                  "put: fail (exit 6) rather than let the store's files grow past this many "
                  "bytes; at least three of its segments (a new store's start at 256 KiB and "
-                 "grow to a 256th of this) and its index: 1626112 for a new store");
+                 "grow to a 256th of this) and its index: 1626112 for a new store")
+      ->check(CLI::Validator(
+          [](std::string& in) -> std::string {
+            // (CLI11 reads "-1" into an unsigned as its wrapped value: no budget at all.)
+            if (in.find_first_not_of("0123456789") != std::string::npos) {
+              return "a number of bytes (0 or more), not '" + in + "'";
+            }
+            return {};
+          },
+          "BYTES"));
   bool single_host = false;
   app.add_flag("--single-host", single_host,
                "Every user of the store is on this host, through this mount: open it on a "
@@ -256,6 +271,10 @@ int run_kv_command(int argc, char** argv) {
       "after; live records only (as mdb_copy -c). DEST is made beside under a hidden name and "
       "renamed once whole and durable: it is a whole copy or absent");
   backup->add_option("DEST", dest, "The new store (must not exist)")->required();
+  bool live_only = false;
+  backup->add_flag("--compact", live_only,
+                   "Live records only, as mdb_copy -c: what every backup writes (accepted for "
+                   "those used to asking)");
   bool print_format = false;
   auto* dump = app.add_subcommand(
       "dump",
