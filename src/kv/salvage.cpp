@@ -85,6 +85,13 @@ class salvager {
       if (auto head = disk::parse_segment_header(m->bytes(), from_.params.id, n, salt_); !head) {
         note(named, head.error().has_offset() ? head.error().offset() : 0,
              "a segment header that does not check out: its blocks are read anyway");
+      } else if (m->size() < head->size) {
+        // Cut short (truncated by hand, or by a copy that stopped): whatever was written past
+        // its end is lost, and only the header knows there was room for it.
+        note(named, m->size(),
+             "cut short: " + std::to_string(m->size()) + " of its " + std::to_string(head->size) +
+                 " bytes; whatever its blocks held past its end is "
+                 "gone (the blocks before are read)");
       }
       segments_.push_back({n, named, std::move(*m)});
       walk(segments_.size() - 1);

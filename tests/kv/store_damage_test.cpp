@@ -1084,6 +1084,32 @@ TEST(KvDamage, SalvageCopiesWhatCanBeReadAndListsTheRest) {
   EXPECT_FALSE(store::salvage(path, to, small()));
 }
 
+// A segment cut short by hand: salvage copies what the rest holds, and lists the segment as
+// unreadable past its end (it exited 0 listing nothing while 197 keys were lost).
+TEST(KvDamage, SalvageListsASegmentCutShort) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  {
+    auto s = open_ok(path, small());
+    ASSERT_TRUE(s);
+    for (int i = 0; i < 1000; ++i)
+      ASSERT_TRUE(s->put("k" + std::to_string(i), std::string(700, 'v')));
+  }
+  const std::string seg = segment_files(path).front();
+  const auto size = std::filesystem::file_size(seg);
+  std::filesystem::resize_file(seg, 100000);
+  auto r = store::salvage(path, dir.file("copy"), small());
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_LT(r->keys, 1000u);
+  EXPECT_GT(r->keys, 0u);
+  ASSERT_EQ(r->unreadable.size(), 1u);
+  EXPECT_EQ(r->unreadable[0].file, seg);
+  EXPECT_EQ(r->unreadable[0].offset, 100000u);
+  EXPECT_NE(r->unreadable[0].what.find("cut short: 100000 of its " + std::to_string(size)),
+            std::string::npos)
+      << r->unreadable[0].what;
+}
+
 // Salvage into a store of the smallest segments (1 MiB) copies values that together are
 // many times a segment, and values of every size. (Its commits once batched 16 MiB and
 // failed with too_large.)
