@@ -51,7 +51,20 @@ result<void> commit_run::size_up() noexcept {
   // the spare 1 MiB, and segments made of the spare after were as large: once another
   // program on the volume took the room a pass gave back, the spare shrank to a 256 KiB
   // victim, the 1 MiB segments could never be copied, and erases failed with no_space).
-  const std::uint64_t log_room = s->next_segment_size() - disk::segment_header_size;
+  const std::uint64_t next_size = s->next_segment_size();
+  const std::uint64_t log_room = next_size - disk::segment_header_size;
+  // And while segments are still small beside the blobs (they have not grown to their most),
+  // a blob of over a quarter of one that the rest of the tail's segment cannot hold (a hint:
+  // other writers move the tail) goes into a segment of its own, of its size: in the log it
+  // would leave that rest dead. Values of 100-200 KB in a store of 256 KiB segments left
+  // 23-45 % of an 8 MiB volume dead, which compaction could not take back (every segment
+  // held one live value). (Not once segments are at their most: blobs a segment holds a few
+  // of would then each take a segment-table entry, of which a store has 8064.)
+  const std::uint64_t tail = s->h64(header::tail).load(std::memory_order_relaxed);
+  const std::uint64_t tail_rest = tail == 0 || s->puts_keep_off(tail)
+                                      ? 0
+                                      : s->log_segment_size_at(tail) - disk::offset_of(tail);
+  const bool still_small = next_size < s->dir.params.segment_size;
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
     disk::record_in r;
@@ -63,7 +76,7 @@ result<void> commit_run::size_up() noexcept {
       const std::uint64_t len = disk::blob_block_size(k.w->value.size());
       need += len;
       const std::uint64_t seg_size = log_room + disk::segment_header_size;
-      if (len > log_room) {
+      if (len > log_room || (still_small && len > log_room / 4 && len > tail_rest)) {
         k.own_segment = true;
         own_segments += len;
         own_room += ((disk::segment_header_size + len + seg_size - 1) / seg_size + 1) *
@@ -145,8 +158,9 @@ result<void> commit_run::write_blobs() noexcept {
       if (!r) return std::unexpected(r.error());
       at = *r;
     } else {
-      // Larger than a segment: a segment of its own, never a log segment's size (a page
-      // more if it would be one: the log's tail is never placed in it).
+      // Larger than a segment, or than the tail's rest while segments are small (size_up):
+      // a segment of its own, never a log segment's size (a page more if it would be one:
+      // the log's tail is never placed in it).
       auto g = s->locks->lock({lock::entity(entity_segment)}, io::deadline(cd.expiry()));
       if (!g) return std::unexpected(g.error());
       std::uint64_t size = disk::segment_header_size + len;
