@@ -204,7 +204,7 @@ TEST(KeelKv, DumpAndLoadRoundTripBinaryKeysAndValues) {
   std::ofstream(dir.file("made"), std::ios::binary) << text;
   auto loaded = kv(dir, {s, "load", dir.file("made")});
   ASSERT_EQ(loaded.code, 0) << loaded.err;
-  EXPECT_NE(loaded.out.find("loaded 300 keys"), std::string::npos) << loaded.out;
+  EXPECT_NE(loaded.out.find("loaded 300 entries"), std::string::npos) << loaded.out;
   for (std::size_t i : {0u, 10u, 255u, 299u}) {
     const auto got = kv(dir, {s, "--hex", "get", to_hex_for_test(pairs[i].first)});
     EXPECT_EQ(got.out, pairs[i].second) << i;
@@ -221,7 +221,7 @@ TEST(KeelKv, DumpAndLoadRoundTripBinaryKeysAndValues) {
     const std::string copy = dir.file(std::string("copy.") + format);
     r = kv(dir, {copy, "load", dump});
     ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_NE(r.out.find("loaded 300 keys"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("loaded 300 entries"), std::string::npos) << r.out;
     // Every key and value as it was.
     const auto a = kv(dir, {s, "scan", "--json"});
     const auto b = kv(dir, {copy, "scan", "--json"});
@@ -238,6 +238,11 @@ TEST(KeelKv, DumpAndLoadRoundTripBinaryKeysAndValues) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("never")));
   for (const auto& e : std::filesystem::directory_iterator(dir.path()))
     EXPECT_FALSE(e.path().filename().string().starts_with(".never")) << e.path();
+  // Into a store that exists, the same refusal says what stays.
+  r = kv(dir, {s, "load", dir.file("bad")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("the batches committed before it stay in the store"), std::string::npos)
+      << r.err;
   // LMDB's named or duplicate-keyed databases, and text that is no dump, are refused.
   for (const char* other :
        {"VERSION=3\nformat=bytevalue\ndatabase=users\nHEADER=END\nDATA=END\n",

@@ -160,7 +160,9 @@ int run_load(const std::string& path, const std::string& from, bool sync, std::u
   if (in != stdin) std::fclose(in);
   if (!r && !why.empty()) {
     fmt::print(stderr, "keel kv: load: {}: {}{}\n", from == "-" ? "stdin" : from, why,
-               fresh ? " (nothing was made)" : "");
+               fresh ? " (nothing was made)"
+                     : " (the batches committed before it stay in the store: load the same "
+                       "dump again once it is mended)");
     return exit_usage;
   }
   if (!r) {
@@ -170,7 +172,8 @@ int run_load(const std::string& path, const std::string& from, bool sync, std::u
     return fail(fresh ? "load (nothing was made)" : "load (the batches before this stay)",
                 r.error());
   }
-  fmt::print("loaded {} keys into {}{}\n", keys, path,
+  // (Entries of the dump: a key it gives twice is one key in the store, holding the later.)
+  fmt::print("loaded {} entries into {}{}\n", keys, path,
              fresh ? " (a new store, made whole)" : " (an existing store)");
   return exit_ok;
 }
