@@ -46,7 +46,11 @@ result<segment*> store::impl::segment_at(std::uint64_t number) noexcept {
     auto head = disk::parse_segment_header(m->bytes(), dir.params.id, number, salt);
     if (!head) return std::unexpected(head.error().about(f->shared_path()));
     if (head->size != static_cast<std::uint64_t>(*size)) {
-      return std::unexpected(error(errc::corrupt).about(f->shared_path(), 48));
+      // Cut short or grown by something not keel: where the file and its header part ways.
+      return std::unexpected(
+          error(errc::corrupt)
+              .about(f->shared_path(),
+                     std::min<std::uint64_t>(head->size, static_cast<std::uint64_t>(*size))));
     }
     std::unique_ptr<segment> s(new (std::nothrow) segment());
     if (!s) return errc_error(std::errc::not_enough_memory);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -1108,6 +1109,17 @@ TEST(KvDamage, SalvageListsASegmentCutShort) {
   EXPECT_NE(r->unreadable[0].what.find("cut short: 100000 of its " + std::to_string(size)),
             std::string::npos)
       << r->unreadable[0].what;
+  // The store itself says where the file ends (it said offset 48, its header's end).
+  auto s = store::open(path, small());
+  const auto refused = [&]() -> std::optional<error> {
+    if (!s) return s.error();
+    if (auto v = (*s)->verify(); !v) return v.error();
+    return std::nullopt;
+  }();
+  ASSERT_TRUE(refused.has_value()) << "a segment cut short went unnoticed";
+  EXPECT_EQ(*refused, errc::corrupt) << refused->message();
+  EXPECT_EQ(refused->path(), seg);
+  EXPECT_EQ(refused->offset(), 100000u);
 }
 
 // Salvage into a store of the smallest segments (1 MiB) copies values that together are
