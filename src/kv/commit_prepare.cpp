@@ -59,12 +59,23 @@ result<void> commit_run::size_up() noexcept {
   // would leave that rest dead. Values of 100-200 KB in a store of 256 KiB segments left
   // 23-45 % of an 8 MiB volume dead, which compaction could not take back (every segment
   // held one live value). (Not once segments are at their most: blobs a segment holds a few
-  // of would then each take a segment-table entry, of which a store has 8064.)
+  // of would then each take a segment-table entry, of which a store has 8064.) Nor where the
+  // volume or the budget has no room for what a segment of its own is charged (own_room) and
+  // a log segment beside: there the log takes it as before (a store's first blob under the
+  // least budget was refused). A store with no log segment yet makes one that holds it.
   const std::uint64_t tail = s->h64(header::tail).load(std::memory_order_relaxed);
-  const std::uint64_t tail_rest = tail == 0 || s->puts_keep_off(tail)
+  const std::uint64_t tail_rest = tail == 0 ? log_room
+                                  : s->puts_keep_off(tail)
                                       ? 0
                                       : s->log_segment_size_at(tail) - disk::offset_of(tail);
   const bool still_small = next_size < s->dir.params.segment_size;
+  const auto own_room_for = [&](std::uint64_t len) {
+    return ((disk::segment_header_size + len + next_size - 1) / next_size + 1) * log_room;
+  };
+  const auto saves_room = [&](std::uint64_t len) {
+    return still_small && len > log_room / 4 && len > tail_rest &&
+           s->could_put(own_room_for(len) + next_size);
+  };
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
     disk::record_in r;
@@ -75,12 +86,10 @@ result<void> commit_run::size_up() noexcept {
       r.what = disk::op::put_blob;
       const std::uint64_t len = disk::blob_block_size(k.w->value.size());
       need += len;
-      const std::uint64_t seg_size = log_room + disk::segment_header_size;
-      if (len > log_room || (still_small && len > log_room / 4 && len > tail_rest)) {
+      if (len > log_room || saves_room(len)) {
         k.own_segment = true;
         own_segments += len;
-        own_room += ((disk::segment_header_size + len + seg_size - 1) / seg_size + 1) *
-                    (seg_size - disk::segment_header_size);
+        own_room += own_room_for(len);
       }
       has_blobs = true;
     } else {

@@ -180,6 +180,25 @@ TEST(KvBudget, AStoreWhoseSegmentsGrowOpensUnderTwoMiB) {
   EXPECT_LE(test_support::allocated_under(dir.file("s")), least);
 }
 
+// Under the least budget, a new store's first value of 100 KB (a blob, under a segment) goes
+// in: the first log segment holds it. Given a segment of its own, because no log segment was
+// there to hold it, it was refused, and so was every one after (found by review).
+TEST(KvBudget, ANewStoreUnderTheLeastBudgetTakesABlobFirst) {
+  for (const std::size_t size : {70'000, 100'000}) {
+    SCOPED_TRACE(size);
+    keel::test::temp_dir dir;
+    options o = budgeted(0);
+    o.segment_size = 0;
+    o.max_bytes = 3 * 256 * 1024 + (193 + 4 + 8) * 4096;
+    auto s = open_ok(dir.file("s"), o);
+    ASSERT_TRUE(s);
+    auto r = s->put("first", std::string(size, 'b'));
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(s->get("first").value_or("?"), std::string(size, 'b'));
+    EXPECT_LE(test_support::allocated_under(dir.file("s")), o.max_bytes);
+  }
+}
+
 // Under 2 MiB and under the least budget (segments of 256 KiB), a store erased whole and
 // compacted takes as many puts again, but for the erase records compaction cannot forget yet.
 // The erases went into the segment made of the deletes' room, which puts left to deletes even
