@@ -173,6 +173,14 @@ std::string table_html(const json& doc) {
           " — fetched {} of its small values' keys, a random sample, in the {} s a row may take",
           e["small_fetched"].dump(), doc["fill_seconds"].dump());
     }
+    if (e.contains("failed_rounds")) {
+      for (const auto& f : e["failed_rounds"]) {
+        remark += fmt::format(
+            " — failed in round {} ({}); its figures are the median of the "
+            "rounds that ran",
+            f["round"].dump(), html_escape(f["error"].get<std::string>()));
+      }
+    }
     if (e.contains("txn_failed")) {
       for (const auto& [row, why] : e["txn_failed"].items())
         remark += fmt::format(" — {} failed: {}", row, html_escape(why.get<std::string>()));

@@ -234,6 +234,15 @@ TEST(KeelReportKv, FiguresOfSeveralRoundsSayTheyAreMedians) {
   EXPECT_EQ(kv_section_of([](nlohmann::json&) {}).find("median of its rounds"), std::string::npos);
   EXPECT_EQ(kv_section_of([](nlohmann::json& doc) { doc["rounds"] = 1; }).find("median of its"),
             std::string::npos);
+  // A round an engine failed in is named beside it.
+  const std::string failed = kv_section_of([](nlohmann::json& doc) {
+    doc["rounds"] = 3;
+    doc["engines"]["tkrzw"]["failed_rounds"] =
+        nlohmann::json::array({{{"round", 2}, {"error", "killed by signal 9 (Killed)"}}});
+  });
+  EXPECT_NE(failed.find("failed in round 2 (killed by signal 9 (Killed)); its figures are the "
+                        "median of the rounds that ran"),
+            std::string::npos);
 }
 
 TEST(KeelReportKv, ARunWithoutTheSmallValuesSizeHasNoSmallValueRows) {

@@ -803,11 +803,10 @@ int run_kvbench_command(int argc, char** argv) {
   // Round by round, the engines in turn: a slow spell of a busy machine falls on one round of
   // one engine, and the median of its rounds leaves it out.
   std::map<std::string, std::vector<json>> figures;
-  std::map<std::string, std::string> failed;
+  std::map<std::string, json> failed;  // engine -> [{round, error}]
   for (unsigned round = 1; round <= rounds; ++round) {
     if (rounds > 1) fmt::print(stderr, "keel-bench kvbench: round {} of {}\n", round, rounds);
     for (const auto* e : chosen) {
-      if (failed.contains(e->id)) continue;
       // The figures come back through a file of the scratch directory.
       const child_outcome got = run_in_child(
           [&] { return engine_run(*e, c, w, tw, sw).run().dump(); }, c.dir + "/" + e->id + ".json");
@@ -815,24 +814,33 @@ int run_kvbench_command(int argc, char** argv) {
         figures[e->id].push_back(json::parse(got.output));
       } else {
         fmt::print(stderr, "keel-bench kvbench: {}: {}\n", e->name, got.error);
-        failed[e->id] = got.error;
+        failed[e->id].push_back({{"round", round}, {"error", got.error}});
       }
     }
   }
   for (const auto* e : chosen) {
     doc["order"].push_back(e->id);
-    if (const auto f = failed.find(e->id); f != failed.end()) {
-      doc["engines"][e->id] = {{"name", e->name}, {"setup", e->setup}, {"error", f->second}};
-    } else {
-      doc["engines"][e->id] = median_of_rounds(figures[e->id]);
-      // Each round's own figures too, when there were several: the spread is on record.
-      if (rounds > 1) doc["engines"][e->id]["each_round"] = figures[e->id];
+    const auto f = failed.find(e->id);
+    if (figures[e->id].empty()) {
+      doc["engines"][e->id] = {
+          {"name", e->name}, {"setup", e->setup}, {"error", f->second.front()["error"]}};
+      continue;
     }
+    // A round that failed takes nothing from the others': the figures are theirs, and the
+    // failure is on record beside them.
+    doc["engines"][e->id] = median_of_rounds(figures[e->id]);
+    // Each round's own figures too, when there were several: the spread is on record.
+    if (rounds > 1) doc["engines"][e->id]["each_round"] = figures[e->id];
+    if (f != failed.end()) doc["engines"][e->id]["failed_rounds"] = f->second;
   }
   print_table(doc, chosen);
   if (!json_path.empty() && !write_json("kvbench", json_path, doc)) return 1;
-  // keel failing is a failed run; a peer failing is a gap in the table, said above.
-  return doc["engines"].contains("keel") && doc["engines"]["keel"].contains("error") ? 1 : 0;
+  // keel failing (in any round) is a failed run; a peer failing is a gap in the table, or a
+  // round fewer in its medians, said above.
+  return doc["engines"].contains("keel") && (doc["engines"]["keel"].contains("error") ||
+                                             doc["engines"]["keel"].contains("failed_rounds"))
+             ? 1
+             : 0;
 }
 
 }  // namespace keel::tools
