@@ -77,7 +77,7 @@ TEST(KeelKv, MaxBytesStopsPutsWithItsOwnExitCodeAndLetsDelete) {
   EXPECT_NE(r.err.find("--max-bytes"), std::string::npos) << r.err;
   EXPECT_EQ(kv(dir, {s, "get", "k1"}).out, std::string(1024, 'v'));
   // A negative budget is no budget a user meant (CLI11 read "-1" as 2^64 - 1: no cap at all).
-  for (const char* bad : {"-1", "-5", "1e9"}) {
+  for (const char* bad : {"-1", "-5", "1e9", "", "18446744073709551616"}) {
     r = kv(dir, {"--max-bytes", bad, dir.file("fresh"), "put", "k", "v"});
     EXPECT_EQ(r.code, 2) << bad;
     EXPECT_NE(r.err.find("a number of bytes"), std::string::npos) << r.err;
@@ -238,6 +238,12 @@ TEST(KeelKv, DumpAndLoadRoundTripBinaryKeysAndValues) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("never")));
   for (const auto& e : std::filesystem::directory_iterator(dir.path()))
     EXPECT_FALSE(e.path().filename().string().starts_with(".never")) << e.path();
+  // An empty directory is not keel's to replace: refused, and left as it is.
+  std::filesystem::create_directory(dir.file("empty"));
+  r = kv(dir, {dir.file("empty"), "load", dir.file("made")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is an empty directory"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("empty")));
   // Into a store that exists, the same refusal says what stays.
   r = kv(dir, {s, "load", dir.file("bad")});
   EXPECT_EQ(r.code, 2);

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -145,6 +146,16 @@ int run_load(const std::string& path, const std::string& from, bool sync, std::u
   o.every_user_on_this_host = single_host;
   std::error_code ec;
   const bool fresh = !std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  if (!fresh && std::filesystem::is_directory(std::filesystem::symlink_status(path, ec)) &&
+      std::filesystem::is_empty(path, ec) && !ec) {
+    if (in != stdin) std::fclose(in);
+    fmt::print(stderr,
+               "keel kv: load: {} is an empty directory: a load makes a new store only where "
+               "PATH does not exist (all or nothing); remove the directory, or name a path "
+               "that does not exist\n",
+               path);
+    return exit_usage;
+  }
   result<void> r;
   if (fresh) {
     r = kv::store::build(path, o, fill);
@@ -220,8 +231,11 @@ int run_kv_command(int argc, char** argv) {
       ->check(CLI::Validator(
           [](std::string& in) -> std::string {
             // (CLI11 reads "-1" into an unsigned as its wrapped value: no budget at all.)
-            if (in.find_first_not_of("0123456789") != std::string::npos) {
-              return "a number of bytes (0 or more), not '" + in + "'";
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(in.data(), in.data() + in.size(), v);
+            if (in.empty() || in.find_first_not_of("0123456789") != std::string::npos ||
+                ec != std::errc{} || end != in.data() + in.size()) {
+              return "a number of bytes from 0 to 18446744073709551615, not '" + in + "'";
             }
             return {};
           },
@@ -289,8 +303,8 @@ int run_kv_command(int argc, char** argv) {
   std::string from = "-";
   auto* load = app.add_subcommand(
       "load",
-      "Put every key of a dump (keel kv dump's or mdb_dump's) into the store. Where PATH holds "
-      "no store, load is all-or-nothing: the store is made beside PATH and appears only once "
+      "Put every key of a dump (keel kv dump's or mdb_dump's) into the store. Where PATH does "
+      "not exist, load is all-or-nothing: the store is made beside PATH and appears only once "
       "whole and durable. Into a store that exists, it commits in batches: an error leaves the "
       "batches before it, and loading the same dump again finishes the job. A dump keel "
       "cannot read exits 2 naming the line");
