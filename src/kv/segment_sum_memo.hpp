@@ -30,11 +30,12 @@ class segment_sum_memo {
     for (const entry& e : entries_) {
       const std::uint64_t v = e.version.load(std::memory_order_acquire);
       if (v == 0 || (v & 1) != 0) continue;
-      const key seen{e.first.load(std::memory_order_relaxed),
-                     e.last.load(std::memory_order_relaxed),
-                     e.compactions.load(std::memory_order_relaxed)};
-      const std::uint64_t sum = e.sum.load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
+      // (Each load acquires: one that reads a writer's store sees its odd version after it,
+      // so a torn read fails the check below. No fence: ThreadSanitizer has none.)
+      const key seen{e.first.load(std::memory_order_acquire),
+                     e.last.load(std::memory_order_acquire),
+                     e.compactions.load(std::memory_order_acquire)};
+      const std::uint64_t sum = e.sum.load(std::memory_order_acquire);
       if (e.version.load(std::memory_order_relaxed) == v && seen == k) return sum;
     }
     return std::nullopt;
@@ -47,11 +48,11 @@ class segment_sum_memo {
     if ((v & 1) != 0 || !e.version.compare_exchange_strong(v, v + 1, std::memory_order_acquire)) {
       return;  // another writer's: it keeps its own
     }
-    std::atomic_thread_fence(std::memory_order_release);
-    e.first.store(k.first, std::memory_order_relaxed);
-    e.last.store(k.last, std::memory_order_relaxed);
-    e.compactions.store(k.compactions, std::memory_order_relaxed);
-    e.sum.store(sum, std::memory_order_relaxed);
+    // (Released: a reader that sees one of these sees the odd version before it.)
+    e.first.store(k.first, std::memory_order_release);
+    e.last.store(k.last, std::memory_order_release);
+    e.compactions.store(k.compactions, std::memory_order_release);
+    e.sum.store(sum, std::memory_order_release);
     e.version.store(v + 2, std::memory_order_release);
   }
 
