@@ -22,10 +22,12 @@ using namespace checkpoint_file;
 
 std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) const noexcept {
   if (to <= from) return 0;
-  // The segments between, at their sizes in the table (a blob's segment of its own is not
-  // the log's; one no longer there counts nothing). Asked at every commit: summed once for
-  // each run of segments (segment_sum_memo), and past a few thousand, each counts the least
-  // a log segment is.
+  // The log segments there are between, at their sizes in the table (a blob's segment of
+  // its own is not the log's). Segment numbers are not the log: compactions hand out new
+  // ones for good, and counting every number past a few thousand read gigabytes of replay
+  // where the log held a megabyte. Asked at every commit: summed once for each run of
+  // segments (segment_sum_memo), by number, or from the table's entries (8064 at most) where
+  // the run's numbers are more.
   const std::uint64_t first = disk::segment_of(from), last = disk::segment_of(to);
   const segment_sum_memo::key k{first, last,
                                 h64(header::compactions).load(std::memory_order_relaxed)};
@@ -33,18 +35,27 @@ std::uint64_t store::impl::log_distance(std::uint64_t from, std::uint64_t to) co
   if (const auto kept = segment_sums.find(k)) {
     d = *kept;
   } else {
-    const std::uint64_t looked = std::min<std::uint64_t>(last - first, 4096);
-    const std::uint64_t least = dir.params.first_segment_size != 0 ? dir.params.first_segment_size
-                                                                   : dir.params.segment_size;
-    for (std::uint64_t n = first; n < first + looked; ++n) {
-      // (Before the first, none yet: a segment's worth, so that a store's first checkpoint
-      // comes early.)
-      const std::uint64_t size = n == 0                     ? least
-                                 : segtab(n, 0).load() == n ? segtab(n, 1).load()
-                                                            : 0;
-      if (log_segment_size(size)) d += size;
+    // (Before the first, none yet: a segment's worth, so that a store's first checkpoint
+    // comes early.)
+    if (first == 0) {
+      d = dir.params.first_segment_size != 0 ? dir.params.first_segment_size
+                                             : dir.params.segment_size;
     }
-    d += (last - first - looked) * least;
+    const auto add = [&](std::uint64_t n) {
+      const std::uint64_t size = segtab(n, 0).load() == n ? segtab(n, 1).load() : 0;
+      if (log_segment_size(size)) d += size;
+    };
+    if (last - first <= segtab_entries) {
+      // By number (most runs are a few segments long).
+      for (std::uint64_t n = std::max<std::uint64_t>(first, 1); n < last; ++n)
+        add(n);
+    } else {
+      // By the table's entries, each segment's number in its own.
+      for (std::uint64_t i = 0; i < segtab_entries; ++i) {
+        const std::uint64_t n = segtab(i, 0).load();
+        if (n != 0 && n % segtab_entries == i && n >= first && n < last) add(n);
+      }
+    }
     segment_sums.keep(k, d);
   }
   return d + disk::offset_of(to) - std::min(d + disk::offset_of(to), disk::offset_of(from));

@@ -6,13 +6,20 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <ostream>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "keel/kv/store.hpp"
 #include "kv/index.hpp"
+#include "kv/store_dir.hpp"
 #include "kv/store_impl.hpp"
 
 namespace keel::kv {
@@ -109,6 +116,36 @@ inline std::unique_ptr<store> open_ok(const std::string& path, const options& o 
   auto s = store::open(path, o);
   if (!s) ADD_FAILURE() << s.error().message();
   return s ? std::move(*s) : nullptr;
+}
+
+//! Rewrites each slot of the manifest of the closed store at `path` that parses as
+//! `rewrite(manifest, dir)` returns it (its bytes, written at the slot's start over zeros):
+//! how many it rewrote, or -1 after a test failure naming the error.
+template <class Rewrite>
+int rewrite_manifest_slots(const std::string& path, Rewrite&& rewrite) {
+  auto d = open_store_dir(path, {.create_if_missing = false});
+  if (!d) {
+    ADD_FAILURE() << d.error().message();
+    return -1;
+  }
+  std::fstream f(path + "/manifest", std::ios::in | std::ios::out | std::ios::binary);
+  std::vector<char> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::size_t slot = file.size() / 2;
+  int rewritten = 0;
+  for (std::size_t at = 0; at < file.size(); at += slot) {
+    auto m = disk::parse_manifest(std::as_bytes(std::span(file).subspan(at, slot)), d->params.id,
+                                  d->params.salt);
+    if (!m) continue;  // blank, or a generation never written
+    const std::vector<std::byte> bytes = rewrite(*m, *d);
+    std::fill(file.begin() + static_cast<std::ptrdiff_t>(at),
+              file.begin() + static_cast<std::ptrdiff_t>(at + slot), '\0');
+    std::memcpy(file.data() + at, bytes.data(), bytes.size());
+    ++rewritten;
+  }
+  f.seekp(0);
+  f.write(file.data(), static_cast<std::streamsize>(file.size()));
+  if (!f.flush()) ADD_FAILURE() << "cannot write " << path << "/manifest";
+  return rewritten;
 }
 
 }  // namespace keel::kv::test_support

@@ -398,36 +398,26 @@ TEST(KvCompact, AVersionTwoManifestKeepsItsHighestNumberHandedOut) {
   }
   ASSERT_EQ(segments_of(path).count, 2u);
   // Each slot written as version 2 would have: the header 8 bytes shorter, no numbered below.
-  auto d = open_store_dir(path, {.create_if_missing = false});
-  ASSERT_TRUE(d) << d.error().message();
-  {
-    std::fstream f(path + "/manifest", std::ios::in | std::ios::out | std::ios::binary);
-    std::vector<char> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const std::size_t slot = file.size() / 2;
-    int rewritten = 0;
-    for (std::size_t at = 0; at < file.size(); at += slot) {
-      const auto bytes = std::as_bytes(std::span(file).subspan(at, slot));
-      auto m = disk::parse_manifest(bytes, d->params.id, d->params.salt);
-      if (!m) continue;  // blank, or a generation never written
-      auto v3 = disk::encode_manifest(d->params.id, *m, d->params.salt);
-      std::vector<std::byte> v2(v3.begin(), v3.end() - 16);  // less numbered below and checksum
-      std::copy(v3.begin() + 72, v3.end() - 8, v2.begin() + 64);
-      const base::format_header h = disk::manifest_format_v2.header();
-      std::memcpy(v2.data(), &h, sizeof h);
-      const std::uint64_t sum = disk::checksum(std::span<const std::byte>(v2), d->params.salt);
-      v2.resize(v2.size() + 8);
-      std::memcpy(v2.data() + v2.size() - 8, &sum, 8);
-      ASSERT_TRUE(disk::parse_manifest(v2, d->params.id, d->params.salt)) << "not a version 2 slot";
-      std::fill(file.begin() + static_cast<std::ptrdiff_t>(at),
-                file.begin() + static_cast<std::ptrdiff_t>(at + slot), '\0');
-      std::memcpy(file.data() + at, v2.data(), v2.size());
-      ++rewritten;
-    }
-    ASSERT_GT(rewritten, 0);
-    f.seekp(0);
-    f.write(file.data(), static_cast<std::streamsize>(file.size()));
-    ASSERT_TRUE(f.flush());
-  }
+  bool all_version_two = true;
+  ASSERT_GT(test_support::rewrite_manifest_slots(
+                path,
+                [&](const disk::manifest& m, const store_dir& d) {
+                  auto v3 = disk::encode_manifest(d.params.id, m, d.params.salt);
+                  // less numbered below and checksum
+                  std::vector<std::byte> v2(v3.begin(), v3.end() - 16);
+                  std::copy(v3.begin() + 72, v3.end() - 8, v2.begin() + 64);
+                  const base::format_header h = disk::manifest_format_v2.header();
+                  std::memcpy(v2.data(), &h, sizeof h);
+                  const std::uint64_t sum =
+                      disk::checksum(std::span<const std::byte>(v2), d.params.salt);
+                  v2.resize(v2.size() + 8);
+                  std::memcpy(v2.data() + v2.size() - 8, &sum, 8);
+                  all_version_two &=
+                      static_cast<bool>(disk::parse_manifest(v2, d.params.id, d.params.salt));
+                  return v2;
+                }),
+            0);
+  ASSERT_TRUE(all_version_two) << "not a version 2 slot";
   const auto read_file = [&] {
     std::ifstream f(path + "/manifest", std::ios::binary);
     return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
