@@ -28,7 +28,15 @@ result<std::uint64_t> transaction::impl::commit(durability d) noexcept {
   if (auto r = run.plan_keys(); !r) return std::unexpected(r.error());
   // 1. Room, then blobs, before any lock.
   if (auto r = run.size_up(); !r) return std::unexpected(r.error());
-  if (auto r = run.charge(); !r) return std::unexpected(r.error());
+  auto charged = run.charge();
+  if (!charged && out_of_room(charged.error()) && run.chose_own) {
+    // Segments of their own are charged whole segments: where the room is short of that, the
+    // log takes the blobs, as a commit short of room did before there were such segments.
+    run.blobs_in_log = true;
+    if (auto r = run.size_up(); !r) return std::unexpected(r.error());
+    charged = run.charge();
+  }
+  if (!charged) return std::unexpected(charged.error());
   if (auto r = run.write_blobs(); !r) return std::unexpected(r.error());
   // 2-4. Lock the keys' pages, check the directory still names them, validate, make room.
   if (auto r = run.lock_and_validate(); !r) return std::unexpected(r.error());

@@ -46,6 +46,8 @@ result<void> commit_run::size_up() noexcept {
                             [](const key_plan& k) { return k.w == nullptr || k.w->erase; });
   need = sizeof(disk::block_header);
   block = sizeof(disk::block_header);
+  own_segments = own_room = puts = 0;
+  has_blobs = chose_own = false;
   // The segments made now: a blob larger gets a segment of its own, so that no log segment
   // grows past them for it (a 700 KB blob in a 1 MiB log segment beside 256 KiB ones made
   // the spare 1 MiB, and segments made of the spare after were as large: once another
@@ -72,9 +74,11 @@ result<void> commit_run::size_up() noexcept {
   const auto own_room_for = [&](std::uint64_t len) {
     return ((disk::segment_header_size + len + next_size - 1) / next_size + 1) * log_room;
   };
+  // (Beside what the commit is charged so far: each blob's check on its own let a commit of
+  // three 70 KB blobs be charged more than was left, and refused where the log held them.)
   const auto saves_room = [&](std::uint64_t len) {
-    return still_small && len > log_room / 4 && len > tail_rest &&
-           s->could_put(own_room_for(len) + next_size);
+    return !blobs_in_log && still_small && len > log_room / 4 && len > tail_rest &&
+           s->could_put(2 * (need - own_segments) + own_room + own_room_for(len) + next_size);
   };
   for (key_plan& k : keys) {
     if (k.w == nullptr) continue;
@@ -85,12 +89,13 @@ result<void> commit_run::size_up() noexcept {
     } else if (k.w->value.size() >= threshold) {
       r.what = disk::op::put_blob;
       const std::uint64_t len = disk::blob_block_size(k.w->value.size());
-      need += len;
-      if (len > log_room || saves_room(len)) {
-        k.own_segment = true;
+      k.own_segment = len > log_room;
+      if (!k.own_segment && saves_room(len)) k.own_segment = chose_own = true;
+      if (k.own_segment) {
         own_segments += len;
         own_room += own_room_for(len);
       }
+      need += len;
       has_blobs = true;
     } else {
       r.value = as_bytes(k.w->value);

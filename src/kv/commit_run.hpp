@@ -90,6 +90,11 @@ struct commit_run {
   //! headers: up to one segment more than its file's size, by rounding.
   std::uint64_t own_segments = 0;
   std::uint64_t own_room = 0;
+  //! Whether size_up gave a blob a segment of its own to save room (not for its size), and
+  //! whether it may not: a segment of its own is charged whole segments, so a commit the
+  //! ledger refuses so is sized again with such blobs in the log (commit.cpp).
+  bool chose_own = false;
+  bool blobs_in_log = false;
   std::uint64_t puts = 0;
   std::uint64_t block = 0;  // the commit block alone
   ledger_hold charged;

@@ -199,6 +199,35 @@ TEST(KvBudget, ANewStoreUnderTheLeastBudgetTakesABlobFirst) {
   }
 }
 
+// Commits of three 70 KB blobs under a 2.8 MB budget: as many as when every blob went in the
+// log (4). Each blob given a segment of its own, judged alone, made the commit's charge more
+// than was left: one commit went in, and every one after was refused (found by review).
+TEST(KvBudget, CommitsOfSeveralBlobsFitAsManyAsInTheLog) {
+  keel::test::temp_dir dir;
+  options o = budgeted(0);
+  o.segment_size = 0;
+  o.max_bytes = 2'800'000;
+  auto s = open_ok(dir.file("s"), o);
+  ASSERT_TRUE(s);
+  int committed = 0;
+  for (;; ++committed) {
+    auto t = s->begin();
+    ASSERT_TRUE(t);
+    for (int k = 0; k < 3; ++k)
+      ASSERT_TRUE(t->put("t" + std::to_string(committed) + "-" + std::to_string(k),
+                         std::string(70'000, static_cast<char>('a' + k))));
+    auto r = t->commit();
+    if (!r) {
+      ASSERT_EQ(r.error(), errc::budget_reached) << r.error().message();
+      break;
+    }
+  }
+  EXPECT_GE(committed, 4);
+  for (int c = 0; c < committed; ++c)
+    EXPECT_EQ(s->get("t" + std::to_string(c) + "-2").value_or("?"), std::string(70'000, 'c'));
+  EXPECT_LE(test_support::allocated_under(dir.file("s")), o.max_bytes);
+}
+
 // Under 2 MiB and under the least budget (segments of 256 KiB), a store erased whole and
 // compacted takes as many puts again, but for the erase records compaction cannot forget yet.
 // The erases went into the segment made of the deletes' room, which puts left to deletes even
