@@ -244,6 +244,12 @@ TEST(KeelKv, DumpAndLoadRoundTripBinaryKeysAndValues) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("is an empty directory"), std::string::npos) << r.err;
   EXPECT_TRUE(std::filesystem::is_empty(dir.file("empty")));
+  // So is a link to one.
+  std::filesystem::create_directory_symlink(dir.file("empty"), dir.file("link"));
+  r = kv(dir, {dir.file("link"), "load", dir.file("made")});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is an empty directory"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("empty")));
   // Into a store that exists, the same refusal says what stays.
   r = kv(dir, {s, "load", dir.file("bad")});
   EXPECT_EQ(r.code, 2);

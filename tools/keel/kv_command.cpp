@@ -146,7 +146,8 @@ int run_load(const std::string& path, const std::string& from, bool sync, std::u
   o.every_user_on_this_host = single_host;
   std::error_code ec;
   const bool fresh = !std::filesystem::exists(std::filesystem::symlink_status(path, ec));
-  if (!fresh && std::filesystem::is_directory(std::filesystem::symlink_status(path, ec)) &&
+  // (A link to an empty directory too: what the store would be made in.)
+  if (!fresh && std::filesystem::is_directory(std::filesystem::status(path, ec)) &&
       std::filesystem::is_empty(path, ec) && !ec) {
     if (in != stdin) std::fclose(in);
     fmt::print(stderr,
