@@ -65,11 +65,13 @@ result<void> commit_run::size_up() noexcept {
   // volume or the budget has no room for what a segment of its own is charged (own_room) and
   // a log segment beside: there the log takes it as before (a store's first blob under the
   // least budget was refused). A store with no log segment yet makes one that holds it.
-  const std::uint64_t tail = s->h64(header::tail).load(std::memory_order_relaxed);
-  const std::uint64_t tail_rest = tail == 0 ? log_room
-                                  : s->puts_keep_off(tail)
-                                      ? 0
-                                      : s->log_segment_size_at(tail) - disk::offset_of(tail);
+  // (Only for such a blob: a commit without one, the common put, reads nothing more here.)
+  const auto tail_rest = [&]() -> std::uint64_t {
+    const std::uint64_t tail = s->h64(header::tail).load(std::memory_order_relaxed);
+    if (tail == 0) return log_room;
+    if (s->puts_keep_off(tail)) return 0;
+    return s->log_segment_size_at(tail) - disk::offset_of(tail);
+  };
   const bool still_small = next_size < s->dir.params.segment_size;
   const auto own_room_for = [&](std::uint64_t len) {
     return ((disk::segment_header_size + len + next_size - 1) / next_size + 1) * log_room;
@@ -77,7 +79,7 @@ result<void> commit_run::size_up() noexcept {
   // (Beside what the commit is charged so far: each blob's check on its own let a commit of
   // three 70 KB blobs be charged more than was left, and refused where the log held them.)
   const auto saves_room = [&](std::uint64_t len) {
-    return !blobs_in_log && still_small && len > log_room / 4 && len > tail_rest &&
+    return !blobs_in_log && still_small && len > log_room / 4 && len > tail_rest() &&
            s->could_put(2 * (need - own_segments) + own_room + own_room_for(len) + next_size);
   };
   for (key_plan& k : keys) {

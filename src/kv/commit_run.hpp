@@ -85,9 +85,9 @@ struct commit_run {
   bool only_erases = false;  // it may use the deletes' room
   bool has_blobs = false;
   std::uint64_t need = 0;  // its block and blobs, ideally placed
-  //! Of that, blobs larger than a segment (each in a segment file of its own, header and
-  //! all), and what each takes of the room for puts, counted in whole segments less their
-  //! headers: up to one segment more than its file's size, by rounding.
+  //! Of that, blobs in a segment file of their own, header and all (larger than a segment,
+  //! or as size_up chooses), and what each takes of the room for puts, counted in whole
+  //! segments less their headers: up to one segment more than its file's size, by rounding.
   std::uint64_t own_segments = 0;
   std::uint64_t own_room = 0;
   //! Whether size_up gave a blob a segment of its own to save room (not for its size), and

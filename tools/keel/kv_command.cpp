@@ -232,10 +232,10 @@ int run_kv_command(int argc, char** argv) {
       ->check(CLI::Validator(
           [](std::string& in) -> std::string {
             // (CLI11 reads "-1" into an unsigned as its wrapped value: no budget at all.)
+            // (from_chars takes digits only: no sign, no space; out of range is refused.)
             std::uint64_t v = 0;
             const auto [end, ec] = std::from_chars(in.data(), in.data() + in.size(), v);
-            if (in.empty() || in.find_first_not_of("0123456789") != std::string::npos ||
-                ec != std::errc{} || end != in.data() + in.size()) {
+            if (ec != std::errc{} || end != in.data() + in.size()) {
               return "a number of bytes from 0 to 18446744073709551615, not '" + in + "'";
             }
             return {};
