@@ -262,6 +262,9 @@ TEST(KvDamage, ADamagedBlobOfASyncCommitReadsCorruptAndTheCommitStays) {
     auto a = (*s)->get("a");
     ASSERT_FALSE(a) << "served a value of the damaged key: " << a->substr(0, 8);
     EXPECT_EQ(a.error(), errc::corrupt) << a.error().message();
+    std::string into = "kept";
+    EXPECT_EQ((*s)->get("a", into).error(), errc::corrupt);
+    EXPECT_EQ(into, "kept") << "a damaged value was copied out";
     auto b = (*s)->get("b");
     ASSERT_TRUE(b) << b.error().message();
     EXPECT_EQ(*b, "new b") << "the commit was rolled back";

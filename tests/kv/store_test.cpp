@@ -67,6 +67,41 @@ TEST(KvStore, PutGetEraseAndReopen) {
   EXPECT_EQ(st->records, 2u);
 }
 
+// A get into the caller's string: the value, in the memory the string has when it is large
+// enough (a loop of gets allocates nothing), and the string as it was after any error.
+TEST(KvStore, AGetIntoAStringReusesItsMemoryAndKeepsItOnAnError) {
+  temp_dir dir;
+  auto s = open_ok(dir.file("s"));
+  ASSERT_TRUE(s);
+  const std::string small_value(100, 's');
+  std::string blob(200'000, 'b');  // over the blob threshold: a block of its own
+  blob[123'456] = 'x';
+  ASSERT_TRUE(s->put("a", small_value));
+  ASSERT_TRUE(s->put("big", blob));
+  ASSERT_TRUE(s->put("empty", ""));
+  std::string out;
+  out.reserve(300'000);
+  const char* memory = out.data();
+  ASSERT_TRUE(s->get("a", out));
+  EXPECT_EQ(out, small_value);
+  ASSERT_TRUE(s->get("big", out));
+  EXPECT_EQ(out, blob);
+  ASSERT_TRUE(s->get("empty", out));
+  EXPECT_EQ(out, "");
+  EXPECT_EQ(out.data(), memory) << "the string's memory was not reused";
+  out = "kept";
+  EXPECT_EQ(s->get("missing", out).error(), errc::not_found);
+  EXPECT_EQ(s->get("", out).error(), std::errc::invalid_argument);
+  EXPECT_EQ(s->get(std::string(max_key_size + 1, 'k'), out).error(), errc::too_large);
+  ASSERT_TRUE(s->erase("a"));
+  EXPECT_EQ(s->get("a", out).error(), errc::not_found);
+  EXPECT_EQ(out, "kept");
+  // A string shorter than the value grows to it.
+  std::string tiny;
+  ASSERT_TRUE(s->get("big", tiny));
+  EXPECT_EQ(tiny, blob);
+}
+
 TEST(KvStore, ATransactionReadsItsSnapshotAndItsOwnWrites) {
   temp_dir dir;
   auto s = open_ok(dir.file("s"));

@@ -45,10 +45,8 @@ class keel_handle final : public kv_handle {
     return r ? true : fail(r.error().message());
   }
   bool get(std::string_view key, std::string& out) override {
-    auto v = store_->get(key);
-    if (!v) return fail(v.error().message());
-    out = std::move(*v);
-    return true;
+    auto v = store_->get(key, out);
+    return v ? true : fail(v.error().message());
   }
   bool put_all(std::span<const std::string> keys, std::string_view value) override {
     auto t = store_->begin();

@@ -376,6 +376,10 @@ class store {
   store& operator=(const store&) = delete;
 
   [[nodiscard]] result<std::string> get(std::string_view key) noexcept;
+  //! The value of `key`, into `value` (its memory reused: a loop of gets into one string
+  //! allocates nothing once it has grown). Errors: get's, and not_enough_memory; `value` is
+  //! unchanged by any error.
+  [[nodiscard]] result<void> get(std::string_view key, std::string& value) noexcept;
   //! When the commit finds no room while the log holds at least a segment of dead versions,
   //! it compacts (once for every writer that found the store full at the same time) and
   //! tries again, so the store is full when its live data fills the volume (or budget), not
