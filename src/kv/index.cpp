@@ -202,6 +202,8 @@ std::uint64_t table::page_of(const disk::key_hash& h) const noexcept {
   // reuses a retired page reads the snapshots with seq_cst loads after the switch
   // (store::impl::reuse_horizon).
   const std::uint64_t dir = directory_.load(std::memory_order_seq_cst);
+  if (directory_hook != nullptr) [[unlikely]]
+    directory_hook();
   const unsigned depth = static_cast<unsigned>(dir & 0xff);
   const std::uint64_t i = depth == 0 ? 0 : h.hi >> (64 - depth);
   return directory_entry(dir >> 8, i).load(std::memory_order_seq_cst);

@@ -169,6 +169,9 @@ inline unsigned initial_depth = 6;
 
 //! For tests: called after each directory entry a split switches (to kill a splitter there).
 inline void (*split_hook)() noexcept = nullptr;
+//! For tests: called by page_of between its loads of the directory word and of the entry it
+//! names (to change the index file there).
+inline void (*directory_hook)() noexcept = nullptr;
 
 //! A split in progress: the page being split and its two halves. Written (old last) before
 //! the first directory entry is switched, cleared once the last one is. old 0: none.
@@ -266,6 +269,7 @@ class table {
   //! entry of the page the directory names now is fetched into the cache meanwhile. Safe with
   //! no snapshot held: a directory page retired and reused meanwhile gives a wrong page
   //! number, whose address (computed unsigned, never dereferenced) a prefetch never faults on.
+  //! Its caller keeps the file from being cut short meanwhile (page_of reads the directory).
   void prefetch_for_read(const disk::key_hash& h) const noexcept {
     const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(base_) + page_of(h) * page_size +
                               64 + (h.lo % entries_per_page) * 32;

@@ -72,6 +72,7 @@ struct store::impl::replay_state {
 
 result<void> store::impl::reset_index() noexcept {
   if (auto r = index_file.truncate(0); !r) return r;
+  if (index_reset_hook != nullptr) index_reset_hook();
   const std::uint64_t pages = initial_index_pages_for(dir.params.first_segment_size);
   if (auto r = index_file.allocate(0, static_cast<off_t>(pages * disk::page_size)); !r) return r;
   const auto head = index_format.header();

@@ -28,6 +28,10 @@ inline void (*ledger_close_hook)() noexcept = nullptr;
 //! splits run there).
 inline void (*read_page_hook)() noexcept = nullptr;
 
+//! For tests: called by a rebuild once it has cut the index file to nothing, before it grows
+//! the new one.
+inline void (*index_reset_hook)() noexcept = nullptr;
+
 //! For tests: called while the free page list is marked as being changed (to kill there).
 inline void (*free_list_hook)() noexcept = nullptr;
 

@@ -59,7 +59,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   for (store::impl* s : registry()) {
     // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
     // slots are the parent's, not ours.
-    (void)s->users.live.close();
+    s->users.drop_live();
     s->users.forget_slots();
     s->mapped.unlock_after_fork();
     s->users.mutex.unlock();
@@ -127,7 +127,7 @@ result<void> store::impl::ensure_live() noexcept {
   if (users.live.is_open()) {
     // A forked child whose atfork handler did not run (vfork-like paths): never unlock through
     // the parent's description; just stop using it.
-    (void)users.live.close();
+    users.drop_live();
   }
   users.free_slots.clear();
   users.ours.fill(false);

@@ -69,6 +69,11 @@ struct process_users {
   io::file_handle live KEEL_GUARDED_BY(mutex);
   //! The fork generation `live` was opened in.
   std::uint64_t generation KEEL_GUARDED_BY(mutex) = 0;
+  //! That generation + 1 while `live` holds the open byte for it (0: no descriptor). Read
+  //! without the mutex by a get, which reads the index before it takes a slot only when this
+  //! process holds the byte: a forked child that does not yet (its parent's copy closed)
+  //! could meet a lone opener's rebuild, which cuts the index short, and fault on it.
+  std::atomic<std::uint64_t> held_in{0};
   //! Slots of ours that no call uses now (beside the idle cells).
   std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(mutex);
   //! Which slots are ours (their bytes held through `live`).
@@ -99,6 +104,12 @@ struct process_users {
   void adopt(io::file_handle f) noexcept KEEL_REQUIRES(mutex) {
     live = std::move(f);
     generation = base::fork_generation();
+    held_in.store(generation + 1, std::memory_order_release);
+  }
+  //! Closes `live` (a forked child's copy of its parent's, or one no longer ours).
+  void drop_live() noexcept KEEL_REQUIRES(mutex) {
+    held_in.store(0, std::memory_order_release);
+    (void)live.close();
   }
   //! Forgets the slots held (the descriptor closed first, or a forked child's copy closed):
   //! none is ours any more.

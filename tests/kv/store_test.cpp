@@ -516,6 +516,82 @@ TEST(KvStore, ATransactionBegunBeforeAForkIsTheParents) {
   }
 }
 
+// A forked child holds no open byte of the store until its first call takes a slot, so a lone
+// opener may rebuild the index meanwhile, cutting the file to nothing first. A get that read
+// the directory before its slot (to prefetch the entry) met that rebuild between the
+// directory word and the entry it names, and died of SIGBUS (found by review). The child's
+// reads of the index come after its slot, or while it holds the byte.
+test::signal_pipe* directory_read;  // the child's "read the directory word"
+test::signal_pipe* go_on;           // the parent's "read on"
+pid_t reading_child = 0;
+int reading_child_status = -1;  // its wait status, if the rebuild waited for it
+
+TEST(KvStore, AChildsFirstGetNeverReadsAnIndexALoneOpenerMayRebuild) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(1000);
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  const std::string value(40, 'v');
+  for (int k = 0; k < 1000; ++k)
+    ASSERT_TRUE(s->put("k" + std::to_string(k), value));
+  test::signal_pipe read_it;
+  test::signal_pipe read_on;
+  directory_read = &read_it;
+  go_on = &read_on;
+  reading_child_status = -1;
+  const pid_t child = fork_child([&] {
+    ::alarm(60);  // a child that waits forever is killed, and fails the test
+    index::directory_hook = []() noexcept {
+      index::directory_hook = nullptr;
+      directory_read->notify();
+      (void)go_on->wait();
+    };
+    auto v = s->get("k123");
+    return v && *v == value ? 0 : 1;
+  });
+  test::killed_on_failure guard{child};
+  reading_child = child;
+  s.reset();  // the parent's byte let go: the child holds none until it takes a slot
+  ASSERT_TRUE(read_it.ready_within(std::chrono::seconds(60))) << "the child never read";
+  // The state word zeroed, and no checkpoint to rebuild from: the next opener alone rebuilds
+  // the index. Its rebuild, with the file cut to nothing, lets the child read on and waits
+  // for it. An opener not alone finds the state invalid and waits for a rebuilder until its
+  // lock_timeout.
+  const auto invalidate = [&] {
+    std::filesystem::remove(path + "/checkpoint");
+    std::fstream f(path + "/index", std::ios::in | std::ios::out | std::ios::binary);
+    const std::uint64_t zero = 0;
+    f.seekp(static_cast<std::streamoff>(header::state));
+    f.write(reinterpret_cast<const char*>(&zero), sizeof zero);
+  };
+  invalidate();
+  index_reset_hook = []() noexcept {
+    index_reset_hook = nullptr;
+    go_on->notify();
+    reading_child_status = test::wait_status(reading_child);
+  };
+  (void)store::open(path, o);
+  index_reset_hook = nullptr;
+  const bool rebuilt_under_it = reading_child_status != -1;
+  int status = reading_child_status;
+  if (!rebuilt_under_it) {
+    read_on.notify();
+    status = test::wait_status(child);
+  }
+  guard.pid = 0;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                              : "exit " + std::to_string(WEXITSTATUS(status)))
+      << (rebuilt_under_it ? ", the index rebuilt under its read" : "");
+  EXPECT_FALSE(rebuilt_under_it) << "a rebuild while the child read";
+  invalidate();
+  auto again = open_ok(path, o);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again->get("k123"), value);
+}
+
 // A fork while another thread maps a segment (holding the mutex that guards this process's
 // map of segments) must not leave the child that mutex held: the child's first read of a
 // segment its parent had not mapped would wait forever.
