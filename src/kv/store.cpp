@@ -60,9 +60,7 @@ auto read_one(store::impl& s, std::string_view key, Take&& take) noexcept
   // this process holds the open byte (process_users::held_in), which keeps the index whole.
   const auto kb = as_bytes(key);
   const disk::key_hash h = s.hash_of(kb);
-  if (s.users.held_in.load(std::memory_order_acquire) == base::fork_generation() + 1) {
-    s.table->prefetch_for_read(h);
-  }
+  if (s.users.holds_open_byte()) s.table->prefetch_for_read(h);
   auto lease = s.acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   struct release {

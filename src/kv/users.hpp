@@ -96,6 +96,10 @@ struct process_users {
   std::array<idle_cell, idle_cells> idle_slots{};
   std::atomic<std::uint64_t> idle_generation{0};
 
+  //! Whether this process holds the open byte now, read without the mutex (held_in).
+  [[nodiscard]] bool holds_open_byte() const noexcept {
+    return held_in.load(std::memory_order_acquire) == base::fork_generation() + 1;
+  }
   //! Whether `live` is open and this process's own (not a forked child's copy).
   [[nodiscard]] bool live_is_ours() const noexcept KEEL_REQUIRES(mutex) {
     return live.is_open() && generation == base::fork_generation();
