@@ -109,6 +109,7 @@ result<void> store::build(const std::string& to_given, const options& o,
 }
 
 result<backup_report> store::backup(const std::string& to) noexcept {
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   options made;
   made.durable = durability::none;
   made.verify_checksums = impl_->opts.verify_checksums;

@@ -176,6 +176,7 @@ store::impl::load_checkpoint() noexcept {
 
 result<void> store::checkpoint() noexcept {
   impl& s = *impl_;
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   if (s.opts.read_only) return keel_error(errc::read_only);
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
   if (auto b = s.take_checkpoint_byte(cd, byte_claim::wait); !b) return std::unexpected(b.error());

@@ -20,6 +20,7 @@ std::uint64_t copy_need(const segment_use& u) noexcept {
 }
 
 result<compact_stats> store::compact() noexcept {
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   return impl_->compact(std::nullopt, nullptr, byte_claim::wait);
 }
 

@@ -35,13 +35,15 @@ result<void> refuse_unless_local(io::filesystem& fs, const std::string& path) no
                                    "every_user_on_this_host, keel kv --single-host)"));
 }
 
-// Whether the index's header is whole and this boot's (false with `why` empty: not valid, to
-// rebuild or wait for; with `why`: damaged). Its words are read before the file's size, each
-// before the one published before it (the file grows, then *pages allocated*, then *pages
-// used*, then the directory word that names them): read in the other order beside a writer
-// that grew the index meanwhile, a sound index looked cut short, and an opener that was not
-// alone failed with corrupt (one of a thousand processes opening a store being written).
-result<bool> header_valid(const store::impl& s, error& why) noexcept {
+}  // namespace
+
+// The header's words are read before the file's size, each before the one published before
+// it (the file grows, then *pages allocated*, then *pages used*, then the directory word that
+// names them): read in the other order beside a writer that grew the index meanwhile, a sound
+// index looked cut short, and an opener that was not alone failed with corrupt (one of a
+// thousand processes opening a store being written).
+result<bool> store::impl::index_header_valid(error& why) const noexcept {
+  const store::impl& s = *this;
   // (Its first pages there before any is touched: an index just made is empty.)
   auto made = s.index_file.size();
   if (!made) return std::unexpected(made.error());
@@ -79,7 +81,15 @@ result<bool> header_valid(const store::impl& s, error& why) noexcept {
   return true;
 }
 
-}  // namespace
+result<bool> store::impl::index_valid_or_let_go(const io::file_handle& f) noexcept {
+  error why;
+  auto valid = index_header_valid(why);
+  if (!valid || *valid) return valid;
+  if (why) return std::unexpected(why.about(index_file.shared_path(), 0));
+  // Its rebuilder died part-way: the byte let go, for an opener alone to rebuild it.
+  (void)fs->lock(f, open_byte, 1, io::lock_request::unlock, false);
+  return false;
+}
 
 bool store::impl::waits_for_private_build(const io::file_handle& f) noexcept {
   // Asked after taking the open byte: a reader that builds either sees this opener or is seen.
@@ -160,7 +170,7 @@ result<void> store::impl::open_index() noexcept {
     if (alone) {
       // Nobody else has the store open: check the index, or rebuild it.
       error why;
-      auto header = header_valid(*this, why);
+      auto header = index_header_valid(why);
       if (!header) return std::unexpected(header.error());
       const bool valid = *header && index_sound();
       if (valid) {
@@ -198,13 +208,10 @@ result<void> store::impl::open_index() noexcept {
       shared = errc_error(std::errc::operation_would_block);
     }
     if (shared) {
-      error why;
-      auto header = header_valid(*this, why);
-      if (!header) return std::unexpected(header.error());
-      if (*header) break;
-      if (why) return std::unexpected(why.about(index_file.shared_path(), 0));
-      // Its rebuilder died part-way: let go, and try to be alone again.
-      (void)fs->lock(*probe, open_byte, 1, io::lock_request::unlock, false);
+      // (Let go if its rebuilder died part-way, to try to be alone again.)
+      auto valid = index_valid_or_let_go(*probe);
+      if (!valid) return std::unexpected(valid.error());
+      if (*valid) break;
     }
     if (now_ms() > until) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -155,6 +155,7 @@ bool parse_cursor(std::string_view c, std::uint64_t& hi, std::uint64_t& lo) noex
 
 result<scan_page> store::scan(std::string_view cursor, std::size_t limit, bool keys_only) noexcept {
   const call_scope call(*impl_);
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   auto lease = impl_->acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   struct guard {
@@ -255,6 +256,7 @@ result<scan_page> store::impl::scan_at(std::string_view cursor, std::size_t limi
 
 result<store_stats> store::stats() noexcept {
   const call_scope call(*impl_);
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   store_stats st;
   st.records = impl_->h64(header::live_records).load();
   st.live_bytes = impl_->h64(header::live_bytes).load();

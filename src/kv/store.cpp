@@ -27,6 +27,7 @@ const std::string& store::path() const noexcept {
 
 result<transaction> store::begin() noexcept {
   const call_scope call(*impl_);
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   // (A read-only store's transactions only read.)
   const slot_use use = impl_->opts.read_only ? slot_use::reading : slot_use::writing;
   auto lease = impl_->acquire_slot(use);
@@ -56,11 +57,12 @@ auto read_one(store::impl& s, std::string_view key, Take&& take) noexcept
   if (auto k = check_key(key); !k) return std::unexpected(k.error());
   // The key's hash and the ask for its index entry's line first: the walk to the directory
   // and that miss overlap the lease and the snapshot below, whose seq_cst store every later
-  // load would otherwise wait behind (10-30 % more gets a second at 2 M keys). Only where
-  // this process holds the open byte (process_users::held_in), which keeps the index whole.
+  // load would otherwise wait behind (10-30 % more gets a second at 2 M keys). Once this
+  // process holds the open byte (hold_open_byte), which keeps the index whole.
   const auto kb = as_bytes(key);
   const disk::key_hash h = s.hash_of(kb);
-  if (s.users.holds_open_byte()) s.table->prefetch_for_read(h);
+  if (auto held = s.hold_open_byte(); !held) return std::unexpected(held.error());
+  s.table->prefetch_for_read(h);
   auto lease = s.acquire_slot(slot_use::reading);
   if (!lease) return std::unexpected(lease.error());
   struct release {
@@ -113,6 +115,7 @@ constexpr int max_compactions_per_call = 4;
 
 result<void> store::put(std::string_view key, std::string_view value) noexcept {
   const call_scope call(*impl_);
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   // A put that finds no room while the log holds at least a segment of dead versions has the
   // store make room from them (a compaction) and tries again: the store says full when its
   // live data fills the volume, not its log.
@@ -168,6 +171,7 @@ result<void> store::put(std::string_view key, std::string_view value) noexcept {
 
 result<void> store::erase(std::string_view key) noexcept {
   const call_scope call(*impl_);
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   // Deletes work on a full store: when even the room puts leave for them is used up, a
   // compaction (whose spare always holds a victim's copies) frees some, and the erase is
   // tried again, for as long as compactions free something.

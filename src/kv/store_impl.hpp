@@ -219,6 +219,15 @@ struct store::impl final : index::page_source {
   //! is used): its pages add up (index::table::pages_sound) and its tail lies past the log's
   //! last block. False: it is rebuilt.
   [[nodiscard]] bool index_sound() noexcept;
+  //! Whether the index's header is whole and this boot's, its pages all in the file (read
+  //! with the open byte held, never past the file's end). False with `why` empty: not valid,
+  //! to rebuild or wait for; with `why`: damaged.
+  [[nodiscard]] result<bool> index_header_valid(error& why) const noexcept;
+  //! For a user holding the open byte shared through `f`: whether the index's header is
+  //! valid (index_header_valid). Not valid, but not damaged either (its rebuilder died
+  //! part-way): false, and the byte let go, for an opener alone to rebuild it. Damaged:
+  //! corrupt, naming the index.
+  [[nodiscard]] result<bool> index_valid_or_let_go(const io::file_handle& f) noexcept;
 
   // ---- recovery.cpp: rebuilding the index from the log ----
   //! Rebuilds the index from the checkpoint and the log (alone), by the recovery rules
@@ -468,8 +477,14 @@ struct store::impl final : index::page_source {
   }
 
   // ---- users (users.cpp): slots taken, given back, and a dead user's settled ----
-  //! The liveness descriptor of this process (opened again in a forked child).
+  //! The liveness descriptor of this process (opened again in a forked child, whose first
+  //! call finds the index as a lone opener may have left it: rebuilt, or cut short by a
+  //! rebuilder that died, which it waits out as an opener does).
   [[nodiscard]] result<void> ensure_live() noexcept KEEL_REQUIRES(users.mutex);
+  //! What every public call does before it reads the index: ensure_live, unless this process
+  //! holds the open byte already (a load). A forked child holds none until then, and a lone
+  //! opener may meanwhile cut the index short (a rebuild): a read of it would fault.
+  [[nodiscard]] result<void> hold_open_byte() noexcept;
   //! A slot, its pages made writable (write_ready). For `reading`, where the volume refused
   //! that (no_space, EDQUOT), a slotless lease instead: a reader never needs to write.
   [[nodiscard]] result<slot_lease> acquire_slot(slot_use use = slot_use::writing) noexcept;

@@ -145,8 +145,16 @@ result<void> store::impl::ensure_live() noexcept {
   const done_waiting_for_builds done{*this};
   for (;;) {
     auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
-    // (A forked child's first call: a private reader may have started since its parent let go.)
-    if (r && (private_index || !waits_for_private_build(*f))) break;
+    // (A forked child's first call: a private reader may have started since its parent let
+    // go, and a lone opener may have rebuilt the index. One that died rebuilding left it cut
+    // short, or cut to nothing: an opener alone rebuilds it, which this one waits for, as an
+    // opener that is not alone does, rather than read it.)
+    if (r && (private_index || !waits_for_private_build(*f))) {
+      if (private_index) break;  // (nobody rebuilds another process's index)
+      auto valid = index_valid_or_let_go(*f);
+      if (!valid) return std::unexpected(valid.error());
+      if (*valid) break;
+    }
     if (r) r = errc_error(std::errc::operation_would_block);
     if (r.error() != std::errc::operation_would_block &&
         r.error() != std::errc::resource_unavailable_try_again) {
@@ -157,6 +165,12 @@ result<void> store::impl::ensure_live() noexcept {
   }
   users.adopt(std::move(*f));
   return {};
+}
+
+result<void> store::impl::hold_open_byte() noexcept {
+  if (users.holds_open_byte()) return {};
+  base::lock_guard g(users.mutex);
+  return ensure_live();
 }
 
 namespace {
@@ -204,6 +218,7 @@ result<slot_lease> store::impl::acquire_slot(slot_use use) noexcept {
 }
 
 result<slot_lease> store::impl::take_slotless() noexcept {
+  if (auto r = hold_open_byte(); !r) return std::unexpected(r.error());
   unmap_removed_segments();  // as take_slot does: maps of segments removed since go first
   base::lock_guard g(users.mutex);
   if (auto r = ensure_live(); !r) return std::unexpected(r.error());
@@ -229,6 +244,7 @@ bool store::impl::no_slotless_readers() noexcept {
 }
 
 result<slot_lease> store::impl::take_slot(bool patient) noexcept {
+  if (auto r = hold_open_byte(); !r) return std::unexpected(r.error());
   unmap_removed_segments();
   const std::uint64_t gen = base::fork_generation();
   // The fast way: an idle slot of ours from the cells, without the mutex.

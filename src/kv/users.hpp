@@ -70,9 +70,10 @@ struct process_users {
   //! The fork generation `live` was opened in.
   std::uint64_t generation KEEL_GUARDED_BY(mutex) = 0;
   //! That generation + 1 while `live` holds the open byte for it (0: no descriptor). Read
-  //! without the mutex by a get, which reads the index before it takes a slot only when this
-  //! process holds the byte: a forked child that does not yet (its parent's copy closed)
-  //! could meet a lone opener's rebuild, which cuts the index short, and fault on it.
+  //! without the mutex at the start of every call (store::impl::hold_open_byte), which reads
+  //! the index only once this process holds the byte: a forked child that does not yet (its
+  //! parent's copy closed) could meet a lone opener's rebuild, which cuts the index short,
+  //! and fault on it.
   std::atomic<std::uint64_t> held_in{0};
   //! Slots of ours that no call uses now (beside the idle cells).
   std::vector<std::uint32_t> free_slots KEEL_GUARDED_BY(mutex);

@@ -51,6 +51,7 @@ class findings {
 
 result<std::uint64_t> store::verify(verify_report* report) noexcept {
   impl& s = *impl_;
+  if (auto held = impl_->hold_open_byte(); !held) return std::unexpected(held.error());
   // No compaction meanwhile (it would remove segments under the walk): the maintenance byte,
   // which also keeps checkpoints waiting.
   const io::countdown cd = io::deadline(s.opts.lock_timeout).start();
