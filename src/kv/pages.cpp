@@ -76,6 +76,11 @@ void store::impl::release(std::uint64_t first, std::size_t count) noexcept {
   if (count == 1) add_free_page(first, 0, true);
 }
 
+void store::impl::forget_horizon() noexcept {
+  horizon_seen.store(0, std::memory_order_relaxed);
+  horizon_looked_at.store(0, std::memory_order_relaxed);
+}
+
 std::uint64_t store::impl::reuse_horizon() noexcept {
   // A user publishes its snapshot in its slot before it reads the index (take_snapshot),
   // and takes the visible seq, which only grows: one published after this read of *visible*

@@ -179,6 +179,9 @@ struct store::impl final : index::page_source {
   //! The oldest snapshot any user holds or can still take: a page retired at or below it is
   //! out of every reader's reach.
   [[nodiscard]] std::uint64_t reuse_horizon() noexcept;
+  //! Forgets what this process saw of the horizon (horizon_seen): for a forked child, which
+  //! may have missed a rebuild of the index meanwhile.
+  void forget_horizon() noexcept;
   //! A free page no snapshot can be reading, off the free list (0: none). Directory lock.
   [[nodiscard]] std::uint64_t reuse_free_page() noexcept;
   //! Appends page `p` (a bucket page, retired at `at`) to the free list, or puts it first
@@ -479,8 +482,10 @@ struct store::impl final : index::page_source {
   // ---- users (users.cpp): slots taken, given back, and a dead user's settled ----
   //! The liveness descriptor of this process (opened again in a forked child, whose first
   //! call finds the index as a lone opener may have left it: rebuilt, or cut short by a
-  //! rebuilder that died, which it waits out as an opener does).
-  [[nodiscard]] result<void> ensure_live() noexcept KEEL_REQUIRES(users.mutex);
+  //! rebuilder that died, which it waits out as an opener does, until `until` (now_ms; 0:
+  //! lock_timeout from now); or removed and made anew, another index: ESTALE).
+  [[nodiscard]] result<void> ensure_live(std::uint64_t until = 0) noexcept
+      KEEL_REQUIRES(users.mutex);
   //! What every public call does before it reads the index: ensure_live, unless this process
   //! holds the open byte already (a load). A forked child holds none until then, and a lone
   //! opener may meanwhile cut the index short (a rebuild): a read of it would fault.

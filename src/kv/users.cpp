@@ -122,7 +122,7 @@ store::impl::~impl() {
   // and used as it is by the next opener of this boot).
 }
 
-result<void> store::impl::ensure_live() noexcept {
+result<void> store::impl::ensure_live(std::uint64_t until) noexcept {
   if (users.live_is_ours()) return {};
   if (users.live.is_open()) {
     // A forked child whose atfork handler did not run (vfork-like paths): never unlock through
@@ -141,10 +141,22 @@ result<void> store::impl::ensure_live() noexcept {
   if (!f) return std::unexpected(f.error().about(private_index ? reopened : path + "/index"));
   // Shared on the open byte for as long as this process uses the store: an opener that gets
   // it exclusively knows it is alone.
-  const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  if (until == 0) until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
   const done_waiting_for_builds done{*this};
   for (;;) {
     auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
+    // (The index at the path is the one this process maps, or this process's store is gone:
+    // one removed, by hand or with its store, and made anew since is another index, which
+    // this process's map and what it knew would never see.)
+    if (r && !private_index) {
+      auto at_path = fs->stat(*f);
+      auto in_map = at_path ? fs->stat(index_file) : at_path;
+      if (!in_map) return std::unexpected(in_map.error().about(path + "/index"));
+      if (!at_path->same_file(*in_map)) {
+        return std::unexpected(
+            error(std::error_code(ESTALE, std::generic_category())).about(path + "/index"));
+      }
+    }
     // (A forked child's first call: a private reader may have started since its parent let
     // go, and a lone opener may have rebuilt the index. One that died rebuilding left it cut
     // short, or cut to nothing: an opener alone rebuilds it, which this one waits for, as an
@@ -164,13 +176,19 @@ result<void> store::impl::ensure_live() noexcept {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   users.adopt(std::move(*f));
+  // What this process saw of readers' snapshots may be from before a rebuild, which can
+  // start the seqs lower.
+  forget_horizon();
   return {};
 }
 
 result<void> store::impl::hold_open_byte() noexcept {
   if (users.holds_open_byte()) return {};
+  // The call's own deadline, taken before the mutex: the threads of a child that wait for
+  // an index to be rebuilt wait together, not one lock_timeout after another.
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
   base::lock_guard g(users.mutex);
-  return ensure_live();
+  return ensure_live(until);
 }
 
 namespace {

@@ -523,6 +523,15 @@ TEST(KvStore, ATransactionBegunBeforeAForkIsTheParents) {
 // the directory before its slot (to prefetch the entry) met that rebuild between the
 // directory word and the entry it names, and died of SIGBUS (found by review). The child's
 // reads of the index come after its slot, or while it holds the byte.
+// Zeroes the state word of the index of the store at `path` (closed): as a rebuild begun and
+// not finished leaves it. The next opener alone rebuilds it.
+void zero_index_state(const std::string& path) {
+  std::fstream f(path + "/index", std::ios::in | std::ios::out | std::ios::binary);
+  const std::uint64_t zero = 0;
+  f.seekp(static_cast<std::streamoff>(header::state));
+  f.write(reinterpret_cast<const char*>(&zero), sizeof zero);
+}
+
 test::signal_pipe* directory_read;  // the child's "read the directory word"
 test::signal_pipe* go_on;           // the parent's "read on"
 pid_t reading_child = 0;
@@ -563,10 +572,7 @@ TEST(KvStore, AChildsFirstGetNeverReadsAnIndexALoneOpenerMayRebuild) {
   // lock_timeout.
   const auto invalidate = [&] {
     std::filesystem::remove(path + "/checkpoint");
-    std::fstream f(path + "/index", std::ios::in | std::ios::out | std::ios::binary);
-    const std::uint64_t zero = 0;
-    f.seekp(static_cast<std::streamoff>(header::state));
-    f.write(reinterpret_cast<const char*>(&zero), sizeof zero);
+    zero_index_state(path);
   };
   invalidate();
   index_reset_hook = []() noexcept {
@@ -682,12 +688,7 @@ TEST(KvStore, AChildsFirstCallAfterARebuildUsesTheRebuiltIndex) {
   s.reset();
   // The state word zeroed and no checkpoint: the next opener alone rebuilds the index.
   std::filesystem::remove(path + "/checkpoint");
-  {
-    std::fstream f(path + "/index", std::ios::in | std::ios::out | std::ios::binary);
-    const std::uint64_t zero = 0;
-    f.seekp(static_cast<std::streamoff>(header::state));
-    f.write(reinterpret_cast<const char*>(&zero), sizeof zero);
-  }
+  zero_index_state(path);
   auto rebuilt = open_ok(path, o);
   ASSERT_TRUE(rebuilt);
   go.notify();
@@ -696,6 +697,78 @@ TEST(KvStore, AChildsFirstCallAfterARebuildUsesTheRebuiltIndex) {
   EXPECT_EQ(*rebuilt->get("child"), "c");
   EXPECT_EQ(rebuilt->get("k0").error(), errc::not_found);
   EXPECT_EQ(*rebuilt->get("k1"), "v1");
+}
+
+// A child whose store's index was removed (by hand, say) and made anew by another opener since
+// its parent closed the store maps a file nobody else uses: its reads would be stale and its
+// writes lost (a reviewer saw both). Its first call is told the store it has is gone: ESTALE.
+TEST(KvStore, AChildWhoseIndexWasRemovedAndMadeAnewIsToldItIsStale) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("k1", "v1"));
+  ASSERT_TRUE(s->put("k2", "v2"));
+  test::signal_pipe go;
+  const pid_t child = fork_child([&] {
+    ::alarm(60);
+    if (go.wait() != '!') return 3;
+    const std::error_code stale(ESTALE, std::generic_category());
+    auto v = s->get("k1");
+    if (v || v.error() != stale) return 1;
+    auto p = s->put("k2", "from the child");
+    return !p && p.error() == stale ? 0 : 2;
+  });
+  test::killed_on_failure guard{child};
+  s.reset();
+  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
+  auto other = open_ok(path, o);  // alone: a new index, rebuilt
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(other->put("k1", "new"));
+  go.notify();
+  EXPECT_EQ(test::wait_exit(child), 0);
+  guard.pid = 0;
+  EXPECT_EQ(*other->get("k1"), "new");
+  EXPECT_EQ(*other->get("k2"), "v2");
+}
+
+// The threads of a child that wait for an index to be rebuilt each wait out their own
+// lock_timeout, together: not one after another (4 threads took 4 lock_timeouts, each
+// waiting for the one before while it held the process's users' mutex).
+TEST(KvStore, AChildsThreadsWaitForARebuildTogether) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(1000);
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("k", "v"));
+  test::signal_pipe go;
+  const pid_t child = fork_child([&] {
+    ::alarm(60);
+    if (go.wait() != '!') return 3;
+    const auto start = std::chrono::steady_clock::now();
+    std::atomic<int> timed_out{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        auto v = s->get("k");
+        if (!v && v.error() == std::errc::timed_out) ++timed_out;
+      });
+    }
+    for (auto& t : threads)
+      t.join();
+    if (timed_out != 4) return 1;
+    // One after another they take 4 s at least; together, 1 s and what the machine adds.
+    return std::chrono::steady_clock::now() - start < 3 * o.lock_timeout ? 0 : 2;
+  });
+  test::killed_on_failure guard{child};
+  s.reset();
+  zero_index_state(path);  // a rebuild begun and not finished, which nobody finishes here
+  go.notify();
+  EXPECT_EQ(test::wait_exit(child), 0);
+  guard.pid = 0;
 }
 
 // A fork while another thread maps a segment (holding the mutex that guards this process's
