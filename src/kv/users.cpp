@@ -161,8 +161,8 @@ result<void> store::impl::ensure_live(std::uint64_t until) noexcept {
     // go, and a lone opener may have rebuilt the index. One that died rebuilding left it cut
     // short, or cut to nothing: an opener alone rebuilds it, which this one waits for, as an
     // opener that is not alone does, rather than read it.)
-    if (r && (private_index || !waits_for_private_build(*f))) {
-      if (private_index) break;  // (nobody rebuilds another process's index)
+    if (r && private_index) break;  // (nobody rebuilds another process's index)
+    if (r && !waits_for_private_build(*f)) {
       auto valid = index_valid_or_let_go(*f);
       if (!valid) return std::unexpected(valid.error());
       if (*valid) break;
