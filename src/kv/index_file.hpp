@@ -202,6 +202,13 @@ constexpr off_t private_reading_byte = 1;
 // Held shared by an opener that found a private reader building and waits for it: no new
 // such reader starts meanwhile (one after another, their builds would keep it out for ever).
 constexpr off_t opener_waiting_byte = 2;
+// Held shared by every process that has the store open through the shared index (beside the
+// index's open byte: taken after it, let go before it), on a descriptor of the store file of
+// its own (process_users::store_hold). The index's open byte cannot say who is there once the
+// index is removed by hand, or replaced: an opener alone on the index at the path that finds
+// this byte held by another stands aside (a user goes on through an index no longer there;
+// two indexes over one log lose commits), as does a reader that would build its own.
+constexpr off_t presence_byte = 3;
 //! How the maintenance byte is asked for (store::impl::take_checkpoint_byte).
 enum class byte_claim : std::uint8_t {
   wait,        //!< until the countdown expires (announced: background work stands aside)

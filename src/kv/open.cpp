@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -102,6 +103,53 @@ bool store::impl::waits_for_private_build(const io::file_handle& f) noexcept {
   return true;
 }
 
+result<io::file_handle> store::impl::open_store_hold() noexcept {
+  const std::string store_path = path + "/" + store_file_name;
+  auto held = io::file_handle::open_at(dir.dir, store_file_name,
+                                       io::open_flags::read | io::open_flags::no_follow);
+  if (!held) return std::unexpected(held.error().about(store_path));
+  auto ours = fs->stat(*held);
+  auto first = ours ? fs->stat(dir.store_file) : ours;
+  if (!first) return std::unexpected(first.error().about(store_path));
+  // (The store file is written once: one replaced by hand is another store's.)
+  if (!ours->same_file(*first)) {
+    return std::unexpected(errno_error(ESTALE).error().about(store_path));
+  }
+  return held;
+}
+
+result<void> store::impl::take_presence_byte(const io::file_handle& held) noexcept {
+  auto r = fs->lock(held, presence_byte, 1, io::lock_request::shared, false);
+  if (!r) return std::unexpected(r.error().about(path + "/" + store_file_name));
+  return {};
+}
+
+result<bool> store::impl::alone_in_store(const io::file_handle& held) noexcept {
+  // Taken, then asked whether another holds it (this descriptor's own hold is no conflict):
+  // of two openers alone on two index files at once, one sees the other at least.
+  if (auto in = take_presence_byte(held); !in) return std::unexpected(in.error());
+  auto free = fs->lock_is_free(held, presence_byte, 1, io::lock_request::exclusive);
+  if (free && *free) return true;
+  (void)fs->lock(held, presence_byte, 1, io::lock_request::unlock, false);
+  if (!free) return std::unexpected(free.error().about(path + "/" + store_file_name));
+  return false;
+}
+
+result<void> store::impl::index_at_path_is(const io::file_handle& f) const noexcept {
+  auto at_path = fs->stat_at(&dir.dir, "index", false);
+  auto locked = at_path ? fs->stat(f) : at_path;
+  if (!locked) return std::unexpected(locked.error().about(path + "/index"));
+  if (!at_path->same_file(*locked)) {
+    return std::unexpected(errno_error(ESTALE).error().about(path + "/index"));
+  }
+  return {};
+}
+
+bool store::impl::user_of_another_index() const noexcept {
+  auto free = fs->lock_is_free(dir.store_file, presence_byte, 1, io::lock_request::exclusive);
+  return !free || !*free;
+}
+
 bool store::impl::index_sound() noexcept {
   // The index outlives its users, on disk: an opener alone checks what it can of it before
   // it trusts it (a flipped bit would otherwise read a present key as absent, or send the
@@ -148,26 +196,70 @@ result<void> store::impl::map_index() noexcept {
 }
 
 result<void> store::impl::open_index() noexcept {
-  auto f = io::file_handle::open_at(
-      dir.dir, "index",
-      io::open_flags::read_write | io::open_flags::create | io::open_flags::no_follow, 0644);
-  if (!f) return std::unexpected(f.error().about(path + "/index"));
-  index_file = std::move(*f);
-  if (auto m = map_index(); !m) return m;
-
-  auto probe = io::file_handle::open_at(dir.dir, "index",
-                                        io::open_flags::read_write | io::open_flags::no_follow);
-  if (!probe) return std::unexpected(probe.error());
+  // Both descriptors hold bytes before this process's users have them: a child forked
+  // meanwhile must not keep its copies.
+  auto opened = open_store_hold();
+  if (!opened) return std::unexpected(opened.error());
+  io::file_handle held = std::move(*opened);
+  const closed_in_forked_children held_in_no_child{held};
+  io::file_handle probe;  // the liveness descriptor, on the file mapped
+  const closed_in_forked_children probe_in_no_child{probe};
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  for (;;) {
+    // The file mapped and the one locked are one: an index removed and made anew between two
+    // opens by path would have this opener lock one file and work through another.
+    auto f = io::file_handle::open_at(
+        dir.dir, "index",
+        io::open_flags::read_write | io::open_flags::create | io::open_flags::no_follow, 0644);
+    if (!f) return std::unexpected(f.error().about(path + "/index"));
+    index_file = std::move(*f);
+    if (auto m = map_index(); !m) return m;
+    if (index_opened_hook != nullptr) index_opened_hook();
+    auto p = io::file_handle::open_at(dir.dir, "index",
+                                      io::open_flags::read_write | io::open_flags::no_follow);
+    if (!p && p.error() != std::errc::no_such_file_or_directory) return std::unexpected(p.error());
+    if (p) {
+      auto one = fs->stat(*p);
+      auto other = one ? fs->stat(index_file) : one;
+      if (!other) return std::unexpected(other.error().about(path + "/index"));
+      if (one->same_file(*other)) {
+        probe = std::move(*p);
+        break;
+      }
+    }
+    if (now_ms() > until) return errc_error(std::errc::timed_out);
+  }
   const done_waiting_for_builds done{*this};
   for (;;) {
-    auto alone = fs->lock(*probe, open_byte, 1, io::lock_request::exclusive, false);
-    if (alone && waits_for_private_build(*probe)) {
+    auto alone = fs->lock(probe, open_byte, 1, io::lock_request::exclusive, false);
+    if (alone && waits_for_private_build(probe)) {
       if (now_ms() > until) return errc_error(std::errc::timed_out);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
     if (alone) {
+      // Alone on this index, and alone in the store: a user that goes on through an index
+      // removed from the path (or replaced) since holds the presence byte, and another index
+      // built here over the same log would lose commits; so does an opener alone on another
+      // index file. Waited out (a killed user's bytes go one after another), then refused.
+      auto only = alone_in_store(held);
+      if (!only) return std::unexpected(only.error());
+      if (!*only) {
+        (void)fs->lock(probe, open_byte, 1, io::lock_request::unlock, false);
+        if (now_ms() > until) {
+          return std::unexpected(errc_error(std::errc::device_or_resource_busy)
+                                     .error()
+                                     .about(path + "/index (a process has the store open "
+                                                   "through an index no longer at this path: "
+                                                   "it must close the store first)"));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      // (The index at the path is the one locked: an opener that replaces it from now on
+      // finds the presence byte held.)
+      if (auto at = index_at_path_is(probe); !at) return at;
+      if (alone_opening_hook != nullptr) alone_opening_hook();
       // Nobody else has the store open: check the index, or rebuild it.
       error why;
       auto header = index_header_valid(why);
@@ -194,7 +286,7 @@ result<void> store::impl::open_index() noexcept {
           return w;
         }
       }
-      if (auto d = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false); !d) {
+      if (auto d = fs->lock(probe, open_byte, 1, io::lock_request::shared, false); !d) {
         return std::unexpected(d.error());
       }
       break;
@@ -203,21 +295,25 @@ result<void> store::impl::open_index() noexcept {
         alone.error() != std::errc::resource_unavailable_try_again) {
       return std::unexpected(alone.error());
     }
-    auto shared = fs->lock(*probe, open_byte, 1, io::lock_request::shared, false);
-    if (shared && waits_for_private_build(*probe)) {
+    auto shared = fs->lock(probe, open_byte, 1, io::lock_request::shared, false);
+    if (shared && waits_for_private_build(probe)) {
       shared = errc_error(std::errc::operation_would_block);
     }
     if (shared) {
       // (Let go if its rebuilder died part-way, to try to be alone again.)
-      auto valid = index_valid_or_let_go(*probe);
+      auto valid = index_valid_or_let_go(probe);
       if (!valid) return std::unexpected(valid.error());
-      if (*valid) break;
+      if (*valid) {
+        if (auto in = take_presence_byte(held); !in) return in;
+        if (auto at = index_at_path_is(probe); !at) return at;
+        break;
+      }
     }
     if (now_ms() > until) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   base::lock_guard g(users.mutex);
-  users.adopt(std::move(*probe));
+  users.adopt(std::move(probe), std::move(held));
   return {};
 }
 
@@ -398,6 +494,8 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     return invalid();
   }
   auto p = std::make_unique<impl>();
+  // Before any descriptor of it holds a byte: a child forked from now on lets go of them.
+  register_store(p.get());
   p->path = path;
   p->opts = o;
   p->fs = o.fs != nullptr ? o.fs : &io::os();
@@ -449,7 +547,6 @@ result<std::unique_ptr<store>> store::open(const std::string& path, const option
     return invalid();  // an index grown since
   }
   p->serving = true;
-  register_store(p.get());
   // A rebuild that replayed much writes a checkpoint (in the background), so that the next
   // one replays little.
   p->maybe_maintain();

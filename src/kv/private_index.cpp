@@ -42,6 +42,8 @@ result<void> store::impl::open_private_index() noexcept {
   } else if (index.error() != std::errc::no_such_file_or_directory) {
     return std::unexpected(index.error());
   }
+  // (Nor while a user goes on through an index removed from the path, or replaced.)
+  if (user_of_another_index()) return errc_error(std::errc::device_or_resource_busy);
   if (auto r = fs->lock(named, private_reading_byte, 1, io::lock_request::shared, false); !r) {
     return r;
   }
@@ -94,7 +96,7 @@ result<void> store::impl::build_private_index(const char* where, bool& place_fai
   const std::string reopened = "/proc/self/fd/" + std::to_string(index_file.fd());
   auto l = fs->open(nullptr, reopened.c_str(), io::open_flags::read_write, 0600);
   if (!l) return fail(l.error().about(reopened));
-  users.adopt(std::move(*l));
+  users.adopt(std::move(*l), {});
   return {};
 }
 

@@ -215,6 +215,21 @@ struct store::impl final : index::page_source {
   //! its own is building it. If so, the open byte is let go again and this opener says it
   //! waits (opener_waiting_byte); it tries again after a moment.
   [[nodiscard]] bool waits_for_private_build(const io::file_handle& f) noexcept;
+  //! The store file opened anew (ESTALE: not the file opened first, one replaced by hand):
+  //! what this process holds presence_byte through.
+  [[nodiscard]] result<io::file_handle> open_store_hold() noexcept;
+  //! Takes presence_byte shared through `held` (no process takes it exclusively).
+  [[nodiscard]] result<void> take_presence_byte(const io::file_handle& held) noexcept;
+  //! For an opener alone on the index at the path: takes presence_byte through `held`, and
+  //! whether no other process holds it (false: let go again; a user goes on through an index
+  //! removed or replaced since, or another opener is alone on another index file).
+  [[nodiscard]] result<bool> alone_in_store(const io::file_handle& held) noexcept;
+  //! ESTALE unless the index at the path is `f`'s file (asked once presence_byte is held: an
+  //! opener alone that replaces it later finds the byte held).
+  [[nodiscard]] result<void> index_at_path_is(const io::file_handle& f) const noexcept;
+  //! Whether any process holds presence_byte (a reader about to build its own index asks:
+  //! a user may go on through an index removed from the path). (An error asking: held.)
+  [[nodiscard]] bool user_of_another_index() const noexcept;
   //! The numbers of the segments this user's index has in its table, ascending.
   [[nodiscard]] std::vector<std::uint64_t> table_segment_numbers() const;
   [[nodiscard]] result<void> recover_alone() noexcept;

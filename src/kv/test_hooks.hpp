@@ -32,6 +32,14 @@ inline void (*read_page_hook)() noexcept = nullptr;
 //! the new one.
 inline void (*index_reset_hook)() noexcept = nullptr;
 
+//! For tests: called by an opener between its two opens of the index by path (the one it
+//! maps, the one it locks), to replace the file there.
+inline void (*index_opened_hook)() noexcept = nullptr;
+
+//! For tests: called by an opener alone in the store (holding the open byte exclusively and
+//! the presence byte), before it checks or rebuilds the index (to fork there).
+inline void (*alone_opening_hook)() noexcept = nullptr;
+
 //! For tests: called while the free page list is marked as being changed (to kill there).
 inline void (*free_list_hook)() noexcept = nullptr;
 

@@ -34,6 +34,12 @@ std::vector<store::impl*>& registry() noexcept {
   static std::vector<store::impl*> r;
   return r;
 }
+// The descriptors openers hold bytes through before they hand them over
+// (closed_in_forked_children), under registry_mutex.
+std::vector<io::file_handle*>& opening() noexcept {
+  static std::vector<io::file_handle*> o;
+  return o;
+}
 
 void before_fork() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.lock();
@@ -56,6 +62,9 @@ void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.unlock();
 }
 void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
+  // (The opener is a thread of the parent: nothing in the child hands these over.)
+  for (io::file_handle* f : opening())
+    (void)f->close();
   for (store::impl* s : registry()) {
     // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
     // slots are the parent's, not ours.
@@ -69,6 +78,14 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.unlock();
 }
 
+void install_fork_handlers() noexcept {
+  static const bool once = [] {
+    ::pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    return true;
+  }();
+  (void)once;
+}
+
 void unregister_store(store::impl* s) noexcept {
   base::lock_guard g(registry_mutex);
   auto& r = registry();
@@ -77,12 +94,20 @@ void unregister_store(store::impl* s) noexcept {
 
 }  // namespace
 
+closed_in_forked_children::closed_in_forked_children(io::file_handle& f) noexcept : f_(&f) {
+  install_fork_handlers();
+  base::lock_guard g(registry_mutex);
+  opening().push_back(f_);
+}
+
+closed_in_forked_children::~closed_in_forked_children() {
+  base::lock_guard g(registry_mutex);
+  auto& o = opening();
+  o.erase(std::remove(o.begin(), o.end(), f_), o.end());
+}
+
 void register_store(store::impl* s) noexcept {
-  static const bool once = [] {
-    ::pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    return true;
-  }();
-  (void)once;
+  install_fork_handlers();
   base::lock_guard g(registry_mutex);
   registry().push_back(s);
 }
@@ -118,8 +143,10 @@ store::impl::~impl() {
       (void)fs->lock(users.live, user_byte + u, 1, io::lock_request::unlock, false);
     }
   }
-  // Closing `live` drops the open byte: the last user out leaves the index as it is (valid,
-  // and used as it is by the next opener of this boot).
+  // Closing `live` drops the open byte (after this process's byte of the store file): the
+  // last user out leaves the index as it is (valid, and used as it is by the next opener of
+  // this boot).
+  users.drop_live();
 }
 
 result<void> store::impl::ensure_live(std::uint64_t until) noexcept {
@@ -142,6 +169,12 @@ result<void> store::impl::ensure_live(std::uint64_t until) noexcept {
   // Shared on the open byte for as long as this process uses the store: an opener that gets
   // it exclusively knows it is alone.
   if (until == 0) until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
+  io::file_handle held;  // (none for an index of this process's own)
+  if (!private_index) {
+    auto h = open_store_hold();
+    if (!h) return std::unexpected(h.error());
+    held = std::move(*h);
+  }
   const done_waiting_for_builds done{*this};
   for (;;) {
     auto r = fs->lock(*f, open_byte, 1, io::lock_request::shared, false);
@@ -165,7 +198,10 @@ result<void> store::impl::ensure_live(std::uint64_t until) noexcept {
     if (r && !waits_for_private_build(*f)) {
       auto valid = index_valid_or_let_go(*f);
       if (!valid) return std::unexpected(valid.error());
-      if (*valid) break;
+      if (*valid) {
+        if (auto in = take_presence_byte(held); !in) return in;
+        break;
+      }
     }
     if (r) r = errc_error(std::errc::operation_would_block);
     if (r.error() != std::errc::operation_would_block &&
@@ -175,7 +211,10 @@ result<void> store::impl::ensure_live(std::uint64_t until) noexcept {
     if (now_ms() > until) return errc_error(std::errc::timed_out);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  users.adopt(std::move(*f));
+  if (!private_index) {
+    if (auto at = index_at_path_is(*f); !at) return at;
+  }
+  users.adopt(std::move(*f), std::move(held));
   // What this process saw of readers' snapshots may be from before a rebuild, which can
   // start the seqs lower.
   forget_horizon();

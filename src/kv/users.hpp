@@ -1,11 +1,11 @@
 #pragma once
 // This process's side of a store's users (doc/kv-format.md, "Users" and "Dead users"): its
 // liveness descriptor, through which it holds the open byte of `index` shared and the byte
-// of each user slot it leases, the slots it holds (idle or busy), and its calls reading
-// without a slot. Owns all of it: users.cpp takes and gives back the slots, the fork
-// handlers there make a forked child forget its parent's, and opening (open.cpp,
-// private_index.cpp) hands over the first descriptor (adopt). The slots' words in the index
-// are not owned here: a slot's holder writes them (slot_ref, their layout).
+// of each user slot it leases, its hold on the store file (presence_byte), the slots it
+// holds (idle or busy), and its calls reading without a slot. Owns all of it: users.cpp takes and
+// gives back the slots, the fork handlers there make a forked child forget its parent's, and
+// opening (open.cpp, private_index.cpp) hands over the first descriptor (adopt). The slots' words
+// in the index are not owned here: a slot's holder writes them (slot_ref, their layout).
 
 #include <array>
 #include <atomic>
@@ -67,6 +67,9 @@ struct process_users {
   base::mutex mutex;
   //! Holds the open byte and our slots' bytes; a forked child's copy is its parent's.
   io::file_handle live KEEL_GUARDED_BY(mutex);
+  //! The store file, opened by this process, holding presence_byte (taken after the open
+  //! byte, let go before it: drop_live); a forked child's copy is its parent's.
+  io::file_handle store_hold KEEL_GUARDED_BY(mutex);
   //! The fork generation `live` was opened in.
   std::uint64_t generation KEEL_GUARDED_BY(mutex) = 0;
   //! That generation + 1 while `live` holds the open byte for it (0: no descriptor). Read
@@ -105,8 +108,10 @@ struct process_users {
   [[nodiscard]] bool live_is_ours() const noexcept KEEL_REQUIRES(mutex) {
     return live.is_open() && generation == base::fork_generation();
   }
-  //! Takes `f`, which holds the open byte shared, as this process's liveness descriptor.
-  void adopt(io::file_handle f) noexcept KEEL_REQUIRES(mutex) {
+  //! Takes `f`, which holds the open byte shared, as this process's liveness descriptor, and
+  //! `store` (holding presence_byte, or not open: a reader with an index of its own).
+  void adopt(io::file_handle f, io::file_handle store) noexcept KEEL_REQUIRES(mutex) {
+    store_hold = std::move(store);
     live = std::move(f);
     generation = base::fork_generation();
     held_in.store(generation + 1, std::memory_order_release);
@@ -114,6 +119,7 @@ struct process_users {
   //! Closes `live` (a forked child's copy of its parent's, or one no longer ours).
   void drop_live() noexcept KEEL_REQUIRES(mutex) {
     held_in.store(0, std::memory_order_release);
+    (void)store_hold.close();
     (void)live.close();
   }
   //! Forgets the slots held (the descriptor closed first, or a forked child's copy closed):
@@ -129,6 +135,21 @@ struct process_users {
       c.slot.store(max_slots, std::memory_order_relaxed);
     idle_generation.store(base::fork_generation(), std::memory_order_release);
   }
+};
+
+//! While it lives, `f` (a descriptor through which an opener holds bytes of a store before it
+//! hands it to the store's users: open_index) is closed in a child forked meanwhile, as the
+//! users' own are (users.cpp's fork handlers): the child's copy would keep those bytes held
+//! for the child's whole life, and openers would find a user there that is none.
+class closed_in_forked_children {
+ public:
+  explicit closed_in_forked_children(io::file_handle& f) noexcept;
+  ~closed_in_forked_children();
+  closed_in_forked_children(const closed_in_forked_children&) = delete;
+  closed_in_forked_children& operator=(const closed_in_forked_children&) = delete;
+
+ private:
+  io::file_handle* f_;
 };
 
 }  // namespace keel::kv

@@ -296,6 +296,26 @@ TEST(KvReadOnlyReader, StandsAsideWhileAnotherUserHasTheStoreOpen) {
   EXPECT_EQ(wait_exit(again), 0);
 }
 
+// So too while that user goes on through an index removed from the path by hand (no index
+// file: the index's open byte cannot say it is there; its byte of the store file does).
+TEST(KvReadOnlyReader, StandsAsideWhileAUserHasTheStoreOpenThroughARemovedIndex) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a read-only bind mount needs root";
+  temp_dir d;
+  const std::string path = store_under_data(d, 10, 100);
+  auto w = open_ok(path);
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
+  const pid_t child = fork_child([&] {
+    if (!read_only_view(d.file("data"), d.file("view"))) return test::cannot_set_up;
+    auto s = store::open(d.file("view/s"), read_only_options());
+    if (s) return 2;
+    return s.error() == std::errc::device_or_resource_busy ? 0 : 3;
+  });
+  const int code = wait_exit(child);
+  if (code == test::cannot_set_up) GTEST_SKIP() << "cannot make a read-only bind mount here";
+  EXPECT_EQ(code, 0) << "see the child's numbered checks";
+}
+
 // A byte of the store file held shared, as a reader that builds its index holds its opening
 // byte; let go when it goes.
 class held_byte {

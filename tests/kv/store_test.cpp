@@ -733,6 +733,118 @@ TEST(KvStore, AChildWhoseIndexWasRemovedAndMadeAnewIsToldItIsStale) {
   EXPECT_EQ(*other->get("k2"), "v2");
 }
 
+// An index removed by hand while a process has the store open: that process goes on through
+// the index it maps, so another opener must not take the store for nobody's and build a
+// second index over the same log (two indexes lost each other's acknowledged commits, and
+// verify then found a segment corrupt). It waits, and is refused; once the user has closed
+// the store, the next opener rebuilds it with every commit.
+TEST(KvStore, AnOpenerStandsAsideWhileAUserHasTheStoreOpenThroughARemovedIndex) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("k1", "v1"));
+  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
+  const pid_t child = fork_child([&] {
+    ::alarm(60);
+    auto other = store::open(path, o);
+    if (other) {
+      (void)(*other)->put("k1", "from the child");
+      return 1;
+    }
+    return other.error() == std::errc::device_or_resource_busy ? 0 : 2;
+  });
+  test::killed_on_failure guard{child};
+  EXPECT_EQ(test::wait_exit(child), 0) << "1: it opened beside the user; 2: another error";
+  guard.pid = 0;
+  ASSERT_TRUE(s->put("k2", "v2"));
+  s.reset();
+  auto after = open_ok(path, o);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(*after->get("k1"), "v1");
+  EXPECT_EQ(*after->get("k2"), "v2");
+  auto checked = after->verify();
+  ASSERT_TRUE(checked) << checked.error().message();
+  EXPECT_EQ(*checked, 2u);
+}
+
+// An index replaced between an opener's two opens of it by path: the opener locked the new
+// file and worked through its map of the old one, and the next opener, finding the new file
+// held and never built, waited in vain (commits through the old one were lost).
+std::string replaced_index;
+
+TEST(KvStore, AnOpenerLocksTheIndexItMaps) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  {
+    auto s = open_ok(path, o);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("k1", "v1"));
+  }
+  replaced_index = path + "/index";
+  index_opened_hook = []() noexcept {
+    index_opened_hook = nullptr;
+    std::filesystem::remove(replaced_index);
+    std::ofstream{replaced_index};  // another, empty
+  };
+  auto s = open_ok(path, o);
+  index_opened_hook = nullptr;
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("k2", "v2"));
+  auto other = store::open(path, o);
+  ASSERT_TRUE(other) << other.error().message();
+  EXPECT_EQ(*(*other)->get("k1"), "v1");
+  EXPECT_EQ(*(*other)->get("k2"), "v2");
+}
+
+// A child forked by another thread while a store opens (its descriptors holding the index's
+// open byte and the store file's presence byte, not yet handed to the store's users) keeps
+// none of those bytes held: its copies kept them for its whole life, and once the index was
+// removed every opener was refused, a user present that was none.
+int forked_while_opening = 0;
+int child_may_end[2] = {-1, -1};
+
+TEST(KvStore, AChildForkedWhileAStoreOpensKeepsNoneOfItsBytes) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  ASSERT_TRUE(open_ok(path, o));
+  ASSERT_EQ(::pipe(child_may_end), 0);
+  alone_opening_hook = []() noexcept {
+    if (forked_while_opening != 0) return;
+    forked_while_opening = ::fork();
+    if (forked_while_opening == 0) {
+      ::close(child_may_end[1]);
+      char c;
+      (void)!::read(child_may_end[0], &c, 1);  // until the parent closes its end
+      ::_exit(0);
+    }
+  };
+  auto s = open_ok(path, o);
+  alone_opening_hook = nullptr;
+  ASSERT_TRUE(s);
+  ASSERT_GT(forked_while_opening, 0);
+  test::killed_on_failure guard{forked_while_opening};
+  ::close(child_may_end[0]);
+  ASSERT_TRUE(s->put("k", "v"));
+  s.reset();
+  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
+  auto again = store::open(path, o);
+  if (again) {
+    EXPECT_EQ(*(*again)->get("k"), "v");
+  } else {
+    ADD_FAILURE() << again.error().message();
+  }
+  ::close(child_may_end[1]);
+  EXPECT_EQ(test::wait_exit(forked_while_opening), 0);
+  guard.pid = 0;
+}
+
 // The threads of a child that wait for an index to be rebuilt each wait out their own
 // lock_timeout, together: not one after another (4 threads took 4 lock_timeouts, each
 // waiting for the one before while it held the process's users' mutex).

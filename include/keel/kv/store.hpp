@@ -37,7 +37,8 @@
 //!   naming the file and offset, never wrong data.
 //!
 //! Thread-safe: one `store` may be used by any number of threads at once. A `transaction`
-//! belongs to one thread at a time. A forked child may use its parent's store.
+//! belongs to one thread at a time. A forked child may use its parent's store (its calls fail
+//! with ESTALE once the index was removed and made anew since: it opens the store again).
 namespace keel::kv {
 
 //! The largest key (bytes).
@@ -333,8 +334,10 @@ class store {
   //! Opens the store at `path` (a directory), making it if asked. Recovers by itself from
   //! any crash of its users. Errors: no_such_file_or_directory, file_exists, not_keel_file
   //! (a directory holding something else: it is left alone), unsupported_version (a store of
-  //! another format), corrupt, invalid_argument (bad options), and the errno of what failed
-  //! (permission_denied, read_only_file_system, ...).
+  //! another format), corrupt, invalid_argument (bad options), device_or_resource_busy (past
+  //! lock_timeout, a process has the store open through an index removed from its path by
+  //! hand: it must close the store first), and the errno of what failed (permission_denied,
+  //! read_only_file_system, ...).
   [[nodiscard]] static result<std::unique_ptr<store>> open(const std::string& path,
                                                            const options& o) noexcept;
   [[nodiscard]] static result<std::unique_ptr<store>> open(const std::string& path) noexcept {
