@@ -173,6 +173,13 @@ std::string table_html(const json& doc) {
           " — fetched {} of its small values' keys, a random sample, in the {} s a row may take",
           e["small_fetched"].dump(), doc["fill_seconds"].dump());
     }
+    if (e.value("one_round", false)) {
+      remark += fmt::format(
+          " — ran the first of the {} rounds only: it did not put or fetch every key within "
+          "the {} s a row may take, and more rounds would only have repeated those limits; its "
+          "figures are that round's",
+          doc["rounds"].dump(), doc["fill_seconds"].dump());
+    }
     if (e.contains("failed_rounds")) {
       for (const auto& f : e["failed_rounds"]) {
         remark += fmt::format(

@@ -153,6 +153,51 @@ TEST(KeelKvbench, SeveralRoundsGiveEachFigureAsTheMedianOfItsRounds) {
   EXPECT_GT(numbers, 20u) << e.dump();
 }
 
+// An engine that cannot put every key within the fill limit runs the first round only: more
+// rounds would spend the same time on the same limits (a full run took an hour and a half,
+// most of it peers waiting out their limits again).
+TEST(KeelKvbench, AnEngineThatCouldNotPutEveryKeyRunsOneRound) {
+  keel::test::temp_dir dir;
+  const std::string json = dir.file("kv.json");
+  const auto r = run_program(KEEL_BENCH_BINARY,
+                             {"kvbench",
+                              "--peers",
+                              "keel",
+                              "--rounds",
+                              "3",
+                              "--keys",
+                              "500",
+                              "--seconds",
+                              "0.1",
+                              "--durable-writers",
+                              "2",
+                              "--txn-keys",
+                              "500",
+                              "--small-keys",
+                              "5000000",
+                              "--small-value-size",
+                              "0",
+                              "--fill-seconds",
+                              "1",
+                              "--dir",
+                              dir.path().string(),
+                              "--sync-dir",
+                              dir.path().string(),
+                              "--json",
+                              json},
+                             dir.path().string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(keel::test::slurp(json));
+  const auto& e = doc["engines"]["keel"];
+  ASSERT_LT(e["small_keys"].get<std::size_t>(), 5000000u)
+      << "5 M puts within a second: the test needs more keys to fall short";
+  ASSERT_TRUE(e.contains("each_round") && e.contains("one_round")) << e.dump();
+  EXPECT_EQ(e.at("each_round").size(), 1u) << r.err;
+  EXPECT_EQ(e.at("one_round"), true) << e.dump();
+  EXPECT_NE(r.err.find("runs this round only"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("round 2 of 3"), std::string::npos) << r.err;
+}
+
 TEST(KeelKvbench, RefusesBadArguments) {
   keel::test::temp_dir dir;
   EXPECT_EQ(run_program(KEEL_BENCH_BINARY, {"kvbench", "--keys", "0"}, dir.path().string()).code,
