@@ -38,9 +38,10 @@ int fail(const std::string& what, const error& e) {
   fmt::print(stderr, "keel kv: {}: {}\n", what, e.message());
   if (what == "open" && e == std::errc::device_or_resource_busy) {
     fmt::print(stderr,
-               "keel kv: a reader that may not write the store's files reads it with an index of "
-               "its own, built at open, which it can do only while no other user has the store "
-               "open; try again once they have closed it\n");
+               "keel kv: another process has the store open: a reader that may not write the "
+               "store's files builds an index of its own at open, which it can do only while "
+               "no other user has the store open, and no opener builds an index beside a user "
+               "of one removed from the store; try again once they have closed it\n");
   } else if (what == "open" && e == std::errc::timed_out) {
     fmt::print(stderr,
                "keel kv: another user kept the store busy past the lock timeout (while it opened "
