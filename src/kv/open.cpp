@@ -137,6 +137,10 @@ result<bool> store::impl::alone_in_store(const io::file_handle& held) noexcept {
 
 result<void> store::impl::index_at_path_is(const io::file_handle& f) const noexcept {
   auto at_path = fs->stat_at(&dir.dir, "index", false);
+  // (Removed since: stale too, not a store that is not there.)
+  if (!at_path && at_path.error() == std::errc::no_such_file_or_directory) {
+    return std::unexpected(errno_error(ESTALE).error().about(path + "/index"));
+  }
   auto locked = at_path ? fs->stat(f) : at_path;
   if (!locked) return std::unexpected(locked.error().about(path + "/index"));
   if (!at_path->same_file(*locked)) {
@@ -198,12 +202,11 @@ result<void> store::impl::map_index() noexcept {
 result<void> store::impl::open_index() noexcept {
   // Both descriptors hold bytes before this process's users have them: a child forked
   // meanwhile must not keep its copies.
-  auto opened = open_store_hold();
-  if (!opened) return std::unexpected(opened.error());
-  io::file_handle held = std::move(*opened);
-  const closed_in_forked_children held_in_no_child{held};
+  io::file_handle held;
+  closed_in_forked_children held_in_no_child{held};
+  if (auto h = held_in_no_child.open([&] { return open_store_hold(); }); !h) return h;
   io::file_handle probe;  // the liveness descriptor, on the file mapped
-  const closed_in_forked_children probe_in_no_child{probe};
+  closed_in_forked_children probe_in_no_child{probe};
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
   for (;;) {
     // The file mapped and the one locked are one: an index removed and made anew between two
@@ -215,17 +218,17 @@ result<void> store::impl::open_index() noexcept {
     index_file = std::move(*f);
     if (auto m = map_index(); !m) return m;
     if (index_opened_hook != nullptr) index_opened_hook();
-    auto p = io::file_handle::open_at(dir.dir, "index",
+    auto p = probe_in_no_child.open([&] {
+      return io::file_handle::open_at(dir.dir, "index",
                                       io::open_flags::read_write | io::open_flags::no_follow);
-    if (!p && p.error() != std::errc::no_such_file_or_directory) return std::unexpected(p.error());
+    });
+    if (!p && p.error() != std::errc::no_such_file_or_directory) return p;
     if (p) {
-      auto one = fs->stat(*p);
+      auto one = fs->stat(probe);
       auto other = one ? fs->stat(index_file) : one;
       if (!other) return std::unexpected(other.error().about(path + "/index"));
-      if (one->same_file(*other)) {
-        probe = std::move(*p);
-        break;
-      }
+      if (one->same_file(*other)) break;
+      (void)probe.close();
     }
     if (now_ms() > until) return errc_error(std::errc::timed_out);
   }
@@ -249,8 +252,9 @@ result<void> store::impl::open_index() noexcept {
         if (now_ms() > until) {
           return std::unexpected(errc_error(std::errc::device_or_resource_busy)
                                      .error()
-                                     .about(path + "/index (a process has the store open "
-                                                   "through an index no longer at this path: "
+                                     .about(path + "/index (another process has the store "
+                                                   "open through an index other than the one "
+                                                   "at this path, such as one removed by hand: "
                                                    "it must close the store first)"));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));

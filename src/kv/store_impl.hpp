@@ -493,6 +493,9 @@ struct store::impl final : index::page_source {
       return r;
     }
   }
+  //! At close (~impl): what the last user out leaves (seal_durable), this process's slots
+  //! given back, and its bytes let go.
+  void close_users() noexcept;
 
   // ---- users (users.cpp): slots taken, given back, and a dead user's settled ----
   //! The liveness descriptor of this process (opened again in a forked child, whose first

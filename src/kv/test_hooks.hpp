@@ -40,6 +40,10 @@ inline void (*index_opened_hook)() noexcept = nullptr;
 //! the presence byte), before it checks or rebuilds the index (to fork there).
 inline void (*alone_opening_hook)() noexcept = nullptr;
 
+//! For tests: called by a store's close once its threads are joined, before it gives back
+//! its slots and lets go of its bytes (to fork there).
+inline void (*closing_hook)() noexcept = nullptr;
+
 //! For tests: called while the free page list is marked as being changed (to kill there).
 inline void (*free_list_hook)() noexcept = nullptr;
 

@@ -100,6 +100,15 @@ closed_in_forked_children::closed_in_forked_children(io::file_handle& f) noexcep
   opening().push_back(f_);
 }
 
+result<void> closed_in_forked_children::open(
+    const std::function<result<io::file_handle>()>& how) noexcept {
+  base::lock_guard g(registry_mutex);  // (what a fork's handlers take first)
+  auto made = how();
+  if (!made) return std::unexpected(made.error());
+  *f_ = std::move(*made);
+  return {};
+}
+
 closed_in_forked_children::~closed_in_forked_children() {
   base::lock_guard g(registry_mutex);
   auto& o = opening();
@@ -117,7 +126,14 @@ store::impl::~impl() {
   maintenance.closing.store(true, std::memory_order_seq_cst);
   join_supplier();
   join_maintenance();
+  if (closing_hook != nullptr) closing_hook();
+  close_users();
+  // Only now: a child forked while this store closed lets go of its descriptors (one of them
+  // may hold the open byte exclusively, for the seal above) as of an open store's.
   unregister_store(this);
+}
+
+void store::impl::close_users() noexcept {
   base::lock_guard g(users.mutex);
   if (users.live_is_ours() && index_map.data()) {
     // The last user out (its shared hold of the open byte turns exclusive only when nobody

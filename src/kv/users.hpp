@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "base/fork.hpp"
@@ -145,6 +146,9 @@ class closed_in_forked_children {
  public:
   explicit closed_in_forked_children(io::file_handle& f) noexcept;
   ~closed_in_forked_children();
+  //! Opens the descriptor with `how` where no fork comes between its making and its being
+  //! `f` (a child forked between them would keep a copy nobody closes).
+  [[nodiscard]] result<void> open(const std::function<result<io::file_handle>()>& how) noexcept;
   closed_in_forked_children(const closed_in_forked_children&) = delete;
   closed_in_forked_children& operator=(const closed_in_forked_children&) = delete;
 

@@ -807,6 +807,17 @@ TEST(KvStore, AnOpenerLocksTheIndexItMaps) {
 // removed every opener was refused, a user present that was none.
 int forked_while_opening = 0;
 int child_may_end[2] = {-1, -1};
+// Forks (once) a child that holds on until the parent closes its end of child_may_end.
+void fork_idle_child() noexcept {
+  if (forked_while_opening != 0) return;
+  forked_while_opening = ::fork();
+  if (forked_while_opening == 0) {
+    ::close(child_may_end[1]);
+    char c;
+    (void)!::read(child_may_end[0], &c, 1);
+    ::_exit(0);
+  }
+}
 
 TEST(KvStore, AChildForkedWhileAStoreOpensKeepsNoneOfItsBytes) {
   temp_dir d;
@@ -815,16 +826,7 @@ TEST(KvStore, AChildForkedWhileAStoreOpensKeepsNoneOfItsBytes) {
   o.lock_timeout = std::chrono::milliseconds(300);
   ASSERT_TRUE(open_ok(path, o));
   ASSERT_EQ(::pipe(child_may_end), 0);
-  alone_opening_hook = []() noexcept {
-    if (forked_while_opening != 0) return;
-    forked_while_opening = ::fork();
-    if (forked_while_opening == 0) {
-      ::close(child_may_end[1]);
-      char c;
-      (void)!::read(child_may_end[0], &c, 1);  // until the parent closes its end
-      ::_exit(0);
-    }
-  };
+  alone_opening_hook = fork_idle_child;
   auto s = open_ok(path, o);
   alone_opening_hook = nullptr;
   ASSERT_TRUE(s);
@@ -833,6 +835,36 @@ TEST(KvStore, AChildForkedWhileAStoreOpensKeepsNoneOfItsBytes) {
   ::close(child_may_end[0]);
   ASSERT_TRUE(s->put("k", "v"));
   s.reset();
+  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
+  auto again = store::open(path, o);
+  if (again) {
+    EXPECT_EQ(*(*again)->get("k"), "v");
+  } else {
+    ADD_FAILURE() << again.error().message();
+  }
+  ::close(child_may_end[1]);
+  EXPECT_EQ(test::wait_exit(forked_while_opening), 0);
+  guard.pid = 0;
+}
+
+// So too a child forked while a store closes: its copies kept the bytes (the open byte
+// exclusively, as the last user out seals what is durable).
+TEST(KvStore, AChildForkedWhileAStoreClosesKeepsNoneOfItsBytes) {
+  temp_dir d;
+  const std::string path = d.file("s");
+  options o = small();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  auto s = open_ok(path, o);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->put("k", "v"));
+  forked_while_opening = 0;
+  ASSERT_EQ(::pipe(child_may_end), 0);
+  closing_hook = fork_idle_child;
+  s.reset();
+  closing_hook = nullptr;
+  ASSERT_GT(forked_while_opening, 0);
+  test::killed_on_failure guard{forked_while_opening};
+  ::close(child_may_end[0]);
   ASSERT_TRUE(std::filesystem::remove(path + "/index"));
   auto again = store::open(path, o);
   if (again) {

@@ -336,7 +336,8 @@ class store {
   //! (a directory holding something else: it is left alone), unsupported_version (a store of
   //! another format), corrupt, invalid_argument (bad options), device_or_resource_busy (past
   //! lock_timeout, a process has the store open through an index removed from its path by
-  //! hand: it must close the store first), and the errno of what failed (permission_denied,
+  //! hand: it must close the store first), ESTALE (the index was removed or replaced by hand
+  //! while it opened: open again), and the errno of what failed (permission_denied,
   //! read_only_file_system, ...).
   [[nodiscard]] static result<std::unique_ptr<store>> open(const std::string& path,
                                                            const options& o) noexcept;
