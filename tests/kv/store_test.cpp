@@ -819,6 +819,23 @@ void fork_idle_child() noexcept {
   }
 }
 
+// With the store closed and its index removed, while the idle child lives: the next opener
+// must be alone (and rebuild the index, with "k").
+void opens_alone_while_the_child_lives(const std::string& path, const options& o) {
+  test::killed_on_failure guard{forked_while_opening};
+  ::close(child_may_end[0]);
+  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
+  auto again = store::open(path, o);
+  if (again) {
+    EXPECT_EQ(*(*again)->get("k"), "v");
+  } else {
+    ADD_FAILURE() << again.error().message();
+  }
+  ::close(child_may_end[1]);
+  EXPECT_EQ(test::wait_exit(forked_while_opening), 0);
+  guard.pid = 0;
+}
+
 TEST(KvStore, AChildForkedWhileAStoreOpensKeepsNoneOfItsBytes) {
   temp_dir d;
   const std::string path = d.file("s");
@@ -831,20 +848,9 @@ TEST(KvStore, AChildForkedWhileAStoreOpensKeepsNoneOfItsBytes) {
   alone_opening_hook = nullptr;
   ASSERT_TRUE(s);
   ASSERT_GT(forked_while_opening, 0);
-  test::killed_on_failure guard{forked_while_opening};
-  ::close(child_may_end[0]);
   ASSERT_TRUE(s->put("k", "v"));
   s.reset();
-  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
-  auto again = store::open(path, o);
-  if (again) {
-    EXPECT_EQ(*(*again)->get("k"), "v");
-  } else {
-    ADD_FAILURE() << again.error().message();
-  }
-  ::close(child_may_end[1]);
-  EXPECT_EQ(test::wait_exit(forked_while_opening), 0);
-  guard.pid = 0;
+  opens_alone_while_the_child_lives(path, o);
 }
 
 // So too a child forked while a store closes: its copies kept the bytes (the open byte
@@ -863,18 +869,7 @@ TEST(KvStore, AChildForkedWhileAStoreClosesKeepsNoneOfItsBytes) {
   s.reset();
   closing_hook = nullptr;
   ASSERT_GT(forked_while_opening, 0);
-  test::killed_on_failure guard{forked_while_opening};
-  ::close(child_may_end[0]);
-  ASSERT_TRUE(std::filesystem::remove(path + "/index"));
-  auto again = store::open(path, o);
-  if (again) {
-    EXPECT_EQ(*(*again)->get("k"), "v");
-  } else {
-    ADD_FAILURE() << again.error().message();
-  }
-  ::close(child_may_end[1]);
-  EXPECT_EQ(test::wait_exit(forked_while_opening), 0);
-  guard.pid = 0;
+  opens_alone_while_the_child_lives(path, o);
 }
 
 // The threads of a child that wait for an index to be rebuilt each wait out their own
