@@ -62,9 +62,11 @@ void after_fork_parent() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mutex.unlock();
 }
 void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
-  // (The opener is a thread of the parent: nothing in the child hands these over.)
-  for (io::file_handle* f : opening())
-    (void)f->close();
+  // (The opener is a thread of the parent: nothing in the child hands these over. Closed
+  // as the kernel's, not through the filesystem seam, whose locks the opener may have held.)
+  for (io::file_handle* f : opening()) {
+    if (f->is_open()) ::close(f->release());
+  }
   for (store::impl* s : registry()) {
     // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
     // slots are the parent's, not ours.
@@ -111,6 +113,9 @@ result<void> closed_in_forked_children::open(
 
 closed_in_forked_children::~closed_in_forked_children() {
   base::lock_guard g(registry_mutex);
+  // Closed here, not after (an open that failed still holds its bytes through it): a child
+  // forked once it is off the list must find no copy to keep. (Handed over: nothing to close.)
+  (void)f_->close();
   auto& o = opening();
   o.erase(std::remove(o.begin(), o.end(), f_), o.end());
 }

@@ -141,7 +141,8 @@ struct process_users {
 //! While it lives, `f` (a descriptor through which an opener holds bytes of a store before it
 //! hands it to the store's users: open_index) is closed in a child forked meanwhile, as the
 //! users' own are (users.cpp's fork handlers): the child's copy would keep those bytes held
-//! for the child's whole life, and openers would find a user there that is none.
+//! for the child's whole life, and openers would find a user there that is none. Its end
+//! closes `f` (unless handed over), before a fork may come that no longer closes it.
 class closed_in_forked_children {
  public:
   explicit closed_in_forked_children(io::file_handle& f) noexcept;
