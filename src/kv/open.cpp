@@ -204,7 +204,7 @@ result<void> store::impl::open_index() noexcept {
   // meanwhile must not keep its copies.
   io::file_handle held;
   closed_in_forked_children held_in_no_child{held};
-  if (auto h = held_in_no_child.open([&] { return open_store_hold(); }); !h) return h;
+  if (auto h = held_in_no_child.make([&] { return open_store_hold(); }); !h) return h;
   io::file_handle probe;  // the liveness descriptor, on the file mapped
   closed_in_forked_children probe_in_no_child{probe};
   const auto until = now_ms() + static_cast<std::uint64_t>(opts.lock_timeout.count());
@@ -218,7 +218,7 @@ result<void> store::impl::open_index() noexcept {
     index_file = std::move(*f);
     if (auto m = map_index(); !m) return m;
     if (index_opened_hook != nullptr) index_opened_hook();
-    auto p = probe_in_no_child.open([&] {
+    auto p = probe_in_no_child.make([&] {
       return io::file_handle::open_at(dir.dir, "index",
                                       io::open_flags::read_write | io::open_flags::no_follow);
     });

@@ -65,7 +65,7 @@ void after_fork_child() KEEL_NO_THREAD_SAFETY_ANALYSIS {
   // (The opener is a thread of the parent: nothing in the child hands these over. Closed
   // as the kernel's, not through the filesystem seam, whose locks the opener may have held.)
   for (io::file_handle* f : opening()) {
-    if (f->is_open()) ::close(f->release());
+    if (f->is_open()) ::close(f->release());  // (the seam's locks: above)
   }
   for (store::impl* s : registry()) {
     // The parent's descriptor: closing our copy leaves its locks to the parent alone. Our
@@ -102,7 +102,7 @@ closed_in_forked_children::closed_in_forked_children(io::file_handle& f) noexcep
   opening().push_back(f_);
 }
 
-result<void> closed_in_forked_children::open(
+result<void> closed_in_forked_children::make(
     const std::function<result<io::file_handle>()>& how) noexcept {
   base::lock_guard g(registry_mutex);  // (what a fork's handlers take first)
   auto made = how();

@@ -149,7 +149,7 @@ class closed_in_forked_children {
   ~closed_in_forked_children();
   //! Opens the descriptor with `how` where no fork comes between its making and its being
   //! `f` (a child forked between them would keep a copy nobody closes).
-  [[nodiscard]] result<void> open(const std::function<result<io::file_handle>()>& how) noexcept;
+  [[nodiscard]] result<void> make(const std::function<result<io::file_handle>()>& how) noexcept;
   closed_in_forked_children(const closed_in_forked_children&) = delete;
   closed_in_forked_children& operator=(const closed_in_forked_children&) = delete;
 
