@@ -159,10 +159,13 @@ bool store::impl::index_sound() noexcept {
   // it trusts it (a flipped bit would otherwise read a present key as absent, or send the
   // next commit over blocks already written). Its bucket pages add up to their sums...
   if (!table->pages_sound(first_free_page, h64(header::pages_used).load())) return false;
-  // ...and its tail lies past every block of the tail's segment, with every seq there below
-  // the next one.
+  // ...and its tail is where the log ends.
   const std::uint64_t tail = h64(header::tail).load();
-  if (tail == 0) return true;
+  return (tail == 0 || tail_segment_ends_at_tail(tail)) && nothing_past_tail_segment(tail);
+}
+
+bool store::impl::tail_segment_ends_at_tail(std::uint64_t tail) noexcept {
+  // The tail lies past every block of its segment, with every seq there below the next one.
   auto seg = segment_at(disk::segment_of(tail));
   if (!seg) return false;  // the rebuild says why
   const std::uint64_t at = disk::offset_of(tail);
@@ -184,6 +187,28 @@ bool store::impl::index_sound() noexcept {
   // Not inside a block, and no block right at it (the tail never goes back).
   return off <= at && !disk::parse_block_header(bytes.subspan(at), salt) &&
          h64(header::visible).load() < next;
+}
+
+bool store::impl::nothing_past_tail_segment(std::uint64_t tail) noexcept {
+  // The log moves on into a later segment when the rest of the tail's cannot hold a block:
+  // an index behind its log (a copy of it put back by hand) whose tail ended its segment
+  // shows nothing past that tail there. A listed log segment numbered past the tail's has
+  // nothing written in it (made ahead of the tail, abandoned, or a victim kept as the next:
+  // zeros where its first block goes, as adopt_named_leftover finds them); a blob's segment
+  // of its own is never a log segment's size.
+  auto listed = listed_segments();
+  if (!listed) return false;  // the rebuild says why
+  const std::uint64_t last = disk::segment_of(tail);
+  for (const disk::manifest_entry& e : *listed) {
+    if (e.number <= last) continue;
+    auto seg = segment_at(e.number);
+    if (!seg) return false;
+    if (!log_segment_size((*seg)->size)) continue;
+    const auto first =
+        (*seg)->bytes().subspan(disk::segment_header_size, sizeof(disk::block_header));
+    if (!std::ranges::all_of(first, [](std::byte b) { return b == std::byte{0}; })) return false;
+  }
+  return true;
 }
 
 result<void> store::impl::map_index() noexcept {

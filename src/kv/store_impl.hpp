@@ -237,6 +237,11 @@ struct store::impl final : index::page_source {
   //! is used): its pages add up (index::table::pages_sound) and its tail lies past the log's
   //! last block. False: it is rebuilt.
   [[nodiscard]] bool index_sound() noexcept;
+  //! Whether the tail's segment ends at the index's tail (index_sound).
+  [[nodiscard]] bool tail_segment_ends_at_tail(std::uint64_t tail) noexcept;
+  //! Whether nothing is written in any listed log segment numbered past the tail's
+  //! (index_sound).
+  [[nodiscard]] bool nothing_past_tail_segment(std::uint64_t tail) noexcept;
   //! Whether the index's header is whole and this boot's, its pages all in the file (read
   //! with the open byte held, never past the file's end). False with `why` empty: not valid,
   //! to rebuild or wait for; with `why`: damaged.

@@ -840,6 +840,53 @@ TEST(KvDamage, AFlippedBitInTheIndexIsRebuiltNeverAWrongAnswer) {
   }
 }
 
+// A copy of the index taken while the store was open, put back by hand after it closed (an
+// index restored from a backup of its own): the log has since moved into a new segment, past
+// the copy's tail, and its tail's segment shows nothing written after that tail. The next
+// opener, alone, finds a block in a segment beyond the tail's and rebuilds the index from the
+// log rather than serve the copy's older view. (Every commit after the copy was lost, and
+// verify said ok.)
+TEST(KvDamage, AStaleCopyOfTheIndexPutBackIsRebuiltNeverAnOlderView) {
+  temp_dir dir;
+  const std::string path = dir.file("s");
+  const std::string value(std::size_t{60} << 10, 'v');  // a 1 MiB segment holds about 16
+  std::string stale;
+  int keys = 0;
+  {
+    auto s = open_ok(path, test_support::manual_compaction());
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->put("k0", value));
+    auto first = s->stats();
+    ASSERT_TRUE(first) << first.error().message();
+    // The copy taken before the put that moves the log into the next segment.
+    for (keys = 1;; ++keys) {
+      ASSERT_LT(keys, 100) << "the log never left its first segment";
+      stale = read_file(path + "/index");
+      ASSERT_TRUE(s->put("k" + std::to_string(keys), value));
+      auto now = s->stats();
+      ASSERT_TRUE(now) << now.error().message();
+      if (now->segments > first->segments) break;
+    }
+    for (int more = 0; more < 3; ++more)
+      ASSERT_TRUE(s->put("k" + std::to_string(++keys), value));
+    ++keys;
+  }
+  write_file(path + "/index.copy", stale);
+  std::filesystem::rename(path + "/index.copy", path + "/index");
+  auto s = open_ok(path);
+  ASSERT_TRUE(s);
+  for (int k = 0; k < keys; ++k) {
+    auto v = s->get("k" + std::to_string(k));
+    ASSERT_TRUE(v) << "k" << k << " of " << keys << ": " << v.error().message();
+    EXPECT_EQ(*v, value) << "k" << k;
+  }
+  verify_report report;
+  auto checked = s->verify(&report);
+  ASSERT_TRUE(checked) << checked.error().message();
+  EXPECT_EQ(*checked, static_cast<std::uint64_t>(keys));
+  EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+}
+
 // A bit flipped in the header of a closed store's newest commit block: its bytes are no
 // longer a block, but they lie where the last close recorded every block as written whole,
 // so the rebuild finds them for what they are (damage, the store refused naming it) rather
