@@ -202,8 +202,9 @@ const std::vector<std::pair<std::string, std::string>> glossary = {
      "says ≤ (a cost: below is better)."},
     {"target",
      "what keel promises for a figure; \"met\" or \"missed\" is this run's "
-     "measurement against it, \"info\" a figure with no target yet, \"missing\" one "
-     "this run could not measure (the row says why)."},
+     "measurement against it (a missed row says what is known of why, where something is), "
+     "\"info\" a figure with no target yet, \"missing\" one this run could not measure "
+     "(the row says why)."},
     {"peer",
      "the tool keel is measured against: the kernel's own calls and locks, fio, glibc, "
      "LMDB, RocksDB, LevelDB, SQLite, tkrzw, TDB."},
@@ -287,10 +288,11 @@ std::string summary_html(const std::vector<keel::report::section>& areas) {
     std::string rows;
     for (const auto& t : a.headlines) {
       const char* cls = keel::report::target_class(t);
+      const bool missed = std::string_view(cls) == "missed" && !t.why_missed.empty();
       rows += fmt::format(
           "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>\n",
           html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls, cls,
-          html_escape(t.meaning));
+          html_escape(missed ? t.meaning + " Why it misses: " + t.why_missed : t.meaning));
     }
     html += fmt::format(
         "<table class=\"summary\"><caption>{}</caption><tr><th>figure</th><th>measured"

@@ -25,6 +25,9 @@ struct target_row {
   //! For a headline row (one the report's summary at the top shows): one sentence on what the
   //! figure means for a user. Empty: the row shows in its section only.
   std::string meaning{};
+  //! What is known of why the target is missed, shown beside the row when it is (empty: not
+  //! known, or nothing to say).
+  std::string why_missed{};
 };
 
 //! A plot and its alternative text, which says what the plot shows (not its file name).
@@ -53,6 +56,12 @@ inline target_row headline(target_row row, std::string meaning) {
   return row;
 }
 
+//! `row` with what is known of why it misses its target (shown only when it does).
+inline target_row when_missed(target_row row, std::string why) {
+  row.why_missed = std::move(why);
+  return row;
+}
+
 inline std::string fmt_ratio(double r) {
   return std::isfinite(r) ? fmt::format("{:.3f}×", r) : "n/a";
 }
@@ -75,26 +84,33 @@ inline void finish_section(section& s, const std::string& title,
   std::string trs;
   s.results["targets"] = nlohmann::json::array();
   std::size_t width = 0;  // of the names, so that the columns line up on stdout
-  for (const auto& t : targets)
+  // (A column for why, only in a section with a missed row that says.)
+  bool whys = false;
+  for (const auto& t : targets) {
     width = std::max(width, t.name.size());
+    whys = whys || (std::string_view(target_class(t)) == "missed" && !t.why_missed.empty());
+  }
   for (const auto& t : targets) {
     const char* cls = target_class(t);
-    if (std::string_view(cls) == "missed") ++s.missed;
-    trs +=
-        fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>\n",
-                    html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls, cls);
+    const bool missed = std::string_view(cls) == "missed";
+    if (missed) ++s.missed;
+    const std::string why = missed ? t.why_missed : std::string();
+    trs += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td>{}</tr>\n",
+                       html_escape(t.name), html_escape(t.measured), html_escape(t.target), cls,
+                       cls, whys ? "<td>" + html_escape(why) + "</td>" : "");
     s.results["targets"].push_back({{"name", t.name},
                                     {"measured", t.measured},
                                     {"target", t.target},
                                     {"met", t.met},
                                     {"measured_at_all", t.measured_at_all}});
+    if (!why.empty()) s.results["targets"].back()["why_missed"] = why;
     s.summary += fmt::format("{:<{}} {:>10} {:>9}  {}\n", t.name, width, t.measured, t.target, cls);
     if (!t.meaning.empty()) s.headlines.push_back(t);
   }
   s.html = fmt::format(
-      "<h2>{}</h2>\n<table><tr><th>what</th><th>measured</th><th>target</th><th></th></tr>\n"
+      "<h2>{}</h2>\n<table><tr><th>what</th><th>measured</th><th>target</th><th></th>{}</tr>\n"
       "{}</table>\n{}{}",
-      html_escape(title), trs, images_html(figures), tables);
+      html_escape(title), whys ? "<th>why missed</th>" : "", trs, images_html(figures), tables);
 }
 
 }  // namespace keel::report

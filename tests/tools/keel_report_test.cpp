@@ -208,6 +208,26 @@ TEST(KeelReportKv, AnEngineWithNoSmallValuesHasNoFigurePerRecord) {
   EXPECT_EQ(row.find("inf"), std::string::npos) << row;
 }
 
+// A missed target says what is known of why, beside it; a met one says nothing of it.
+TEST(KeelReportKv, AMissedTargetSaysWhyAndAMetOneDoesNot) {
+  const auto insert_row = [](double keel_insert) {
+    return kv_section_of(
+        [&](nlohmann::json& doc) { doc["engines"]["keel"]["insert"] = keel_insert; });
+  };
+  const std::string why = "Each put is a commit of its own";
+  const std::string missed = insert_row(100000);  // 0.5× tkrzw's 199 745
+  const std::string row =
+      between(missed, "<td>kv insert, 1 thread, vs tkrzw HashDBM</td>", "</tr>");
+  EXPECT_NE(row.find("missed"), std::string::npos) << row;
+  EXPECT_NE(row.find(why), std::string::npos) << row;
+  EXPECT_NE(missed.find("<th>why missed</th>"), std::string::npos);
+  const std::string met = insert_row(1000000);  // 5×
+  const std::string met_row =
+      between(met, "<td>kv insert, 1 thread, vs tkrzw HashDBM</td>", "</tr>");
+  EXPECT_NE(met_row.find(">met<"), std::string::npos) << met_row;
+  EXPECT_EQ(met_row.find(why), std::string::npos) << met_row;
+}
+
 TEST(KeelReportKv, AFetchCutShortByTheLimitSaysItFetchedASample) {
   const std::string kv =
       kv_section_of([](nlohmann::json& doc) { doc["engines"]["keel"]["small_fetched"] = 4000000; });
