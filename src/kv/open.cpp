@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include "base/per_thread.hpp"
@@ -19,6 +21,26 @@
 namespace keel::kv {
 
 namespace {
+
+// Walks the blocks of a segment's `bytes` from `off` while a header fits below `end`: where
+// the walk stopped, or none once a commit block there carries a seq at or past `next` (one
+// the index never handed out).
+std::optional<std::uint64_t> blocks_below(std::span<const std::byte> bytes, std::uint64_t off,
+                                          std::uint64_t end, std::uint64_t next,
+                                          std::uint64_t salt) noexcept {
+  while (off + sizeof(disk::block_header) <= end) {
+    auto head = disk::parse_block_header(bytes.subspan(off), salt);
+    if (!head) {
+      off += 8;
+      continue;
+    }
+    if (head->kind == static_cast<std::uint16_t>(disk::block_kind::commit) && head->seq >= next) {
+      return std::nullopt;
+    }
+    off += head->length;
+  }
+  return off;
+}
 
 // What a budget keeps for the store's small files (budget_used): the store file, the two
 // slots of the manifest, the lock files and the two directories, a page or two each.
@@ -161,7 +183,8 @@ bool store::impl::index_sound() noexcept {
   if (!table->pages_sound(first_free_page, h64(header::pages_used).load())) return false;
   // ...and its tail is where the log ends.
   const std::uint64_t tail = h64(header::tail).load();
-  return (tail == 0 || tail_segment_ends_at_tail(tail)) && nothing_past_tail_segment(tail);
+  return (tail == 0 || tail_segment_ends_at_tail(tail)) && nothing_past_tail_segment(tail) &&
+         nothing_in_flight_past_next_seq(tail);
 }
 
 bool store::impl::tail_segment_ends_at_tail(std::uint64_t tail) noexcept {
@@ -172,21 +195,45 @@ bool store::impl::tail_segment_ends_at_tail(std::uint64_t tail) noexcept {
   if (at < disk::segment_header_size || at > (*seg)->size) return false;
   const std::uint64_t next = h64(header::next_seq).load();
   const auto bytes = (*seg)->bytes();
-  std::uint64_t off = disk::segment_header_size;
-  while (off + sizeof(disk::block_header) <= at) {
-    auto head = disk::parse_block_header(bytes.subspan(off), salt);
-    if (!head) {
-      off += 8;
+  const auto off = blocks_below(bytes, disk::segment_header_size, at, next, salt);
+  // Not inside a block, and no block right at it (the tail never goes back).
+  return off && *off <= at && !disk::parse_block_header(bytes.subspan(at), salt) &&
+         h64(header::visible).load() < next;
+}
+
+bool store::impl::nothing_in_flight_past_next_seq(std::uint64_t tail) noexcept {
+  // A commit in flight when the index was last written, with its space reserved and no seq
+  // taken yet, may have written its block since with a seq the index never handed out, and
+  // in a segment below the tail's (the log moved on meanwhile), which the tail's walk does not
+  // reach: an index put back from a copy taken then. Its slot says where (a lower bound while
+  // *reserved*): every block from there up to the tail's segment carries a seq below *next
+  // seq*. (After clean closes no slot is in flight: nothing to walk.)
+  std::uint64_t from = UINT64_MAX;
+  for (std::uint32_t u = 0; u < max_slots; ++u) {
+    const slot_ref sl = slot(u);
+    const std::uint64_t state = sl.state().load();
+    if (state < static_cast<std::uint64_t>(commit_state::reserved) ||
+        state > static_cast<std::uint64_t>(commit_state::writing)) {
       continue;
     }
-    if (head->kind == static_cast<std::uint16_t>(disk::block_kind::commit) && head->seq >= next) {
-      return false;
-    }
-    off += head->length;
+    if (const std::uint64_t at = sl.block().load(); at != 0) from = std::min(from, at);
   }
-  // Not inside a block, and no block right at it (the tail never goes back).
-  return off <= at && !disk::parse_block_header(bytes.subspan(at), salt) &&
-         h64(header::visible).load() < next;
+  const std::uint64_t tail_segment = disk::segment_of(tail);
+  if (from == UINT64_MAX || disk::segment_of(from) >= tail_segment) return true;
+  auto listed = listed_segments();
+  if (!listed) return false;  // the rebuild says why
+  const std::uint64_t next = h64(header::next_seq).load();
+  for (const disk::manifest_entry& e : *listed) {
+    if (e.number < disk::segment_of(from) || e.number >= tail_segment) continue;
+    auto seg = segment_at(e.number);
+    if (!seg) return false;
+    if (!log_segment_size((*seg)->size)) continue;
+    const std::uint64_t start = e.number == disk::segment_of(from)
+                                    ? std::max(disk::offset_of(from), disk::segment_header_size)
+                                    : disk::segment_header_size;
+    if (!blocks_below((*seg)->bytes(), start, (*seg)->size, next, salt)) return false;
+  }
+  return true;
 }
 
 bool store::impl::nothing_past_tail_segment(std::uint64_t tail) noexcept {

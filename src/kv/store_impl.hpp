@@ -242,6 +242,9 @@ struct store::impl final : index::page_source {
   //! Whether nothing is written in any listed log segment numbered past the tail's
   //! (index_sound).
   [[nodiscard]] bool nothing_past_tail_segment(std::uint64_t tail) noexcept;
+  //! Whether every block from the lowest commit in flight up to the tail's segment carries
+  //! a seq below *next seq* (index_sound).
+  [[nodiscard]] bool nothing_in_flight_past_next_seq(std::uint64_t tail) noexcept;
   //! Whether the index's header is whole and this boot's, its pages all in the file (read
   //! with the open byte held, never past the file's end). False with `why` empty: not valid,
   //! to rebuild or wait for; with `why`: damaged.

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "keel/io/fault_filesystem.hpp"
@@ -885,6 +887,93 @@ TEST(KvDamage, AStaleCopyOfTheIndexPutBackIsRebuiltNeverAnOlderView) {
   ASSERT_TRUE(checked) << checked.error().message();
   EXPECT_EQ(*checked, static_cast<std::uint64_t>(keys));
   EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+}
+
+// Where a writer stands still at `held_at` (in the thread that set `holds_here`) until
+// released: a commit in flight for as long as a test needs it.
+std::atomic<int> held_stage{0};  // 1: standing at the step, 2: released
+commit_step held_at = commit_step::reserved;
+thread_local bool holds_here = false;
+void hold_at_step(commit_step at) noexcept {
+  if (!holds_here || at != held_at) return;
+  holds_here = false;
+  held_stage.store(1);
+  held_stage.notify_all();
+  for (int v = held_stage.load(); v != 2; v = held_stage.load())
+    held_stage.wait(v);
+}
+
+// The same, with a commit in flight when the copy was taken: its space reserved in the
+// segment the log then left, no seq taken yet. It writes its block after the copy, with a
+// seq the copy never handed out, in a segment below the copy's tail's, and is acknowledged.
+// The next opener finds it from the slot the copy holds and rebuilds. (The commit read as its
+// older value, and verify said ok.)
+TEST(KvDamage, AStaleCopyTakenWhileACommitWasInFlightIsRebuilt) {
+  for (const commit_step step : {commit_step::reserved, commit_step::marked}) {
+    SCOPED_TRACE(name_of(step));
+    temp_dir dir;
+    const std::string path = dir.file("s");
+    const std::string value(std::size_t{60} << 10, 'v');
+    const std::string newer(std::size_t{60} << 10, 'n');
+    std::string stale;
+    std::vector<std::string> keys;
+    {
+      auto s = open_ok(path, test_support::manual_compaction());
+      ASSERT_TRUE(s);
+      ASSERT_TRUE(s->put("k", "old"));
+      // Other keys on pages of their own: the writer held still holds the lock of k's.
+      auto params =
+          disk::parse_store_file(as_bytes(std::string_view(read_file(path + "/keel-kv"))));
+      ASSERT_TRUE(params);
+      const auto page = [&](const std::string& key) {
+        return disk::hash_key(as_bytes(key), params->salt).hi >> (64 - index::initial_depth);
+      };
+      held_at = step;
+      held_stage.store(0);
+      commit_hook = hold_at_step;
+      bool acknowledged = false;
+      std::thread writer([&] {
+        holds_here = true;
+        acknowledged = s->put("k", newer).has_value();
+      });
+      for (int v = held_stage.load(); v != 1; v = held_stage.load())
+        held_stage.wait(v);
+      auto first = s->stats();
+      ASSERT_TRUE(first) << first.error().message();
+      for (int k = 0;; ++k) {
+        ASSERT_LT(k, 200) << "the log never left the held commit's segment";
+        const std::string key = "b" + std::to_string(k);
+        if (page(key) == page("k")) continue;
+        ASSERT_TRUE(s->put(key, value));
+        keys.push_back(key);
+        auto now = s->stats();
+        ASSERT_TRUE(now) << now.error().message();
+        if (now->segments > first->segments) break;
+      }
+      stale = read_file(path + "/index");
+      held_stage.store(2);
+      held_stage.notify_all();
+      writer.join();
+      commit_hook = nullptr;
+      ASSERT_TRUE(acknowledged);
+    }
+    write_file(path + "/index.copy", stale);
+    std::filesystem::rename(path + "/index.copy", path + "/index");
+    auto s = open_ok(path);
+    ASSERT_TRUE(s);
+    auto k = s->get("k");
+    ASSERT_TRUE(k) << k.error().message();
+    EXPECT_EQ(k->substr(0, 3), "nnn") << "the acknowledged commit was lost";
+    for (const std::string& key : keys) {
+      auto v = s->get(key);
+      ASSERT_TRUE(v) << key << ": " << v.error().message();
+      EXPECT_EQ(*v, value) << key;
+    }
+    verify_report report;
+    auto checked = s->verify(&report);
+    ASSERT_TRUE(checked) << checked.error().message();
+    EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+  }
 }
 
 // A bit flipped in the header of a closed store's newest commit block: its bytes are no
