@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <span>
 #include <thread>
+#include <vector>
 
 #include "base/per_thread.hpp"
 #include "base/planted.hpp"
@@ -184,7 +186,7 @@ bool store::impl::index_sound() noexcept {
   // ...and its tail is where the log ends.
   const std::uint64_t tail = h64(header::tail).load();
   return (tail == 0 || tail_segment_ends_at_tail(tail)) && nothing_past_tail_segment(tail) &&
-         nothing_in_flight_past_next_seq(tail);
+         nothing_in_flight_past_next_seq(tail) && every_table_segment_listed();
 }
 
 bool store::impl::tail_segment_ends_at_tail(std::uint64_t tail) noexcept {
@@ -234,6 +236,27 @@ bool store::impl::nothing_in_flight_past_next_seq(std::uint64_t tail) noexcept {
     if (!blocks_below((*seg)->bytes(), start, (*seg)->size, next, salt)) return false;
   }
   return true;
+}
+
+bool store::impl::every_table_segment_listed() noexcept {
+  // Compaction takes its victims off the manifest before it empties their entries in the
+  // segment table and removes their files: a table that names a segment the manifest no
+  // longer lists is older than the log's last compaction (a copy put back, taken while the
+  // records were moved: some entries still name the originals, in a file since removed), or
+  // was left by a compactor killed in between. Rebuilt either way.
+  auto listed = listed_segments();
+  if (!listed) return false;  // the rebuild says why
+  try {
+    std::vector<std::uint64_t> numbers;
+    for (const disk::manifest_entry& e : *listed)
+      numbers.push_back(e.number);
+    std::ranges::sort(numbers);
+    return std::ranges::all_of(table_segment_numbers(), [&](std::uint64_t n) {
+      return std::ranges::binary_search(numbers, n);
+    });
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
 }
 
 bool store::impl::nothing_past_tail_segment(std::uint64_t tail) noexcept {

@@ -145,6 +145,7 @@ result<void> store::impl::relocate(std::span<const move> moves,
         })) {
       return std::unexpected(index_write_refusal());
     }
+    if (relocation_written_hook != nullptr) relocation_written_hook();
     // Each entry that still names its original now names the copy; a copy whose record was
     // superseded meanwhile is dead, and so is its blob's.
     std::uint64_t dead = 0;

@@ -245,6 +245,8 @@ struct store::impl final : index::page_source {
   //! Whether every block from the lowest commit in flight up to the tail's segment carries
   //! a seq below *next seq* (index_sound).
   [[nodiscard]] bool nothing_in_flight_past_next_seq(std::uint64_t tail) noexcept;
+  //! Whether the manifest lists every segment the segment table names (index_sound).
+  [[nodiscard]] bool every_table_segment_listed() noexcept;
   //! Whether the index's header is whole and this boot's, its pages all in the file (read
   //! with the open byte held, never past the file's end). False with `why` empty: not valid,
   //! to rebuild or wait for; with `why`: damaged.

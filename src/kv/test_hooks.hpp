@@ -16,6 +16,9 @@ inline void (*compact_moved_hook)() noexcept = nullptr;
 //! For tests: called by compact once its victims are off the manifest, before their entries
 //! in the segment table are emptied and their files removed.
 inline void (*compact_unlisted_hook)() noexcept = nullptr;
+//! For tests: called by compaction once a relocation block is written, before the entries
+//! that name its originals are made to name its copies.
+inline void (*relocation_written_hook)() noexcept = nullptr;
 //! For tests: called by a checkpoint once its file is in place, before the header names it.
 inline void (*checkpoint_written_hook)() noexcept = nullptr;
 //! For tests: io::atomic_replace's hook for the checkpoint's file (may kill the process).
