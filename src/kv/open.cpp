@@ -198,8 +198,13 @@ bool store::impl::tail_segment_ends_at_tail(std::uint64_t tail) noexcept {
   const std::uint64_t next = h64(header::next_seq).load();
   const auto bytes = (*seg)->bytes();
   const auto off = blocks_below(bytes, disk::segment_header_size, at, next, salt);
-  // Not inside a block, and no block right at it (the tail never goes back).
-  return off && *off <= at && !disk::parse_block_header(bytes.subspan(at), salt) &&
+  // Not inside a block, and nothing written right at it: the tail never goes back, so its
+  // place holds the zeros nothing-written leaves. (Not only no block header: a block abandoned
+  // there (disk::void_block) has its seq word alone, and the commits after it follow it.)
+  const auto there = bytes.subspan(at).first(
+      std::min<std::uint64_t>(sizeof(disk::block_header), bytes.size() - at));
+  return off && *off <= at &&
+         std::ranges::all_of(there, [](std::byte b) { return b == std::byte{0}; }) &&
          h64(header::visible).load() < next;
 }
 
