@@ -843,6 +843,21 @@ TEST(KvDamage, AFlippedBitInTheIndexIsRebuiltNeverAWrongAnswer) {
   }
 }
 
+// Puts `copy` back as the index of the closed store at `path`, as by hand: written beside it,
+// then renamed over it.
+void put_back_index(const std::string& path, const std::string& copy) {
+  write_file(path + "/index.copy", copy);
+  std::filesystem::rename(path + "/index.copy", path + "/index");
+}
+
+// verify finds nothing damaged in `s`.
+void expect_no_damage(store& s) {
+  verify_report report;
+  auto checked = s.verify(&report);
+  ASSERT_TRUE(checked) << checked.error().message();
+  EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+}
+
 // A copy of the index taken while the store was open, put back by hand after it closed (an
 // index restored from a backup of its own): the log has since moved into a new segment, past
 // the copy's tail, and its tail's segment shows nothing written after that tail. The next
@@ -874,8 +889,7 @@ TEST(KvDamage, AStaleCopyOfTheIndexPutBackIsRebuiltNeverAnOlderView) {
       ASSERT_TRUE(s->put("k" + std::to_string(++keys), value));
     ++keys;
   }
-  write_file(path + "/index.copy", stale);
-  std::filesystem::rename(path + "/index.copy", path + "/index");
+  put_back_index(path, stale);
   auto s = open_ok(path);
   ASSERT_TRUE(s);
   for (int k = 0; k < keys; ++k) {
@@ -958,8 +972,7 @@ TEST(KvDamage, AStaleCopyTakenWhileACommitWasInFlightIsRebuilt) {
       commit_hook = nullptr;
       ASSERT_TRUE(acknowledged);
     }
-    write_file(path + "/index.copy", stale);
-    std::filesystem::rename(path + "/index.copy", path + "/index");
+    put_back_index(path, stale);
     auto s = open_ok(path);
     ASSERT_TRUE(s);
     auto k = s->get("k");
@@ -970,10 +983,7 @@ TEST(KvDamage, AStaleCopyTakenWhileACommitWasInFlightIsRebuilt) {
       ASSERT_TRUE(v) << key << ": " << v.error().message();
       EXPECT_EQ(*v, value) << key;
     }
-    verify_report report;
-    auto checked = s->verify(&report);
-    ASSERT_TRUE(checked) << checked.error().message();
-    EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+    expect_no_damage(*s);
   }
 }
 
@@ -1014,8 +1024,7 @@ TEST(KvDamage, AStaleCopyTakenWhileCompactionMovedRecordsIsRebuilt) {
     ASSERT_GT(done->segments_removed, 0u);
     ASSERT_FALSE(relocating_index.empty()) << "no record was moved";
   }
-  write_file(path + "/index.copy", relocating_index);
-  std::filesystem::rename(path + "/index.copy", path + "/index");
+  put_back_index(path, relocating_index);
   auto s = open_ok(path);
   ASSERT_TRUE(s);
   for (int k = 0; k < 400; ++k) {
@@ -1023,10 +1032,7 @@ TEST(KvDamage, AStaleCopyTakenWhileCompactionMovedRecordsIsRebuilt) {
     ASSERT_TRUE(v) << "k" << k << ": " << v.error().message();
     EXPECT_EQ(*v, value(k, k % 8 == 0 ? 0 : 2)) << "k" << k;
   }
-  verify_report report;
-  auto checked = s->verify(&report);
-  ASSERT_TRUE(checked) << checked.error().message();
-  EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+  expect_no_damage(*s);
 }
 
 // Where a writer's index is copied as its commit begins (its block goes at the copy's tail),
@@ -1079,8 +1085,7 @@ TEST(KvDamage, AStaleCopyWhoseTailHoldsAnAbandonedBlockIsRebuilt) {
     EXPECT_FALSE(acknowledged) << "the stopped writer's block was not abandoned";
     ASSERT_FALSE(index_at_commit.empty());
   }
-  write_file(path + "/index.copy", index_at_commit);
-  std::filesystem::rename(path + "/index.copy", path + "/index");
+  put_back_index(path, index_at_commit);
   auto s = open_ok(path);
   ASSERT_TRUE(s);
   for (std::size_t k = 0; k < keys.size(); ++k) {
@@ -1088,10 +1093,7 @@ TEST(KvDamage, AStaleCopyWhoseTailHoldsAnAbandonedBlockIsRebuilt) {
     ASSERT_TRUE(v) << keys[k] << ": " << v.error().message();
     EXPECT_EQ(*v, "v" + std::to_string(k));
   }
-  verify_report report;
-  auto checked = s->verify(&report);
-  ASSERT_TRUE(checked) << checked.error().message();
-  EXPECT_TRUE(report.damaged.empty()) << report.damaged.front().what;
+  expect_no_damage(*s);
 }
 
 // A bit flipped in the header of a closed store's newest commit block: its bytes are no
